@@ -1,0 +1,5 @@
+/* nabla: the whole public API. Each library's header also compiles alone. */
+#ifndef NABLA_H
+#define NABLA_H
+#include "nabla/core.h"
+#endif

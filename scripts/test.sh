@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The whole test suite: install dependencies, build, run every test; then the
+# same suite again under AddressSanitizer + UndefinedBehaviorSanitizer (set
+# NABLA_SKIP_SANITIZE=1 to skip that second pass).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/deps.sh
+jobs=$(nproc)
+scripts/build.sh build
+(cd build && ctest --output-on-failure -j "$jobs")
+if [ "${NABLA_SKIP_SANITIZE:-0}" != 1 ]; then
+  scripts/build.sh build-asan -DNABLA_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
+  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+  (cd build-asan && NABLA_SANITIZED=1 ctest --output-on-failure -j "$jobs")
+fi

@@ -1,0 +1,159 @@
+/* The IR: graphs of equations over SSA values, and the primitive rules table.
+ * Shared by the core, the transformations and the compiler; not public.
+ *
+ * Invariants (checked by nb_graph_verify):
+ *  - g->eqns is in definition order: every operand of eqns[i] is a graph
+ *    input or an output of some eqns[j], j < i, of the same graph;
+ *  - every value's aval is what its primitive's infer rule says;
+ *  - equations are hash-consed: no two pure equations with the same primitive,
+ *    operands and params exist in one graph.
+ */
+#ifndef NABLA_CORE_IR_H
+#define NABLA_CORE_IR_H
+
+#include "core/internal.h"
+
+typedef enum nb_prim {
+#define NB_PRIM(name, family) NB_PRIM_##name,
+#include "core/prims/prims.def"
+#undef NB_PRIM
+  NB_PRIM_COUNT
+} nb_prim;
+
+typedef struct nb_eqn nb_eqn;
+
+struct nb_val {
+  nb_graph *g;
+  uint32_t id;         /* index in g->vals */
+  int32_t input_index; /* >= 0 for graph inputs */
+  nb_aval aval;
+  nb_eqn *def;         /* defining equation, NULL for inputs and the poison */
+  int out_index;
+};
+
+struct nb_eqn {
+  nb_prim prim;
+  int nin, nout;
+  nb_val **in;
+  nb_val **out;
+  void *params; /* the primitive's typed params struct (arena-owned), or NULL */
+  size_t params_size;
+  nb_loc loc;
+  uint64_t hash;
+  uint32_t index; /* position in g->eqns */
+  nb_eqn *hnext;  /* hash-cons chain */
+};
+
+/* Lowering classes, read by the compiler's fusion pass. */
+typedef enum nb_prim_kind {
+  NB_KIND_ELEMENTWISE, /* out[i] = f(in[i]...) over equal shapes */
+  NB_KIND_REDUCE,      /* reduction over axes */
+  NB_KIND_LAYOUT,      /* reshape, broadcast, transpose, slice, ...: index maps */
+  NB_KIND_CONTRACTION, /* dot_general, conv */
+  NB_KIND_OTHER,       /* gather, scatter, sort, calls, ... */
+  NB_KIND_COUNT
+} nb_prim_kind;
+
+/* The rules of one primitive. Only name, kind, infer and eval are required.
+ * Rules that emit ops emit them into `g` (the graph being built); vals passed
+ * in belong to g; `e` is the source equation (for params and avals).
+ * A NULL tangent / cotangent is a symbolic zero. */
+typedef struct nb_prim_rules {
+  const char *name;
+  nb_prim_kind kind;
+  size_t params_size;
+  /* Shape/dtype rule: fills *nout and out avals; on error writes the reason
+   * into why (the caller adds primitive, shapes and location). */
+  nb_status (*infer)(const void *params, int nin, const nb_aval *in, int *nout, nb_aval *out, char *why,
+                     size_t whycap);
+  /* Reference implementation: out arrays are allocated (writable) with the
+   * inferred avals. */
+  nb_status (*eval)(nb_ctx *ctx, const nb_eqn *e, nb_array *const *in, nb_array **out);
+  nb_status (*jvp)(nb_graph *g, const nb_eqn *e, nb_val *const *primals, nb_val *const *tangents,
+                   nb_val *const *outs, nb_val **out_tangents);
+  /* For primitives linear in some operands: linear[i] marks them (their
+   * entries in `in` are NULL); writes ct_in[i] for the linear ones. */
+  nb_status (*transpose)(nb_graph *g, const nb_eqn *e, nb_val *const *in, const bool *linear,
+                         nb_val *const *ct_out, nb_val **ct_in);
+  /* vmap: bdims[i] is the batch axis of in[i] or -1; writes out and their
+   * batch axes. At least one input is batched. */
+  nb_status (*batch)(nb_graph *g, const nb_eqn *e, nb_val *const *in, const int *bdims, int64_t axis_size,
+                     nb_val **out, int *out_bdims);
+  void (*cost)(const nb_eqn *e, double *flops, double *bytes);
+  /* Appends the params as text ("axes=(0,1)"); default: none. */
+  void (*print_params)(const nb_eqn *e, char *buf, size_t cap);
+  uint64_t (*hash_params)(const void *params, size_t size);        /* default: bytes */
+  bool (*params_equal)(const void *a, const void *b, size_t size);   /* default: memcmp */
+  /* Keeps what params point to (arrays, graphs) alive as long as g. */
+  nb_status (*hold_params)(nb_graph *g, const void *params);
+  bool impure;   /* never hash-consed or removed (custom calls with effects, barriers) */
+} nb_prim_rules;
+
+extern const nb_prim_rules *const nb__prim_table[NB_PRIM_COUNT];
+static inline const nb_prim_rules *nb__rules(nb_prim p) { return nb__prim_table[p]; }
+
+#define NB_PRIM(name, family) extern const nb_prim_rules nb__prim_##name;
+#include "core/prims/prims.def"
+#undef NB_PRIM
+
+/* Emits an equation into g: checks operands (same graph, not poisoned), runs
+ * the infer rule (reporting primitive, avals and loc on error), hash-conses,
+ * and writes the outputs to outs[*nout] (outs may be NULL when only the first
+ * is wanted). Params are copied into the graph's arena. Returns the first
+ * output, or the poison value. */
+nb_val *nb__emit(nb_graph *g, nb_loc loc, nb_prim p, int nin, nb_val *const *in, const void *params,
+                 size_t params_size, int *nout, nb_val **outs);
+nb_val *nb__emit1(nb_graph *g, nb_loc loc, nb_prim p, int nin, nb_val *const *in, const void *params,
+                  size_t params_size);
+
+/* Graph errors: records the first error in g (and its context) and returns the
+ * poison value. */
+nb_val *nb__fail(nb_graph *g, nb_loc loc, nb_status s, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+nb_val *nb__poison(nb_graph *g);
+bool nb__is_poison(const nb_val *v);
+/* The graph of the first non-NULL operand; reports mixing of graphs. NULL
+ * when every operand is NULL (nothing to record the error in). */
+nb_graph *nb__graph_of(nb_loc loc, int n, nb_val *const *vals);
+
+/* Arena allocation owned by g (freed with it). */
+void *nb__arena_alloc(nb_graph *g, size_t bytes);
+/* Keeps a reference to an array / a graph alive as long as g. */
+nb_status nb__graph_hold_array(nb_graph *g, nb_array *a);
+nb_status nb__graph_hold_graph(nb_graph *g, const nb_graph *sub);
+void nb__graph_retain(const nb_graph *g);
+
+/* Read-only iteration for passes and transformations. */
+size_t nb__graph_neqns(const nb_graph *g);
+nb_eqn *nb__graph_eqn(const nb_graph *g, size_t i);
+nb_val *nb__graph_input(const nb_graph *g, size_t i);
+nb_val *nb__graph_output(const nb_graph *g, size_t i);
+size_t nb__graph_nvals(const nb_graph *g);
+/* Adds an input / output with the given path (copied). */
+nb_val *nb__graph_add_input(nb_graph *g, const char *path, nb_aval aval);
+nb_status nb__graph_add_output(nb_graph *g, const char *path, nb_val *v);
+
+/* Re-emits src's equations into dst with src's inputs mapped to map_in[i]
+ * (vals of dst); writes src's outputs, as vals of dst, to map_out. */
+nb_status nb__graph_inline(nb_graph *dst, const nb_graph *src, nb_val *const *map_in, nb_val **map_out);
+
+/* Shape helpers for rules. */
+int nb__norm_axis(int axis, int rank); /* -1 when out of range */
+char *nb__avals_str(int n, const nb_aval *a, char *buf, size_t cap);
+
+/* Convenience builders used by rules: zeros/ones like an aval; summing a
+ * value down to a shape it was broadcast from (NumPy rules). */
+nb_val *nb__zeros(nb_graph *g, nb_aval a);
+nb_val *nb__sum_to_shape(nb_loc loc, nb_val *x, const nb_shape *shape);
+/* Moves batch dim `from` of x to axis `to` (a transpose; no-op when equal). */
+nb_val *nb__move_axis(nb_loc loc, nb_val *x, int from, int to);
+/* x with a new batch axis 0 of size n (broadcast), for unbatched operands. */
+nb_val *nb__bcast_batch(nb_loc loc, nb_val *x, int64_t n);
+/* x with its batch axis at `bdim` (or -1) moved/broadcast to axis 0. */
+nb_val *nb__batch_to_front(nb_loc loc, nb_val *x, int bdim, int64_t n);
+
+/* Transformations used by the higher-order primitives (remat, custom_vjp). */
+nb_graph *nb__vjp_graph(nb_ctx *ctx, const nb_graph *g);
+nb_graph *nb__jvp_graph(nb_ctx *ctx, const nb_graph *g);
+nb_graph *nb__vmap_graph(nb_ctx *ctx, const nb_graph *g, const int *in_bdims, int64_t axis_size, int out_axis);
+
+#endif

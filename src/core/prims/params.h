@@ -1,0 +1,119 @@
+/* Typed params structs of the primitives, one per primitive that has params.
+ * Shared by the rules, the transformations and the compiler. Params are
+ * hashed and compared by bytes unless the rules say otherwise, so they must be
+ * fully initialized (zero the struct first: padding and unused slots too). */
+#ifndef NABLA_PRIMS_PARAMS_H
+#define NABLA_PRIMS_PARAMS_H
+
+#include "core/ir.h"
+
+typedef struct nb_constant_params {
+  nb_array *value;
+} nb_constant_params;
+
+typedef struct nb_iota_params {
+  nb_aval aval;
+  int axis;
+} nb_iota_params;
+
+typedef struct nb_convert_params { /* convert, bitcast */
+  nb_dtype dtype;
+} nb_convert_params;
+
+typedef struct nb_reduce_params { /* reduce_*: axes sorted ascending, no repeats */
+  int naxes;
+  int axes[NB_MAX_RANK];
+} nb_reduce_params;
+
+typedef struct nb_argreduce_params { /* argmax, argmin */
+  int axis;
+  nb_dtype index_dtype;
+} nb_argreduce_params;
+
+typedef struct nb_cumulative_params { /* cumsum, cummax */
+  int axis;
+  bool reverse;
+} nb_cumulative_params;
+
+typedef struct nb_reshape_params {
+  nb_shape shape;
+} nb_reshape_params;
+
+typedef struct nb_broadcast_params { /* operand dim i -> result dim bdims[i] */
+  nb_shape shape;
+  int bdims[NB_MAX_RANK];
+} nb_broadcast_params;
+
+typedef struct nb_transpose_params { /* result dim i = operand dim perm[i] */
+  int perm[NB_MAX_RANK];
+} nb_transpose_params;
+
+typedef struct nb_slice_params {
+  int64_t start[NB_MAX_RANK], limit[NB_MAX_RANK], strides[NB_MAX_RANK];
+} nb_slice_params;
+
+typedef struct nb_pad_params { /* operands: x, scalar pad value */
+  int64_t lo[NB_MAX_RANK], hi[NB_MAX_RANK], interior[NB_MAX_RANK];
+} nb_pad_params;
+
+typedef struct nb_concatenate_params {
+  int axis;
+} nb_concatenate_params;
+
+typedef struct nb_dynamic_slice_params { /* operands: x, rank scalar start indices */
+  int64_t sizes[NB_MAX_RANK];
+} nb_dynamic_slice_params;
+/* dynamic_update_slice has no params: operands x, update, rank scalar starts */
+
+typedef struct nb_gather_params {
+  nb_gather_dims dn;
+  int64_t slice_sizes[NB_MAX_RANK];
+} nb_gather_params;
+
+typedef struct nb_scatter_params {
+  nb_scatter_dims dn;
+} nb_scatter_params;
+
+typedef struct nb_sort_params { /* sort: outputs values and i32 indices */
+  int axis;
+  bool descending;
+} nb_sort_params;
+
+typedef struct nb_top_k_params {
+  int k;
+} nb_top_k_params;
+
+typedef struct nb_dot_params {
+  nb_dot_dims dn;
+  nb_dtype out_dtype;
+} nb_dot_params;
+
+typedef struct nb_conv_prim_params {
+  nb_conv_params p;
+} nb_conv_prim_params;
+
+typedef struct nb_custom_call_params {
+  const nb_custom_call_entry *entry; /* registry entry on the context */
+  const void *attrs;                 /* graph-owned copy */
+  size_t attrs_size;
+  int nout;
+  nb_aval out[8];                    /* informational; infer recomputes */
+} nb_custom_call_params;
+
+/* remat_call(body)(inputs) -> outputs; remat_lin(body)(primals, tangents) ->
+ * output tangents, linear in the tangents. */
+typedef struct nb_remat_params {
+  const nb_graph *body;
+} nb_remat_params;
+
+/* custom_vjp_call(fwd, bwd)(inputs) -> outputs; custom_lin(fwd, bwd)(primals,
+ * tangents) -> output tangents, whose transpose runs bwd. */
+typedef struct nb_custom_vjp_params {
+  const nb_graph *fwd, *bwd;
+} nb_custom_vjp_params;
+
+typedef struct nb_barrier_params { /* identity that is never merged or folded */
+  uint64_t nonce;
+} nb_barrier_params;
+
+#endif

@@ -1,0 +1,34 @@
+/* The `nabla` command: dispatches to one subcommand per file. */
+#include <stdio.h>
+#include <string.h>
+
+#define X(name, help) int nb_cmd_##name(int argc, char **argv);
+#include "commands.def"
+#undef X
+
+typedef struct command {
+  const char *name, *help;
+  int (*run)(int argc, char **argv);
+} command;
+
+static const command commands[] = {
+#define X(name, help) {#name, help, nb_cmd_##name},
+#include "commands.def"
+#undef X
+};
+
+static int usage(FILE *f) {
+  fprintf(f, "usage: nabla <command> [args]\n\ncommands:\n");
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    fprintf(f, "  %-16s %s\n", commands[i].name, commands[i].help);
+  return f == stderr ? 2 : 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) return usage(stderr);
+  if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) return usage(stdout);
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);
+  fprintf(stderr, "nabla: unknown command '%s'\n", argv[1]);
+  return usage(stderr);
+}
