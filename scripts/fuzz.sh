@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Runs every libFuzzer target for SECONDS (default 60) each, adding new
+# inputs to tests/fuzz/corpus/<name>/: scripts/fuzz.sh [SECONDS] [NAME...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:-60}; shift || true
+CC=clang scripts/build.sh build-fuzz -DNABLA_FUZZ=ON -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++
+names=("$@")
+if [ ${#names[@]} -eq 0 ]; then
+  for f in tests/fuzz/fuzz_*.c; do n=$(basename "$f" .c); names+=("${n#fuzz_}"); done
+fi
+for n in "${names[@]}"; do
+  mkdir -p "tests/fuzz/corpus/$n"
+  ./build-fuzz/"fuzz_$n" -max_total_time="$secs" -max_len=65536 "tests/fuzz/corpus/$n"
+done
