@@ -554,7 +554,8 @@ nb_val *nb_custom_call_at(nb_loc loc, nb_graph *g, const char *name, int nin, nb
  *   "aux/<path>"      with has_aux, g's other outputs,
  *   "grad/<path>"     for every input whose path matches `wrt`.
  * wrt is a path prefix ("params" selects params/...), or NULL for all float
- * inputs. nb_value_and_grad is this; nb_grad drops "loss" and "aux". */
+ * inputs; integer inputs are never differentiated. nb_value_and_grad is this;
+ * nb_grad leaves out "loss". */
 typedef struct nb_grad_opts {
   const char *wrt;
   bool has_aux;
@@ -568,10 +569,11 @@ nb_graph *nb_jvp(nb_ctx *ctx, const nb_graph *g);
  * plus "grad/<path>" for every float input. */
 nb_graph *nb_vjp(nb_ctx *ctx, const nb_graph *g);
 
-/* vmap: every input gets a batch axis at in_axis (or none: -1), outputs get
- * it at out_axis. Per-path overrides go in in_axes / out_axes: trees whose
- * leaves are i32 scalar arrays keyed by path prefix. axis_size is inferred
- * from the batched inputs when 0. */
+/* vmap: g is traced on unbatched shapes; the result takes every input with a
+ * batch axis of size axis_size (> 0, required) inserted at in_axis (or no
+ * batch axis: -1) and returns outputs with it at out_axis. Per-path overrides
+ * go in in_axes / out_axes: trees whose leaves are integer scalar arrays keyed
+ * by path prefix (the longest matching prefix wins). */
 typedef struct nb_vmap_opts {
   int in_axis, out_axis;
   const nb_tree *in_axes, *out_axes;

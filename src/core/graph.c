@@ -646,3 +646,44 @@ void nb_graph_cost(const nb_graph *g, double *flops, double *bytes) {
   if (flops) *flops = f;
   if (bytes) *bytes = b;
 }
+
+/* ---------------------------------------------------------------- dead code */
+
+nb_graph *nb__graph_dce(const nb_graph *g) {
+  nb_graph *d = nb_graph_create(g->ctx);
+  bool *live = nb_calloc(g->ctx, g->nvals + 1);
+  nb_val **map = nb_calloc(g->ctx, (g->nvals + 1) * sizeof(nb_val *));
+  if (!d || !live || !map) goto fail;
+  for (size_t i = 0; i < g->nout; i++) live[g->outputs[i].val->id] = true;
+  for (size_t k = g->neqns; k-- > 0;) {
+    const nb_eqn *e = g->eqns[k];
+    bool used = false;
+    for (int i = 0; i < e->nout; i++) used = used || live[e->out[i]->id];
+    for (int i = 0; used && i < e->nin; i++) live[e->in[i]->id] = true;
+  }
+  for (size_t i = 0; i < g->nin; i++) map[g->inputs[i].val->id] = nb__graph_add_input(d, g->inputs[i].path, g->inputs[i].val->aval);
+  nb_val *small[64], *outs[MAX_OUTS];
+  for (size_t k = 0; k < g->neqns && !d->err; k++) {
+    const nb_eqn *e = g->eqns[k];
+    bool used = false;
+    for (int i = 0; i < e->nout; i++) used = used || live[e->out[i]->id];
+    if (!used) continue;
+    nb_val **in = e->nin <= 64 ? small : nb_alloc(g->ctx, (size_t)e->nin * sizeof(nb_val *));
+    if (!in) goto fail;
+    for (int i = 0; i < e->nin; i++) in[i] = map[e->in[i]->id];
+    nb__emit(d, e->loc, e->prim, e->nin, in, e->params, e->params_size, NULL, outs);
+    if (in != small) nb_dealloc(g->ctx, in, (size_t)e->nin * sizeof(nb_val *));
+    for (int i = 0; !d->err && i < e->nout; i++) map[e->out[i]->id] = outs[i];
+  }
+  for (size_t i = 0; i < g->nout && !d->err; i++) nb__graph_add_output(d, g->outputs[i].path, map[g->outputs[i].val->id]);
+  if (d->err) goto fail;
+  nb_dealloc(g->ctx, live, g->nvals + 1);
+  nb_dealloc(g->ctx, map, (g->nvals + 1) * sizeof(nb_val *));
+  return d;
+fail:
+  if (nb_ctx_status(g->ctx) == NB_OK) nb_errorf(g->ctx, NB_ERR_NOMEM, "out of memory removing dead code");
+  nb_dealloc(g->ctx, live, g->nvals + 1);
+  nb_dealloc(g->ctx, map, (g->nvals + 1) * sizeof(nb_val *));
+  nb_graph_destroy(d);
+  return NULL;
+}

@@ -136,6 +136,10 @@ nb_status nb__graph_add_output(nb_graph *g, const char *path, nb_val *v);
  * (vals of dst); writes src's outputs, as vals of dst, to map_out. */
 nb_status nb__graph_inline(nb_graph *dst, const nb_graph *src, nb_val *const *map_in, nb_val **map_out);
 
+/* A copy of g without the equations no output depends on (new graph, or NULL
+ * with the error on g's context). */
+nb_graph *nb__graph_dce(const nb_graph *g);
+
 /* Shape helpers for rules. */
 int nb__norm_axis(int axis, int rank); /* -1 when out of range */
 char *nb__avals_str(int n, const nb_aval *a, char *buf, size_t cap);
@@ -143,6 +147,8 @@ char *nb__avals_str(int n, const nb_aval *a, char *buf, size_t cap);
 /* Convenience builders used by rules: zeros/ones like an aval; summing a
  * value down to a shape it was broadcast from (NumPy rules). */
 nb_val *nb__zeros(nb_graph *g, nb_aval a);
+/* Sum of two possibly-zero (NULL) tangents or cotangents. */
+nb_val *nb__add_tangents(nb_loc loc, nb_val *a, nb_val *b);
 nb_val *nb__sum_to_shape(nb_loc loc, nb_val *x, const nb_shape *shape);
 /* Moves batch dim `from` of x to axis `to` (a transpose; no-op when equal). */
 nb_val *nb__move_axis(nb_loc loc, nb_val *x, int from, int to);
@@ -155,5 +161,6 @@ nb_val *nb__batch_to_front(nb_loc loc, nb_val *x, int bdim, int64_t n);
 nb_graph *nb__vjp_graph(nb_ctx *ctx, const nb_graph *g);
 nb_graph *nb__jvp_graph(nb_ctx *ctx, const nb_graph *g);
 nb_graph *nb__vmap_graph(nb_ctx *ctx, const nb_graph *g, const int *in_bdims, int64_t axis_size, int out_axis);
+nb_graph *nb__vmap_graph_axes(nb_ctx *ctx, const nb_graph *g, const int *in_bdims, int64_t axis_size, const int *out_axes);
 
 #endif

@@ -1,0 +1,171 @@
+/* Elementwise unary primitives: one row per primitive in `unary_defs`
+ * (dtype class, the float and integer functions, and the derivative factor
+ * d y / d x built from x and y); the rules are derived from the row. */
+#include <math.h>
+#include <string.h>
+
+#include "core/prims/elementwise.h"
+
+typedef nb_val *(*deriv_fn)(nb_loc loc, nb_val *x, nb_val *y);
+
+typedef struct unary_def {
+  nb_dtype_class cls;
+  bool bool_out;
+  double (*f)(double);
+  int64_t (*fi)(int64_t);   /* integer/bool version, NULL: computed through f */
+  deriv_fn deriv;           /* NULL: zero derivative */
+} unary_def;
+
+/* erf^-1 by an initial rational guess refined with Newton steps on erf. */
+static double erf_inv(double y) {
+  if (y <= -1) return y == -1 ? -INFINITY : NAN;
+  if (y >= 1) return y == 1 ? INFINITY : NAN;
+  double w = -log((1.0 - y) * (1.0 + y)), x;
+  if (w < 5) {
+    w -= 2.5;
+    x = 2.81022636e-08;
+    x = 3.43273939e-07 + x * w;
+    x = -3.5233877e-06 + x * w;
+    x = -4.39150654e-06 + x * w;
+    x = 0.00021858087 + x * w;
+    x = -0.00125372503 + x * w;
+    x = -0.00417768164 + x * w;
+    x = 0.246640727 + x * w;
+    x = 1.50140941 + x * w;
+  } else {
+    w = sqrt(w) - 3;
+    x = -0.000200214257;
+    x = 0.000100950558 + x * w;
+    x = 0.00134934322 + x * w;
+    x = -0.00367342844 + x * w;
+    x = 0.00573950773 + x * w;
+    x = -0.0076224613 + x * w;
+    x = 0.00943887047 + x * w;
+    x = 1.00167406 + x * w;
+    x = 2.83297682 + x * w;
+  }
+  x *= y;
+  for (int i = 0; i < 3; i++) x -= (erf(x) - y) / (1.1283791670955126 * exp(-x * x));
+  return x;
+}
+
+static double f_neg(double x) { return -x; }
+static double f_sign(double x) { return x > 0 ? 1 : x < 0 ? -1 : x; }
+static double f_rsqrt(double x) { return 1 / sqrt(x); }
+static double f_logistic(double x) { return x >= 0 ? 1 / (1 + exp(-x)) : exp(x) / (1 + exp(x)); }
+static double f_is_finite(double x) { return isfinite(x) ? 1 : 0; }
+static int64_t i_neg(int64_t x) { return (int64_t)(0 - (uint64_t)x); }
+static int64_t i_abs(int64_t x) { return x < 0 ? i_neg(x) : x; }
+static int64_t i_sign(int64_t x) { return (x > 0) - (x < 0); }
+static int64_t i_not(int64_t x) { return ~x; }
+
+/* Derivative factors, emitted with the equation's location. */
+static nb_val *d_neg(nb_loc l, nb_val *x, nb_val *y) { return nb_full_like_at(l, x, -1); }
+static nb_val *d_abs(nb_loc l, nb_val *x, nb_val *y) { return nb_sign_at(l, x); }
+static nb_val *d_exp(nb_loc l, nb_val *x, nb_val *y) { return y; }
+static nb_val *d_exp2(nb_loc l, nb_val *x, nb_val *y) { return nb_mul_at(l, y, nb_full_like_at(l, y, M_LN2)); }
+static nb_val *d_log(nb_loc l, nb_val *x, nb_val *y) { return nb_div_at(l, nb_full_like_at(l, x, 1), x); }
+static nb_val *d_log1p(nb_loc l, nb_val *x, nb_val *y) {
+  return nb_div_at(l, nb_full_like_at(l, x, 1), nb_add_at(l, x, nb_full_like_at(l, x, 1)));
+}
+static nb_val *d_expm1(nb_loc l, nb_val *x, nb_val *y) { return nb_add_at(l, y, nb_full_like_at(l, y, 1)); }
+static nb_val *d_sqrt(nb_loc l, nb_val *x, nb_val *y) { return nb_div_at(l, nb_full_like_at(l, y, 0.5), y); }
+static nb_val *d_rsqrt(nb_loc l, nb_val *x, nb_val *y) {
+  return nb_mul_at(l, nb_full_like_at(l, y, -0.5), nb_div_at(l, y, x));
+}
+static nb_val *d_tanh(nb_loc l, nb_val *x, nb_val *y) { return nb_sub_at(l, nb_full_like_at(l, y, 1), nb_mul_at(l, y, y)); }
+static nb_val *d_logistic(nb_loc l, nb_val *x, nb_val *y) {
+  return nb_mul_at(l, y, nb_sub_at(l, nb_full_like_at(l, y, 1), y));
+}
+static nb_val *d_erf(nb_loc l, nb_val *x, nb_val *y) {
+  return nb_mul_at(l, nb_full_like_at(l, x, 1.1283791670955126), nb_exp_at(l, nb_neg_at(l, nb_mul_at(l, x, x))));
+}
+static nb_val *d_erf_inv(nb_loc l, nb_val *x, nb_val *y) {
+  return nb_mul_at(l, nb_full_like_at(l, y, 0.88622692545275801), nb_exp_at(l, nb_mul_at(l, y, y)));
+}
+static nb_val *d_sin(nb_loc l, nb_val *x, nb_val *y) { return nb_cos_at(l, x); }
+static nb_val *d_cos(nb_loc l, nb_val *x, nb_val *y) { return nb_neg_at(l, nb_sin_at(l, x)); }
+
+static const unary_def unary_defs[NB_PRIM_COUNT] = {
+    [NB_PRIM_neg] = {NB_CLASS_NUMERIC, false, f_neg, i_neg, d_neg},
+    [NB_PRIM_abs] = {NB_CLASS_NUMERIC, false, fabs, i_abs, d_abs},
+    [NB_PRIM_sign] = {NB_CLASS_NUMERIC, false, f_sign, i_sign, NULL},
+    [NB_PRIM_exp] = {NB_CLASS_FLOAT, false, exp, NULL, d_exp},
+    [NB_PRIM_exp2] = {NB_CLASS_FLOAT, false, exp2, NULL, d_exp2},
+    [NB_PRIM_log] = {NB_CLASS_FLOAT, false, log, NULL, d_log},
+    [NB_PRIM_log1p] = {NB_CLASS_FLOAT, false, log1p, NULL, d_log1p},
+    [NB_PRIM_expm1] = {NB_CLASS_FLOAT, false, expm1, NULL, d_expm1},
+    [NB_PRIM_sqrt] = {NB_CLASS_FLOAT, false, sqrt, NULL, d_sqrt},
+    [NB_PRIM_rsqrt] = {NB_CLASS_FLOAT, false, f_rsqrt, NULL, d_rsqrt},
+    [NB_PRIM_tanh] = {NB_CLASS_FLOAT, false, tanh, NULL, d_tanh},
+    [NB_PRIM_logistic] = {NB_CLASS_FLOAT, false, f_logistic, NULL, d_logistic},
+    [NB_PRIM_erf] = {NB_CLASS_FLOAT, false, erf, NULL, d_erf},
+    [NB_PRIM_erf_inv] = {NB_CLASS_FLOAT, false, erf_inv, NULL, d_erf_inv},
+    [NB_PRIM_sin] = {NB_CLASS_FLOAT, false, sin, NULL, d_sin},
+    [NB_PRIM_cos] = {NB_CLASS_FLOAT, false, cos, NULL, d_cos},
+    [NB_PRIM_floor] = {NB_CLASS_FLOAT, false, floor, NULL, NULL},
+    [NB_PRIM_ceil] = {NB_CLASS_FLOAT, false, ceil, NULL, NULL},
+    [NB_PRIM_round] = {NB_CLASS_FLOAT, false, round, NULL, NULL}, /* half away from zero, as lax.round */
+    [NB_PRIM_is_finite] = {NB_CLASS_FLOAT, true, f_is_finite, NULL, NULL},
+    [NB_PRIM_not] = {NB_CLASS_INTBOOL, false, NULL, i_not, NULL},
+};
+
+
+static nb_status infer_for(nb_prim p, int nin, const nb_aval *in, int *nout, nb_aval *out, char *why, size_t cap) {
+  *nout = 1;
+  if (nin != 1) return snprintf(why, cap, "takes 1 operand, got %d", nin), NB_ERR_INVALID_ARG;
+  return nb__ew_infer(1, in, unary_defs[p].cls, unary_defs[p].bool_out, out, why, cap);
+}
+
+static nb_status unary_eval(nb_ctx *ctx, const nb_eqn *e, nb_array *const *in, nb_array **out) {
+  const unary_def *d = &unary_defs[e->prim];
+  nb_dtype t = nb_array_dtype(in[0]), to = nb_array_dtype(out[0]);
+  const void *x = nb_array_data(in[0]);
+  void *y = nb_array_data_mut(out[0]);
+  int64_t n = nb_array_size(in[0]);
+  if (e->prim == NB_PRIM_not && t == NB_BOOL) {
+    for (int64_t i = 0; i < n; i++) ((uint8_t *)y)[i] = !((const uint8_t *)x)[i];
+  } else if (!nb_dtype_is_float(t) && d->fi) {
+    for (int64_t i = 0; i < n; i++) nb__store_i64(to, y, i, d->fi(nb__load_i64(t, x, i)));
+  } else {
+    for (int64_t i = 0; i < n; i++) nb__store_f64(to, y, i, d->f(nb__load_f64(t, x, i)));
+  }
+  return NB_OK;
+}
+
+static nb_status unary_jvp(nb_graph *g, const nb_eqn *e, nb_val *const *primals, nb_val *const *tangents,
+                           nb_val *const *outs, nb_val **out_tangents) {
+  const unary_def *d = &unary_defs[e->prim];
+  out_tangents[0] = NULL;
+  if (!tangents[0] || !d->deriv) return NB_OK;
+  if (e->prim == NB_PRIM_neg) out_tangents[0] = nb_neg_at(e->loc, tangents[0]);
+  else out_tangents[0] = nb_mul_at(e->loc, tangents[0], d->deriv(e->loc, primals[0], outs[0]));
+  return nb_graph_status(g);
+}
+
+/* neg is the only linear unary primitive. */
+static nb_status neg_transpose(nb_graph *g, const nb_eqn *e, nb_val *const *in, const bool *linear,
+                               nb_val *const *ct_out, nb_val **ct_in) {
+  ct_in[0] = ct_out[0] ? nb_neg_at(e->loc, ct_out[0]) : NULL;
+  return nb_graph_status(g);
+}
+
+#define UNARY_RULES(op)                                                                            \
+  static nb_status infer_##op(const void *params, int nin, const nb_aval *in, int *nout, nb_aval *out, \
+                                char *why, size_t cap) {                                             \
+    return infer_for(NB_PRIM_##op, nin, in, nout, out, why, cap);                                  \
+  }                                                                                                  \
+  const nb_prim_rules nb__prim_##op = {                                                            \
+      .name = #op,                                                                                 \
+      .kind = NB_KIND_ELEMENTWISE,                                                                   \
+      .infer = infer_##op,                                                                         \
+      .eval = unary_eval,                                                                            \
+      .jvp = unary_jvp,                                                                              \
+      .transpose = NB_PRIM_##op == NB_PRIM_neg ? neg_transpose : NULL,                             \
+      .batch = nb__ew_batch,                                                                         \
+  };                                                                                                 \
+  nb_val *nb_##op##_at(nb_loc loc, nb_val *x) {                                                    \
+    if (!x) return NULL;                                                                             \
+    return nb__emit1(x->g, loc, NB_PRIM_##op, 1, &x, NULL, 0);                                     \
+  }
+NB_UNARY_OPS(UNARY_RULES)
