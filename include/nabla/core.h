@@ -491,6 +491,9 @@ typedef struct nb_conv_params {
  * given strides and symmetric padding. */
 nb_conv_params nb_conv_params_default(int n_spatial, const int64_t *strides, const int64_t *padding);
 nb_val *nb_conv_at(nb_loc loc, nb_val *lhs, nb_val *rhs, const nb_conv_params *p);
+/* x with the order of elements reversed along the given axes (negative axes
+ * count from the end), as lax.rev; used to flip kernels. */
+nb_val *nb_rev_at(nb_loc loc, nb_val *x, int naxes, const int *axes);
 
 /* ------------------------------------------------------------------------ */
 /* Random numbers: threefry2x32 keys (u32[2]), as JAX                        */
@@ -673,6 +676,7 @@ nb_status nb_custom_vjp_call(nb_graph *g, const nb_graph *fwd_primal, const nb_g
 #define nb_dot_general(a, b, dn, t) nb_dot_general_at(NB_HERE, a, b, dn, t)
 #define nb_matmul(a, b) nb_matmul_at(NB_HERE, a, b)
 #define nb_conv(a, b, p) nb_conv_at(NB_HERE, a, b, p)
+#define nb_rev(x, n, ax) nb_rev_at(NB_HERE, x, n, ax)
 #define nb_threefry2x32(k0, k1, x0, x1, y0, y1) nb_threefry2x32_at(NB_HERE, k0, k1, x0, x1, y0, y1)
 #define nb_random_key(g, s) nb_random_key_at(NB_HERE, g, s)
 #define nb_random_split(k, n) nb_random_split_at(NB_HERE, k, n)
