@@ -617,6 +617,16 @@ nb_status nb_graph_verify(const nb_graph *g) {
   return st;
 }
 
+nb_graph *nb__checked(nb_graph *g) {
+#ifndef NDEBUG
+  if (g && nb_graph_verify(g) != NB_OK) {
+    nb_graph_destroy(g);
+    return NULL;
+  }
+#endif
+  return g;
+}
+
 static double aval_bytes(const nb_aval *a) { return (double)nb_shape_size(&a->shape) * (double)nb_dtype_size(a->dtype); }
 
 void nb_graph_cost(const nb_graph *g, double *flops, double *bytes) {
