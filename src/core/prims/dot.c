@@ -126,7 +126,7 @@ static nb_status dot_infer(const void *params, int nin, const nb_aval *in, int *
            NB_ERR_DTYPE;
   if (in[0].dtype == NB_BOOL) return snprintf(why, cap, "bool operands are not allowed (convert first)"), NB_ERR_DTYPE;
   if (p->out_dtype < 0 || p->out_dtype >= NB_DTYPE_COUNT || p->out_dtype == NB_BOOL || !same_kind(p->out_dtype, in[0].dtype))
-    return snprintf(why, cap, "out_dtype must be a %s dtype like the operands", nb_dtype_is_float(in[0].dtype) ? "float" : "integer"),
+    return snprintf(why, cap, "out_dtype must be %s dtype like the operands", nb_dtype_is_float(in[0].dtype) ? "a float" : "an integer"),
            NB_ERR_DTYPE;
   int rl = in[0].shape.rank, rr = in[1].shape.rank;
   if (dn->n_batch < 0 || dn->n_contract < 0 || dn->n_batch + dn->n_contract > (rl < rr ? rl : rr))
