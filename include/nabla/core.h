@@ -472,12 +472,25 @@ typedef struct nb_dot_dims {
   int lhs_batch[NB_MAX_RANK], rhs_batch[NB_MAX_RANK];
 } nb_dot_dims;
 /* out_dtype: the result dtype (accumulation is at least f32 for floats);
- * pass NB_DTYPE_COUNT for lhs's dtype. */
+ * pass NB_DTYPE_COUNT for lhs's dtype. lhs and rhs share one non-bool dtype
+ * and out_dtype is of the same kind (float or integer); integer products
+ * accumulate in 64 bits and wrap to out_dtype. Negative dims count from the
+ * end. */
 nb_val *nb_dot_general_at(nb_loc loc, nb_val *lhs, nb_val *rhs, const nb_dot_dims *dn, nb_dtype out_dtype);
 /* Matrix product with batch dims broadcast as numpy.matmul for rank >= 2. */
 nb_val *nb_matmul_at(nb_loc loc, nb_val *a, nb_val *b);
 
-/* conv_general_dilated, N spatial dims. Layouts are given by dim numbers. */
+/* conv_general_dilated, N spatial dims (0..6). Layouts are given by dim
+ * numbers: which dim of each operand and of the result is batch, feature and
+ * each spatial dim. Per spatial dim: the input dilated by lhs_dilation (transposed conv), padded
+ * by pad_lo/pad_hi (negative crops), and read by the kernel dilated by
+ * rhs_dilation (atrous) at the stride; the output has
+ * max(0, floor((padded - dilated kernel) / stride) + 1) positions. With
+ * feature_group_count G, lhs features = G * rhs in-features and output
+ * feature o uses group o / (O/G); with batch_group_count B, output batch is
+ * lhs batch / B and output feature o uses lhs batch block o / (O/B). G and B
+ * cannot both exceed 1; operands share one non-bool dtype, as does the result
+ * (integers wrap). Kernel spatial dims must be non-empty. */
 typedef struct nb_conv_params {
   int n_spatial;
   int64_t strides[NB_MAX_RANK];
@@ -489,7 +502,7 @@ typedef struct nb_conv_params {
   int out_batch_dim, out_feature_dim, out_spatial[NB_MAX_RANK];
 } nb_conv_params;
 /* Params for NCHW / OIHW / NCHW-style layouts with unit dilation and the
- * given strides and symmetric padding. */
+ * given strides and symmetric padding (either may be NULL: 1 and 0). */
 nb_conv_params nb_conv_params_default(int n_spatial, const int64_t *strides, const int64_t *padding);
 nb_val *nb_conv_at(nb_loc loc, nb_val *lhs, nb_val *rhs, const nb_conv_params *p);
 /* x with the order of elements reversed along the given axes (negative axes

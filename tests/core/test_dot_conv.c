@@ -410,6 +410,145 @@ static void test_vmap_kernel(nb_ctx *ctx) {
   }
 }
 
+/* ---------------------------------------------------------------- vmap at inner axes */
+
+/* Element b along `axis` of a (a new array one rank lower). */
+static nb_array *take_axis(nb_ctx *ctx, const nb_array *a, int axis, int64_t b) {
+  int r = nb_array_rank(a);
+  const int64_t *d = nb_array_dims(a);
+  int64_t dims[NB_MAX_RANK], outer = 1, inner = 1;
+  for (int i = 0, k = 0; i < r; i++)
+    if (i != axis) dims[k++] = d[i];
+  for (int i = 0; i < axis; i++) outer *= d[i];
+  for (int i = axis + 1; i < r; i++) inner *= d[i];
+  double *v = malloc(sizeof(double) * (size_t)(outer * inner + 1));
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t i = 0; i < inner; i++) v[o * inner + i] = nb_array_get(a, (o * d[axis] + b) * inner + i);
+  nb_array *s = nb_array_from_f64(ctx, nb_array_dtype(a), r - 1, dims, v);
+  free(v);
+  return s;
+}
+
+static nb_array *with_axis(nb_ctx *ctx, nb_test_rng *rng, int r, const int64_t *d, int axis, int64_t n) {
+  int64_t dims[NB_MAX_RANK];
+  for (int i = 0, k = 0; i <= r; i++) dims[i] = i == axis ? n : d[k++];
+  return nb_test_randn(ctx, rng, NB_F64, r + 1, dims);
+}
+
+/* vmap(f) with a batched at axis ia, b at axis ib (-1: unbatched) and the
+ * result at axis oa, against f on each slice. */
+static void check_vmap_axes(nb_ctx *ctx, const char *name, op2_fn f, const void *u, int ra, const int64_t *da, int rb,
+                            const int64_t *db, int ia, int ib, int oa) {
+  nb_test_rng rng = {11};
+  const int64_t n = 3;
+  op2 o = {f, u};
+  nb_tree *spec = nb_tree_create(ctx), *axes = nb_tree_create(ctx), *in = nb_tree_create(ctx), *out = nb_tree_create(ctx);
+  nb_tree_set(spec, "a", nb_leaf_aval(nb_aval_make(NB_F64, ra, da)));
+  nb_tree_set(spec, "b", nb_leaf_aval(nb_aval_make(NB_F64, rb, db)));
+  nb_array *a = ia >= 0 ? with_axis(ctx, &rng, ra, da, ia, n) : nb_test_randn(ctx, &rng, NB_F64, ra, da);
+  nb_array *b = ib >= 0 ? with_axis(ctx, &rng, rb, db, ib, n) : nb_test_randn(ctx, &rng, NB_F64, rb, db);
+  nb_array *axa = nb_array_scalar(ctx, NB_I32, ia), *axb = nb_array_scalar(ctx, NB_I32, ib);
+  nb_tree_set_array(axes, "a", axa);
+  nb_tree_set_array(axes, "b", axb);
+  nb_tree_set_array(in, "a", a);
+  nb_tree_set_array(in, "b", b);
+  nb_graph *g = nb_trace(ctx, op2_trace, &o, spec);
+  nb_vmap_opts vo = {.out_axis = oa, .in_axes = axes, .axis_size = n};
+  nb_graph *vg = g ? nb_vmap(ctx, g, &vo) : NULL;
+  CHECK_MSG(vg && nb_graph_run(ctx, vg, in, out) == NB_OK, "%s: %s", name, nb_ctx_error(ctx));
+  nb_array *y = nb_tree_get_array(out, "y");
+  for (int64_t k = 0; y && k < n; k++) {
+    nb_array *ak = ia >= 0 ? take_axis(ctx, a, ia, k) : a, *bk = ib >= 0 ? take_axis(ctx, b, ib, k) : b;
+    if (ia < 0) nb_array_retain(a);
+    if (ib < 0) nb_array_retain(b);
+    nb_array *want = run2(ctx, f, u, ak, bk), *got = take_axis(ctx, y, oa, k);
+    CHECK_MSG(want && nb_array_size(want) == nb_array_size(got), "%s: slice %lld", name, (long long)k);
+    for (int64_t i = 0; want && i < nb_array_size(want) && i < nb_array_size(got); i++)
+      CHECK_MSG(fabs(nb_array_get(got, i) - nb_array_get(want, i)) <= 1e-12 * (1 + fabs(nb_array_get(want, i))),
+                "%s: slice %lld element %lld", name, (long long)k, (long long)i);
+    nb_array_release(ak);
+    nb_array_release(bk);
+    nb_array_release(want);
+    nb_array_release(got);
+  }
+  nb_graph_destroy(vg);
+  nb_graph_destroy(g);
+  nb_array_release(a);
+  nb_array_release(b);
+  nb_array_release(axa);
+  nb_array_release(axb);
+  nb_tree_destroy(spec);
+  nb_tree_destroy(axes);
+  nb_tree_destroy(in);
+  nb_tree_destroy(out);
+}
+
+static void test_vmap_axes(nb_ctx *ctx) {
+  dot_spec p;
+  memset(&p, 0, sizeof p);
+  p.dn.n_batch = 1;
+  p.dn.n_contract = 1;
+  p.dn.lhs_contract[0] = 2;
+  p.dn.rhs_contract[0] = 1;
+  p.out_dtype = NB_F64;
+  int64_t la[3] = {2, 3, 4}, lb[3] = {2, 4, 5};
+  check_vmap_axes(ctx, "dot, both batched at inner axes", op_dot, &p, 3, la, 3, lb, 2, 3, 1);
+  check_vmap_axes(ctx, "dot, lhs batched at axis 1", op_dot, &p, 3, la, 3, lb, 1, -1, 3);
+  check_vmap_axes(ctx, "dot, rhs batched at axis 2", op_dot, &p, 3, la, 3, lb, -1, 2, 2);
+  nb_conv_params c = nb_conv_params_default(2, (int64_t[]){1, 2}, (int64_t[]){1, 0});
+  c.feature_group_count = 2;
+  int64_t cx[4] = {2, 4, 5, 4}, cw[4] = {6, 2, 3, 2};
+  check_vmap_axes(ctx, "conv, both batched at inner axes", op_conv, &c, 4, cx, 4, cw, 3, 2, 4);
+  check_vmap_axes(ctx, "conv, lhs batched at axis 2", op_conv, &c, 4, cx, 4, cw, 2, -1, 1);
+  check_vmap_axes(ctx, "conv, rhs batched at axis 4", op_conv, &c, 4, cx, 4, cw, -1, 4, 2);
+}
+
+/* ---------------------------------------------------------------- mixed-precision gradients */
+
+static nb_status f_mixed(nb_graph *g, const nb_tree *in, nb_tree *out, void *user) {
+  const dot_spec *p = user;
+  nb_val *a = nb_convert(nb_tree_get_val(in, "a"), NB_BF16), *b = nb_convert(nb_tree_get_val(in, "b"), NB_BF16);
+  nb_val *y = nb_dot_general(a, b, &p->dn, p->out_dtype);
+  return nb_tree_set_val(out, "loss", nb_reduce_sum(nb_convert(nb_mul(y, y), NB_F64), 0, NULL));
+}
+
+/* Gradients through a bf16 x bf16 -> f32 dot: the cotangent is f32, the
+ * operands' cotangents come back in bf16 (here converted to the f64 inputs);
+ * with small-integer inputs every step is exact, so they must equal the f64
+ * gradient 2 y b^T, 2 a^T y exactly. */
+static void test_mixed_grads(nb_ctx *ctx) {
+  dot_spec p;
+  memset(&p, 0, sizeof p);
+  p.dn.n_contract = 1;
+  p.dn.lhs_contract[0] = 1;
+  p.out_dtype = NB_F32;
+  nb_test_rng rng = {5};
+  int64_t da[2] = {2, 3}, db[2] = {3, 2};
+  nb_array *a = nb_test_randint(ctx, &rng, NB_F64, 2, da, -3, 3), *b = nb_test_randint(ctx, &rng, NB_F64, 2, db, -3, 3);
+  nb_tree *in = nb_tree_create(ctx), *out = nb_tree_create(ctx);
+  nb_tree_set_array(in, "a", a);
+  nb_tree_set_array(in, "b", b);
+  nb_graph *g = nb_trace(ctx, f_mixed, &p, in), *dg = g ? nb_grad(ctx, g, NULL) : NULL;
+  CHECK_MSG(dg && nb_graph_run(ctx, dg, in, out) == NB_OK, "mixed grads: %s", nb_ctx_error(ctx));
+  double A[6], B[6], Y[4];
+  for (int i = 0; i < 6; i++) A[i] = nb_array_get(a, i), B[i] = nb_array_get(b, i);
+  for (int i = 0; i < 2; i++)
+    for (int j = 0; j < 2; j++) Y[i * 2 + j] = A[i * 3] * B[j] + A[i * 3 + 1] * B[2 + j] + A[i * 3 + 2] * B[4 + j];
+  nb_array *ga = nb_tree_get_array(out, "grad/a"), *gb = nb_tree_get_array(out, "grad/b");
+  for (int i = 0; ga && gb && i < 2; i++)
+    for (int k = 0; k < 3; k++) {
+      CHECK(nb_array_get(ga, i * 3 + k) == 2 * (Y[i * 2] * B[k * 2] + Y[i * 2 + 1] * B[k * 2 + 1]));
+      CHECK(nb_array_get(gb, k * 2 + i) == 2 * (A[k] * Y[i] + A[3 + k] * Y[2 + i]));
+    }
+  CHECK(ga && gb);
+  nb_graph_destroy(dg);
+  nb_graph_destroy(g);
+  nb_array_release(a);
+  nb_array_release(b);
+  nb_tree_destroy(in);
+  nb_tree_destroy(out);
+}
+
 /* ---------------------------------------------------------------- cost and printing */
 
 static void test_cost_and_print(nb_ctx *ctx) {
@@ -451,6 +590,8 @@ int main(void) {
   test_dtypes(ctx);
   test_zero_sizes(ctx);
   test_vmap_kernel(ctx);
+  test_vmap_axes(ctx);
+  test_mixed_grads(ctx);
   test_cost_and_print(ctx);
   CHECK_MSG(nb_ctx_bytes_in_use(ctx) == 0, "%zu bytes leaked", nb_ctx_bytes_in_use(ctx));
   nb_ctx_destroy(ctx);

@@ -258,6 +258,43 @@ static void test_rev_errors(nb_ctx *ctx) {
   nb_graph_destroy(t.g);
 }
 
+/* ---------------------------------------------------------------- rank limits */
+
+static nb_status f_conv6(nb_graph *g, const nb_tree *in, nb_tree *out, void *user) {
+  nb_conv_params p = nb_conv_params_default(6, NULL, NULL);
+  p.feature_group_count = 2;
+  nb_val *y = nb_conv(nb_tree_get_val(in, "x"), nb_tree_get_val(in, "w"), &p);
+  return nb_tree_set_val(out, "loss", nb_reduce_sum(y, 0, NULL));
+}
+
+/* The transpose of a grouped conv w.r.t. lhs reshapes the kernel to one more
+ * dim than its rank; with 6 spatial dims that exceeds NB_MAX_RANK and is a
+ * named NB_ERR_UNIMPLEMENTED (the gradient w.r.t. the kernel needs no
+ * reshape and works). */
+static void test_rank_limits(nb_ctx *ctx) {
+  const int64_t dx[8] = {1, 2, 1, 2, 1, 1, 1, 1}, dw[8] = {2, 1, 1, 1, 1, 1, 1, 1};
+  nb_tree *in = nb_tree_create(ctx);
+  nb_array *x = nb_array_ones(ctx, NB_F64, 8, dx), *w = nb_array_ones(ctx, NB_F64, 8, dw);
+  nb_tree_set_array(in, "x", x);
+  nb_tree_set_array(in, "w", w);
+  nb_graph *g = nb_trace(ctx, f_conv6, NULL, in);
+  CHECK(g != NULL);
+  nb_graph *gx = nb_grad(ctx, g, &(nb_grad_opts){.wrt = "x"});
+  CHECK(gx == NULL);
+  CHECK_ERR(ctx, NB_ERR_UNIMPLEMENTED, "conv: the transpose of a grouped conv needs a rank-9 intermediate");
+  nb_graph *gw = nb_grad(ctx, g, &(nb_grad_opts){.wrt = "w"});
+  nb_tree *out = nb_tree_create(ctx);
+  CHECK_MSG(gw && nb_graph_run(ctx, gw, in, out) == NB_OK, "%s", nb_ctx_error(ctx));
+  nb_array *grad = nb_tree_get_array(out, "grad/w");
+  CHECK(grad && nb_array_get(grad, 0) == 2 && nb_array_get(grad, 1) == 2); /* each tap sees two ones */
+  nb_tree_destroy(out);
+  nb_graph_destroy(gw);
+  nb_graph_destroy(g);
+  nb_array_release(x);
+  nb_array_release(w);
+  nb_tree_destroy(in);
+}
+
 /* ---------------------------------------------------------------- allocation failures */
 
 static nb_status f_net(nb_graph *g, const nb_tree *in, nb_tree *out, void *user) {
@@ -312,6 +349,7 @@ int main(void) {
   test_matmul_errors(ctx);
   test_conv_errors(ctx);
   test_rev_errors(ctx);
+  test_rank_limits(ctx);
   test_alloc_failures(ctx);
   CHECK_MSG(nb_ctx_bytes_in_use(ctx) == 0, "%zu bytes leaked", nb_ctx_bytes_in_use(ctx));
   nb_ctx_destroy(ctx);
