@@ -482,9 +482,9 @@ nb_val *nb_matmul_at(nb_loc loc, nb_val *a, nb_val *b);
 
 /* conv_general_dilated, N spatial dims (0..6). Layouts are given by dim
  * numbers: which dim of each operand and of the result is batch, feature and
- * each spatial dim. Per spatial dim: the input dilated by lhs_dilation (transposed conv), padded
- * by pad_lo/pad_hi (negative crops), and read by the kernel dilated by
- * rhs_dilation (atrous) at the stride; the output has
+ * each spatial dim. Per spatial dim, the input is dilated by lhs_dilation
+ * (transposed conv), padded by pad_lo/pad_hi (negative crops) and read by the
+ * kernel dilated by rhs_dilation (atrous) at the stride; the output has
  * max(0, floor((padded - dilated kernel) / stride) + 1) positions. With
  * feature_group_count G, lhs features = G * rhs in-features and output
  * feature o uses group o / (O/G); with batch_group_count B, output batch is
