@@ -185,8 +185,12 @@ static void test_conv_errors(nb_ctx *ctx) {
   p.rhs_dilation[0] = -1;
   conv_err(ctx, 4, x, w4, &p, NB_ERR_INVALID_ARG, "spatial dim 0: strides and dilations");
   p = nb_conv_params_default(2, NULL, NULL);
-  p.pad_hi[1] = (int64_t)1 << 50;
+  p.pad_hi[1] = (int64_t)1 << 57;
   conv_err(ctx, 4, x, w4, &p, NB_ERR_INVALID_ARG, "spatial dim 1: padding out of range");
+  p = nb_conv_params_default(2, NULL, NULL);
+  p.lhs_dilation[0] = (int64_t)1 << 40;
+  int64_t xhuge[4] = {2, 4, (int64_t)1 << 40, 5};
+  conv_err(ctx, 4, xhuge, w4, &p, NB_ERR_SHAPE, "spatial dim 0: dilated sizes exceed 2^56");
   p = nb_conv_params_default(2, NULL, NULL);
   p.lhs_spatial[1] = 1; /* feature dim twice */
   conv_err(ctx, 4, x, w4, &p, NB_ERR_INVALID_ARG, "lhs dim numbers (batch, feature, spatial) are not a permutation of 0..3");

@@ -12,7 +12,8 @@
 #include "core/prims/elementwise.h"
 
 #define CONV_MAX_SPATIAL (NB_MAX_RANK - 2)
-#define CONV_MAX_PARAM ((int64_t)1 << 40) /* bound on strides/dilations/padding: keeps sizes in int64 */
+#define CONV_MAX_PARAM ((int64_t)1 << 40) /* bound on strides and dilations */
+#define CONV_MAX_SIZE ((int64_t)1 << 56)  /* bound on |padding| and dilated sizes: every sum the rules form fits int64 */
 
 /* ---------------------------------------------------------------- geometry */
 
@@ -113,8 +114,8 @@ static nb_status check_params(const nb_conv_params *p, char *why, size_t cap) {
     if (p->strides[j] < 1 || p->lhs_dilation[j] < 1 || p->rhs_dilation[j] < 1 || p->strides[j] > CONV_MAX_PARAM ||
         p->lhs_dilation[j] > CONV_MAX_PARAM || p->rhs_dilation[j] > CONV_MAX_PARAM)
       return snprintf(why, cap, "spatial dim %d: strides and dilations must be in [1, 2^40]", j), NB_ERR_INVALID_ARG;
-    if (p->pad_lo[j] < -CONV_MAX_PARAM || p->pad_lo[j] > CONV_MAX_PARAM || p->pad_hi[j] < -CONV_MAX_PARAM ||
-        p->pad_hi[j] > CONV_MAX_PARAM)
+    if (p->pad_lo[j] < -CONV_MAX_SIZE || p->pad_lo[j] > CONV_MAX_SIZE || p->pad_hi[j] < -CONV_MAX_SIZE ||
+        p->pad_hi[j] > CONV_MAX_SIZE)
       return snprintf(why, cap, "spatial dim %d: padding out of range", j), NB_ERR_INVALID_ARG;
   }
   if (p->feature_group_count < 1 || p->batch_group_count < 1)
@@ -122,6 +123,12 @@ static nb_status check_params(const nb_conv_params *p, char *why, size_t cap) {
   if (p->feature_group_count > 1 && p->batch_group_count > 1)
     return snprintf(why, cap, "feature_group_count and batch_group_count cannot both exceed 1"), NB_ERR_INVALID_ARG;
   return NB_OK;
+}
+
+/* (n-1)*dil + 1 stays below CONV_MAX_SIZE. */
+static bool span_fits(int64_t n, int64_t dil) {
+  int64_t m;
+  return n <= 0 || (!__builtin_mul_overflow(n - 1, dil, &m) && m < CONV_MAX_SIZE);
 }
 
 static nb_status conv_infer(const void *params, int nin, const nb_aval *in, int *nout, nb_aval *out, char *why,
@@ -137,6 +144,10 @@ static nb_status conv_infer(const void *params, int nin, const nb_aval *in, int 
   if (in[0].dtype != in[1].dtype)
     return snprintf(why, cap, "operand dtypes differ (%s vs %s)", nb_dtype_name(in[0].dtype), nb_dtype_name(in[1].dtype)), NB_ERR_DTYPE;
   if (in[0].dtype == NB_BOOL) return snprintf(why, cap, "bool operands are not allowed (convert first)"), NB_ERR_DTYPE;
+  for (int j = 0; j < p->n_spatial; j++)
+    if (!span_fits(in[0].shape.dims[p->lhs_spatial[j]], p->lhs_dilation[j]) ||
+        !span_fits(in[1].shape.dims[p->rhs_spatial[j]], p->rhs_dilation[j]))
+      return snprintf(why, cap, "spatial dim %d: dilated sizes exceed 2^56", j), NB_ERR_SHAPE;
   conv_geom g = geom_of(p, &in[0].shape, &in[1].shape);
   if (g.C != g.I * g.G)
     return snprintf(why, cap, "lhs features (%lld) must equal rhs in-features (%lld) * feature_group_count (%lld)",
@@ -266,8 +277,6 @@ static nb_status conv_jvp(nb_graph *g, const nb_eqn *e, nb_val *const *p, nb_val
   return nb_graph_status(g);
 }
 
-static nb_val *reshape_dims(nb_loc loc, nb_val *x, int rank, const int64_t *dims) { return nb_reshape_at(loc, x, rank, dims); }
-
 /* x with dim d (size h*m) split into [h, m] (rank + 1). */
 static nb_val *split_dim(nb_loc loc, nb_val *x, int d, int64_t h) {
   int r = x->aval.shape.rank;
@@ -280,7 +289,7 @@ static nb_val *split_dim(nb_loc loc, nb_val *x, int d, int64_t h) {
       dims[k++] = x->aval.shape.dims[i];
     }
   }
-  return reshape_dims(loc, x, r + 1, dims);
+  return nb_reshape_at(loc, x, r + 1, dims);
 }
 
 /* x with dims d and d+1 merged into one (rank - 1). */
@@ -291,7 +300,7 @@ static nb_val *merge_dims(nb_loc loc, nb_val *x, int d) {
     if (i == d + 1) continue;
     dims[k++] = i == d ? x->aval.shape.dims[d] * x->aval.shape.dims[d + 1] : x->aval.shape.dims[i];
   }
-  return reshape_dims(loc, x, r - 1, dims);
+  return nb_reshape_at(loc, x, r - 1, dims);
 }
 
 /* x with dims d and d+1 exchanged. */
@@ -378,7 +387,7 @@ static nb_val *conv_ct_lhs(nb_graph *gr, const nb_eqn *e, nb_val *ct, nb_val *w)
   t->out_feature_dim = 1;
   for (int j = 0; j < ns; j++) t->out_spatial[j] = j + 2;
   nb_val *z = emit_conv(loc, ct, k, &q);
-  z = merge_dims(loc, nb_transpose_at(loc, split_dim(loc, z, 1, g.B), (int[]){1, 0, 2, 3, 4, 5, 6, 7, 8}), 0);
+  z = merge_dims(loc, swap_dims(loc, split_dim(loc, z, 1, g.B), 0), 0);
   int back[NB_MAX_RANK];
   back[p->lhs_batch_dim] = 0;
   back[p->lhs_feature_dim] = 1;
