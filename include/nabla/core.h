@@ -562,11 +562,13 @@ typedef struct nb_grad_opts {
 } nb_grad_opts;
 nb_graph *nb_value_and_grad(nb_ctx *ctx, const nb_graph *g, const nb_grad_opts *opts);
 nb_graph *nb_grad(nb_ctx *ctx, const nb_graph *g, const nb_grad_opts *opts);
-/* Forward mode: inputs are g's plus "tangent/<path>" for every float input;
- * outputs g's plus "tangent/<path>" for every float output. */
+/* Forward mode: inputs "primal/<path>" for g's inputs and "tangent/<path>"
+ * for its float inputs; outputs "primal/<path>" and "tangent/<path>" (float
+ * outputs). The two namespaces keep jvp(jvp(g)) unambiguous. */
 nb_graph *nb_jvp(nb_ctx *ctx, const nb_graph *g);
-/* Pullback: inputs g's plus "ct/<path>" for every float output; outputs g's
- * plus "grad/<path>" for every float input. */
+/* Pullback: inputs "primal/<path>" for g's inputs and "ct/<path>" for its
+ * float outputs; outputs "primal/<path>" for g's outputs and "grad/<path>"
+ * for its float inputs. */
 nb_graph *nb_vjp(nb_ctx *ctx, const nb_graph *g);
 
 /* vmap: g is traced on unbatched shapes; the result takes every input with a
