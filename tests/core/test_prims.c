@@ -6,9 +6,15 @@
 #include "primcheck.h"
 
 const nb_prim_case *nb_cases_core(size_t *n);
+const nb_prim_case *nb_cases_slicing(size_t *n);
+const nb_prim_case *nb_cases_dynamic(size_t *n);
+const nb_prim_case *nb_cases_cumulative(size_t *n);
 
 static const nb_case_list_fn families[] = {
     nb_cases_core,
+    nb_cases_slicing,
+    nb_cases_dynamic,
+    nb_cases_cumulative,
 };
 
 /* Stacks three independent draws of the case's inputs along a new axis 0;
