@@ -1,6 +1,8 @@
 """Goldens for dynamic_slice and dynamic_update_slice (tests/core/test_dynamic.c),
-from jax.lax on the CPU, with start indices out of range to pin the clamping.
-Run from this folder: python3 make_dynamic.py"""
+from jax.lax on the CPU, with start indices past the end to pin the clamping.
+Starts are non-negative here: jax.lax wraps negative starts Python-style
+before clamping, while the primitive (as XLA's) clamps them to 0; the C test
+checks negative starts by hand. Run from this folder: python3 make_dynamic.py"""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,10 +20,10 @@ def randn(shape, dtype):
 
 ds = []
 for x, starts, idt, sizes in [
-    (randn((5, 6), jnp.float32), (3, -2), jnp.int32, (2, 3)),
+    (randn((5, 6), jnp.float32), (3, 1), jnp.int32, (2, 3)),
     (randn((5, 6), jnp.float32), (9, 4), jnp.int32, (2, 3)),
     (randn((4, 5, 3), jnp.float64), (200, 0, 1), jnp.uint8, (1, 5, 2)),
-    (randn((7,), jnp.bfloat16), (-100,), jnp.int64, (4,)),
+    (randn((7,), jnp.bfloat16), (100,), jnp.int64, (4,)),
     (jnp.asarray(rng.randint(-50, 50, size=(3, 4))).astype(jnp.int32), (1, 2), jnp.uint32, (2, 2)),
 ]:
     st = [jnp.asarray(s, idt) for s in starts]
@@ -30,7 +32,7 @@ for x, starts, idt, sizes in [
 
 dus = []
 for x, u, starts, idt in [
-    (randn((5, 6), jnp.float32), randn((2, 3), jnp.float32), (4, -1), jnp.int32),
+    (randn((5, 6), jnp.float32), randn((2, 3), jnp.float32), (4, 5), jnp.int32),
     (randn((4, 5, 3), jnp.float64), randn((2, 5, 1), jnp.float64), (1, 3, 7), jnp.int64),
     (randn((6,), jnp.bfloat16), randn((6,), jnp.bfloat16), (3,), jnp.int8),
     (jnp.asarray(rng.randint(0, 2, size=(3, 3))).astype(bool), jnp.ones((1, 2), bool), (1, 1), jnp.uint8),
