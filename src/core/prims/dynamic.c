@@ -1,8 +1,9 @@
 /* Data-dependent windows: dynamic_slice and dynamic_update_slice. Start
  * indices are scalar integer operands (one per axis, all of one dtype),
  * clamped so the window fits, as XLA does (negative starts clamp to 0; the
- * Python-style wrap of jax.lax's wrappers is not done here). Both are linear (dynamic_slice in
- * the operand, dynamic_update_slice in operand and update jointly).
+ * Python-style wrap of jax.lax's wrappers is not done here). Both are
+ * linear: dynamic_slice in the operand, dynamic_update_slice in operand and
+ * update jointly.
  *
  * vmap with batched start indices does not loop and needs no gather: axes
  * whose start is unbatched use the primitive itself; each axis whose start
