@@ -328,7 +328,8 @@ const char *nb_graph_output_path(const nb_graph *g, size_t i);
 
 typedef nb_status (*nb_trace_fn)(nb_graph *g, const nb_tree *in, nb_tree *out, void *user);
 /* Traces fn: its inputs are values with the avals of spec's leaves (any leaf
- * kind; arrays contribute only their dtype and shape), its outputs are the
+ * kind: arrays and values of another trace contribute only their dtype and
+ * shape, so a function can trace a region of itself), its outputs are the
  * values it puts in `out`. Returns a new graph, or NULL with the error (which
  * names the primitive, shapes, and the caller's file:line). */
 nb_graph *nb_trace(nb_ctx *ctx, nb_trace_fn fn, void *user, const nb_tree *spec);
