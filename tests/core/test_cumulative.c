@@ -117,6 +117,39 @@ static void test_goldens(nb_ctx *ctx) {
   cJSON_Delete(j);
 }
 
+/* ---------------------------------------------------------------- compositions */
+
+static nb_status f_loss(nb_graph *g, const nb_tree *in, nb_tree *out, void *user) {
+  nb_val *x = nb_tree_get_val(in, "x"), *m = nb_cummax(x, -1, false);
+  return nb_tree_set_val(out, "loss", nb_reduce_sum(nb_mul(nb_cumsum(m, 0, true), m), 0, NULL));
+}
+static nb_status f_call(nb_graph *g, const nb_tree *in, nb_tree *out, void *user) {
+  return nb_graph_call(g, user, in, out);
+}
+
+/* vmap(grad f) against a loop and grad(vmap f) against finite differences:
+ * cummax's tangent scan batches and transposes. */
+static void test_compositions(nb_ctx *ctx) {
+  nb_test_rng rng = {777};
+  const int64_t n = 3;
+  nb_tree *b = nb_tree_create(ctx), *spec = nb_tree_create(ctx);
+  nb_array *x = nb_test_randn(ctx, &rng, NB_F64, 3, (int64_t[]){n, 4, 7});
+  nb_tree_set_array(b, "x", x);
+  nb_tree_set(spec, "x", nb_leaf_aval(nb_aval_make(NB_F64, 2, (int64_t[]){4, 7})));
+  nb_graph *g = nb_trace(ctx, f_loss, NULL, spec);
+  nb_graph *dg = g ? nb_grad(ctx, g, NULL) : NULL;
+  CHECK(dg && nb_test_check_vmap(ctx, "vmap(grad(cummax, cumsum))", f_call, dg, b, NULL, n));
+  nb_vmap_opts o = {.in_axis = 0, .out_axis = 0, .axis_size = n};
+  nb_graph *vg = g ? nb_vmap(ctx, g, &o) : NULL;
+  CHECK(vg && nb_test_check_grads(ctx, "grad(vmap(cummax, cumsum))", f_call, vg, b, 1e-5, true));
+  nb_graph_destroy(vg);
+  nb_graph_destroy(dg);
+  nb_graph_destroy(g);
+  nb_array_release(x);
+  nb_tree_destroy(b);
+  nb_tree_destroy(spec);
+}
+
 /* ---------------------------------------------------------------- print, cost, misuse */
 
 static void test_print_and_cost(nb_ctx *ctx) {
@@ -154,6 +187,7 @@ int main(void) {
   nb_ctx *ctx = nb_ctx_create();
   test_ties_nan_wrap(ctx);
   test_goldens(ctx);
+  test_compositions(ctx);
   test_print_and_cost(ctx);
   test_misuse(ctx);
   CHECK_MSG(nb_ctx_bytes_in_use(ctx) == 0, "%zu bytes leaked", nb_ctx_bytes_in_use(ctx));

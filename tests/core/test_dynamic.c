@@ -149,6 +149,47 @@ static void test_vmap_dtypes(nb_ctx *ctx) {
   }
 }
 
+/* ---------------------------------------------------------------- compositions */
+
+/* loss = sum(sin(dus(x, ds(x, (i,j)) * 2, (j,i)))): both primitives, starts
+ * batched per row under vmap. */
+static nb_status f_both(nb_graph *g, const nb_tree *in, nb_tree *out, void *user) {
+  nb_val *x = nb_tree_get_val(in, "x"), *i = nb_tree_get_val(in, "i"), *j = nb_tree_get_val(in, "j");
+  nb_val *w = nb_dynamic_slice(x, ((nb_val *[]){i, j}), ((int64_t[]){2, 3}));
+  nb_val *y = nb_dynamic_update_slice(x, nb_mul(w, nb_full_like(w, 2)), ((nb_val *[]){j, i}));
+  return nb_tree_set_val(out, "loss", nb_reduce_sum(nb_sin(y), 0, NULL));
+}
+
+static nb_status f_call(nb_graph *g, const nb_tree *in, nb_tree *out, void *user) {
+  return nb_graph_call(g, user, in, out);
+}
+
+/* vmap(grad f) against grad f per row, and grad of vmap f against finite
+ * differences: the one-hot batching ops must transpose and batch too. */
+static void test_compositions(nb_ctx *ctx) {
+  nb_test_rng rng = {4242};
+  const int64_t n = 3;
+  nb_tree *b = nb_tree_create(ctx), *spec = nb_tree_create(ctx);
+  nb_array *x = nb_test_randn(ctx, &rng, NB_F64, 3, (int64_t[]){n, 5, 6});
+  nb_array *i = nb_test_randint(ctx, &rng, NB_I32, 1, &n, -1, 5), *j = nb_test_randint(ctx, &rng, NB_I32, 1, &n, 0, 6);
+  nb_tree_set_array(b, "x", x), nb_tree_set_array(b, "i", i), nb_tree_set_array(b, "j", j);
+  nb_tree_set(spec, "x", nb_leaf_aval(nb_aval_make(NB_F64, 2, (int64_t[]){5, 6})));
+  nb_tree_set(spec, "i", nb_leaf_aval(nb_aval_make(NB_I32, 0, NULL)));
+  nb_tree_set(spec, "j", nb_leaf_aval(nb_aval_make(NB_I32, 0, NULL)));
+  nb_graph *g = nb_trace(ctx, f_both, NULL, spec);
+  nb_graph *dg = g ? nb_grad(ctx, g, NULL) : NULL;
+  CHECK(dg && nb_test_check_vmap(ctx, "vmap(grad(dynamic slices))", f_call, dg, b, NULL, n));
+  nb_vmap_opts o = {.in_axis = 0, .out_axis = 0, .axis_size = n};
+  nb_graph *vg = g ? nb_vmap(ctx, g, &o) : NULL;
+  CHECK(vg && nb_test_check_grads(ctx, "grad(vmap(dynamic slices))", f_call, vg, b, 1e-5, true));
+  nb_graph_destroy(vg);
+  nb_graph_destroy(dg);
+  nb_graph_destroy(g);
+  nb_array_release(x), nb_array_release(i), nb_array_release(j);
+  nb_tree_destroy(b);
+  nb_tree_destroy(spec);
+}
+
 /* ---------------------------------------------------------------- goldens */
 
 static void test_goldens(nb_ctx *ctx) {
@@ -263,6 +304,7 @@ int main(void) {
   test_clamping(ctx);
   test_update_grad(ctx);
   test_vmap_dtypes(ctx);
+  test_compositions(ctx);
   test_goldens(ctx);
   test_identities_and_print(ctx);
   test_misuse(ctx);

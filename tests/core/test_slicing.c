@@ -100,6 +100,10 @@ static void test_hand_values(nb_ctx *ctx) {
   pad_args crop = {.value = 7, .lo = {-2}, .hi = {2}, .interior = {0}};
   check_values(ctx, "pad lo -2 hi 2", run(ctx, 1, &v, b_pad, &crop), NB_F32, 1, (int64_t[]){3}, (double[]){3, 7, 7});
   nb_array_release(v);
+  nb_array *empty = nb_array_zeros(ctx, NB_F32, 1, (int64_t[]){0});
+  pad_args pe = {.value = 4, .lo = {1}, .hi = {1}, .interior = {3}};
+  check_values(ctx, "pad of an empty array", run(ctx, 1, &empty, b_pad, &pe), NB_F32, 1, (int64_t[]){2}, (double[]){4, 4});
+  nb_array_release(empty);
 
   nb_array *bools = nb_array_from_f64(ctx, NB_BOOL, 2, (int64_t[]){1, 2}, (double[]){1, 0});
   pad_args pb = {.value = 1, .lo = {1, 0}, .hi = {0, 1}, .interior = {0, 0}};

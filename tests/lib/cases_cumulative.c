@@ -9,11 +9,12 @@ static nb_status put(nb_tree *in, const char *path, nb_array *a) {
   return s;
 }
 
-static const int64_t D34[2] = {3, 4}, D35[2] = {3, 5}, D239[3] = {2, 3, 9};
+static const int64_t D34[2] = {3, 4}, D35[2] = {3, 5}, D239[3] = {2, 3, 9}, D30[2] = {3, 0};
 
 static nb_status in_34(nb_ctx *c, nb_test_rng *r, nb_tree *in) { return put(in, "a", nb_test_randn(c, r, NB_F64, 2, D34)); }
 static nb_status in_35(nb_ctx *c, nb_test_rng *r, nb_tree *in) { return put(in, "a", nb_test_randn(c, r, NB_F64, 2, D35)); }
 static nb_status in_239(nb_ctx *c, nb_test_rng *r, nb_tree *in) { return put(in, "a", nb_test_randn(c, r, NB_F64, 3, D239)); }
+static nb_status in_empty(nb_ctx *c, nb_test_rng *r, nb_tree *in) { return put(in, "a", nb_test_randn(c, r, NB_F64, 2, D30)); }
 static nb_status in_ints(nb_ctx *c, nb_test_rng *r, nb_tree *in) {
   return put(in, "a", nb_test_randint(c, r, NB_I32, 2, D35, -20, 20));
 }
@@ -50,6 +51,8 @@ static const nb_prim_case cases[] = {
     {"cummax", "rank 3, axis -1 of length 9, reverse", f_scan, (void *)&max3, in_239, 0, 0},
     {"cummax", "squared running max, length 9", f_cummax_sq, NULL, in_239, 0, 0},
     {"cummax", "i32, axis 1", f_scan, (void *)&max_int, in_ints, NG, 0},
+    {"cummax", "an empty axis", f_scan, (void *)&max1, in_empty, 0, 0},
+    {"cumsum", "an empty axis, reverse", f_scan, (void *)&sum_rev, in_empty, 0, 0},
 };
 
 const nb_prim_case *nb_cases_cumulative(size_t *n) {

@@ -87,12 +87,25 @@ static nb_status f_dus_start_batched(nb_graph *g, const nb_tree *in, nb_tree *ou
   OUT(nb_dynamic_update_slice(V("a"), V("u"), st));
 }
 
+static nb_status in_empty(nb_ctx *c, nb_test_rng *r, nb_tree *in) { /* [4,0] with a [2,0] update */
+  nb_status s = randn(c, r, in, "a", 2, ((int64_t[]){4, 0}));
+  if (!s) s = randn(c, r, in, "u", 2, ((int64_t[]){2, 0}));
+  if (!s) s = start_index(c, r, in, "i", NB_I32, -1, 5);
+  return s ? s : start_index(c, r, in, "j", NB_I32, -1, 5);
+}
+static nb_status f_empty(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
+  nb_val *st[2] = {V("i"), V("j")};
+  nb_val *a = nb_dynamic_update_slice(V("a"), V("u"), st);
+  OUT(nb_dynamic_slice(a, st, ((int64_t[]){3, 0})));
+}
+
 static const nb_prim_case cases[] = {
     {"dynamic_slice", "[5,6] window [2,3], i32 starts in [-2,7] (clamped)", f_ds_2d, NULL, in_56_ij, 0, 0},
     {"dynamic_slice", "[4,5,3] window [1,5,2] (one full axis), u8 starts", f_ds_3d, NULL, in_453_u8, 0, 0},
     {"dynamic_slice", "i64 start batched alone", f_ds_start_batched, NULL, in_i_first, 0, 0},
     {"dynamic_update_slice", "[5,6] with a [2,3] update, i32 starts (clamped)", f_dus_2d, NULL, in_56_u_ij, 0, 0},
     {"dynamic_update_slice", "[4,5,3] with a [2,5,1] update, update batched alone", f_dus_3d, NULL, in_u_first, 0, 0},
+    {"dynamic_update_slice", "zero-size operand and update, then a zero-size window", f_empty, NULL, in_empty, 0, 0},
     {"dynamic_update_slice", "u32 start batched alone", f_dus_start_batched, NULL, in_i_first_u, 0, 0},
 };
 
