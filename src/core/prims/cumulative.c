@@ -11,6 +11,7 @@ static nb_status cum_infer(const void *params, int nin, const nb_aval *in, int *
                            size_t cap) {
   const nb_cumulative_params *p = params;
   *nout = 1;
+  if (nin != 1) return snprintf(why, cap, "takes 1 operand, got %d", nin), NB_ERR_INVALID_ARG;
   if (in[0].dtype == NB_BOOL) return snprintf(why, cap, "cannot scan bool (convert first)"), NB_ERR_DTYPE;
   if (p->axis < 0 || p->axis >= in[0].shape.rank)
     return snprintf(why, cap, "axis %d out of range for rank %d", p->axis, in[0].shape.rank), NB_ERR_INVALID_ARG;

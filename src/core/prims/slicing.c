@@ -38,6 +38,7 @@ static nb_status slice_infer(const void *params, int nin, const nb_aval *in, int
                              size_t cap) {
   const nb_slice_params *p = params;
   *nout = 1;
+  if (nin != 1) return snprintf(why, cap, "takes 1 operand, got %d", nin), NB_ERR_INVALID_ARG;
   out[0] = in[0];
   for (int d = 0; d < in[0].shape.rank; d++) {
     int64_t n = in[0].shape.dims[d];
