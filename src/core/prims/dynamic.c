@@ -7,9 +7,10 @@
  *
  * vmap with batched start indices does not loop and needs no gather: axes
  * whose start is unbatched use the primitive itself; each axis whose start
- * is batched is done by comparing iotas with the per-row start (a one-hot
- * mask), a select and a sum over that axis. It costs window x extent work per
- * such axis, which is linear for the common single-position windows. */
+ * is batched is moved per row with static ops only, whichever is cheaper:
+ * a one-hot mask (iotas compared with the row's start), a select and a sum
+ * (window x extent work, best for short windows), or a shift by each set bit
+ * of the row's start (a pad and a select per bit: extent x log2(extent)). */
 #include <string.h>
 
 #include "core/prims/elementwise.h"
@@ -66,12 +67,12 @@ static nb_val *clamp_start(nb_loc l, nb_val *s, int64_t dim, int64_t size) {
   return nb_clamp_at(l, nb_scalar_at(l, g, NB_I64, 0), nb_convert_at(l, s, NB_I64), nb_scalar_at(l, g, NB_I64, (double)(dim - size)));
 }
 
-/* One axis of a per-row window, without gather. v is [n, ...] with the window
- * axis at ax >= 1, s the clamped starts (i64 [n]).
+/* One axis of a per-row window by a one-hot mask. v is [n, ...] with the
+ * window axis at ax >= 1, s the clamped starts (i64 [n]).
  *  take:  out[b,..,j,..] = v[b,..,s[b]+j,..] for j < len (v's axis: the extent);
  *  place: out[b,..,p,..] = v[b,..,p-s[b],..] where that index exists, else 0,
  *         for p < len (v's axis: the window).
- * A one-hot mask over (out index, v index) selects, a sum removes v's axis. */
+ * The mask over (out index, v index) selects, a sum removes v's axis. */
 static nb_val *onehot_axis(nb_loc l, nb_val *v, int ax, nb_val *s, int64_t len, bool take) {
   nb_graph *g = nb_val_graph(v);
   nb_shape vs = nb_val_aval(v).shape;
@@ -91,6 +92,42 @@ static nb_val *onehot_axis(nb_loc l, nb_val *v, int ax, nb_val *s, int64_t len, 
   int red = ax + 1;
   nb_val *y = nb_reduce_sum_at(l, picked, 1, &red);
   return t == NB_BOOL ? nb_convert_at(l, y, NB_BOOL) : y;
+}
+
+/* The same by binary shifts: for each bit of the largest start, rows whose
+ * start has that bit take v shifted by it (a pad with one negative edge).
+ * Shifts never exceed extent - window, so no kept element falls off. */
+static nb_val *shift_axis(nb_loc l, nb_val *v, int ax, nb_val *s, int64_t len, bool take) {
+  nb_graph *g = nb_val_graph(v);
+  nb_shape vs = nb_val_aval(v).shape;
+  int64_t extent = take ? vs.dims[ax] : len, window = take ? len : vs.dims[ax];
+  int64_t lo[NB_MAX_RANK] = {0}, hi[NB_MAX_RANK] = {0}, start[NB_MAX_RANK] = {0}, limit[NB_MAX_RANK];
+  int zero_axis = 0;
+  nb_val *zero = nb_scalar_at(l, g, nb_val_dtype(v), 0);
+  if (!take) { /* the window, zero-padded to the extent */
+    hi[ax] = extent - window;
+    v = nb_pad_at(l, v, zero, lo, hi, NULL);
+    vs = nb_val_aval(v).shape;
+  }
+  for (int64_t bit = 1; bit <= extent - window; bit *= 2) {
+    lo[ax] = take ? -bit : bit;
+    hi[ax] = -lo[ax];
+    nb_val *on = nb_ne_at(l, nb_and_at(l, s, nb_scalar_at(l, g, NB_I64, (double)bit)), nb_scalar_at(l, g, NB_I64, 0));
+    on = nb_broadcast_in_dim_at(l, on, vs.rank, vs.dims, &zero_axis);
+    v = nb_select_at(l, on, nb_pad_at(l, v, zero, lo, hi, NULL), v);
+  }
+  if (!take) return v;
+  memcpy(limit, vs.dims, sizeof limit);
+  limit[ax] = window;
+  return nb_slice_at(l, v, start, limit, NULL);
+}
+
+/* Picks the cheaper of the two: one-hot costs ~window x extent, shifting
+ * ~extent x (bits of extent - window + 1). */
+static nb_val *window_axis(nb_loc l, nb_val *v, int ax, nb_val *s, int64_t len, bool take) {
+  int64_t window = take ? len : nb_val_dim(v, ax), extent = take ? nb_val_dim(v, ax) : len, bits = 1;
+  for (int64_t m = extent - window; m > 1; m /= 2) bits++;
+  return window <= bits ? onehot_axis(l, v, ax, s, len, take) : shift_axis(l, v, ax, s, len, take);
 }
 
 /* ---------------------------------------------------------------- dynamic_slice */
@@ -167,7 +204,7 @@ static nb_status ds_batch(nb_graph *g, const nb_eqn *e, nb_val *const *in, const
   x = nb_dynamic_slice_at(l, x, starts, sizes);
   for (int d = 0; d < r; d++)
     if (bdims[1 + d] >= 0 && p->sizes[d] < xs->dims[d])
-      x = onehot_axis(l, x, d + 1, clamp_start(l, in[1 + d], xs->dims[d], p->sizes[d]), p->sizes[d], true);
+      x = window_axis(l, x, d + 1, clamp_start(l, in[1 + d], xs->dims[d], p->sizes[d]), p->sizes[d], true);
   out[0] = x;
   out_bdims[0] = 0;
   return nb_graph_status(g);
@@ -243,7 +280,7 @@ static nb_status dus_transpose(nb_graph *g, const nb_eqn *e, nb_val *const *in, 
 }
 
 /* Batched starts: the update (and a mask of ones) is placed per row along
- * those axes by onehot_axis, the unbatched axes by the primitive; a select
+ * those axes by window_axis, the unbatched axes by the primitive; a select
  * then merges the placed update into the operand. */
 static nb_status dus_batch(nb_graph *g, const nb_eqn *e, nb_val *const *in, const int *bdims, int64_t n,
                            nb_val **out, int *out_bdims) {
@@ -274,8 +311,8 @@ static nb_status dus_batch(nb_graph *g, const nb_eqn *e, nb_val *const *in, cons
   for (int d = 0; d < r; d++) {
     if (bdims[2 + d] < 0 || us->dims[d] == xs->dims[d]) continue;
     nb_val *s = clamp_start(l, in[2 + d], xs->dims[d], us->dims[d]);
-    u = onehot_axis(l, u, d + 1, s, xs->dims[d], false);
-    m = onehot_axis(l, m, d + 1, s, xs->dims[d], false);
+    u = window_axis(l, u, d + 1, s, xs->dims[d], false);
+    m = window_axis(l, m, d + 1, s, xs->dims[d], false);
   }
   nb_aval xb = nb_val_aval(x);
   nb_val *placed = nb_dynamic_update_slice_at(l, nb_full_like_at(l, x, 0), u, starts);
