@@ -2,7 +2,7 @@
  * make_cumulative.py) in both directions over f64, f32 and integers, and
  * JAX's gradient of cummax on tie-free inputs; by hand: cummax's tangent on
  * ties (first occurrence, in the scan's direction), NaN propagation, integer
- * wrap-around, printed params, cost and misuse. */
+ * wrap-around; vmap of grad and grad of vmap; printed params, cost, misuse. */
 #include "json_golden.h"
 #include "primcheck.h"
 

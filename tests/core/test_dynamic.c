@@ -2,7 +2,8 @@
  * against JAX goldens (tests/core/golden/make_dynamic.py) over float, int
  * and bool operands and every integer index dtype; vmap with per-row starts
  * on integer and bool operands (the table rows cover f64); gradients of the
- * update; printed params and misuse. */
+ * update; vmap of grad and grad of vmap with per-row starts; printed params
+ * and misuse. */
 #include "json_golden.h"
 #include "primcheck.h"
 

@@ -123,11 +123,12 @@ static nb_val *shift_axis(nb_loc l, nb_val *v, int ax, nb_val *s, int64_t len, b
 }
 
 /* Picks the cheaper of the two: one-hot costs ~window x extent, shifting
- * ~extent x (bits of extent - window + 1). */
+ * ~extent x (bits of extent - window + 1). One-hot needs one spare rank. */
 static nb_val *window_axis(nb_loc l, nb_val *v, int ax, nb_val *s, int64_t len, bool take) {
   int64_t window = take ? len : nb_val_dim(v, ax), extent = take ? nb_val_dim(v, ax) : len, bits = 1;
   for (int64_t m = extent - window; m > 1; m /= 2) bits++;
-  return window <= bits ? onehot_axis(l, v, ax, s, len, take) : shift_axis(l, v, ax, s, len, take);
+  bool onehot = window <= bits && nb_val_rank(v) < NB_MAX_RANK;
+  return onehot ? onehot_axis(l, v, ax, s, len, take) : shift_axis(l, v, ax, s, len, take);
 }
 
 /* ---------------------------------------------------------------- dynamic_slice */
