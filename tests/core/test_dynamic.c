@@ -150,6 +150,27 @@ static void test_vmap_dtypes(nb_ctx *ctx) {
   }
 }
 
+/* At rank 7 the batched operand has the maximum rank, so even a one-element
+ * window (normally one-hot) is moved by shifts. */
+static void test_vmap_max_rank(nb_ctx *ctx) {
+  nb_test_rng rng = {7};
+  const int64_t n = 2, dims[8] = {n, 3, 1, 2, 1, 1, 1, 4};
+  dyn_args a = {.update = false, .sizes = {1, 1, 2, 1, 1, 1, 1}};
+  nb_tree *b = nb_tree_create(ctx);
+  nb_array *x = nb_test_randn(ctx, &rng, NB_F64, 8, dims);
+  nb_tree_set_array(b, "x", x);
+  nb_array_release(x);
+  for (int d = 0; d < 7; d++) {
+    char path[8];
+    snprintf(path, sizeof path, "s%d", d);
+    nb_array *st = nb_test_randint(ctx, &rng, NB_I32, 1, &n, -1, 4);
+    nb_tree_set_array(b, path, st);
+    nb_array_release(st);
+  }
+  CHECK(nb_test_check_vmap(ctx, "vmap dynamic_slice at the maximum rank", f_dyn, &a, b, NULL, n));
+  nb_tree_destroy(b);
+}
+
 /* ---------------------------------------------------------------- compositions */
 
 /* loss = sum(sin(dus(x, ds(x, (i,j)) * 2, (j,i)))): both primitives, starts
@@ -305,6 +326,7 @@ int main(void) {
   test_clamping(ctx);
   test_update_grad(ctx);
   test_vmap_dtypes(ctx);
+  test_vmap_max_rank(ctx);
   test_compositions(ctx);
   test_goldens(ctx);
   test_identities_and_print(ctx);
