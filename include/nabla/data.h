@@ -35,7 +35,7 @@
  *
  *   const char *shards[] = {"train.tok"};
  *   nb_data_map *ds = nb_data_map_tokens(ctx, 1, shards, 128);
- *   ds = nb_data_map_shuffle(nb_data_map_repeat(ds, 0), 42);  // reshuffled per epoch
+ *   ds = nb_data_map_repeat(nb_data_map_shuffle(ds, 42), 0);  // reshuffled per epoch
  *   ds = nb_data_map_batch(ds, 8, true);                      // tokens: i32[8,129]
  *   nb_data_iter *it = nb_data_iter_prefetch(nb_data_iter_create(ds), 2, 16);
  *   nb_data_elem b = NB_DATA_ELEM_INIT;
@@ -266,7 +266,9 @@ nb_data_map *nb_data_map_source(nb_ctx *ctx, int64_t len, nb_data_get_fn fn, voi
 
 /* Transforms (take ds). */
 /* A global permutation, different per epoch, from (seed, epoch): a Feistel
- * network over the index with cycle-walking, O(1) memory. */
+ * network over the index with cycle-walking, O(1) memory. Put repeat after
+ * shuffle to reshuffle every epoch (shuffle after repeat permutes the whole
+ * repeated range as one). */
 nb_data_map *nb_data_map_shuffle(nb_data_map *ds, uint64_t seed);
 /* Elements start, start+step, ... below stop (clamped to len); step >= 1. */
 nb_data_map *nb_data_map_slice(nb_data_map *ds, int64_t start, int64_t stop, int64_t step);
@@ -335,8 +337,9 @@ typedef struct nb_data_pack_opts {
  * rank 1 of one length n) into R rows of T: each leaf becomes [R, T] (zero
  * padded) plus "segment_ids" (1, 2, ... per row; 0 for padding) and
  * "positions" (0..n-1 within the example), both i32. An example longer than
- * T is cut into pieces of T (each its own segment). When the next piece fits
- * in no row the rows are emitted and it starts the next output. */
+ * T is cut into pieces of T, each its own segment (first fit may put a later
+ * piece in an earlier row). When the next piece fits in no row the rows are
+ * emitted and it starts the next output. */
 nb_data_iter *nb_data_iter_pack(nb_data_iter *it, const nb_data_pack_opts *opts);
 
 /* Computes upstream elements ahead on `workers` threads into a buffer of
