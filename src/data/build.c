@@ -17,6 +17,8 @@
 
 typedef struct path_list {
   nb_ctx *ctx;
+  dev_t skip_dev; /* the output file, never an input */
+  ino_t skip_ino;
   char **items;
   size_t n, cap;
   uint64_t bytes;
@@ -51,11 +53,12 @@ static nb_status walk(path_list *l, const char *path, int depth) {
   if (stat(path, &st) != 0)
     return nb_data__err(ctx, errno == ENOENT ? NB_ERR_NOT_FOUND : NB_ERR_IO, "build: cannot read '%s': %s", path,
                         strerror(errno));
+  if (!S_ISDIR(st.st_mode) && st.st_dev == l->skip_dev && st.st_ino == l->skip_ino) return NB_OK;
   if (!S_ISDIR(st.st_mode)) return list_add(l, path, (uint64_t)st.st_size) ? nb_data__err(ctx, NB_ERR_NOMEM, "build: out of memory") : NB_OK;
   if (depth > 64) return nb_data__err(ctx, NB_ERR_INVALID_ARG, "build: directories nested too deep at '%s'", path);
   DIR *d = opendir(path);
   if (!d) return nb_data__err(ctx, NB_ERR_IO, "build: cannot open directory '%s': %s", path, strerror(errno));
-  path_list names = {.ctx = ctx};
+  path_list names = {.ctx = ctx, .skip_ino = (ino_t)-1};
   nb_status s = NB_OK;
   for (struct dirent *e; !s && (e = readdir(d));)
     if (e->d_name[0] != '.') s = list_add(&names, e->d_name, 0);
@@ -151,11 +154,13 @@ static nb_status file_docs(doc_walk *w, const char *path) {
   return s;
 }
 
-static nb_status walk_docs(nb_ctx *ctx, int n, const char *const *inputs, const nb_data_build_opts *opts, doc_fn fn,
-                           void *ud) {
+static nb_status walk_docs(nb_ctx *ctx, const char *out_path, int n, const char *const *inputs,
+                           const nb_data_build_opts *opts, doc_fn fn, void *ud) {
   nb_data_build_opts o = opts ? *opts : (nb_data_build_opts){0};
   if (n < 1 || !inputs) return nb_data__err(ctx, NB_ERR_INVALID_ARG, "build: no inputs");
-  path_list files = {.ctx = ctx};
+  path_list files = {.ctx = ctx, .skip_ino = (ino_t)-1};
+  struct stat st;
+  if (stat(out_path, &st) == 0) files.skip_dev = st.st_dev, files.skip_ino = st.st_ino;
   nb_status s = NB_OK;
   for (int i = 0; !s && i < n; i++) s = walk(&files, inputs[i], 0);
   doc_walk w = {ctx, &o, fn, ud, 0, files.bytes, 0};
@@ -172,7 +177,7 @@ nb_status nb_data_build_records(nb_ctx *ctx, const char *out_path, int n_inputs,
                                 const nb_data_build_opts *opts, const nb_data_rec_opts *rec, int64_t *n_out) {
   nb_data_rec_writer *w = nb_data_rec_create(ctx, out_path, rec);
   if (!w) return nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_IO;
-  nb_status s = walk_docs(ctx, n_inputs, inputs, opts, record_doc, w);
+  nb_status s = walk_docs(ctx, out_path, n_inputs, inputs, opts, record_doc, w);
   if (s) {
     nb_data_rec_abandon(w); /* no footer: readers reject the partial file */
     return s;
@@ -210,7 +215,7 @@ nb_status nb_data_build_shard(nb_ctx *ctx, const char *out_path, int n_inputs, c
                         tok->eos_id, (long long)tok->vocab_size);
   shard_build b = {ctx, tok, nb_data_shard_create(ctx, out_path, token_bytes, tok->vocab_size), {.ctx = ctx}};
   if (!b.w) return nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_IO;
-  nb_status s = walk_docs(ctx, n_inputs, inputs, opts, shard_doc, &b);
+  nb_status s = walk_docs(ctx, out_path, n_inputs, inputs, opts, shard_doc, &b);
   nb_data_ids_free(&b.ids);
   if (s) {
     nb_data_shard_abandon(b.w);

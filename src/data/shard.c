@@ -87,7 +87,7 @@ nb_data_shard_writer *nb_data_shard_create(nb_ctx *ctx, const char *path, int to
     return nb_data_shard_abandon(w), NULL;
   }
   uint8_t h[SHARD_HEADER];
-  shard_header(h, token_bytes, 0, vocab_size, 0, XXH3_64bits(NULL, 0));
+  shard_header(h, token_bytes, -1, vocab_size, 0, 0); /* count -1: unfinished, until finish rewrites it */
   if (shard_write_all(w, h, SHARD_HEADER)) return nb_data_shard_abandon(w), NULL;
   return w;
 }
@@ -201,6 +201,9 @@ nb_data_shard *nb_data_shard_open(nb_ctx *ctx, const char *path) {
       (s->token_bytes == 2 && vocab > 65536))
     return nb_data__err(ctx, NB_ERR_FORMAT, "token shard '%s': bad token width %d or vocab size %llu", path,
                         s->token_bytes, (unsigned long long)vocab), shard_fail(s);
+  if (count == UINT64_MAX)
+    return nb_data__err(ctx, NB_ERR_FORMAT, "token shard '%s': the writer did not finish (crashed or still writing)",
+                        path), shard_fail(s);
   if (count > (s->size - SHARD_HEADER) / (uint64_t)s->token_bytes || SHARD_HEADER + count * s->token_bytes != s->size)
     return nb_data__err(ctx, NB_ERR_FORMAT, "token shard '%s': header says %llu tokens of %d bytes but the file has %zu "
                         "data bytes (truncated, or the writer did not finish)", path, (unsigned long long)count,

@@ -163,6 +163,9 @@ static void test_build(nb_ctx *ctx) {
   CHECK_ERR(ctx, NB_ERR_FORMAT, "bad.jsonl' line 2: no string field 'text'");
   CHECK(nb_data_rec_open(ctx, out) == NULL); /* the failed build left no valid file */
   nb_ctx_clear_error(ctx);
+  CHECK(nb_data_build_shard(ctx, tpath(out, "bad.tok"), 1, (const char *[]){p}, NULL, NULL, 0, &n) == NB_ERR_FORMAT);
+  CHECK(nb_data_shard_open(ctx, out) == NULL);
+  CHECK_ERR(ctx, NB_ERR_FORMAT, "did not finish");
   CHECK(nb_data_build_records(ctx, out, 1, (const char *[]){"/nonexistent/dir"}, NULL, NULL, &n) == NB_ERR_NOT_FOUND);
   nb_ctx_clear_error(ctx);
 }
