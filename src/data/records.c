@@ -23,6 +23,7 @@
 #define TRAILER_SIZE 32
 #define FLAG_ZSTD 1u
 #define CACHE_SLOTS 4
+#define MAX_CHUNK_RAW (1ull << 30) /* 1 GiB: bounds what a reader allocates for one chunk */
 static const char REC_MAGIC[8] = "NBRECORD", END_MAGIC[8] = "NBRECEND", INDEX_MAGIC[8] = "NBINDEX";
 static const char CHUNK_MAGIC[4] = "NBCK";
 
@@ -86,9 +87,9 @@ static void header_bytes(uint8_t *h, const nb_data_rec_writer *w) {
 nb_data_rec_writer *nb_data_rec_create(nb_ctx *ctx, const char *path, const nb_data_rec_opts *opts) {
   nb_data_rec_opts o = opts ? *opts : (nb_data_rec_opts){0};
   if (!o.chunk_bytes) o.chunk_bytes = 1 << 20;
-  if (o.zstd_level < 0 || o.zstd_level > 19 || o.checksum < 0 || o.checksum >= NB_DATA_CHECKSUM_COUNT)
-    return nb_data__err(ctx, NB_ERR_INVALID_ARG, "record file '%s': zstd level %d (want 0..19) or checksum %d invalid",
-                        path, o.zstd_level, (int)o.checksum), NULL;
+  if (o.chunk_bytes > MAX_CHUNK_RAW / 2 || o.zstd_level < 0 || o.zstd_level > 19 || o.checksum < 0 || o.checksum >= NB_DATA_CHECKSUM_COUNT)
+    return nb_data__err(ctx, NB_ERR_INVALID_ARG, "record file '%s': chunk bytes %zu (want <= 512 MiB), zstd level %d (want "
+                        "0..19) or checksum %d invalid", path, o.chunk_bytes, o.zstd_level, (int)o.checksum), NULL;
   nb_data_rec_writer *w = nb_calloc(ctx, sizeof *w);
   if (!w) return NULL;
   w->ctx = ctx;
@@ -151,8 +152,12 @@ static nb_status flush_chunk(nb_data_rec_writer *w) {
 
 nb_status nb_data_rec_write(nb_data_rec_writer *w, const void *data, size_t len) {
   if (w->failed) return nb_data__err(w->ctx, w->failed, "record file '%s': an earlier write failed", w->path);
+  if (len > MAX_CHUNK_RAW - 8)
+    return nb_data__err(w->ctx, NB_ERR_INVALID_ARG, "record file '%s': a record of %zu bytes is over the 1 GiB limit",
+                        w->path, len);
   nb_status s = NB_OK;
-  if (w->n_ends && w->data_len + len > w->opts.chunk_bytes) s = flush_chunk(w);
+  if (w->n_ends && (w->data_len + len > w->opts.chunk_bytes || 8 * (w->n_ends + 1) + w->data_len + len > MAX_CHUNK_RAW))
+    s = flush_chunk(w);
   if (!s && (grow(w->ctx, (void **)&w->data, &w->data_cap, w->data_len + len, 1) ||
              grow(w->ctx, (void **)&w->ends, &w->ends_cap, w->n_ends + 1, sizeof *w->ends)))
     s = nb_data__err(w->ctx, NB_ERR_NOMEM, "record file '%s': out of memory for a %zu-byte record", w->path, len);
@@ -260,7 +265,7 @@ static nb_data_rec_reader *parse_index(nb_data_rec_reader *r) {
     return BAD("record file '%s': no footer (trailer magic missing): the writer did not finish (crashed or still "
                "writing), or the file is truncated", p);
   uint64_t foff = nb_data__get64(t), count = nb_data__get64(t + 8);
-  if (foff < HEADER_SIZE || foff + 16 > r->size - TRAILER_SIZE)
+  if (foff < HEADER_SIZE || foff > r->size - TRAILER_SIZE - 16)
     return BAD("record file '%s': footer offset %llu out of range (file is %zu bytes)", p, (unsigned long long)foff,
                r->size);
   uint64_t fsize = r->size - TRAILER_SIZE - foff;
@@ -283,7 +288,7 @@ static nb_data_rec_reader *parse_index(nb_data_rec_reader *r) {
     chunk_entry c = {nb_data__get64(e), nb_data__get64(e + 8), nb_data__get64(e + 16), nb_data__get64(e + 24),
                      nb_data__get64(e + 32)};
     if (c.offset != expect_off || c.first != first || c.count == 0 || c.stored_size > foff ||
-        c.offset + CHUNK_HEADER_SIZE + c.stored_size > foff || c.count > c.raw_size / 8)
+        c.offset + CHUNK_HEADER_SIZE + c.stored_size > foff || c.count > c.raw_size / 8 || c.raw_size > MAX_CHUNK_RAW)
       return BAD("record file '%s': footer entry of chunk %zu is inconsistent (offset %llu, first record %llu, %llu "
                  "records)", p, k, (unsigned long long)c.offset, (unsigned long long)c.first,
                  (unsigned long long)c.count);

@@ -101,7 +101,7 @@ static int cmd_build(nb_ctx *ctx, int argc, char **argv) {
     } else if (!strcmp(a, "--eos")) {
       if (!arg_int(a, next, -1, 2147483647LL, &eos)) return free(inputs), 2;
     } else if (!strcmp(a, "--chunk-bytes")) {
-      if (!arg_int(a, next, 1, 1LL << 32, &v)) return free(inputs), 2;
+      if (!arg_int(a, next, 1, 1LL << 29, &v)) return free(inputs), 2;
       ro.chunk_bytes = (size_t)v;
     } else if (!strcmp(a, "--zstd")) {
       if (!arg_int(a, next, 0, 19, &v)) return free(inputs), 2;
