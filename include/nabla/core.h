@@ -328,7 +328,8 @@ const char *nb_graph_output_path(const nb_graph *g, size_t i);
 
 typedef nb_status (*nb_trace_fn)(nb_graph *g, const nb_tree *in, nb_tree *out, void *user);
 /* Traces fn: its inputs are values with the avals of spec's leaves (any leaf
- * kind; arrays contribute only their dtype and shape), its outputs are the
+ * kind: arrays and values of another trace contribute only their dtype and
+ * shape, so a function can trace a region of itself), its outputs are the
  * values it puts in `out`. Returns a new graph, or NULL with the error (which
  * names the primitive, shapes, and the caller's file:line). */
 nb_graph *nb_trace(nb_ctx *ctx, nb_trace_fn fn, void *user, const nb_tree *spec);
@@ -562,11 +563,13 @@ typedef struct nb_grad_opts {
 } nb_grad_opts;
 nb_graph *nb_value_and_grad(nb_ctx *ctx, const nb_graph *g, const nb_grad_opts *opts);
 nb_graph *nb_grad(nb_ctx *ctx, const nb_graph *g, const nb_grad_opts *opts);
-/* Forward mode: inputs are g's plus "tangent/<path>" for every float input;
- * outputs g's plus "tangent/<path>" for every float output. */
+/* Forward mode: inputs "primal/<path>" for g's inputs and "tangent/<path>"
+ * for its float inputs; outputs "primal/<path>" and "tangent/<path>" (float
+ * outputs). The two namespaces keep jvp(jvp(g)) unambiguous. */
 nb_graph *nb_jvp(nb_ctx *ctx, const nb_graph *g);
-/* Pullback: inputs g's plus "ct/<path>" for every float output; outputs g's
- * plus "grad/<path>" for every float input. */
+/* Pullback: inputs "primal/<path>" for g's inputs and "ct/<path>" for its
+ * float outputs; outputs "primal/<path>" for g's outputs and "grad/<path>"
+ * for its float inputs. */
 nb_graph *nb_vjp(nb_ctx *ctx, const nb_graph *g);
 
 /* vmap: g is traced on unbatched shapes; the result takes every input with a

@@ -408,11 +408,6 @@ nb_graph *nb_trace(nb_ctx *ctx, nb_trace_fn fn, void *user, const nb_tree *spec)
   if (!g || !in || !out) goto fail;
   for (size_t i = 0; i < nb_tree_size(spec); i++) {
     const nb_leaf *l = nb_tree_leaf(spec, i);
-    if (l->kind == NB_LEAF_VAL) {
-      nb__fail(g, (nb_loc){0}, NB_ERR_INVALID_ARG, "nb_trace: spec leaf '%s' is a traced value; pass arrays or avals",
-               nb_tree_path(spec, i));
-      goto fail;
-    }
     nb_val *v = nb__graph_add_input(g, nb_tree_path(spec, i), nb_leaf_get_aval(l));
     if (g->err || nb_tree_set_val(in, nb_tree_path(spec, i), v) != NB_OK) goto fail;
   }
@@ -620,6 +615,16 @@ nb_status nb_graph_verify(const nb_graph *g) {
       st = nb_errorf(g->ctx, NB_ERR_INTERNAL, "verify: output '%s' is undefined", g->outputs[i].path);
   free(defined);
   return st;
+}
+
+nb_graph *nb__checked(nb_graph *g) {
+#ifndef NDEBUG
+  if (g && nb_graph_verify(g) != NB_OK) {
+    nb_graph_destroy(g);
+    return NULL;
+  }
+#endif
+  return g;
 }
 
 static double aval_bytes(const nb_aval *a) { return (double)nb_shape_size(&a->shape) * (double)nb_dtype_size(a->dtype); }

@@ -68,7 +68,7 @@ nb_status nb_graph_run_flat(nb_ctx *ctx, const nb_graph *g, nb_array *const *in,
       if (st != NB_OK && nb_ctx_status(ctx) == NB_OK)
         nb_errorf(ctx, st, "%s failed at run time (traced at %s:%d)", r->name, e->loc.file ? e->loc.file : "?", e->loc.line);
     }
-    for (int i = 0; i < e->nout; i++) {
+    for (int i = 0; outs && i < e->nout; i++) {
       if (st == NB_OK && ctx->debug_nans && has_nonfinite(outs[i]) && e->prim != NB_PRIM_constant) {
         bool inputs_finite = true;
         for (int j = 0; j < e->nin; j++) inputs_finite = inputs_finite && !has_nonfinite(ins[j]);
@@ -79,7 +79,7 @@ nb_status nb_graph_run_flat(nb_ctx *ctx, const nb_graph *g, nb_array *const *in,
       if (st == NB_OK) vals[e->out[i]->id] = outs[i];
       else nb_array_release(outs[i]);
     }
-    if (ins != ins_small) nb_dealloc(ctx, ins, (size_t)e->nin * sizeof(nb_array *));
+    if (ins && ins != ins_small) nb_dealloc(ctx, ins, (size_t)e->nin * sizeof(nb_array *));
     nb_dealloc(ctx, outs, (size_t)(e->nout ? e->nout : 1) * sizeof(nb_array *));
     /* free what this equation used for the last time */
     for (int i = 0; st == NB_OK && i < e->nin; i++) {

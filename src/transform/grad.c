@@ -186,14 +186,16 @@ static nb_graph *build(nb_ctx *ctx, const nb_graph *g, const nb_grad_opts *opts,
   nb_val **pout = nb_calloc(ctx, (nout + 1) * sizeof(nb_val *)), **ctout = NULL;
   nb_status st = wrt && d && pin && ctin && pout ? NB_OK : NB_ERR_NOMEM;
   size_t selected = 0;
+  char path[1024];
   for (size_t i = 0; st == NB_OK && i < nin; i++) {
     wrt[i] = nb_dtype_is_float(nb__graph_input(g, i)->aval.dtype) && path_selected(nb_graph_input_path(g, i), wrt_prefix);
     selected += wrt[i];
-    pin[i] = nb__graph_add_input(d, nb_graph_input_path(g, i), nb__graph_input(g, i)->aval);
+    if (kind == KIND_VJP) snprintf(path, sizeof path, "primal/%s", nb_graph_input_path(g, i));
+    else snprintf(path, sizeof path, "%s", nb_graph_input_path(g, i));
+    pin[i] = nb__graph_add_input(d, path, nb__graph_input(g, i)->aval);
   }
   if (st == NB_OK && selected == 0 && kind != KIND_VJP)
     st = nb_errorf(ctx, NB_ERR_INVALID_ARG, "grad: no float input matches wrt='%s'", wrt_prefix ? wrt_prefix : "(all)");
-  char path[1024];
   if (st == NB_OK && kind == KIND_VJP) {
     if (!(ctout = nb_calloc(ctx, (nout + 1) * sizeof(nb_val *)))) st = NB_ERR_NOMEM;
     for (size_t i = 0; st == NB_OK && i < nout; i++) {
@@ -208,7 +210,8 @@ static nb_graph *build(nb_ctx *ctx, const nb_graph *g, const nb_grad_opts *opts,
   for (size_t i = 0; st == NB_OK && i < nout; i++) {
     const char *p = nb_graph_output_path(g, i);
     if (kind == KIND_VJP) {
-      st = nb__graph_add_output(d, p, pout[i]);
+      snprintf(path, sizeof path, "primal/%s", p);
+      st = nb__graph_add_output(d, path, pout[i]);
     } else if (i == 0) {
       if (kind == KIND_VALUE_AND_GRAD) st = nb__graph_add_output(d, "loss", pout[i]);
     } else {
@@ -233,7 +236,7 @@ static nb_graph *build(nb_ctx *ctx, const nb_graph *g, const nb_grad_opts *opts,
   }
   nb_graph *live = nb__graph_dce(d);
   nb_graph_destroy(d);
-  return live;
+  return nb__checked(live);
 }
 
 nb_graph *nb_value_and_grad(nb_ctx *ctx, const nb_graph *g, const nb_grad_opts *opts) {

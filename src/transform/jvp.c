@@ -81,7 +81,10 @@ nb_graph *nb__jvp_graph(nb_ctx *ctx, const nb_graph *g) {
   nb_val **pout = nb_calloc(ctx, (nout + 1) * sizeof(nb_val *)), **tout = nb_calloc(ctx, (nout + 1) * sizeof(nb_val *));
   nb_status st = d && pin && tin && pout && tout ? NB_OK : NB_ERR_NOMEM;
   char path[1024];
-  for (size_t i = 0; st == NB_OK && i < nin; i++) pin[i] = nb__graph_add_input(d, nb_graph_input_path(g, i), nb__graph_input(g, i)->aval);
+  for (size_t i = 0; st == NB_OK && i < nin; i++) {
+    snprintf(path, sizeof path, "primal/%s", nb_graph_input_path(g, i));
+    pin[i] = nb__graph_add_input(d, path, nb__graph_input(g, i)->aval);
+  }
   for (size_t i = 0; st == NB_OK && i < nin; i++) {
     nb_aval a = nb__graph_input(g, i)->aval;
     if (!nb_dtype_is_float(a.dtype)) continue;
@@ -90,7 +93,10 @@ nb_graph *nb__jvp_graph(nb_ctx *ctx, const nb_graph *g) {
   }
   if (st == NB_OK) st = nb_graph_status(d);
   if (st == NB_OK) st = nb__jvp_into(d, g, pin, tin, pout, tout);
-  for (size_t i = 0; st == NB_OK && i < nout; i++) st = nb__graph_add_output(d, nb_graph_output_path(g, i), pout[i]);
+  for (size_t i = 0; st == NB_OK && i < nout; i++) {
+    snprintf(path, sizeof path, "primal/%s", nb_graph_output_path(g, i));
+    st = nb__graph_add_output(d, path, pout[i]);
+  }
   for (size_t i = 0; st == NB_OK && i < nout; i++) {
     if (!nb_dtype_is_float(pout[i]->aval.dtype)) continue;
     snprintf(path, sizeof path, "tangent/%s", nb_graph_output_path(g, i));
@@ -105,7 +111,7 @@ nb_graph *nb__jvp_graph(nb_ctx *ctx, const nb_graph *g) {
     nb_graph_destroy(d);
     return NULL;
   }
-  return d;
+  return nb__checked(d);
 }
 
 nb_graph *nb_jvp(nb_ctx *ctx, const nb_graph *g) {

@@ -100,14 +100,16 @@ typedef struct nb_custom_call_params {
   nb_aval out[8];                    /* informational; infer recomputes */
 } nb_custom_call_params;
 
-/* remat_call(body)(inputs) -> outputs; remat_lin(body)(primals, tangents) ->
- * output tangents, linear in the tangents. */
+/* remat_call(body)(inputs) -> outputs; remat_lin(body, jvp)(primals,
+ * tangents of the float inputs) -> tangents of the float outputs, linear in
+ * the tangents; jvp is nb_jvp(body) (NULL for remat_call). */
 typedef struct nb_remat_params {
-  const nb_graph *body;
+  const nb_graph *body, *jvp;
 } nb_remat_params;
 
 /* custom_vjp_call(fwd, bwd)(inputs) -> outputs; custom_lin(fwd, bwd)(primals,
- * tangents) -> output tangents, whose transpose runs bwd. */
+ * tangents of the float inputs) -> tangents of the float outputs, whose
+ * transpose runs bwd. */
 typedef struct nb_custom_vjp_params {
   const nb_graph *fwd, *bwd;
 } nb_custom_vjp_params;
