@@ -242,7 +242,7 @@ static void test_vmap_axes(nb_ctx *ctx) {
         nb_array *vv = nb_tree_get_array(out, "values"), *vi = nb_tree_get_array(out, "indices");
         for (int64_t s = 0; vv && vi && s < dx[b]; s++) {
           /* slice s along b, then sort it directly */
-          double sl[8];
+          double sl[24];
           int n = 0;
           for (int i0 = 0; i0 < 3; i0++)
             for (int i1 = 0; i1 < 4; i1++)
