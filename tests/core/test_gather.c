@@ -288,6 +288,34 @@ static void test_embedding_grad(nb_ctx *ctx) {
   nb_tree_destroy(in);
 }
 
+static nb_status f_call(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
+  return nb_graph_call(g, (const nb_graph *)u, in, out);
+}
+
+/* Per-example embedding gradients: vmap of the gradient over ids and weights
+ * (the table shared) against a loop; batches the transposed scatter_add. */
+static void test_per_example_grads(nb_ctx *ctx) {
+  nb_test_rng rng = {5};
+  int64_t dt[2] = {4, 2}, di[3] = {3, 2, 2}, dw[4] = {3, 2, 2, 2};
+  nb_tree *spec = nb_tree_create(ctx), *b = nb_tree_create(ctx), *u = inputs(ctx, nb_test_randn(ctx, &rng, NB_F64, 2, dt), NULL, NULL);
+  nb_tree_set(spec, "x", nb_leaf_aval(nb_aval_make(NB_F64, 2, dt)));
+  nb_tree_set(spec, "i", nb_leaf_aval(nb_aval_make(NB_I32, 2, di + 1)));
+  nb_tree_set(spec, "u", nb_leaf_aval(nb_aval_make(NB_F64, 3, dw + 1)));
+  nb_array *ids = nb_test_randint(ctx, &rng, NB_I32, 3, di, -5, 5), *w = nb_test_randn(ctx, &rng, NB_F64, 4, dw);
+  nb_tree_set_array(b, "i", ids);
+  nb_tree_set_array(b, "u", w);
+  nb_array_release(ids);
+  nb_array_release(w);
+  nb_graph *g = nb_trace(ctx, f_embed_loss, NULL, spec);
+  nb_graph *dg = g ? nb_value_and_grad(ctx, g, &(nb_grad_opts){.wrt = "x"}) : NULL;
+  CHECK_MSG(dg && nb_test_check_vmap(ctx, "per-example embedding grads", f_call, dg, b, u, 3), "%s", nb_ctx_error(ctx));
+  nb_graph_destroy(dg);
+  nb_graph_destroy(g);
+  nb_tree_destroy(spec);
+  nb_tree_destroy(b);
+  nb_tree_destroy(u);
+}
+
 /* ---------------------------------------------------------------- vmap off the front */
 
 /* a with its axis 0 moved to `axis` (a host copy). */
@@ -558,6 +586,7 @@ int main(void) {
   test_extreme_ids(ctx);
   test_empty(ctx);
   test_embedding_grad(ctx);
+  test_per_example_grads(ctx);
   test_vmap_axes(ctx);
   test_text_and_cost(ctx);
   test_misuse(ctx);
