@@ -4,55 +4,23 @@
  * the IR text and cost, and misuse giving named errors. Derivatives and
  * vmap of random cases run in the primitive table (cases_gather.c). */
 #include "core/ir.h"
+#include "json_golden.h"
 #include "primcheck.h"
 
 /* ---------------------------------------------------------------- goldens */
 
-/* Array `name` of golden file `file` (lines "name dtype rank dims : values");
- * a new reference, or NULL. */
-static nb_array *golden(nb_ctx *ctx, const char *file, const char *name) {
-  char path[1024];
-  const char *root = getenv("NABLA_SOURCE_DIR");
-  snprintf(path, sizeof path, "%s/tests/core/golden/%s", root ? root : ".", file);
-  FILE *f = fopen(path, "r");
-  if (!f) return fprintf(stderr, "cannot open %s\n", path), NULL;
-  char *line = NULL, key[128], dt[16];
-  size_t cap = 0;
-  nb_array *a = NULL;
-  while (!a && getline(&line, &cap, f) > 0) {
-    int rank, used;
-    if (sscanf(line, "%127s %15s %d%n", key, dt, &rank, &used) != 3 || strcmp(key, name) || rank > NB_MAX_RANK) continue;
-    char *p = line + used;
-    int64_t dims[NB_MAX_RANK], n = 1;
-    for (int i = 0; i < rank; i++) n *= dims[i] = strtoll(p, &p, 10);
-    p = strchr(p, ':');
-    double *v = malloc(sizeof(double) * (size_t)(n ? n : 1));
-    for (int64_t i = 0; p && i < n; i++) v[i] = strtod(p + (i == 0), &p);
-    nb_dtype t;
-    if (p && nb_dtype_from_name(dt, &t)) a = nb_array_from_f64(ctx, t, rank, dims, v);
-    free(v);
-  }
-  free(line);
-  fclose(f);
-  if (!a) fprintf(stderr, "golden %s not found in %s\n", name, path);
-  return a;
+static cJSON *gold; /* tests/core/golden/gather.json, made by make_gather.py */
+
+/* Golden array `name` (a new reference), or NULL after printing why. */
+static nb_array *golden(nb_ctx *ctx, const char *name) {
+  const cJSON *j = cJSON_GetObjectItemCaseSensitive(gold, name);
+  if (!j) return fprintf(stderr, "golden %s is missing\n", name), NULL;
+  return nb_test_golden_array(ctx, j);
 }
 
 static bool same(const char *what, const nb_array *got, const nb_array *want, double tol) {
   if (!got || !want) return fprintf(stderr, "%s: missing array\n", what), false;
-  nb_aval a = nb_array_aval(got), b = nb_array_aval(want);
-  if (!nb_shape_equal(&a.shape, &b.shape)) {
-    char s1[128], s2[128];
-    fprintf(stderr, "%s: shape %s, want %s\n", what, nb_aval_str(&a, s1, sizeof s1), nb_aval_str(&b, s2, sizeof s2));
-    return false;
-  }
-  for (int64_t i = 0; i < nb_array_size(got); i++) {
-    double x = nb_array_get(got, i), y = nb_array_get(want, i);
-    if ((isnan(x) && isnan(y)) || fabs(x - y) <= tol * (1 + fabs(y))) continue;
-    fprintf(stderr, "%s: element %lld is %.17g, want %.17g\n", what, (long long)i, x, y);
-    return false;
-  }
-  return true;
+  return nb_test_arrays_close(what, got, want, tol);
 }
 
 typedef struct gather_call {
@@ -87,15 +55,15 @@ static void check_golden(nb_ctx *ctx, const char *prefix, const char *const name
   for (int k = 0; k < 3; k++) {
     if (!names[k]) continue;
     snprintf(key, sizeof key, "%s_%s", prefix, names[k]);
-    nb_array *a = golden(ctx, "gather.txt", key);
+    nb_array *a = golden(ctx, key);
     CHECK_MSG(a, "%s", key);
     if (a) nb_tree_set_array(in, paths[k], a);
     nb_array_release(a);
   }
   snprintf(key, sizeof key, "%s_result", prefix);
-  nb_array *want = golden(ctx, "gather.txt", key);
+  nb_array *want = golden(ctx, key);
   CHECK_OK(ctx, nb_test_eval(ctx, fn, user, in, out));
-  CHECK_MSG(same(key, nb_tree_get_array(out, "y"), want, 1e-15), "%s", key);
+  CHECK_MSG(same(key, nb_tree_get_array(out, "y"), want, 1e-14), "%s", key);
   nb_array_release(want);
   nb_tree_destroy(in);
   nb_tree_destroy(out);
@@ -391,8 +359,8 @@ static void test_vmap_axes(nb_ctx *ctx) {
   int64_t dx[5] = {3, 2, 3, 4, 2}, di[5] = {3, 2, 2, 3, 2}, du[6] = {3, 2, 2, 3, 2, 2};
   nb_array *x = nb_test_randn(ctx, &rng, NB_F64, 5, dx), *i = nb_test_randint(ctx, &rng, NB_I32, 5, di, -1, 4);
   nb_array *u = nb_test_randn(ctx, &rng, NB_F64, 6, du);
-  nb_array *x1 = golden(ctx, "gather.txt", "g1_operand"), *i1 = golden(ctx, "gather.txt", "g1_indices");
-  nb_array *u1 = golden(ctx, "gather.txt", "s1_updates");
+  nb_array *x1 = golden(ctx, "g1_operand"), *i1 = golden(ctx, "g1_indices");
+  nb_array *u1 = golden(ctx, "s1_updates");
   nb_array *xf = nb_array_astype(ctx, x1, NB_F64), *uf = nb_array_astype(ctx, u1, NB_F64);
   gather_call g1 = {{.n_offset = 2, .n_collapsed = 1, .n_start_index_map = 2, .n_operand_batching = 1,
                      .offset_dims = {3, 4}, .collapsed_slice_dims = {1}, .start_index_map = {2, 1},
@@ -581,6 +549,8 @@ static void test_misuse(nb_ctx *ctx) {
 
 int main(void) {
   nb_ctx *ctx = nb_ctx_create();
+  gold = nb_test_golden_load("tests/core/golden/gather.json");
+  CHECK(gold != NULL);
   test_goldens(ctx);
   test_dtypes(ctx);
   test_extreme_ids(ctx);
@@ -590,6 +560,7 @@ int main(void) {
   test_vmap_axes(ctx);
   test_text_and_cost(ctx);
   test_misuse(ctx);
+  cJSON_Delete(gold);
   CHECK_MSG(nb_ctx_bytes_in_use(ctx) == 0, "%zu bytes leaked", nb_ctx_bytes_in_use(ctx));
   nb_ctx_destroy(ctx);
   return nb_test_summary("core/gather");

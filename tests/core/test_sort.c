@@ -4,50 +4,22 @@
  * giving named errors. Derivatives and vmap of random cases run in the
  * primitive table (cases_sort.c). */
 #include "core/ir.h"
+#include "json_golden.h"
 #include "primcheck.h"
 
-/* Array `name` of tests/core/golden/gather.txt (lines "name dtype rank dims :
- * values"); a new reference, or NULL. */
+static cJSON *gold; /* tests/core/golden/gather.json, made by make_gather.py */
+
+/* Golden array `name` (a new reference), or NULL after printing why. */
 static nb_array *golden(nb_ctx *ctx, const char *name) {
-  char path[1024];
-  const char *root = getenv("NABLA_SOURCE_DIR");
-  snprintf(path, sizeof path, "%s/tests/core/golden/gather.txt", root ? root : ".");
-  FILE *f = fopen(path, "r");
-  if (!f) return fprintf(stderr, "cannot open %s\n", path), NULL;
-  char *line = NULL, key[128], dt[16];
-  size_t cap = 0;
-  nb_array *a = NULL;
-  while (!a && getline(&line, &cap, f) > 0) {
-    int rank, used;
-    if (sscanf(line, "%127s %15s %d%n", key, dt, &rank, &used) != 3 || strcmp(key, name) || rank > NB_MAX_RANK) continue;
-    char *p = line + used;
-    int64_t dims[NB_MAX_RANK], n = 1;
-    for (int i = 0; i < rank; i++) n *= dims[i] = strtoll(p, &p, 10);
-    p = strchr(p, ':');
-    double *v = malloc(sizeof(double) * (size_t)(n ? n : 1));
-    for (int64_t i = 0; p && i < n; i++) v[i] = strtod(p + (i == 0), &p);
-    nb_dtype t;
-    if (p && nb_dtype_from_name(dt, &t)) a = nb_array_from_f64(ctx, t, rank, dims, v);
-    free(v);
-  }
-  free(line);
-  fclose(f);
-  if (!a) fprintf(stderr, "golden %s not found in %s\n", name, path);
-  return a;
+  const cJSON *j = cJSON_GetObjectItemCaseSensitive(gold, name);
+  if (!j) return fprintf(stderr, "golden %s is missing\n", name), NULL;
+  return nb_test_golden_array(ctx, j);
 }
 
-/* Equal shapes and values (NaN equals NaN; -0 equals +0). */
+/* Same dtype, shape and values (NaN equals NaN; -0 equals +0). */
 static bool same(const char *what, const nb_array *got, const nb_array *want) {
   if (!got || !want) return fprintf(stderr, "%s: missing array\n", what), false;
-  nb_aval a = nb_array_aval(got), b = nb_array_aval(want);
-  if (!nb_shape_equal(&a.shape, &b.shape)) return fprintf(stderr, "%s: shapes differ\n", what), false;
-  for (int64_t i = 0; i < nb_array_size(got); i++) {
-    double x = nb_array_get(got, i), y = nb_array_get(want, i);
-    if ((isnan(x) && isnan(y)) || x == y) continue;
-    fprintf(stderr, "%s: element %lld is %.17g, want %.17g\n", what, (long long)i, x, y);
-    return false;
-  }
-  return true;
+  return nb_test_arrays_close(what, got, want, 0);
 }
 
 typedef struct sort_call {
@@ -333,6 +305,8 @@ static void test_text(nb_ctx *ctx) {
 
 int main(void) {
   nb_ctx *ctx = nb_ctx_create();
+  gold = nb_test_golden_load("tests/core/golden/gather.json");
+  CHECK(gold != NULL);
   test_goldens(ctx);
   test_dtypes(ctx);
   test_shapes(ctx);
@@ -340,6 +314,7 @@ int main(void) {
   test_vmap_axes(ctx);
   test_misuse(ctx);
   test_text(ctx);
+  cJSON_Delete(gold);
   CHECK_MSG(nb_ctx_bytes_in_use(ctx) == 0, "%zu bytes leaked", nb_ctx_bytes_in_use(ctx));
   nb_ctx_destroy(ctx);
   return nb_test_summary("core/sort");

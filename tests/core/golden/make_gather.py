@@ -3,13 +3,13 @@
 Peers: JAX's lax.gather (mode CLIP: starts clamped so the slice fits, as XLA)
 and lax.scatter_add (mode FILL_OR_DROP: windows that do not fit are skipped),
 NumPy's take, take_along_axis, sort and stable argsort, and jax.numpy's
-stable descending argsort and lax.top_k. Fixed seeds; writes gather.txt
-beside this script, one array a line:
-
-    name dtype rank dim... : value...
+stable descending argsort and lax.top_k. Fixed seeds; writes gather.json
+beside this script: {name: array} with arrays as golden_util writes them,
+except that NaNs are written as null (cJSON reads a non-number as NaN).
 
 Run: python3 tests/core/golden/make_gather.py   (needs numpy and jax)
 """
+import math
 import os
 
 import numpy as np
@@ -17,17 +17,17 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from golden_util import arr, write
+
 jax.config.update("jax_enable_x64", True)
 rng = np.random.default_rng(20240611)
-lines = []
+goldens = {}
 
 
 def put(name, a):
-    a = np.asarray(a)
-    dt = {np.dtype("float64"): "f64", np.dtype("float32"): "f32", np.dtype("int32"): "i32",
-          np.dtype("int64"): "i64"}[a.dtype]
-    vals = " ".join(repr(float(v)) if dt.startswith("f") else str(int(v)) for v in a.ravel())
-    lines.append(f"{name} {dt} {a.ndim} {' '.join(str(d) for d in a.shape)} : {vals}".replace("  ", " "))
+    j = arr(np.asarray(a))
+    j["data"] = [None if isinstance(v, float) and math.isnan(v) else v for v in j["data"]]
+    goldens[name] = j
 
 
 def gdn(offset, collapsed, start_map, obatch=(), ibatch=()):
@@ -134,8 +134,7 @@ put("k1_x", x)
 put("k1_values", v)
 put("k1_indices", np.asarray(i).astype(np.int32))
 
-out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gather.txt")
-with open(out, "w") as f:
-    f.write("# made by make_gather.py (numpy %s, jax %s)\n" % (np.__version__, jax.__version__))
-    f.write("\n".join(lines) + "\n")
+goldens["made_with"] = "numpy %s, jax %s" % (np.__version__, jax.__version__)
+out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gather.json")
+write(out, goldens)
 print("wrote", out)
