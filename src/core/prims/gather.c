@@ -400,7 +400,8 @@ static nb_status gather_batch(nb_graph *g, const nb_eqn *e, nb_val *const *in, c
   nb_gather_params q = *(const nb_gather_params *)e->params;
   nb_gather_dims *d = &q.dn;
   int ro = e->in[0]->aval.shape.rank;
-  if (e->out[0]->aval.shape.rank + 1 > NB_MAX_RANK || ro + 1 > NB_MAX_RANK || e->in[1]->aval.shape.rank + 1 > NB_MAX_RANK)
+  if (e->out[0]->aval.shape.rank + 1 > NB_MAX_RANK || ro + 1 > NB_MAX_RANK ||
+      e->in[1]->aval.shape.rank + 1 > NB_MAX_RANK)
     return nb__fail(g, e->loc, NB_ERR_SHAPE, "vmap of gather: rank too large"), NB_ERR_SHAPE;
   nb_val *ops[2] = {bdims[0] >= 0 ? nb__move_axis(e->loc, in[0], bdims[0], 0) : in[0],
                     bdims[1] >= 0 ? nb__move_axis(e->loc, in[1], bdims[1], 0) : in[1]};
@@ -432,7 +433,8 @@ static void gather_cost(const nb_eqn *e, double *flops, double *bytes) {
   const nb_aval *r = &e->out[0]->aval, *ix = &e->in[1]->aval;
   double es = (double)nb_dtype_size(r->dtype);
   *flops = 0;
-  *bytes = 2 * es * (double)nb_shape_size(&r->shape) + (double)nb_dtype_size(ix->dtype) * (double)nb_shape_size(&ix->shape);
+  *bytes = 2 * es * (double)nb_shape_size(&r->shape) +
+           (double)nb_dtype_size(ix->dtype) * (double)nb_shape_size(&ix->shape);
 }
 
 static void gather_print(const nb_eqn *e, char *buf, size_t cap) {
@@ -628,7 +630,8 @@ static bool counts_ok(int a, int b, int c, int d) {
          d <= NB_MAX_RANK;
 }
 
-nb_val *nb_gather_at(nb_loc loc, nb_val *operand, nb_val *indices, const nb_gather_dims *dn, const int64_t *slice_sizes) {
+nb_val *nb_gather_at(nb_loc loc, nb_val *operand, nb_val *indices, const nb_gather_dims *dn,
+                     const int64_t *slice_sizes) {
   nb_val *ops[2] = {operand, indices};
   nb_graph *g = nb__graph_of(loc, 2, ops);
   if (!g) return NULL;
@@ -649,7 +652,8 @@ nb_val *nb_gather_at(nb_loc loc, nb_val *operand, nb_val *indices, const nb_gath
   memcpy(p.dn.collapsed_slice_dims, dn->collapsed_slice_dims, (size_t)dn->n_collapsed * sizeof(int));
   memcpy(p.dn.start_index_map, dn->start_index_map, (size_t)dn->n_start_index_map * sizeof(int));
   memcpy(p.dn.operand_batching_dims, dn->operand_batching_dims, (size_t)dn->n_operand_batching * sizeof(int));
-  memcpy(p.dn.start_indices_batching_dims, dn->start_indices_batching_dims, (size_t)dn->n_operand_batching * sizeof(int));
+  memcpy(p.dn.start_indices_batching_dims, dn->start_indices_batching_dims,
+         (size_t)dn->n_operand_batching * sizeof(int));
   if (ro) memcpy(p.slice_sizes, slice_sizes, (size_t)ro * sizeof(int64_t));
   return nb__emit1(g, loc, NB_PRIM_gather, 2, ops, &p, sizeof p);
 }
@@ -673,9 +677,11 @@ nb_val *nb_scatter_add_at(nb_loc loc, nb_val *operand, nb_val *indices, nb_val *
   d->index_vector_dim = dn->index_vector_dim;
   memcpy(d->update_window_dims, dn->update_window_dims, (size_t)dn->n_update_window * sizeof(int));
   memcpy(d->inserted_window_dims, dn->inserted_window_dims, (size_t)dn->n_inserted_window * sizeof(int));
-  memcpy(d->scatter_dims_to_operand_dims, dn->scatter_dims_to_operand_dims, (size_t)dn->n_scatter_to_operand * sizeof(int));
+  memcpy(d->scatter_dims_to_operand_dims, dn->scatter_dims_to_operand_dims,
+         (size_t)dn->n_scatter_to_operand * sizeof(int));
   memcpy(d->operand_batching_dims, dn->operand_batching_dims, (size_t)dn->n_operand_batching * sizeof(int));
-  memcpy(d->scatter_indices_batching_dims, dn->scatter_indices_batching_dims, (size_t)dn->n_operand_batching * sizeof(int));
+  memcpy(d->scatter_indices_batching_dims, dn->scatter_indices_batching_dims,
+         (size_t)dn->n_operand_batching * sizeof(int));
   return nb__emit1(g, loc, NB_PRIM_scatter_add, 3, ops, &p, sizeof p);
 }
 

@@ -236,7 +236,8 @@ static void top_k_cost(const nb_eqn *e, double *flops, double *bytes) {
   const nb_aval *x = &e->in[0]->aval, *y = &e->out[0]->aval;
   double n = (double)nb_shape_size(&x->shape), len = (double)x->shape.dims[x->shape.rank - 1];
   *flops = len > 1 ? n * log2(len) : 0;
-  *bytes = n * (double)nb_dtype_size(x->dtype) + (double)nb_shape_size(&y->shape) * ((double)nb_dtype_size(x->dtype) + 4.0);
+  double es = (double)nb_dtype_size(x->dtype);
+  *bytes = n * es + (double)nb_shape_size(&y->shape) * (es + 4.0);
 }
 
 static void top_k_print(const nb_eqn *e, char *buf, size_t cap) {
@@ -271,7 +272,8 @@ nb_val *nb_sort_at(nb_loc loc, nb_val *x, int axis, bool descending, nb_val **in
   if (!x || nb__is_poison(x)) return x;
   int a = nb__norm_axis(axis, x->aval.shape.rank);
   if (a < 0) {
-    nb_val *bad = nb__fail(x->g, loc, NB_ERR_INVALID_ARG, "sort: axis %d out of range for rank %d", axis, x->aval.shape.rank);
+    nb_val *bad = nb__fail(x->g, loc, NB_ERR_INVALID_ARG, "sort: axis %d out of range for rank %d", axis,
+                           x->aval.shape.rank);
     if (indices) *indices = bad;
     return bad;
   }
