@@ -430,7 +430,11 @@ nb_val *nb_concatenate_at(nb_loc loc, int n, nb_val *const *xs, int axis);
 nb_val *nb_pad_at(nb_loc loc, nb_val *x, nb_val *pad_value, const int64_t *lo, const int64_t *hi, const int64_t *interior);
 
 /* Gather and scatter-add with explicit dimension numbers (StableHLO's,
- * including batching dims). */
+ * including batching dims: operand dim operand_batching_dims[i] is indexed
+ * by the position along indices dim start_indices_batching_dims[i]).
+ * Indices may have any integer dtype; index_vector_dim == rank(indices)
+ * means an implicit trailing vector of length 1. Only the first n_* entries
+ * of each array are read. */
 typedef struct nb_gather_dims {
   int n_offset, n_collapsed, n_start_index_map, n_operand_batching;
   int offset_dims[NB_MAX_RANK];           /* result dims that hold the slice */
@@ -440,6 +444,8 @@ typedef struct nb_gather_dims {
   int start_indices_batching_dims[NB_MAX_RANK];
   int index_vector_dim;                   /* dim of indices holding the index vector */
 } nb_gather_dims;
+/* slice_sizes[rank(operand)]: 1 for collapsed and batching dims. Each start
+ * index is clamped to [0, dim - slice size] so the slice fits (as XLA). */
 nb_val *nb_gather_at(nb_loc loc, nb_val *operand, nb_val *indices, const nb_gather_dims *dn,
                      const int64_t *slice_sizes);
 typedef struct nb_scatter_dims {
@@ -451,17 +457,27 @@ typedef struct nb_scatter_dims {
   int scatter_indices_batching_dims[NB_MAX_RANK];
   int index_vector_dim;
 } nb_scatter_dims;
-/* Out-of-range windows are skipped (as XLA). */
+/* operand with updates added at the windows the indices start (repeats
+ * accumulate). The window extents are the updates' update_window_dims. A
+ * window that does not fit in full is skipped (as XLA). Not for bool. */
 nb_val *nb_scatter_add_at(nb_loc loc, nb_val *operand, nb_val *indices, nb_val *updates, const nb_scatter_dims *dn);
-/* Conveniences built on gather/scatter: rows of table by integer ids
- * (result ids.shape + table.shape[1:]); x[..., idx[...]] along axis. */
+/* Conveniences built on gather. Negative indices count from the end (as
+ * NumPy); indices still out of range are clamped (as gather).
+ * take: rows of table by integer ids of any shape (an embedding lookup);
+ * the result is ids.shape + table.shape[1:]. */
 nb_val *nb_take_at(nb_loc loc, nb_val *table, nb_val *ids);
+/* numpy.take_along_axis: x and idx have one rank; y[..., j, ...] =
+ * x[..., idx[..., j, ...], ...] along axis, the other dims broadcast (NumPy
+ * rules). With idx [..., 1] of labels, logp[..., labels] for cross-entropy. */
 nb_val *nb_take_along_axis_at(nb_loc loc, nb_val *x, nb_val *idx, int axis);
 
-/* Stable sort along axis. values: sorted x; indices (optional): the
- * permutation as i32. */
+/* Stable sort along axis (equal elements keep their order, in both
+ * directions). NaNs order above every number: last ascending (as NumPy),
+ * first descending. values: sorted x; *indices (when indices != NULL): the
+ * positions as i32. Any dtype. */
 nb_val *nb_sort_at(nb_loc loc, nb_val *x, int axis, bool descending, nb_val **indices);
-/* The k largest along the last axis, descending; indices as i32. */
+/* The k largest along the last axis (0 <= k <= its length), descending,
+ * ties to the lower position, NaNs first; *indices as i32. */
 nb_val *nb_top_k_at(nb_loc loc, nb_val *x, int k, nb_val **indices);
 
 /* dot_general: contracting and batch dims of lhs and rhs. Result dims are

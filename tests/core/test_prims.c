@@ -13,6 +13,8 @@ const nb_prim_case *nb_cases_dynamic(size_t *n);
 const nb_prim_case *nb_cases_cumulative(size_t *n);
 const nb_prim_case *nb_cases_dot(size_t *n);
 const nb_prim_case *nb_cases_conv(size_t *n);
+const nb_prim_case *nb_cases_gather(size_t *n);
+const nb_prim_case *nb_cases_sort(size_t *n);
 
 static const nb_case_list_fn families[] = {
     nb_cases_core,
@@ -22,6 +24,8 @@ static const nb_case_list_fn families[] = {
     nb_cases_cumulative,
     nb_cases_dot,
     nb_cases_conv,
+    nb_cases_gather,
+    nb_cases_sort,
 };
 
 /* Stacks three independent draws of the case's inputs along a new axis 0;
