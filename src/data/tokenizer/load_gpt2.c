@@ -47,6 +47,8 @@ static nb_status load_vocab(nb_tok *t, const char *json, size_t len, const nb_to
   if (!cJSON_IsObject(root)) r = nb_errorf(t->ctx, NB_ERR_FORMAT, "%s: the top level must be an object (token -> id)", name);
   uint8_t *buf = NULL;
   size_t cap = 0;
+  int64_t entries = cJSON_GetArraySize(root);
+  if (entries * 4 + 1024 < t->id_limit) t->id_limit = (int32_t)(entries * 4 + 1024);
   for (cJSON *it = root->child; it && !r; it = it->next) {
     double v = cJSON_IsNumber(it) ? it->valuedouble : -1;
     if (v < 0 || v >= (1 << 28) || v != (double)(int32_t)v) {
@@ -94,8 +96,8 @@ static nb_status load_merges(nb_tok *t, const char *txt, size_t len, const char 
     if (n == 0 || (line == 1 && n >= 8 && !memcmp(s, "#version", 8))) continue;
     const char *sp = memchr(s, ' ', n);
     if (!sp || memchr(sp + 1, ' ', n - (size_t)(sp + 1 - s)) || sp == s || sp + 1 == s + n) {
-      r = nb_errorf(t->ctx, NB_ERR_FORMAT, "%s line %zu: expected two tokens separated by one space, got '%.60s'", name,
-                    line, s);
+      r = nb_errorf(t->ctx, NB_ERR_FORMAT, "%s line %zu: expected two tokens separated by one space, got '%.*s'", name,
+                    line, (int)(n < 60 ? n : 60), s);
       break;
     }
     int32_t a = merge_side(t, s, (size_t)(sp - s), buf), b = merge_side(t, sp + 1, (size_t)(s + n - sp - 1), buf);

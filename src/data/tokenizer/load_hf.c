@@ -254,7 +254,10 @@ static nb_status vocab(hf_load *L, const cJSON *v) {
     int32_t id;
     char field[128];
     snprintf(field, sizeof field, "model.vocab['%.60s']", it->string);
-    if (!get_id(it, &id)) return bad(L, NB_ERR_FORMAT, field, "id must be an integer in [0, 2^28)");
+    if (!get_id(it, &id)) {
+      r = bad(L, NB_ERR_FORMAT, field, "id must be an integer in [0, 2^28)");
+      break;
+    }
     if (id < t->n_tokens && (t->tokens[id].flags & NB_TOK__F_ADDED)) continue; /* also an added token */
     size_t n = strlen(it->string);
     if (!L->byte_level) {
@@ -369,6 +372,10 @@ static nb_tok *load(nb_ctx *ctx, const char *json, size_t len, const char *name)
                 *dec = cJSON_GetObjectItemCaseSensitive(root, "decoder");
     L.byte_level = mentions_bytelevel(pre) || mentions_bytelevel(dec);
     t->kind = L.byte_level ? NB_TOK_BYTE_LEVEL : NB_TOK_CHAR_LEVEL;
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(root, "model");
+    int64_t entries = (int64_t)cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(root, "added_tokens")) +
+                      cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(m, "vocab"));
+    if (entries * 4 + 1024 < t->id_limit) t->id_limit = (int32_t)(entries * 4 + 1024);
     r = added_tokens(&L, cJSON_GetObjectItemCaseSensitive(root, "added_tokens"));
     if (!r) r = model(&L, cJSON_GetObjectItemCaseSensitive(root, "model"));
     if (!r) r = normalizer(&L, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), "normalizer");

@@ -46,6 +46,7 @@ struct nb_tok {
   nb_ctx *ctx;
   nb_tok_kind kind;
   int32_t n_tokens, cap_tokens;
+  int32_t id_limit;        /* ids must be below this (loaders: 4 x entries + 1024) */
   nb_tok__token *tokens;
   uint8_t *blob;
   size_t blob_len, blob_cap;

@@ -129,12 +129,20 @@ nb_tok *nb_tok__create(nb_ctx *ctx, nb_tok_kind kind) {
   t->ctx = ctx;
   t->kind = kind;
   t->unk_id = -1;
+  t->id_limit = 1 << 24;
+  t->blob = nb_alloc(ctx, 64); /* never NULL, so blob + off is always defined */
+  t->blob_cap = 64;
+  if (!t->blob) {
+    nb_dealloc(ctx, t, sizeof *t);
+    return NULL;
+  }
   for (int i = 0; i < 256; i++) t->byte_token[i] = -1;
   return t;
 }
 
 nb_status nb_tok__set_token(nb_tok *t, int32_t id, const void *bytes, size_t len, uint8_t flags, const char *where) {
-  if (id < 0 || id >= (1 << 28)) return nb_errorf(t->ctx, NB_ERR_FORMAT, "%s: token id %d out of range", where, id);
+  if (id < 0 || id >= t->id_limit)
+    return nb_errorf(t->ctx, NB_ERR_FORMAT, "%s: token id %d out of range [0, %d) (ids must be dense)", where, id, t->id_limit);
   if (len >= (1u << 20)) return nb_errorf(t->ctx, NB_ERR_FORMAT, "%s: token %d is %zu bytes long", where, id, len);
   size_t need = (size_t)id + 1;
   if (need > (size_t)t->cap_tokens) {
