@@ -3,4 +3,5 @@
 #define NABLA_H
 #include "nabla/core.h"
 #include "nabla/data.h"
+#include "nabla/tokenizer.h"
 #endif
