@@ -2,4 +2,6 @@
 #ifndef NABLA_H
 #define NABLA_H
 #include "nabla/core.h"
+#include "nabla/data.h"
+#include "nabla/tokenizer.h"
 #endif

@@ -375,7 +375,7 @@ nb_val *nb__emit(nb_graph *g, nb_loc loc, nb_prim p, int nin, nb_val *const *in,
     if (r->hold_params && params && r->hold_params(g, params) != NB_OK)
       return nb__fail(g, loc, NB_ERR_NOMEM, "out of memory");
     if (params_size) memcpy(pcopy, params, params_size);
-    memcpy(ins, in, (size_t)nin * sizeof(nb_val *));
+    if (nin) memcpy(ins, in, (size_t)nin * sizeof(nb_val *)); /* in may be NULL for nin == 0 */
     *e = (nb_eqn){.prim = p, .nin = nin, .nout = no, .in = ins, .out = os, .params = pcopy,
                   .params_size = params_size, .loc = loc, .hash = h, .index = (uint32_t)g->neqns};
     for (int i = 0; i < no; i++)
@@ -615,6 +615,16 @@ nb_status nb_graph_verify(const nb_graph *g) {
       st = nb_errorf(g->ctx, NB_ERR_INTERNAL, "verify: output '%s' is undefined", g->outputs[i].path);
   free(defined);
   return st;
+}
+
+nb_graph *nb__checked(nb_graph *g) {
+#ifndef NDEBUG
+  if (g && nb_graph_verify(g) != NB_OK) {
+    nb_graph_destroy(g);
+    return NULL;
+  }
+#endif
+  return g;
 }
 
 static double aval_bytes(const nb_aval *a) { return (double)nb_shape_size(&a->shape) * (double)nb_dtype_size(a->dtype); }

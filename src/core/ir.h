@@ -136,6 +136,10 @@ nb_status nb__graph_add_output(nb_graph *g, const char *path, nb_val *v);
  * (vals of dst); writes src's outputs, as vals of dst, to map_out. */
 nb_status nb__graph_inline(nb_graph *dst, const nb_graph *src, nb_val *const *map_in, nb_val **map_out);
 
+/* Debug builds (no NDEBUG): verifies g after a transformation and, when it
+ * fails, destroys g and returns NULL with the error. Release builds: g. */
+nb_graph *nb__checked(nb_graph *g);
+
 /* A copy of g without the equations no output depends on (new graph, or NULL
  * with the error on g's context). */
 nb_graph *nb__graph_dce(const nb_graph *g);

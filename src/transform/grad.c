@@ -239,7 +239,7 @@ static nb_graph *build(nb_ctx *ctx, const nb_graph *g, const nb_grad_opts *opts,
   }
   nb_graph *live = nb__graph_dce(d);
   nb_graph_destroy(d);
-  return live;
+  return nb__checked(live);
 }
 
 nb_graph *nb_value_and_grad(nb_ctx *ctx, const nb_graph *g, const nb_grad_opts *opts) {

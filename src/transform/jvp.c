@@ -111,7 +111,7 @@ nb_graph *nb__jvp_graph(nb_ctx *ctx, const nb_graph *g) {
     nb_graph_destroy(d);
     return NULL;
   }
-  return d;
+  return nb__checked(d);
 }
 
 nb_graph *nb_jvp(nb_ctx *ctx, const nb_graph *g) {

@@ -128,7 +128,7 @@ nb_graph *nb__vmap_graph_axes(nb_ctx *ctx, const nb_graph *g, const int *in_bdim
     nb_graph_destroy(d);
     return NULL;
   }
-  return d;
+  return nb__checked(d);
 }
 
 /* The axis for `path` from an override tree (longest matching prefix wins),

@@ -1,10 +1,10 @@
 /* Random numbers: the threefry2x32 block against Random123's known answers;
  * keys, split, fold_in, bits, uniform, normal and friends against JAX
- * (tests/core/golden/random.json, written by make_random.py); statistics of
+ * (tests/core/golden/random.json, written by make_random.py; values as hex
+ * bit patterns, compared exactly); statistics of
  * every sampler with fixed keys; vmap over keys, grad through a sampler, the
  * eager helpers, and misuse. */
-#include <cjson/cJSON.h>
-
+#include "json_golden.h"
 #include "primcheck.h"
 
 static const int64_t D2[1] = {2}, D3[1] = {3}, D5[1] = {5};
@@ -201,9 +201,9 @@ static void check_record(nb_ctx *ctx, const cJSON *rec, golden_stats *st) {
     nb_array_release(want);
     return;
   }
-  const cJSON *shape = cJSON_GetObjectItemCaseSensitive(rec, "shape"), *hex = cJSON_GetObjectItemCaseSensitive(rec, "hex");
-  r.rank = cJSON_GetArraySize(shape);
-  for (int i = 0; i < r.rank; i++) r.dims[i] = (int64_t)cJSON_GetArrayItem(shape, i)->valuedouble;
+  const cJSON *hex = cJSON_GetObjectItemCaseSensitive(rec, "hex");
+  r.rank = nb_test_golden_ints(rec, "shape", r.dims, NB_MAX_RANK);
+  CHECK(r.rank >= 0);
   const char *dt = cJSON_GetObjectItemCaseSensitive(rec, "dtype")->valuestring;
   CHECK(nb_dtype_from_name(dt, &r.t));
   r.args = cJSON_GetObjectItemCaseSensitive(rec, "args");
@@ -227,30 +227,9 @@ static void check_record(nb_ctx *ctx, const cJSON *rec, golden_stats *st) {
   nb_array_release(got);
 }
 
-static char *read_text(const char *path) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *s = malloc((size_t)n + 1);
-  if (s && fread(s, 1, (size_t)n, f) != (size_t)n) {
-    free(s);
-    s = NULL;
-  }
-  if (s) s[n] = 0;
-  fclose(f);
-  return s;
-}
-
 static void test_jax_goldens(nb_ctx *ctx) {
-  const char *root = getenv("NABLA_SOURCE_DIR");
-  char path[1024];
-  snprintf(path, sizeof path, "%s/tests/core/golden/random.json", root ? root : ".");
-  char *text = read_text(path);
-  CHECK_MSG(text, "cannot read %s", path);
-  cJSON *doc = text ? cJSON_Parse(text) : NULL;
-  CHECK_MSG(doc, "%s is not valid JSON", path);
+  cJSON *doc = nb_test_golden_load("tests/core/golden/random.json");
+  CHECK(doc != NULL);
   const cJSON *recs = cJSON_GetObjectItemCaseSensitive(doc, "records"), *rec;
   golden_stats st = {0};
   cJSON_ArrayForEach(rec, recs) check_record(ctx, rec, &st);
@@ -260,7 +239,6 @@ static void test_jax_goldens(nb_ctx *ctx) {
          st.inexact, st.inexact_uniform, st.worst_exact_ulps[NB_F32], st.worst_exact_ulps[NB_F64],
          st.worst_exact_ulps[NB_F16], st.worst_exact_ulps[NB_BF16]);
   cJSON_Delete(doc);
-  free(text);
 }
 
 /* ---------------------------------------------------------------- statistics */

@@ -92,6 +92,11 @@ typedef struct nb_conv_prim_params {
   nb_conv_params p;
 } nb_conv_prim_params;
 
+typedef struct nb_rev_params { /* rev: axes sorted ascending, no repeats, none of size 1 */
+  int naxes;
+  int axes[NB_MAX_RANK];
+} nb_rev_params;
+
 /* custom_call(inputs) -> outputs through a registered host kernel;
  * custom_call_lin(primals, tangents of the float primals) -> tangents of the
  * float outputs, whose transpose emits the kernel's vjp. With batch > 0 every
