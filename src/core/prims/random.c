@@ -100,9 +100,7 @@ void nb_threefry2x32_at(nb_loc loc, nb_val *k0, nb_val *k1, nb_val *x0, nb_val *
 
 /* ---------------------------------------------------------------- traced helpers */
 
-/* Key layout: u32[2] = (k0, k1). Words are read with a masked sum and keys
- * assembled with a select, so the samplers use only primitives that every
- * transformation knows (no slicing). */
+/* Key layout: u32[2] = (k0, k1). */
 
 static nb_val *u32c(nb_loc l, nb_graph *g, uint64_t v) { return nb_scalar_at(l, g, NB_U32, (double)v); }
 static nb_val *iota1(nb_loc l, nb_graph *g, int64_t n) { return nb_iota_at(l, g, NB_U32, 1, &n, 0); }
@@ -120,66 +118,47 @@ static bool check_key(nb_loc l, nb_val *key, const char *op) {
 }
 
 static nb_val *key_word(nb_loc l, nb_val *key, int i) {
-  nb_val *at = nb_eq_at(l, iota1(l, key->g, 2), u32c(l, key->g, (uint64_t)i));
-  return nb_reduce_sum_at(l, nb_select_at(l, at, key, u32c(l, key->g, 0)), 0, NULL);
+  int64_t start = i, limit = i + 1;
+  return nb_reshape_at(l, nb_slice_at(l, key, &start, &limit, NULL), 0, NULL);
 }
 
-/* [a..., b...] for two values of the same size h (scalars count as h = 1). */
-static nb_val *concat2(nb_loc l, nb_val *a, nb_val *b) {
-  nb_graph *g = a->g;
-  int64_t h = nb_shape_size(&a->aval.shape), d[2] = {2, h}, flat = 2 * h;
-  int bd[1] = {1};
-  a = nb_reshape_at(l, a, 1, &h);
-  b = nb_reshape_at(l, b, 1, &h);
-  nb_val *first = nb_eq_at(l, nb_iota_at(l, g, NB_U32, 2, d, 0), u32c(l, g, 0));
-  nb_val *s = nb_select_at(l, first, nb_broadcast_in_dim_at(l, a, 2, d, bd), nb_broadcast_in_dim_at(l, b, 2, d, bd));
-  return nb_reshape_at(l, s, 1, &flat);
+/* The first n elements of the 1-D x. */
+static nb_val *head(nb_loc l, nb_val *x, int64_t n) {
+  int64_t start = 0;
+  return nb_val_dim(x, 0) == n ? x : nb_slice_at(l, x, &start, &n, NULL);
 }
 
-/* Words w (u32 of any shape, values in [0, n)) of the stream JAX's
- * threefry_2x32(key, iota(n)) makes: the counters are split in two halves,
- * x0 = [0, h) and x1 = [h, n) padded with a zero counter when n is odd, and
- * the outputs laid out as [y0..., y1...]. Each word computes its own pair. */
-static nb_val *stream_at(nb_loc l, nb_val *k0, nb_val *k1, nb_val *w, int64_t n) {
-  nb_graph *g = w->g;
-  int64_t h = (n + 1) / 2;
-  nb_val *H = u32c(l, g, (uint64_t)h), *low = nb_lt_at(l, w, H);
-  nb_val *p = nb_select_at(l, low, w, nb_sub_at(l, w, H)); /* the pair's index */
-  nb_val *x1 = nb_add_at(l, p, H);
-  if (n % 2) x1 = nb_select_at(l, nb_eq_at(l, x1, u32c(l, g, (uint64_t)n)), u32c(l, g, 0), x1);
-  nb_val *y0, *y1;
-  nb_threefry2x32_at(l, k0, k1, p, x1, &y0, &y1);
-  return nb_select_at(l, low, y0, y1);
-}
-
-/* The first n words of the stream, flat. For even n every pair is computed
- * once and its two words laid out; odd n goes word by word. */
+/* The first n words of the stream JAX's threefry_2x32(key, iota(n)) makes:
+ * the counters split in two halves, x0 = [0, h) and x1 = [h, n) padded with
+ * a zero counter when n is odd; the outputs laid out as [y0..., y1...] and
+ * the padding's word dropped. */
 static nb_val *stream(nb_loc l, nb_val *k0, nb_val *k1, int64_t n) {
-  if (n % 2) return stream_at(l, k0, k1, iota1(l, k0->g, n), n);
-  int64_t h = n / 2;
-  nb_val *x0 = iota1(l, k0->g, h), *y0, *y1;
-  nb_threefry2x32_at(l, k0, k1, x0, nb_add_at(l, x0, u32c(l, k0->g, (uint64_t)h)), &y0, &y1);
-  return concat2(l, y0, y1);
+  nb_graph *g = k0->g;
+  int64_t h = (n + 1) / 2;
+  nb_val *x0 = iota1(l, g, h), *x1 = nb_add_at(l, x0, u32c(l, g, (uint64_t)h)), *y[2];
+  if (n % 2) x1 = nb_select_at(l, nb_eq_at(l, x1, u32c(l, g, (uint64_t)n)), u32c(l, g, 0), x1);
+  nb_threefry2x32_at(l, k0, k1, x0, x1, &y[0], &y[1]);
+  return head(l, nb_concatenate_at(l, 2, y, 0), n);
 }
 
 /* n words of 32/per bits each, `per` per stream word, lowest bits first (JAX's
  * view of the u32 stream as u16/u8). */
 static nb_val *narrow_words(nb_loc l, nb_val *k0, nb_val *k1, int64_t n, int per) {
   nb_graph *g = k0->g;
-  int64_t m = (n + per - 1) / per, rows[2] = {m, per};
+  int64_t m = (n + per - 1) / per, rows[2] = {m, per}, flat = m * per;
   int bd[1] = {0};
-  nb_val *i = iota1(l, g, n), *words;
-  if (n % per == 0) words = nb_reshape_at(l, nb_broadcast_in_dim_at(l, stream(l, k0, k1, m), 2, rows, bd), 1, &n);
-  else words = stream_at(l, k0, k1, nb_div_at(l, i, u32c(l, g, (uint64_t)per)), m);
+  nb_val *words = nb_broadcast_in_dim_at(l, stream(l, k0, k1, m), 2, rows, bd); /* each word `per` times */
+  words = head(l, nb_reshape_at(l, words, 1, &flat), n);
   uint64_t base = 1ull << (32 / per);
-  nb_val *shift = nb_pow_at(l, u32c(l, g, base), nb_rem_at(l, i, u32c(l, g, (uint64_t)per)));
+  nb_val *shift = nb_pow_at(l, u32c(l, g, base), nb_rem_at(l, iota1(l, g, n), u32c(l, g, (uint64_t)per)));
   return nb_rem_at(l, nb_div_at(l, words, shift), u32c(l, g, base));
 }
 
-/* Mantissa bits: 52/23/10/7 and the width of the random words JAX draws
- * (64/32/16/8). */
+/* Mantissa bits of t. */
 static int mantissa_bits(nb_dtype t) { return t == NB_F64 ? 52 : t == NB_F32 ? 23 : t == NB_F16 ? 10 : 7; }
 
+/* Values one key gives per call: the u32 counter space less a padding
+ * counter (f64 values take two words each). */
 static int64_t max_count(nb_dtype t) { return t == NB_F64 ? 0x7FFFFFFF : 0xFFFFFFFE; }
 
 /* Uniform values in [0, 1) as f64, flat: the top mantissa bits of each random
@@ -296,10 +275,13 @@ nb_val *nb_random_fold_in_at(nb_loc loc, nb_val *key, nb_val *data) {
                     nb_aval_str(&data->aval, s, sizeof s));
   }
   /* JAX: threefry_2x32(key, seed(data)) with seed(data) = (0, data) */
-  nb_val *y0, *y1;
+  nb_val *y[2];
+  int64_t one = 1;
   nb_threefry2x32_at(loc, key_word(loc, key, 0), key_word(loc, key, 1), u32c(loc, g, 0), nb_convert_at(loc, data, NB_U32),
-                     &y0, &y1);
-  return concat2(loc, y0, y1);
+                     &y[0], &y[1]);
+  y[0] = nb_reshape_at(loc, y[0], 1, &one);
+  y[1] = nb_reshape_at(loc, y[1], 1, &one);
+  return nb_concatenate_at(loc, 2, y, 0);
 }
 
 nb_val *nb_random_bits_at(nb_loc loc, nb_val *key, int rank, const int64_t *dims) {
