@@ -39,6 +39,7 @@ struct nb_ckpt_manager {
   pthread_t thread;
   _Atomic bool done;
   nb_ctx *wctx;                 /* the writer's context: its own errors, our allocator */
+  nb_ctx *qctx;                 /* for probes whose errors are expected (main thread) */
   nb_ckpt__snapshot *job;
   nb_status job_status;
   /* an error of a finished background save not yet reported */
@@ -75,7 +76,7 @@ static int64_t find_step(const nb_ckpt_manager *m, int64_t step) {
 static step_rec record_of(nb_ckpt_manager *m, const char *step_dir, int64_t step) {
   step_rec r = {step, false, 0};
   if (m->opts.keep_best <= 0) return r;
-  nb_ckpt_info *info = nb_ckpt_info_open(NULL, step_dir);
+  nb_ckpt_info *info = nb_ckpt_info_open(m->qctx, step_dir);
   if (info) r.has_metric = nb_ckpt_info_metric(info, &r.metric);
   nb_ckpt_info_destroy(info);
   return r;
@@ -98,7 +99,7 @@ static nb_status scan(nb_ckpt_manager *m, bool cleanup) {
     } else if (nb_ckpt__parse_step_name(e->d_name, &step)) {
       int64_t marked;
       uint64_t mh;
-      nb_status c = nb_ckpt__read_commit(NULL, path, &marked, &mh);
+      nb_status c = nb_ckpt__read_commit(m->qctx, path, &marked, &mh);
       if (c == NB_OK && marked == step) s = add_step(m, record_of(m, path, step));
       else if (c == NB_ERR_NOT_FOUND && cleanup) s = nb_ckpt__remove_tree(m->ctx, path); /* never committed */
       else if (c != NB_ERR_NOT_FOUND) /* damaged by something else than us: leave it for a human */
@@ -266,7 +267,8 @@ nb_ckpt_manager *nb_ckpt_manager_create(nb_ctx *ctx, const nb_ckpt_options *opts
   m->opts.directory = m->dir;
   nb_status s = m->dir ? NB_OK : NB_ERR_NOMEM;
   if (s == NB_OK && !(m->wctx = nb_ctx_create_with_allocator(forward_alloc, ctx))) s = NB_ERR_NOMEM;
-  if (s == NB_OK) nb_ctx_set_log(m->wctx, NULL, NULL);
+  if (s == NB_OK && !(m->qctx = nb_ctx_create_with_allocator(forward_alloc, ctx))) s = NB_ERR_NOMEM;
+  if (s == NB_OK) nb_ctx_set_log(m->wctx, NULL, NULL), nb_ctx_set_log(m->qctx, NULL, NULL);
   if (s == NB_OK) s = open_dir(m);
   if (s != NB_OK) {
     nb_ckpt_manager_destroy(m);
@@ -283,6 +285,7 @@ void nb_ckpt_manager_destroy(nb_ckpt_manager *m) {
   if (m->lock_fd >= 0) close(m->lock_fd);
   nb_ctx *ctx = m->ctx;
   nb_ctx_destroy(m->wctx);
+  nb_ctx_destroy(m->qctx);
   if (m->steps) nb_dealloc(ctx, m->steps, m->cap_steps * sizeof *m->steps);
   nb_ckpt_string_free(ctx, m->dir);
   pthread_mutex_destroy(&m->mu);

@@ -45,14 +45,14 @@ static nb_status snap_item(nb_ctx *ctx, const nb_ckpt_item *in, nb_ckpt__snap_it
   size_t n = nb_tree_size(in->tree);
   if (!(out->name = nb_ckpt__strdup(ctx, in->name))) return NB_ERR_NOMEM;
   if (n && !(out->arrays = nb_calloc(ctx, n * sizeof *out->arrays))) return NB_ERR_NOMEM;
+  out->n = n; /* entries not yet filled stay NULL */
   for (size_t j = 0; j < n; j++) {
     const nb_leaf *l = nb_tree_leaf(in->tree, j);
     const char *path = nb_tree_path(in->tree, j);
     if (l->kind != NB_LEAF_ARRAY)
       return nb_errorf(ctx, NB_ERR_INVALID_ARG, "checkpoint item '%s': leaf '%s' is not an array", in->name, path);
-    nb_ckpt__snap_array *sa = &out->arrays[out->n];
+    nb_ckpt__snap_array *sa = &out->arrays[j];
     if (!(sa->path = nb_ckpt__strdup(ctx, path))) return NB_ERR_NOMEM;
-    out->n++;
     if (!(sa->array = host_snapshot(ctx, l->array))) return nb_ctx_status(ctx);
   }
   return NB_OK;
