@@ -238,8 +238,15 @@ static nb_status surface(nb_ckpt_manager *m) {
 /* ---- public API ------------------------------------------------------------------- */
 
 static nb_status open_dir(nb_ckpt_manager *m) {
+  if (m->opts.read_only) {
+    DIR *d = opendir(m->dir);
+    if (!d) return nb_errorf(m->ctx, NB_ERR_NOT_FOUND, "checkpoint directory '%s' cannot be opened: %s", m->dir,
+                             strerror(errno));
+    closedir(d);
+    return scan(m, false);
+  }
   nb_status s = nb_ckpt__mkdirs(m->ctx, m->dir);
-  if (s != NB_OK || m->opts.read_only) return s == NB_OK ? scan(m, false) : s;
+  if (s != NB_OK) return s;
   char path[NB_CKPT__PATH_CAP];
   if ((s = nb_ckpt__pathf(m->ctx, path, "%s/.lock", m->dir)) != NB_OK) return s;
   m->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);

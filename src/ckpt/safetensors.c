@@ -289,8 +289,54 @@ static nb_tree *load_file(nb_ctx *ctx, const char *path, const nb_ckpt_st_opts *
   return t;
 }
 
-/* A sharded set: every weight_map entry found in its file, and every
- * tensor of every file listed in the weight map. */
+/* The shard files of an index, each loaded once (raw names as paths). */
+typedef struct shard_set {
+  nb_ctx *ctx;
+  const char **names; /* borrowed from the index JSON */
+  nb_tree **trees;
+  size_t n, cap;
+} shard_set;
+
+static void shards_free(shard_set *ss) {
+  for (size_t i = 0; i < ss->n; i++) nb_tree_destroy(ss->trees[i]);
+  if (ss->cap) {
+    nb_dealloc(ss->ctx, ss->names, ss->cap * sizeof *ss->names);
+    nb_dealloc(ss->ctx, ss->trees, ss->cap * sizeof *ss->trees);
+  }
+}
+
+/* The tree of shard file `name`, loading it on first use. */
+static nb_tree *shard_tree(shard_set *ss, const char *dir, const char *name, const nb_ckpt_st_opts *o) {
+  for (size_t i = 0; i < ss->n; i++)
+    if (!strcmp(ss->names[i], name)) return ss->trees[i];
+  if (ss->n == ss->cap) {
+    size_t cap = ss->cap ? 2 * ss->cap : 16;
+    const char **nn = nb_alloc(ss->ctx, cap * sizeof *nn);
+    nb_tree **nt = nn ? nb_alloc(ss->ctx, cap * sizeof *nt) : NULL;
+    if (!nt) {
+      if (nn) nb_dealloc(ss->ctx, nn, cap * sizeof *nn);
+      return NULL;
+    }
+    if (ss->n) memcpy(nn, ss->names, ss->n * sizeof *nn), memcpy(nt, ss->trees, ss->n * sizeof *nt);
+    if (ss->cap) {
+      nb_dealloc(ss->ctx, ss->names, ss->cap * sizeof *ss->names);
+      nb_dealloc(ss->ctx, ss->trees, ss->cap * sizeof *ss->trees);
+    }
+    ss->names = nn, ss->trees = nt, ss->cap = cap;
+  }
+  char fpath[NB_CKPT__PATH_CAP];
+  if (nb_ckpt__pathf(ss->ctx, fpath, "%s/%s", dir, name) != NB_OK) return NULL;
+  nb_ckpt_st_opts raw = *o;
+  raw.hf_names = false;
+  nb_tree *t = load_file(ss->ctx, fpath, &raw, NULL);
+  if (!t) return NULL;
+  ss->names[ss->n] = name;
+  ss->trees[ss->n++] = t;
+  return t;
+}
+
+/* A sharded set, in weight_map order: every entry found in its file, and
+ * every tensor of every file listed in the weight map. */
 static nb_tree *load_index(nb_ctx *ctx, const char *path, const nb_ckpt_st_opts *o, char **metadata_json) {
   char *txt, dir[NB_CKPT__PATH_CAP];
   size_t n;
@@ -304,38 +350,28 @@ static nb_tree *load_index(nb_ctx *ctx, const char *path, const nb_ckpt_st_opts 
   else snprintf(dir, sizeof dir, ".");
   nb_status s = cJSON_IsObject(wm) ? NB_OK : st_bad(ctx, path, NULL, "index has no 'weight_map' object");
   nb_tree *out = s == NB_OK ? nb_tree_create(ctx) : NULL;
-  size_t listed = 0, loaded = 0;
+  shard_set ss = {ctx, NULL, NULL, 0, 0};
+  size_t listed = 0;
   for (const cJSON *e = wm ? wm->child : NULL; s == NB_OK && e; e = e->next, listed++) {
     if (!cJSON_IsString(e) || !nb_ckpt__valid_file_name(e->valuestring)) {
       s = st_bad(ctx, path, e->string, "weight_map value is not a plain file name");
       break;
     }
-    bool first = true; /* load each file once, when it is first named */
-    for (const cJSON *q = wm->child; q != e && first; q = q->next) first = strcmp(q->valuestring, e->valuestring) != 0;
-    if (!first) continue;
-    char fpath[NB_CKPT__PATH_CAP];
-    if ((s = nb_ckpt__pathf(ctx, fpath, "%s/%s", dir, e->valuestring)) != NB_OK) break;
-    nb_ckpt_st_opts raw = *o;
-    raw.hf_names = false;
-    nb_tree *ft = load_file(ctx, fpath, &raw, NULL);
-    if (!ft) {
-      s = nb_ctx_status(ctx);
-      break;
-    }
-    for (const cJSON *q = e; s == NB_OK && q; q = q->next) {
-      if (strcmp(q->valuestring ? q->valuestring : "", e->valuestring) != 0) continue;
-      nb_array *a = nb_tree_get_array(ft, q->string);
-      char p2[NB_CKPT__PATH_CAP];
-      if (!a) s = nb_errorf(ctx, NB_ERR_FORMAT, "safetensors index '%s': tensor '%s' is not in '%s'", path, q->string, fpath);
-      else if ((s = name_to_path(ctx, path, q->string, o->hf_names, p2)) == NB_OK) s = nb_tree_set_array(out, p2, a);
-    }
-    loaded += nb_tree_size(ft);
-    nb_tree_destroy(ft);
+    nb_tree *ft = shard_tree(&ss, dir, e->valuestring, o);
+    nb_array *a = ft ? nb_tree_get_array(ft, e->string) : NULL;
+    char p2[NB_CKPT__PATH_CAP];
+    if (!ft) s = nb_ctx_status(ctx);
+    else if (!a) s = nb_errorf(ctx, NB_ERR_FORMAT, "safetensors index '%s': tensor '%s' is not in '%s/%s'", path,
+                               e->string, dir, e->valuestring);
+    else if ((s = name_to_path(ctx, path, e->string, o->hf_names, p2)) == NB_OK) s = nb_tree_set_array(out, p2, a);
   }
+  size_t loaded = 0;
+  for (size_t i = 0; i < ss.n; i++) loaded += nb_tree_size(ss.trees[i]);
   if (s == NB_OK && (loaded != listed || nb_tree_size(out) != listed))
     s = st_bad(ctx, path, NULL, "the shard files hold tensors the weight_map does not list (or names repeat)");
   const cJSON *meta = cJSON_GetObjectItemCaseSensitive(j, "metadata");
   if (s == NB_OK && metadata_json && meta && !(*metadata_json = metadata_text(ctx, meta))) s = nb_ctx_status(ctx);
+  shards_free(&ss);
   cJSON_Delete(j);
   if (s != NB_OK) {
     nb_tree_destroy(out);
