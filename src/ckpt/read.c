@@ -171,7 +171,6 @@ static nb_status load_single(reader *r, const nb_ckpt__array *a, nb_array **out)
   if (f->map) {
     const uint8_t *p = nb_ckpt__map_data(f->map) + sh->offset;
     if (!out) return check_shard(r, a, 0, p, f);
-    nb_ckpt__map_willneed(f->map, sh->offset, sh->nbytes);
     nb_status s = check_shard(r, a, 0, p, f);
     if (s == NB_OK && !(*out = nb_ckpt__map_array(r->ctx, f->map, sh->offset, a->e.dtype, &a->e.shape)))
       s = nb_ctx_status(r->ctx);
@@ -315,6 +314,15 @@ nb_status nb_ckpt__restore(nb_ctx *ctx, const nb_ckpt_info *info, const nb_ckpt_
   reader r = {ctx, info, o, NULL, 0, 0};
   nb_tree *t = (s == NB_OK && out) ? nb_tree_create(ctx) : NULL;
   if (s == NB_OK && out && !t) s = NB_ERR_NOMEM;
+  if (!o->no_mmap) /* start read-ahead of everything selected, then consume it in order */
+    for (size_t i = 0; s == NB_OK && i < n_sel; i++) {
+      const nb_ckpt__array *a = &info->arrays[sel[i]];
+      for (int k = 0; s == NB_OK && k < a->e.n_shards; k++) {
+        data_file *f = shard_file(&r, a, &a->shards[k]);
+        if (!f) s = nb_ctx_status(ctx);
+        else nb_ckpt__map_willneed(f->map, a->shards[k].offset, a->shards[k].nbytes);
+      }
+    }
   for (size_t i = 0; s == NB_OK && i < n_sel; i++) {
     const nb_ckpt__array *a = &info->arrays[sel[i]];
     nb_array *arr = NULL;
