@@ -321,7 +321,7 @@ nb_status nb_ckpt_save(nb_ckpt_manager *m, int64_t step, const nb_ckpt_item *ite
   if (s != NB_OK) return s;
   if (!(opts && opts->force) && !nb_ckpt_should_save(m, step)) return surface(m);
   join_writer(m);
-  if ((s = surface(m)) != NB_OK) return s;
+  if ((s = surface(m)) != NB_OK || (s = check_save(m, step, &exists)) != NB_OK) return s;
   if (exists) return nb_errorf(m->ctx, NB_ERR_INVALID_ARG, "step %lld is already saved in '%s'", (long long)step, m->dir);
   nb_ckpt__snapshot *snap = nb_ckpt__snapshot_take(m->ctx, step, items, n_items, opts);
   if (!snap) return nb_ctx_status(m->ctx);

@@ -151,6 +151,10 @@ static void test_async_overlap(nb_ctx *ctx) {
     }
     nb_ckpt_item it = {"params", state};
     CHECK_OK(ctx, nb_ckpt_save(m, step, &it, 1, NULL, NULL));
+    if (step == 5) { /* the same step again while it is (probably) in flight */
+      CHECK(nb_ckpt_save(m, step, &it, 1, NULL, NULL) == NB_ERR_INVALID_ARG);
+      CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "step 5 is already saved");
+    }
     volatile double acc = 0; /* "training" while the save is written */
     for (int i = 0; i < 200000; i++) acc = acc + i * 1e-9;
     CHECK(acc > 0);

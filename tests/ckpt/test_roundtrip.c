@@ -227,6 +227,50 @@ static void test_sharded_arrays(nb_ctx *ctx, const char *root) {
   nb_array_release(want);
 }
 
+
+/* Allocation failures at every point of create/save/restore/info/parse:
+ * an error (never a crash), and nothing leaked once everything is freed. */
+static void test_oom_sweep(nb_ctx *ctx, const char *root) {
+  nb_tree *t = nb_tree_create(ctx);
+  int64_t d[2] = {3, 4};
+  nb_array *a = pattern_array(ctx, NB_F32, 2, d, 1), *b = pattern_array(ctx, NB_BF16, 1, d, 2);
+  nb_tree_set_array(t, "a", a);
+  nb_tree_set_array(t, "x/b", b);
+  nb_array_release(a);
+  nb_array_release(b);
+  size_t base = nb_ctx_bytes_in_use(ctx);
+  char path[4200], st_path[4300];
+  snprintf(st_path, sizeof st_path, "%s/oom.safetensors", root);
+  CHECK_OK(ctx, nb_ckpt_safetensors_save(ctx, st_path, t, NULL, NULL));
+  base = nb_ctx_bytes_in_use(ctx);
+  int failures = 0;
+  for (int64_t n = 1; n < 400; n++) {
+    snprintf(path, sizeof path, "%s/oom%lld", root, (long long)n);
+    nb_ctx_fail_alloc_after(ctx, n);
+    nb_ckpt_options o = {.directory = path, .async = n % 2 == 0};
+    nb_ckpt_manager *m = nb_ckpt_manager_create(ctx, &o);
+    nb_ckpt_item it = {"p", t};
+    bool ok = m && nb_ckpt_save(m, 1, &it, 1, NULL, NULL) == NB_OK && nb_ckpt_wait_until_finished(m) == NB_OK;
+    nb_tree *r = ok ? nb_ckpt_restore(m, 1, NULL) : NULL;
+    nb_ckpt_info *info = r ? nb_ckpt_info_load(m, 1) : NULL;
+    nb_tree *st = info ? nb_ckpt_safetensors_load(ctx, st_path, NULL, NULL) : NULL;
+    ok = st != NULL;
+    nb_ctx_fail_alloc_after(ctx, 0);
+    if (ok) CHECK(item_equal(r, "p", t) && trees_equal(st, t));
+    nb_ckpt_manager_destroy(m);
+    nb_tree_destroy(r);
+    nb_tree_destroy(st);
+    nb_ckpt_info_destroy(info);
+    nb_ctx_fail_alloc_after(ctx, 0);
+    CHECK_MSG(nb_ctx_bytes_in_use(ctx) == base, "n=%lld: %zu bytes leaked", (long long)n, nb_ctx_bytes_in_use(ctx) - base);
+    nb_ctx_clear_error(ctx);
+    if (ok) break;
+    failures++;
+  }
+  CHECK_MSG(failures > 20, "only %d allocation failures injected", failures);
+  nb_tree_destroy(t);
+}
+
 int main(void) {
   nb_ctx *ctx = nb_ctx_create();
   char dir[4096];
@@ -235,6 +279,9 @@ int main(void) {
   rm_rf(dir);
   scratch_dir(dir, sizeof dir, "partial");
   test_partial_and_target(ctx, dir);
+  rm_rf(dir);
+  scratch_dir(dir, sizeof dir, "oom");
+  test_oom_sweep(ctx, dir);
   rm_rf(dir);
   scratch_dir(dir, sizeof dir, "shards");
   test_sharded_arrays(ctx, dir);
