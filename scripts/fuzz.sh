@@ -4,7 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-60}; shift || true
-CC=clang scripts/build.sh build-fuzz -DNABLA_FUZZ=ON -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++
+# The library itself is built with coverage instrumentation (fuzzer-no-link):
+# otherwise libFuzzer only sees the harness's own few edges.
+CC=clang scripts/build.sh build-fuzz -DNABLA_FUZZ=ON -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+  -DCMAKE_C_FLAGS="-fsanitize=fuzzer-no-link,address,undefined"
 names=("$@")
 if [ ${#names[@]} -eq 0 ]; then
   for f in tests/fuzz/fuzz_*.c; do n=$(basename "$f" .c); names+=("${n#fuzz_}"); done

@@ -4,4 +4,5 @@
 #include "nabla/core.h"
 #include "nabla/data.h"
 #include "nabla/tokenizer.h"
+#include "nabla/ckpt.h"
 #endif

@@ -1,0 +1,239 @@
+/* nabla ckpt: checkpoints of named trees of arrays (the analogue of Orbax),
+ * and Hugging Face safetensors import/export.
+ *
+ * A checkpoint manager owns one directory holding one sub-directory per step
+ * (step_00000042/). A step holds named *items* (params, opt_state, data_state,
+ * ...), each a tree of arrays, plus optional user metadata (any JSON value)
+ * and an optional metric. Saves are atomic and crash-safe: a step is written
+ * into a temporary directory, fsync'ed, renamed into place and committed by a
+ * COMMIT marker; restore never sees a step without its marker. Saves may run
+ * in a background thread (async); restores map the data files (mmap) and
+ * verify per-array XXH3 checksums unless told not to. The on-disk format is
+ * specified in docs/checkpoint-format.md.
+ *
+ * Non-array state (a data iterator's position, an RNG seed, a config) is
+ * stored either as a u8 array leaf (opaque bytes: nb_array_create(ctx, NB_U8,
+ * 1, &n, bytes)) or as the user-metadata JSON of the save.
+ *
+ * Example: save every 100 steps, keep the last 3, restore the latest.
+ *
+ *   nb_ckpt_options o = {.directory = "runs/x/ckpt", .max_to_keep = 3,
+ *                        .save_interval_steps = 100, .async = true};
+ *   nb_ckpt_manager *m = nb_ckpt_manager_create(ctx, &o);
+ *   for (int64_t step = 0; step < n_steps; step++) {
+ *     ... train ...
+ *     nb_ckpt_item items[] = {{"params", params}, {"opt_state", opt_state}};
+ *     if (nb_ckpt_save(m, step, items, 2, NULL, NULL) != NB_OK) fail(nb_ctx_error(ctx));
+ *   }
+ *   nb_ckpt_wait_until_finished(m);
+ *   nb_tree *t = nb_ckpt_restore(m, NB_CKPT_LATEST, NULL);  // "params/...", "opt_state/..."
+ *   nb_tree *params = nb_tree_select_prefix(t, "params", true);
+ *   nb_tree_destroy(t);
+ *   nb_ckpt_manager_destroy(m);
+ *
+ * Threads: a manager may be used from one thread at a time (its background
+ * writer is internal). The context's allocator hook must be thread-safe when
+ * async saving is on (the default one is).
+ */
+#ifndef NABLA_CKPT_H
+#define NABLA_CKPT_H
+
+#include "nabla/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Items, options                                                            */
+/* ------------------------------------------------------------------------ */
+
+/* A named tree to save. Names are 1..64 characters of [A-Za-z0-9_.-], not
+ * starting with '.'; every leaf of the tree must be an array. */
+typedef struct nb_ckpt_item {
+  const char *name;
+  const nb_tree *tree;
+} nb_ckpt_item;
+
+#define NB_CKPT_LATEST ((int64_t)-1)
+
+typedef struct nb_ckpt_options {
+  const char *directory;        /* created if missing */
+  int max_to_keep;              /* keep the N most recent steps; 0 keeps all */
+  int64_t keep_period;          /* also keep every step that is a multiple of this; 0: none */
+  int keep_best;                /* also keep the N best steps by metric; 0: none */
+  bool best_mode_max;           /* best = largest metric (default: smallest) */
+  int64_t save_interval_steps;  /* nb_ckpt_save skips steps not a multiple of this; 0 or 1: every step */
+  bool async;                   /* write in a background thread */
+  bool read_only;               /* inspect only: no lock, no clean-up, no saves */
+} nb_ckpt_options;
+
+typedef struct nb_ckpt_save_opts {
+  const char *metadata_json;    /* any JSON value, stored in the manifest; NULL: none */
+  bool has_metric;              /* metric feeds keep_best */
+  double metric;
+  bool force;                   /* save even if save_interval_steps says skip */
+} nb_ckpt_save_opts;
+
+typedef struct nb_ckpt_restore_opts {
+  const char *const *items;     /* restore only these items; NULL: all */
+  int n_items;
+  const char *const *paths;     /* restore only "<item>/<path>" equal to or under one of these; NULL: all */
+  int n_paths;
+  /* Optional: a tree with paths "<item>/<path>" whose leaves are arrays or
+   * avals. Exactly its paths are restored (all must exist in the step, after
+   * the items/paths filters) and each must match dtype and shape. */
+  const nb_tree *target;
+  bool skip_checksums;          /* don't verify XXH3 checksums (faster) */
+  bool no_mmap;                 /* read into fresh host arrays instead of mapping the files */
+} nb_ckpt_restore_opts;
+
+/* ------------------------------------------------------------------------ */
+/* The manager                                                               */
+/* ------------------------------------------------------------------------ */
+
+typedef struct nb_ckpt_manager nb_ckpt_manager;
+
+/* Opens (creating it if needed) the directory, takes an exclusive lock on it
+ * (unless read_only), removes leftovers of interrupted saves and deletions,
+ * and indexes the committed steps. Returns a new manager or NULL with an
+ * error on ctx. opts is borrowed (the directory string is copied). */
+nb_ckpt_manager *nb_ckpt_manager_create(nb_ctx *ctx, const nb_ckpt_options *opts);
+/* Waits for an in-flight save (an error it had is logged, since it cannot be
+ * returned: call nb_ckpt_wait_until_finished first to see it), then frees.
+ * NULL is allowed. */
+void nb_ckpt_manager_destroy(nb_ckpt_manager *m);
+
+/* Whether nb_ckpt_save(step) would save (save_interval_steps). */
+bool nb_ckpt_should_save(const nb_ckpt_manager *m, int64_t step);
+
+/* Saves items at step (>= 0, and not already committed). *saved (may be
+ * NULL) tells whether a save happened (false when skipped by
+ * save_interval_steps). Items and their trees are borrowed; arrays are
+ * retained (host) or copied to host (device) before returning, so the caller
+ * may change its trees right away. Async: waits for the previous save, then
+ * returns once the new one is queued. If the previous background save
+ * failed, returns that error and does not start this one. Retention runs
+ * after each commit. opts may be NULL. */
+nb_status nb_ckpt_save(nb_ckpt_manager *m, int64_t step, const nb_ckpt_item *items, int n_items,
+                       const nb_ckpt_save_opts *opts, bool *saved);
+/* Blocks until no save is in flight; returns the background save's error,
+ * if any (once). */
+nb_status nb_ckpt_wait_until_finished(nb_ckpt_manager *m);
+
+/* Committed steps, ascending: writes up to cap of them to steps (may be NULL
+ * when cap is 0) and their total count to *n. */
+nb_status nb_ckpt_all_steps(nb_ckpt_manager *m, int64_t *steps, size_t cap, size_t *n);
+/* The largest committed step, or -1 when there is none. */
+nb_status nb_ckpt_latest_step(nb_ckpt_manager *m, int64_t *step);
+
+/* Restores a committed step (or NB_CKPT_LATEST) into a new tree whose paths
+ * are "<item>/<path>"; the caller destroys it. Mapped arrays keep their file
+ * mapped until released (files of steps deleted meanwhile stay readable).
+ * Damaged files give NB_ERR_FORMAT naming the file and the array path; a
+ * target mismatch NB_ERR_SHAPE/NB_ERR_DTYPE naming the path and both avals.
+ * opts may be NULL (all items, mmap, checksums verified). */
+nb_tree *nb_ckpt_restore(nb_ckpt_manager *m, int64_t step, const nb_ckpt_restore_opts *opts);
+/* Verifies every checksum of a step (reads all data, keeps none). */
+nb_status nb_ckpt_verify(nb_ckpt_manager *m, int64_t step);
+/* Writes the step's directory path into buf (NUL-terminated). */
+nb_status nb_ckpt_step_path(const nb_ckpt_manager *m, int64_t step, char *buf, size_t cap);
+
+/* ------------------------------------------------------------------------ */
+/* Reading a step's metadata without its data                                */
+/* ------------------------------------------------------------------------ */
+
+typedef struct nb_ckpt_info nb_ckpt_info;
+
+typedef struct nb_ckpt_entry {
+  const char *item;   /* "params" */
+  const char *path;   /* "layers/0/w" (within the item) */
+  nb_dtype dtype;
+  nb_shape shape;
+  size_t nbytes;
+  int n_shards;       /* 1 for single-process saves */
+} nb_ckpt_entry;
+
+/* The manifest of a committed step (or NB_CKPT_LATEST). New object; the
+ * caller destroys it. */
+nb_ckpt_info *nb_ckpt_info_load(nb_ckpt_manager *m, int64_t step);
+/* The same for a step directory given by path (for tools). */
+nb_ckpt_info *nb_ckpt_info_open(nb_ctx *ctx, const char *step_dir);
+void nb_ckpt_info_destroy(nb_ckpt_info *info);         /* NULL ok */
+int64_t nb_ckpt_info_step(const nb_ckpt_info *info);
+size_t nb_ckpt_info_count(const nb_ckpt_info *info);   /* arrays, all items */
+/* Entries in saved order (item by item); pointers valid until destroy. */
+const nb_ckpt_entry *nb_ckpt_info_entry(const nb_ckpt_info *info, size_t i);
+/* The user metadata as compact JSON text, or NULL; valid until destroy. */
+const char *nb_ckpt_info_metadata(const nb_ckpt_info *info);
+bool nb_ckpt_info_metric(const nb_ckpt_info *info, double *metric);
+size_t nb_ckpt_info_total_bytes(const nb_ckpt_info *info);
+
+/* Restore / verify a step directory given by path (same contracts as
+ * nb_ckpt_restore and nb_ckpt_verify). */
+nb_tree *nb_ckpt_read_dir(nb_ctx *ctx, const char *step_dir, const nb_ckpt_restore_opts *opts);
+nb_status nb_ckpt_verify_dir(nb_ctx *ctx, const char *step_dir);
+
+/* ------------------------------------------------------------------------ */
+/* Preemption: SIGTERM / SIGINT ask for an emergency save                    */
+/* ------------------------------------------------------------------------ */
+
+/* Installs handlers for SIGTERM and SIGINT that only set a process-wide flag
+ * (signals are process-wide: this is the one global state of the library).
+ * A second signal of the same kind while the flag is set restores the
+ * default action and re-raises it, so a second Ctrl-C still kills. */
+nb_status nb_ckpt_preemption_install(nb_ctx *ctx);
+/* Restores the handlers that were there before install. */
+void nb_ckpt_preemption_uninstall(void);
+bool nb_ckpt_preemption_requested(void);
+void nb_ckpt_preemption_clear(void);
+/* The save a trainer calls when preemption was requested: waits for any
+ * in-flight save, then saves step synchronously, ignoring
+ * save_interval_steps and async. Succeeds without writing when step is
+ * already committed. */
+nb_status nb_ckpt_emergency_save(nb_ckpt_manager *m, int64_t step, const nb_ckpt_item *items, int n_items,
+                                 const nb_ckpt_save_opts *opts);
+
+/* ------------------------------------------------------------------------ */
+/* Safetensors                                                               */
+/* ------------------------------------------------------------------------ */
+
+typedef struct nb_ckpt_st_opts {
+  /* Tensor names <-> tree paths: with hf_names, '.' in a name is '/' in the
+   * path ("model.layers.0.weight" <-> model/layers/0/weight); otherwise
+   * names are paths verbatim. */
+  bool hf_names;
+  bool no_mmap;    /* load: copy tensors into fresh arrays instead of mapping the file */
+} nb_ckpt_st_opts;
+
+/* Loads a .safetensors file, a sharded set's model.safetensors.index.json,
+ * or a directory holding either (index first). Tensors are in data-offset
+ * order per file. Validates the header fully before touching data: header
+ * size bounded (100 MB), offsets in range, no overlaps or holes, sizes
+ * matching shapes; unsupported dtypes are an error naming the tensor. With
+ * metadata_json non-NULL, *metadata_json receives the __metadata__ object as
+ * JSON text (or NULL when absent; free with nb_ckpt_string_free). Returns a
+ * new tree or NULL with an error. opts may be NULL. */
+nb_tree *nb_ckpt_safetensors_load(nb_ctx *ctx, const char *path, const nb_ckpt_st_opts *opts, char **metadata_json);
+/* Parses a whole safetensors file held in memory (borrowed); arrays are
+ * copies. */
+nb_tree *nb_ckpt_safetensors_parse(nb_ctx *ctx, const void *data, size_t size, const nb_ckpt_st_opts *opts,
+                                   char **metadata_json);
+/* Writes tree (all leaves arrays) as one safetensors file, atomically
+ * (temporary file, fsync, rename). metadata_json: NULL or a JSON object of
+ * string values, stored as __metadata__. */
+nb_status nb_ckpt_safetensors_save(nb_ctx *ctx, const char *path, const nb_tree *tree, const char *metadata_json,
+                                   const nb_ckpt_st_opts *opts);
+/* Writes a sharded set into dir: <base>-00001-of-0000N.safetensors, each at
+ * most max_shard_bytes of tensor data (a bigger tensor gets a shard alone),
+ * and <base>.safetensors.index.json. base NULL means "model". */
+nb_status nb_ckpt_safetensors_save_sharded(nb_ctx *ctx, const char *dir, const char *base, const nb_tree *tree,
+                                           const char *metadata_json, size_t max_shard_bytes,
+                                           const nb_ckpt_st_opts *opts);
+/* Frees a string returned by this library. NULL ok. */
+void nb_ckpt_string_free(nb_ctx *ctx, char *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* NABLA_CKPT_H */

@@ -1,0 +1,275 @@
+/* `nabla ckpt`: inspect and convert checkpoints. Subcommands: list (steps of
+ * a checkpoint directory), show (a step's or a safetensors file's tree),
+ * verify (checksums), export (checkpoint -> safetensors) and import
+ * (safetensors -> checkpoint). Only the public ckpt API is used. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "nabla/nabla.h"
+
+static int usage(void) {
+  fprintf(stderr,
+          "usage: nabla ckpt list DIR\n"
+          "       nabla ckpt show DIR [STEP|latest]      (DIR: checkpoint dir, step dir, or safetensors file/dir/index)\n"
+          "       nabla ckpt verify DIR [STEP|all]\n"
+          "       nabla ckpt export DIR STEP|latest OUT [--item NAME] [--hf-names] [--shard-size BYTES]\n"
+          "       nabla ckpt import IN DIR --step N [--item NAME] [--hf-names]\n");
+  return 2;
+}
+
+static int fail(nb_ctx *ctx, const char *what) {
+  fprintf(stderr, "nabla ckpt %s: %s\n", what, nb_ctx_error(ctx));
+  nb_ctx_destroy(ctx);
+  return 1;
+}
+
+static void human(size_t n, char *buf, size_t cap) {
+  const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = (double)n;
+  int u = 0;
+  while (v >= 1024 && u < 4) v /= 1024, u++;
+  snprintf(buf, cap, u ? "%.2f %s" : "%.0f %s", v, units[u]);
+}
+
+static bool file_exists(const char *dir, const char *name) {
+  char p[4200];
+  snprintf(p, sizeof p, "%s/%s", dir, name);
+  return access(p, F_OK) == 0;
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+  size_t n = strlen(s), k = strlen(suffix);
+  return n >= k && !strcmp(s + n - k, suffix);
+}
+
+static bool is_safetensors(const char *path) {
+  return ends_with(path, ".safetensors") || ends_with(path, ".json") || file_exists(path, "model.safetensors") ||
+         file_exists(path, "model.safetensors.index.json");
+}
+
+static bool parse_step(const char *s, int64_t *step) {
+  if (!strcmp(s, "latest")) return *step = NB_CKPT_LATEST, true;
+  char *end;
+  long long v = strtoll(s, &end, 10);
+  if (*s == 0 || *end || v < 0) return false;
+  *step = v;
+  return true;
+}
+
+static nb_ckpt_manager *open_ro(nb_ctx *ctx, const char *dir) {
+  nb_ckpt_options o = {.directory = dir, .read_only = true};
+  return nb_ckpt_manager_create(ctx, &o);
+}
+
+static int cmd_list(int argc, char **argv) {
+  if (argc != 1) return usage();
+  nb_ctx *ctx = nb_ctx_create();
+  nb_ckpt_manager *m = open_ro(ctx, argv[0]);
+  size_t n = 0;
+  if (!m || nb_ckpt_all_steps(m, NULL, 0, &n) != NB_OK) return fail(ctx, "list");
+  int64_t *steps = calloc(n + 1, sizeof *steps);
+  nb_ckpt_all_steps(m, steps, n, &n);
+  printf("%-12s %8s %12s  %s\n", "step", "arrays", "size", "metric");
+  for (size_t i = 0; i < n; i++) {
+    nb_ckpt_info *info = nb_ckpt_info_load(m, steps[i]);
+    char size[32], metric[32] = "-";
+    double mv;
+    if (!info) {
+      printf("%-12lld damaged: %s\n", (long long)steps[i], nb_ctx_error(ctx));
+      continue;
+    }
+    human(nb_ckpt_info_total_bytes(info), size, sizeof size);
+    if (nb_ckpt_info_metric(info, &mv)) snprintf(metric, sizeof metric, "%g", mv);
+    printf("%-12lld %8zu %12s  %s\n", (long long)steps[i], nb_ckpt_info_count(info), size, metric);
+    nb_ckpt_info_destroy(info);
+  }
+  free(steps);
+  nb_ckpt_manager_destroy(m);
+  nb_ctx_destroy(ctx);
+  return 0;
+}
+
+static void print_tree(const nb_tree *t) {
+  size_t total = 0;
+  for (size_t i = 0; i < nb_tree_size(t); i++) {
+    nb_aval av = nb_leaf_get_aval(nb_tree_leaf(t, i));
+    char s[128];
+    size_t bytes = (size_t)nb_shape_size(&av.shape) * nb_dtype_size(av.dtype);
+    total += bytes;
+    printf("  %-48s %-24s %zu\n", nb_tree_path(t, i), nb_aval_str(&av, s, sizeof s), bytes);
+  }
+  char h[32];
+  human(total, h, sizeof h);
+  printf("%zu tensors, %s\n", nb_tree_size(t), h);
+}
+
+static int show_safetensors(const char *path) {
+  nb_ctx *ctx = nb_ctx_create();
+  char *meta = NULL;
+  nb_tree *t = nb_ckpt_safetensors_load(ctx, path, NULL, &meta);
+  if (!t) return fail(ctx, "show");
+  printf("safetensors %s\n", path);
+  if (meta) printf("metadata: %s\n", meta);
+  print_tree(t);
+  nb_ckpt_string_free(ctx, meta);
+  nb_tree_destroy(t);
+  nb_ctx_destroy(ctx);
+  return 0;
+}
+
+static void print_info(const nb_ckpt_info *info) {
+  char h[32];
+  double mv;
+  human(nb_ckpt_info_total_bytes(info), h, sizeof h);
+  printf("step %lld: %zu arrays, %s\n", (long long)nb_ckpt_info_step(info), nb_ckpt_info_count(info), h);
+  if (nb_ckpt_info_metric(info, &mv)) printf("metric: %g\n", mv);
+  if (nb_ckpt_info_metadata(info)) printf("metadata: %s\n", nb_ckpt_info_metadata(info));
+  for (size_t i = 0; i < nb_ckpt_info_count(info); i++) {
+    const nb_ckpt_entry *e = nb_ckpt_info_entry(info, i);
+    nb_aval av = nb_aval_make(e->dtype, e->shape.rank, e->shape.dims);
+    char path[512], s[128];
+    snprintf(path, sizeof path, "%s/%s", e->item, e->path);
+    printf("  %-48s %-24s %zu%s\n", path, nb_aval_str(&av, s, sizeof s), e->nbytes, e->n_shards > 1 ? " (sharded)" : "");
+  }
+}
+
+static int cmd_show(int argc, char **argv) {
+  if (argc < 1 || argc > 2) return usage();
+  if (argc == 1 && is_safetensors(argv[0])) return show_safetensors(argv[0]);
+  nb_ctx *ctx = nb_ctx_create();
+  nb_ckpt_info *info = NULL;
+  int64_t step = NB_CKPT_LATEST;
+  if (argc == 2 && !parse_step(argv[1], &step)) return usage();
+  if (argc == 1 && file_exists(argv[0], "COMMIT")) {
+    info = nb_ckpt_info_open(ctx, argv[0]);
+  } else {
+    nb_ckpt_manager *m = open_ro(ctx, argv[0]);
+    info = m ? nb_ckpt_info_load(m, step) : NULL;
+    nb_ckpt_manager_destroy(m);
+  }
+  if (!info) return fail(ctx, "show");
+  print_info(info);
+  nb_ckpt_info_destroy(info);
+  nb_ctx_destroy(ctx);
+  return 0;
+}
+
+static int cmd_verify(int argc, char **argv) {
+  if (argc < 1 || argc > 2) return usage();
+  nb_ctx *ctx = nb_ctx_create();
+  if (file_exists(argv[0], "COMMIT")) {
+    nb_status s = nb_ckpt_verify_dir(ctx, argv[0]);
+    printf("%s: %s\n", argv[0], s == NB_OK ? "ok" : nb_ctx_error(ctx));
+    nb_ctx_destroy(ctx);
+    return s == NB_OK ? 0 : 1;
+  }
+  nb_ckpt_manager *m = open_ro(ctx, argv[0]);
+  size_t n = 0;
+  if (!m || nb_ckpt_all_steps(m, NULL, 0, &n) != NB_OK) return fail(ctx, "verify");
+  int64_t *steps = calloc(n + 1, sizeof *steps), one;
+  nb_ckpt_all_steps(m, steps, n, &n);
+  if (argc == 2 && strcmp(argv[1], "all") != 0) {
+    if (!parse_step(argv[1], &one)) return usage();
+    if (one == NB_CKPT_LATEST && nb_ckpt_latest_step(m, &one) != NB_OK) return fail(ctx, "verify");
+    steps[0] = one;
+    n = 1;
+  }
+  int bad = 0;
+  for (size_t i = 0; i < n; i++) {
+    nb_status s = nb_ckpt_verify(m, steps[i]);
+    printf("step %lld: %s\n", (long long)steps[i], s == NB_OK ? "ok" : nb_ctx_error(ctx));
+    bad += s != NB_OK;
+  }
+  free(steps);
+  nb_ckpt_manager_destroy(m);
+  nb_ctx_destroy(ctx);
+  return bad ? 1 : 0;
+}
+
+/* Options shared by export and import. */
+typedef struct conv_opts {
+  const char *item;
+  bool hf;
+  size_t shard;
+  int64_t step;
+  bool has_step;
+} conv_opts;
+
+static int parse_conv(int argc, char **argv, int npos, const char **pos, conv_opts *o) {
+  int k = 0;
+  for (int i = 0; i < argc; i++) {
+    if (!strcmp(argv[i], "--item") && i + 1 < argc) o->item = argv[++i];
+    else if (!strcmp(argv[i], "--hf-names")) o->hf = true;
+    else if (!strcmp(argv[i], "--shard-size") && i + 1 < argc) o->shard = (size_t)strtoull(argv[++i], NULL, 10);
+    else if (!strcmp(argv[i], "--step") && i + 1 < argc) o->has_step = parse_step(argv[++i], &o->step) && o->step >= 0;
+    else if (argv[i][0] != '-' && k < npos) pos[k++] = argv[i];
+    else return -1;
+  }
+  return k == npos ? 0 : -1;
+}
+
+static int cmd_export(int argc, char **argv) {
+  const char *pos[3];
+  conv_opts co = {0};
+  int64_t step;
+  if (parse_conv(argc, argv, 3, pos, &co) != 0 || !parse_step(pos[1], &step)) return usage();
+  nb_ctx *ctx = nb_ctx_create();
+  nb_ckpt_manager *m = open_ro(ctx, pos[0]);
+  const char *items[1] = {co.item};
+  nb_ckpt_restore_opts ro = {.items = co.item ? items : NULL, .n_items = co.item ? 1 : 0};
+  nb_tree *t = m ? nb_ckpt_restore(m, step, &ro) : NULL;
+  nb_ckpt_manager_destroy(m);
+  if (!t) return fail(ctx, "export");
+  if (co.item) { /* the item's own paths, without "item/" */
+    nb_tree *sub = nb_tree_select_prefix(t, co.item, true);
+    nb_tree_destroy(t);
+    t = sub;
+  }
+  nb_ckpt_st_opts so = {.hf_names = co.hf};
+  nb_status s = co.shard ? nb_ckpt_safetensors_save_sharded(ctx, pos[2], NULL, t, NULL, co.shard, &so)
+                         : nb_ckpt_safetensors_save(ctx, pos[2], t, NULL, &so);
+  size_t n = nb_tree_size(t);
+  nb_tree_destroy(t);
+  if (s != NB_OK) return fail(ctx, "export");
+  printf("wrote %zu tensors to %s\n", n, pos[2]);
+  nb_ctx_destroy(ctx);
+  return 0;
+}
+
+static int cmd_import(int argc, char **argv) {
+  const char *pos[2];
+  conv_opts co = {.item = "params"};
+  if (parse_conv(argc, argv, 2, pos, &co) != 0 || !co.has_step) return usage();
+  nb_ctx *ctx = nb_ctx_create();
+  nb_ckpt_st_opts so = {.hf_names = co.hf};
+  char *meta = NULL;
+  nb_tree *t = nb_ckpt_safetensors_load(ctx, pos[0], &so, &meta);
+  if (!t) return fail(ctx, "import");
+  nb_ckpt_options o = {.directory = pos[1]};
+  nb_ckpt_manager *m = nb_ckpt_manager_create(ctx, &o);
+  nb_ckpt_item it = {co.item, t};
+  nb_ckpt_save_opts sv = {.metadata_json = meta, .force = true};
+  nb_status s = m ? nb_ckpt_save(m, co.step, &it, 1, &sv, NULL) : nb_ctx_status(ctx);
+  size_t n = nb_tree_size(t);
+  nb_ckpt_manager_destroy(m);
+  nb_ckpt_string_free(ctx, meta);
+  nb_tree_destroy(t);
+  if (s != NB_OK) return fail(ctx, "import");
+  printf("saved %zu tensors as step %lld, item '%s', in %s\n", n, (long long)co.step, co.item, pos[1]);
+  nb_ctx_destroy(ctx);
+  return 0;
+}
+
+int nb_cmd_ckpt(int argc, char **argv) {
+  if (argc < 2) return usage();
+  const char *sub = argv[1];
+  argc -= 2, argv += 2;
+  if (!strcmp(sub, "list")) return cmd_list(argc, argv);
+  if (!strcmp(sub, "show")) return cmd_show(argc, argv);
+  if (!strcmp(sub, "verify")) return cmd_verify(argc, argv);
+  if (!strcmp(sub, "export")) return cmd_export(argc, argv);
+  if (!strcmp(sub, "import")) return cmd_import(argc, argv);
+  return usage();
+}
