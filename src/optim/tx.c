@@ -85,21 +85,25 @@ bool nb__optim_cfg_take_kids(nb__optim_cfg *c, int n, nb_optim_tx *const *kids) 
 }
 
 bool nb__optim_cfg_add_regex(nb__optim_cfg *c, const char *regex, const char *what) {
+  regex_t re;
+  int rc = regcomp(&re, regex ? regex : "", REG_EXTENDED | REG_NOSUB);
+  if (rc != 0) {
+    char msg[128];
+    regerror(rc, &re, msg, sizeof msg);
+    nb_errorf(c->ctx, NB_ERR_INVALID_ARG, "%s: bad regex '%s': %s", what, regex ? regex : "", msg);
+    return false;
+  }
   regex_t *r = nb_calloc(c->ctx, sizeof(regex_t) * (size_t)(c->nregex + 1));
-  if (!r) return false;
+  if (!r) {
+    regfree(&re);
+    return false;
+  }
   if (c->regexes) {
     memcpy(r, c->regexes, sizeof(regex_t) * (size_t)c->nregex);
     nb_dealloc(c->ctx, c->regexes, sizeof(regex_t) * (size_t)c->nregex);
   }
+  r[c->nregex++] = re;
   c->regexes = r;
-  int rc = regcomp(&r[c->nregex], regex ? regex : "", REG_EXTENDED | REG_NOSUB);
-  if (rc != 0) {
-    char msg[128];
-    regerror(rc, &r[c->nregex], msg, sizeof msg);
-    nb_errorf(c->ctx, NB_ERR_INVALID_ARG, "%s: bad regex '%s': %s", what, regex ? regex : "", msg);
-    return false;
-  }
-  c->nregex++;
   return true;
 }
 
