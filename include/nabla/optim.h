@@ -182,8 +182,10 @@ nb_optim_tx *nb_optim_add_decayed_weights(nb_ctx *ctx, double weight_decay, cons
 nb_optim_tx *nb_optim_clip(nb_ctx *ctx, double max_delta);                /* clamp to [-max, max] */
 nb_optim_tx *nb_optim_clip_by_global_norm(nb_ctx *ctx, double max_norm);
 nb_optim_tx *nb_optim_clip_by_block_rms(nb_ctx *ctx, double threshold);    /* per leaf */
-/* Adaptive gradient clipping (per leaf, unitwise over the last axis for rank
- * >= 2 as Optax: norms over all but the first axis... see optim docs). */
+/* Adaptive gradient clipping: a unit's gradient norm is capped at clipping *
+ * max(its parameter norm, eps). Units as Optax: the whole leaf for (squeezed)
+ * rank <= 1, columns (norm over axis 0) for rank 2 and 3, the last axis's
+ * slices (norm over the others) for rank 4 and 5; other ranks are an error. */
 nb_optim_tx *nb_optim_adaptive_grad_clip(nb_ctx *ctx, double clipping, double eps);
 /* EMA of the incoming updates (apply to parameters to keep their EMA):
  * state "count", "ema/<p>"; debias divides by 1 - decay^count. */
@@ -256,10 +258,12 @@ nb_optim_tx *nb_optim_lars(nb_ctx *ctx, nb_optim_schedule *lr, double weight_dec
                            double trust_coefficient, double eps, double momentum, bool nesterov);
 nb_optim_tx *nb_optim_lion(nb_ctx *ctx, nb_optim_schedule *lr, double b1, double b2, double weight_decay,
                            const char *weight_decay_mask);
-/* Muon: for 2-D leaves, momentum (b1 = beta, Nesterov) orthogonalized by
- * ns_steps Newton-Schulz iterations (quintic coefficients 3.4445, -4.7750,
- * 2.0315), scaled by sqrt(max(1, rows/cols)); other leaves use Adam(adam_b1,
- * adam_b2, eps) with the same lr. State "muon/...", "adam/...". */
+/* Muon (Optax's contrib.muon defaults): for 2-D leaves, Nesterov momentum
+ * (beta) orthogonalized by ns_steps Newton-Schulz iterations (quintic
+ * coefficients 3.4445, -4.7750, 2.0315) after Frobenius normalization,
+ * scaled by sqrt(max(1, cols/rows)), plus weight_decay * param; other leaves
+ * use NAdam(adam_b1, adam_b2, eps) with the same lr. State "muon/count",
+ * "muon/mu/<p>", "adam/<...>". */
 nb_optim_tx *nb_optim_muon(nb_ctx *ctx, nb_optim_schedule *lr, double beta, int ns_steps, double eps,
                            double adam_b1, double adam_b2, double weight_decay);
 

@@ -113,9 +113,7 @@ static nb_optim_tx *make_tx(nb_ctx *ctx, const char *name) {
   if (IS("inject_adam"))
     return nb_optim_inject_hyperparams(ctx, make_adam, NULL, 1, (const char *[]){"learning_rate"},
                                        (nb_optim_schedule *[]){C(ctx, 1e-2)});
-#ifdef NB_OPTIM_HAVE_MUON
   if (IS("muon")) return nb_optim_muon(ctx, C(ctx, 0.02), 0.95, 5, 1e-8, 0.9, 0.999, 0.01);
-#endif
   return NULL;
 #undef IS
 #undef CHAIN
@@ -126,10 +124,6 @@ static bool poisoned(int step) { return step == 5 || step == 30 || step == 31 ||
 static void run_one(nb_ctx *ctx, const char *name, const cJSON *want) {
   nb_optim_tx *tx = make_tx(ctx, name);
   if (!tx) {
-    if (strcmp(name, "muon") == 0) {
-      printf("optim/test_golden: muon not checked (nb_matmul is not in this build)\n");
-      return;
-    }
     CHECK_MSG(tx, "%s: %s", name, nb_ctx_error(ctx));
     return;
   }
