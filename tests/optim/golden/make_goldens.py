@@ -208,12 +208,23 @@ def losses():
     return res
 
 
+def f32_digits(obj):
+    """Floats with 9 significant digits: every float32 round-trips, the file stays small."""
+    if isinstance(obj, float):
+        return float("%.9g" % obj)
+    if isinstance(obj, list):
+        return [f32_digits(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: f32_digits(v) for k, v in obj.items()}
+    return obj
+
+
 def main():
     meta = {"optax": optax.__version__, "jax": jax.__version__, "steps": STEPS, "nan_steps": list(NAN_STEPS)}
     prob = {"params": {k: arr(v) for k, v in PARAMS.items()}, "x": arr(X), "y": arr(Y)}
     out = {"meta": meta, "problem": prob, "optimizers": optimizers(), "schedules": schedules()}
     with open(os.path.join(HERE, "optim.json"), "w") as f:
-        json.dump(out, f, separators=(",", ":"))
+        json.dump(f32_digits(out), f, separators=(",", ":"))
         f.write("\n")
     with open(os.path.join(HERE, "losses.json"), "w") as f:
         json.dump({"meta": meta, **losses()}, f, separators=(",", ":"))
