@@ -3,6 +3,7 @@
 #define NABLA_H
 #include "nabla/core.h"
 #include "nabla/data.h"
+#include "nabla/optim.h"
 #include "nabla/tokenizer.h"
 #include "nabla/ckpt.h"
 #endif

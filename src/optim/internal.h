@@ -1,0 +1,90 @@
+/* Private to src/optim: the transformation object, the shared config struct
+ * the built-in transformations hang off it, and small traced helpers (state
+ * lookups, moments, counters) used by every file. Not public API. */
+#ifndef NABLA_OPTIM_INTERNAL_H
+#define NABLA_OPTIM_INTERNAL_H
+
+#include <regex.h>
+
+#include "nabla/optim.h"
+
+#define NB_OPTIM_PATH_MAX 512
+
+struct nb_optim_tx {
+  nb_ctx *ctx;
+  char name[48];
+  nb_optim_init_fn init;
+  nb_optim_update_fn update;
+  void *ud;
+  void (*free_ud)(void *ud);
+};
+
+/* The config of a built-in transformation (its ud). Fields are used as each
+ * constructor documents; cfg_free releases everything non-NULL. */
+typedef struct nb__optim_cfg {
+  nb_ctx *ctx;
+  double h[8];                 /* hyperparameters */
+  int64_t k[2];                /* integer hyperparameters */
+  bool f[4];                   /* flags */
+  nb_optim_schedule *sched;    /* taken */
+  nb_optim_tx **kids;          /* taken */
+  int nkids;
+  regex_t *regexes;            /* compiled, nregex of them */
+  int nregex;
+  nb_optim_path_pred pred;
+  nb_optim_label_fn label;
+  void *pred_ud;
+  char **names;                /* owned copies */
+  int nnames;
+  nb_optim_schedule **values;  /* taken (inject_hyperparams) */
+  nb_val **cells;              /* traced values read by slot schedules */
+} nb__optim_cfg;
+
+nb__optim_cfg *nb__optim_cfg_new(nb_ctx *ctx);
+void nb__optim_cfg_free(void *cfg);
+/* Wraps a config as a transformation; frees cfg when that fails. */
+nb_optim_tx *nb__optim_make(nb_ctx *ctx, const char *name, nb_optim_init_fn init, nb_optim_update_fn update,
+                            nb__optim_cfg *cfg);
+/* Takes kids (destroys them on failure); false with an error. */
+bool nb__optim_cfg_take_kids(nb__optim_cfg *c, int n, nb_optim_tx *const *kids);
+/* Compiles regex into c (appending); false with an error naming `what`. */
+bool nb__optim_cfg_add_regex(nb__optim_cfg *c, const char *regex, const char *what);
+bool nb__optim_cfg_match(const nb__optim_cfg *c, int i, const char *path);
+
+/* Validates a hyperparameter: finite and >= lo (or > lo when strict). */
+bool nb__optim_check(nb_ctx *ctx, const char *fn, const char *name, double v, double lo, bool strict);
+/* True when every pointer is non-NULL; otherwise destroys the non-NULL ones
+ * and records an error (unless ctx already holds one from an inner call). */
+bool nb__optim_args_ok(nb_ctx *ctx, const char *fn, int ntx, nb_optim_tx *const *txs, int nsched,
+                       nb_optim_schedule *const *scheds);
+
+/* "a/b" into buf (false when too long). */
+bool nb__optim_join(char *buf, const char *a, const char *b);
+/* State leaf "<prefix>/<path>" (or "<prefix>" when path is NULL); NULL with
+ * an error when missing. */
+nb_val *nb__optim_state(nb_ctx *ctx, const nb_tree *state, const char *prefix, const char *path);
+nb_status nb__optim_put(nb_tree *t, const char *prefix, const char *path, nb_val *v);
+/* Error when params is NULL ("<name> needs params"). */
+nb_status nb__optim_need_params(nb_ctx *ctx, const char *name, const nb_tree *params);
+/* The graph's error, if any, copied to ctx. */
+nb_status nb__optim_graph_status(nb_ctx *ctx, nb_graph *g);
+
+/* Traced helpers. k(x, c): constant c of x's dtype (rank 0). */
+nb_val *nb__k(nb_val *x, double c);
+nb_val *nb__count_zero(nb_graph *g);               /* i32 0 */
+nb_val *nb__count_inc(nb_val *count);              /* saturating + 1 */
+/* (1 - decay) g^order + decay m */
+nb_val *nb__moment(nb_val *g, nb_val *m, double decay, int order);
+/* m / (1 - decay^count) */
+nb_val *nb__bias_correct(nb_val *m, double decay, nb_val *count);
+nb_val *nb__sum_sq(nb_val *x);                     /* f32 scalar sum of squares */
+/* A scalar as dtype t. */
+nb_val *nb__as(nb_val *s, nb_dtype t);
+
+/* Adafactor's u * max(rms(param), min_scale). */
+nb_optim_tx *nb__optim_scale_by_param_block_rms(nb_ctx *ctx, double min_scale);
+
+/* Schedules: slot schedules read a traced value set by inject_hyperparams. */
+nb_optim_schedule *nb__optim_slot(nb_ctx *ctx, nb_val **cell, double host_value);
+
+#endif
