@@ -2,4 +2,5 @@
 #ifndef NABLA_H
 #define NABLA_H
 #include "nabla/core.h"
+#include "nabla/compile.h"
 #endif
