@@ -430,7 +430,11 @@ nb_val *nb_concatenate_at(nb_loc loc, int n, nb_val *const *xs, int axis);
 nb_val *nb_pad_at(nb_loc loc, nb_val *x, nb_val *pad_value, const int64_t *lo, const int64_t *hi, const int64_t *interior);
 
 /* Gather and scatter-add with explicit dimension numbers (StableHLO's,
- * including batching dims). */
+ * including batching dims: operand dim operand_batching_dims[i] is indexed
+ * by the position along indices dim start_indices_batching_dims[i]).
+ * Indices may have any integer dtype; index_vector_dim == rank(indices)
+ * means an implicit trailing vector of length 1. Only the first n_* entries
+ * of each array are read. */
 typedef struct nb_gather_dims {
   int n_offset, n_collapsed, n_start_index_map, n_operand_batching;
   int offset_dims[NB_MAX_RANK];           /* result dims that hold the slice */
@@ -440,6 +444,8 @@ typedef struct nb_gather_dims {
   int start_indices_batching_dims[NB_MAX_RANK];
   int index_vector_dim;                   /* dim of indices holding the index vector */
 } nb_gather_dims;
+/* slice_sizes[rank(operand)]: 1 for collapsed and batching dims. Each start
+ * index is clamped to [0, dim - slice size] so the slice fits (as XLA). */
 nb_val *nb_gather_at(nb_loc loc, nb_val *operand, nb_val *indices, const nb_gather_dims *dn,
                      const int64_t *slice_sizes);
 typedef struct nb_scatter_dims {
@@ -451,17 +457,27 @@ typedef struct nb_scatter_dims {
   int scatter_indices_batching_dims[NB_MAX_RANK];
   int index_vector_dim;
 } nb_scatter_dims;
-/* Out-of-range windows are skipped (as XLA). */
+/* operand with updates added at the windows the indices start (repeats
+ * accumulate). The window extents are the updates' update_window_dims. A
+ * window that does not fit in full is skipped (as XLA). Not for bool. */
 nb_val *nb_scatter_add_at(nb_loc loc, nb_val *operand, nb_val *indices, nb_val *updates, const nb_scatter_dims *dn);
-/* Conveniences built on gather/scatter: rows of table by integer ids
- * (result ids.shape + table.shape[1:]); x[..., idx[...]] along axis. */
+/* Conveniences built on gather. Negative indices count from the end (as
+ * NumPy); indices still out of range are clamped (as gather).
+ * take: rows of table by integer ids of any shape (an embedding lookup);
+ * the result is ids.shape + table.shape[1:]. */
 nb_val *nb_take_at(nb_loc loc, nb_val *table, nb_val *ids);
+/* numpy.take_along_axis: x and idx have one rank; y[..., j, ...] =
+ * x[..., idx[..., j, ...], ...] along axis, the other dims broadcast (NumPy
+ * rules). With idx [..., 1] of labels, logp[..., labels] for cross-entropy. */
 nb_val *nb_take_along_axis_at(nb_loc loc, nb_val *x, nb_val *idx, int axis);
 
-/* Stable sort along axis. values: sorted x; indices (optional): the
- * permutation as i32. */
+/* Stable sort along axis (equal elements keep their order, in both
+ * directions). NaNs order above every number: last ascending (as NumPy),
+ * first descending. values: sorted x; *indices (when indices != NULL): the
+ * positions as i32. Any dtype. */
 nb_val *nb_sort_at(nb_loc loc, nb_val *x, int axis, bool descending, nb_val **indices);
-/* The k largest along the last axis, descending; indices as i32. */
+/* The k largest along the last axis (0 <= k <= its length), descending,
+ * ties to the lower position, NaNs first; *indices as i32. */
 nb_val *nb_top_k_at(nb_loc loc, nb_val *x, int k, nb_val **indices);
 
 /* dot_general: contracting and batch dims of lhs and rhs. Result dims are
@@ -472,12 +488,25 @@ typedef struct nb_dot_dims {
   int lhs_batch[NB_MAX_RANK], rhs_batch[NB_MAX_RANK];
 } nb_dot_dims;
 /* out_dtype: the result dtype (accumulation is at least f32 for floats);
- * pass NB_DTYPE_COUNT for lhs's dtype. */
+ * pass NB_DTYPE_COUNT for lhs's dtype. lhs and rhs share one non-bool dtype
+ * and out_dtype is of the same kind (float or integer); integer products
+ * accumulate in 64 bits and wrap to out_dtype. Negative dims count from the
+ * end. */
 nb_val *nb_dot_general_at(nb_loc loc, nb_val *lhs, nb_val *rhs, const nb_dot_dims *dn, nb_dtype out_dtype);
 /* Matrix product with batch dims broadcast as numpy.matmul for rank >= 2. */
 nb_val *nb_matmul_at(nb_loc loc, nb_val *a, nb_val *b);
 
-/* conv_general_dilated, N spatial dims. Layouts are given by dim numbers. */
+/* conv_general_dilated, N spatial dims (0..6). Layouts are given by dim
+ * numbers: which dim of each operand and of the result is batch, feature and
+ * each spatial dim. Per spatial dim, the input is dilated by lhs_dilation
+ * (transposed conv), padded by pad_lo/pad_hi (negative crops) and read by the
+ * kernel dilated by rhs_dilation (atrous) at the stride; the output has
+ * max(0, floor((padded - dilated kernel) / stride) + 1) positions. With
+ * feature_group_count G, lhs features = G * rhs in-features and output
+ * feature o uses group o / (O/G); with batch_group_count B, output batch is
+ * lhs batch / B and output feature o uses lhs batch block o / (O/B). G and B
+ * cannot both exceed 1; operands share one non-bool dtype, as does the result
+ * (integers wrap). Kernel spatial dims must be non-empty. */
 typedef struct nb_conv_params {
   int n_spatial;
   int64_t strides[NB_MAX_RANK];
@@ -489,9 +518,12 @@ typedef struct nb_conv_params {
   int out_batch_dim, out_feature_dim, out_spatial[NB_MAX_RANK];
 } nb_conv_params;
 /* Params for NCHW / OIHW / NCHW-style layouts with unit dilation and the
- * given strides and symmetric padding. */
+ * given strides and symmetric padding (either may be NULL: 1 and 0). */
 nb_conv_params nb_conv_params_default(int n_spatial, const int64_t *strides, const int64_t *padding);
 nb_val *nb_conv_at(nb_loc loc, nb_val *lhs, nb_val *rhs, const nb_conv_params *p);
+/* x with the order of elements reversed along the given axes (negative axes
+ * count from the end), as lax.rev; used to flip kernels. */
+nb_val *nb_rev_at(nb_loc loc, nb_val *x, int naxes, const int *axes);
 
 /* ------------------------------------------------------------------------ */
 /* Random numbers: threefry2x32 keys (u32[2]), as JAX                        */
@@ -676,6 +708,7 @@ nb_status nb_custom_vjp_call(nb_graph *g, const nb_graph *fwd_primal, const nb_g
 #define nb_dot_general(a, b, dn, t) nb_dot_general_at(NB_HERE, a, b, dn, t)
 #define nb_matmul(a, b) nb_matmul_at(NB_HERE, a, b)
 #define nb_conv(a, b, p) nb_conv_at(NB_HERE, a, b, p)
+#define nb_rev(x, n, ax) nb_rev_at(NB_HERE, x, n, ax)
 #define nb_threefry2x32(k0, k1, x0, x1, y0, y1) nb_threefry2x32_at(NB_HERE, k0, k1, x0, x1, y0, y1)
 #define nb_random_key(g, s) nb_random_key_at(NB_HERE, g, s)
 #define nb_random_split(k, n) nb_random_split_at(NB_HERE, k, n)

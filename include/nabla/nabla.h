@@ -3,4 +3,6 @@
 #define NABLA_H
 #include "nabla/core.h"
 #include "nabla/compile.h"
+#include "nabla/data.h"
+#include "nabla/tokenizer.h"
 #endif

@@ -375,7 +375,7 @@ nb_val *nb__emit(nb_graph *g, nb_loc loc, nb_prim p, int nin, nb_val *const *in,
     if (r->hold_params && params && r->hold_params(g, params) != NB_OK)
       return nb__fail(g, loc, NB_ERR_NOMEM, "out of memory");
     if (params_size) memcpy(pcopy, params, params_size);
-    memcpy(ins, in, (size_t)nin * sizeof(nb_val *));
+    if (nin) memcpy(ins, in, (size_t)nin * sizeof(nb_val *)); /* in may be NULL for nin == 0 */
     *e = (nb_eqn){.prim = p, .nin = nin, .nout = no, .in = ins, .out = os, .params = pcopy,
                   .params_size = params_size, .loc = loc, .hash = h, .index = (uint32_t)g->neqns};
     for (int i = 0; i < no; i++)

@@ -8,10 +8,24 @@
 /* One line per family file tests/lib/cases_<family>.c. */
 const nb_prim_case *nb_cases_core(size_t *n);
 const nb_prim_case *nb_cases_call(size_t *n);
+const nb_prim_case *nb_cases_slicing(size_t *n);
+const nb_prim_case *nb_cases_dynamic(size_t *n);
+const nb_prim_case *nb_cases_cumulative(size_t *n);
+const nb_prim_case *nb_cases_dot(size_t *n);
+const nb_prim_case *nb_cases_conv(size_t *n);
+const nb_prim_case *nb_cases_gather(size_t *n);
+const nb_prim_case *nb_cases_sort(size_t *n);
 
 static const nb_case_list_fn families[] = {
     nb_cases_core,
     nb_cases_call,
+    nb_cases_slicing,
+    nb_cases_dynamic,
+    nb_cases_cumulative,
+    nb_cases_dot,
+    nb_cases_conv,
+    nb_cases_gather,
+    nb_cases_sort,
 };
 
 /* Stacks three independent draws of the case's inputs along a new axis 0;

@@ -92,6 +92,11 @@ typedef struct nb_conv_prim_params {
   nb_conv_params p;
 } nb_conv_prim_params;
 
+typedef struct nb_rev_params { /* rev: axes sorted ascending, no repeats, none of size 1 */
+  int naxes;
+  int axes[NB_MAX_RANK];
+} nb_rev_params;
+
 typedef struct nb_custom_call_params {
   const nb_custom_call_entry *entry; /* registry entry on the context */
   const void *attrs;                 /* graph-owned copy */

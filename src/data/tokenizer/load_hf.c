@@ -1,0 +1,412 @@
+/* Loading Hugging Face tokenizer.json files that hold a BPE model: the
+ * model (vocab, merges as "a b" strings or [a, b] pairs, unk_token,
+ * byte_fallback, fuse_unk, ignore_merges), added_tokens, and the supported
+ * normalizer / pre_tokenizer / decoder components. Anything else is refused
+ * with NB_ERR_UNIMPLEMENTED naming the field. post_processor, truncation and
+ * padding are ignored (nb_tok_encode adds no BOS/EOS). */
+#include <cjson/cJSON.h>
+#include <string.h>
+
+#include "data/tokenizer/tok_internal.h"
+
+typedef struct hf_load {
+  nb_tok *t;
+  const char *name;
+  const char *pattern; /* regex found in the pre_tokenizer (borrowed from the JSON) */
+  char *own_pattern;   /* an escaped String pattern */
+  size_t own_cap;
+  bool has_regex, byte_level;
+} hf_load;
+
+static nb_status bad(hf_load *L, nb_status s, const char *field, const char *what) {
+  return nb_errorf(L->t->ctx, s, "%s: %s: %s", L->name, field, what);
+}
+
+static const char *type_of(const cJSON *o) {
+  const cJSON *ty = cJSON_GetObjectItemCaseSensitive(o, "type");
+  return cJSON_IsString(ty) ? ty->valuestring : "";
+}
+
+static bool get_bool(const cJSON *o, const char *key, bool dflt) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+  return cJSON_IsBool(v) ? cJSON_IsTrue(v) : dflt;
+}
+
+static const char *get_str(const cJSON *o, const char *key) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+  return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+static bool is_null_or_absent(const cJSON *o) { return !o || cJSON_IsNull(o); }
+
+/* Does any pre_tokenizer/decoder component say ByteLevel? */
+static bool mentions_bytelevel(const cJSON *o) {
+  if (!cJSON_IsObject(o)) return false;
+  if (!strcmp(type_of(o), "ByteLevel")) return true;
+  const cJSON *seq = cJSON_GetObjectItemCaseSensitive(o, "pretokenizers");
+  if (!seq) seq = cJSON_GetObjectItemCaseSensitive(o, "decoders");
+  const cJSON *it;
+  cJSON_ArrayForEach(it, seq) if (mentions_bytelevel(it)) return true;
+  return false;
+}
+
+/* ---- normalizer ---- */
+
+static nb_status normalizer(hf_load *L, const cJSON *n, const char *field) {
+  if (is_null_or_absent(n)) return NB_OK;
+  const char *ty = type_of(n);
+  char sub[96];
+  if (!strcmp(ty, "Sequence")) {
+    const cJSON *it, *arr = cJSON_GetObjectItemCaseSensitive(n, "normalizers");
+    if (!cJSON_IsArray(arr)) return bad(L, NB_ERR_FORMAT, field, "Sequence without a 'normalizers' array");
+    int i = 0;
+    cJSON_ArrayForEach(it, arr) {
+      snprintf(sub, sizeof sub, "%s.normalizers[%d]", field, i++);
+      nb_status r = normalizer(L, it, sub);
+      if (r) return r;
+    }
+    return NB_OK;
+  }
+  if (L->byte_level) return bad(L, NB_ERR_UNIMPLEMENTED, field, "normalizers are not supported with a byte-level model");
+  if (!strcmp(ty, "Prepend")) {
+    const char *p = get_str(n, "prepend");
+    if (!p || strlen(p) >= sizeof L->t->norm_prepend || L->t->norm_prepend[0])
+      return bad(L, NB_ERR_UNIMPLEMENTED, field, "Prepend needs one short 'prepend' string");
+    strcpy(L->t->norm_prepend, p);
+    return NB_OK;
+  }
+  if (!strcmp(ty, "Replace")) {
+    const cJSON *pat = cJSON_GetObjectItemCaseSensitive(n, "pattern");
+    const char *from = get_str(pat, "String"), *to = get_str(n, "content");
+    if (!from || !to || strcmp(from, " ") != 0 || strcmp(to, "\xE2\x96\x81") != 0)
+      return bad(L, NB_ERR_UNIMPLEMENTED, field, "only Replace of the String \" \" by \"\xE2\x96\x81\" is supported");
+    L->t->norm_replace_space = true;
+    return NB_OK;
+  }
+  char what[128];
+  snprintf(what, sizeof what, "normalizer type '%.40s' is not supported", ty);
+  return bad(L, NB_ERR_UNIMPLEMENTED, field, what);
+}
+
+/* ---- pre-tokenizer ---- */
+
+static nb_status set_regex(hf_load *L, const char *re, const char *field) {
+  if (L->has_regex || L->t->metaspace)
+    return bad(L, NB_ERR_UNIMPLEMENTED, field, "only one splitting pre-tokenizer (one regex, or Metaspace) is supported");
+  L->has_regex = true;
+  L->pattern = re;
+  return NB_OK;
+}
+
+/* A String split pattern as a literal PCRE2 regex. */
+static nb_status escape_literal(hf_load *L, const char *s) {
+  size_t n = strlen(s);
+  if (nb_tok__grow(L->t->ctx, (void **)&L->own_pattern, &L->own_cap, 2 * n + 1, 1)) return NB_ERR_NOMEM;
+  size_t o = 0;
+  for (size_t i = 0; i < n; i++) {
+    unsigned char c = (unsigned char)s[i];
+    if (c < 0x80 && !((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) && c >= 0x20)
+      L->own_pattern[o++] = '\\';
+    L->own_pattern[o++] = (char)c;
+  }
+  L->own_pattern[o] = 0;
+  L->pattern = L->own_pattern;
+  return NB_OK;
+}
+
+static nb_status prepend_scheme(hf_load *L, const cJSON *o, const char *field, nb_tok__prepend *out) {
+  const char *s = get_str(o, "prepend_scheme");
+  if (!s) {
+    *out = get_bool(o, "add_prefix_space", true) ? NB_TOK__PREPEND_ALWAYS : NB_TOK__PREPEND_NEVER;
+    return NB_OK;
+  }
+  if (!strcmp(s, "always")) *out = NB_TOK__PREPEND_ALWAYS;
+  else if (!strcmp(s, "first")) *out = NB_TOK__PREPEND_FIRST;
+  else if (!strcmp(s, "never")) *out = NB_TOK__PREPEND_NEVER;
+  else return bad(L, NB_ERR_FORMAT, field, "prepend_scheme must be always, first or never");
+  return NB_OK;
+}
+
+static nb_status pre_tokenizer(hf_load *L, const cJSON *p, const char *field) {
+  if (is_null_or_absent(p)) return NB_OK;
+  const char *ty = type_of(p);
+  char sub[96];
+  if (!strcmp(ty, "Sequence")) {
+    const cJSON *it, *arr = cJSON_GetObjectItemCaseSensitive(p, "pretokenizers");
+    if (!cJSON_IsArray(arr)) return bad(L, NB_ERR_FORMAT, field, "Sequence without a 'pretokenizers' array");
+    int i = 0;
+    cJSON_ArrayForEach(it, arr) {
+      snprintf(sub, sizeof sub, "%s.pretokenizers[%d]", field, i++);
+      nb_status r = pre_tokenizer(L, it, sub);
+      if (r) return r;
+    }
+    return NB_OK;
+  }
+  if (!strcmp(ty, "ByteLevel")) {
+    L->t->add_prefix_space = get_bool(p, "add_prefix_space", false);
+    return get_bool(p, "use_regex", true) ? set_regex(L, NB_TOK_PATTERN_GPT2, field) : NB_OK;
+  }
+  if (!strcmp(ty, "Split")) {
+    const cJSON *pat = cJSON_GetObjectItemCaseSensitive(p, "pattern");
+    const char *re = get_str(pat, "Regex"), *lit = get_str(pat, "String"), *beh = get_str(p, "behavior");
+    if (!re && !lit) return bad(L, NB_ERR_FORMAT, field, "Split needs pattern.Regex or pattern.String");
+    if (!beh || strcmp(beh, "Isolated") != 0 || get_bool(p, "invert", false))
+      return bad(L, NB_ERR_UNIMPLEMENTED, field, "only Split with behavior Isolated and invert false is supported");
+    nb_status r = set_regex(L, re, field);
+    if (!r && lit) r = escape_literal(L, lit);
+    return r;
+  }
+  if (!strcmp(ty, "Metaspace")) {
+    const char *rep = get_str(p, "replacement");
+    if (rep && strcmp(rep, "\xE2\x96\x81") != 0) return bad(L, NB_ERR_UNIMPLEMENTED, field, "Metaspace replacement must be \xE2\x96\x81");
+    if (L->has_regex || L->t->metaspace) return bad(L, NB_ERR_UNIMPLEMENTED, field, "only one splitting pre-tokenizer is supported");
+    L->t->metaspace = true;
+    L->t->ms_split = get_bool(p, "split", true);
+    return prepend_scheme(L, p, field, &L->t->ms_prepend);
+  }
+  char what[128];
+  snprintf(what, sizeof what, "pre-tokenizer type '%.40s' is not supported", ty);
+  return bad(L, NB_ERR_UNIMPLEMENTED, field, what);
+}
+
+/* ---- decoder ---- */
+
+static nb_status decoder(hf_load *L, const cJSON *d, const char *field) {
+  if (is_null_or_absent(d)) return NB_OK;
+  const char *ty = type_of(d);
+  char sub[96];
+  if (!strcmp(ty, "Sequence")) {
+    const cJSON *it, *arr = cJSON_GetObjectItemCaseSensitive(d, "decoders");
+    if (!cJSON_IsArray(arr)) return bad(L, NB_ERR_FORMAT, field, "Sequence without a 'decoders' array");
+    int i = 0;
+    cJSON_ArrayForEach(it, arr) {
+      snprintf(sub, sizeof sub, "%s.decoders[%d]", field, i++);
+      nb_status r = decoder(L, it, sub);
+      if (r) return r;
+    }
+    return NB_OK;
+  }
+  if (!strcmp(ty, "ByteLevel") || !strcmp(ty, "ByteFallback") || !strcmp(ty, "Fuse")) return NB_OK;
+  if (!strcmp(ty, "Replace")) {
+    const cJSON *pat = cJSON_GetObjectItemCaseSensitive(d, "pattern");
+    const char *from = get_str(pat, "String"), *to = get_str(d, "content");
+    if (!from || !to || strcmp(from, "\xE2\x96\x81") != 0 || strcmp(to, " ") != 0)
+      return bad(L, NB_ERR_UNIMPLEMENTED, field, "only the Replace of \xE2\x96\x81 by \" \" is supported");
+    return NB_OK;
+  }
+  if (!strcmp(ty, "Strip")) {
+    const cJSON *start = cJSON_GetObjectItemCaseSensitive(d, "start"), *stop = cJSON_GetObjectItemCaseSensitive(d, "stop");
+    const char *content = get_str(d, "content");
+    if (!content || strcmp(content, " ") || !cJSON_IsNumber(start) || start->valuedouble < 0 || start->valuedouble > 8 ||
+        (cJSON_IsNumber(stop) && stop->valuedouble != 0))
+      return bad(L, NB_ERR_UNIMPLEMENTED, field, "only Strip of leading spaces (content \" \", stop 0) is supported");
+    L->t->strip_leading = (int)start->valuedouble;
+    return NB_OK;
+  }
+  if (!strcmp(ty, "Metaspace")) {
+    nb_tok__prepend p;
+    nb_status r = prepend_scheme(L, d, field, &p);
+    if (!r && p != NB_TOK__PREPEND_NEVER) L->t->strip_leading = 1;
+    return r;
+  }
+  char what[128];
+  snprintf(what, sizeof what, "decoder type '%.40s' is not supported", ty);
+  return bad(L, NB_ERR_UNIMPLEMENTED, field, what);
+}
+
+/* ---- model ---- */
+
+static bool get_id(const cJSON *v, int32_t *id) {
+  if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble >= (1 << 28) || v->valuedouble != (double)(int32_t)v->valuedouble)
+    return false;
+  *id = (int32_t)v->valuedouble;
+  return true;
+}
+
+static nb_status added_tokens(hf_load *L, const cJSON *arr) {
+  if (is_null_or_absent(arr)) return NB_OK;
+  if (!cJSON_IsArray(arr)) return bad(L, NB_ERR_FORMAT, "added_tokens", "must be an array");
+  int i = 0;
+  const cJSON *it;
+  cJSON_ArrayForEach(it, arr) {
+    char field[64];
+    snprintf(field, sizeof field, "added_tokens[%d]", i++);
+    int32_t id;
+    const char *content = get_str(it, "content");
+    if (!get_id(cJSON_GetObjectItemCaseSensitive(it, "id"), &id) || !content)
+      return bad(L, NB_ERR_FORMAT, field, "needs an integer 'id' in [0, 2^28) and a string 'content'");
+    if (get_bool(it, "single_word", false)) return bad(L, NB_ERR_UNIMPLEMENTED, field, "single_word added tokens are not supported");
+    uint8_t fl = NB_TOK__F_ADDED | (get_bool(it, "special", false) ? NB_TOK__F_SPECIAL : 0) |
+                 (get_bool(it, "lstrip", false) ? NB_TOK__F_LSTRIP : 0) | (get_bool(it, "rstrip", false) ? NB_TOK__F_RSTRIP : 0);
+    nb_status r = nb_tok__set_token(L->t, id, content, strlen(content), fl, L->name);
+    if (r) return r;
+  }
+  return NB_OK;
+}
+
+static nb_status vocab(hf_load *L, const cJSON *v) {
+  if (!cJSON_IsObject(v)) return bad(L, NB_ERR_FORMAT, "model.vocab", "must be an object (token -> id)");
+  nb_tok *t = L->t;
+  uint8_t *buf = NULL;
+  size_t cap = 0;
+  nb_status r = NB_OK;
+  for (const cJSON *it = v->child; it && !r; it = it->next) {
+    int32_t id;
+    char field[128];
+    snprintf(field, sizeof field, "model.vocab['%.60s']", it->string);
+    if (!get_id(it, &id)) {
+      r = bad(L, NB_ERR_FORMAT, field, "id must be an integer in [0, 2^28)");
+      break;
+    }
+    if (id < t->n_tokens && (t->tokens[id].flags & NB_TOK__F_ADDED)) continue; /* also an added token */
+    size_t n = strlen(it->string);
+    if (!L->byte_level) {
+      r = nb_tok__set_token(t, id, it->string, n, 0, L->name);
+      continue;
+    }
+    if ((r = nb_tok__grow(t->ctx, (void **)&buf, &cap, n + 1, 1))) break;
+    long m = nb_tok__unmap_bytes(it->string, n, buf);
+    if (m < 0) r = bad(L, NB_ERR_FORMAT, field, "has a character outside the byte-level alphabet");
+    else r = nb_tok__set_token(t, id, buf, (size_t)m, 0, L->name);
+  }
+  if (buf) nb_dealloc(t->ctx, buf, cap);
+  return r;
+}
+
+/* A merge operand: a vocab token, else an added token of that content. */
+static int32_t merge_side(hf_load *L, const char *s, size_t n, uint8_t *buf) {
+  int32_t id = -1;
+  if (!L->byte_level) {
+    id = nb_tok__lookup(L->t, s, n);
+  } else {
+    long m = nb_tok__unmap_bytes(s, n, buf);
+    if (m >= 0) id = nb_tok__lookup(L->t, buf, (size_t)m);
+  }
+  return id >= 0 ? id : nb_tok__added_id(L->t, s, n);
+}
+
+static nb_status merges(hf_load *L, const cJSON *arr) {
+  if (!cJSON_IsArray(arr)) return bad(L, NB_ERR_FORMAT, "model.merges", "must be an array");
+  nb_status r = NB_OK;
+  uint8_t *buf = NULL;
+  size_t cap = 0;
+  int i = 0;
+  const cJSON *it;
+  cJSON_ArrayForEach(it, arr) {
+    char field[64];
+    snprintf(field, sizeof field, "model.merges[%d]", i++);
+    const char *a, *b;
+    size_t an, bn;
+    if (cJSON_IsString(it)) {
+      const char *s = it->valuestring, *sp = strchr(s, ' ');
+      if (!sp || sp == s || !sp[1] || strchr(sp + 1, ' ')) {
+        r = bad(L, NB_ERR_FORMAT, field, "a merge string must be two tokens separated by one space");
+        break;
+      }
+      a = s, an = (size_t)(sp - s), b = sp + 1, bn = strlen(sp + 1);
+    } else if (cJSON_GetArraySize(it) == 2 && cJSON_IsString(it->child) && cJSON_IsString(it->child->next)) {
+      a = it->child->valuestring, an = strlen(a), b = it->child->next->valuestring, bn = strlen(b);
+    } else {
+      r = bad(L, NB_ERR_FORMAT, field, "a merge must be a string \"a b\" or a pair [\"a\", \"b\"]");
+      break;
+    }
+    if ((r = nb_tok__grow(L->t->ctx, (void **)&buf, &cap, an + bn + 1, 1))) break;
+    int32_t x = merge_side(L, a, an, buf), y = merge_side(L, b, bn, buf);
+    if (x < 0 || y < 0) {
+      char what[128];
+      snprintf(what, sizeof what, "token '%.*s' is not in model.vocab", x < 0 ? (int)an : (int)bn, x < 0 ? a : b);
+      r = bad(L, NB_ERR_FORMAT, field, what);
+      break;
+    }
+    char where[160];
+    snprintf(where, sizeof where, "%s: %s", L->name, field);
+    if ((r = nb_tok__add_merge(L->t, x, y, -1, where))) break;
+  }
+  if (buf) nb_dealloc(L->t->ctx, buf, cap);
+  return r;
+}
+
+static nb_status model(hf_load *L, const cJSON *m) {
+  nb_tok *t = L->t;
+  if (!cJSON_IsObject(m)) return bad(L, NB_ERR_FORMAT, "model", "missing or not an object");
+  const char *ty = get_str(m, "type");
+  if (ty && strcmp(ty, "BPE") != 0) {
+    char what[128];
+    snprintf(what, sizeof what, "model type '%.40s' is not supported (only BPE)", ty);
+    return bad(L, NB_ERR_UNIMPLEMENTED, "model.type", what);
+  }
+  const cJSON *drop = cJSON_GetObjectItemCaseSensitive(m, "dropout");
+  if (!is_null_or_absent(drop) && !(cJSON_IsNumber(drop) && drop->valuedouble == 0))
+    return bad(L, NB_ERR_UNIMPLEMENTED, "model.dropout", "BPE dropout is not supported");
+  const char *csp = get_str(m, "continuing_subword_prefix"), *eow = get_str(m, "end_of_word_suffix");
+  if ((csp && *csp) || (eow && *eow))
+    return bad(L, NB_ERR_UNIMPLEMENTED, csp && *csp ? "model.continuing_subword_prefix" : "model.end_of_word_suffix",
+               "subword prefixes/suffixes are not supported");
+  t->byte_fallback = get_bool(m, "byte_fallback", false);
+  t->fuse_unk = get_bool(m, "fuse_unk", false);
+  t->ignore_merges = get_bool(m, "ignore_merges", false);
+  nb_status r = vocab(L, cJSON_GetObjectItemCaseSensitive(m, "vocab"));
+  if (!r) r = nb_tok__index(t, L->name);
+  if (r) return r;
+  const char *unk = get_str(m, "unk_token");
+  if (unk) {
+    t->unk_id = nb_tok__lookup(t, unk, strlen(unk));
+    if (t->unk_id < 0) t->unk_id = nb_tok__added_id(t, unk, strlen(unk));
+    if (t->unk_id < 0) return bad(L, NB_ERR_FORMAT, "model.unk_token", "is not in the vocabulary");
+  }
+  const cJSON *mg = cJSON_GetObjectItemCaseSensitive(m, "merges");
+  if (is_null_or_absent(mg)) return bad(L, NB_ERR_FORMAT, "model.merges", "missing");
+  return merges(L, mg);
+}
+
+static nb_tok *load(nb_ctx *ctx, const char *json, size_t len, const char *name) {
+  nb_tok *t = nb_tok__create(ctx, NB_TOK_BYTE_LEVEL);
+  if (!t) return NULL;
+  hf_load L = {.t = t, .name = name ? name : "tokenizer.json"};
+  cJSON *root = cJSON_ParseWithLength(json, len);
+  nb_status r = NB_OK;
+  if (!root) r = nb_errorf(ctx, NB_ERR_FORMAT, "%s: not valid JSON", L.name);
+  else if (!cJSON_IsObject(root)) r = bad(&L, NB_ERR_FORMAT, "(top level)", "must be an object");
+  if (!r) {
+    const cJSON *pre = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"),
+                *dec = cJSON_GetObjectItemCaseSensitive(root, "decoder");
+    L.byte_level = mentions_bytelevel(pre) || mentions_bytelevel(dec);
+    t->kind = L.byte_level ? NB_TOK_BYTE_LEVEL : NB_TOK_CHAR_LEVEL;
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(root, "model");
+    int64_t entries = (int64_t)cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(root, "added_tokens")) +
+                      cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(m, "vocab"));
+    if (entries * 4 + 1024 < t->id_limit) t->id_limit = (int32_t)(entries * 4 + 1024);
+    r = added_tokens(&L, cJSON_GetObjectItemCaseSensitive(root, "added_tokens"));
+    if (!r) r = model(&L, cJSON_GetObjectItemCaseSensitive(root, "model"));
+    if (!r) r = normalizer(&L, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), "normalizer");
+    if (!r) r = pre_tokenizer(&L, pre, "pre_tokenizer");
+    if (!r) r = decoder(&L, dec, "decoder");
+    if (!r && L.pattern) {
+      char where[128];
+      snprintf(where, sizeof where, "%s: pre_tokenizer", L.name);
+      r = nb_tok__set_pattern(t, L.pattern, where);
+    }
+    if (!r) r = nb_tok__finish(t);
+  }
+  if (root) cJSON_Delete(root);
+  if (L.own_pattern) nb_dealloc(ctx, L.own_pattern, L.own_cap);
+  if (r) {
+    nb_tok_destroy(t);
+    return NULL;
+  }
+  return t;
+}
+
+nb_tok *nb_tok_load_hf_string(nb_ctx *ctx, const char *json, size_t len, const char *name) {
+  if (!json) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "nb_tok_load_hf_string: NULL json"), NULL;
+  return load(ctx, json, len, name);
+}
+
+nb_tok *nb_tok_load_hf(nb_ctx *ctx, const char *path) {
+  char *data;
+  size_t n;
+  if (nb_tok__read_file(ctx, path, &data, &n)) return NULL;
+  nb_tok *t = load(ctx, data, n, path);
+  nb_dealloc(ctx, data, n + 1);
+  return t;
+}

@@ -1,0 +1,207 @@
+/* Loading SentencePiece BPE models (tokenizer.model, a protobuf ModelProto:
+ * pieces with scores and types, trainer_spec, normalizer_spec), as Llama-2
+ * ships them. Merges come "by score": an adjacent pair merges when its
+ * concatenation is a piece, the highest-scoring such piece first (leftmost
+ * on ties). Only the identity normalization (no precompiled charsmap) with
+ * whitespace escaping and no extra-whitespace removal is supported; Unigram
+ * models and other options are refused with a message naming the field. */
+#include <string.h>
+
+#include "data/tokenizer/tok_internal.h"
+
+/* A minimal protobuf reader: varints and length-delimited fields. */
+typedef struct pb {
+  const uint8_t *p, *end;
+  bool bad;
+} pb;
+
+static uint64_t pb_varint(pb *b) {
+  uint64_t v = 0;
+  for (int shift = 0; shift < 64; shift += 7) {
+    if (b->p >= b->end) break;
+    uint8_t c = *b->p++;
+    v |= (uint64_t)(c & 0x7F) << shift;
+    if (!(c & 0x80)) return v;
+  }
+  b->bad = true;
+  return 0;
+}
+
+/* Reads the next field: its number and wire type; for wire type 2 the
+ * payload in *sub; for 0 the value in *val; for 5 the raw 32 bits. */
+static bool pb_next(pb *b, uint32_t *field, int *wt, pb *sub, uint64_t *val) {
+  if (b->bad || b->p >= b->end) return false;
+  uint64_t key = pb_varint(b);
+  *field = (uint32_t)(key >> 3);
+  *wt = (int)(key & 7);
+  switch (*wt) {
+  case 0: *val = pb_varint(b); break;
+  case 1:
+    if (b->end - b->p < 8) return b->bad = true, false;
+    b->p += 8;
+    break;
+  case 2: {
+    uint64_t n = pb_varint(b);
+    if (b->bad || n > (uint64_t)(b->end - b->p)) return b->bad = true, false;
+    *sub = (pb){b->p, b->p + n, false};
+    b->p += n;
+    break;
+  }
+  case 5: {
+    if (b->end - b->p < 4) return b->bad = true, false;
+    uint32_t u;
+    memcpy(&u, b->p, 4);
+    *val = u;
+    b->p += 4;
+    break;
+  }
+  default: return b->bad = true, false;
+  }
+  return !b->bad;
+}
+
+enum { SP_NORMAL = 1, SP_UNKNOWN = 2, SP_CONTROL = 3, SP_USER = 4, SP_UNUSED = 5, SP_BYTE = 6 };
+
+typedef struct spm_load {
+  nb_tok *t;
+  const char *name;
+  float *scores;
+  size_t n_pieces, cap_scores;
+} spm_load;
+
+static nb_status piece(spm_load *L, pb sub) {
+  const uint8_t *text = NULL;
+  size_t len = 0;
+  float score = 0;
+  uint64_t type = SP_NORMAL, val;
+  uint32_t f;
+  int wt;
+  pb s;
+  while (pb_next(&sub, &f, &wt, &s, &val)) {
+    if (f == 1 && wt == 2) text = s.p, len = (size_t)(s.end - s.p);
+    else if (f == 2 && wt == 5) {
+      uint32_t u = (uint32_t)val;
+      memcpy(&score, &u, 4);
+      if (score != score) score = -1e30f; /* NaN would break the sort's order */
+    }
+    else if (f == 3 && wt == 0) type = val;
+  }
+  int32_t id = (int32_t)L->n_pieces;
+  if (sub.bad || !text) return nb_errorf(L->t->ctx, NB_ERR_FORMAT, "%s: pieces[%d]: malformed (no piece text)", L->name, id);
+  if (type < SP_NORMAL || type > SP_BYTE) return nb_errorf(L->t->ctx, NB_ERR_FORMAT, "%s: pieces[%d]: unknown type %llu", L->name, id, (unsigned long long)type);
+  uint8_t fl = type == SP_UNKNOWN || type == SP_UNUSED ? NB_TOK__F_HIDDEN
+               : type == SP_CONTROL ? (NB_TOK__F_SPECIAL | NB_TOK__F_HIDDEN)
+               : type == SP_USER ? NB_TOK__F_ADDED : 0;
+  if (type == SP_UNKNOWN) L->t->unk_id = id;
+  if (nb_tok__grow(L->t->ctx, (void **)&L->scores, &L->cap_scores, L->n_pieces + 1, sizeof *L->scores)) return NB_ERR_NOMEM;
+  L->scores[L->n_pieces++] = score;
+  char where[96];
+  snprintf(where, sizeof where, "%s: pieces[%d]", L->name, id);
+  return nb_tok__set_token(L->t, id, text, len, fl, where);
+}
+
+static nb_status trainer_spec(spm_load *L, pb b) {
+  uint32_t f;
+  int wt;
+  pb s;
+  uint64_t v;
+  while (pb_next(&b, &f, &wt, &s, &v)) {
+    if (f == 3 && wt == 0 && v != 2)
+      return nb_errorf(L->t->ctx, NB_ERR_UNIMPLEMENTED, "%s: trainer_spec.model_type: %s models are not supported (only BPE)",
+                       L->name, v == 1 ? "UNIGRAM" : v == 3 ? "WORD" : v == 4 ? "CHAR" : "unknown");
+    if (f == 35 && wt == 0) L->t->byte_fallback = v != 0;
+    if (f == 24 && wt == 0 && v)
+      return nb_errorf(L->t->ctx, NB_ERR_UNIMPLEMENTED, "%s: trainer_spec.treat_whitespace_as_suffix is not supported", L->name);
+  }
+  return b.bad ? nb_errorf(L->t->ctx, NB_ERR_FORMAT, "%s: trainer_spec: malformed", L->name) : NB_OK;
+}
+
+static nb_status normalizer_spec(spm_load *L, pb b) {
+  uint32_t f;
+  int wt;
+  pb s;
+  uint64_t v;
+  bool dummy = true, extra = true, escape = true;
+  while (pb_next(&b, &f, &wt, &s, &v)) {
+    if (f == 2 && wt == 2 && s.end > s.p)
+      return nb_errorf(L->t->ctx, NB_ERR_UNIMPLEMENTED,
+                       "%s: normalizer_spec.precompiled_charsmap: only the identity normalization is supported", L->name);
+    if (f == 3 && wt == 0) dummy = v != 0;
+    if (f == 4 && wt == 0) extra = v != 0;
+    if (f == 5 && wt == 0) escape = v != 0;
+  }
+  if (b.bad) return nb_errorf(L->t->ctx, NB_ERR_FORMAT, "%s: normalizer_spec: malformed", L->name);
+  if (extra) return nb_errorf(L->t->ctx, NB_ERR_UNIMPLEMENTED, "%s: normalizer_spec.remove_extra_whitespaces is not supported", L->name);
+  if (!escape) return nb_errorf(L->t->ctx, NB_ERR_UNIMPLEMENTED, "%s: normalizer_spec.escape_whitespaces=false is not supported", L->name);
+  L->t->spm_dummy_prefix = dummy;
+  L->t->strip_leading = dummy ? 1 : 0;
+  return NB_OK;
+}
+
+/* rank_of[id]: position of id when pieces are sorted by score, best first. */
+static int cmp_score(const void *a, const void *b, void *ud) {
+  const float *sc = ud;
+  int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+  if (sc[x] != sc[y]) return sc[x] > sc[y] ? -1 : 1;
+  return x < y ? -1 : x > y;
+}
+
+static nb_status derive(spm_load *L) {
+  nb_ctx *ctx = L->t->ctx;
+  size_t n = L->n_pieces;
+  int32_t *order = nb_alloc(ctx, n * sizeof *order), *rank = nb_alloc(ctx, n * sizeof *rank);
+  nb_status r = order && rank ? NB_OK : NB_ERR_NOMEM;
+  if (!r) {
+    for (size_t i = 0; i < n; i++) order[i] = (int32_t)i;
+    qsort_r(order, n, sizeof *order, cmp_score, L->scores);
+    for (size_t i = 0; i < n; i++) rank[order[i]] = (int32_t)i;
+    r = nb_tok__derive_merges(L->t, rank, L->name);
+  }
+  if (order) nb_dealloc(ctx, order, n * sizeof *order);
+  if (rank) nb_dealloc(ctx, rank, n * sizeof *rank);
+  return r;
+}
+
+nb_tok *nb_tok_load_sentencepiece_bytes(nb_ctx *ctx, const void *data, size_t len, const char *name) {
+  if (!data && len) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "nb_tok_load_sentencepiece_bytes: NULL data"), NULL;
+  nb_tok *t = nb_tok__create(ctx, NB_TOK_CHAR_LEVEL);
+  if (!t) return NULL;
+  spm_load L = {.t = t, .name = name ? name : "tokenizer.model"};
+  t->metaspace = true;
+  t->ms_split = true;
+  t->ms_prepend = NB_TOK__PREPEND_NEVER;
+  t->spm_dummy_prefix = true;
+  t->strip_leading = 1;
+  pb b = {data, (const uint8_t *)data + len, false}, s;
+  uint32_t f;
+  int wt;
+  uint64_t v;
+  nb_status r = NB_OK;
+  bool saw_trainer = false;
+  while (!r && pb_next(&b, &f, &wt, &s, &v)) {
+    if (f == 1 && wt == 2) r = piece(&L, s);
+    else if (f == 2 && wt == 2) r = trainer_spec(&L, s), saw_trainer = true;
+    else if (f == 3 && wt == 2) r = normalizer_spec(&L, s);
+  }
+  if (!r && b.bad) r = nb_errorf(ctx, NB_ERR_FORMAT, "%s: not a SentencePiece model (malformed protobuf)", L.name);
+  if (!r && (L.n_pieces == 0 || !saw_trainer))
+    r = nb_errorf(ctx, NB_ERR_FORMAT, "%s: not a SentencePiece model (%s missing)", L.name, L.n_pieces ? "trainer_spec" : "pieces");
+  if (!r) r = nb_tok__index(t, L.name);
+  if (!r) r = derive(&L);
+  if (!r) r = nb_tok__finish(t);
+  if (L.scores) nb_dealloc(ctx, L.scores, L.cap_scores * sizeof *L.scores);
+  if (r) {
+    nb_tok_destroy(t);
+    return NULL;
+  }
+  return t;
+}
+
+nb_tok *nb_tok_load_sentencepiece(nb_ctx *ctx, const char *path) {
+  char *data;
+  size_t n;
+  if (nb_tok__read_file(ctx, path, &data, &n)) return NULL;
+  nb_tok *t = nb_tok_load_sentencepiece_bytes(ctx, data, n, path);
+  nb_dealloc(ctx, data, n + 1);
+  return t;
+}
