@@ -7,7 +7,15 @@
 
 const nb_prim_case *nb_cases_core(size_t *n);
 const nb_prim_case *nb_cases_call(size_t *n);
-static const nb_case_list_fn families[] = {nb_cases_core, nb_cases_call};
+const nb_prim_case *nb_cases_slicing(size_t *n);
+const nb_prim_case *nb_cases_dynamic(size_t *n);
+const nb_prim_case *nb_cases_cumulative(size_t *n);
+const nb_prim_case *nb_cases_dot(size_t *n);
+const nb_prim_case *nb_cases_conv(size_t *n);
+const nb_prim_case *nb_cases_gather(size_t *n);
+const nb_prim_case *nb_cases_sort(size_t *n);
+static const nb_case_list_fn families[] = {nb_cases_core,       nb_cases_call, nb_cases_slicing, nb_cases_dynamic, nb_cases_cumulative,
+                                           nb_cases_dot,        nb_cases_conv, nb_cases_gather,  nb_cases_sort};
 
 int main(void) {
   nb_ctx *ctx = nb_ctx_create();
@@ -53,6 +61,7 @@ int main(void) {
     nb_exe_stats s;
     CHECK(nb_test_jit_matches(ctx, all, inputs, &o, modes[m] ? "table, all off" : "table", &s));
     CHECK(s.native && s.nkernels > 10 && s.neval > 0);
+    if (!modes[m]) CHECK_MSG(s.nblas > 0, "dot_general rows use BLAS");
   }
   printf("test_jit_prims: %d rows\n", rows);
   nb_graph_destroy(all);
