@@ -304,6 +304,44 @@ static void test_fallback(void) {
   nb_tree_destroy(in);
 }
 
+typedef struct infocap {
+  int n;
+  bool summary, groups, graph, timings;
+} infocap;
+
+static void capture_info(void *ud, nb_log_level level, const char *msg) {
+  infocap *c = ud;
+  if (level != NB_LOG_INFO) return;
+  c->n++;
+  c->summary |= strstr(msg, "jit: ") && strstr(msg, "kernels") != NULL;
+  c->groups |= strstr(msg, "step 0 k0:") != NULL;
+  c->graph |= strstr(msg, "= tanh") != NULL;
+  c->timings |= strstr(msg, "jit step 0") && strstr(msg, "GB/s") != NULL;
+}
+
+static void test_debug_levels(void) {
+  int64_t d[1] = {64};
+  nb_tree *in = inputs1(NB_F32, 1, d);
+  add_input(in, "y", NB_F32, 1, d);
+  nb_graph *g = trace(f_chain, NULL, in);
+  for (int level = 1; level <= 4; level++) {
+    infocap cap = {0, false, false, false, false};
+    nb_ctx_set_log(ctx, capture_info, &cap);
+    nb_jit_opts o = nb_test_jit_opts(level == 1 ? "dce" : level == 2 ? "fold" : level == 3 ? "algebra" : "reuse");
+    o.debug = level;
+    nb_exe *e = nb_jit(ctx, g, &o);
+    nb_tree *out = nb_tree_create(ctx);
+    CHECK_OK(ctx, nb_exe_run(e, in, out));
+    nb_ctx_set_log(ctx, NULL, NULL);
+    CHECK_MSG(cap.summary && cap.timings == (level >= 2) && cap.groups == (level >= 3) && cap.graph == (level >= 3),
+              "debug %d: summary %d timings %d groups %d graph %d", level, cap.summary, cap.timings, cap.groups, cap.graph);
+    nb_tree_destroy(out);
+    nb_exe_destroy(e);
+  }
+  nb_graph_destroy(g);
+  nb_tree_destroy(in);
+}
+
 static void test_donation(void) {
   int64_t d[1] = {1000};
   nb_tree *in = nb_tree_create(ctx);
@@ -469,6 +507,7 @@ int main(void) {
   test_caches();
   test_fallback();
   test_donation();
+  test_debug_levels();
   test_reuse_and_stats();
   test_misuse();
   test_blas();
