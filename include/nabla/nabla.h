@@ -2,6 +2,7 @@
 #ifndef NABLA_H
 #define NABLA_H
 #include "nabla/core.h"
+#include "nabla/compile.h"
 #include "nabla/data.h"
 #include "nabla/optim.h"
 #include "nabla/tokenizer.h"

@@ -1,0 +1,120 @@
+/* nabla compile: jit — a traced graph compiled into an executable for the
+ * CPU (the analogue of XLA). nb_jit simplifies the graph (dead code,
+ * constant folding, algebraic rewrites; common subexpressions are already
+ * shared by the IR), fuses elementwise / broadcast / layout / reduction
+ * chains into loop kernels, assigns buffers (liveness-based reuse, donated
+ * inputs), generates C for the kernels, compiles it with the system C
+ * compiler into a shared object cached on disk by content hash, and loads it.
+ * Equations it does not fuse run through their reference implementation
+ * (dot_general through BLAS), so every graph runs. Without a working C
+ * compiler the executable runs on the interpreter (one warning is logged).
+ *
+ * Example:
+ *
+ *   nb_graph *g = nb_trace(ctx, step, NULL, spec);
+ *   const char *donate[] = {"params", NULL};
+ *   nb_jit_opts o = {.donate = donate};
+ *   nb_exe *exe = nb_jit(ctx, g, &o);           // compiled once, cached
+ *   nb_tree *out = nb_tree_create(ctx);
+ *   if (!exe || nb_exe_run(exe, inputs, out) != NB_OK) fprintf(stderr, "%s\n", nb_ctx_error(ctx));
+ *   nb_exe_destroy(exe);
+ *
+ * Switches (names for nb_jit_opts.disable and $NABLA_JIT_DISABLE, comma
+ * separated; "all" turns off every optimization but keeps native code):
+ *   dce, fold, algebra   simplification passes
+ *   fuse                 fusion (off: one kernel per equation)
+ *   reuse, donate        buffer reuse between intermediates; donated inputs
+ *   parallel, blas       the thread pool; OpenBLAS for dot_general
+ *   native               generated code (off: run on the interpreter)
+ * Environment: NABLA_CC (compiler command), NABLA_CACHE_DIR (disk cache),
+ * NABLA_THREADS, NABLA_DEBUG (1: summary, 2: per-kernel timings of the first
+ * run, 3: fusion groups and source path, 4: the optimized graph), all logged
+ * through the context's log callback at NB_LOG_INFO.
+ */
+#ifndef NABLA_COMPILE_H
+#define NABLA_COMPILE_H
+
+#include "nabla/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct nb_exe nb_exe;
+
+/* All fields may be zero / NULL for the defaults. */
+typedef struct nb_jit_opts {
+  const char *disable;        /* switches turned off (see above), added to $NABLA_JIT_DISABLE */
+  const char *const *donate;  /* NULL-terminated input paths or path prefixes ("params" selects
+                                 params/...): outputs may be written into these inputs' buffers */
+  int threads;                /* 0: $NABLA_THREADS or the number of CPUs */
+  const char *cache_dir;      /* NULL: $NABLA_CACHE_DIR or ~/.cache/nabla/jit */
+  const char *cc;             /* NULL: $NABLA_CC or "cc -O3 -march=native -fPIC -shared" */
+  int debug;                  /* 0: the context's debug level */
+  nb_device device;           /* only the CPU for now */
+} nb_jit_opts;
+
+/* Compiles g (borrowed; the executable keeps what it needs) for inputs with
+ * g's avals. Returns an executable (destroy it with nb_exe_destroy), or NULL
+ * with the error on ctx (bad options, a graph in error, out of memory). A
+ * second nb_jit of an equal graph with equal options on the same context,
+ * while the first executable is alive, returns the same executable (one
+ * more reference); across processes the disk cache makes it compile
+ * nothing. Bad switch names are errors. */
+nb_exe *nb_jit(nb_ctx *ctx, const nb_graph *g, const nb_jit_opts *opts);
+
+/* Same contract as nb_graph_run: `inputs` holds an array for every input
+ * path (extra paths are ignored); outputs are set into `outputs` (new
+ * references held by the tree). A donated input whose array is held only
+ * once (refcount 1: by the input tree, or the caller in the flat form) may
+ * have its memory overwritten and be returned as an output; with more
+ * holders it is copied instead. Runs of one executable from several threads
+ * are allowed (they take turns on the thread pool). */
+nb_status nb_exe_run(nb_exe *e, const nb_tree *inputs, nb_tree *outputs);
+/* Positional form: in[num_inputs] borrowed, out[num_outputs] new references. */
+nb_status nb_exe_run_flat(nb_exe *e, nb_array *const *in, nb_array **out);
+/* Releases one reference (NULL is allowed). */
+void nb_exe_destroy(nb_exe *e);
+
+typedef struct nb_exe_stats {
+  size_t peak_bytes;       /* estimate: arena + outputs not written into donated inputs */
+  size_t arena_bytes;      /* intermediates after liveness-based reuse */
+  size_t output_bytes;
+  size_t nsteps, nkernels, neval, nblas;
+  bool native;             /* false: runs on the interpreter */
+  bool from_disk_cache;    /* the shared object existed: nothing was compiled */
+  double compile_ms;       /* nb_jit wall time of the first compile */
+  uint64_t runs;
+} nb_exe_stats;
+void nb_exe_get_stats(const nb_exe *e, nb_exe_stats *out);
+
+typedef enum nb_exe_step_kind {
+  NB_EXE_STEP_KERNEL, /* a generated loop kernel */
+  NB_EXE_STEP_EVAL,   /* one equation through its reference implementation */
+  NB_EXE_STEP_BLAS,   /* dot_general through cblas_?gemm */
+  NB_EXE_STEP_KIND_COUNT
+} nb_exe_step_kind;
+
+typedef struct nb_exe_step_info {
+  nb_exe_step_kind kind;
+  const char *name;       /* "k3" or the primitive's name; valid while e is alive */
+  size_t neqns;           /* equations of the optimized graph the step computes */
+  double flops, bytes;    /* model cost of one run (bytes read + written) */
+  double last_ms, total_ms;
+} nb_exe_step_info;
+size_t nb_exe_num_steps(const nb_exe *e);
+nb_status nb_exe_step(const nb_exe *e, size_t i, nb_exe_step_info *out);
+
+/* The generated C source file, or NULL (interpreter fallback); valid while
+ * e is alive. */
+const char *nb_exe_source_path(const nb_exe *e);
+/* The optimized graph (borrowed, valid while e is alive). */
+const nb_graph *nb_exe_graph(const nb_exe *e);
+/* Prints the optimized graph, the fusion groups, the source path and the
+ * per-step statistics of the last run. */
+void nb_exe_print(const nb_exe *e, FILE *f);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* NABLA_COMPILE_H */

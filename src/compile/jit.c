@@ -1,0 +1,266 @@
+/* nb_jit: reads the options, runs the passes in pipeline order (simplify,
+ * fuse, assign buffers, generate C, build and load), keeps live executables
+ * in a memory cache keyed by graph hash, options and context, and reports
+ * what it did at the debug levels. Not here: running (runtime/exe.c). */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "compile/jit.h"
+
+static const char *const switch_names[NB_SW_COUNT] = {
+#define NB_JIT_SW(n) #n,
+    NB_JIT_SWITCHES(NB_JIT_SW)
+#undef NB_JIT_SW
+};
+
+static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
+static nb_exe *cache_list;
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* ---------------------------------------------------------------- options */
+
+static nb_status parse_switches(nb_ctx *ctx, const char *list, const char *where, nb_jit_config *cfg) {
+  if (!list) return NB_OK;
+  const char *p = list;
+  while (*p) {
+    size_t n = strcspn(p, ", ");
+    if (n > 0) {
+      bool found = false;
+      if (n == 3 && strncmp(p, "all", 3) == 0) {
+        for (int i = 0; i < NB_SW_COUNT; i++)
+          if (i != NB_SW_native) cfg->off[i] = true;
+        found = true;
+      }
+      for (int i = 0; i < NB_SW_COUNT && !found; i++)
+        if (strlen(switch_names[i]) == n && strncmp(p, switch_names[i], n) == 0) cfg->off[i] = found = true;
+      if (!found)
+        return nb_errorf(ctx, NB_ERR_INVALID_ARG,
+                         "jit: unknown switch '%.*s' in %s (known: dce, fold, algebra, fuse, reuse, donate, parallel, blas, native, all)",
+                         (int)n, p, where);
+    }
+    p += n;
+    while (*p == ',' || *p == ' ') p++;
+  }
+  return NB_OK;
+}
+
+static nb_status make_config(nb_ctx *ctx, const nb_jit_opts *o, nb_jit_config *cfg) {
+  memset(cfg, 0, sizeof *cfg);
+  if (o && o->device.kind != NB_DEVICE_CPU)
+    return nb_errorf(ctx, NB_ERR_UNIMPLEMENTED, "jit: only the CPU device is supported (got device kind %d)", (int)o->device.kind);
+  nb_status st = parse_switches(ctx, getenv("NABLA_JIT_DISABLE"), "NABLA_JIT_DISABLE", cfg);
+  if (st == NB_OK && o) st = parse_switches(ctx, o->disable, "nb_jit_opts.disable", cfg);
+  if (st != NB_OK) return st;
+  const char *env_threads = getenv("NABLA_THREADS");
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  cfg->threads = o && o->threads ? o->threads : env_threads && atoi(env_threads) > 0 ? atoi(env_threads) : (int)(ncpu > 0 ? ncpu : 1);
+  if (cfg->threads < 0 || cfg->threads > 1024)
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "jit: threads must be in [0, 1024], got %d", cfg->threads);
+  if (cfg->off[NB_SW_parallel]) cfg->threads = 1;
+  cfg->debug = o && o->debug ? o->debug : nb_ctx_debug_level(ctx);
+  const char *cc = o && o->cc ? o->cc : getenv("NABLA_CC") ? getenv("NABLA_CC") : "cc -O3 -march=native -fPIC -shared";
+  const char *home = getenv("HOME");
+  int n;
+  if (o && o->cache_dir) n = snprintf(cfg->cache_dir, sizeof cfg->cache_dir, "%s", o->cache_dir);
+  else if (getenv("NABLA_CACHE_DIR")) n = snprintf(cfg->cache_dir, sizeof cfg->cache_dir, "%s", getenv("NABLA_CACHE_DIR"));
+  else if (home && *home) n = snprintf(cfg->cache_dir, sizeof cfg->cache_dir, "%s/.cache/nabla/jit", home);
+  else n = snprintf(cfg->cache_dir, sizeof cfg->cache_dir, "/tmp/nabla-jit-%d", (int)getuid());
+  if (n < 0 || (size_t)n >= sizeof cfg->cache_dir || !cfg->cache_dir[0])
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "jit: cache directory path is empty or too long");
+  if (strlen(cc) >= sizeof cfg->cc || !*cc) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "jit: compiler command is empty or too long");
+  if (strchr(cfg->cache_dir, '\'')) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "jit: cache directory may not contain a quote: %s", cfg->cache_dir);
+  snprintf(cfg->cc, sizeof cfg->cc, "%s", cc);
+  return NB_OK;
+}
+
+static uint64_t config_key(const nb_ctx *ctx, const nb_graph *g, const nb_jit_config *cfg, const nb_jit_opts *o) {
+  uint64_t h = nb__hash_combine(nb_graph_hash(g), (uint64_t)(uintptr_t)ctx);
+  h = nb__hash_combine(h, nb__hash_bytes(cfg, sizeof *cfg, 7));
+  for (const char *const *d = o && o->donate ? o->donate : NULL; d && *d; d++) h = nb__hash_combine(h, nb__hash_bytes(*d, strlen(*d), 9));
+  return h;
+}
+
+static bool donated(const char *path, const char *const *donate) {
+  for (; donate && *donate; donate++) {
+    size_t n = strlen(*donate);
+    if (n && strncmp(path, *donate, n) == 0 && (path[n] == 0 || path[n] == '/')) return true;
+  }
+  return false;
+}
+
+/* ---------------------------------------------------------------- diagnostics */
+
+static void log_text(nb_ctx *ctx, const char *text) {
+  const char *p = text;
+  while (p && *p) {
+    size_t n = strcspn(p, "\n");
+    nb_logf(ctx, NB_LOG_INFO, "%.*s", (int)n, p);
+    p += n + (p[n] == '\n');
+  }
+}
+
+static void report(nb_exe *e) {
+  nb_ctx *ctx = e->ctx;
+  if (e->cfg.debug < 1) return;
+  nb_exe_stats s;
+  nb_exe_get_stats(e, &s);
+  nb_logf(ctx, NB_LOG_INFO, "jit: %zu equations -> %zu steps (%zu kernels, %zu eval, %zu blas); arena %zu bytes, peak %zu bytes; %s%s (%.1f ms)",
+          nb_graph_num_eqns(e->graph), s.nsteps, s.nkernels, s.neval, s.nblas, s.arena_bytes, s.peak_bytes,
+          e->native ? e->src_path : "interpreter", e->native && e->from_cache ? " (from the disk cache)" : "", e->compile_ms);
+  if (e->cfg.debug >= 3) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (f) {
+      nb_exe_print(e, f);
+      fclose(f);
+      log_text(ctx, buf);
+      free(buf);
+    }
+  }
+}
+
+void nb_exe_print(const nb_exe *e, FILE *f) {
+  if (!e || !f) return;
+  const nb_jplan *p = &e->plan;
+  fprintf(f, "optimized graph:\n");
+  nb_graph_print(e->graph, f);
+  fprintf(f, "source: %s\n", e->native ? e->src_path : "(none: interpreter)");
+  for (int s = 0; s < p->nsteps; s++) {
+    const nb_jstep *st = &p->steps[s];
+    fprintf(f, "step %d %s: %zu eqns, %.3g flops, %.3g bytes, last %.3f ms", s, st->name, st->neqns, st->flops, st->bytes, st->last_ms);
+    if (st->kind == NB_EXE_STEP_KERNEL) {
+      const nb_kernel *k = &p->kernels[st->kernel];
+      fprintf(f, ", outer [");
+      for (int v = 0; v < k->ro; v++) fprintf(f, "%s%lld", v ? "," : "", (long long)k->dims[v]);
+      fprintf(f, "] inner [");
+      for (int v = k->ro; v < k->ro + k->rr; v++) fprintf(f, "%s%lld", v > k->ro ? "," : "", (long long)k->dims[v]);
+      fprintf(f, "] phases %d, %d nodes, writes", k->nphases, k->nnodes);
+      for (int r = 0; r < k->nroots; r++) fprintf(f, " %%v%u", k->roots[r]);
+    }
+    fprintf(f, "\n");
+  }
+}
+
+/* ---------------------------------------------------------------- pipeline */
+
+static nb_status build_native(nb_exe *e) {
+  nb_ctx *ctx = e->ctx;
+  nb_jit_text src = {ctx, NULL, 0, 0, false};
+  nb_status st = nb_jit__codegen_c(ctx, &e->plan, &src);
+  if (st != NB_OK) return st;
+  char why[1600] = "";
+  if (!e->cfg.off[NB_SW_native] && e->plan.nkernels > 0) {
+    e->dl = nb_cpu__load(ctx, &e->cfg, src.s, src.n, e->src_path, sizeof e->src_path, &e->from_cache, why, sizeof why);
+    e->fns = e->dl ? nb_jit__alloc(&e->ar, sizeof(nb_kernel_fn) * (size_t)e->plan.nkernels) : NULL;
+    for (int k = 0; e->fns && k < e->plan.nkernels; k++) {
+      char name[32];
+      snprintf(name, sizeof name, "nbk_%d", k);
+      void *sym = nb_cpu__sym(e->dl, name);
+      memcpy(&e->fns[k], &sym, sizeof sym);
+      if (!sym) {
+        snprintf(why, sizeof why, "symbol %s missing from %s", name, e->src_path);
+        e->fns = NULL;
+      }
+    }
+    if (e->dl && !e->fns) {
+      nb_cpu__unload(e->dl);
+      e->dl = NULL;
+    }
+    if (!e->dl) nb_logf(ctx, NB_LOG_WARN, "jit: no native code (%s); this executable runs on the interpreter", why);
+  }
+  e->native = e->cfg.off[NB_SW_native] ? false : e->plan.nkernels == 0 || e->dl != NULL;
+  nb_jit__text_free(&src);
+  return NB_OK;
+}
+
+static nb_status compile(nb_exe *e, const nb_graph *g, const nb_jit_opts *o) {
+  nb_ctx *ctx = e->ctx;
+  double t0 = now_ms();
+  e->graph = nb_jit__simplify(ctx, g, &e->cfg);
+  if (!e->graph) return nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_NOMEM;
+  if (e->cfg.debug >= 4) {
+    char *text = nb_graph_to_string(e->graph);
+    nb_logf(ctx, NB_LOG_INFO, "jit: optimized graph:");
+    log_text(ctx, text);
+    free(text);
+  }
+  e->plan.ar = &e->ar;
+  e->plan.g = e->graph;
+  size_t nin = nb_graph_num_inputs(e->graph);
+  e->plan.donated = nb_jit__alloc(&e->ar, nin + 1);
+  if (!e->plan.donated) return nb_errorf(ctx, NB_ERR_NOMEM, "jit: out of memory");
+  for (size_t i = 0; i < nin; i++) e->plan.donated[i] = donated(nb_graph_input_path(e->graph, i), o ? o->donate : NULL);
+  nb_status st = nb_jit__fuse(ctx, &e->plan, &e->cfg);
+  if (st == NB_OK) st = nb_jit__assign_buffers(ctx, &e->plan, &e->cfg);
+  if (st == NB_OK) st = build_native(e);
+  if (st != NB_OK) return st;
+  for (int k = 0; k < e->plan.nkernels; k++)
+    if (e->plan.kernels[k].nargs > e->max_args) e->max_args = e->plan.kernels[k].nargs;
+  if (e->native && e->plan.nkernels) {
+    e->pool = nb_rt__pool_get(e->cfg.threads);
+    if (!e->pool) return nb_errorf(ctx, NB_ERR_NOMEM, "jit: cannot start the thread pool");
+  }
+  for (int s = 0; s < e->plan.nsteps; s++)
+    if (e->plan.steps[s].kind == NB_EXE_STEP_BLAS) {
+      nb_cpu__blas_threads(e->cfg.threads); /* the pool sleeps while BLAS runs: the cores are its */
+      break;
+    }
+  e->compile_ms = now_ms() - t0;
+  return NB_OK;
+}
+
+nb_exe *nb_jit(nb_ctx *ctx, const nb_graph *g, const nb_jit_opts *opts) {
+  if (!g) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "nb_jit: NULL graph"), NULL;
+  if (nb_graph_status(g)) return nb_errorf(ctx, nb_graph_status(g), "nb_jit: graph is in error: %s", nb_graph_error(g)), NULL;
+  nb_jit_config cfg;
+  if (make_config(ctx, opts, &cfg) != NB_OK) return NULL;
+  uint64_t key = config_key(ctx, g, &cfg, opts);
+  pthread_mutex_lock(&cache_mu);
+  for (nb_exe *c = cache_list; c; c = c->link)
+    if (c->key == key && c->ctx == ctx) {
+      c->refs++;
+      pthread_mutex_unlock(&cache_mu);
+      return c;
+    }
+  pthread_mutex_unlock(&cache_mu);
+  nb_exe *e = nb_calloc(ctx, sizeof *e);
+  if (!e) return NULL;
+  e->ctx = ctx;
+  e->refs = 1;
+  e->key = key;
+  e->cfg = cfg;
+  e->ar.ctx = ctx;
+  pthread_mutex_init(&e->mu, NULL);
+  if (compile(e, g, opts) != NB_OK) {
+    nb_rt__exe_free(e);
+    return NULL;
+  }
+  report(e);
+  pthread_mutex_lock(&cache_mu);
+  e->link = cache_list;
+  cache_list = e;
+  pthread_mutex_unlock(&cache_mu);
+  return e;
+}
+
+void nb_exe_destroy(nb_exe *e) {
+  if (!e) return;
+  pthread_mutex_lock(&cache_mu);
+  bool last = --e->refs == 0;
+  if (last)
+    for (nb_exe **p = &cache_list; *p; p = &(*p)->link)
+      if (*p == e) {
+        *p = e->link;
+        break;
+      }
+  pthread_mutex_unlock(&cache_mu);
+  if (last) nb_rt__exe_free(e);
+}

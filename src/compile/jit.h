@@ -1,0 +1,220 @@
+/* Private to the compiler and runtime: the compile configuration, the
+ * backend-neutral loop-nest IR of fused kernels, the plan (steps and
+ * buffers) that the passes build in pipeline order, and the entry points of
+ * each pass (simplify -> fuse -> buffers -> codegen) and of the runtime. */
+#ifndef NABLA_COMPILE_JIT_H
+#define NABLA_COMPILE_JIT_H
+
+#include "core/prims/params.h"
+#include "nabla/compile.h"
+
+/* ---------------------------------------------------------------- config */
+
+#define NB_JIT_SWITCHES(X) X(dce) X(fold) X(algebra) X(fuse) X(reuse) X(donate) X(parallel) X(blas) X(native)
+typedef enum nb_jit_switch {
+#define NB_JIT_SW(n) NB_SW_##n,
+  NB_JIT_SWITCHES(NB_JIT_SW)
+#undef NB_JIT_SW
+  NB_SW_COUNT
+} nb_jit_switch;
+
+typedef struct nb_jit_config {
+  bool off[NB_SW_COUNT];
+  int threads;
+  int debug;
+  char cache_dir[1024];
+  char cc[1024];
+} nb_jit_config;
+
+/* ---------------------------------------------------------------- arena */
+
+/* Compile-time memory owned by one executable, freed at once. */
+typedef struct nb_jit_arena {
+  nb_ctx *ctx;
+  struct nb_jit_block *blocks;
+} nb_jit_arena;
+void *nb_jit__alloc(nb_jit_arena *a, size_t bytes); /* zeroed; NULL on OOM */
+/* Grows an arena vector of n elements to hold n+1; returns false on OOM. */
+bool nb_jit__push(nb_jit_arena *a, void **v, int *n, int *cap, size_t elem);
+#define NB_PUSH(a, vec, n, cap) nb_jit__push((a), (void **)&(vec), &(n), &(cap), sizeof *(vec))
+void nb_jit__arena_free(nb_jit_arena *a);
+/* Moves src's blocks into dst (src becomes empty). */
+void nb_jit__arena_adopt(nb_jit_arena *dst, nb_jit_arena *src);
+
+/* Growable text (nb_alloc'ed); oom sticks. */
+typedef struct nb_jit_text {
+  nb_ctx *ctx;
+  char *s;
+  size_t n, cap;
+  bool oom;
+} nb_jit_text;
+void nb_jit__printf(nb_jit_text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void nb_jit__text_free(nb_jit_text *t);
+
+/* ---------------------------------------------------------------- kernel IR */
+
+/* A kernel iterates an outer space O (ro dims, split across threads) and,
+ * for row kernels, an inner reduction space R (rr dims) once per phase.
+ * Loop variables are numbered O first, then R. Every memory access is an
+ * affine map of the loop variables (element offset = base + sum coef*var). */
+#define NB_KVARS (2 * NB_MAX_RANK)
+typedef struct nb_kaffine {
+  int64_t base;
+  int64_t coef[NB_KVARS];
+} nb_kaffine;
+
+typedef enum nb_knode_kind { NB_KN_LOAD, NB_KN_CONST, NB_KN_INDEX, NB_KN_OP, NB_KN_REDUCE } nb_knode_kind;
+
+/* One scalar SSA value of the kernel body; operands come earlier. inner:
+ * depends on the R variables (evaluated inside a phase loop). A REDUCE node
+ * is an outer value computed by phase `phase` (1-based) over its operand. */
+typedef struct nb_knode {
+  nb_knode_kind kind;
+  nb_prim prim;        /* OP, REDUCE */
+  nb_dtype dtype;      /* result dtype */
+  nb_dtype src_dtype;  /* OP: dtype of operand 0 (convert) */
+  int nin, in[3];
+  int arg;             /* LOAD: kernel argument */
+  nb_kaffine map;      /* LOAD: element offset; INDEX: the index value */
+  double cf;           /* CONST (floats, bool) */
+  int64_t ci;          /* CONST (integers) */
+  bool inner;
+  int phase;           /* REDUCE: 1-based phase; others: latest phase they need */
+} nb_knode;
+
+typedef struct nb_kstore {
+  int node, arg;
+  nb_kaffine map;
+  bool inner;
+} nb_kstore;
+
+typedef struct nb_kernel {
+  int ro, rr;
+  int64_t dims[NB_KVARS];   /* O dims then R dims */
+  nb_knode *nodes;
+  int nnodes, cap_nodes;
+  nb_kstore *stores;
+  int nstores, cap_stores;
+  uint32_t *args;           /* value ids of the buffers read or written */
+  bool *arg_written;
+  int nargs, cap_args;
+  int nphases;
+  uint32_t *roots;          /* value ids it materializes */
+  int nroots, cap_roots;
+  int neqns;                /* equations fused into it */
+  double flops, bytes;
+} nb_kernel;
+
+/* ---------------------------------------------------------------- plan */
+
+typedef enum nb_buf_class { NB_BUF_NONE, NB_BUF_INPUT, NB_BUF_CONST, NB_BUF_TEMP, NB_BUF_OUTPUT } nb_buf_class;
+
+typedef struct nb_jbuf {
+  nb_buf_class cls;
+  int index;          /* INPUT: input index; OUTPUT: first output index */
+  nb_array *constant; /* CONST: held by the graph */
+  size_t offset;      /* TEMP: arena offset */
+  size_t nbytes;
+  int def_step, last_step;
+  int donor;          /* OUTPUT: donated input index whose buffer it may take, or -1 */
+} nb_jbuf;
+
+typedef struct nb_jstep {
+  nb_exe_step_kind kind;
+  int kernel;             /* KERNEL */
+  const nb_eqn *eqn;      /* EVAL, BLAS */
+  uint32_t order;         /* first equation index, for a stable schedule */
+  size_t neqns;
+  double flops, bytes;
+  char name[40];
+  double last_ms, total_ms;
+} nb_jstep;
+
+typedef struct nb_jplan {
+  nb_jit_arena *ar;
+  const nb_graph *g;      /* the simplified graph */
+  nb_jbuf *bufs;          /* per value id */
+  size_t nvals;
+  nb_jstep *steps;
+  int nsteps, cap_steps;
+  nb_kernel *kernels;
+  int nkernels, cap_kernels;
+  bool *donated;          /* per input index */
+  size_t arena_bytes, peak_bytes, output_bytes;
+} nb_jplan;
+
+/* ---------------------------------------------------------------- passes */
+
+/* simplify.c: a new graph (dce, fold, algebra per cfg), or NULL + error. */
+nb_graph *nb_jit__simplify(nb_ctx *ctx, const nb_graph *g, const nb_jit_config *cfg);
+/* fuse.c: fills plan->kernels, plan->steps (scheduled) and the buffer
+ * classes of plan->bufs. */
+nb_status nb_jit__fuse(nb_ctx *ctx, nb_jplan *plan, const nb_jit_config *cfg);
+/* True when the kernel IR can express e (elementwise, layout, reductions). */
+bool nb_jit__fusable(const nb_eqn *e);
+/* buffers.c: liveness, arena offsets, donation, the peak estimate. */
+nb_status nb_jit__assign_buffers(nb_ctx *ctx, nb_jplan *plan, const nb_jit_config *cfg);
+/* codegen_c.c: C source for every kernel of the plan (kernel i is the
+ * function nbk_<i>(int64_t lo, int64_t hi, char *const *bufs) iterating
+ * the flattened outer indices [lo, hi)). */
+nb_status nb_jit__codegen_c(nb_ctx *ctx, const nb_jplan *plan, nb_jit_text *out);
+
+/* ---------------------------------------------------------------- backend, runtime */
+
+typedef void (*nb_kernel_fn)(int64_t lo, int64_t hi, char *const *bufs);
+
+/* backend/cpu/cc.c: builds (or finds in the disk cache) the shared object
+ * for `src` and loads it. Returns the dlopen handle or NULL with a reason in
+ * why (not an error on ctx: the caller falls back). */
+void *nb_cpu__load(nb_ctx *ctx, const nb_jit_config *cfg, const char *src, size_t len, char *src_path, size_t path_cap,
+                   bool *from_cache, char *why, size_t whycap);
+void nb_cpu__unload(void *handle);
+void *nb_cpu__sym(void *handle, const char *name);
+
+/* backend/cpu/blas.c: dot_general through cblas when the layout allows. */
+int nb_cpu__dot_prim(void); /* the dot_general primitive's index, or -1 */
+bool nb_cpu__blas_supported(const nb_eqn *e);
+void nb_cpu__blas_run(const nb_eqn *e, const void *lhs, const void *rhs, void *out);
+void nb_cpu__blas_threads(int n);
+
+/* runtime/pool.c: a persistent thread pool shared by executables. */
+typedef struct nb_pool nb_pool;
+nb_pool *nb_rt__pool_get(int threads); /* a reference to the shared pool of that size; NULL on failure */
+void nb_rt__pool_put(nb_pool *p);
+/* Runs fn(arg, t) for t in [0, ntasks) on the pool and the calling thread;
+ * returns when all are done. */
+void nb_rt__pool_run(nb_pool *p, int ntasks, void (*fn)(void *arg, int task), void *arg);
+int nb_rt__pool_threads(const nb_pool *p);
+
+/* ---------------------------------------------------------------- the executable */
+
+struct nb_exe {
+  nb_ctx *ctx;
+  int refs;               /* guarded by the memory cache's lock (compile/jit.c) */
+  uint64_t key;
+  nb_exe *link;           /* memory cache list */
+  nb_jit_config cfg;
+  nb_jit_arena ar;
+  nb_jplan plan;
+  nb_graph *graph;        /* the simplified graph (owned) */
+  void *dl;               /* shared object, NULL when interpreted */
+  nb_kernel_fn *fns;      /* per kernel */
+  bool native, from_cache, warned;
+  char src_path[1200];
+  nb_pool *pool;
+  double compile_ms;
+  int max_args;
+  pthread_mutex_t mu;     /* guards the arena, the stats and `runs` */
+  void *arena;
+  size_t arena_cap;
+  uint64_t runs;
+};
+
+/* runtime/exe.c */
+nb_status nb_rt__run(nb_exe *e, nb_array *const *in, nb_array **out);
+/* Frees what nb_jit built (not the memory-cache entry). */
+void nb_rt__exe_free(nb_exe *e);
+/* Logs the per-step table of the last run at NB_LOG_INFO. */
+void nb_rt__log_steps(const nb_exe *e);
+
+#endif

@@ -1,0 +1,307 @@
+/* Executables at run time: checks the inputs, binds buffers (inputs,
+ * constants, the arena of intermediates, fresh or donated outputs), runs
+ * the schedule (kernels split across the thread pool, other equations
+ * through their reference implementation, dot_general through BLAS) and
+ * records per-step times. Without native code it runs the optimized graph
+ * on the interpreter. Not here: deciding any of the plan (src/compile/). */
+#include <stdatomic.h>
+#include <string.h>
+#include <time.h>
+
+#include "compile/jit.h"
+
+#define MIN_TASK_WORK 32768 /* elements per task below which splitting does not pay */
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static void noop_release(void *ud) { (void)ud; }
+
+/* ---------------------------------------------------------------- kernels */
+
+typedef struct launch {
+  nb_kernel_fn fn;
+  char *const *bufs;
+  int64_t total;
+  int ntasks;
+} launch;
+
+static void run_task(void *arg, int t) {
+  const launch *l = arg;
+  int64_t lo = l->total / l->ntasks * t + (t < l->total % l->ntasks ? t : l->total % l->ntasks);
+  int64_t hi = lo + l->total / l->ntasks + (t < l->total % l->ntasks ? 1 : 0);
+  l->fn(lo, hi, l->bufs);
+}
+
+static void run_kernel(nb_exe *e, const nb_kernel *k, nb_kernel_fn fn, char **ptr, char **args) {
+  for (int a = 0; a < k->nargs; a++) args[a] = ptr[k->args[a]];
+  int64_t total = 1, work = 1;
+  for (int v = 0; v < k->ro; v++) total *= k->dims[v];
+  for (int v = k->ro; v < k->ro + k->rr; v++) work *= k->dims[v];
+  if (total == 0) return;
+  int threads = nb_rt__pool_threads(e->pool);
+  int64_t by_work = total * (work ? work : 1) / MIN_TASK_WORK;
+  int64_t n = threads > 1 ? (by_work < 4 * (int64_t)threads ? by_work : 4 * (int64_t)threads) : 1;
+  if (n > total) n = total;
+  if (n <= 1) {
+    fn(0, total, args);
+    return;
+  }
+  launch l = {fn, args, total, (int)n};
+  nb_rt__pool_run(e->pool, (int)n, run_task, &l);
+}
+
+/* ---------------------------------------------------------------- reference steps */
+
+static nb_array *view(nb_exe *e, const nb_val *v, char **ptr, nb_array *const *in, nb_array **out) {
+  const nb_jbuf *b = &e->plan.bufs[v->id];
+  switch (b->cls) {
+  case NB_BUF_INPUT: nb_array_retain(in[b->index]); return in[b->index];
+  case NB_BUF_CONST: nb_array_retain(b->constant); return b->constant;
+  case NB_BUF_OUTPUT: nb_array_retain(out[b->index]); return out[b->index];
+  default: break;
+  }
+  return nb_array_wrap(e->ctx, v->aval.dtype, v->aval.shape.rank, v->aval.shape.dims, ptr[v->id], noop_release, NULL);
+}
+
+static nb_status run_eval(nb_exe *e, const nb_eqn *q, char **ptr, nb_array *const *in, nb_array **out) {
+  nb_ctx *ctx = e->ctx;
+  int n = q->nin + q->nout;
+  nb_array **arr = nb_calloc(ctx, sizeof(nb_array *) * (size_t)(n + 1));
+  if (!arr) return NB_ERR_NOMEM;
+  nb_status st = NB_OK;
+  for (int i = 0; i < n && st == NB_OK; i++)
+    if (!(arr[i] = view(e, i < q->nin ? q->in[i] : q->out[i - q->nin], ptr, in, out))) st = NB_ERR_NOMEM;
+  if (st == NB_OK) {
+    st = nb__rules(q->prim)->eval(ctx, q, arr, arr + q->nin);
+    if (st != NB_OK && nb_ctx_status(ctx) == NB_OK)
+      nb_errorf(ctx, st, "%s failed at run time (traced at %s:%d)", nb__rules(q->prim)->name, q->loc.file ? q->loc.file : "?", q->loc.line);
+  }
+  for (int i = 0; i < n; i++) nb_array_release(arr[i]);
+  nb_dealloc(ctx, arr, sizeof(nb_array *) * (size_t)(n + 1));
+  return st;
+}
+
+/* ---------------------------------------------------------------- binding */
+
+static nb_status check_inputs(nb_exe *e, nb_array *const *in) {
+  const nb_graph *g = e->graph;
+  for (size_t i = 0; i < nb_graph_num_inputs(g); i++) {
+    nb_aval want = nb_val_aval(nb__graph_input(g, i)), got;
+    if (!in[i]) return nb_errorf(e->ctx, NB_ERR_INVALID_ARG, "nb_exe_run: no array for input '%s'", nb_graph_input_path(g, i));
+    got = nb_array_aval(in[i]);
+    if (!nb_aval_equal(&want, &got)) {
+      char a[128], b[128];
+      return nb_errorf(e->ctx, want.dtype != got.dtype ? NB_ERR_DTYPE : NB_ERR_SHAPE, "nb_exe_run: input '%s' is %s, the executable wants %s",
+                       nb_graph_input_path(g, i), nb_aval_str(&got, a, sizeof a), nb_aval_str(&want, b, sizeof b));
+    }
+    if (nb_array_device(in[i]).kind != NB_DEVICE_CPU)
+      return nb_errorf(e->ctx, NB_ERR_UNIMPLEMENTED, "nb_exe_run: input '%s' is not a host array", nb_graph_input_path(g, i));
+  }
+  return NB_OK;
+}
+
+/* May output buffer b take donated input x's memory now? */
+static bool can_take(nb_array *x) {
+  return atomic_load(&x->refcount) == 1 && !x->release && x->device.kind == NB_DEVICE_CPU;
+}
+
+static nb_status bind_outputs(nb_exe *e, nb_array *const *in, nb_array **out) {
+  const nb_graph *g = e->graph;
+  for (size_t i = 0; i < nb_graph_num_outputs(g); i++) {
+    const nb_val *v = nb__graph_output(g, i);
+    const nb_jbuf *b = &e->plan.bufs[v->id];
+    nb_array *a = NULL;
+    if (b->cls == NB_BUF_INPUT) a = in[b->index];
+    else if (b->cls == NB_BUF_CONST) a = b->constant;
+    else if (b->index != (int)i) a = out[b->index];
+    if (a) {
+      nb_array_retain(a);
+    } else if (b->donor >= 0 && can_take(in[b->donor])) {
+      a = in[b->donor];
+      nb_array_retain(a);
+    } else if (!(a = nb_array_empty(e->ctx, v->aval.dtype, v->aval.shape.rank, v->aval.shape.dims))) {
+      return NB_ERR_NOMEM;
+    }
+    out[i] = a;
+  }
+  return NB_OK;
+}
+
+static void bind_pointers(nb_exe *e, char *arena, nb_array *const *in, nb_array **out, char **ptr) {
+  for (size_t v = 0; v < e->plan.nvals; v++) {
+    const nb_jbuf *b = &e->plan.bufs[v];
+    switch (b->cls) {
+    case NB_BUF_INPUT: ptr[v] = (char *)nb_array_data(in[b->index]); break;
+    case NB_BUF_CONST: ptr[v] = (char *)nb_array_data(b->constant); break;
+    case NB_BUF_TEMP: ptr[v] = arena + b->offset; break;
+    case NB_BUF_OUTPUT: ptr[v] = nb_array_data_mut(out[b->index]); break;
+    default: ptr[v] = NULL; break;
+    }
+  }
+}
+
+static nb_status run_steps(nb_exe *e, char **ptr, char **args, nb_array *const *in, nb_array **out, double *ms) {
+  nb_status st = NB_OK;
+  for (int s = 0; s < e->plan.nsteps && st == NB_OK; s++) {
+    const nb_jstep *step = &e->plan.steps[s];
+    double t0 = now_ms();
+    switch (step->kind) {
+    case NB_EXE_STEP_KERNEL:
+      run_kernel(e, &e->plan.kernels[step->kernel], e->fns[step->kernel], ptr, args);
+      break;
+    case NB_EXE_STEP_BLAS:
+      nb_cpu__blas_run(step->eqn, ptr[step->eqn->in[0]->id], ptr[step->eqn->in[1]->id], ptr[step->eqn->out[0]->id]);
+      break;
+    default: st = run_eval(e, step->eqn, ptr, in, out); break;
+    }
+    ms[s] = now_ms() - t0;
+  }
+  return st;
+}
+
+/* ---------------------------------------------------------------- run */
+
+static nb_status run_native(nb_exe *e, nb_array *const *in, nb_array **out) {
+  nb_ctx *ctx = e->ctx;
+  size_t nout = nb_graph_num_outputs(e->graph), nv = e->plan.nvals;
+  size_t nargs = (size_t)e->max_args + 1, nsteps = (size_t)e->plan.nsteps + 1;
+  char **ptr = nb_calloc(ctx, sizeof(char *) * (nv + 1));
+  char **args = nb_calloc(ctx, sizeof(char *) * nargs);
+  double *ms = nb_calloc(ctx, sizeof(double) * nsteps);
+  nb_status st = ptr && args && ms ? NB_OK : NB_ERR_NOMEM;
+  if (st == NB_OK) st = bind_outputs(e, in, out);
+  /* one run at a time uses the executable's arena; others bring their own */
+  bool own = pthread_mutex_trylock(&e->mu) == 0;
+  char *arena = NULL;
+  size_t need = e->plan.arena_bytes;
+  if (st == NB_OK && own && e->arena_cap < need) {
+    nb_dealloc(ctx, e->arena, e->arena_cap);
+    e->arena = nb_alloc(ctx, need);
+    e->arena_cap = e->arena ? need : 0;
+  }
+  if (st == NB_OK) arena = own ? e->arena : need ? nb_alloc(ctx, need) : NULL;
+  if (st == NB_OK && need && !arena) st = NB_ERR_NOMEM;
+  if (st == NB_OK) {
+    bind_pointers(e, arena, in, out, ptr);
+    st = run_steps(e, ptr, args, in, out, ms);
+  }
+  if (!own) {
+    nb_dealloc(ctx, arena, need);
+    pthread_mutex_lock(&e->mu);
+  }
+  for (int s = 0; st == NB_OK && s < e->plan.nsteps; s++) {
+    e->plan.steps[s].last_ms = ms[s];
+    e->plan.steps[s].total_ms += ms[s];
+  }
+  pthread_mutex_unlock(&e->mu);
+  if (st != NB_OK)
+    for (size_t i = 0; i < nout; i++) {
+      nb_array_release(out[i]);
+      out[i] = NULL;
+    }
+  nb_dealloc(ctx, ptr, sizeof(char *) * (nv + 1));
+  nb_dealloc(ctx, args, sizeof(char *) * nargs);
+  nb_dealloc(ctx, ms, sizeof(double) * nsteps);
+  if (st == NB_ERR_NOMEM && nb_ctx_status(ctx) == NB_OK) nb_errorf(ctx, NB_ERR_NOMEM, "nb_exe_run: out of memory");
+  return st;
+}
+
+nb_status nb_rt__run(nb_exe *e, nb_array *const *in, nb_array **out) {
+  size_t nout = nb_graph_num_outputs(e->graph);
+  for (size_t i = 0; i < nout; i++) out[i] = NULL;
+  nb_status st = check_inputs(e, in);
+  if (st != NB_OK) return st;
+  st = e->native ? run_native(e, in, out) : nb_graph_run_flat(e->ctx, e->graph, in, out);
+  pthread_mutex_lock(&e->mu);
+  bool first = e->runs++ == 0;
+  pthread_mutex_unlock(&e->mu);
+  if (st == NB_OK && first && e->cfg.debug >= 2) nb_rt__log_steps(e);
+  return st;
+}
+
+nb_status nb_exe_run_flat(nb_exe *e, nb_array *const *in, nb_array **out) {
+  if (!e || (!in && nb_graph_num_inputs(e->graph)) || !out)
+    return e ? nb_errorf(e->ctx, NB_ERR_INVALID_ARG, "nb_exe_run_flat: NULL argument") : NB_ERR_INVALID_ARG;
+  return nb_rt__run(e, in, out);
+}
+
+nb_status nb_exe_run(nb_exe *e, const nb_tree *inputs, nb_tree *outputs) {
+  if (!e) return NB_ERR_INVALID_ARG;
+  nb_ctx *ctx = e->ctx;
+  if (!inputs || !outputs) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "nb_exe_run: NULL argument");
+  size_t nin = nb_graph_num_inputs(e->graph), nout = nb_graph_num_outputs(e->graph);
+  nb_array **in = nb_calloc(ctx, (nin + 1) * sizeof(nb_array *));
+  nb_array **out = nb_calloc(ctx, (nout + 1) * sizeof(nb_array *));
+  nb_status st = in && out ? NB_OK : NB_ERR_NOMEM;
+  for (size_t i = 0; st == NB_OK && i < nin; i++) {
+    const char *path = nb_graph_input_path(e->graph, i);
+    if (!(in[i] = nb_tree_get_array(inputs, path)))
+      st = nb_errorf(ctx, NB_ERR_INVALID_ARG, "nb_exe_run: inputs have no array at '%s'", path);
+  }
+  if (st == NB_OK) st = nb_rt__run(e, in, out);
+  for (size_t i = 0; st == NB_OK && i < nout; i++) st = nb_tree_set_array(outputs, nb_graph_output_path(e->graph, i), out[i]);
+  for (size_t i = 0; out && i < nout; i++) nb_array_release(out[i]);
+  nb_dealloc(ctx, in, (nin + 1) * sizeof(nb_array *));
+  nb_dealloc(ctx, out, (nout + 1) * sizeof(nb_array *));
+  if (st == NB_ERR_NOMEM && nb_ctx_status(ctx) == NB_OK) nb_errorf(ctx, NB_ERR_NOMEM, "nb_exe_run: out of memory");
+  return st;
+}
+
+/* ---------------------------------------------------------------- stats */
+
+void nb_exe_get_stats(const nb_exe *e, nb_exe_stats *s) {
+  memset(s, 0, sizeof *s);
+  if (!e) return;
+  s->peak_bytes = e->plan.peak_bytes;
+  s->arena_bytes = e->plan.arena_bytes;
+  s->output_bytes = e->plan.output_bytes;
+  s->nsteps = (size_t)e->plan.nsteps;
+  for (int i = 0; i < e->plan.nsteps; i++) {
+    nb_exe_step_kind k = e->plan.steps[i].kind;
+    s->nkernels += k == NB_EXE_STEP_KERNEL;
+    s->neval += k == NB_EXE_STEP_EVAL;
+    s->nblas += k == NB_EXE_STEP_BLAS;
+  }
+  s->native = e->native;
+  s->from_disk_cache = e->from_cache;
+  s->compile_ms = e->compile_ms;
+  s->runs = e->runs;
+}
+
+size_t nb_exe_num_steps(const nb_exe *e) { return e ? (size_t)e->plan.nsteps : 0; }
+
+nb_status nb_exe_step(const nb_exe *e, size_t i, nb_exe_step_info *out) {
+  if (!e || !out) return NB_ERR_INVALID_ARG;
+  if (i >= (size_t)e->plan.nsteps)
+    return nb_errorf(e->ctx, NB_ERR_INVALID_ARG, "nb_exe_step: step %zu out of range (%d steps)", i, e->plan.nsteps);
+  const nb_jstep *s = &e->plan.steps[i];
+  *out = (nb_exe_step_info){s->kind, s->name, s->neqns, s->flops, s->bytes, s->last_ms, s->total_ms};
+  return NB_OK;
+}
+
+const char *nb_exe_source_path(const nb_exe *e) { return e && e->native && e->dl ? e->src_path : NULL; }
+const nb_graph *nb_exe_graph(const nb_exe *e) { return e ? e->graph : NULL; }
+
+void nb_rt__log_steps(const nb_exe *e) {
+  for (int i = 0; i < e->plan.nsteps; i++) {
+    const nb_jstep *s = &e->plan.steps[i];
+    double gbs = s->last_ms > 0 ? s->bytes / (s->last_ms * 1e6) : 0, gfl = s->last_ms > 0 ? s->flops / (s->last_ms * 1e6) : 0;
+    nb_logf(e->ctx, NB_LOG_INFO, "jit step %d %-12s %8.3f ms  %10.3g flops %10.3g bytes  %6.2f GB/s %6.2f GFLOP/s", i, s->name,
+            s->last_ms, s->flops, s->bytes, gbs, gfl);
+  }
+}
+
+void nb_rt__exe_free(nb_exe *e) {
+  nb_ctx *ctx = e->ctx;
+  nb_rt__pool_put(e->pool);
+  nb_cpu__unload(e->dl);
+  nb_graph_destroy(e->graph);
+  nb_dealloc(ctx, e->arena, e->arena_cap);
+  nb_jit__arena_free(&e->ar);
+  pthread_mutex_destroy(&e->mu);
+  nb_dealloc(ctx, e, sizeof *e);
+}
