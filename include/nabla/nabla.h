@@ -3,5 +3,6 @@
 #define NABLA_H
 #include "nabla/core.h"
 #include "nabla/data.h"
+#include "nabla/nn.h"
 #include "nabla/tokenizer.h"
 #endif
