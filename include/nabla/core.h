@@ -529,25 +529,39 @@ nb_val *nb_rev_at(nb_loc loc, nb_val *x, int naxes, const int *axes);
 /* Random numbers: threefry2x32 keys (u32[2]), as JAX                        */
 /* ------------------------------------------------------------------------ */
 
-/* The threefry2x32 block function, elementwise over four u32 values of one
- * shape; two outputs. The only random primitive: everything below is built
- * on it, so any stream depends only on (key, shape). */
+/* The threefry2x32 block function (20 rounds), elementwise over four u32
+ * values (broadcast to one shape, NumPy rules); two outputs. The only random
+ * primitive: everything below is built on it, so any stream depends only on
+ * (key, shape, dtype). The streams are JAX's default (non-partitionable)
+ * threefry ones bit for bit: keys, split, fold_in, bits and uniform (f64
+ * uniform over a range within an ulp: XLA fuses its multiply-add); normal
+ * within XLA's erf_inv error (nabla's is within 1-2 ulps of exact). */
 void nb_threefry2x32_at(nb_loc loc, nb_val *k0, nb_val *k1, nb_val *x0, nb_val *x1, nb_val **y0, nb_val **y1);
-nb_val *nb_random_key_at(nb_loc loc, nb_graph *g, uint64_t seed);       /* u32[2] */
-nb_val *nb_random_split_at(nb_loc loc, nb_val *key, int64_t n);         /* u32[n,2] */
-nb_val *nb_random_fold_in_at(nb_loc loc, nb_val *key, nb_val *data);    /* data: u32 scalar */
+/* jax.random.PRNGKey(seed): u32[2] = (seed >> 32, seed & 0xffffffff). */
+nb_val *nb_random_key_at(nb_loc loc, nb_graph *g, uint64_t seed);
+nb_val *nb_random_split_at(nb_loc loc, nb_val *key, int64_t n);         /* u32[n,2], 1 <= n < 2^31 */
+nb_val *nb_random_fold_in_at(nb_loc loc, nb_val *key, nb_val *data);    /* data: integer scalar, as u32 */
+/* At most 2^32 - 2 values per call (2^31 - 1 for f64 samplers): split the
+ * key for more. */
 nb_val *nb_random_bits_at(nb_loc loc, nb_val *key, int rank, const int64_t *dims); /* u32 */
-/* [minval, maxval) */
+/* [minval, maxval), finite, minval <= maxval; any float dtype. */
 nb_val *nb_random_uniform_at(nb_loc loc, nb_val *key, nb_dtype t, int rank, const int64_t *dims, double minval, double maxval);
+/* sqrt(2) erf_inv(u), u uniform in (-1, 1). */
 nb_val *nb_random_normal_at(nb_loc loc, nb_val *key, nb_dtype t, int rank, const int64_t *dims);
+/* Standard normal conditioned on (lower, upper), lower < upper (may be
+ * infinite); values stay inside the open interval. */
 nb_val *nb_random_truncated_normal_at(nb_loc loc, nb_val *key, nb_dtype t, int rank, const int64_t *dims, double lower, double upper);
+/* bool: uniform(p's dtype) < p, p (float) broadcast to dims. */
 nb_val *nb_random_bernoulli_at(nb_loc loc, nb_val *key, nb_val *p, int rank, const int64_t *dims);
-/* Samples along `axis` of logits (removed in the result), as i32. */
+/* Samples along `axis` of logits (removed in the result), as i32, by
+ * Gumbel-max: argmax(logits - log(-log(u))). */
 nb_val *nb_random_categorical_at(nb_loc loc, nb_val *key, nb_val *logits, int axis);
 
-/* Host-side keys for eager use: u32[2] arrays (new references). */
+/* Eager use: each returns a new reference, or NULL with an error. nb_key
+ * makes a u32[2] key; the others trace one of the samplers above on `key`
+ * (borrowed, u32[2]) and run it with the interpreter. nb_key_row copies row
+ * i of a u32[n,2] array of keys (nb_key_split's result). */
 nb_array *nb_key(nb_ctx *ctx, uint64_t seed);
-/* Runs one of the samplers above eagerly through the interpreter. */
 nb_array *nb_key_split(nb_ctx *ctx, nb_array *key, int64_t n);
 nb_array *nb_key_fold_in(nb_ctx *ctx, nb_array *key, uint32_t data);
 nb_array *nb_key_row(nb_ctx *ctx, nb_array *keys, int64_t i);
@@ -559,10 +573,22 @@ nb_array *nb_array_random_normal(nb_ctx *ctx, nb_array *key, nb_dtype t, int ran
 /* ------------------------------------------------------------------------ */
 
 typedef struct nb_custom_call nb_custom_call;
-/* A custom call is registered on the context once, by name. `eval` is the
- * host implementation (the interpreter's); `vjp` (optional) emits cotangents
- * of the inputs given the cotangents of the outputs; `batch` (optional) is
- * replaced by a loop when missing. `attrs` is an opaque blob hashed by value. */
+/* A custom call is registered on the context once, by name (names are unique;
+ * register before tracing from several threads). Its rules:
+ *  infer  output avals (nout of them, the count given at the call) from the
+ *         input avals and attributes; an error status refuses the operands.
+ *  eval   the host implementation (the interpreter's): out[i] holds a fresh
+ *         array of the inferred aval to fill through nb_array_data_mut, or to
+ *         release and replace with a new reference of that aval.
+ *  vjp    (optional) emits into g the input cotangents in_ct[i] (NULL: zero)
+ *         from the inputs, outputs and output cotangents (zeros for float
+ *         outputs without one, NULL for non-float outputs). Custom calls are
+ *         differentiated in reverse mode only (grad/vjp; jvp fails when run);
+ *         without a vjp they cannot be differentiated.
+ *  cost   (optional) flops and bytes of one call.
+ * Under vmap the kernel runs once per batch item. `attrs` is an opaque blob,
+ * copied at the call and hashed and compared by value. The rules and name are
+ * copied; ud is kept as given until the context is destroyed. */
 typedef struct nb_custom_call_rules {
   const char *name;
   /* Output avals from input avals and attributes. */
@@ -574,7 +600,9 @@ typedef struct nb_custom_call_rules {
   void *ud;
 } nb_custom_call_rules;
 nb_status nb_custom_call_register(nb_ctx *ctx, const nb_custom_call_rules *rules);
-/* Returns the first output; all outputs go to out[nout] when out != NULL. */
+/* Calls the kernel registered as `name` on nin operands (at most 64) for nout
+ * outputs (1 to 64). Returns the first output; all outputs go to out[nout]
+ * when out != NULL. An unknown name is NB_ERR_NOT_FOUND. */
 nb_val *nb_custom_call_at(nb_loc loc, nb_graph *g, const char *name, int nin, nb_val *const *in,
                           const void *attrs, size_t attrs_size, int nout, nb_val **out);
 

@@ -195,6 +195,10 @@ typedef struct nb_data_tokenizer {
 } nb_data_tokenizer;
 /* The built-in byte-level tokenizer: ids are the bytes, vocab 256, no eos. */
 nb_data_tokenizer nb_data_tokenizer_bytes(void);
+/* A BPE tokenizer (include/nabla/tokenizer.h; borrowed: it must outlive the
+ * result); eos is its "<|endoftext|>" token when it has one, else none. */
+struct nb_tok;
+nb_data_tokenizer nb_data_tokenizer_bpe(const struct nb_tok *tok);
 
 typedef enum nb_data_unit { NB_DATA_UNIT_LINE, NB_DATA_UNIT_FILE, NB_DATA_UNIT_COUNT } nb_data_unit;
 

@@ -42,7 +42,10 @@ static nb_status transpose_eqn(nb_graph *dst, vjp_work *w, const nb_eqn *e) {
   nb_val *ct_out[256], *ct_in_small[64], *in_small[64];
   bool lin_small[64];
   bool any = false;
-  for (int i = 0; i < e->nout; i++) any = any || (ct_out[i] = w->ct[e->out[i]->id]) != NULL;
+  for (int i = 0; i < e->nout; i++) {
+    ct_out[i] = w->ct[e->out[i]->id]; /* every output, not just up to the first non-zero one */
+    any = any || ct_out[i] != NULL;
+  }
   if (!any) return NB_OK;
   if (!r->transpose) {
     nb__fail(dst, e->loc, NB_ERR_UNIMPLEMENTED, "transpose rule for '%s' not implemented (needed by reverse mode)", r->name);

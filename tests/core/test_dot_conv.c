@@ -5,24 +5,11 @@
  * failures are in test_dot_conv_errors.c; finite differences, second order
  * and vmap of every configuration run in the primitive table
  * (tests/lib/cases_dot.c, cases_conv.c). */
-#include <cjson/cJSON.h>
 
+#include "json_golden.h"
 #include "primcheck.h"
 
 /* ---------------------------------------------------------------- JSON goldens */
-
-static char *read_file(const char *path) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *s = malloc((size_t)n + 1);
-  size_t got = fread(s, 1, (size_t)n, f);
-  s[got] = 0;
-  fclose(f);
-  return s;
-}
 
 static int ints(const cJSON *list, int *out) {
   int n = cJSON_GetArraySize(list);
@@ -151,15 +138,12 @@ static void run_golden(nb_ctx *ctx, const cJSON *c) {
 }
 
 static void test_goldens(nb_ctx *ctx) {
-  char *text = read_file("tests/core/golden/dot_conv.json");
-  CHECK_MSG(text, "cannot read tests/core/golden/dot_conv.json (run from the source root)");
-  cJSON *root = text ? cJSON_Parse(text) : NULL;
+  cJSON *root = nb_test_golden_load("tests/core/golden/dot_conv.json");
   CHECK(root);
   const cJSON *cases = root ? cJSON_GetObjectItem(root, "cases") : NULL;
   CHECK(cJSON_GetArraySize(cases) >= 20);
   for (int i = 0; i < cJSON_GetArraySize(cases); i++) run_golden(ctx, cJSON_GetArrayItem(cases, i));
   cJSON_Delete(root);
-  free(text);
 }
 
 /* ---------------------------------------------------------------- hand-computed values */

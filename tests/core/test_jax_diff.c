@@ -3,8 +3,8 @@
  * JAX's values, gradients, Hessian-vector products and per-example gradients
  * (vmap of grad) in f64. The goldens are checked in, so CI needs no JAX;
  * re-run the script to regenerate them. */
-#include <cjson/cJSON.h>
 
+#include "json_golden.h"
 #include "primcheck.h"
 
 #define X nb_tree_get_val(in, "x")
@@ -72,19 +72,6 @@ static const struct {
     {"softmax_xent", softmax_xent}, {"tanh_layer", tanh_layer}, {"gelu", gelu},
     {"layer_norm", layer_norm},     {"pow_atan", pow_atan},     {"prod_max", prod_max},
 };
-
-static char *read_file(const char *path) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *s = malloc((size_t)n + 1);
-  size_t got = fread(s, 1, (size_t)n, f);
-  s[got] = 0;
-  fclose(f);
-  return s;
-}
 
 static nb_array *json_array(nb_ctx *ctx, const cJSON *list, int rank, const int64_t *dims) {
   double v[64];
@@ -158,9 +145,7 @@ static void run_case(nb_ctx *ctx, const char *name, nb_trace_fn fn, const cJSON 
 }
 
 int main(void) {
-  char *text = read_file("tests/core/golden/jax_diff.json");
-  CHECK_MSG(text, "cannot read tests/core/golden/jax_diff.json (run from the source root)");
-  cJSON *root = text ? cJSON_Parse(text) : NULL;
+  cJSON *root = nb_test_golden_load("tests/core/golden/jax_diff.json");
   CHECK(root);
   if (!root) return nb_test_summary("core/jax_diff");
   nb_ctx *ctx = nb_ctx_create();
@@ -180,6 +165,5 @@ int main(void) {
   CHECK_MSG(nb_ctx_bytes_in_use(ctx) == 0, "%zu bytes leaked", nb_ctx_bytes_in_use(ctx));
   nb_ctx_destroy(ctx);
   cJSON_Delete(root);
-  free(text);
   return nb_test_summary("core/jax_diff");
 }

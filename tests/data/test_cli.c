@@ -54,6 +54,14 @@ int main(void) {
   CHECK_MSG(rc == 1 && strstr(out, "chunk 0 (records 0..") && strstr(out, "checksum mismatch"), "rc %d: %s", rc, out);
   rc = run(out, sizeof out, "%s data build -o %s --eos 999 %s", bin, tok, d);
   CHECK_MSG(rc == 1 && strstr(out, "outside vocab"), "rc %d: %s", rc, out);
+  /* a BPE tokenizer file: GPT-2's vocabulary (cut), from the tokenizer goldens */
+  rc = run(out, sizeof out, "%s data build -o %s --tokenizer tests/tokenizer/golden/gpt2/tokenizer.json %s/a.txt", bin, tok, d);
+  CHECK_MSG(rc == 0 && strstr(out, "wrote"), "rc %d: %s", rc, out);
+  rc = run(out, sizeof out, "%s data inspect %s", bin, tok);
+  /* "line" " 0" " of" " the" in GPT-2 ids */
+  CHECK_MSG(rc == 0 && strstr(out, "vocab size         3257") && strstr(out, "1370 657 286 262"), "rc %d: %s", rc, out);
+  rc = run(out, sizeof out, "%s data build -o %s --tokenizer /nonexistent/tokenizer.json %s/a.txt", bin, tok, d);
+  CHECK_MSG(rc == 2 && strstr(out, "/nonexistent/tokenizer.json"), "rc %d: %s", rc, out);
   rc = run(out, sizeof out, "%s data frobnicate", bin);
   CHECK_MSG(rc == 2 && strstr(out, "unknown subcommand"), "rc %d: %s", rc, out);
   rc = run(out, sizeof out, "%s data inspect %s/a.txt", bin, d);

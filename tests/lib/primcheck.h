@@ -50,4 +50,8 @@ typedef struct nb_prim_case {
 /* Each family test file under tests/lib/cases_<family>.c exports its rows. */
 typedef const nb_prim_case *(*nb_case_list_fn)(size_t *n);
 
+/* Registers the test kernels of cases_custom_call.c (softplus, polar,
+ * cube_nograd) on ctx, once; they stay on the context until it is destroyed. */
+nb_status nb_test_register_custom_calls(nb_ctx *ctx);
+
 #endif

@@ -21,7 +21,8 @@ static int usage(void) {
           "         --keep-empty              keep empty documents\n"
           "         records: --chunk-bytes N (default 1048576), --zstd LEVEL (0 = none, default 3),\n"
           "                  --checksum xxh3|crc32c (default xxh3)\n"
-          "         tokens:  --tokenizer bytes (default; ids = bytes, vocab 256), --token-bytes 2|4,\n"
+          "         tokens:  --tokenizer bytes|FILE (bytes: ids = bytes, vocab 256, the default; FILE: tokenizer.json,\n"
+          "                  a vocab.json+merges.txt directory or tokenizer.model), --token-bytes 2|4,\n"
           "                  --eos ID (appended after every document; default: the tokenizer's, none for bytes)\n"
           "       nabla data inspect FILE [--head N]         counts, sizes and the first N records (default 5)\n"
           "       nabla data verify FILE...                  check every checksum; exit 1 on the first bad file\n");
@@ -61,10 +62,17 @@ static bar bar_make(const char *label) { return (bar){label, now_ns(), isatty(2)
 
 /* The tokenizer named by spec. Built in: "bytes". This is the one place a
  * real tokenizer (BPE from tokenizer.json) plugs into the command. */
-static int open_tokenizer(const char *spec, nb_data_tokenizer *out) {
+/* "bytes", or a tokenizer file/directory (tokenizer.json, vocab.json +
+ * merges.txt, tokenizer.model); *loaded is set to what must be destroyed. */
+static int open_tokenizer(nb_ctx *ctx, const char *spec, nb_data_tokenizer *out, nb_tok **loaded) {
+  *loaded = NULL;
   if (!strcmp(spec, "bytes")) return *out = nb_data_tokenizer_bytes(), 0;
-  fprintf(stderr, "nabla data: unknown tokenizer '%s' (built in: bytes)\n", spec);
-  return 2;
+  if (!(*loaded = nb_tok_load(ctx, spec))) {
+    fprintf(stderr, "nabla data: tokenizer '%s': %s (or use 'bytes')\n", spec, nb_ctx_error(ctx));
+    return 2;
+  }
+  *out = nb_data_tokenizer_bpe(*loaded);
+  return 0;
 }
 
 /* ---- build ---------------------------------------------------------------- */
@@ -128,10 +136,12 @@ static int cmd_build(nb_ctx *ctx, int argc, char **argv) {
   nb_status s;
   if (tokens) {
     nb_data_tokenizer tok;
-    int rc = open_tokenizer(tokenizer, &tok);
+    nb_tok *bpe;
+    int rc = open_tokenizer(ctx, tokenizer, &tok, &bpe);
     if (rc) return free(inputs), rc;
     if (eos != -2) tok.eos_id = (int32_t)eos;
     s = nb_data_build_shard(ctx, out, n_in, inputs, &bo, &tok, (int)token_bytes, &n);
+    nb_tok_destroy(bpe);
     if (!s) printf("wrote %s: %lld tokens\n", out, (long long)n);
   } else if (!strcmp(format, "records")) {
     s = nb_data_build_records(ctx, out, n_in, inputs, &bo, &ro, &n);

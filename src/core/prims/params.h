@@ -97,12 +97,19 @@ typedef struct nb_rev_params { /* rev: axes sorted ascending, no repeats, none o
   int axes[NB_MAX_RANK];
 } nb_rev_params;
 
+/* custom_call(inputs) -> outputs through a registered host kernel;
+ * custom_call_lin(primals, tangents of the float primals) -> tangents of the
+ * float outputs, whose transpose emits the kernel's vjp. With batch > 0 every
+ * operand and output carries a leading axis of that size and the kernel runs
+ * once per item (vmap of a kernel that has no batching rule of its own). The
+ * attributes are a u8 array, not arena memory, so that a copied equation in
+ * another graph (inlining, transformations) keeps them alive by holding it. */
 typedef struct nb_custom_call_params {
-  const nb_custom_call_entry *entry; /* registry entry on the context */
-  const void *attrs;                 /* graph-owned copy */
+  const nb_custom_call_entry *entry; /* registry entry on the context (outlives the graphs) */
+  nb_array *attrs;                   /* u8[attrs_size] copy of the attributes, NULL when empty */
   size_t attrs_size;
-  int nout;
-  nb_aval out[8];                    /* informational; infer recomputes */
+  int nin, nout;                     /* of the kernel (custom_call_lin has more operands, fewer outputs) */
+  int64_t batch;                     /* 0, or the size of the leading batch axis */
 } nb_custom_call_params;
 
 /* remat_call(body)(inputs) -> outputs; remat_lin(body, jvp)(primals,

@@ -16,7 +16,7 @@ typedef struct unary_def {
   deriv_fn deriv;           /* NULL: zero derivative */
 } unary_def;
 
-/* erf^-1 by an initial rational guess refined with Newton steps on erf. */
+/* erf^-1 by an initial rational guess refined with Newton steps. */
 static double erf_inv(double y) {
   if (y <= -1) return y == -1 ? -INFINITY : NAN;
   if (y >= 1) return y == 1 ? INFINITY : NAN;
@@ -45,7 +45,14 @@ static double erf_inv(double y) {
     x = 2.83297682 + x * w;
   }
   x *= y;
-  for (int i = 0; i < 3; i++) x -= (erf(x) - y) / (1.1283791670955126 * exp(-x * x));
+  /* Newton steps: on erf near 0, on erfc in the tails, where 1 - |y| is
+   * exact but erf(x) - y would cancel */
+  double a = fabs(y), s = y < 0 ? -1 : 1;
+  for (int i = 0; i < 3; i++) {
+    double d = 1.1283791670955126 * exp(-x * x);
+    if (a < 0.5) x -= (erf(x) - y) / d;
+    else x += s * (erfc(s * x) - (1 - a)) / d;
+  }
   return x;
 }
 
