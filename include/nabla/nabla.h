@@ -4,5 +4,6 @@
 #include "nabla/core.h"
 #include "nabla/data.h"
 #include "nabla/nn.h"
+#include "nabla/models.h"
 #include "nabla/tokenizer.h"
 #endif

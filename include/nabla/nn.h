@@ -63,6 +63,7 @@ typedef struct nb_nn_init {
   nb_tree *params; /* borrowed: leaves are added (or replaced) here */
   nb_array *key;   /* borrowed: u32[2] root key */
   nb_dtype dtype;  /* parameter dtype (a float dtype) */
+  bool abstract;   /* leaves are abstract values (dtype, shape): no memory, no key */
 } nb_nn_init;
 
 /* The 32-bit hash (FNV-1a) of a path that init folds into the root key. */

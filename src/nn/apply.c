@@ -125,6 +125,7 @@ static nb_status put(nb_nn_init *in, const char *path, nb_array *a) {
 nb_status nb_nn_init_normal(nb_nn_init *in, const char *path, int rank, const int64_t *dims, double std) {
   nb_status s = check_init(in, path);
   if (s) return s;
+  if (in->abstract) return nb_tree_set(in->params, path, nb_leaf_aval(nb_aval_make(in->dtype, rank, dims)));
   if (std == 0) return put(in, path, nb_array_zeros(in->ctx, in->dtype, rank, dims));
   if (!in->key) return nb_errorf(in->ctx, NB_ERR_INVALID_ARG, "nn init: no key for random parameter '%s'", path);
   nb_array *k = nb_nn_leaf_key(in->ctx, in->key, path);
@@ -148,7 +149,9 @@ nb_status nb_nn_init_normal(nb_nn_init *in, const char *path, int rank, const in
 
 nb_status nb_nn_init_const(nb_nn_init *in, const char *path, int rank, const int64_t *dims, double value) {
   nb_status s = check_init(in, path);
-  return s ? s : put(in, path, nb_array_full(in->ctx, in->dtype, rank, dims, value));
+  if (s) return s;
+  if (in->abstract) return nb_tree_set(in->params, path, nb_leaf_aval(nb_aval_make(in->dtype, rank, dims)));
+  return put(in, path, nb_array_full(in->ctx, in->dtype, rank, dims, value));
 }
 
 /* ---------------------------------------------------------------- linear */
