@@ -434,7 +434,16 @@ void nb_model_run_config_write(const nb_model_run_config *c, FILE *f) {
     switch (d->k) {
       case K_PRESET: write_str(f, c->preset); break;
       case K_INT: memcpy(&lv, p, sizeof lv); fprintf(f, "%lld", (long long)lv); break;
-      case K_FLOAT: memcpy(&dv, p, sizeof dv); fprintf(f, "%.17g", dv); break;
+      case K_FLOAT: {
+        char buf[40];
+        memcpy(&dv, p, sizeof dv);
+        for (int prec = 6; prec <= 17; prec++) { /* the shortest text that reads back exactly */
+          snprintf(buf, sizeof buf, "%.*g", prec, dv);
+          if (strtod(buf, NULL) == dv) break;
+        }
+        fputs(buf, f);
+        break;
+      }
       case K_BOOL: memcpy(&bv, p, sizeof bv); fputs(bv ? "true" : "false", f); break;
       case K_STR: write_str(f, p); break;
       case K_ENUM: memcpy(&iv, p, sizeof iv); fputs(d->choices[iv], f); break;

@@ -25,6 +25,12 @@ static void test_checked_in_configs(nb_ctx *ctx) {
     nb_model_run_config c;
     nb_status s = nb_model_run_config_load(ctx, path, 0, NULL, &c);
     CHECK_MSG(s == NB_OK, "%s: %s", path, nb_ctx_error(ctx));
+    /* the overrides every config must take */
+    const char *ov[3] = {"steps=3", "seed=11", "checkpoint_every=2"};
+    nb_model_run_config o;
+    CHECK_MSG(nb_model_run_config_load(ctx, path, 3, ov, &o) == NB_OK && o.steps == 3 && o.seed == 11 &&
+                  o.checkpoint_every == 2,
+              "%s with overrides: %s", path, nb_ctx_error(ctx));
     /* the model named by the file is the preset's, and it can be traced */
     if (s == NB_OK) {
       nb_tree *spec = nb_model_param_spec(ctx, &c.model, c.precision.params);

@@ -34,10 +34,9 @@ static void test_init(nb_ctx *ctx) {
   nb_array *root = nb_key(ctx, 7), *lk = nb_nn_leaf_key(ctx, root, "lin/kernel");
   int64_t d[2] = {3, 4};
   nb_array *z = nb_array_random_normal(ctx, lk, NB_F32, 2, d);
-  double m = 0, s2 = 0;
+  double s2 = 0;
   for (int i = 0; i < 12; i++) {
     CHECK_NEAR(nb_array_get(k, i), 0.5 * nb_array_get(z, i), 1e-6);
-    m += nb_array_get(k, i);
     s2 += nb_array_get(k, i) * nb_array_get(k, i);
   }
   CHECK(s2 > 0);
