@@ -126,10 +126,10 @@ nb_val *nb_nn_activation(nb_val *x, nb_nn_act act);
 nb_val *nb_nn_softmax(nb_val *x, int axis);
 nb_val *nb_nn_log_softmax(nb_val *x, int axis);
 nb_val *nb_nn_logsumexp(nb_val *x, int axis); /* the axis is removed */
-/* Cross-entropy of logits [..., V] against integer targets [...]: the
- * weighted mean of -log softmax(logits)[target] with weights `mask` [...]
- * (bool or float; NULL: all ones). An f32 (or f64) scalar; 0 when the mask
- * is all zero. */
+/* Cross-entropy of logits [..., V] against integer targets [...]:
+ * sum(mask * -log softmax(logits)[target]) / max(sum(mask), 1) with `mask`
+ * [...] bool or float (NULL: the plain mean). An f32 (or f64) scalar; 0 when
+ * the mask is all zero. */
 nb_val *nb_nn_cross_entropy(nb_val *logits, nb_val *targets, nb_val *mask);
 
 /* Dropout: in train mode with rate > 0, keeps each element with

@@ -97,6 +97,7 @@ static void test_gqa_is_mha(nb_ctx *ctx) {
     }
     nb_test_rng rng = {6};
     nb_array *x = nb_test_randn(ctx, &rng, NB_F64, 3, (int64_t[3]){2, 4, 8});
+    nb_array_retain(x); /* with_params takes one reference per call */
     nb_array_retain(x);
     nb_tree *ig = with_params(ctx, pg, x), *im = with_params(ctx, pm, x);
     nn_case cg = {.kind = M_ATTN, .cfg = &g, .dtype = NB_F64}, cm = {.kind = M_ATTN, .cfg = &m, .dtype = NB_F64};
