@@ -5,6 +5,8 @@
 #include "nabla/compile.h"
 #include "nabla/data.h"
 #include "nabla/optim.h"
+#include "nabla/nn.h"
+#include "nabla/models.h"
 #include "nabla/tokenizer.h"
 #include "nabla/ckpt.h"
 #endif

@@ -1,0 +1,226 @@
+/* nabla models: the reference decoder-only transformers (the analogue of
+ * MaxText's model code) and the validated YAML run configuration that the
+ * trainer reads.
+ *
+ * Families, all one pre-norm decoder with switches:
+ *   - gpt2:  learned positions, LayerNorm with bias, GELU (tanh) MLP, biases,
+ *            tied output embedding. Presets gpt2-tiny, gpt2-124m.
+ *   - llama: RoPE, RMSNorm, SwiGLU, grouped-query attention, no biases,
+ *            untied head. Presets llama-tiny, llama2-7b, llama3-8b.
+ *   - MoE (llama family with n_experts > 0): Mixtral style (top-2 of 8,
+ *     softmax router; presets mixtral-tiny, mixtral-8x7b) and DeepSeek style
+ *     (shared + fine-grained routed experts, sigmoid router, first layers
+ *     dense; preset deepseek-tiny).
+ *
+ * Parameter paths: "embed/embedding" [V, d], "pos_embed/embedding" [T, d]
+ * (gpt2), "layers/<i>/{attn_norm,attn/{wq,wk,wv,wo},mlp_norm,mlp|moe}/...",
+ * "final_norm/...", "lm_head/kernel" [d, V] (untied). Linear kernels are
+ * [d_in, d_out] (transposed from PyTorch's nn.Linear weight).
+ *
+ * Example: loss and gradients of a tiny Llama on one batch.
+ *
+ *   nb_model_config cfg;
+ *   nb_model_config_preset(ctx, "llama-tiny", &cfg);
+ *   nb_array *key = nb_key(ctx, 0);
+ *   nb_tree *params = nb_model_init(ctx, &cfg, key);
+ *   nb_tree *batch = ...;  // {"inputs", "targets": i32[B, T]} (+ "mask", "segment_ids", "positions")
+ *   nb_graph *g = nb_model_trace_loss(ctx, &cfg, NULL, params, batch);
+ *   nb_graph *vg = nb_value_and_grad(ctx, g, &(nb_grad_opts){.wrt = "params", .has_aux = true});
+ *   nb_tree *in = nb_tree_create(ctx), *out = nb_tree_create(ctx);
+ *   nb_tree_merge(in, "params", params);
+ *   nb_tree_merge(in, "batch", batch);
+ *   nb_graph_run(ctx, vg, in, out);     // "loss", "aux/metrics/...", "grad/params/..."
+ */
+#ifndef NABLA_MODELS_H
+#define NABLA_MODELS_H
+
+#include "nabla/core.h"
+#include "nabla/nn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Model configuration                                                       */
+/* ------------------------------------------------------------------------ */
+
+typedef enum nb_model_family { NB_MODEL_GPT2, NB_MODEL_LLAMA, NB_MODEL_FAMILY_COUNT } nb_model_family;
+
+typedef struct nb_model_config {
+  nb_model_family family;
+  int64_t vocab_size, d_model, n_layers, n_heads, n_kv_heads;
+  int64_t head_dim;        /* 0: d_model / n_heads */
+  int64_t d_ff;            /* dense MLP width */
+  int64_t max_seq_len;     /* learned positions and the KV cache bound */
+  nb_nn_norm norm;
+  double norm_eps;
+  nb_nn_act act;
+  bool gated_mlp;          /* SwiGLU / GeGLU */
+  bool bias;               /* biases in attention and MLP linears, and LayerNorm */
+  bool learned_pos;        /* absolute position embeddings (gpt2) */
+  bool rope;
+  nb_nn_rope_cfg rope_cfg;
+  bool tie_embeddings;
+  double dropout;          /* embeddings and residual branches (train) */
+  double attn_dropout;     /* attention probabilities (train) */
+  double init_std;         /* normal std of kernels and embeddings */
+  bool scaled_init;        /* residual projections (wo) get init_std / sqrt(2 n_layers) */
+  /* mixture of experts (n_experts == 0: dense) */
+  int64_t n_experts, top_k, n_shared_experts, moe_d_ff, first_dense_layers;
+  nb_nn_router_score router_score;
+  bool router_renormalize;
+  double route_scale, capacity_factor; /* capacity_factor <= 0: dropless */
+  double lb_loss_coef, z_loss_coef, router_init_std;
+} nb_model_config;
+
+/* Names: "gpt2-tiny", "gpt2-124m", "llama-tiny", "llama2-7b", "llama3-8b",
+ * "mixtral-tiny", "mixtral-8x7b", "deepseek-tiny". NB_ERR_NOT_FOUND (naming
+ * the allowed ones) otherwise. */
+nb_status nb_model_config_preset(nb_ctx *ctx, const char *name, nb_model_config *out);
+/* The preset names, NULL-terminated (static storage). */
+const char *const *nb_model_preset_names(void);
+/* Errors name the key ("model.n_kv_heads") and what was wrong. */
+nb_status nb_model_config_validate(nb_ctx *ctx, const nb_model_config *cfg);
+int64_t nb_model_head_dim(const nb_model_config *cfg);
+/* The configuration of layer i's block (MoE or dense per first_dense_layers). */
+nb_nn_block_cfg nb_model_block_cfg(const nb_model_config *cfg, int64_t layer);
+
+/* ------------------------------------------------------------------------ */
+/* Run configuration: the YAML file the trainer reads                        */
+/* ------------------------------------------------------------------------ */
+
+typedef enum nb_model_optim { NB_OPTIM_ADAMW, NB_OPTIM_ADAM, NB_OPTIM_SGD, NB_OPTIM_COUNT } nb_model_optim;
+typedef enum nb_model_schedule { NB_SCHEDULE_CONSTANT, NB_SCHEDULE_LINEAR, NB_SCHEDULE_COSINE, NB_SCHEDULE_COUNT } nb_model_schedule;
+typedef enum nb_model_remat { NB_REMAT_NONE, NB_REMAT_BLOCK, NB_REMAT_COUNT } nb_model_remat;
+
+#define NB_MODEL_STR_MAX 512
+
+typedef struct nb_model_run_config {
+  char preset[64];         /* the model preset the file started from */
+  nb_model_config model;
+  struct {
+    char train[NB_MODEL_STR_MAX], eval[NB_MODEL_STR_MAX]; /* token shard / record paths */
+    char tokenizer[NB_MODEL_STR_MAX];                      /* "" : byte level */
+    int64_t seq_len;
+    bool pack;
+    int64_t workers;
+  } data;
+  struct {
+    nb_model_optim name;
+    double lr, b1, b2, eps, weight_decay, grad_clip, momentum; /* grad_clip 0: none */
+  } optim;
+  struct {
+    nb_model_schedule kind;
+    int64_t warmup_steps, decay_steps; /* decay_steps 0: steps - warmup_steps */
+    double min_lr_ratio;
+  } schedule;
+  struct {
+    nb_dtype params, compute; /* f32 or bf16 */
+  } precision;
+  nb_model_remat remat;
+  int64_t batch_size, grad_accum, steps, eval_every, eval_steps, log_every;
+  int64_t checkpoint_every, checkpoint_keep;
+  char checkpoint_dir[NB_MODEL_STR_MAX];
+  int64_t seed;
+} nb_model_run_config;
+
+/* Defaults: the llama-tiny model and small training settings. */
+void nb_model_run_config_defaults(nb_model_run_config *cfg);
+/* Loads a YAML file (path NULL: defaults only), applies the overrides
+ * ("key=value" with dotted keys: "steps=10", "model.n_layers=2",
+ * "optim.lr=1e-3") and validates. In the file, model.preset (applied before
+ * the other model keys) picks the starting model. Unknown keys, values of
+ * the wrong type or outside their range, and unknown enum values are
+ * errors naming the file:line, the key path and the allowed keys/values. */
+nb_status nb_model_run_config_load(nb_ctx *ctx, const char *path, int n_overrides, const char *const *overrides,
+                                   nb_model_run_config *out);
+/* Same from YAML text in memory (`name` for messages). */
+nb_status nb_model_run_config_parse(nb_ctx *ctx, const char *name, const char *text, size_t len, int n_overrides,
+                                    const char *const *overrides, nb_model_run_config *out);
+/* One "key=value" override on a loaded config (not validated again). */
+nb_status nb_model_run_config_set(nb_ctx *ctx, nb_model_run_config *cfg, const char *assignment);
+nb_status nb_model_run_config_validate(nb_ctx *ctx, const nb_model_run_config *cfg);
+/* Writes every key as YAML (loads back to the same config). */
+void nb_model_run_config_write(const nb_model_run_config *cfg, FILE *f);
+
+/* ------------------------------------------------------------------------ */
+/* Parameters                                                                */
+/* ------------------------------------------------------------------------ */
+
+/* A new tree of host arrays (dtype: f32 unless given otherwise), or NULL
+ * with an error. Deterministic in (cfg, key). */
+nb_tree *nb_model_init(nb_ctx *ctx, const nb_model_config *cfg, nb_array *key);
+nb_tree *nb_model_init_dtype(nb_ctx *ctx, const nb_model_config *cfg, nb_array *key, nb_dtype dtype);
+/* The same paths as abstract values (no memory, no randomness): for
+ * tracing and counting parameters of large configs. */
+nb_tree *nb_model_param_spec(nb_ctx *ctx, const nb_model_config *cfg, nb_dtype dtype);
+/* MoE params from a dense model's (same architecture but for the MoE
+ * fields): every expert of layer i a copy of the dense MLP of layer i, the
+ * router normal(router_init_std) from key, shared experts (if any) copies
+ * of the dense MLP with d_ff scaled. Requires moe.moe_d_ff == dense.d_ff
+ * and gated MLPs alike. A new tree, or NULL with an error. */
+nb_tree *nb_model_upcycle(nb_ctx *ctx, const nb_model_config *dense, const nb_tree *dense_params,
+                          const nb_model_config *moe, nb_array *key);
+
+/* ------------------------------------------------------------------------ */
+/* Forward, loss, decode                                                     */
+/* ------------------------------------------------------------------------ */
+
+/* Inputs of one forward call (values of a->g). With a cache (a tree of
+ * "layers/<i>/k" and "layers/<i>/v" [B, n_kv_heads, T_max, hd]) the tokens
+ * are written at cache_pos and new_cache receives the updated entries. */
+typedef struct nb_model_fwd {
+  nb_val *tokens;          /* integer [B, T] */
+  nb_val *positions;       /* [B, T] or NULL */
+  nb_val *segment_ids;     /* [B, T] or NULL (packed documents) */
+  const nb_tree *cache;    /* or NULL */
+  nb_val *cache_pos;       /* i32 scalar */
+  nb_tree *new_cache;      /* borrowed; filled when cache is set */
+  bool remat;              /* recompute each block in the backward pass */
+} nb_model_fwd;
+
+/* Sums over the MoE layers (mean over layers): load-balancing and z loss. */
+typedef struct nb_model_aux {
+  nb_val *lb_loss, *z_loss;
+} nb_model_aux;
+
+/* logits [B, T, V] in f32 (f64 when a->dtype is f64). aux may be NULL. */
+nb_val *nb_model_forward(nb_nn_apply *a, const nb_model_config *cfg, const nb_model_fwd *in, nb_model_aux *aux);
+/* Mean next-token cross-entropy of batch {"inputs", "targets", optional
+ * "mask" (bool/float), "segment_ids" (0 marks padding, masked out when no
+ * mask is given), "positions"} plus lb_loss_coef * lb + z_loss_coef * z.
+ * metrics (may be NULL) receives "ce", "tokens" and for MoE "moe_lb",
+ * "moe_z". */
+nb_val *nb_model_loss(nb_nn_apply *a, const nb_model_config *cfg, const nb_tree *batch, bool remat, nb_tree *metrics);
+
+typedef struct nb_model_trace_opts {
+  bool train;              /* dropout on: input "rng" u32[2] */
+  bool remat;
+  nb_dtype dtype;          /* compute dtype; 0 = f32 */
+  nb_nn_linear_hook linear_hook;
+  void *hook_ud;
+} nb_model_trace_opts;
+
+/* Graphs (new; destroy them) with inputs "params/<path>" (avals of
+ * param_spec's leaves, any leaf kind) and "batch/<name>" (batch_spec):
+ *   loss:    outputs "loss", "metrics/<name>";
+ *   forward: outputs "logits" (batch needs only "inputs"). */
+nb_graph *nb_model_trace_loss(nb_ctx *ctx, const nb_model_config *cfg, const nb_model_trace_opts *opts,
+                              const nb_tree *param_spec, const nb_tree *batch_spec);
+nb_graph *nb_model_trace_forward(nb_ctx *ctx, const nb_model_config *cfg, const nb_model_trace_opts *opts,
+                                 const nb_tree *param_spec, const nb_tree *batch_spec);
+/* One decode step over T new tokens per row: inputs "params/<path>",
+ * "tokens" i32 [B, T], "pos" i32 scalar, "cache/layers/<i>/{k,v}"; outputs
+ * "logits" [B, T, V] and "cache/layers/<i>/{k,v}". */
+nb_graph *nb_model_trace_decode(nb_ctx *ctx, const nb_model_config *cfg, const nb_model_trace_opts *opts,
+                                const nb_tree *param_spec, int64_t batch, int64_t tokens, int64_t max_len,
+                                nb_dtype cache_dtype);
+/* A zero KV cache tree "layers/<i>/{k,v}" [batch, n_kv_heads, max_len, hd]
+ * of host arrays. */
+nb_tree *nb_model_cache_create(nb_ctx *ctx, const nb_model_config *cfg, int64_t batch, int64_t max_len, nb_dtype dtype);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* NABLA_MODELS_H */

@@ -1,0 +1,70 @@
+/* Reading the model goldens: a minimal safetensors reader (F32 tensors into
+ * a tree of arrays, by name) for the files the make_*_golden.py scripts
+ * write, and the JSON config of those goldens as a model config. */
+#ifndef NABLA_TEST_GOLDEN_ST_H
+#define NABLA_TEST_GOLDEN_ST_H
+
+#include "json_golden.h"
+
+/* name -> f32 array; NULL after printing why. */
+static nb_tree *golden_safetensors(nb_ctx *ctx, const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    fprintf(stderr, "%s: cannot open (run from the repository root)\n", path);
+    return NULL;
+  }
+  fseek(f, 0, SEEK_END);
+  long size = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  unsigned char *buf = malloc((size_t)size);
+  size_t got = buf ? fread(buf, 1, (size_t)size, f) : 0;
+  fclose(f);
+  uint64_t hlen = 0;
+  for (int i = 7; got >= 8 && i >= 0; i--) hlen = (hlen << 8) | buf[i];
+  if (got != (size_t)size || size < 8 || hlen > (uint64_t)size - 8) {
+    fprintf(stderr, "%s: truncated safetensors file\n", path);
+    free(buf);
+    return NULL;
+  }
+  cJSON *h = cJSON_ParseWithLength((const char *)buf + 8, (size_t)hlen);
+  nb_tree *t = h ? nb_tree_create(ctx) : NULL;
+  const unsigned char *data = buf + 8 + hlen;
+  const cJSON *e;
+  cJSON_ArrayForEach(e, h) {
+    if (!strcmp(e->string, "__metadata__")) continue;
+    int64_t dims[NB_MAX_RANK], off[2];
+    int rank = nb_test_golden_ints(e, "shape", dims, NB_MAX_RANK);
+    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
+    if (rank < 0 || nb_test_golden_ints(e, "data_offsets", off, 2) != 2 || !cJSON_IsString(dt) ||
+        strcmp(dt->valuestring, "F32") || off[1] > size - 8 - (long)hlen) {
+      fprintf(stderr, "%s: tensor %s: bad entry\n", path, e->string);
+      nb_tree_destroy(t);
+      t = NULL;
+      break;
+    }
+    nb_array *a = nb_array_create(ctx, NB_F32, rank, dims, data + off[0]);
+    nb_tree_set_array(t, e->string, a);
+    nb_array_release(a);
+  }
+  cJSON_Delete(h);
+  free(buf);
+  return t;
+}
+
+static int64_t cfg_int(const cJSON *c, const char *k) {
+  return (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(c, k));
+}
+
+/* The i32 [rows, cols] array of a JSON list of lists. */
+static nb_array *golden_int_matrix(nb_ctx *ctx, const cJSON *j, nb_dtype t) {
+  int rows = cJSON_GetArraySize(j), cols = rows ? cJSON_GetArraySize(cJSON_GetArrayItem(j, 0)) : 0;
+  double *v = malloc(sizeof(double) * (size_t)(rows * cols + 1));
+  int n = 0;
+  const cJSON *r, *x;
+  cJSON_ArrayForEach(r, j) cJSON_ArrayForEach(x, r) v[n++] = cJSON_GetNumberValue(x);
+  nb_array *a = nb_array_from_f64(ctx, t, 2, (int64_t[2]){rows, cols}, v);
+  free(v);
+  return a;
+}
+
+#endif
