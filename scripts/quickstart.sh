@@ -4,4 +4,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
 scripts/build.sh build
-./build/nabla demo "$@"
+./build/example_mlp "$@"

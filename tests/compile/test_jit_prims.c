@@ -14,11 +14,16 @@ const nb_prim_case *nb_cases_dot(size_t *n);
 const nb_prim_case *nb_cases_conv(size_t *n);
 const nb_prim_case *nb_cases_gather(size_t *n);
 const nb_prim_case *nb_cases_sort(size_t *n);
-static const nb_case_list_fn families[] = {nb_cases_core,       nb_cases_call, nb_cases_slicing, nb_cases_dynamic, nb_cases_cumulative,
-                                           nb_cases_dot,        nb_cases_conv, nb_cases_gather,  nb_cases_sort};
+const nb_prim_case *nb_cases_random(size_t *n);
+const nb_prim_case *nb_cases_custom_call(size_t *n);
+static const nb_case_list_fn families[] = {nb_cases_core,    nb_cases_call,   nb_cases_slicing,
+                                           nb_cases_dynamic, nb_cases_cumulative,
+                                           nb_cases_dot,     nb_cases_conv,   nb_cases_gather,
+                                           nb_cases_sort,    nb_cases_random, nb_cases_custom_call};
 
 int main(void) {
   nb_ctx *ctx = nb_ctx_create();
+  nb_test_register_custom_calls(ctx);
   nb_graph *all = nb_graph_create(ctx);
   nb_tree *inputs = nb_tree_create(ctx);
   nb_test_rng rng = {4242};

@@ -187,11 +187,22 @@ static nb_status run_batched(nb_ctx *ctx, const nb_eqn *e, nb_array *const *in, 
   return st;
 }
 
+/* The kernel writes fresh arrays (it may replace them), copied into out:
+ * executors hand eval views of their own buffers, which must be filled in place. */
 static nb_status call_eval(nb_ctx *ctx, const nb_eqn *e, nb_array *const *in, nb_array **out) {
   if (P(e)->batch) return run_batched(ctx, e, in, out);
   nb_aval want[MAX_IO];
-  for (int i = 0; i < e->nout; i++) want[i] = e->out[i]->aval;
-  return run_kernel(ctx, e, in, out, want);
+  nb_array *fresh[MAX_IO] = {NULL};
+  nb_status st = NB_OK;
+  for (int i = 0; st == NB_OK && i < e->nout; i++) {
+    want[i] = e->out[i]->aval;
+    if (!(fresh[i] = nb_array_empty(ctx, want[i].dtype, want[i].shape.rank, want[i].shape.dims))) st = NB_ERR_NOMEM;
+  }
+  if (st == NB_OK) st = run_kernel(ctx, e, in, fresh, want);
+  for (int i = 0; st == NB_OK && i < e->nout; i++)
+    memcpy(nb_array_data_mut(out[i]), nb_array_data(fresh[i]), nb_array_nbytes(fresh[i]));
+  for (int i = 0; i < e->nout; i++) nb_array_release(fresh[i]);
+  return st;
 }
 
 static nb_status lin_eval(nb_ctx *ctx, const nb_eqn *e, nb_array *const *in, nb_array **out) {
