@@ -82,9 +82,11 @@ static double copy_bandwidth(size_t bytes, int reps) {
 
 int main(int argc, char **argv) {
   int layers = 12, reps = 5;
-  for (int i = 1; i + 1 < argc; i++) {
-    if (!strcmp(argv[i], "--layers")) layers = atoi(argv[++i]);
-    if (!strcmp(argv[i], "--reps")) reps = atoi(argv[++i]);
+  bool jit = false;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--jit")) jit = true;
+    else if (i + 1 < argc && !strcmp(argv[i], "--layers")) layers = atoi(argv[++i]);
+    else if (i + 1 < argc && !strcmp(argv[i], "--reps")) reps = atoi(argv[++i]);
   }
   if (reps < 1 || reps > 31 || layers < 0) return 2;
   nb_ctx *ctx = nb_ctx_create();
@@ -109,11 +111,22 @@ int main(int argc, char **argv) {
   nb_tree_merge(in, "params", params);
   nb_tree_merge(in, "grads", grads);
   nb_tree_merge(in, "state", state);
+  nb_exe *exe = NULL;
+  double t_compile = 0;
+  if (jit) {
+    t0 = now();
+    exe = nb_jit(ctx, g, NULL);
+    t_compile = now() - t0;
+    if (!exe) {
+      fprintf(stderr, "jit: %s\n", nb_ctx_error(ctx));
+      return 1;
+    }
+  }
   double t[32];
   for (int r = 0; r < reps; r++) {
     nb_tree *out = nb_tree_create(ctx);
     t0 = now();
-    if (nb_graph_run(ctx, g, in, out) != NB_OK) {
+    if ((exe ? nb_exe_run(exe, in, out) : nb_graph_run(ctx, g, in, out)) != NB_OK) {
       fprintf(stderr, "run: %s\n", nb_ctx_error(ctx));
       return 1;
     }
@@ -122,8 +135,13 @@ int main(int argc, char **argv) {
   }
   qsort(t, (size_t)reps, sizeof *t, cmp);
   double floor_bytes = 28.0 * (double)n, bw = copy_bandwidth((size_t)256 << 20, 9);
-  printf("AdamW update, %lld f32 parameters in %zu leaves, executor: reference interpreter\n", (long long)n,
-         nb_tree_size(params));
+  printf("AdamW update, %lld f32 parameters in %zu leaves, executor: %s\n", (long long)n, nb_tree_size(params),
+         exe ? "nb_jit (fresh output arrays every run)" : "reference interpreter");
+  if (exe) {
+    nb_exe_stats st;
+    nb_exe_get_stats(exe, &st);
+    printf("  jit: compile %.3f s, %zu kernels, %zu reference evals\n", t_compile, (size_t)st.nkernels, (size_t)st.neval);
+  }
   printf("  graph: %zu equations; trace %.3f s; init %.3f s\n", nb_graph_num_eqns(g), t_trace, t_init);
   printf("  update median %.3f s (min %.3f, max %.3f, %d runs)\n", t[reps / 2], t[0], t[reps - 1], reps);
   printf("  fused floor: %.2f GB (28 B/param); model cost of the unfused graph: %.2f GB, %.2f GFLOP\n",
@@ -136,6 +154,7 @@ int main(int argc, char **argv) {
   nb_tree_destroy(state);
   nb_tree_destroy(params);
   nb_tree_destroy(grads);
+  nb_exe_destroy(exe);
   nb_graph_destroy(g);
   nb_optim_tx_destroy(tx);
   nb_ctx_destroy(ctx);
