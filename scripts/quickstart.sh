@@ -4,4 +4,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
 scripts/build.sh build
+scripts/corpus.sh   # the default English corpus (docs/corpus.md), for the trainer
 ./build/example_mlp "$@"
