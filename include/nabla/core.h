@@ -77,7 +77,8 @@ typedef enum nb_log_level { NB_LOG_DEBUG, NB_LOG_INFO, NB_LOG_WARN, NB_LOG_ERROR
 typedef void (*nb_log_fn)(void *ud, nb_log_level level, const char *msg);
 
 /* Returns a new context, or NULL when memory is exhausted. The default log
- * callback writes warnings and errors to stderr; the default allocator is
+ * callback writes warnings and errors to stderr (and info/debug messages when
+ * the debug level is above 0); the default allocator is
  * aligned malloc. NABLA_DEBUG=<level> in the environment sets the debug level
  * (0 off, 1 ops, 2 timings, 3 generated code, 4 IR after each pass). */
 nb_ctx *nb_ctx_create(void);

@@ -40,10 +40,12 @@ static void *default_alloc(void *ud, void *ptr, size_t old_size, size_t new_size
   return p;
 }
 
+/* Warnings and errors always; info and debug when the context's debug level
+ * is above 0 (NABLA_DEBUG), so diagnostics show without a custom callback. */
 static void default_log(void *ud, nb_log_level level, const char *msg) {
-  (void)ud;
+  const nb_ctx *ctx = ud;
   static const char *const names[NB_LOG_LEVEL_COUNT] = {"debug", "info", "warning", "error"};
-  if (level >= NB_LOG_WARN) fprintf(stderr, "nabla %s: %s\n", names[level], msg);
+  if (level >= NB_LOG_WARN || (ctx && ctx->debug_level > 0)) fprintf(stderr, "nabla %s: %s\n", names[level], msg);
 }
 
 nb_ctx *nb_ctx_create_with_allocator(nb_alloc_fn fn, void *ud) {
@@ -54,6 +56,7 @@ nb_ctx *nb_ctx_create_with_allocator(nb_alloc_fn fn, void *ud) {
   ctx->alloc = fn;
   ctx->alloc_ud = ud;
   ctx->log = default_log;
+  ctx->log_ud = ctx;
   pthread_mutex_init(&ctx->err_lock, NULL);
   const char *dbg = getenv("NABLA_DEBUG");
   if (dbg) ctx->debug_level = atoi(dbg);
