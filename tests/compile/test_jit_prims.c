@@ -2,24 +2,8 @@
  * against the interpreter, with optimizations on and all off: fused
  * primitives through generated kernels, the others through their reference
  * implementation inside the executable. All rows are inlined into one graph
- * (one shared object). Families added to the table are added here too. */
+ * (one shared object). The families come from tests/lib/cases_all.c. */
 #include "jitcheck.h"
-
-const nb_prim_case *nb_cases_core(size_t *n);
-const nb_prim_case *nb_cases_call(size_t *n);
-const nb_prim_case *nb_cases_slicing(size_t *n);
-const nb_prim_case *nb_cases_dynamic(size_t *n);
-const nb_prim_case *nb_cases_cumulative(size_t *n);
-const nb_prim_case *nb_cases_dot(size_t *n);
-const nb_prim_case *nb_cases_conv(size_t *n);
-const nb_prim_case *nb_cases_gather(size_t *n);
-const nb_prim_case *nb_cases_sort(size_t *n);
-const nb_prim_case *nb_cases_random(size_t *n);
-const nb_prim_case *nb_cases_custom_call(size_t *n);
-static const nb_case_list_fn families[] = {nb_cases_core,    nb_cases_call,   nb_cases_slicing,
-                                           nb_cases_dynamic, nb_cases_cumulative,
-                                           nb_cases_dot,     nb_cases_conv,   nb_cases_gather,
-                                           nb_cases_sort,    nb_cases_random, nb_cases_custom_call};
 
 int main(void) {
   nb_ctx *ctx = nb_ctx_create();
@@ -28,7 +12,9 @@ int main(void) {
   nb_tree *inputs = nb_tree_create(ctx);
   nb_test_rng rng = {4242};
   int rows = 0;
-  for (size_t f = 0; f < sizeof families / sizeof families[0]; f++) {
+  size_t nfamilies;
+  const nb_case_list_fn *families = nb_test_case_families(&nfamilies);
+  for (size_t f = 0; f < nfamilies; f++) {
     size_t n;
     const nb_prim_case *cases = families[f](&n);
     for (size_t i = 0; i < n; i++) {

@@ -5,33 +5,6 @@
 #include "core/ir.h"
 #include "primcheck.h"
 
-/* One line per family file tests/lib/cases_<family>.c. */
-const nb_prim_case *nb_cases_core(size_t *n);
-const nb_prim_case *nb_cases_call(size_t *n);
-const nb_prim_case *nb_cases_slicing(size_t *n);
-const nb_prim_case *nb_cases_dynamic(size_t *n);
-const nb_prim_case *nb_cases_cumulative(size_t *n);
-const nb_prim_case *nb_cases_dot(size_t *n);
-const nb_prim_case *nb_cases_conv(size_t *n);
-const nb_prim_case *nb_cases_gather(size_t *n);
-const nb_prim_case *nb_cases_sort(size_t *n);
-const nb_prim_case *nb_cases_random(size_t *n);
-const nb_prim_case *nb_cases_custom_call(size_t *n);
-
-static const nb_case_list_fn families[] = {
-    nb_cases_core,
-    nb_cases_call,
-    nb_cases_slicing,
-    nb_cases_dynamic,
-    nb_cases_cumulative,
-    nb_cases_dot,
-    nb_cases_conv,
-    nb_cases_gather,
-    nb_cases_sort,
-    nb_cases_random,
-    nb_cases_custom_call,
-};
-
 /* Stacks three independent draws of the case's inputs along a new axis 0;
  * with only_first, inputs after the first stay unbatched (one draw). */
 static nb_status stacked_inputs(nb_ctx *ctx, const nb_prim_case *c, nb_test_rng *rng, bool only_first,
@@ -95,7 +68,9 @@ int main(void) {
   bool covered[NB_PRIM_COUNT] = {false};
   nb_test_register_custom_calls(ctx); /* the registry lives on the context, not in any graph */
   size_t base = nb_ctx_bytes_in_use(ctx);
-  for (size_t f = 0; f < sizeof families / sizeof families[0]; f++) {
+  size_t nfamilies;
+  const nb_case_list_fn *families = nb_test_case_families(&nfamilies);
+  for (size_t f = 0; f < nfamilies; f++) {
     size_t n;
     const nb_prim_case *cases = families[f](&n);
     for (size_t i = 0; i < n; i++) {

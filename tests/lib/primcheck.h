@@ -49,6 +49,8 @@ typedef struct nb_prim_case {
 
 /* Each family test file under tests/lib/cases_<family>.c exports its rows. */
 typedef const nb_prim_case *(*nb_case_list_fn)(size_t *n);
+/* All the families (tests/lib/cases_all.c): a new family adds its line there. */
+const nb_case_list_fn *nb_test_case_families(size_t *n);
 
 /* Registers the test kernels of cases_custom_call.c (softplus, polar,
  * cube_nograd) on ctx, once; they stay on the context until it is destroyed. */
