@@ -42,11 +42,8 @@ static nb_array *run_scan(nb_ctx *ctx, const scan_args *a, nb_array *x, bool gra
   return y;
 }
 
-static void check_values(nb_ctx *ctx, const char *what, nb_array *got, nb_dtype t, int64_t n, const double *want) {
-  nb_array *w = nb_array_from_f64(ctx, t, 1, &n, want);
-  CHECK_MSG(got && nb_test_arrays_close(what, got, w, 0), "%s", what);
-  nb_array_release(w);
-  nb_array_release(got);
+static void check_values_1d(nb_ctx *ctx, const char *what, nb_array *got, nb_dtype t, int64_t n, const double *want) {
+  nb_test_check_values(ctx, what, got, t, 1, &n, want);
 }
 
 /* ---------------------------------------------------------------- hand-computed */
@@ -56,27 +53,27 @@ static void test_ties_nan_wrap(nb_ctx *ctx) {
   nb_array *x = nb_array_from_f64(ctx, NB_F64, 1, &n, (double[]){1, 3, 3, 2, 5, 5});
   nb_array *ones = nb_array_ones(ctx, NB_F64, 1, &n);
   scan_args fwd = {true, 0, false, NULL}, bwd = {true, -1, true, NULL};
-  check_values(ctx, "cummax with ties", run_scan(ctx, &fwd, x, false), NB_F64, n, (double[]){1, 3, 3, 3, 5, 5});
-  check_values(ctx, "reverse cummax", run_scan(ctx, &bwd, x, false), NB_F64, n, (double[]){5, 5, 5, 5, 5, 5});
+  check_values_1d(ctx, "cummax with ties", run_scan(ctx, &fwd, x, false), NB_F64, n, (double[]){1, 3, 3, 3, 5, 5});
+  check_values_1d(ctx, "reverse cummax", run_scan(ctx, &bwd, x, false), NB_F64, n, (double[]){5, 5, 5, 5, 5, 5});
   fwd.w = bwd.w = ones;
   /* each output's tangent comes from the first position holding its maximum */
-  check_values(ctx, "grad of sum(cummax) on ties", run_scan(ctx, &fwd, x, true), NB_F64, n, (double[]){1, 3, 0, 0, 2, 0});
-  check_values(ctx, "grad of sum(reverse cummax) on ties", run_scan(ctx, &bwd, x, true), NB_F64, n,
+  check_values_1d(ctx, "grad of sum(cummax) on ties", run_scan(ctx, &fwd, x, true), NB_F64, n, (double[]){1, 3, 0, 0, 2, 0});
+  check_values_1d(ctx, "grad of sum(reverse cummax) on ties", run_scan(ctx, &bwd, x, true), NB_F64, n,
                (double[]){0, 0, 0, 0, 0, 6});
   nb_array_release(x);
   nb_array_release(ones);
 
   nb_array *nan = nb_array_from_f64(ctx, NB_F32, 1, (int64_t[]){4}, (double[]){1, NAN, 2, 0});
   scan_args m = {true, 0, false, NULL};
-  check_values(ctx, "NaN sticks in cummax", run_scan(ctx, &m, nan, false), NB_F32, 4, (double[]){1, NAN, NAN, NAN});
+  check_values_1d(ctx, "NaN sticks in cummax", run_scan(ctx, &m, nan, false), NB_F32, 4, (double[]){1, NAN, NAN, NAN});
   nb_array_release(nan);
 
   nb_array *i8 = nb_array_from_f64(ctx, NB_I8, 1, (int64_t[]){3}, (double[]){100, 100, -128});
   scan_args s = {false, 0, false, NULL};
-  check_values(ctx, "i8 cumsum wraps", run_scan(ctx, &s, i8, false), NB_I8, 3, (double[]){100, -56, 72});
+  check_values_1d(ctx, "i8 cumsum wraps", run_scan(ctx, &s, i8, false), NB_I8, 3, (double[]){100, -56, 72});
   nb_array_release(i8);
   nb_array *u32 = nb_array_from_f64(ctx, NB_U32, 1, (int64_t[]){3}, (double[]){4000000000.0, 7, 4294967295.0});
-  check_values(ctx, "u32 cummax", run_scan(ctx, &m, u32, false), NB_U32, 3, (double[]){4000000000.0, 4000000000.0, 4294967295.0});
+  check_values_1d(ctx, "u32 cummax", run_scan(ctx, &m, u32, false), NB_U32, 3, (double[]){4000000000.0, 4000000000.0, 4294967295.0});
   nb_array_release(u32);
 }
 

@@ -43,26 +43,10 @@ static nb_tree *dyn_inputs(nb_ctx *ctx, nb_array *x, nb_array *u, int n, const i
 }
 
 static nb_array *run_dyn(nb_ctx *ctx, const dyn_args *a, nb_array *x, nb_array *u, const int64_t *starts, nb_dtype t) {
-  nb_tree *in = dyn_inputs(ctx, x, u, nb_array_rank(x), starts, t), *out = nb_tree_create(ctx);
-  nb_array *y = NULL;
-  if (nb_test_eval(ctx, f_dyn, (void *)a, in, out) == NB_OK) {
-    y = nb_tree_get_array(out, "y");
-    nb_array_retain(y);
-  } else {
-    fprintf(stderr, "run failed: %s\n", nb_ctx_error(ctx));
-    nb_ctx_clear_error(ctx);
-  }
+  nb_tree *in = dyn_inputs(ctx, x, u, nb_array_rank(x), starts, t);
+  nb_array *y = nb_test_eval_output(ctx, f_dyn, (void *)a, in, "y");
   nb_tree_destroy(in);
-  nb_tree_destroy(out);
   return y;
-}
-
-static void check_values(nb_ctx *ctx, const char *what, nb_array *got, nb_dtype t, int rank, const int64_t *dims,
-                         const double *want) {
-  nb_array *w = nb_array_from_f64(ctx, t, rank, dims, want);
-  CHECK_MSG(got && nb_test_arrays_close(what, got, w, 0), "%s", what);
-  nb_array_release(w);
-  nb_array_release(got);
 }
 
 /* ---------------------------------------------------------------- hand-computed */
@@ -70,20 +54,20 @@ static void check_values(nb_ctx *ctx, const char *what, nb_array *got, nb_dtype 
 static void test_clamping(nb_ctx *ctx) {
   nb_array *x = nb_array_arange(ctx, NB_F32, 0, 10, 1);
   dyn_args ds = {.update = false, .sizes = {3}};
-  check_values(ctx, "start 8 clamps to 7", run_dyn(ctx, &ds, x, NULL, (int64_t[]){8}, NB_I32), NB_F32, 1, (int64_t[]){3},
+  nb_test_check_values(ctx, "start 8 clamps to 7", run_dyn(ctx, &ds, x, NULL, (int64_t[]){8}, NB_I32), NB_F32, 1, (int64_t[]){3},
                (double[]){7, 8, 9});
-  check_values(ctx, "start -5 clamps to 0", run_dyn(ctx, &ds, x, NULL, (int64_t[]){-5}, NB_I8), NB_F32, 1, (int64_t[]){3},
+  nb_test_check_values(ctx, "start -5 clamps to 0", run_dyn(ctx, &ds, x, NULL, (int64_t[]){-5}, NB_I8), NB_F32, 1, (int64_t[]){3},
                (double[]){0, 1, 2});
-  check_values(ctx, "u32 start 4000000000", run_dyn(ctx, &ds, x, NULL, (int64_t[]){4000000000}, NB_U32), NB_F32, 1,
+  nb_test_check_values(ctx, "u32 start 4000000000", run_dyn(ctx, &ds, x, NULL, (int64_t[]){4000000000}, NB_U32), NB_F32, 1,
                (int64_t[]){3}, (double[]){7, 8, 9});
   nb_array_release(x);
 
   nb_array *z = nb_array_zeros(ctx, NB_I32, 1, (int64_t[]){5});
   nb_array *u = nb_array_from_f64(ctx, NB_I32, 1, (int64_t[]){2}, (double[]){1, 2});
   dyn_args dus = {.update = true};
-  check_values(ctx, "update at 4 clamps to 3", run_dyn(ctx, &dus, z, u, (int64_t[]){4}, NB_I64), NB_I32, 1,
+  nb_test_check_values(ctx, "update at 4 clamps to 3", run_dyn(ctx, &dus, z, u, (int64_t[]){4}, NB_I64), NB_I32, 1,
                (int64_t[]){5}, (double[]){0, 0, 0, 1, 2});
-  check_values(ctx, "update at 1", run_dyn(ctx, &dus, z, u, (int64_t[]){1}, NB_U8), NB_I32, 1, (int64_t[]){5},
+  nb_test_check_values(ctx, "update at 1", run_dyn(ctx, &dus, z, u, (int64_t[]){1}, NB_U8), NB_I32, 1, (int64_t[]){5},
                (double[]){0, 1, 2, 0, 0});
   nb_array_release(z);
   nb_array_release(u);

@@ -3,6 +3,7 @@
  * respect to the pad value, identities, printed params and misuse. The
  * derivative and vmap checks are rows of the primitive table (test_prims). */
 #include "json_golden.h"
+#include "primcheck.h"
 
 /* ---------------------------------------------------------------- running small graphs */
 
@@ -27,33 +28,15 @@ static nb_status trace_body(nb_graph *g, const nb_tree *in, nb_tree *out, void *
 /* Runs build on arrays x[n]; returns y (new reference) or NULL. */
 static nb_array *run(nb_ctx *ctx, int n, nb_array *const *x, build_fn build, const void *u) {
   run_spec s = {n, build, u};
-  nb_tree *in = nb_tree_create(ctx), *out = nb_tree_create(ctx);
+  nb_tree *in = nb_tree_create(ctx);
   char path[16];
   for (int i = 0; i < n; i++) {
     snprintf(path, sizeof path, "x%d", i);
     nb_tree_set_array(in, path, x[i]);
   }
-  nb_graph *g = nb_trace(ctx, trace_body, &s, in);
-  nb_array *y = NULL;
-  if (g && nb_graph_run(ctx, g, in, out) == NB_OK) {
-    y = nb_tree_get_array(out, "y");
-    nb_array_retain(y);
-  } else {
-    fprintf(stderr, "run failed: %s\n", nb_ctx_error(ctx));
-    nb_ctx_clear_error(ctx);
-  }
-  nb_graph_destroy(g);
+  nb_array *y = nb_test_eval_output(ctx, trace_body, &s, in, "y");
   nb_tree_destroy(in);
-  nb_tree_destroy(out);
   return y;
-}
-
-static void check_values(nb_ctx *ctx, const char *what, nb_array *got, nb_dtype t, int rank, const int64_t *dims,
-                         const double *want) {
-  nb_array *w = nb_array_from_f64(ctx, t, rank, dims, want);
-  CHECK_MSG(got && nb_test_arrays_close(what, got, w, 0), "%s", what);
-  nb_array_release(w);
-  nb_array_release(got);
 }
 
 /* ---------------------------------------------------------------- ops with params */
@@ -89,32 +72,32 @@ static void test_hand_values(nb_ctx *ctx) {
   int64_t d25[2] = {2, 5};
   nb_array *x = nb_array_iota(ctx, NB_I32, 2, d25, 1);
   slice_args s = {{0, 1}, {2, 5}, {1, 2}};
-  check_values(ctx, "slice (0,1):(2,5):(1,2)", run(ctx, 1, &x, b_slice, &s), NB_I32, 2, (int64_t[]){2, 2},
+  nb_test_check_values(ctx, "slice (0,1):(2,5):(1,2)", run(ctx, 1, &x, b_slice, &s), NB_I32, 2, (int64_t[]){2, 2},
                (double[]){1, 3, 1, 3});
   nb_array_release(x);
 
   nb_array *v = nb_array_from_f64(ctx, NB_F32, 1, (int64_t[]){3}, (double[]){1, 2, 3});
   pad_args p = {.value = -1, .lo = {1}, .hi = {-1}, .interior = {1}};
-  check_values(ctx, "pad lo 1 hi -1 interior 1", run(ctx, 1, &v, b_pad, &p), NB_F32, 1, (int64_t[]){5},
+  nb_test_check_values(ctx, "pad lo 1 hi -1 interior 1", run(ctx, 1, &v, b_pad, &p), NB_F32, 1, (int64_t[]){5},
                (double[]){-1, 1, -1, 2, -1});
   pad_args crop = {.value = 7, .lo = {-2}, .hi = {2}, .interior = {0}};
-  check_values(ctx, "pad lo -2 hi 2", run(ctx, 1, &v, b_pad, &crop), NB_F32, 1, (int64_t[]){3}, (double[]){3, 7, 7});
+  nb_test_check_values(ctx, "pad lo -2 hi 2", run(ctx, 1, &v, b_pad, &crop), NB_F32, 1, (int64_t[]){3}, (double[]){3, 7, 7});
   nb_array_release(v);
   nb_array *empty = nb_array_zeros(ctx, NB_F32, 1, (int64_t[]){0});
   pad_args pe = {.value = 4, .lo = {1}, .hi = {1}, .interior = {3}};
-  check_values(ctx, "pad of an empty array", run(ctx, 1, &empty, b_pad, &pe), NB_F32, 1, (int64_t[]){2}, (double[]){4, 4});
+  nb_test_check_values(ctx, "pad of an empty array", run(ctx, 1, &empty, b_pad, &pe), NB_F32, 1, (int64_t[]){2}, (double[]){4, 4});
   nb_array_release(empty);
 
   nb_array *bools = nb_array_from_f64(ctx, NB_BOOL, 2, (int64_t[]){1, 2}, (double[]){1, 0});
   pad_args pb = {.value = 1, .lo = {1, 0}, .hi = {0, 1}, .interior = {0, 0}};
-  check_values(ctx, "pad of bool", run(ctx, 1, &bools, b_pad, &pb), NB_BOOL, 2, (int64_t[]){2, 3},
+  nb_test_check_values(ctx, "pad of bool", run(ctx, 1, &bools, b_pad, &pb), NB_BOOL, 2, (int64_t[]){2, 3},
                (double[]){1, 1, 1, 1, 0, 1});
   nb_array_release(bools);
 
   nb_array *xs[2] = {nb_array_from_f64(ctx, NB_I64, 2, (int64_t[]){2, 1}, (double[]){1, 2}),
                      nb_array_from_f64(ctx, NB_I64, 2, (int64_t[]){2, 2}, (double[]){3, 4, 5, 6})};
   concat_args c = {2, -1};
-  check_values(ctx, "concatenate axis -1", run(ctx, 2, xs, b_concat, &c), NB_I64, 2, (int64_t[]){2, 3},
+  nb_test_check_values(ctx, "concatenate axis -1", run(ctx, 2, xs, b_concat, &c), NB_I64, 2, (int64_t[]){2, 3},
                (double[]){1, 3, 4, 2, 5, 6});
   nb_array_release(xs[0]);
   nb_array_release(xs[1]);

@@ -75,3 +75,11 @@ bool nb_test_arrays_close(const char *what, const nb_array *a, const nb_array *b
   }
   return true;
 }
+
+void nb_test_check_values(nb_ctx *ctx, const char *what, nb_array *got, nb_dtype t, int rank, const int64_t *dims,
+                          const double *want) {
+  nb_array *w = nb_array_from_f64(ctx, t, rank, dims, want);
+  CHECK_MSG(got && nb_test_arrays_close(what, got, w, 0), "%s", what);
+  nb_array_release(w);
+  nb_array_release(got);
+}

@@ -20,4 +20,9 @@ int nb_test_golden_ints(const cJSON *j, const char *name, int64_t *out, int cap)
  * tol * (1 + |b|) (tol 0: exactly equal); prints the first difference. */
 bool nb_test_arrays_close(const char *what, const nb_array *a, const nb_array *b, double tol);
 
+/* Checks that got (taken: released here) equals the values want[] converted
+ * to dtype t and shape dims exactly. */
+void nb_test_check_values(nb_ctx *ctx, const char *what, nb_array *got, nb_dtype t, int rank, const int64_t *dims,
+                          const double *want);
+
 #endif

@@ -12,6 +12,19 @@ nb_status nb_test_eval(nb_ctx *ctx, nb_trace_fn fn, void *user, const nb_tree *i
   return st;
 }
 
+nb_array *nb_test_eval_output(nb_ctx *ctx, nb_trace_fn fn, void *user, const nb_tree *in, const char *path) {
+  nb_tree *out = nb_tree_create(ctx);
+  nb_array *y = NULL;
+  if (nb_test_eval(ctx, fn, user, in, out) == NB_OK && (y = nb_tree_get_array(out, path))) {
+    nb_array_retain(y);
+  } else {
+    fprintf(stderr, "run failed: %s\n", nb_ctx_error(ctx));
+    nb_ctx_clear_error(ctx);
+  }
+  nb_tree_destroy(out);
+  return y;
+}
+
 nb_array *nb_test_randn(nb_ctx *ctx, nb_test_rng *rng, nb_dtype t, int rank, const int64_t *dims) {
   nb_shape s = nb_shape_make(rank, dims);
   int64_t n = nb_shape_size(&s);

@@ -13,6 +13,10 @@
  * (arrays) go into `out`. */
 nb_status nb_test_eval(nb_ctx *ctx, nb_trace_fn fn, void *user, const nb_tree *in, nb_tree *out);
 
+/* nb_test_eval, returning only the output at `path` (a new reference), or
+ * NULL after printing the error. */
+nb_array *nb_test_eval_output(nb_ctx *ctx, nb_trace_fn fn, void *user, const nb_tree *in, const char *path);
+
 /* Random arrays: normal entries (floats), uniform integers in [lo, hi] (ints),
  * or coin flips (bool). New references. */
 nb_array *nb_test_randn(nb_ctx *ctx, nb_test_rng *rng, nb_dtype t, int rank, const int64_t *dims);
