@@ -151,6 +151,10 @@ char *nb__avals_str(int n, const nb_aval *a, char *buf, size_t cap);
 /* Convenience builders used by rules: zeros/ones like an aval; summing a
  * value down to a shape it was broadcast from (NumPy rules). */
 nb_val *nb__zeros(nb_graph *g, nb_aval a);
+/* The JVP rule of any primitive bilinear in its two operands (dot_general,
+ * conv): d f(x, y) = f(dx, y) + f(x, dy), same params. */
+nb_status nb__bilinear_jvp(nb_graph *g, const nb_eqn *e, nb_val *const *primals, nb_val *const *tangents,
+                           nb_val *const *outs, nb_val **out_tangents);
 /* Sum of two possibly-zero (NULL) tangents or cotangents. */
 nb_val *nb__add_tangents(nb_loc loc, nb_val *a, nb_val *b);
 nb_val *nb__sum_to_shape(nb_loc loc, nb_val *x, const nb_shape *shape);

@@ -44,6 +44,15 @@ nb_val *nb__zeros(nb_graph *g, nb_aval a) {
   return nb_full_at(no_loc, g, a.dtype, a.shape.rank, a.shape.dims, 0.0);
 }
 
+nb_status nb__bilinear_jvp(nb_graph *g, const nb_eqn *e, nb_val *const *p, nb_val *const *t, nb_val *const *outs,
+                           nb_val **ot) {
+  nb_val *left[2] = {t[0], p[1]}, *right[2] = {p[0], t[1]};
+  nb_val *a = t[0] ? nb__emit1(g, e->loc, e->prim, 2, left, e->params, e->params_size) : NULL;
+  nb_val *b = t[1] ? nb__emit1(g, e->loc, e->prim, 2, right, e->params, e->params_size) : NULL;
+  ot[0] = nb__add_tangents(e->loc, a, b);
+  return nb_graph_status(g);
+}
+
 nb_val *nb__add_tangents(nb_loc loc, nb_val *a, nb_val *b) {
   if (!a) return b;
   if (!b) return a;

@@ -267,16 +267,6 @@ static nb_val *emit_conv(nb_loc loc, nb_val *lhs, nb_val *rhs, const nb_conv_pri
   return nb__emit1(lhs->g, loc, NB_PRIM_conv, 2, ops, q, sizeof *q);
 }
 
-/* Bilinear: d conv(x, w) = conv(dx, w) + conv(x, dw). */
-static nb_status conv_jvp(nb_graph *g, const nb_eqn *e, nb_val *const *p, nb_val *const *t, nb_val *const *outs,
-                          nb_val **ot) {
-  const nb_conv_prim_params *q = e->params;
-  nb_val *a = t[0] ? emit_conv(e->loc, t[0], p[1], q) : NULL;
-  nb_val *b = t[1] ? emit_conv(e->loc, p[0], t[1], q) : NULL;
-  ot[0] = nb__add_tangents(e->loc, a, b);
-  return nb_graph_status(g);
-}
-
 /* x with dim d (size h*m) split into [h, m] (rank + 1). */
 static nb_val *split_dim(nb_loc loc, nb_val *x, int d, int64_t h) {
   int r = x->aval.shape.rank;
@@ -559,7 +549,7 @@ const nb_prim_rules nb__prim_conv = {
     .params_size = sizeof(nb_conv_prim_params),
     .infer = conv_infer,
     .eval = conv_eval,
-    .jvp = conv_jvp,
+    .jvp = nb__bilinear_jvp,
     .transpose = conv_transpose,
     .batch = conv_batch,
     .cost = conv_cost,

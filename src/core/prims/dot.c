@@ -190,16 +190,6 @@ static nb_val *emit_dot(nb_loc loc, nb_val *lhs, nb_val *rhs, const nb_dot_param
   return nb__emit1(lhs->g, loc, NB_PRIM_dot_general, 2, ops, p, sizeof *p);
 }
 
-/* Bilinear: d(l . r) = dl . r + l . dr, each term a dot with one primal operand. */
-static nb_status dot_jvp(nb_graph *g, const nb_eqn *e, nb_val *const *p, nb_val *const *t, nb_val *const *outs,
-                         nb_val **ot) {
-  const nb_dot_params *dp = e->params;
-  nb_val *a = t[0] ? emit_dot(e->loc, t[0], p[1], dp) : NULL;
-  nb_val *b = t[1] ? emit_dot(e->loc, p[0], t[1], dp) : NULL;
-  ot[0] = nb__add_tangents(e->loc, a, b);
-  return nb_graph_status(g);
-}
-
 /* The float dtype both of a and b convert to exactly (f32 for bf16 with f16). */
 static nb_dtype wider_float(nb_dtype a, nb_dtype b) {
   if (a == b) return a;
@@ -324,7 +314,7 @@ const nb_prim_rules nb__prim_dot_general = {
     .params_size = sizeof(nb_dot_params),
     .infer = dot_infer,
     .eval = dot_eval,
-    .jvp = dot_jvp,
+    .jvp = nb__bilinear_jvp,
     .transpose = dot_transpose,
     .batch = dot_batch,
     .cost = dot_cost,
