@@ -210,7 +210,6 @@ static nb_status compile(nb_exe *e, const nb_graph *g, const nb_jit_opts *o) {
     e->pool = nb_rt__pool_get(e->cfg.threads);
     if (!e->pool) return nb_errorf(ctx, NB_ERR_NOMEM, "jit: cannot start the thread pool");
   }
-  if (blas) nb_cpu__blas_threads(e->cfg.threads); /* the pool sleeps while BLAS runs: the cores are its */
   e->compile_ms = now_ms() - t0;
   return NB_OK;
 }

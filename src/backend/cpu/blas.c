@@ -7,9 +7,8 @@
  * batch dim) or when BLAS has no routine for the dtype (f16, bf16) the
  * operand is packed once into a contiguous f32/f64 scratch, converting as
  * it goes. A result of another dtype is computed in f32/f64 and converted.
- * Batches run either as items split over the runtime's pool with BLAS on one
- * thread inside, or one BLAS call per item on all threads: the two never
- * run at once. Not here: integer dots (the reference implementation). */
+ * Items and blocks of items run on the runtime's pool, OpenBLAS on one
+ * thread inside each (set process-wide). Not here: integer dots (the reference implementation). */
 #include <stdatomic.h>
 #include <string.h>
 
@@ -19,8 +18,8 @@
 #include <cblas.h>
 #endif
 
-/* a batch split over the pool pays when every thread gets two items */
-#define SPLIT_ITEMS_PER_THREAD 2
+#define TASKS_PER_THREAD 4 /* more tasks than threads even out a core that other work slows */
+#define MIN_BLOCK 128       /* rows or columns of a block of one item's result */
 
 int nb_cpu__dot_prim(void) {
   static _Atomic int cached = -2;
@@ -218,55 +217,59 @@ static void pack(const dot_plan *p, operand *o, nb_dtype ct, char *dst, int64_t 
 
 /* ---------------------------------------------------------------- gemm */
 
+/* The work is split into tasks on the runtime's pool, each one sgemm on one
+ * OpenBLAS thread: batch items, and for fewer items than tasks, blocks of
+ * the longer side of each item's result (rows of C with rows of A, or
+ * columns with columns of B). OpenBLAS's own threads stay idle, so they
+ * never compete with the pool (they spin for a while after each threaded
+ * call, right when the next fused kernel wants the cores). */
 typedef struct gemm_job {
   const dot_plan *p;
   bool ta, tb;
   int64_t lda, ldb;
-  char *c;           /* [batch][m][n] of ct */
-  int64_t items_per_task;
+  char *c;          /* [batch][m][n] of ct */
+  int64_t blocks;   /* per item */
+  int64_t block;    /* rows (split_n: columns) per block */
+  bool split_n;
+  int64_t first;    /* task index of this pool run's task 0 */
 } gemm_job;
-
-static void gemm_item(const gemm_job *j, int64_t b) {
-  const dot_plan *p = j->p;
-  size_t es = p->ct == NB_F32 ? 4 : 8;
-  const char *A = p->a.base + (size_t)batch_offset(p, p->a.bstr, b) * es;
-  const char *B = p->b.base + (size_t)batch_offset(p, p->b.bstr, b) * es;
-  char *C = j->c + (size_t)(b * p->m * p->n) * es;
-  enum CBLAS_TRANSPOSE ta = j->ta ? CblasTrans : CblasNoTrans, tb = j->tb ? CblasTrans : CblasNoTrans;
-  if (p->ct == NB_F32)
-    cblas_sgemm(CblasRowMajor, ta, tb, (int)p->m, (int)p->n, (int)p->k, 1.0f, (const float *)A, (int)j->lda, (const float *)B,
-                (int)j->ldb, 0.0f, (float *)C, (int)p->n);
-  else
-    cblas_dgemm(CblasRowMajor, ta, tb, (int)p->m, (int)p->n, (int)p->k, 1.0, (const double *)A, (int)j->lda, (const double *)B,
-                (int)j->ldb, 0.0, (double *)C, (int)p->n);
-}
 
 static void gemm_task(void *arg, int t) {
   const gemm_job *j = arg;
-  int64_t lo = (int64_t)t * j->items_per_task, hi = lo + j->items_per_task;
-  if (hi > j->p->batch) hi = j->p->batch;
-  for (int64_t b = lo; b < hi; b++) gemm_item(j, b);
-}
-
-static void blas_set_threads(int n) {
-  if (openblas_get_num_threads() != n) openblas_set_num_threads(n);
+  const dot_plan *p = j->p;
+  int64_t task = j->first + t, b = task / j->blocks, lo = task % j->blocks * j->block, side = j->split_n ? p->n : p->m;
+  int64_t hi = lo + j->block < side ? lo + j->block : side;
+  if (lo >= hi) return;
+  size_t es = p->ct == NB_F32 ? 4 : 8;
+  int64_t ao = batch_offset(p, p->a.bstr, b), bo = batch_offset(p, p->b.bstr, b), co = b * p->m * p->n;
+  int64_t m = p->m, n = p->n;
+  if (j->split_n) bo += j->tb ? lo * j->ldb : lo, co += lo, n = hi - lo;
+  else ao += j->ta ? lo : lo * j->lda, co += lo * p->n, m = hi - lo;
+  const char *A = p->a.base + (size_t)ao * es, *B = p->b.base + (size_t)bo * es;
+  char *C = j->c + (size_t)co * es;
+  enum CBLAS_TRANSPOSE ta = j->ta ? CblasTrans : CblasNoTrans, tb = j->tb ? CblasTrans : CblasNoTrans;
+  if (p->ct == NB_F32)
+    cblas_sgemm(CblasRowMajor, ta, tb, (int)m, (int)n, (int)p->k, 1.0f, (const float *)A, (int)j->lda, (const float *)B,
+                (int)j->ldb, 0.0f, (float *)C, (int)p->n);
+  else
+    cblas_dgemm(CblasRowMajor, ta, tb, (int)m, (int)n, (int)p->k, 1.0, (const double *)A, (int)j->lda, (const double *)B,
+                (int)j->ldb, 0.0, (double *)C, (int)p->n);
 }
 
 static void run_gemms(gemm_job *j, nb_pool *pool) {
-  int threads = nb_rt__pool_threads(pool);
-  int64_t batch = j->p->batch;
-  if (threads > 1 && batch >= (int64_t)threads * SPLIT_ITEMS_PER_THREAD) {
-    /* items over the pool, BLAS single-threaded inside each */
-    int64_t ntasks = batch < 4 * (int64_t)threads ? batch : 4 * (int64_t)threads;
-    j->items_per_task = (batch + ntasks - 1) / ntasks;
-    ntasks = (batch + j->items_per_task - 1) / j->items_per_task;
-    blas_set_threads(1);
-    nb_rt__pool_run(pool, (int)ntasks, gemm_task, j);
-    blas_set_threads(threads);
-    return;
-  }
-  blas_set_threads(threads); /* the pool sleeps meanwhile: the cores are BLAS's */
-  for (int64_t b = 0; b < batch; b++) gemm_item(j, b);
+  const dot_plan *p = j->p;
+  int64_t threads = nb_rt__pool_threads(pool), want = TASKS_PER_THREAD * threads;
+  j->split_n = p->n > p->m;
+  int64_t side = j->split_n ? p->n : p->m;
+  j->blocks = threads > 1 && p->batch < want ? (want + p->batch - 1) / p->batch : 1;
+  j->block = (side + j->blocks - 1) / j->blocks;
+  if (j->block < MIN_BLOCK) j->block = MIN_BLOCK; /* below this, re-packing the other operand per block shows */
+  j->block = (j->block + 15) / 16 * 16;
+  j->blocks = (side + j->block - 1) / j->block;
+  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+  int64_t ntasks = p->batch * j->blocks;
+  for (j->first = 0; j->first < ntasks; j->first += INT32_MAX) /* pool task indices are ints */
+    nb_rt__pool_run(pool, (int)(ntasks - j->first < INT32_MAX ? ntasks - j->first : INT32_MAX), gemm_task, j);
 }
 
 static void convert_out(const dot_plan *p, const char *src, void *out) {
@@ -331,10 +334,3 @@ nb_status nb_cpu__blas_run(nb_ctx *ctx, nb_pool *pool, const nb_eqn *e, const vo
 #endif
 }
 
-void nb_cpu__blas_threads(int n) {
-#ifdef NABLA_HAVE_CBLAS
-  openblas_set_num_threads(n > 0 ? n : 1);
-#else
-  (void)n;
-#endif
-}
