@@ -3,8 +3,11 @@
  * of both operands, every float dtype for the operands and the result
  * (bf16/f16 packed to f32), degenerate extents 0 and 1, one and two threads
  * (batches split over the pool), the attention layouts the GPT-2 model
- * traces, and everything off. Every float dot must become a BLAS step. */
+ * traces, and everything off. Every float dot must become a BLAS step.
+ * Epilogues (bias, activation, residual) after a dot: one fused kernel
+ * that reads the dot's result once. */
 #include "jitcheck.h"
+#include "nabla/nn.h"
 
 static nb_ctx *ctx;
 static nb_test_rng rng = {20261125};
@@ -148,11 +151,50 @@ static void test_degenerate(void) {
   }
 }
 
+/* y = act(dot(x, w) + b) (+ r): x [(G,) M, K] or its transpose, w [K, N]
+ * or [N, K], b [N], r like y. One BLAS step and one kernel. */
+static void test_epilogues(void) {
+  for (int i = 0; i < 24; i++) {
+    int64_t G = nb_test_int(&rng, 1, 3), M = nb_test_int(&rng, 1, 40), N = nb_test_int(&rng, 1, 40), K = nb_test_int(&rng, 1, 40);
+    bool batch = nb_test_int(&rng, 0, 1), xt = nb_test_int(&rng, 0, 1), wt = nb_test_int(&rng, 0, 1), res = nb_test_int(&rng, 0, 1);
+    nb_nn_act act = (nb_nn_act)(i % NB_NN_ACT_COUNT);
+    int xr = batch ? 3 : 2, o = batch ? 1 : 0;
+    int64_t xd[3] = {G, 0, 0}, wd[2] = {wt ? N : K, wt ? K : N}, yd[3] = {G, M, N};
+    xd[o] = xt ? K : M, xd[o + 1] = xt ? M : K;
+    nb_dot_dims dn = {.n_contract = 1, .lhs_contract = {xt ? o : o + 1}, .rhs_contract = {wt ? 1 : 0}};
+    nb_graph *g = nb_graph_create(ctx);
+    nb_val *x = nb_graph_input(g, "x", nb_aval_make(NB_F32, xr, xd)), *w = nb_graph_input(g, "w", nb_aval_make(NB_F32, 2, wd));
+    nb_val *b = nb_graph_input(g, "b", nb_aval_make(NB_F32, 1, &N));
+    nb_val *y = nb_dot_general(x, w, &dn, NB_F32);
+    nb_val *z = nb_nn_activation(nb_add(y, nb_broadcast_to(b, xr, batch ? yd : yd + 1)), act);
+    if (res) z = nb_add(z, nb_graph_input(g, "r", nb_aval_make(NB_F32, xr, batch ? yd : yd + 1)));
+    nb_graph_output(g, "z", z);
+    CHECK_MSG(nb_graph_status(g) == NB_OK, "epilogue %d: %s", i, nb_graph_error(g));
+    nb_tree *in = nb_tree_create(ctx);
+    add_input(in, "x", NB_F32, xr, xd);
+    add_input(in, "w", NB_F32, 2, wd);
+    add_input(in, "b", NB_F32, 1, &N);
+    if (res) add_input(in, "r", NB_F32, xr, batch ? yd : yd + 1);
+    char name[96];
+    snprintf(name, sizeof name, "epilogue %d (%s%s)", i, nb_nn_act_name(act), res ? ", residual" : "");
+    nb_jit_opts op = nb_test_jit_opts(NULL);
+    nb_exe_stats s;
+    CHECK_MSG(nb_test_jit_matches(ctx, g, in, &op, name, &s), "%s", name);
+    CHECK_MSG(s.nblas == 1 && s.nkernels == 1 && s.neval == 0, "%s: %zu blas, %zu kernels, %zu evals", name, s.nblas, s.nkernels,
+              s.neval);
+    op = nb_test_jit_opts("all");
+    CHECK_MSG(nb_test_jit_matches(ctx, g, in, &op, name, NULL), "%s, all off", name);
+    nb_tree_destroy(in);
+    nb_graph_destroy(g);
+  }
+}
+
 int main(void) {
   ctx = nb_ctx_create();
   test_degenerate();
   test_attention_layouts();
   test_random();
+  test_epilogues();
   nb_ctx_destroy(ctx);
   return nb_test_summary("compile/test_jit_dot");
 }
