@@ -154,8 +154,8 @@ int main(int argc, char **argv) {
   if (exe) {
     nb_exe_stats st;
     nb_exe_get_stats(exe, &st);
-    printf("  jit: compile %.3f s, %zu kernels, %zu reference evals; arena %zu bytes, outputs not donated %zu bytes, "
-           "peak estimate %zu bytes\n",
+    printf("  jit: compile %.3f s, %zu kernels, %zu reference evals; arena (temporaries) %zu bytes, outputs %zu bytes, "
+           "peak estimate (arena + outputs not donated) %zu bytes\n",
            t_compile, (size_t)st.nkernels, (size_t)st.neval, st.arena_bytes, st.output_bytes, st.peak_bytes);
     printf("  in place: params/%s is %s\n", nb_tree_path(grads, 0), in_place ? "updated in place" : "a fresh array");
   }
