@@ -151,6 +151,24 @@ static void test_degenerate(void) {
   }
 }
 
+/* One item split into blocks of rows (or columns) of the result over two
+ * threads, every transpose combination, sides not a multiple of a block. */
+static void test_blocks(void) {
+  static const dot_case cases[] = {
+      {2, 2, {300, 9}, {9, 7}, {.n_contract = 1, .lhs_contract = {1}, .rhs_contract = {0}}},
+      {2, 2, {9, 300}, {7, 9}, {.n_contract = 1, .lhs_contract = {0}, .rhs_contract = {1}}},
+      {2, 2, {7, 9}, {9, 301}, {.n_contract = 1, .lhs_contract = {1}, .rhs_contract = {0}}},
+      {2, 2, {9, 7}, {301, 9}, {.n_contract = 1, .lhs_contract = {0}, .rhs_contract = {1}}},
+      {3, 3, {2, 260, 5}, {2, 5, 3}, {.n_batch = 1, .n_contract = 1, .lhs_batch = {0}, .rhs_batch = {0}, .lhs_contract = {2}, .rhs_contract = {1}}},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    char what[32];
+    snprintf(what, sizeof what, "blocks %zu", i);
+    check(&cases[i], NB_F32, NB_F32, what);
+    check(&cases[i], NB_F64, NB_F64, what);
+  }
+}
+
 /* y = act(dot(x, w) + b) (+ r): x [(G,) M, K] or its transpose, w [K, N]
  * or [N, K], b [N], r like y. One BLAS step and one kernel. */
 static void test_epilogues(void) {
@@ -194,6 +212,7 @@ int main(void) {
   test_degenerate();
   test_attention_layouts();
   test_random();
+  test_blocks();
   test_epilogues();
   nb_ctx_destroy(ctx);
   return nb_test_summary("compile/test_jit_dot");
