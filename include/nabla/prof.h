@@ -76,11 +76,11 @@ void nb_prof_tb_destroy(nb_prof_tb *w);
 /* Reads metrics_jsonl, one JSON object per line, each with a numeric "step"
  * and any numeric fields (loss, eval_loss, lr, grad_norm, tokens_per_s, mfu,
  * and others, which get plots of their own); strings, booleans and nulls are
- * skipped and blank lines ignored. Writes out_html: a self-contained page
+ * skipped and blank lines ignored (JSON has no NaN: write null). Writes out_html: a self-contained page
  * (inline SVG and CSS, no script, no network) titled `title` (NULL: the file
  * name), with plots against step of loss with eval_loss, learning rate,
- * gradient norm, throughput and every other field, and a summary table (steps,
- * last and minimum loss, mean tokens/s, and last/min/max/mean of each field).
+ * gradient norm, throughput and every other field, and a summary table (records,
+ * step range, last and minimum loss, mean tokens/s, and last/min/max/mean of each field).
  * An empty file gives a page that says there are no metrics yet. The page is
  * written atomically (a temporary file in the same directory, then rename).
  * Errors: NB_ERR_IO naming the path; NB_ERR_FORMAT as

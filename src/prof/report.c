@@ -96,7 +96,7 @@ typedef struct metrics {
   series *s;
   size_t ns, cap;
   int64_t records, skipped_nonfinite;
-  double first_step, last_step;
+  double min_step, max_step;
 } metrics;
 
 static void metrics_free(nb_ctx *ctx, metrics *m) {
@@ -165,8 +165,9 @@ static nb_status parse_line(nb_ctx *ctx, metrics *m, const char *file, int64_t l
     s = add_point(ctx, m, f->string, step->valuedouble, f->valuedouble);
   }
   if (s == NB_OK) {
-    if (m->records == 0) m->first_step = step->valuedouble;
-    m->last_step = step->valuedouble;
+    double x = step->valuedouble;
+    m->min_step = m->records == 0 ? x : fmin(m->min_step, x);
+    m->max_step = m->records == 0 ? x : fmax(m->max_step, x);
     m->records++;
   }
   cJSON_Delete(j);
@@ -420,8 +421,8 @@ static void kv_row(sbuf *b, const char *key, const char *value) {
 static void write_summary(sbuf *b, const metrics *m) {
   char v[128], w[64];
   sb_puts(b, "<h2>Summary</h2>\n<table class='kv'>\n");
-  fmt_value(v, sizeof v, m->first_step);
-  fmt_value(w, sizeof w, m->last_step);
+  fmt_value(v, sizeof v, m->min_step);
+  fmt_value(w, sizeof w, m->max_step);
   char steps[256];
   snprintf(steps, sizeof steps, "%lld records, steps %s to %s", (long long)m->records, v, w);
   kv_row(b, "steps", steps);

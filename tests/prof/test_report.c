@@ -59,6 +59,7 @@ static void write_metrics(const char *path) {
                "\"mfu\": 0.25, \"phase\": \"train\", \"weird<name>\": %d, \"skipped\": null, \"flag\": true}%s\n",
             s, loss, 1e-4 * s / NSTEPS, 1.0 + (s % 7), tps, s % 5, s % 2 ? "\r" : "");
     if (s % 50 == 49) fprintf(f, "{\"step\": %d, \"eval_loss\": %.17g}\n\n   \n", s, loss + 0.25);
+    if (s == 7) fprintf(f, "{\"step\": 7, \"loss\": 1e999}\n"); /* overflows to inf: skipped, counted */
   }
   fclose(f);
   CHECK(tps_sum / NSTEPS == 1149.5);
@@ -103,7 +104,7 @@ static void test_report(nb_ctx *ctx) {
   CHECK(polyline_points(html, 1, &pts) == NSTEPS / 50);
   CHECK(count(html, "<circle") == NSTEPS / 50); /* sparse eval points get markers */
   /* summary */
-  CHECK(strstr(html, "<td>steps</td><td>") && strstr(html, "306 records, steps 0 to 299"));
+  CHECK(strstr(html, "<td>steps</td><td>") && strstr(html, "307 records, steps 0 to 299"));
   char want[256];
   snprintf(want, sizeof want, "<td>last loss</td><td>%.6g</td>", 3 + 8.0 / NSTEPS);
   CHECK_MSG(strstr(html, want), "no '%s'", want);
@@ -112,6 +113,7 @@ static void test_report(nb_ctx *ctx) {
   snprintf(want, sizeof want, "<td>min eval loss</td><td>%.6g (step 299)</td>", 3.25 + 8.0 / NSTEPS);
   CHECK_MSG(strstr(html, want), "no '%s'", want);
   CHECK(strstr(html, "<td>mean tokens/s</td><td>1149.5</td>"));
+  CHECK(strstr(html, "<td>non-finite values skipped</td><td>1</td>"));
   CHECK(strstr(html, "<tr><td>grad_norm</td><td>300</td><td>6</td><td>1</td><td>7</td>"));
   free(html);
   CHECK(files_in_dir() == 2); /* metrics + report: no temporary file left */
