@@ -273,15 +273,16 @@ static axis make_axis(double lo, double hi, int target, bool integer) {
 typedef struct plot_def {
   const char *title, *ylabel;
   const char *fields[2];
+  bool smooth; /* noisy per-step quantities: draw an average over the raw line */
 } plot_def;
 
 /* The standard plots, in page order; every other field gets one of its own. */
 static const plot_def standard_plots[] = {
-    {"Loss", "loss (nats/token)", {"loss", "eval_loss"}},
-    {"Learning rate", "learning rate", {"lr"}},
-    {"Gradient norm", "global L2 norm", {"grad_norm"}},
-    {"Throughput", "tokens / s", {"tokens_per_s"}},
-    {"Model FLOPs utilization", "fraction of peak", {"mfu"}},
+    {"Loss", "loss (nats/token)", {"loss", "eval_loss"}, true},
+    {"Learning rate", "learning rate", {"lr"}, false},
+    {"Gradient norm", "global L2 norm", {"grad_norm"}, true},
+    {"Throughput", "tokens / s", {"tokens_per_s"}, true},
+    {"Model FLOPs utilization", "fraction of peak", {"mfu"}, true},
 };
 #define N_STANDARD (sizeof standard_plots / sizeof standard_plots[0])
 
@@ -327,8 +328,8 @@ static void draw_axes(sbuf *b, const frame *f, const char *ylabel) {
 
 /* The line of one series. Long series are thinned to the first, lowest,
  * highest and last point per pixel column, which keeps spikes visible. */
-static void draw_series(sbuf *b, const frame *f, const series *s, const char *color, bool markers) {
-  sb_printf(b, "<polyline class='line' stroke='%s' points='", color);
+static void draw_series(sbuf *b, const frame *f, const series *s, const char *color, const char *cls, bool markers) {
+  sb_printf(b, "<polyline class='%s' stroke='%s' points='", cls, color);
   int cols = (int)(f->px1 - f->px0);
   for (size_t i = 0; i < s->n;) {
     size_t j = i + 1;
@@ -352,8 +353,29 @@ static void draw_series(sbuf *b, const frame *f, const series *s, const char *co
       sb_printf(b, "<circle cx='%.1f' cy='%.1f' r='2.5' fill='%s'/>", fx(f, s->x[i]), fy(f, s->y[i]), color);
 }
 
-/* One card: title, SVG with axes, lines and a legend. */
-static void draw_plot(sbuf *b, const char *title, const char *ylabel, const series *const *ss, int n) {
+#define SMOOTH_MIN_POINTS 200
+
+/* TensorBoard's smoothing: a debiased exponential moving average, here with
+ * a time constant of 1% of the series' points. Returns s with new y values
+ * (out->y is nb_alloc'ed, s->n doubles), or false when out of memory. */
+static bool smoothed(sbuf *b, const series *s, series *out) {
+  double *y = nb_alloc(b->ctx, s->n * sizeof(double));
+  if (!y) return b->oom = true, false;
+  double a = exp(-100.0 / (double)s->n), ema = 0, weight = 1;
+  for (size_t i = 0; i < s->n; i++) {
+    ema = a * ema + (1 - a) * s->y[i];
+    weight *= a;
+    y[i] = ema / (1 - weight);
+  }
+  *out = *s;
+  out->y = y;
+  return true;
+}
+
+/* One card: title, SVG with axes, lines and a legend. With smooth, series of
+ * at least SMOOTH_MIN_POINTS points are drawn faint with their average over
+ * them. */
+static void draw_plot(sbuf *b, const char *title, const char *ylabel, const series *const *ss, int n, bool smooth) {
   double xlo = INFINITY, xhi = -INFINITY, ylo = INFINITY, yhi = -INFINITY;
   for (int k = 0; k < n; k++)
     for (size_t i = 0; i < ss[k]->n; i++) {
@@ -366,8 +388,19 @@ static void draw_plot(sbuf *b, const char *title, const char *ylabel, const seri
   sb_esc(b, title);
   sb_printf(b, "</figcaption>\n<svg viewBox='0 0 %d %d' role='img'>\n", PLOT_W, PLOT_H);
   draw_axes(b, &f, ylabel);
-  for (int k = 0; k < n; k++) /* markers on short or sparse (eval) series */
-    draw_series(b, &f, ss[k], palette[k % 4], ss[k]->n <= 60 || (k > 0 && ss[k]->n * 4 <= ss[0]->n));
+  bool any_smoothed = false;
+  for (int k = 0; k < n; k++) {
+    const char *color = palette[k % 4];
+    series avg;
+    if (smooth && ss[k]->n >= SMOOTH_MIN_POINTS && smoothed(b, ss[k], &avg)) {
+      draw_series(b, &f, ss[k], color, "line raw", false);
+      draw_series(b, &f, &avg, color, "line", false);
+      nb_dealloc(b->ctx, avg.y, avg.n * sizeof(double));
+      any_smoothed = true;
+    } else { /* markers on short or sparse (eval) series */
+      draw_series(b, &f, ss[k], color, "line", ss[k]->n <= 60 || (k > 0 && ss[k]->n * 4 <= ss[0]->n));
+    }
+  }
   double lx = f.px0 + 8; /* legend, in the top margin */
   for (int k = 0; k < n; k++) {
     sb_printf(b, "<line x1='%.1f' x2='%.1f' y1='14' y2='14' stroke='%s' class='key'/>", lx, lx + 18, palette[k % 4]);
@@ -376,6 +409,8 @@ static void draw_plot(sbuf *b, const char *title, const char *ylabel, const seri
     sb_puts(b, "</text>\n");
     lx += 40 + 7.5 * (double)strlen(ss[k]->name);
   }
+  if (any_smoothed)
+    sb_printf(b, "<text x='%.1f' y='18' class='note'>faint: every step; bold: moving average</text>\n", f.px1);
   sb_puts(b, "</svg></figure>\n");
 }
 
@@ -393,7 +428,8 @@ static const char page_css[] =
     ".area{fill:#fbfcfd;stroke:#c9d1da}.grid{stroke:#e6eaef;stroke-width:1}\n"
     ".yt{text-anchor:end}.xt{text-anchor:middle}.xl,.yl{text-anchor:middle;font-size:12px;fill:#2f3a47}\n"
     ".lg{font-size:12px;fill:#1d2733}.key{stroke-width:3}\n"
-    ".line{fill:none;stroke-width:1.6;stroke-linejoin:round}\n"
+    ".line{fill:none;stroke-width:1.6;stroke-linejoin:round}.raw{stroke-width:1;opacity:.3}\n"
+    ".note{text-anchor:end;font-size:10.5px;fill:#7a8594}\n"
     "table{border-collapse:collapse;background:#fff;border:1px solid #dde3ea}\n"
     "th,td{padding:5px 12px;border-bottom:1px solid #e6eaef;text-align:right;font-variant-numeric:tabular-nums}\n"
     "th:first-child,td:first-child{text-align:left}thead th{background:#eef2f6}\n"
@@ -485,11 +521,11 @@ static void write_page(sbuf *b, const metrics *m, const char *title, const char 
       const series *s = standard_plots[i].fields[k] ? find_series(m, standard_plots[i].fields[k]) : NULL;
       if (s) ss[n++] = s;
     }
-    if (n) draw_plot(b, standard_plots[i].title, standard_plots[i].ylabel, ss, n);
+    if (n) draw_plot(b, standard_plots[i].title, standard_plots[i].ylabel, ss, n, standard_plots[i].smooth);
   }
   for (size_t i = 0; i < m->ns; i++) {
     const series *s = &m->s[i];
-    if (!is_standard_field(s->name)) draw_plot(b, s->name, s->name, &s, 1);
+    if (!is_standard_field(s->name)) draw_plot(b, s->name, s->name, &s, 1, false);
   }
   sb_puts(b, "</div>\n");
   write_summary(b, m);

@@ -91,17 +91,24 @@ static void test_report(nb_ctx *ctx) {
     snprintf(lg, sizeof lg, "<tr><td>%s</td>", names[i]);
     CHECK_MSG(count(html, lg) == 1, "table row '%s' appears %d times", names[i], count(html, lg));
   }
-  CHECK(count(html, "<polyline") == 7 && count(html, "<svg") == 6);
+  /* 11 lines: loss, grad_norm, tokens_per_s and mfu are drawn raw and averaged */
+  CHECK(count(html, "<polyline") == 11 && count(html, "<svg") == 6);
+  CHECK(count(html, "class='line raw'") == 4 && count(html, "bold: moving average</text>") == 4);
   CHECK(!strstr(html, "weird<name>") && !strstr(html, "phase") && !strstr(html, ">skipped<") && !strstr(html, ">flag<"));
   /* self-contained: no script, nothing fetched */
   CHECK(!strstr(html, "<script") && !strstr(html, "http:") && !strstr(html, "https:") && !strstr(html, "src="));
   /* axes: tick labels and axis titles */
   CHECK(count(html, "class='xl'>step</text>") == 6 && strstr(html, "tokens / s</text>"));
   CHECK(count(html, "class='yt'>") >= 6 * 3 && count(html, "class='xt'>") >= 6 * 3);
-  /* every point of a short series is drawn: loss first, then eval_loss */
-  const char *pts;
-  CHECK(polyline_points(html, 0, &pts) == NSTEPS);
-  CHECK(polyline_points(html, 1, &pts) == NSTEPS / 50);
+  /* every point of a short series is drawn: loss raw and averaged, then eval_loss */
+  const char *pts, *avg;
+  CHECK(polyline_points(html, 0, &pts) == NSTEPS && polyline_points(html, 1, &avg) == NSTEPS);
+  CHECK(strncmp(pts, avg, 100) != 0); /* the average differs from a falling loss... */
+  CHECK(polyline_points(html, 2, &pts) == NSTEPS / 50);
+  /* ...but not from a constant: mfu is 0.25 throughout (the average is debiased) */
+  CHECK(polyline_points(html, 8, &pts) == NSTEPS && polyline_points(html, 9, &avg) == NSTEPS);
+  const char *end = strchr(pts, '\'');
+  CHECK(end && !strncmp(pts, avg, (size_t)(end - pts) + 1));
   CHECK(count(html, "<circle") == NSTEPS / 50); /* sparse eval points get markers */
   /* summary */
   CHECK(strstr(html, "<td>steps</td><td>") && strstr(html, "307 records, steps 0 to 299"));
