@@ -265,7 +265,7 @@ static axis make_axis(double lo, double hi, int target, bool integer) {
 
 #define PLOT_W 560
 #define PLOT_H 300
-#define M_LEFT 64
+#define M_LEFT 74
 #define M_RIGHT 16
 #define M_TOP 30
 #define M_BOTTOM 44
@@ -321,7 +321,7 @@ static void draw_axes(sbuf *b, const frame *f, const char *ylabel) {
     sb_printf(b, "<text x='%.1f' y='%.1f' class='xt'>%s</text>\n", x, f->py0 + 16, t);
   }
   sb_printf(b, "<text x='%.1f' y='%d' class='xl'>step</text>\n", (f->px0 + f->px1) / 2, PLOT_H - 6);
-  sb_printf(b, "<text transform='translate(14 %.1f) rotate(-90)' class='yl'>", (f->py0 + f->py1) / 2);
+  sb_printf(b, "<text transform='translate(13 %.1f) rotate(-90)' class='yl'>", (f->py0 + f->py1) / 2);
   sb_esc(b, ylabel);
   sb_puts(b, "</text>\n");
 }
