@@ -224,7 +224,7 @@ static void fmt_tick(char *out, size_t cap, double v, double step, double amax) 
   double scale = 1;
   const char *suffix = "";
   char exp_suffix[16] = "";
-  if (amax < 1e-2) {
+  if (amax > 0 && amax < 1e-2) {
     int e = (int)floor(log10(amax));
     scale = pow(10, e);
     snprintf(exp_suffix, sizeof exp_suffix, "e%d", e);
@@ -303,19 +303,32 @@ typedef struct frame {
 static double fx(const frame *f, double x) { return f->px0 + (x - f->x.lo) / (f->x.hi - f->x.lo) * (f->px1 - f->px0); }
 static double fy(const frame *f, double y) { return f->py0 - (y - f->y.lo) / (f->y.hi - f->y.lo) * (f->py0 - f->py1); }
 
+/* The number of ticks from lo to hi; 0 for an axis that absurd input (a
+ * range that overflows) left without finite numbers. */
+static int ticks(const axis *a) {
+  double n = (a->hi - a->lo) / a->step + 1.5;
+  return n >= 1 && n <= 64 ? (int)n : 0;
+}
+
+/* The pixel column of step x, clamped to [0, cols] (and 0 for NaN). */
+static int column(const frame *f, double x, int cols) {
+  double c = fx(f, x) - f->px0;
+  return c >= 0 ? c <= cols ? (int)c : cols : 0;
+}
+
 static void draw_axes(sbuf *b, const frame *f, const char *ylabel) {
   char t[64];
   double xmax = fmax(fabs(f->x.lo), fabs(f->x.hi)), ymax = fmax(fabs(f->y.lo), fabs(f->y.hi));
   sb_printf(b, "<rect x='%.1f' y='%.1f' width='%.1f' height='%.1f' class='area'/>\n", f->px0, f->py1, f->px1 - f->px0,
             f->py0 - f->py1);
-  for (double v = f->y.lo; v <= f->y.hi + f->y.step * 1e-6; v += f->y.step) {
-    double y = fy(f, v);
+  for (int i = 0, n = ticks(&f->y); i < n; i++) {
+    double v = f->y.lo + i * f->y.step, y = fy(f, v);
     fmt_tick(t, sizeof t, v, f->y.step, ymax);
     sb_printf(b, "<line x1='%.1f' x2='%.1f' y1='%.1f' y2='%.1f' class='grid'/>", f->px0, f->px1, y, y);
     sb_printf(b, "<text x='%.1f' y='%.1f' class='yt'>%s</text>\n", f->px0 - 6, y + 4, t);
   }
-  for (double v = f->x.lo; v <= f->x.hi + f->x.step * 1e-6; v += f->x.step) {
-    double x = fx(f, v);
+  for (int i = 0, n = ticks(&f->x); i < n; i++) {
+    double v = f->x.lo + i * f->x.step, x = fx(f, v);
     fmt_tick(t, sizeof t, v, f->x.step, xmax);
     sb_printf(b, "<line x1='%.1f' x2='%.1f' y1='%.1f' y2='%.1f' class='grid'/>", x, x, f->py0, f->py1);
     sb_printf(b, "<text x='%.1f' y='%.1f' class='xt'>%s</text>\n", x, f->py0 + 16, t);
@@ -334,8 +347,8 @@ static void draw_series(sbuf *b, const frame *f, const series *s, const char *co
   for (size_t i = 0; i < s->n;) {
     size_t j = i + 1;
     if (s->n > (size_t)cols * 4) {
-      int col = (int)(fx(f, s->x[i]) - f->px0);
-      while (j < s->n && (int)(fx(f, s->x[j]) - f->px0) == col) j++;
+      int col = column(f, s->x[i], cols);
+      while (j < s->n && column(f, s->x[j], cols) == col) j++;
     }
     size_t lo = i, hi = i;
     for (size_t k = i; k < j; k++) {
