@@ -52,7 +52,8 @@ nb_prof_tb *nb_prof_tb_create(nb_ctx *ctx, const char *logdir);
 
 /* Appends one scalar event: wall time now, step, Summary{tag, simple_value}.
  * value is stored as a 32-bit float (the format's simple_value); NaN and
- * infinities are stored as they are. tag is a non-empty string (borrowed).
+ * infinities are stored as they are. tag is a non-empty UTF-8 string (borrowed;
+ * TensorBoard cannot read a file with any other).
  * Writes are buffered: call nb_prof_tb_flush to make them visible to readers.
  * After a write error the writer stays in error: later calls return it again. */
 nb_status nb_prof_tb_scalar(nb_prof_tb *w, const char *tag, int64_t step, double value);

@@ -57,7 +57,10 @@ __attribute__((format(printf, 2, 3))) static void sb_printf(sbuf *b, const char 
   int n = vsnprintf(small, sizeof small, fmt, ap);
   va_end(ap);
   if (n < 0) return;
-  if ((size_t)n < sizeof small) return sb_add(b, small, (size_t)n);
+  if ((size_t)n < sizeof small) {
+    sb_add(b, small, (size_t)n);
+    return;
+  }
   char *big = nb_alloc(b->ctx, (size_t)n + 1);
   if (!big) {
     b->oom = true;

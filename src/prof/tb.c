@@ -100,6 +100,24 @@ static uint8_t *put_event(uint8_t *p, const event *e) {
   return p;
 }
 
+/* Protobuf string fields must be UTF-8: TensorBoard's parser rejects the
+ * whole file otherwise. Strict: no overlong forms, surrogates or code points
+ * past U+10FFFF. */
+static bool valid_utf8(const unsigned char *s) {
+  while (*s) {
+    unsigned c = *s++, n = c < 0x80 ? 0 : (c & 0xe0) == 0xc0 ? 1 : (c & 0xf0) == 0xe0 ? 2 : (c & 0xf8) == 0xf0 ? 3 : 9;
+    if (n == 9) return false;
+    uint32_t cp = n == 0 ? c : c & (0x3f >> n);
+    for (unsigned k = 0; k < n; k++, s++) {
+      if ((*s & 0xc0) != 0x80) return false;
+      cp = cp << 6 | (*s & 0x3f);
+    }
+    static const uint32_t min_cp[4] = {0, 0x80, 0x800, 0x10000};
+    if (cp < min_cp[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+  }
+  return true;
+}
+
 /* ---- writing ------------------------------------------------------------ */
 
 static double now_seconds(void) {
@@ -203,6 +221,8 @@ nb_status nb_prof_tb_scalar(nb_prof_tb *w, const char *tag, int64_t step, double
   if (!w) return NB_ERR_INVALID_ARG;
   if (!tag || !*tag)
     return nb_errorf(w->ctx, NB_ERR_INVALID_ARG, "nb_prof_tb_scalar: tag is %s", tag ? "empty" : "NULL");
+  if (!valid_utf8((const unsigned char *)tag))
+    return nb_errorf(w->ctx, NB_ERR_INVALID_ARG, "nb_prof_tb_scalar: tag is not valid UTF-8");
   event e = {.wall_time = now_seconds(), .has_step = true, .step = step, .tag = tag, .value = (float)value};
   return write_event(w, &e);
 }

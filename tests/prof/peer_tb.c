@@ -35,6 +35,8 @@ int main(int argc, char **argv) {
     if (step % 25 == 0 && s == NB_OK) {
       s = nb_prof_tb_scalar(w, "eval/loss", at, loss + 0.125);
       printf("scalar %s %lld %.17g\n", "eval/loss", (long long)at, loss + 0.125);
+      if (s == NB_OK) s = nb_prof_tb_scalar(w, "eval/perplexité", at, exp(loss + 0.125)); /* a UTF-8 tag */
+      printf("scalar %s %lld %.17g\n", "eval/perplexité", (long long)at, exp(loss + 0.125));
     }
   }
   printf("path %s\n", nb_prof_tb_path(w));

@@ -170,7 +170,7 @@ typedef struct scalar {
 
 static const scalar scalars[] = {
     {"train/loss", 0, 10.25},  {"train/lr", 0, 3e-4},      {"train/loss", 1, 9.5},
-    {"train/loss", 127, 0.1},  {"train/loss", 128, -2.5},  {"a tag with spaces/é", 300, 1e30},
+    {"train/loss", 127, 0.1},  {"train/loss", 128, -2.5},  {"a tag with spaces/é/\xf0\x9f\x99\x82", 300, 1e30},
     {"train/loss", (int64_t)1 << 40, 7}, {"neg", -3, 0},   {"nan", 5, NAN},
     {"inf", 6, -INFINITY},
 };
@@ -251,6 +251,13 @@ static void test_roundtrip(nb_ctx *ctx, const char *dir) {
   CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "tag is empty");
   CHECK(nb_prof_tb_scalar(w, NULL, 1, 1.0) == NB_ERR_INVALID_ARG);
   CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "tag is NULL");
+  /* not UTF-8: a stray byte, a truncated sequence, an overlong '/', a
+   * surrogate, past U+10FFFF */
+  const char *bad[] = {"loss\xff", "a\xc3", "\xc0\xaf", "\xed\xa0\x80", "\xf4\x90\x80\x80", "\xe2\x82"};
+  for (int i = 0; i < 6; i++) {
+    CHECK_MSG(nb_prof_tb_scalar(w, bad[i], 1, 1.0) == NB_ERR_INVALID_ARG, "bad tag %d accepted", i);
+    CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "tag is not valid UTF-8");
+  }
   nb_prof_tb_destroy(w);
   nb_prof_tb_destroy(NULL);
   CHECK(nb_ctx_status(ctx) == NB_OK);
