@@ -11,6 +11,7 @@
 
 static nb_ctx *ctx;
 static nb_test_rng rng = {20261125};
+static bool env_off; /* $NABLA_JIT_DISABLE set: only results are checked, not the plan */
 
 typedef struct dot_case {
   int lr, rr;
@@ -82,7 +83,7 @@ static void check(const dot_case *c, nb_dtype t, nb_dtype out, const char *what)
     nb_exe_stats s;
     snprintf(name, sizeof name, "%s %s->%s, %d threads", what, nb_dtype_name(t), nb_dtype_name(out), threads);
     CHECK_MSG(nb_test_jit_matches(ctx, g, in, &o, name, &s), "%s", name);
-    CHECK_MSG(s.nblas == 1 && s.neval == 0, "%s: %zu blas steps, %zu evals", name, s.nblas, s.neval);
+    CHECK_MSG(env_off || (s.nblas == 1 && s.neval == 0), "%s: %zu blas steps, %zu evals", name, s.nblas, s.neval);
   }
   nb_jit_opts o = nb_test_jit_opts("all");
   snprintf(name, sizeof name, "%s %s->%s, all off", what, nb_dtype_name(t), nb_dtype_name(out));
@@ -198,7 +199,7 @@ static void test_epilogues(void) {
     nb_jit_opts op = nb_test_jit_opts(NULL);
     nb_exe_stats s;
     CHECK_MSG(nb_test_jit_matches(ctx, g, in, &op, name, &s), "%s", name);
-    CHECK_MSG(s.nblas == 1 && s.nkernels == 1 && s.neval == 0, "%s: %zu blas, %zu kernels, %zu evals", name, s.nblas, s.nkernels,
+    CHECK_MSG(env_off || (s.nblas == 1 && s.nkernels == 1 && s.neval == 0), "%s: %zu blas, %zu kernels, %zu evals", name, s.nblas, s.nkernels,
               s.neval);
     op = nb_test_jit_opts("all");
     CHECK_MSG(nb_test_jit_matches(ctx, g, in, &op, name, NULL), "%s, all off", name);
@@ -209,6 +210,7 @@ static void test_epilogues(void) {
 
 int main(void) {
   ctx = nb_ctx_create();
+  env_off = getenv("NABLA_JIT_DISABLE") && *getenv("NABLA_JIT_DISABLE");
   test_degenerate();
   test_attention_layouts();
   test_random();

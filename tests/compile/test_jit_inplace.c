@@ -58,7 +58,9 @@ static void test_adamw_in_place(const char *disable) {
   if (!e) return;
   nb_exe_stats s;
   nb_exe_get_stats(e, &s);
-  bool on = disable == NULL;
+  /* the plan is checked only with every optimization on ($NABLA_JIT_DISABLE adds to disable) */
+  const char *env = getenv("NABLA_JIT_DISABLE");
+  bool env_off = env && *env, on = disable == NULL && !env_off;
   if (on) {
     /* one kernel for the scalars (count, bias corrections), one per leaf shape */
     CHECK_MSG(s.nkernels == 4 && s.neval == 0, "%zu kernels, %zu evals", s.nkernels, s.neval);
@@ -81,7 +83,7 @@ static void test_adamw_in_place(const char *disable) {
     nb_tree *got = nb_tree_create(ctx), *want = nb_tree_create(ctx);
     CHECK_OK(ctx, nb_exe_run(e, jin, got));
     CHECK_OK(ctx, nb_graph_run(ctx, g, ref, want));
-    bool donates = !disable || !strcmp(disable, "fuse"); /* "all" turns donation off */
+    bool donates = !env_off && (!disable || !strcmp(disable, "fuse")); /* "all" turns donation off */
     CHECK_MSG(nb_array_data(nb_tree_get_array(got, "params/w")) == before || !donates, "step %d (%s): params/w not updated in place", step,
               disable ? disable : "on");
     for (size_t i = 0; i < nb_tree_size(want); i++) {
@@ -127,7 +129,7 @@ static void test_scalar_cone(void) {
   nb_exe_stats s;
   CHECK(nb_test_jit_matches(ctx, g, in, &o, "scalar cone", &s));
   /* the scalar's kernel, y's kernel, z's reduction-and-elementwise kernel(s) */
-  CHECK_MSG(s.nkernels >= 3, "%zu kernels: the scalar cone is not its own kernel", s.nkernels);
+  CHECK_MSG(getenv("NABLA_JIT_DISABLE") || s.nkernels >= 3, "%zu kernels: the scalar cone is not its own kernel", s.nkernels);
   o = nb_test_jit_opts("all");
   CHECK(nb_test_jit_matches(ctx, g, in, &o, "scalar cone, all off", NULL));
   nb_tree_destroy(in);
