@@ -309,17 +309,20 @@ nb_status nb_cpu__blas_run(nb_ctx *ctx, nb_pool *pool, const nb_eqn *e, const vo
     return NB_OK;
   }
   bool pa = !direct(&p.a, p.ct), pb = !direct(&p.b, p.ct), pc = p.ot != p.ct;
-  size_t sa = pa ? (size_t)(p.batch * p.m * p.k) * es : 0, sb = pb ? (size_t)(p.batch * p.n * p.k) * es : 0;
-  size_t sc = pc ? (size_t)(p.batch * p.m * p.n) * es : 0;
-  size_t st = pa || pb ? (size_t)(p.m + p.n + 2 * p.k) * sizeof(int64_t) : 0, total = sa + sb + sc + st;
+  /* scratch: offset tables, then packed lhs, rhs and the result, each on 64 bytes */
+#define ROUND64(x) (((x) + 63) & ~(size_t)63)
+  size_t st = pa || pb ? ROUND64((size_t)(p.m + p.n + 2 * p.k) * sizeof(int64_t)) : 0;
+  size_t sa = pa ? ROUND64((size_t)(p.batch * p.m * p.k) * es) : 0, sb = pb ? ROUND64((size_t)(p.batch * p.n * p.k) * es) : 0;
+  size_t sc = pc ? (size_t)(p.batch * p.m * p.n) * es : 0, total = st + sa + sb + sc;
+#undef ROUND64
   char *scratch = NULL;
   if (total && !(scratch = nb_alloc(ctx, total)))
     return nb_errorf(ctx, NB_ERR_NOMEM, "dot_general: out of memory for a %zu-byte BLAS scratch (traced at %s:%d)", total,
                      e->loc.file ? e->loc.file : "?", e->loc.line);
-  int64_t *tab = (int64_t *)(scratch + sa + sb + sc);
-  if (pa) pack(&p, &p.a, p.ct, scratch, tab);
-  if (pb) pack(&p, &p.b, p.ct, scratch + sa, tab + p.m + p.k);
-  gemm_job j = {.p = &p, .c = pc ? scratch + sa + sb : out};
+  int64_t *tab = (int64_t *)scratch;
+  if (pa) pack(&p, &p.a, p.ct, scratch + st, tab);
+  if (pb) pack(&p, &p.b, p.ct, scratch + st + sa, tab + p.m + p.k);
+  gemm_job j = {.p = &p, .c = pc ? scratch + st + sa + sb : out};
   bool t;
   as_blas(p.m, p.k, p.a.rs, p.a.cs, &j.ta, &j.lda);
   as_blas(p.n, p.k, p.b.rs, p.b.cs, &t, &j.ldb);
