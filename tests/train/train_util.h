@@ -20,12 +20,12 @@ typedef struct recorder {
   int n_eval;
 } recorder;
 
-static void rec_start(void *ud, const nb_train_start_info *in) {
+static inline void rec_start(void *ud, const nb_train_start_info *in) {
   recorder *r = ud;
   r->first_step = in->start_step + 1;
 }
 
-static void rec_step(void *ud, const nb_train_step_info *si) {
+static inline void rec_step(void *ud, const nb_train_step_info *si) {
   recorder *r = ud;
   if (si->step >= 0 && si->step <= MAX_STEPS) {
     r->loss[si->step] = si->loss;
@@ -37,13 +37,13 @@ static void rec_step(void *ud, const nb_train_step_info *si) {
   if (r->raise_at && si->step == r->raise_at) raise(r->raise_sig);
 }
 
-static bool rec_stop(void *ud, int64_t step) {
+static inline bool rec_stop(void *ud, int64_t step) {
   const recorder *r = ud;
   return r->stop_at && step == r->stop_at;
 }
 
 /* A made-up text with some structure (so a model can learn it), about 24 KB. */
-static void write_corpus(const char *path) {
+static inline void write_corpus(const char *path) {
   static const char *w[] = {"the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "red", "big", "house"};
   FILE *f = fopen(path, "w");
   uint64_t x = 12345;
@@ -59,7 +59,7 @@ static void write_corpus(const char *path) {
 }
 
 /* A temp dir holding corpus.txt; *dir gets its path. */
-static void make_workdir(char *dir, size_t cap) {
+static inline void make_workdir(char *dir, size_t cap) {
   snprintf(dir, cap, "/tmp/nabla_train_test_XXXXXX");
   if (!mkdtemp(dir)) {
     perror("mkdtemp");
@@ -71,7 +71,7 @@ static void make_workdir(char *dir, size_t cap) {
 }
 
 /* The tiny config: a 1-layer GPT, d=32, T=16, B=4, byte-level data. */
-static nb_status tiny_config(nb_ctx *ctx, const char *workdir, int n_extra, const char *const *extra,
+static inline nb_status tiny_config(nb_ctx *ctx, const char *workdir, int n_extra, const char *const *extra,
                              nb_model_run_config *cfg) {
   char train[600];
   snprintf(train, sizeof train, "data.train=%s/corpus.txt", workdir);
@@ -87,7 +87,7 @@ static nb_status tiny_config(nb_ctx *ctx, const char *workdir, int n_extra, cons
   return nb_model_run_config_parse(ctx, "<tiny>", "", 0, nb + n_extra, all, cfg);
 }
 
-static nb_status run_recorded(nb_ctx *ctx, const nb_model_run_config *cfg, const char *run_dir, recorder *r,
+static inline nb_status run_recorded(nb_ctx *ctx, const nb_model_run_config *cfg, const char *run_dir, recorder *r,
                               bool signals, nb_train_result *res) {
   nb_train_opts o = {.run_dir = run_dir, .threads = 1, .handle_signals = signals, .should_stop = rec_stop,
                      .on_start = rec_start, .on_step = rec_step, .ud = r};
