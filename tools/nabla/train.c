@@ -34,7 +34,7 @@ static const char default_yaml[] =
     "  warmup_steps: 30\n"
     "  min_lr_ratio: 0.1\n"
     "batch_size: 16\n"
-    "steps: 600\n"
+    "steps: 300\n"
     "eval_every: 100\n"
     "eval_steps: 8\n"
     "log_every: 10\n"
