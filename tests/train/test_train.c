@@ -66,7 +66,8 @@ static void test_determinism_and_resume(nb_ctx *ctx, bool dropout) {
   CHECK(ra.final_step == 8 && a.last_step == 8 && isfinite(ra.final_loss) && isfinite(ra.last_eval_loss));
   CHECK(a.n_eval == 2);
   first_loss[dropout] = a.loss[1];
-  /* (a) same config and seed, fresh dir: bit-identical */
+  /* (a) same config and seed, fresh dir: bit-identical, also with 2 threads */
+  b.threads = 2;
   CHECK_OK(ctx, run_recorded(ctx, &cfg, d2, &b, false, &rb));
   CHECK(same_losses(&a, &b, 1, 8));
   /* (b) stop after step 5 (a checkpoint is written), resume to 8 */

@@ -18,6 +18,7 @@ typedef struct recorder {
   int64_t raise_at;   /* raise(raise_sig) in on_step at this step (0: never) */
   int raise_sig;
   int n_eval;
+  int threads;        /* jit threads (0: 1) */
 } recorder;
 
 static inline void rec_start(void *ud, const nb_train_start_info *in) {
@@ -89,7 +90,7 @@ static inline nb_status tiny_config(nb_ctx *ctx, const char *workdir, int n_extr
 
 static inline nb_status run_recorded(nb_ctx *ctx, const nb_model_run_config *cfg, const char *run_dir, recorder *r,
                               bool signals, nb_train_result *res) {
-  nb_train_opts o = {.run_dir = run_dir, .threads = 1, .handle_signals = signals, .should_stop = rec_stop,
+  nb_train_opts o = {.run_dir = run_dir, .threads = r->threads ? r->threads : 1, .handle_signals = signals, .should_stop = rec_stop,
                      .on_start = rec_start, .on_step = rec_step, .ud = r};
   return nb_train_run(ctx, cfg, &o, res);
 }
