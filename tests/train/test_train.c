@@ -183,6 +183,27 @@ static void test_grad_accum(nb_ctx *ctx) {
   printf("grad_accum: step 1 loss %a %a %a gnorm %a %a %a; step 4 loss %.9g (1), %.9g (2), %.9g (4)\n", r1.loss[1], r2.loss[1], r4.loss[1], r1.grad_norm[1], r2.grad_norm[1], r4.grad_norm[1], r1.loss[4], r2.loss[4], r4.loss[4]);
 }
 
+/* Token shards as data.train / data.eval, used as they are (no DIR/data/). */
+static void test_shard_inputs(nb_ctx *ctx) {
+  char corpus[600], shard[600], tr[700], ev[700], d[600], cache[700];
+  snprintf(corpus, sizeof corpus, "%s/corpus.txt", work);
+  snprintf(shard, sizeof shard, "%s/corpus.tshard", work);
+  const char *in[1] = {corpus};
+  CHECK_OK(ctx, nb_data_build_shard(ctx, shard, 1, in, NULL, NULL, 0, NULL));
+  snprintf(tr, sizeof tr, "data.train=%s", shard);
+  snprintf(ev, sizeof ev, "data.eval=%s", shard);
+  const char *extra[] = {tr, ev, "steps=4", "data.workers=0"};
+  nb_model_run_config cfg;
+  CHECK_OK(ctx, tiny_config(ctx, work, 4, extra, &cfg));
+  run_dir(d, sizeof d, "shard");
+  recorder r = {0};
+  nb_train_result res;
+  CHECK_OK(ctx, run_recorded(ctx, &cfg, d, &r, false, &res));
+  CHECK(res.final_step == 4 && isfinite(res.last_eval_loss) && r.n_eval == 1);
+  snprintf(cache, sizeof cache, "%s/data", d);
+  CHECK(access(cache, F_OK) != 0);
+}
+
 static void test_errors(nb_ctx *ctx) {
   nb_model_run_config cfg;
   char d[600];
@@ -215,6 +236,7 @@ int main(void) {
   test_metrics_truncated(ctx);
   test_learns(ctx);
   test_grad_accum(ctx);
+  test_shard_inputs(ctx);
   test_errors(ctx);
   nb_ctx_destroy(ctx);
   char cmd[400];
