@@ -9,5 +9,6 @@
 #include "nabla/models.h"
 #include "nabla/tokenizer.h"
 #include "nabla/ckpt.h"
+#include "nabla/prof.h"
 #include "nabla/train.h"
 #endif
