@@ -23,6 +23,9 @@
  *   DIR/checkpoints/    nb_ckpt manager: items "params", "opt_state";
  *                       metadata {"step", "seed", "data_state", ...}
  *   DIR/data/           text inputs tokenized into cached token shards
+ *   DIR/events.out.tfevents.*  TensorBoard scalars (train/loss, train/lr,
+ *                       train/grad_norm, train/tokens_per_s, train/mfu, eval/loss)
+ *   DIR/report.html     nb_prof_report_html of metrics.jsonl
  * Running again on the same DIR resumes from the latest checkpoint.
  *
  * Example:
@@ -126,7 +129,9 @@ typedef struct nb_train_result {
 /* Runs (or resumes) the training of cfg (borrowed) in opts->run_dir: data
  * set-up, init or restore, compile, the loop with logging, eval,
  * checkpoints (every checkpoint_every steps, async; at the end; on stop and
- * on a signal), TensorBoard-free metrics in metrics.jsonl. Errors (bad data
+ * on a signal), metrics.jsonl, TensorBoard scalars and report.html (redrawn
+ * at each eval, checkpoint and at the end; their failures are logged as
+ * warnings, training goes on). Errors (bad data
  * paths, vocabulary larger than the model's, unsupported config) return a
  * status with the message on ctx; out (may be NULL) is filled either way. */
 nb_status nb_train_run(nb_ctx *ctx, const nb_model_run_config *cfg, const nb_train_opts *opts, nb_train_result *out);

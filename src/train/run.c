@@ -16,6 +16,7 @@
 
 #include "nabla/ckpt.h"
 #include "nabla/compile.h"
+#include "nabla/prof.h"
 #include "train/internal.h"
 
 static double now_s(void) {
@@ -94,6 +95,8 @@ typedef struct trainer {
   nb_data_map *eval_ds;
   nb_ckpt_manager *ckpt;
   FILE *metrics;
+  nb_prof_tb *tb;              /* TensorBoard event file in DIR */
+  bool warned;                 /* a TensorBoard/report failure was logged once */
   int64_t step, last_saved;
   double elapsed_before;       /* seconds of earlier runs (from the checkpoint) */
   double t0;
@@ -236,6 +239,8 @@ static nb_status setup(trainer *t, nb_train_start_info *info) {
   if ((s = truncate_metrics(ctx, mp, t->step))) return s;
   t->metrics = fopen(mp, "a");
   if (!t->metrics) return nb_errorf(ctx, NB_ERR_IO, "train: cannot open %s: %s", mp, strerror(errno));
+  t->tb = nb_prof_tb_create(ctx, t->dir);
+  if (!t->tb) return nb_ctx_status(ctx);
   double tokens = (double)(c->batch_size * c->data.seq_len);
   info->start_step = t->step;
   info->total_steps = c->steps;
@@ -260,6 +265,7 @@ static void teardown(trainer *t) {
   }
   nb_ckpt_manager_destroy(t->ckpt);
   if (t->metrics) fclose(t->metrics);
+  nb_prof_tb_destroy(t->tb);
   nb_data_iter_destroy(t->it);
   nb_data_map_release(t->eval_ds);
   nb_exe_destroy(t->step_exe);
@@ -326,6 +332,38 @@ static void write_eval(trainer *t, int64_t step, double loss) {
   fflush(t->metrics);
 }
 
+/* TensorBoard and the report are for people to look at: a failure is
+ * logged (once) and training goes on. */
+static void diag(trainer *t, nb_status s) {
+  if (s && !t->warned) {
+    nb_logf(t->ctx, NB_LOG_WARN, "train: TensorBoard/report: %s (training continues)", nb_ctx_error(t->ctx));
+    t->warned = true;
+  }
+}
+
+static void tb_train(trainer *t, const nb_train_step_info *si) {
+  nb_status s = nb_prof_tb_scalar(t->tb, "train/loss", si->step, si->loss);
+  if (!s) s = nb_prof_tb_scalar(t->tb, "train/lr", si->step, si->lr);
+  if (!s) s = nb_prof_tb_scalar(t->tb, "train/grad_norm", si->step, si->grad_norm);
+  if (!s) s = nb_prof_tb_scalar(t->tb, "train/tokens_per_s", si->step, si->tokens_per_s);
+  if (!s && isfinite(si->mfu)) s = nb_prof_tb_scalar(t->tb, "train/mfu", si->step, si->mfu);
+  if (!s) s = nb_prof_tb_flush(t->tb);
+  diag(t, s);
+}
+
+static void tb_eval(trainer *t, int64_t step, double loss) {
+  nb_status s = nb_prof_tb_scalar(t->tb, "eval/loss", step, loss);
+  if (!s) s = nb_prof_tb_flush(t->tb);
+  diag(t, s);
+}
+
+static void report(trainer *t) {
+  char mp[NB_TRAIN_PATH_MAX + 16], rp[NB_TRAIN_PATH_MAX + 16];
+  snprintf(mp, sizeof mp, "%s/metrics.jsonl", t->dir);
+  snprintf(rp, sizeof rp, "%s/report.html", t->dir);
+  diag(t, nb_prof_report_html(t->ctx, mp, rp, t->dir));
+}
+
 nb_status nb_train_run(nb_ctx *ctx, const nb_model_run_config *cfg, const nb_train_opts *opts, nb_train_result *out) {
   nb_train_result res = {.final_loss = NAN, .last_eval_loss = NAN, .exe_ms_median = NAN, .iter_ms_median = NAN};
   if (out) *out = res;
@@ -369,6 +407,7 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_model_run_config *cfg, const nb_tra
       if (opts->peak_flops > 0 && dt > 0) si.mfu = info.flops_per_step * (double)since_log / dt / opts->peak_flops;
       si.elapsed_s = t.elapsed_before + now_s() - t.t0;
       write_record(&t, &si);
+      tb_train(&t, &si);
     }
     if (cfg->eval_every > 0 && cfg->eval_steps > 0 && (t.step % cfg->eval_every == 0 || t.step == cfg->steps)) {
       double e0 = now_s();
@@ -376,6 +415,7 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_model_run_config *cfg, const nb_tra
       si.has_eval = true;
       res.last_eval_loss = si.eval_loss;
       write_eval(&t, t.step, si.eval_loss);
+      tb_eval(&t, t.step, si.eval_loss);
       eval_t = now_s() - e0;
       res.eval_s += eval_t;
     }
@@ -385,6 +425,7 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_model_run_config *cfg, const nb_tra
     double c0 = now_s();
     if (preempt) s = save(&t, true);
     else if (ckpt || stop) s = save(&t, false);
+    if (!s && (ckpt || stop || preempt || si.has_eval)) report(&t);
     res.ckpt_s += now_s() - c0;
     si.elapsed_s = t.elapsed_before + now_s() - t.t0;
     si.step_ms = (now_s() - a - eval_t) * 1e3;
@@ -416,6 +457,7 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_model_run_config *cfg, const nb_tra
   }
   if (!s) {
     s = nb_ckpt_wait_until_finished(t.ckpt);
+    if (!s) report(&t);
   }
   if (s) { /* keep the first error's message through teardown */
     nb_status s2 = s;

@@ -87,6 +87,10 @@ static void test_run_and_sigterm(nb_ctx *ctx, const char *bin) {
   CHECK_MSG(strstr(out, "unigram entropy") && strstr(out, "MFU") && strstr(out, "done: step 200"), "%s", out);
   static char lref[256][40], lsig[256][40];
   CHECK(read_metrics(ref, lref, 255) == 200);
+  /* TensorBoard events and the report */
+  snprintf(cmd, sizeof cmd, "ls %s/events.out.tfevents.* >/dev/null && grep -q 'train/loss' %s/events.out.tfevents.* && "
+           "grep -q '<svg' %s/report.html", ref, ref, ref);
+  CHECK_MSG(system(cmd) == 0, "%s", cmd);
   nb_model_run_config back;
   snprintf(cmd, sizeof cmd, "%s/config.yaml", ref);
   CHECK_OK(ctx, nb_model_run_config_load(ctx, cmd, 0, NULL, &back));

@@ -66,6 +66,9 @@ static void test_determinism_and_resume(nb_ctx *ctx, bool dropout) {
   CHECK(ra.final_step == 8 && a.last_step == 8 && isfinite(ra.final_loss) && isfinite(ra.last_eval_loss));
   CHECK(a.n_eval == 2);
   first_loss[dropout] = a.loss[1];
+  char cmd[2000];
+  snprintf(cmd, sizeof cmd, "grep -q 'eval/loss' %s/events.out.tfevents.* && grep -q 'train/grad_norm' %s/events.out.tfevents.* && test -s %s/report.html", d1, d1, d1);
+  CHECK_MSG(system(cmd) == 0, "%s", cmd);
   /* (a) same config and seed, fresh dir: bit-identical, also with 2 threads */
   b.threads = 2;
   CHECK_OK(ctx, run_recorded(ctx, &cfg, d2, &b, false, &rb));
