@@ -186,6 +186,41 @@ static void test_grad_accum(nb_ctx *ctx) {
   printf("grad_accum: step 1 loss %a %a %a gnorm %a %a %a; step 4 loss %.9g (1), %.9g (2), %.9g (4)\n", r1.loss[1], r2.loss[1], r4.loss[1], r1.grad_norm[1], r2.grad_norm[1], r4.grad_norm[1], r1.loss[4], r2.loss[4], r4.loss[4]);
 }
 
+/* remat: block recomputes the blocks in the backward pass: same numbers */
+static void test_remat(nb_ctx *ctx) {
+  const char *e0[] = {"steps=3", "checkpoint_every=0", "model.n_layers=2"};
+  const char *e1[] = {"steps=3", "checkpoint_every=0", "model.n_layers=2", "remat=block"};
+  nb_model_run_config c0, c1;
+  CHECK_OK(ctx, tiny_config(ctx, work, 3, e0, &c0));
+  CHECK_OK(ctx, tiny_config(ctx, work, 4, e1, &c1));
+  CHECK(c1.remat == NB_REMAT_BLOCK);
+  char d0[600], d1[600];
+  run_dir(d0, sizeof d0, "remat0");
+  run_dir(d1, sizeof d1, "remat1");
+  recorder r0 = {0}, r1 = {0};
+  nb_train_result res;
+  CHECK_OK(ctx, run_recorded(ctx, &c0, d0, &r0, false, &res));
+  CHECK_OK(ctx, run_recorded(ctx, &c1, d1, &r1, false, &res));
+  /* and the remat graph is another graph (the blocks are recomputed) */
+  nb_optim_tx *tx = nb_train_optimizer(ctx, &c0);
+  nb_array *key = nb_key(ctx, 0);
+  nb_tree *params = nb_model_init(ctx, &c0.model, key), *opt = NULL;
+  nb_array_release(key);
+  if (tx && params) opt = nb_optim_init_arrays(ctx, tx, params);
+  nb_graph *g0 = opt ? nb_train_trace_step(ctx, &c0, params, opt) : NULL;
+  nb_graph *g1 = opt ? nb_train_trace_step(ctx, &c1, params, opt) : NULL;
+  CHECK(g0 && g1 && nb_graph_num_eqns(g0) != nb_graph_num_eqns(g1));
+  nb_graph_destroy(g0);
+  nb_graph_destroy(g1);
+  nb_tree_destroy(params);
+  nb_tree_destroy(opt);
+  nb_optim_tx_destroy(tx);
+  for (int s = 1; s <= 3; s++) {
+    CHECK_NEAR(r1.loss[s], r0.loss[s], 1e-6);
+    CHECK_NEAR(r1.grad_norm[s], r0.grad_norm[s], 1e-5);
+  }
+}
+
 /* Token shards as data.train / data.eval, used as they are (no DIR/data/). */
 static void test_shard_inputs(nb_ctx *ctx) {
   char corpus[600], shard[600], tr[700], ev[700], d[600], cache[700];
@@ -239,6 +274,7 @@ int main(void) {
   test_metrics_truncated(ctx);
   test_learns(ctx);
   test_grad_accum(ctx);
+  test_remat(ctx);
   test_shard_inputs(ctx);
   test_errors(ctx);
   nb_ctx_destroy(ctx);
