@@ -459,13 +459,11 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_model_run_config *cfg, const nb_tra
     s = nb_ckpt_wait_until_finished(t.ckpt);
     if (!s) report(&t);
   }
-  if (s) { /* keep the first error's message through teardown */
-    nb_status s2 = s;
-    teardown(&t);
-    s = s2;
-  } else {
-    teardown(&t);
-  }
+  /* teardown may record errors of its own: the caller gets the first one */
+  char *msg = s ? strdup(nb_ctx_error(ctx)) : NULL;
+  teardown(&t);
+  if (s) nb_errorf(ctx, s, "%s", msg ? msg : "train: failed (out of memory for the message)");
+  free(msg);
   if (out) *out = res;
   return s;
 }
