@@ -164,6 +164,10 @@ static int run(nb_ctx *ctx, const options *o) {
   int rc = 1;
   int32_t *ids = NULL, *out = NULL;
   nb_model_generator *gen = NULL;
+  if (!m.tok && o->hf) {
+    fprintf(stderr, "nabla generate: %s/tokenizer.json is missing: cannot encode the prompt\n", o->hf);
+    goto done;
+  }
   if (m.tok && nb_tok_encode(m.tok, o->prompt, plen, NULL, &enc)) {
     fprintf(stderr, "nabla generate: %s\n", nb_ctx_error(ctx));
     goto done;
