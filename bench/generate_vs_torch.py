@@ -10,7 +10,8 @@ peer:  GPT2LMHeadModel / LlamaForCausalLM (eager attention), prefill = one
 
 Run with Debian's torch (apt-get install python3-torch; pip's pulls CUDA)
 and transformers from PyPI in a venv with --system-site-packages:
-  /tmp/hf/bin/python bench/generate_vs_torch.py [BUILD_DIR] [REPS] [PROMPT] [TOKENS] [preset ...]
+  [THREADS=n] /tmp/hf/bin/python bench/generate_vs_torch.py [BUILD_DIR] [REPS] [PROMPT] [TOKENS] [preset ...]
+(THREADS: both sides' thread count, default all CPUs)
 """
 import os
 import statistics
@@ -80,7 +81,7 @@ def main():
     n_prompt = int(a[2]) if len(a) > 2 else 64
     n_new = int(a[3]) if len(a) > 3 else 64
     names = a[4:] or ["gpt2-tiny", "llama-tiny"]
-    threads = os.cpu_count()
+    threads = int(os.environ.get("THREADS", os.cpu_count()))
     torch.set_num_threads(threads)
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, {threads} threads; "
           f"prompt {n_prompt}, {n_new} new tokens, medians of {reps}\n")
