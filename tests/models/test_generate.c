@@ -236,6 +236,17 @@ static void test_greedy(nb_ctx *ctx, const char *preset, bool interpret) {
   if (gen) CHECK_OK(ctx, nb_model_generate(gen, &r, &res));
   CHECK(gen && res.n_tokens == 3 && !res.stopped);
   nb_model_generator_destroy(gen);
+  /* chunks of 8: two full ones and a tail of 3; one chunk of 32 (tail 19 padded to 32) */
+  int64_t chunks[2] = {8, 32};
+  for (int k = 0; k < 2; k++) {
+    go.prefill_chunk = chunks[k];
+    gen = nb_model_generator_create(ctx, &c, params, &go);
+    memset(got, 0, sizeof got);
+    r = (nb_model_gen_request){.prompt = prompt, .n_prompt = 19, .max_tokens = 12, .out = got};
+    if (gen) CHECK_OK(ctx, nb_model_generate(gen, &r, &res));
+    CHECK_MSG(!memcmp(got, want, sizeof want), "%s: prefill chunk %lld changes the greedy ids", preset, (long long)chunks[k]);
+    nb_model_generator_destroy(gen);
+  }
   nb_tree_destroy(params);
   nb_array_release(key);
 }
