@@ -8,8 +8,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "models/internal.h"
 #include "nabla/compile.h"
-#include "nabla/models.h"
 
 /* ---------------------------------------------------------------- sampling */
 
@@ -119,39 +119,6 @@ static double now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* the generator's own f32 copy of params, checked against the model's spec */
-static nb_tree *own_params(nb_ctx *ctx, const nb_model_config *cfg, const nb_tree *params) {
-  nb_tree *spec = nb_model_param_spec(ctx, cfg, NB_F32);
-  nb_tree *own = spec ? nb_tree_create(ctx) : NULL;
-  nb_status s = own ? NB_OK : NB_ERR_NOMEM;
-  for (size_t i = 0; !s && i < nb_tree_size(spec); i++) {
-    const char *p = nb_tree_path(spec, i);
-    nb_array *x = nb_tree_get_array(params, p);
-    nb_aval want = nb_leaf_get_aval(nb_tree_leaf(spec, i)), have;
-    if (!x) {
-      s = nb_errorf(ctx, NB_ERR_NOT_FOUND, "generator: parameter '%s' is missing (the model's config wants %s)", p,
-                    nb_aval_str(&want, (char[64]){0}, 64));
-      break;
-    }
-    have = nb_array_aval(x);
-    if (!nb_shape_equal(&have.shape, &want.shape) || !nb_dtype_is_float(have.dtype)) {
-      char a[64], b[64];
-      s = nb_errorf(ctx, NB_ERR_SHAPE, "generator: parameter '%s' is %s, the model's config wants %s", p,
-                    nb_aval_str(&have, a, sizeof a), nb_aval_str(&want, b, sizeof b));
-      break;
-    }
-    nb_array *f = nb_array_astype(ctx, x, NB_F32);
-    s = f ? nb_tree_set_array(own, p, f) : NB_ERR_NOMEM;
-    nb_array_release(f);
-  }
-  nb_tree_destroy(spec);
-  if (s || !own) {
-    nb_tree_destroy(own);
-    return NULL;
-  }
-  return own;
-}
-
 nb_model_generator *nb_model_generator_create(nb_ctx *ctx, const nb_model_config *cfg, const nb_tree *params,
                                               const nb_model_gen_opts *opts) {
   if (!cfg || !params) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "generator: NULL config or params"), NULL;
@@ -175,7 +142,7 @@ nb_model_generator *nb_model_generator_create(nb_ctx *ctx, const nb_model_config
   g->cache_len = (max_len + g->chunk - 1) / g->chunk * g->chunk;
   g->interpret = o.interpret;
   g->threads = o.threads;
-  g->params = own_params(ctx, cfg, params);
+  g->params = nb_models__params_f32(ctx, cfg, params, "generator");
   nb_tree *cache = g->params ? nb_model_cache_create(ctx, cfg, 1, g->cache_len, NB_F32) : NULL;
   size_t n = (size_t)(2 * cfg->n_layers);
   g->cache = cache ? nb_calloc(ctx, n * sizeof *g->cache) : NULL;

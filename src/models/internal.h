@@ -1,4 +1,4 @@
-/* Shared by the model loaders (load.c, hf.c); not a public header. */
+/* Shared by the model loaders (load.c, hf.c) and the generator; not a public header. */
 #ifndef NABLA_MODELS_INTERNAL_H
 #define NABLA_MODELS_INTERNAL_H
 

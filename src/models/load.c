@@ -17,7 +17,8 @@ nb_tree *nb_models__params_f32(nb_ctx *ctx, const nb_model_config *cfg, const nb
     nb_array *x = nb_tree_get_array(loaded, p);
     char a[96], b[96];
     if (!x) {
-      s = nb_errorf(ctx, NB_ERR_NOT_FOUND, "%s: parameter '%s' (%s) is missing", where, p, nb_aval_str(&want, b, sizeof b));
+      s = nb_errorf(ctx, NB_ERR_NOT_FOUND, "%s: parameter '%s' is missing (the model config wants %s)", where, p,
+                    nb_aval_str(&want, b, sizeof b));
       break;
     }
     nb_aval have = nb_array_aval(x);
