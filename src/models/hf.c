@@ -5,6 +5,7 @@
  * tokenizer.json. Other architectures (biases, other activations, other
  * RoPE scalings) are refused by name rather than loaded wrongly. */
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,7 +42,7 @@ static nb_status get_int(hf_load *L, const cJSON *j, const char *field, int64_t 
     return cfg_err(L, NB_ERR_FORMAT, field, "is missing");
   }
   double d = cJSON_GetNumberValue(v);
-  if (!cJSON_IsNumber(v) || d != (double)(int64_t)d || d < 1)
+  if (!cJSON_IsNumber(v) || !(d >= 1 && d <= 9007199254740992.0) || d != floor(d))
     return cfg_err(L, NB_ERR_FORMAT, field, "must be a positive integer");
   *out = (int64_t)d;
   return NB_OK;
@@ -58,6 +59,8 @@ static nb_status get_num(hf_load *L, const cJSON *j, const char *field, double d
   return NB_OK;
 }
 
+static bool is_id(double d) { return d >= 0 && d < 2147483648.0 && d == floor(d); }
+
 /* a token id or null (-1); for eos also a list */
 static nb_status get_ids(hf_load *L, const cJSON *j, const char *field, int32_t *ids, int cap, int *n) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, field);
@@ -65,12 +68,13 @@ static nb_status get_ids(hf_load *L, const cJSON *j, const char *field, int32_t 
   if (!v || cJSON_IsNull(v)) return NB_OK;
   const cJSON *e;
   if (cJSON_IsNumber(v)) {
+    if (!is_id(v->valuedouble)) return cfg_err(L, NB_ERR_FORMAT, field, "must be a token id in [0, 2^31)");
     ids[(*n)++] = (int32_t)v->valuedouble;
-    return v->valuedouble >= 0 ? NB_OK : cfg_err(L, NB_ERR_FORMAT, field, "must be a token id >= 0");
+    return NB_OK;
   }
   if (!cJSON_IsArray(v) || cap == 1) return cfg_err(L, NB_ERR_FORMAT, field, "must be a token id%s", cap > 1 ? " or a list of them" : "");
   cJSON_ArrayForEach(e, v) {
-    if (!cJSON_IsNumber(e) || e->valuedouble < 0 || *n == cap)
+    if (!cJSON_IsNumber(e) || !is_id(e->valuedouble) || *n == cap)
       return cfg_err(L, NB_ERR_FORMAT, field, "must be a list of at most 8 token ids");
     ids[(*n)++] = (int32_t)e->valuedouble;
   }
@@ -125,31 +129,43 @@ static nb_status parse_rope(hf_load *L, const cJSON *j, nb_nn_rope_cfg *r) {
   }
   if (r->scaling == NB_NN_ROPE_LLAMA3) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(rs, "original_max_position_embeddings");
-    if (!cJSON_IsNumber(v) || v->valuedouble < 1)
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 1 && v->valuedouble <= 9007199254740992.0))
       return cfg_err(L, NB_ERR_FORMAT, "rope_scaling", "needs a positive integer '%s'", "original_max_position_embeddings");
     r->original_max_pos = (int64_t)v->valuedouble;
   }
   return NB_OK;
 }
 
-static cJSON *read_json(hf_load *L, const char *path) {
+/* a whole file (at most 16 MB; a config or an index) into a new malloc'ed
+ * string, or NULL with an error */
+static char *read_text(hf_load *L, const char *path, size_t *len) {
   FILE *f = fopen(path, "rb");
   if (!f) return nb_errorf(L->ctx, NB_ERR_NOT_FOUND, "%s: cannot open", path), NULL;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *buf = n >= 0 && n < (1L << 28) ? malloc((size_t)n + 1) : NULL;
-  size_t got = buf ? fread(buf, 1, (size_t)n, f) : 0;
+  long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+  char *buf = n >= 0 && n < (1L << 24) && fseek(f, 0, SEEK_SET) == 0 ? malloc((size_t)n + 1) : NULL;
+  if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+    free(buf);
+    buf = NULL;
+  }
   fclose(f);
-  cJSON *j = buf && got == (size_t)n ? cJSON_ParseWithLength(buf, (size_t)n) : NULL;
-  free(buf);
-  if (!j) nb_errorf(L->ctx, NB_ERR_FORMAT, "%s: not valid JSON (or unreadable)", path);
+  if (!buf) return nb_errorf(L->ctx, NB_ERR_IO, "%s: cannot read it (or it is larger than 16 MB)", path), NULL;
+  *len = (size_t)n;
+  return buf;
+}
+
+static cJSON *read_json(hf_load *L, const char *path) {
+  size_t n;
+  char *text = read_text(L, path, &n);
+  cJSON *j = text ? cJSON_ParseWithLength(text, n) : NULL;
+  free(text);
+  if (text && !j) nb_errorf(L->ctx, NB_ERR_FORMAT, "%s: not valid JSON", path);
   return j;
 }
 
-static nb_status parse_config(hf_load *L, nb_model_loaded *m) {
-  cJSON *j = read_json(L, L->cfg_path);
-  if (!j) return nb_ctx_status(L->ctx);
+/* config.json's text into m->cfg, bos_id, eos_ids */
+static nb_status parse_config(hf_load *L, const char *text, size_t len, nb_model_loaded *m) {
+  cJSON *j = cJSON_ParseWithLength(text, len);
+  if (!j) return nb_errorf(L->ctx, NB_ERR_FORMAT, "%s: not valid JSON", L->cfg_path);
   nb_model_config *c = &m->cfg;
   nb_model_config_preset(L->ctx, "llama-tiny", c); /* the family's switches; every size is set below */
   c->init_std = 0.02;
@@ -334,6 +350,14 @@ static nb_status load_weights(hf_load *L, nb_model_loaded *m) {
   return s;
 }
 
+nb_status nb_models__hf_config_parse(nb_ctx *ctx, const char *name, const char *text, size_t len, nb_model_loaded *out) {
+  memset(out, 0, sizeof *out);
+  out->bos_id = -1;
+  hf_load L = {.ctx = ctx};
+  snprintf(L.cfg_path, sizeof L.cfg_path, "%s", name);
+  return parse_config(&L, text, len, out);
+}
+
 nb_status nb_model_load_hf(nb_ctx *ctx, const char *dir, nb_model_loaded *out) {
   if (!dir || !out) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "load hf: NULL argument");
   memset(out, 0, sizeof *out);
@@ -343,7 +367,10 @@ nb_status nb_model_load_hf(nb_ctx *ctx, const char *dir, nb_model_loaded *out) {
   snprintf(L.cfg_path, sizeof L.cfg_path, "%s/config.json", dir);
   if (access(dir, F_OK) != 0) return nb_errorf(ctx, NB_ERR_NOT_FOUND, "Hugging Face model dir '%s' does not exist", dir);
   if (access(L.cfg_path, F_OK) != 0) return nb_errorf(ctx, NB_ERR_NOT_FOUND, "%s: missing (a Hugging Face model needs config.json)", L.cfg_path);
-  nb_status s = parse_config(&L, out);
+  size_t n = 0;
+  char *text = read_text(&L, L.cfg_path, &n);
+  nb_status s = text ? parse_config(&L, text, n, out) : nb_ctx_status(ctx);
+  free(text);
   if (!s) s = load_weights(&L, out);
   char tj[4200];
   snprintf(tj, sizeof tj, "%s/tokenizer.json", dir);

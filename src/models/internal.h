@@ -13,4 +13,9 @@ nb_tree *nb_models__params_f32(nb_ctx *ctx, const nb_model_config *cfg, const nb
  * end_of_text, eot_id, </s>), appended to m->eos_ids. */
 void nb_models__tok_stops(nb_model_loaded *m);
 
+/* A Hugging Face config.json's text (len bytes, borrowed; `name` for
+ * messages) into out->cfg, bos_id and eos_ids (out is zeroed first; no
+ * params, no tokenizer). What hf.c's loader runs; exposed for the fuzzer. */
+nb_status nb_models__hf_config_parse(nb_ctx *ctx, const char *name, const char *text, size_t len, nb_model_loaded *out);
+
 #endif
