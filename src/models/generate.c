@@ -109,7 +109,7 @@ struct nb_model_generator {
   bool interpret;
   int threads;
   nb_array **cache;             /* 2 * n_layers arrays held only here, so the executables may update them in place */
-  step_exe *exes;
+  step_exe **exes;              /* each allocated alone: pointers to them stay valid as the list grows */
   int n_exes, cap_exes;
 };
 
@@ -160,16 +160,18 @@ nb_model_generator *nb_model_generator_create(nb_ctx *ctx, const nb_model_config
 }
 
 static void exe_free(nb_ctx *ctx, step_exe *e) {
+  if (!e) return;
   nb_exe_destroy(e->exe);
   nb_graph_destroy(e->graph);
   nb_dealloc(ctx, e->in_kind, e->nin * sizeof(int));
   nb_dealloc(ctx, e->in_index, e->nin * sizeof(int));
   nb_dealloc(ctx, e->out_cache, e->nout * sizeof(int));
+  nb_dealloc(ctx, e, sizeof *e);
 }
 
 void nb_model_generator_destroy(nb_model_generator *g) {
   if (!g) return;
-  for (int i = 0; i < g->n_exes; i++) exe_free(g->ctx, &g->exes[i]);
+  for (int i = 0; i < g->n_exes; i++) exe_free(g->ctx, g->exes[i]);
   nb_dealloc(g->ctx, g->exes, (size_t)g->cap_exes * sizeof *g->exes);
   for (int64_t i = 0; g->cache && i < 2 * g->cfg.n_layers; i++) nb_array_release(g->cache[i]);
   nb_dealloc(g->ctx, g->cache, (size_t)(2 * g->cfg.n_layers) * sizeof *g->cache);
@@ -227,11 +229,11 @@ static bool same_sample(const nb_model_sample_opts *a, const nb_model_sample_opt
  * and compiled on first use. */
 static step_exe *get_exe(nb_model_generator *gen, int64_t T, const nb_model_sample_opts *so, double *compile_s) {
   for (int i = 0; i < gen->n_exes; i++)
-    if (gen->exes[i].T == T && same_sample(&gen->exes[i].sample, so)) return &gen->exes[i];
+    if (gen->exes[i]->T == T && same_sample(&gen->exes[i]->sample, so)) return gen->exes[i];
   nb_ctx *ctx = gen->ctx;
   if (gen->n_exes == gen->cap_exes) {
     int cap = gen->cap_exes ? 2 * gen->cap_exes : 8;
-    step_exe *grown = nb_calloc(ctx, (size_t)cap * sizeof *grown);
+    step_exe **grown = nb_calloc(ctx, (size_t)cap * sizeof *grown);
     if (!grown) return NULL;
     if (gen->n_exes) memcpy(grown, gen->exes, (size_t)gen->n_exes * sizeof *grown);
     nb_dealloc(ctx, gen->exes, (size_t)gen->cap_exes * sizeof *gen->exes);
@@ -239,8 +241,8 @@ static step_exe *get_exe(nb_model_generator *gen, int64_t T, const nb_model_samp
     gen->cap_exes = cap;
   }
   double t0 = now_s();
-  step_exe *e = &gen->exes[gen->n_exes];
-  memset(e, 0, sizeof *e);
+  step_exe *e = nb_calloc(ctx, sizeof *e);
+  if (!e) return NULL;
   e->T = T;
   e->sample = *so;
   nb_tree *spec = nb_tree_create(ctx);
@@ -270,7 +272,7 @@ static step_exe *get_exe(nb_model_generator *gen, int64_t T, const nb_model_samp
     exe_free(ctx, e);
     return NULL;
   }
-  gen->n_exes++;
+  gen->exes[gen->n_exes++] = e;
   *compile_s += now_s() - t0;
   return e;
 }

@@ -221,6 +221,12 @@ static void test_greedy(nb_ctx *ctx, const char *preset, bool interpret) {
   memset(got, 0, sizeof got);
   if (gen) CHECK_OK(ctx, nb_model_generate(gen, &r, &res));
   CHECK_MSG(!memcmp(got, want, sizeof want), "%s: top_k 1 differs from greedy", preset);
+  /* a third option set: its third executable grows the generator's list
+   * while the first two are in use */
+  r.sample = (nb_model_sample_opts){.temperature = 0.5, .top_k = 1, .top_p = 0.5};
+  memset(got, 0, sizeof got);
+  if (gen) CHECK_OK(ctx, nb_model_generate(gen, &r, &res));
+  CHECK_MSG(!memcmp(got, want, sizeof want), "%s: top_k 1 (third option set) differs from greedy", preset);
   /* a stop id ends generation after emitting it; the callback can stop too */
   r.sample = (nb_model_sample_opts){0};
   r.stop = &want[4];
