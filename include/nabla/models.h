@@ -226,6 +226,20 @@ nb_tree *nb_model_cache_create(nb_ctx *ctx, const nb_model_config *cfg, int64_t 
 /* Generation: sampling, the KV-cached generator, model loaders              */
 /* ------------------------------------------------------------------------ */
 
+/* Example: greedy continuation of a Hugging Face Llama's prompt.
+ *
+ *   nb_model_loaded m;
+ *   if (nb_model_load_hf(ctx, "models/llama", &m)) fail(nb_ctx_error(ctx));
+ *   nb_model_generator *gen = nb_model_generator_create(ctx, &m.cfg, m.params, NULL);
+ *   int32_t out[64];
+ *   nb_model_gen_request r = {.prompt = ids, .n_prompt = n, .max_tokens = 64, .out = out,
+ *                             .stop = m.eos_ids, .n_stop = m.n_eos};   // .sample = {0}: greedy
+ *   nb_model_gen_result res;
+ *   nb_model_generate(gen, &r, &res);     // out[0 .. res.n_tokens)
+ *   nb_model_generator_destroy(gen);
+ *   nb_model_loaded_free(&m);
+ */
+
 /* Sampling options, compile-time constants of the graphs that use them
  * (zero-init: greedy, no filtering).
  *   temperature  <= 0: greedy (argmax, first index on ties); else logits / T
