@@ -72,7 +72,7 @@ static void test_run_dir(nb_ctx *ctx, const char *bin) {
   rc.model.n_layers = 2;
   rc.model.d_model = 32;
   rc.model.d_ff = 64;
-  rc.model.max_seq_len = 64;
+  rc.model.max_seq_len = 512;
   rc.model.init_std = 0.2;
   rc.data.seq_len = 64;
   char dir[400], p[500], step[600];
@@ -94,7 +94,8 @@ static void test_run_dir(nb_ctx *ctx, const char *bin) {
   char cmd[2048];
   snprintf(cmd, sizeof cmd, "%s generate --run-dir %s --prompt 'Hello' --max-tokens 16 --temperature 0 --show-ids", bin, dir);
   CHECK_MSG(run(cmd, out, sizeof out, err, sizeof err) == 0, "%s", err);
-  CHECK_MSG(strstr(err, "prompt ids: 72 101 108 108 111\n") && strstr(err, "step 10"), "%s", err);
+  /* the context defaults to prompt + max tokens rounded up to a power of two >= 256 */
+  CHECK_MSG(strstr(err, "prompt ids: 72 101 108 108 111\n") && strstr(err, "step 10") && strstr(err, "context 256,"), "%s", err);
   /* byte-level: stdout is the generated ids as bytes */
   const char *g = strstr(err, "generated ids:");
   size_t n = 0;
@@ -110,6 +111,10 @@ static void test_run_dir(nb_ctx *ctx, const char *bin) {
   snprintf(cmd, sizeof cmd, "%s generate --checkpoint %s --prompt 'Hello' --max-tokens 16 --temperature 0", bin, step);
   CHECK_MSG(run(cmd, out2, sizeof out2, err, sizeof err) == 0, "%s", err);
   CHECK_MSG(!strcmp(out, out2), "the checkpoint step and its run dir generate different text");
+  /* 5 + 300 tokens need 512; the model's own bound caps it */
+  snprintf(cmd, sizeof cmd, "%s generate --checkpoint %s --prompt 'Hello' --max-tokens 300 --temperature 0 --max-seq-len 600", bin, step);
+  CHECK(run(cmd, out2, sizeof out2, err, sizeof err) == 1);
+  CHECK_MSG(strstr(err, "--max-seq-len 600 exceeds the model's max_seq_len 512"), "%s", err);
   nb_tree_destroy(params);
   nb_array_release(key);
 }

@@ -22,7 +22,8 @@ static int usage(void) {
           "  --top-k K            keep the K most likely tokens (default 0: off)\n"
           "  --top-p P            nucleus sampling (default 1: off)\n"
           "  --seed S             the sampling seed (default 0); a run is reproducible\n"
-          "  --max-seq-len N      context bound for prompt + output (default: the model's)\n"
+          "  --max-seq-len N      context bound for prompt + output (default: prompt + max tokens\n"
+          "                       rounded up to a power of two >= 256, at most the model's)\n"
           "  --prefill-chunk N    prompt tokens per prefill call (default 64)\n"
           "  --no-bos             do not prepend the model's beginning-of-text token\n"
           "  --show-ids           print the prompt and generated token ids to stderr\n"
@@ -177,6 +178,15 @@ static int run(nb_ctx *ctx, const options *o) {
   if (!o->no_bos && m.bos_id >= 0) ids[n_ids++] = m.bos_id;
   for (size_t i = 0; i < (m.tok ? enc.len : plen); i++) ids[n_ids++] = m.tok ? enc.ids[i] : (unsigned char)o->prompt[i];
   nb_model_gen_opts go = {.max_seq_len = o->max_seq_len, .prefill_chunk = o->chunk, .threads = o->threads};
+  if (!go.max_seq_len) {
+    /* the cache (and every decode step's attention) spans the whole context,
+     * and models declare contexts of up to 128k tokens: size it to this job,
+     * rounded up to a power of two (>= 256) so the compiled executables of
+     * similar jobs are shared through the disk cache */
+    int64_t need = (int64_t)n_ids + o->max_tokens, ctx_len = 256;
+    while (ctx_len < need) ctx_len *= 2;
+    go.max_seq_len = ctx_len < m.cfg.max_seq_len ? ctx_len : m.cfg.max_seq_len;
+  }
   if (go.max_seq_len > m.cfg.max_seq_len) {
     fprintf(stderr, "nabla generate: --max-seq-len %lld exceeds the model's max_seq_len %lld\n", (long long)go.max_seq_len,
             (long long)m.cfg.max_seq_len);
@@ -208,8 +218,8 @@ static int run(nb_ctx *ctx, const options *o) {
     print_ids("generated ids", out, res.n_tokens);
   }
   int64_t steps = res.n_tokens > 1 ? res.n_tokens - 1 : 0;
-  fprintf(stderr, "nabla generate: %s; prompt %lld tokens, generated %lld (%s)\n", m.what, (long long)n_ids,
-          (long long)res.n_tokens,
+  fprintf(stderr, "nabla generate: %s; context %lld, prompt %lld tokens, generated %lld (%s)\n", m.what,
+          (long long)nb_model_generator_max_seq_len(gen), (long long)n_ids, (long long)res.n_tokens,
           res.stopped ? "end of text" : res.truncated ? "context full: raise --max-seq-len or shorten the prompt" : "max tokens");
   fprintf(stderr, "  compile         %9.1f ms\n", 1e3 * res.compile_s);
   fprintf(stderr, "  prefill         %9.1f ms  %10.1f tokens/s\n", 1e3 * res.prefill_s,
