@@ -5,4 +5,4 @@ cd "$(dirname "$0")/.."
 scripts/deps.sh
 scripts/build.sh build
 scripts/corpus.sh   # the default English corpus (docs/corpus.md), for the trainer
-./build/example_mlp "$@"
+./build/nabla train "$@"   # the default: a tiny GPT on the corpus (docs/train.md)
