@@ -7,12 +7,15 @@
  * peers: one threaded sgemm per item, and items split over threads with
  * OpenBLAS on one thread each.
  *
- *   ./build/bench_matmul_vs_sgemm [--threads N] [--reps R] [--only SUBSTRING]
+ *   ./build/bench_matmul_vs_sgemm [--threads N] [--reps R] [--only SUBSTRING] [--bf16]
+ *
+ * --bf16: the jit's operands are bf16 (its result f32: convert-on-pack, f32
+ * accumulation); the direct calls get the same values as f32.
  *
  * The jit's output array is allocated per run (as nb_exe_run does); the
  * bench raises glibc's mmap threshold so that a large output reuses heap
  * pages instead of faulting fresh ones in every run, as a model's arena
- * does. Not here: epilogues, bf16 (see tests/compile/test_jit_dot.c). */
+ * does. Not here: epilogues (see tests/compile/test_jit_dot.c). */
 #include <malloc.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -128,6 +131,22 @@ static void direct_split(const bcase *c, const float *a, const float *b, float *
   for (int t = 1; t < threads; t++) pthread_join(th[t], NULL);
 }
 
+/* x's values rounded to bf16 in place; returns them as a bf16 array */
+static nb_array *to_bf16(nb_ctx *ctx, nb_array *x) {
+  nb_array *y = nb_array_empty(ctx, NB_BF16, nb_array_rank(x), nb_array_dims(x));
+  float *p = nb_array_data_mut(x);
+  uint16_t *q = nb_array_data_mut(y);
+  for (int64_t i = 0; i < nb_array_size(x); i++) {
+    uint32_t u;
+    memcpy(&u, &p[i], 4);
+    u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even (no NaNs here) */
+    q[i] = (uint16_t)(u >> 16);
+    u = (uint32_t)q[i] << 16;
+    memcpy(&p[i], &u, 4);
+  }
+  return y;
+}
+
 static nb_array *randn(nb_ctx *ctx, int rank, const int64_t *dims, unsigned seed) {
   nb_array *x = nb_array_empty(ctx, NB_F32, rank, dims);
   float *p = nb_array_data_mut(x);
@@ -141,24 +160,28 @@ static nb_array *randn(nb_ctx *ctx, int rank, const int64_t *dims, unsigned seed
 int main(int argc, char **argv) {
   int threads = 2, reps = 5;
   const char *only = NULL;
+  bool bf16 = false;
   for (int i = 1; i < argc; i++) {
     if (i + 1 < argc && !strcmp(argv[i], "--threads")) threads = atoi(argv[++i]);
     else if (i + 1 < argc && !strcmp(argv[i], "--reps")) reps = atoi(argv[++i]);
     else if (i + 1 < argc && !strcmp(argv[i], "--only")) only = argv[++i];
+    else if (!strcmp(argv[i], "--bf16")) bf16 = true;
   }
   if (threads < 1 || threads > 64 || reps < 1 || reps > 99) return 2;
   mallopt(M_MMAP_THRESHOLD, 1 << 30);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   nb_ctx *ctx = nb_ctx_create();
-  printf("dot_general (nb_jit) vs cblas_sgemm, %d threads, median of %d interleaved runs\n", threads, reps);
+  printf("dot_general (nb_jit%s) vs cblas_sgemm, %d threads, median of %d interleaved runs\n", bf16 ? ", bf16 operands" : "",
+         threads, reps);
   printf("%-46s %9s %9s %9s %7s %7s  %s\n", "case", "jit ms", "loop ms", "split ms", "GF/s", "best", "jit/best");
   double peak = 0;
   for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
     const bcase *c = &cases[ci];
     if (only && !strstr(c->name, only)) continue;
     nb_graph *g = nb_graph_create(ctx);
-    nb_val *a = nb_graph_input(g, "a", nb_aval_make(NB_F32, c->lr, c->ld));
-    nb_val *b = nb_graph_input(g, "b", nb_aval_make(NB_F32, c->rr, c->rd));
+    nb_dtype t = bf16 ? NB_BF16 : NB_F32;
+    nb_val *a = nb_graph_input(g, "a", nb_aval_make(t, c->lr, c->ld));
+    nb_val *b = nb_graph_input(g, "b", nb_aval_make(t, c->rr, c->rd));
     nb_graph_output(g, "y", nb_dot_general(a, b, &c->dn, NB_F32));
     nb_jit_opts o = {.threads = threads};
     nb_exe *e = nb_jit(ctx, g, &o);
@@ -166,8 +189,10 @@ int main(int argc, char **argv) {
       fprintf(stderr, "%s: %s\n", c->name, nb_ctx_error(ctx));
       return 1;
     }
-    nb_array *in[2] = {randn(ctx, c->lr, c->ld, 1), randn(ctx, c->rr, c->rd, 2)}, *out[1] = {NULL};
-    const float *pa = nb_array_data(in[0]), *pb = nb_array_data(in[1]);
+    nb_array *f[2] = {randn(ctx, c->lr, c->ld, 1), randn(ctx, c->rr, c->rd, 2)}, *out[1] = {NULL};
+    nb_array *in[2] = {f[0], f[1]};
+    if (bf16) in[0] = to_bf16(ctx, f[0]), in[1] = to_bf16(ctx, f[1]);
+    const float *pa = nb_array_data(f[0]), *pb = nb_array_data(f[1]);
     size_t ny = (size_t)c->nb0 * c->nb1 * c->M * c->N;
     float *ref = malloc(ny * sizeof(float));
     double tj[99], tl[99], ts[99];
@@ -205,8 +230,9 @@ int main(int argc, char **argv) {
     printf("%-46s %9.3f %9.3f %9s %7.1f %7.1f  %.1f%%%s\n", c->name, mj * 1e3, ml * 1e3, split, flops / mj / 1e9, flops / best / 1e9,
            100 * best / mj, maxdiff > 1e-3 ? "  RESULT DIFFERS" : "");
     free(ref);
-    nb_array_release(in[0]);
-    nb_array_release(in[1]);
+    if (bf16) nb_array_release(in[0]), nb_array_release(in[1]);
+    nb_array_release(f[0]);
+    nb_array_release(f[1]);
     nb_exe_destroy(e);
     nb_graph_destroy(g);
   }

@@ -20,6 +20,7 @@
 
 #define TASKS_PER_THREAD 4 /* more tasks than threads even out a core that other work slows */
 #define MIN_BLOCK 128       /* rows or columns of a block of one item's result */
+#define PACK_TASK_ELEMS 32768 /* elements per packing task below which splitting does not pay */
 
 int nb_cpu__dot_prim(void) {
   static _Atomic int cached = -2;
@@ -167,11 +168,52 @@ static double load(nb_dtype t, const char *base, int64_t i) {
   }
 }
 
+/* One packing: rows [lo, hi) of the flattened (batch, outer) space. */
+typedef struct pack_job {
+  const dot_plan *p;
+  const operand *o;
+  nb_dtype ct;
+  char *dst;
+  const int64_t *outer, *inner;
+  int64_t R, C, units, ntasks;
+} pack_job;
+
+static void pack_rows(const pack_job *j, int64_t lo, int64_t hi) {
+  const operand *o = j->o;
+  const char *src = o->base;
+  int64_t C = j->C, item = o->rows * o->cols;
+  for (int64_t u = lo; u < hi; u++) {
+    int64_t b = u / j->R, r = u % j->R;
+    int64_t base = batch_offset(j->p, o->bstr, b) + j->outer[r], at = b * item + r * C;
+    const int64_t *inner = j->inner;
+    if (j->ct == NB_F32) {
+      float *d = (float *)j->dst + at;
+      if (o->dt == NB_BF16)
+        for (int64_t c = 0; c < C; c++) {
+          uint32_t bits = (uint32_t)((const uint16_t *)src)[base + inner[c]] << 16;
+          memcpy(d + c, &bits, 4);
+        }
+      else if (o->dt == NB_F32)
+        for (int64_t c = 0; c < C; c++) d[c] = ((const float *)src)[base + inner[c]];
+      else
+        for (int64_t c = 0; c < C; c++) d[c] = (float)load(o->dt, src, base + inner[c]);
+    } else {
+      double *d = (double *)j->dst + at;
+      for (int64_t c = 0; c < C; c++) d[c] = load(o->dt, src, base + inner[c]);
+    }
+  }
+}
+
+static void pack_task(void *arg, int t) {
+  const pack_job *j = arg;
+  pack_rows(j, j->units * t / j->ntasks, j->units * (t + 1) / j->ntasks);
+}
+
 /* Packs o into dst ([batch][rows][cols], or [batch][cols][rows] when the
  * source walks the contracting dims faster: reads and writes then both run
- * along memory) as dtype ct; sets o to describe dst. tab holds rows + cols
- * offsets. */
-static void pack(const dot_plan *p, operand *o, nb_dtype ct, char *dst, int64_t *tab) {
+ * along memory) as dtype ct, split over the pool; sets o to describe dst.
+ * tab holds rows + cols offsets. */
+static void pack(const dot_plan *p, operand *o, nb_dtype ct, char *dst, int64_t *tab, nb_pool *pool) {
   int64_t *ro = tab, *co = tab + o->rows;
   offsets(o->nfree, o->fext, o->fstr, ro);
   offsets(o->ncon, o->cext, o->cstr, co);
@@ -181,31 +223,15 @@ static void pack(const dot_plan *p, operand *o, nb_dtype ct, char *dst, int64_t 
   for (int i = 0; i < o->ncon; i++)
     if (o->cext[i] > 1 && o->cstr[i] < cmin) cmin = o->cstr[i];
   bool cols_inner = cmin <= fmin;
-  int64_t R = cols_inner ? o->rows : o->cols, C = cols_inner ? o->cols : o->rows;
-  const int64_t *outer = cols_inner ? ro : co, *inner = cols_inner ? co : ro;
+  pack_job j = {p, o, ct, dst, cols_inner ? ro : co, cols_inner ? co : ro, cols_inner ? o->rows : o->cols,
+                cols_inner ? o->cols : o->rows, 0, 1};
+  j.units = p->batch * j.R;
+  int64_t threads = nb_rt__pool_threads(pool), by_work = j.units * j.C / PACK_TASK_ELEMS;
+  j.ntasks = by_work < TASKS_PER_THREAD * threads ? by_work : TASKS_PER_THREAD * threads;
+  if (j.ntasks > j.units) j.ntasks = j.units;
+  if (j.ntasks <= 1) pack_rows(&j, 0, j.units);
+  else nb_rt__pool_run(pool, (int)j.ntasks, pack_task, &j);
   int64_t item = o->rows * o->cols;
-  for (int64_t b = 0; b < p->batch; b++) {
-    const char *src = o->base;
-    int64_t boff = batch_offset(p, o->bstr, b);
-    for (int64_t r = 0; r < R; r++) {
-      int64_t base = boff + outer[r], at = b * item + r * C;
-      if (ct == NB_F32) {
-        float *d = (float *)dst + at;
-        if (o->dt == NB_BF16)
-          for (int64_t c = 0; c < C; c++) {
-            uint32_t bits = (uint32_t)((const uint16_t *)src)[base + inner[c]] << 16;
-            memcpy(d + c, &bits, 4);
-          }
-        else if (o->dt == NB_F32)
-          for (int64_t c = 0; c < C; c++) d[c] = ((const float *)src)[base + inner[c]];
-        else
-          for (int64_t c = 0; c < C; c++) d[c] = (float)load(o->dt, src, base + inner[c]);
-      } else {
-        double *d = (double *)dst + at;
-        for (int64_t c = 0; c < C; c++) d[c] = load(o->dt, src, base + inner[c]);
-      }
-    }
-  }
   o->base = dst;
   o->dt = ct;
   o->merged = true;
@@ -320,8 +346,8 @@ nb_status nb_cpu__blas_run(nb_ctx *ctx, nb_pool *pool, const nb_eqn *e, const vo
     return nb_errorf(ctx, NB_ERR_NOMEM, "dot_general: out of memory for a %zu-byte BLAS scratch (traced at %s:%d)", total,
                      e->loc.file ? e->loc.file : "?", e->loc.line);
   int64_t *tab = (int64_t *)scratch;
-  if (pa) pack(&p, &p.a, p.ct, scratch + st, tab);
-  if (pb) pack(&p, &p.b, p.ct, scratch + st + sa, tab + p.m + p.k);
+  if (pa) pack(&p, &p.a, p.ct, scratch + st, tab, pool);
+  if (pb) pack(&p, &p.b, p.ct, scratch + st + sa, tab + p.m + p.k, pool);
   gemm_job j = {.p = &p, .c = pc ? scratch + st + sa + sb : out};
   bool t;
   as_blas(p.m, p.k, p.a.rs, p.a.cs, &j.ta, &j.lda);
