@@ -8,7 +8,8 @@
  * operand is packed once into a contiguous f32/f64 scratch, converting as
  * it goes. A result of another dtype is computed in f32/f64 and converted.
  * Items and blocks of items run on the runtime's pool, OpenBLAS on one
- * thread inside each (set process-wide). Not here: integer dots (the reference implementation). */
+ * thread inside each (set process-wide). Not here: integer dots (the
+ * reference implementation), epilogues (fused kernels after the step). */
 #include <stdatomic.h>
 #include <string.h>
 
