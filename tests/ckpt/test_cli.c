@@ -22,7 +22,7 @@ int main(void) {
   }
   nb_ctx *ctx = nb_ctx_create();
   char dir[4096], cmd[9000], out[16384];
-  scratch_dir(dir, sizeof dir, "cli");
+  nb_test_scratch_dir(dir, sizeof dir, "ckpt", "cli");
   char ck[4200];
   snprintf(ck, sizeof ck, "%s/ck", dir);
   nb_ckpt_options o = {.directory = ck};
@@ -68,7 +68,7 @@ int main(void) {
 
   /* damage: verify fails and names the array */
   snprintf(cmd, sizeof cmd, "%s/step_00000020/params.00000.bin", ck);
-  flip_byte(cmd, 2);
+  nb_test_flip_byte(cmd, 2);
   snprintf(cmd, sizeof cmd, "%s ckpt verify %s 2>&1", bin, ck);
   CHECK(run(cmd, out, sizeof out) == 1 && strstr(out, "step 10: ok") && strstr(out, "'params/layers/0/w'"));
   snprintf(cmd, sizeof cmd, "%s ckpt show %s/nothing 2>&1", bin, dir);
@@ -79,7 +79,7 @@ int main(void) {
   nb_array_release(w);
   nb_array_release(b);
   nb_tree_destroy(p);
-  rm_rf(dir);
+  nb_test_rm_rf(dir);
   nb_ctx_destroy(ctx);
   return nb_test_summary("ckpt/test_cli");
 }
