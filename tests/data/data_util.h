@@ -8,7 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "test.h"
+#include "testfs.h"
 
 static char tdir[256];
 

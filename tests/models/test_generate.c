@@ -7,7 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "test.h"
+#include "testfs.h"
 
 /* ---------------------------------------------------------------- the sampler */
 
@@ -324,16 +324,9 @@ static void test_seeds_and_bounds(nb_ctx *ctx) {
 
 /* ---------------------------------------------------------------- loading a run dir */
 
-static void rm_rf(const char *dir) {
-  char cmd[600];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  CHECK(system(cmd) == 0);
-}
-
 static void test_run_dir(nb_ctx *ctx) {
   char dir[256];
-  snprintf(dir, sizeof dir, "%s/nabla_gen_XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-  CHECK(mkdtemp(dir) != NULL);
+  nb_test_scratch_dir(dir, sizeof dir, "models", "gen");
   nb_model_run_config rc;
   nb_model_run_config_defaults(&rc);
   CHECK_OK(ctx, nb_model_run_config_set(ctx, &rc, "model.preset=gpt2-tiny"));
@@ -391,7 +384,7 @@ static void test_run_dir(nb_ctx *ctx) {
   CHECK_ERR(ctx, NB_ERR_NOT_FOUND, "no config.yaml");
   CHECK(nb_model_load_checkpoint(ctx, step, NULL, &m) == NB_ERR_NOT_FOUND);
   CHECK_ERR(ctx, NB_ERR_NOT_FOUND, "give one with --config");
-  rm_rf(dir);
+  CHECK(nb_test_rm_rf(dir) == 0);
   nb_tree_destroy(params);
   nb_array_release(key);
 }

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "json_golden.h"
+#include "testfs.h"
 
 #define HF_DIR "tests/models/golden/hf_llama_tiny"
 
@@ -217,15 +218,12 @@ int main(void) {
   nb_ctx *ctx = nb_ctx_create();
   golden = nb_test_golden_load("tests/models/golden/hf_llama_tiny.json");
   CHECK(golden);
-  snprintf(scratch, sizeof scratch, "%s/nabla_hf_XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-  CHECK(mkdtemp(scratch) != NULL);
+  nb_test_scratch_dir(scratch, sizeof scratch, "models", "hf");
   if (golden) {
     test_load_and_match(ctx);
     test_variants(ctx);
   }
-  char cmd[300];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", scratch);
-  CHECK(system(cmd) == 0);
+  CHECK(nb_test_rm_rf(scratch) == 0);
   cJSON_Delete(golden);
   CHECK_MSG(nb_ctx_bytes_in_use(ctx) == 0, "%zu bytes leaked", nb_ctx_bytes_in_use(ctx));
   nb_ctx_destroy(ctx);
