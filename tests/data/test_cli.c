@@ -27,7 +27,7 @@ int main(void) {
   FILE *f = fopen(tpath(p, "in/a.txt"), "w");
   for (int i = 0; i < 3000; i++) fprintf(f, "line %d of the generated text\n", i);
   fclose(f);
-  write_text(tpath(p, "in/b.jsonl"), "{\"body\": \"from json\"}\n");
+  nb_test_write_text(tpath(p, "in/b.jsonl"), "{\"body\": \"from json\"}\n");
   tpath(rec, "c.rec");
   tpath(tok, "c.tok");
   int rc = run(out, sizeof out, "%s data build -o %s --field body --chunk-bytes 4096 --checksum crc32c %s", bin, rec, d);
@@ -41,7 +41,7 @@ int main(void) {
   CHECK_MSG(rc == 0 && strstr(out, "vocab size         256") && strstr(out, "line 0 of"), "rc %d: %s", rc, out);
   rc = run(out, sizeof out, "%s data verify %s %s", bin, rec, tok);
   CHECK_MSG(rc == 0 && strstr(out, "ok ") && strstr(out, "3001 records"), "rc %d: %s", rc, out);
-  flip_byte(rec, 64 + 40 + 100);
+  nb_test_flip_byte(rec, 64 + 40 + 100);
   rc = run(out, sizeof out, "%s data verify %s", bin, rec);
   CHECK_MSG(rc == 1 && strstr(out, "chunk 0 (records 0..") && strstr(out, "checksum mismatch"), "rc %d: %s", rc, out);
   rc = run(out, sizeof out, "%s data build -o %s --eos 999 %s", bin, tok, d);
