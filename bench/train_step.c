@@ -10,21 +10,10 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "nabla/nabla.h"
-
-static double now_ms(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
-
-static int cmp(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
 
 static double peak_flops(void) {
   const char *e = getenv("NABLA_PEAK_GFLOPS");
@@ -128,8 +117,7 @@ int main(int argc, char **argv) {
   TRY(nb_train_run(ctx, &c, &(nb_train_opts){.run_dir = dir}, &r) == NB_OK);
   double e2e_ms = now_ms() - t0;
   if (bare_steps(ctx, &c, n, bare + n)) return 1;
-  qsort(bare, (size_t)(2 * n), sizeof *bare, cmp);
-  double bare_med = 0.5 * (bare[n - 1] + bare[n]);
+  double bare_med = median(bare, 2 * n);
   double tokens = (double)B * T, N = 0;
   nb_tree *spec = nb_model_param_spec(ctx, &c.model, NB_F32);
   N = (double)nb_nn_params_count(spec);
