@@ -6,7 +6,7 @@
 #include <sys/stat.h>
 
 #include "json_golden.h"
-#include "testfs.h"
+#include "model_test_util.h"
 
 static char tmp[256];
 
@@ -61,9 +61,7 @@ static void test_run_dir(nb_ctx *ctx, const char *bin) {
   snprintf(dir, sizeof dir, "%s/run", tmp);
   mkdir(dir, 0755);
   snprintf(p, sizeof p, "%s/config.yaml", dir);
-  FILE *f = fopen(p, "w");
-  nb_model_run_config_write(&rc, f);
-  fclose(f);
+  write_run_config(p, &rc);
   nb_array *key = nb_key(ctx, 1);
   nb_tree *params = nb_model_init(ctx, &rc.model, key);
   snprintf(p, sizeof p, "%s/checkpoints", dir);
