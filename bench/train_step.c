@@ -15,23 +15,6 @@
 #include "bench_util.h"
 #include "nabla/nabla.h"
 
-static double peak_flops(void) {
-  const char *e = getenv("NABLA_PEAK_GFLOPS");
-  if (e && atof(e) > 0) return atof(e) * 1e9;
-  double mhz = 2000;
-  FILE *f = fopen("/proc/cpuinfo", "r");
-  char line[256];
-  while (f && fgets(line, sizeof line, f))
-    if (!strncmp(line, "cpu MHz", 7) && strchr(line, ':')) {
-      mhz = atof(strchr(line, ':') + 1);
-      break;
-    }
-  if (f) fclose(f);
-  int threads = getenv("NABLA_THREADS") ? atoi(getenv("NABLA_THREADS")) : 0;
-  if (threads <= 0) threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
-  return threads * mhz * 1e6 * 64;
-}
-
 #define TRY(x)                                                   \
   do {                                                           \
     if (!(x)) {                                                  \
@@ -123,7 +106,7 @@ int main(int argc, char **argv) {
   N = (double)nb_nn_params_count(spec);
   nb_tree_destroy(spec);
   double flops = 6 * N * tokens + 12.0 * (double)(c.model.n_layers * c.model.n_heads * nb_model_head_dim(&c.model)) * T * tokens;
-  double peak = peak_flops();
+  double peak = nb_train_peak_flops_estimate(0);
   printf("%s B=%d T=%d, %d steps, checkpoint every %d (%.0f params, %.3g model FLOP/step, peak %.1f GFLOP/s)\n", preset, B,
          T, n, ck, N, flops, peak / 1e9);
   printf("| what | median ms/step | tokens/s | MFU |\n|---|---|---|---|\n");
