@@ -174,19 +174,25 @@ static void test_variants(nb_ctx *ctx) {
   CHECK(m.cfg.tie_embeddings && m.params && nb_tree_find(m.params, "lm_head/kernel") < 0 && !m.tok && m.n_eos == 1);
   nb_model_loaded_free(&m);
   nb_tree_destroy(no_head);
-  /* config.json errors */
-  make_dir(ctx, "no_hidden", drop_hidden_size, raw, dir, sizeof dir);
-  expect(ctx, dir, NB_ERR_FORMAT, "config.json: field 'hidden_size' is missing");
-  make_dir(ctx, "yarn", yarn, raw, dir, sizeof dir);
-  expect(ctx, dir, NB_ERR_UNIMPLEMENTED, "config.json: field 'rope_scaling.rope_type' is 'yarn'; supported: default, linear, llama3");
-  make_dir(ctx, "mistral", mistral, raw, dir, sizeof dir);
-  expect(ctx, dir, NB_ERR_UNIMPLEMENTED, "config.json: field 'model_type' is 'mistral'; only 'llama' is supported");
-  make_dir(ctx, "gelu", gelu, raw, dir, sizeof dir);
-  expect(ctx, dir, NB_ERR_UNIMPLEMENTED, "field 'hidden_act' is 'gelu'");
-  make_dir(ctx, "no_factor", no_factor, raw, dir, sizeof dir);
-  expect(ctx, dir, NB_ERR_FORMAT, "field 'rope_scaling' needs a positive number 'factor'");
-  make_dir(ctx, "bad_layers", bad_layers, raw, dir, sizeof dir);
-  expect(ctx, dir, NB_ERR_FORMAT, "field 'num_hidden_layers' must be a positive integer");
+  /* config.json errors: one folder per edit of the golden's config */
+  static const struct {
+    const char *name;
+    void (*edit)(cJSON *);
+    nb_status st;
+    const char *needle;
+  } bad_cfg[] = {
+      {"no_hidden", drop_hidden_size, NB_ERR_FORMAT, "config.json: field 'hidden_size' is missing"},
+      {"yarn", yarn, NB_ERR_UNIMPLEMENTED,
+       "config.json: field 'rope_scaling.rope_type' is 'yarn'; supported: default, linear, llama3"},
+      {"mistral", mistral, NB_ERR_UNIMPLEMENTED, "config.json: field 'model_type' is 'mistral'; only 'llama' is supported"},
+      {"gelu", gelu, NB_ERR_UNIMPLEMENTED, "field 'hidden_act' is 'gelu'"},
+      {"no_factor", no_factor, NB_ERR_FORMAT, "field 'rope_scaling' needs a positive number 'factor'"},
+      {"bad_layers", bad_layers, NB_ERR_FORMAT, "field 'num_hidden_layers' must be a positive integer"},
+  };
+  for (size_t i = 0; i < sizeof bad_cfg / sizeof bad_cfg[0]; i++) {
+    make_dir(ctx, bad_cfg[i].name, bad_cfg[i].edit, raw, dir, sizeof dir);
+    expect(ctx, dir, bad_cfg[i].st, bad_cfg[i].needle);
+  }
   /* weight errors */
   make_dir(ctx, "no_weights", NULL, NULL, dir, sizeof dir);
   expect(ctx, dir, NB_ERR_NOT_FOUND, "no model.safetensors or model.safetensors.index.json");
