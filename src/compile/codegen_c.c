@@ -481,6 +481,11 @@ static bool emit_kernel(nb_jit_text *t, const nb_jplan *p, int ki, uint8_t *emit
     nb_jit__printf(t, "    const int64_t i%d = q_ %% INT64_C(%lld);\n    q_ /= INT64_C(%lld);\n", v, (long long)k->dims[v],
                    (long long)k->dims[v]);
   nb_jit__printf(t, "    int64_t n_ = INT64_C(%lld) - s_;\n    if (n_ > hi - o_) n_ = hi - o_;\n", (long long)k->dims[last]);
+  /* without restrict the vectorizer needs a run-time check per pair of
+   * arguments and gives up past ten; donation only lets an output share an
+   * input that the kernel reads at the element it writes (buffers.c), so no
+   * dependence crosses iterations */
+  if (!*restrict_kw) nb_jit__printf(t, "#pragma GCC ivdep\n");
   nb_jit__printf(t, "    for (int64_t j_ = 0; j_ < n_; j_++) {\n      const int64_t i%d = s_ + j_;\n", last);
   emit_body(&g, 3);
   nb_jit__printf(t, "    }\n    o_ += n_;\n  }\n}\n");

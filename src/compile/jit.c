@@ -65,7 +65,7 @@ static nb_status make_config(nb_ctx *ctx, const nb_jit_opts *o, nb_jit_config *c
     return nb_errorf(ctx, NB_ERR_INVALID_ARG, "jit: threads must be in [0, 1024], got %d", cfg->threads);
   if (cfg->off[NB_SW_parallel]) cfg->threads = 1;
   cfg->debug = o && o->debug ? o->debug : nb_ctx_debug_level(ctx);
-  const char *cc = o && o->cc ? o->cc : getenv("NABLA_CC") ? getenv("NABLA_CC") : "cc -O3 -march=native -fPIC -shared";
+  const char *cc = o && o->cc ? o->cc : getenv("NABLA_CC") ? getenv("NABLA_CC") : "cc -O3 -march=native -fno-math-errno -fPIC -shared";
   const char *home = getenv("HOME");
   int n;
   if (o && o->cache_dir) n = snprintf(cfg->cache_dir, sizeof cfg->cache_dir, "%s", o->cache_dir);
@@ -204,15 +204,12 @@ static nb_status compile(nb_exe *e, const nb_graph *g, const nb_jit_opts *o) {
   if (st != NB_OK) return st;
   for (int k = 0; k < e->plan.nkernels; k++)
     if (e->plan.kernels[k].nargs > e->max_args) e->max_args = e->plan.kernels[k].nargs;
-  if (e->native && e->plan.nkernels) {
+  bool blas = false;
+  for (int s = 0; s < e->plan.nsteps; s++) blas |= e->plan.steps[s].kind == NB_EXE_STEP_BLAS;
+  if (e->native && (e->plan.nkernels || blas)) { /* BLAS steps split batches over the pool */
     e->pool = nb_rt__pool_get(e->cfg.threads);
     if (!e->pool) return nb_errorf(ctx, NB_ERR_NOMEM, "jit: cannot start the thread pool");
   }
-  for (int s = 0; s < e->plan.nsteps; s++)
-    if (e->plan.steps[s].kind == NB_EXE_STEP_BLAS) {
-      nb_cpu__blas_threads(e->cfg.threads); /* the pool sleeps while BLAS runs: the cores are its */
-      break;
-    }
   e->compile_ms = now_ms() - t0;
   return NB_OK;
 }
