@@ -14,6 +14,8 @@
 #define INLINE_COST_LIMIT 12 /* a value with several users is recomputed when its cone is this cheap */
 #define MAX_DEPTH 1500       /* recursion guard: longer inlined chains are cut */
 #define MERGE_CANDIDATES 8
+#define MAX_ROOTS 16 /* independent roots merged into one kernel at most: bounds a kernel's body (the
+                        C compiler's time grows faster than linearly in it; a GPU's registers) */
 
 typedef struct sig {
   bool red;
@@ -691,7 +693,7 @@ static int resolve_conflicts(fz *f, const nb_eqn *e, const sig *rs, const scan *
 static int place_root(fz *f, const nb_eqn *e, const sig *rs, const scan *s) {
   int target = -1, tried = 0;
   for (int kk = f->p->nkernels - 1; kk >= 0 && tried < MERGE_CANDIDATES && !f->cfg->off[NB_SW_fuse]; kk--) {
-    if (!sig_equal(&f->ksig[kk], rs)) continue;
+    if (!sig_equal(&f->ksig[kk], rs) || f->p->kernels[kk].nroots >= MAX_ROOTS) continue;
     tried++;
     int kstep = -1;
     for (int i = 0; i < f->nsteps && kstep < 0; i++)
