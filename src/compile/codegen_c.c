@@ -301,6 +301,20 @@ static sched choose_schedule(const nb_kernel *k, int *width) {
   return SCHED_COLUMN;
 }
 
+#define ROW_LANES 8
+
+/* Do the innermost R loop's reads walk memory contiguously (so partial
+ * accumulators over it vectorize)? */
+static bool contiguous_rows(const nb_kernel *k) {
+  int r = k->ro + k->rr - 1, unit = 0, other = 0;
+  for (int i = 0; i < k->nnodes; i++)
+    if (k->nodes[i].kind == NB_KN_LOAD && k->nodes[i].inner) {
+      if (k->nodes[i].map.coef[r] == 1) unit++;
+      else if (k->nodes[i].map.coef[r] != 0) other++;
+    }
+  return unit > 0 && other == 0;
+}
+
 /* ---------------------------------------------------------------- statements */
 
 typedef struct cg {
@@ -310,6 +324,8 @@ typedef struct cg {
   bool ok;
   bool strip;       /* COLUMN: outer values are arrays indexed by j_ */
   uint8_t *inv;     /* per node: depends on no loop variable (emitted once, before the loops) */
+  int lanes;        /* ROW: partial accumulators per reduction (0: one, in order) */
+  const char *lane; /* the lane index expression inside a lane loop, else NULL */
 } cg;
 
 static void indent(cg *g, int depth) { nb_jit__printf(g->t, "%*s", 2 * depth, ""); }
@@ -432,7 +448,8 @@ static void acc_update(cg *g, int i, int depth) {
   bool f = is_float(r->dtype);
   char x[32], a[32];
   ref(g, r->in[0], x, sizeof x);
-  snprintf(a, sizeof a, g->strip ? "acc%d[j_]" : "acc%d", i);
+  if (g->lane) snprintf(a, sizeof a, "acc%d_l[%s]", i, g->lane);
+  else snprintf(a, sizeof a, g->strip ? "acc%d[j_]" : "acc%d", i);
   indent(g, depth);
   switch (r->prim) {
   case NB_PRIM_reduce_sum:
@@ -540,6 +557,87 @@ static void emit_reduces(cg *g, int phase, int depth, void (*fn)(cg *, int, int)
   close_strip(g, d);
 }
 
+/* ROW with lanes: phase p's reductions keep `lanes` partial accumulators
+ * over the innermost R loop (contiguous), so the loop vectorizes; the lanes
+ * are combined in a fixed order after it, the tail goes to lane 0. */
+static void emit_phase_lanes(cg *g, int p, int depth) {
+  const nb_kernel *k = g->k;
+  int last = k->rr - 1;
+  long long n = (long long)k->dims[k->ro + last];
+  for (int i = 0; i < k->nnodes; i++) {
+    const nb_knode *r = &k->nodes[i];
+    if (r->kind != NB_KN_REDUCE || r->phase != p) continue;
+    acc_init(g, i, depth);
+    indent(g, depth);
+    nb_jit__printf(g->t, "%s acc%d_l[%d];\n", acc_type(r), i, g->lanes);
+    indent(g, depth);
+    nb_jit__printf(g->t, "for (int l_ = 0; l_ < %d; l_++) acc%d_l[l_] = acc%d;\n", g->lanes, i, i);
+  }
+  indent(g, depth);
+  nb_jit__printf(g->t, "{\n");
+  for (int v = 0; v < last; v++) {
+    indent(g, depth + 1 + v);
+    nb_jit__printf(g->t, "for (int64_t r%d = 0; r%d < INT64_C(%lld); r%d++) {\n", v, v, (long long)k->dims[k->ro + v], v);
+  }
+  int d = depth + 1 + last;
+  indent(g, d);
+  nb_jit__printf(g->t, "int64_t rb_ = 0;\n");
+  for (int pass = 0; pass < 2; pass++) {
+    indent(g, d);
+    if (pass == 0)
+      nb_jit__printf(g->t, "for (; rb_ + %d <= INT64_C(%lld); rb_ += %d) for (int l_ = 0; l_ < %d; l_++) {\n", g->lanes, n, g->lanes,
+                     g->lanes);
+    else nb_jit__printf(g->t, "for (int l_ = 0; rb_ < INT64_C(%lld); rb_++) {\n", n);
+    indent(g, d + 1);
+    nb_jit__printf(g->t, "const int64_t r%d = rb_ + l_;\n", last);
+    memset(g->emitted, 0, (size_t)k->nnodes + 1);
+    g->lane = "l_";
+    for (int i = 0; i < k->nnodes; i++)
+      if (k->nodes[i].kind == NB_KN_REDUCE && k->nodes[i].phase == p) {
+        emit_inner(g, k->nodes[i].in[0], d + 1);
+        acc_update(g, i, d + 1);
+      }
+    g->lane = NULL;
+    indent(g, d);
+    nb_jit__printf(g->t, "}\n");
+  }
+  for (int v = last - 1; v >= -1; v--) {
+    indent(g, depth + 1 + v);
+    nb_jit__printf(g->t, "}\n");
+  }
+  /* combine the lanes pairwise, in a fixed order */
+  for (int i = 0; i < k->nnodes; i++) {
+    const nb_knode *r = &k->nodes[i];
+    if (r->kind != NB_KN_REDUCE || r->phase != p) continue;
+    for (int w = g->lanes / 2; w >= 1; w /= 2) {
+      indent(g, depth);
+      nb_jit__printf(g->t, "for (int l_ = 0; l_ < %d; l_++) {\n", w);
+      char x[40];
+      snprintf(x, sizeof x, "acc%d_l[l_ + %d]", i, w);
+      indent(g, depth + 1);
+      nb_jit__printf(g->t, "const %s y_ = %s;\n", acc_type(r), x);
+      /* acc_update on "acc%d_l[l_]" with operand y_ */
+      bool f = is_float(r->dtype);
+      char a[40];
+      snprintf(a, sizeof a, "acc%d_l[l_]", i);
+      indent(g, depth + 1);
+      switch (r->prim) {
+      case NB_PRIM_reduce_sum: nb_jit__printf(g->t, "%s += y_;\n", a); break;
+      case NB_PRIM_reduce_prod: nb_jit__printf(g->t, "%s *= y_;\n", a); break;
+      default: {
+        const char *op = r->prim == NB_PRIM_reduce_max ? ">" : "<";
+        if (f) nb_jit__printf(g->t, "%s = (y_ != y_ || %s != %s) ? NAN : (y_ %s %s ? y_ : %s);\n", a, a, a, op, a, a);
+        else nb_jit__printf(g->t, "%s = y_ %s %s ? y_ : %s;\n", a, op, a, a);
+      }
+      }
+      indent(g, depth);
+      nb_jit__printf(g->t, "}\n");
+    }
+    indent(g, depth);
+    nb_jit__printf(g->t, "acc%d = acc%d_l[0];\n", i, i);
+  }
+}
+
 /* The body run once per outer point (ROW) or per strip (COLUMN): phases,
  * then the stores. */
 static void emit_body(cg *g, int depth) {
@@ -559,6 +657,13 @@ static void emit_body(cg *g, int depth) {
   }
   emit_outer_nodes(g, 0, depth);
   for (int p = 1; p <= k->nphases; p++) {
+    if (g->lanes) {
+      emit_phase_lanes(g, p, depth);
+      for (int i = 0; i < k->nnodes; i++)
+        if (k->nodes[i].kind == NB_KN_REDUCE && k->nodes[i].phase == p) acc_final(g, i, depth);
+      emit_outer_nodes(g, p, depth);
+      continue;
+    }
     if (!g->strip)
       for (int i = 0; i < k->nnodes; i++)
         if (k->nodes[i].kind == NB_KN_REDUCE && k->nodes[i].phase == p) acc_init(g, i, depth);
@@ -647,17 +752,20 @@ static void emit_tiled(cg *g) {
 
 static bool emit_kernel(nb_jit_text *head, nb_jit_text *t, const nb_jplan *p, int ki, uint8_t *emitted, uint8_t *inv) {
   const nb_kernel *k = &p->kernels[ki];
-  cg g = {t, k, emitted, true, false, inv};
+  cg g = {t, k, emitted, true, false, inv, 0, NULL};
   mark_invariant(&g);
   int width;
   sched sc = choose_schedule(k, &width);
+  if (sc == SCHED_ROW && k->rr > 0 && k->dims[k->ro + k->rr - 1] >= 2 * ROW_LANES && contiguous_rows(k)) g.lanes = ROW_LANES;
   const char *restrict_kw = may_alias(p, k) ? "" : "restrict ";
   static const char *const names[] = {"row", "column", "tile"};
   nb_jit__printf(head, "\n/* k%d: outer", ki);
   for (int v = 0; v < k->ro; v++) nb_jit__printf(head, " %lld", (long long)k->dims[v]);
   nb_jit__printf(head, ", inner");
   for (int v = k->ro; v < k->ro + k->rr; v++) nb_jit__printf(head, " %lld", (long long)k->dims[v]);
-  nb_jit__printf(head, ", %d phases, %s schedule */\n", k->nphases, names[sc]);
+  nb_jit__printf(head, ", %d phases, %s schedule", k->nphases, names[sc]);
+  if (g.lanes) nb_jit__printf(head, ", %d lanes", g.lanes);
+  nb_jit__printf(head, " */\n");
   for (int a = 0; a < k->nargs; a++) {
     nb_dtype d = NB_F32;
     for (int i = 0; i < k->nnodes; i++)
