@@ -49,7 +49,7 @@ typedef struct nb_jit_opts {
                                  params/...): outputs may be written into these inputs' buffers */
   int threads;                /* 0: $NABLA_THREADS or the number of CPUs */
   const char *cache_dir;      /* NULL: $NABLA_CACHE_DIR or ~/.cache/nabla/jit */
-  const char *cc;             /* NULL: $NABLA_CC or "cc -O3 -march=native -fno-math-errno -fPIC -shared" */
+  const char *cc;             /* NULL: $NABLA_CC or "cc -O3 -march=native -fno-math-errno -fopenmp-simd -fPIC -shared" */
   int debug;                  /* 0: the context's debug level */
   nb_device device;           /* only the CPU for now */
 } nb_jit_opts;

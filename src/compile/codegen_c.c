@@ -301,10 +301,8 @@ static sched choose_schedule(const nb_kernel *k, int *width) {
   return SCHED_COLUMN;
 }
 
-#define ROW_LANES 8
-
-/* Do the innermost R loop's reads walk memory contiguously (so partial
- * accumulators over it vectorize)? */
+/* Do the innermost R loop's reads walk memory contiguously (so a simd
+ * reduction over it pays)? */
 static bool contiguous_rows(const nb_kernel *k) {
   int r = k->ro + k->rr - 1, unit = 0, other = 0;
   for (int i = 0; i < k->nnodes; i++)
@@ -324,8 +322,8 @@ typedef struct cg {
   bool ok;
   bool strip;       /* COLUMN: outer values are arrays indexed by j_ */
   uint8_t *inv;     /* per node: depends on no loop variable (emitted once, before the loops) */
-  int lanes;        /* ROW: partial accumulators per reduction (0: one, in order) */
-  const char *lane; /* the lane index expression inside a lane loop, else NULL */
+  bool simd;        /* ROW: the innermost reduced loop is a simd reduction (reassociated) */
+  const char *pragma; /* printed before the innermost R loop that open_inner opens next */
 } cg;
 
 static void indent(cg *g, int depth) { nb_jit__printf(g->t, "%*s", 2 * depth, ""); }
@@ -423,6 +421,12 @@ static void emit_inner(cg *g, int i, int depth) {
   emit_node(g, i, depth);
 }
 
+/* Float max/min under a simd reduction track NaNs in a flag, so that the
+ * comparison itself is a plain max/min that vectorizes. */
+static bool nan_flag(const cg *g, const nb_knode *r) {
+  return g->simd && is_float(r->dtype) && (r->prim == NB_PRIM_reduce_max || r->prim == NB_PRIM_reduce_min);
+}
+
 static const char *acc_type(const nb_knode *r) {
   if (is_float(r->dtype)) return r->prim == NB_PRIM_reduce_sum || r->prim == NB_PRIM_reduce_prod ? "double" : ctype(r->dtype);
   return r->prim == NB_PRIM_reduce_sum || r->prim == NB_PRIM_reduce_prod ? "uint64_t" : "int64_t";
@@ -441,6 +445,10 @@ static void acc_init(cg *g, int i, int depth) {
   default: nb_jit__printf(g->t, f ? "INFINITY" : "INT64_MAX"); break;
   }
   nb_jit__printf(g->t, ";\n");
+  if (nan_flag(g, r)) {
+    indent(g, depth);
+    nb_jit__printf(g->t, "int acc%d_n = 0;\n", i);
+  }
 }
 
 static void acc_update(cg *g, int i, int depth) {
@@ -448,8 +456,7 @@ static void acc_update(cg *g, int i, int depth) {
   bool f = is_float(r->dtype);
   char x[32], a[32];
   ref(g, r->in[0], x, sizeof x);
-  if (g->lane) snprintf(a, sizeof a, "acc%d_l[%s]", i, g->lane);
-  else snprintf(a, sizeof a, g->strip ? "acc%d[j_]" : "acc%d", i);
+  snprintf(a, sizeof a, g->strip ? "acc%d[j_]" : "acc%d", i);
   indent(g, depth);
   switch (r->prim) {
   case NB_PRIM_reduce_sum:
@@ -460,7 +467,9 @@ static void acc_update(cg *g, int i, int depth) {
     break;
   default: {
     const char *op = r->prim == NB_PRIM_reduce_max ? ">" : "<";
-    if (f) nb_jit__printf(g->t, "%s = (%s != %s || %s != %s) ? NAN : (%s %s %s ? %s : %s);\n", a, x, x, a, a, x, op, a, x, a);
+    if (nan_flag(g, r))
+      nb_jit__printf(g->t, "%s = %s %s %s ? %s : %s;\n%*sacc%d_n |= %s != %s;\n", a, x, op, a, x, a, 2 * depth, "", i, x, x);
+    else if (f) nb_jit__printf(g->t, "%s = (%s != %s || %s != %s) ? NAN : (%s %s %s ? %s : %s);\n", a, x, x, a, a, x, op, a, x, a);
     else nb_jit__printf(g->t, "%s = (int64_t)%s %s %s ? (int64_t)%s : %s;\n", a, x, op, a, x, a);
   }
   }
@@ -475,7 +484,8 @@ static void acc_final(cg *g, int i, int depth) {
   else nb_jit__printf(g->t, "const %s v%d = ", ctype(r->dtype), i);
   if (is_float(r->dtype)) {
     round_open(g->t, r->dtype);
-    nb_jit__printf(g->t, r->dtype == NB_F64 ? "%s)" : "(float)%s)", a);
+    if (nan_flag(g, r)) nb_jit__printf(g->t, r->dtype == NB_F64 ? "acc%d_n ? NAN : %s)" : "acc%d_n ? NAN : (float)%s)", i, a);
+    else nb_jit__printf(g->t, r->dtype == NB_F64 ? "%s)" : "(float)%s)", a);
   } else {
     nb_jit__printf(g->t, "(%s)(int64_t)%s", ctype(r->dtype), a);
   }
@@ -504,6 +514,7 @@ static int open_inner(cg *g, int depth) {
   indent(g, depth);
   nb_jit__printf(g->t, "{\n");
   for (int v = 0; v < g->k->rr; v++) {
+    if (v == g->k->rr - 1 && g->pragma) nb_jit__printf(g->t, "%s\n", g->pragma);
     indent(g, depth + 1 + v);
     nb_jit__printf(g->t, "for (int64_t r%d = 0; r%d < INT64_C(%lld); r%d++) {\n", v, v, (long long)g->k->dims[g->k->ro + v], v);
   }
@@ -557,84 +568,15 @@ static void emit_reduces(cg *g, int phase, int depth, void (*fn)(cg *, int, int)
   close_strip(g, d);
 }
 
-/* ROW with lanes: phase p's reductions keep `lanes` partial accumulators
- * over the innermost R loop (contiguous), so the loop vectorizes; the lanes
- * are combined in a fixed order after it, the tail goes to lane 0. */
-static void emit_phase_lanes(cg *g, int p, int depth) {
-  const nb_kernel *k = g->k;
-  int last = k->rr - 1;
-  long long n = (long long)k->dims[k->ro + last];
-  for (int i = 0; i < k->nnodes; i++) {
-    const nb_knode *r = &k->nodes[i];
+/* The reduction clause of phase p's innermost loop (ROW with simd). */
+static void simd_clause(cg *g, int p, char *buf, size_t cap) {
+  size_t n = (size_t)snprintf(buf, cap, "#pragma omp simd");
+  for (int i = 0; i < g->k->nnodes && n < cap; i++) {
+    const nb_knode *r = &g->k->nodes[i];
     if (r->kind != NB_KN_REDUCE || r->phase != p) continue;
-    acc_init(g, i, depth);
-    indent(g, depth);
-    nb_jit__printf(g->t, "%s acc%d_l[%d];\n", acc_type(r), i, g->lanes);
-    indent(g, depth);
-    nb_jit__printf(g->t, "for (int l_ = 0; l_ < %d; l_++) acc%d_l[l_] = acc%d;\n", g->lanes, i, i);
-  }
-  indent(g, depth);
-  nb_jit__printf(g->t, "{\n");
-  for (int v = 0; v < last; v++) {
-    indent(g, depth + 1 + v);
-    nb_jit__printf(g->t, "for (int64_t r%d = 0; r%d < INT64_C(%lld); r%d++) {\n", v, v, (long long)k->dims[k->ro + v], v);
-  }
-  int d = depth + 1 + last;
-  indent(g, d);
-  nb_jit__printf(g->t, "int64_t rb_ = 0;\n");
-  for (int pass = 0; pass < 2; pass++) {
-    indent(g, d);
-    if (pass == 0)
-      nb_jit__printf(g->t, "for (; rb_ + %d <= INT64_C(%lld); rb_ += %d) for (int l_ = 0; l_ < %d; l_++) {\n", g->lanes, n, g->lanes,
-                     g->lanes);
-    else nb_jit__printf(g->t, "for (int l_ = 0; rb_ < INT64_C(%lld); rb_++) {\n", n);
-    indent(g, d + 1);
-    nb_jit__printf(g->t, "const int64_t r%d = rb_ + l_;\n", last);
-    memset(g->emitted, 0, (size_t)k->nnodes + 1);
-    g->lane = "l_";
-    for (int i = 0; i < k->nnodes; i++)
-      if (k->nodes[i].kind == NB_KN_REDUCE && k->nodes[i].phase == p) {
-        emit_inner(g, k->nodes[i].in[0], d + 1);
-        acc_update(g, i, d + 1);
-      }
-    g->lane = NULL;
-    indent(g, d);
-    nb_jit__printf(g->t, "}\n");
-  }
-  for (int v = last - 1; v >= -1; v--) {
-    indent(g, depth + 1 + v);
-    nb_jit__printf(g->t, "}\n");
-  }
-  /* combine the lanes pairwise, in a fixed order */
-  for (int i = 0; i < k->nnodes; i++) {
-    const nb_knode *r = &k->nodes[i];
-    if (r->kind != NB_KN_REDUCE || r->phase != p) continue;
-    for (int w = g->lanes / 2; w >= 1; w /= 2) {
-      indent(g, depth);
-      nb_jit__printf(g->t, "for (int l_ = 0; l_ < %d; l_++) {\n", w);
-      char x[40];
-      snprintf(x, sizeof x, "acc%d_l[l_ + %d]", i, w);
-      indent(g, depth + 1);
-      nb_jit__printf(g->t, "const %s y_ = %s;\n", acc_type(r), x);
-      /* acc_update on "acc%d_l[l_]" with operand y_ */
-      bool f = is_float(r->dtype);
-      char a[40];
-      snprintf(a, sizeof a, "acc%d_l[l_]", i);
-      indent(g, depth + 1);
-      switch (r->prim) {
-      case NB_PRIM_reduce_sum: nb_jit__printf(g->t, "%s += y_;\n", a); break;
-      case NB_PRIM_reduce_prod: nb_jit__printf(g->t, "%s *= y_;\n", a); break;
-      default: {
-        const char *op = r->prim == NB_PRIM_reduce_max ? ">" : "<";
-        if (f) nb_jit__printf(g->t, "%s = (y_ != y_ || %s != %s) ? NAN : (y_ %s %s ? y_ : %s);\n", a, a, a, op, a, a);
-        else nb_jit__printf(g->t, "%s = y_ %s %s ? y_ : %s;\n", a, op, a, a);
-      }
-      }
-      indent(g, depth);
-      nb_jit__printf(g->t, "}\n");
-    }
-    indent(g, depth);
-    nb_jit__printf(g->t, "acc%d = acc%d_l[0];\n", i, i);
+    const char *op = r->prim == NB_PRIM_reduce_sum ? "+" : r->prim == NB_PRIM_reduce_prod ? "*" : r->prim == NB_PRIM_reduce_max ? "max" : "min";
+    n += (size_t)snprintf(buf + n, cap - n, " reduction(%s:acc%d)", op, i);
+    if (nan_flag(g, r) && n < cap) n += (size_t)snprintf(buf + n, cap - n, " reduction(|:acc%d_n)", i);
   }
 }
 
@@ -657,18 +599,15 @@ static void emit_body(cg *g, int depth) {
   }
   emit_outer_nodes(g, 0, depth);
   for (int p = 1; p <= k->nphases; p++) {
-    if (g->lanes) {
-      emit_phase_lanes(g, p, depth);
-      for (int i = 0; i < k->nnodes; i++)
-        if (k->nodes[i].kind == NB_KN_REDUCE && k->nodes[i].phase == p) acc_final(g, i, depth);
-      emit_outer_nodes(g, p, depth);
-      continue;
-    }
     if (!g->strip)
       for (int i = 0; i < k->nnodes; i++)
         if (k->nodes[i].kind == NB_KN_REDUCE && k->nodes[i].phase == p) acc_init(g, i, depth);
     if (g->strip) emit_reduces(g, p, depth, acc_init);
+    char clause[1024];
+    if (g->simd) simd_clause(g, p, clause, sizeof clause);
+    g->pragma = g->simd ? clause : NULL;
     int d = open_inner(g, depth);
+    g->pragma = NULL;
     for (int i = 0; i < k->nnodes; i++)
       if (k->nodes[i].kind == NB_KN_REDUCE && k->nodes[i].phase == p) {
         emit_inner(g, k->nodes[i].in[0], d);
@@ -752,11 +691,11 @@ static void emit_tiled(cg *g) {
 
 static bool emit_kernel(nb_jit_text *head, nb_jit_text *t, const nb_jplan *p, int ki, uint8_t *emitted, uint8_t *inv) {
   const nb_kernel *k = &p->kernels[ki];
-  cg g = {t, k, emitted, true, false, inv, 0, NULL};
+  cg g = {t, k, emitted, true, false, inv, false, NULL};
   mark_invariant(&g);
   int width;
   sched sc = choose_schedule(k, &width);
-  if (sc == SCHED_ROW && k->rr > 0 && k->dims[k->ro + k->rr - 1] >= 2 * ROW_LANES && contiguous_rows(k)) g.lanes = ROW_LANES;
+  g.simd = sc == SCHED_ROW && k->rr > 0 && k->dims[k->ro + k->rr - 1] >= 16 && contiguous_rows(k);
   const char *restrict_kw = may_alias(p, k) ? "" : "restrict ";
   static const char *const names[] = {"row", "column", "tile"};
   nb_jit__printf(head, "\n/* k%d: outer", ki);
@@ -764,7 +703,7 @@ static bool emit_kernel(nb_jit_text *head, nb_jit_text *t, const nb_jplan *p, in
   nb_jit__printf(head, ", inner");
   for (int v = k->ro; v < k->ro + k->rr; v++) nb_jit__printf(head, " %lld", (long long)k->dims[v]);
   nb_jit__printf(head, ", %d phases, %s schedule", k->nphases, names[sc]);
-  if (g.lanes) nb_jit__printf(head, ", %d lanes", g.lanes);
+  if (g.simd) nb_jit__printf(head, ", simd reduction");
   nb_jit__printf(head, " */\n");
   for (int a = 0; a < k->nargs; a++) {
     nb_dtype d = NB_F32;

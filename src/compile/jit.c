@@ -65,7 +65,7 @@ static nb_status make_config(nb_ctx *ctx, const nb_jit_opts *o, nb_jit_config *c
     return nb_errorf(ctx, NB_ERR_INVALID_ARG, "jit: threads must be in [0, 1024], got %d", cfg->threads);
   if (cfg->off[NB_SW_parallel]) cfg->threads = 1;
   cfg->debug = o && o->debug ? o->debug : nb_ctx_debug_level(ctx);
-  const char *cc = o && o->cc ? o->cc : getenv("NABLA_CC") ? getenv("NABLA_CC") : "cc -O3 -march=native -fno-math-errno -fPIC -shared";
+  const char *cc = o && o->cc ? o->cc : getenv("NABLA_CC") ? getenv("NABLA_CC") : "cc -O3 -march=native -fno-math-errno -fopenmp-simd -fPIC -shared";
   const char *home = getenv("HOME");
   int n;
   if (o && o->cache_dir) n = snprintf(cfg->cache_dir, sizeof cfg->cache_dir, "%s", o->cache_dir);
