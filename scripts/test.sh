@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The whole test suite: install dependencies, build, run every test; then the
 # same suite again under AddressSanitizer + UndefinedBehaviorSanitizer (set
-# NABLA_SKIP_SANITIZE=1 to skip that second pass).
+# NABLA_SKIP_SANITIZE=1 to skip that second pass). The Python peer tests run in
+# a venv that scripts/peers.sh makes here (pip, network on the first run);
+# NABLA_SKIP_PY_PEERS=1 skips both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
+[ "${NABLA_SKIP_PY_PEERS:-0}" = 1 ] || scripts/peers.sh
 jobs=$(nproc)
 scripts/build.sh build
 (cd build && ctest --output-on-failure -j "$jobs")

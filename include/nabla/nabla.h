@@ -9,4 +9,5 @@
 #include "nabla/models.h"
 #include "nabla/tokenizer.h"
 #include "nabla/ckpt.h"
+#include "nabla/prof.h"
 #endif

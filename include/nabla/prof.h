@@ -1,0 +1,96 @@
+/* nabla prof: what a training run leaves behind for people to look at (the
+ * analogue of XProf's TensorBoard side): TensorBoard event files of scalars,
+ * and a self-contained HTML report drawn from a run's metrics.jsonl.
+ *
+ * Event files. nb_prof_tb_create opens a new file in logdir named as
+ * TensorBoard's own writers name theirs, so `tensorboard --logdir` (or any
+ * reader of the format) picks it up; each nb_prof_tb_scalar appends one Event
+ * record. The format (TFRecord framing around Event protobufs, encoded by
+ * hand) is described in docs/prof.md.
+ *
+ * Report. nb_prof_report_html turns a metrics.jsonl (one JSON object per line,
+ * with "step" and numeric fields) into one HTML file with inline SVG plots and
+ * a summary table; it needs no network and no JavaScript to read.
+ *
+ * Example: log two scalars per step, then draw the report.
+ *
+ *   nb_prof_tb *tb = nb_prof_tb_create(ctx, "runs/x/tb");
+ *   if (!tb) fail(nb_ctx_error(ctx));
+ *   for (int64_t step = 0; step < n_steps; step++) {
+ *     ... train, append {"step":..,"loss":..,"lr":..} to runs/x/metrics.jsonl ...
+ *     nb_prof_tb_scalar(tb, "train/loss", step, loss);
+ *     nb_prof_tb_scalar(tb, "train/lr", step, lr);
+ *   }
+ *   nb_prof_tb_destroy(tb);
+ *   nb_prof_report_html(ctx, "runs/x/metrics.jsonl", "runs/x/report.html", "run x");
+ *
+ * Threads: a writer is used from one thread at a time.
+ */
+#ifndef NABLA_PROF_H
+#define NABLA_PROF_H
+
+#include "nabla/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* TensorBoard event files                                                   */
+/* ------------------------------------------------------------------------ */
+
+typedef struct nb_prof_tb nb_prof_tb;
+
+/* Creates logdir (and its parents) if needed and a new event file in it named
+ * events.out.tfevents.<unix seconds, 10 digits>.<hostname>.<pid>.<counter>,
+ * where counter is the smallest number >= 0 that makes the name new (the file
+ * is created exclusively, so two writers never share a file). The first record
+ * is the file_version event "brain.Event:2". Borrows ctx (it must outlive the
+ * writer) and logdir. Returns a new writer, or NULL with an error on ctx
+ * (NB_ERR_IO naming the path when logdir cannot be created or written). */
+nb_prof_tb *nb_prof_tb_create(nb_ctx *ctx, const char *logdir);
+
+/* Appends one scalar event: wall time now, step, Summary{tag, simple_value}.
+ * value is stored as a 32-bit float (the format's simple_value); NaN and
+ * infinities are stored as they are. tag is a non-empty UTF-8 string (borrowed;
+ * TensorBoard cannot read a file with any other).
+ * Writes are buffered: call nb_prof_tb_flush to make them visible to readers.
+ * After a write error the writer stays in error: later calls return it again. */
+nb_status nb_prof_tb_scalar(nb_prof_tb *w, const char *tag, int64_t step, double value);
+
+/* Hands the buffered records to the operating system (fflush), so a reader
+ * such as TensorBoard sees them and a crash of this process loses nothing.
+ * No fsync: that is done once, by nb_prof_tb_destroy. */
+nb_status nb_prof_tb_flush(nb_prof_tb *w);
+
+/* The event file's path; returns a pointer valid until nb_prof_tb_destroy. */
+const char *nb_prof_tb_path(const nb_prof_tb *w);
+
+/* Flushes, fsyncs, closes and frees w. NULL is a no-op. A failure here is
+ * recorded on the writer's context (nothing is returned). */
+void nb_prof_tb_destroy(nb_prof_tb *w);
+
+/* ------------------------------------------------------------------------ */
+/* HTML report                                                               */
+/* ------------------------------------------------------------------------ */
+
+/* Reads metrics_jsonl, one JSON object per line, each with a numeric "step"
+ * and any numeric fields (loss, eval_loss, lr, grad_norm, tokens_per_s, mfu,
+ * and others, which get plots of their own); strings, booleans and nulls are
+ * skipped and blank lines ignored (JSON has no NaN: write null). Writes out_html: a self-contained page
+ * (inline SVG and CSS, no script, no network) titled `title` (NULL: the file
+ * name), with plots against step of loss with eval_loss, learning rate,
+ * gradient norm, throughput and every other field, and a summary table (records,
+ * step range, last and minimum loss, mean tokens/s, and last/min/max/mean of each field).
+ * An empty file gives a page that says there are no metrics yet. The page is
+ * written atomically (a temporary file in the same directory, then rename).
+ * Errors: NB_ERR_IO naming the path; NB_ERR_FORMAT as
+ * "<metrics_jsonl>:<line>: <what is wrong>" for a malformed line. Borrows all
+ * arguments. */
+nb_status nb_prof_report_html(nb_ctx *ctx, const char *metrics_jsonl, const char *out_html, const char *title);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
