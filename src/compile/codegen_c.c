@@ -768,6 +768,7 @@ nb_status nb_jit__codegen_c(nb_ctx *ctx, const nb_jplan *p, nb_jit_text *out) {
     int same = -1;
     for (int j = 0; j < ki && same < 0; j++)
       if (hashes[j] == hashes[ki] && bodies[j].n == b->n && memcmp(bodies[j].s, b->s, b->n) == 0) same = j;
+    if (same >= 0) nb_jit__printf(out, "void nbk_%d(int64_t lo, int64_t hi, char *const *B);\n", same);
     nb_jit__printf(out, "void nbk_%d(int64_t lo, int64_t hi, char *const *B) {\n", ki);
     if (same >= 0) {
       nb_jit__printf(out, "  nbk_%d(lo, hi, B);\n}\n", same);
