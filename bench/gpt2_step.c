@@ -177,13 +177,14 @@ int main(int argc, char **argv) {
   nb_tree_merge(state, "batch", batch);
   nb_tree_destroy(params);
   nb_tree_destroy(opt);
-  double t[101], loss0 = 0, loss = 0;
+  double t[101], loss0 = 0, loss = 0, last = 0;
   for (int r = 0; r <= steps; r++) { /* run 0 is the warm-up */
     nb_tree *out = nb_tree_create(ctx);
     t0 = now();
     if (nb_exe_run(exe, state, out) != NB_OK) return die(ctx, "run");
     double dt = now() - t0;
     if (r > 0) t[r - 1] = dt;
+    last = dt;
     loss = nb_array_get(nb_tree_get_array(out, "loss"), 0);
     if (r == 0) loss0 = loss;
     nb_tree *next = nb_tree_create(ctx);
@@ -211,8 +212,10 @@ int main(int argc, char **argv) {
       nb_exe_step(exe, i, &s);
       by_kind[s.kind] += s.last_ms;
     }
-    printf("last step by kind: kernels %.1f ms, eval %.1f ms, blas %.1f ms\n", by_kind[NB_EXE_STEP_KERNEL],
-           by_kind[NB_EXE_STEP_EVAL], by_kind[NB_EXE_STEP_BLAS]);
+    double sum = by_kind[NB_EXE_STEP_KERNEL] + by_kind[NB_EXE_STEP_EVAL] + by_kind[NB_EXE_STEP_BLAS];
+    printf("last step by kind: kernels %.1f ms, eval %.1f ms, blas %.1f ms; %zu steps; outside the steps (binding, "
+           "dispatch): %.1f ms of %.1f ms\n",
+           by_kind[NB_EXE_STEP_KERNEL], by_kind[NB_EXE_STEP_EVAL], by_kind[NB_EXE_STEP_BLAS], ns, 1e3 * last - sum, 1e3 * last);
     double cap = 1e300;
     for (int k = 0; k < profile; k++) { /* the k-th slowest step of the last run */
       size_t best = ns;

@@ -20,7 +20,7 @@ trap 'rm -rf "$cache"' EXIT
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) CPUs; load $(cut -d' ' -f1-3 /proc/loadavg)"
 for r in $(seq 1 "$rounds"); do
   echo "== round $r"
-  NABLA_CACHE_DIR=$cache "./$build/bench_gpt2_step" "${args[@]}" --threads 2 | grep -E "^(RESULT|compile)"
+  NABLA_CACHE_DIR=$cache "./$build/bench_gpt2_step" "${args[@]}" --threads 2 --profile 6 | grep -E "^(RESULT|compile|last step|  step)"
   if [ "$r" = 1 ]; then
     echo -n "warm (second process): "
     NABLA_CACHE_DIR=$cache "./$build/bench_gpt2_step" "${args[@]}" --threads 2 --compile-only

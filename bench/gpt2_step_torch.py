@@ -2,7 +2,8 @@
 """Peer of bench/gpt2_step.c: the same GPT-2 training step in PyTorch eager on
 the CPU (Debian's python3-torch, run with /usr/bin/python3): tied token
 embedding, learned positions, pre-LayerNorm blocks, GELU (tanh), causal
-attention through F.scaled_dot_product_attention, mean cross-entropy, and
+softmax attention (written out: Debian's torch 1.13 has no fused SDPA), mean
+cross-entropy, and
 torch.optim.AdamW(lr 3e-4, betas (0.9, 0.95), eps 1e-8, weight decay 0.1 on
 every parameter), torch.set_num_threads(2).
 
@@ -38,7 +39,9 @@ class Block(nn.Module):
         B, T, C = x.shape
         q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
         q, k, v = (t.view(B, T, self.h, C // self.h).transpose(1, 2) for t in (q, k, v))
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        s = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(C // self.h))
+        s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+        a = F.softmax(s, dim=-1) @ v
         x = x + self.attn_proj(a.transpose(1, 2).contiguous().view(B, T, C))
         return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
 
