@@ -322,6 +322,7 @@ typedef struct cg {
   bool ok;
   bool strip;       /* COLUMN: outer values are arrays indexed by j_ */
   uint8_t *inv;     /* per node: depends on no loop variable (emitted once, before the loops) */
+  int *scratch;     /* stores + 4 * nodes + 1 ints, for store_groups */
   bool simd;        /* ROW: the innermost reduced loop is a simd reduction (reassociated) */
   const char *pragma; /* printed before the innermost R loop that open_inner opens next */
 } cg;
@@ -667,6 +668,56 @@ static void emit_decode(nb_jit_text *t, const nb_kernel *k, bool keep_prev) {
                    v, (long long)k->dims[v], (long long)k->dims[v]);
 }
 
+/* Emits node i and the part of its cone not yet emitted (no invariant
+ * nodes: they precede the loops). */
+static void emit_cone(cg *g, int i, int depth) {
+  const nb_knode *n = &g->k->nodes[i];
+  if (g->inv[i] || g->emitted[i]) return;
+  for (int j = 0; j < n->nin; j++) emit_cone(g, n->in[j], depth);
+  g->emitted[i] = 1;
+  emit_node(g, i, depth);
+}
+
+/* Groups the stores whose cones share a loop-dependent node (a tiled
+ * kernel walks each group's tiles separately, so that the arrays of one
+ * group at a time compete for the cache's sets). group[store] gets the
+ * group; returns the number of groups. */
+static int store_groups(cg *g, int *group) {
+  const nb_kernel *k = g->k;
+  int *owner = group + k->nstores; /* per node: the first store whose cone holds it, or -1 */
+  for (int i = 0; i < k->nnodes; i++) owner[i] = -1;
+  for (int s = 0; s < k->nstores; s++) group[s] = s;
+  for (int s = 0; s < k->nstores; s++) {
+    /* walk the cone with the emitted marks as a visited set */
+    memset(g->emitted, 0, (size_t)k->nnodes + 1);
+    int *stack = owner + k->nnodes, sp = 0;
+    stack[sp++] = k->stores[s].node;
+    while (sp > 0) {
+      int i = stack[--sp];
+      if (g->emitted[i] || g->inv[i]) continue;
+      g->emitted[i] = 1;
+      if (owner[i] < 0) owner[i] = s;
+      else {
+        int a = group[owner[i]], b = group[s];
+        for (int t = 0; t < k->nstores; t++)
+          if (group[t] == b) group[t] = a;
+      }
+      for (int j = 0; j < k->nodes[i].nin; j++) stack[sp++] = k->nodes[i].in[j];
+    }
+  }
+  /* renumber 0.. in order of first appearance */
+  int n = 0;
+  for (int s = 0; s < k->nstores; s++) {
+    int old = group[s];
+    if (old < 0) continue;
+    for (int t = s; t < k->nstores; t++)
+      if (group[t] == old) group[t] = -(n + 1);
+    n++;
+  }
+  for (int s = 0; s < k->nstores; s++) group[s] = -group[s] - 1;
+  return n;
+}
+
 /* TILE: a whole block of TILE runs (TILE values of the second-last
  * variable, all of the last) goes tile by tile; a partial block at either
  * end of [lo, hi) goes run by run, through the same loops. */
@@ -681,17 +732,28 @@ static void emit_tiled(cg *g) {
   nb_jit__printf(t, "    const int64_t ny_ = tile_ ? %d : 1, x0_ = tile_ ? 0 : s_;\n", TILE);
   nb_jit__printf(t, "    const int64_t x1_ = tile_ ? INT64_C(%lld) : s_ + (INT64_C(%lld) - s_ < hi - o_ ? INT64_C(%lld) - s_ : hi - o_);\n", dx,
                  dx, dx);
-  nb_jit__printf(t, "    for (int64_t xb_ = x0_; xb_ < x1_; xb_ += %d) {\n", TILE);
-  nb_jit__printf(t, "      const int64_t xe_ = xb_ + %d < x1_ ? xb_ + %d : x1_;\n", TILE, TILE);
-  nb_jit__printf(t, "      for (int64_t yy_ = 0; yy_ < ny_; yy_++) {\n        const int64_t i%d = y%d + yy_;\n", y, y);
-  nb_jit__printf(t, "        NBX_IVDEP for (int64_t i%d = xb_; i%d < xe_; i%d++) {\n", x, x, x);
-  emit_body(g, 5);
-  nb_jit__printf(t, "        }\n      }\n    }\n    o_ += tile_ ? INT64_C(%lld) : x1_ - x0_;\n  }\n}\n", dx * TILE);
+  int *group = (int *)g->scratch;
+  int ngroups = store_groups(g, group);
+  for (int gi = 0; gi < ngroups; gi++) {
+    nb_jit__printf(t, "    for (int64_t xb_ = x0_; xb_ < x1_; xb_ += %d) {\n", TILE);
+    nb_jit__printf(t, "      const int64_t xe_ = xb_ + %d < x1_ ? xb_ + %d : x1_;\n", TILE, TILE);
+    nb_jit__printf(t, "      for (int64_t yy_ = 0; yy_ < ny_; yy_++) {\n        const int64_t i%d = y%d + yy_;\n", y, y);
+    nb_jit__printf(t, "        NBX_IVDEP for (int64_t i%d = xb_; i%d < xe_; i%d++) {\n", x, x, x);
+    memset(g->emitted, 0, (size_t)k->nnodes + 1);
+    for (int st = 0; st < k->nstores; st++)
+      if (group[st] == gi) {
+        emit_cone(g, k->stores[st].node, 5);
+        emit_store(g, &k->stores[st], 5);
+      }
+    nb_jit__printf(t, "        }\n      }\n    }\n");
+  }
+  nb_jit__printf(t, "    o_ += tile_ ? INT64_C(%lld) : x1_ - x0_;\n  }\n}\n", dx * TILE);
 }
 
-static bool emit_kernel(nb_jit_text *head, nb_jit_text *t, const nb_jplan *p, int ki, uint8_t *emitted, uint8_t *inv) {
+static bool emit_kernel(nb_jit_text *head, nb_jit_text *t, const nb_jplan *p, int ki, uint8_t *emitted, uint8_t *inv,
+                        int *scratch) {
   const nb_kernel *k = &p->kernels[ki];
-  cg g = {t, k, emitted, true, false, inv, false, NULL};
+  cg g = {t, k, emitted, true, false, inv, scratch, false, NULL};
   mark_invariant(&g);
   int width;
   sched sc = choose_schedule(k, &width);
@@ -752,17 +814,23 @@ static uint64_t text_hash(const nb_jit_text *t) {
  * are compiled once: the others call it, which keeps compile time flat in
  * the number of layers. */
 nb_status nb_jit__codegen_c(nb_ctx *ctx, const nb_jplan *p, nb_jit_text *out) {
-  int maxn = 1, nk = p->nkernels;
-  for (int ki = 0; ki < nk; ki++) maxn = p->kernels[ki].nnodes + 1 > maxn ? p->kernels[ki].nnodes + 1 : maxn;
+  int maxn = 1, maxs = 1, nk = p->nkernels;
+  for (int ki = 0; ki < nk; ki++) {
+    maxn = p->kernels[ki].nnodes + 1 > maxn ? p->kernels[ki].nnodes + 1 : maxn;
+    maxs = p->kernels[ki].nstores + 1 > maxs ? p->kernels[ki].nstores + 1 : maxs;
+  }
+  /* store_groups: a group per store, an owner per node, a stack of at most 3 inputs per node */
+  size_t scratch_bytes = sizeof(int) * ((size_t)maxs + 4 * (size_t)maxn + 1);
+  int *scratch = nb_alloc(ctx, scratch_bytes);
   uint8_t *emitted = nb_alloc(ctx, (size_t)maxn + 1), *inv = nb_alloc(ctx, (size_t)maxn + 1);
   nb_jit_text *bodies = nb_calloc(ctx, sizeof(nb_jit_text) * ((size_t)nk + 1));
   uint64_t *hashes = nb_calloc(ctx, sizeof(uint64_t) * ((size_t)nk + 1));
-  bool ok = emitted && inv && bodies && hashes;
+  bool ok = emitted && inv && scratch && bodies && hashes;
   if (ok) nb_jit__printf(out, "%s", prelude);
   for (int ki = 0; ki < nk && ok; ki++) {
     nb_jit_text *b = &bodies[ki];
     b->ctx = ctx;
-    ok = emit_kernel(out, b, p, ki, emitted, inv) && !b->oom;
+    ok = emit_kernel(out, b, p, ki, emitted, inv, scratch) && !b->oom;
     if (!ok) break;
     hashes[ki] = text_hash(b);
     int same = -1;
@@ -783,7 +851,8 @@ nb_status nb_jit__codegen_c(nb_ctx *ctx, const nb_jplan *p, nb_jit_text *out) {
   nb_dealloc(ctx, hashes, sizeof(uint64_t) * ((size_t)nk + 1));
   nb_dealloc(ctx, emitted, (size_t)maxn + 1);
   nb_dealloc(ctx, inv, (size_t)maxn + 1);
-  if (out->oom || !emitted || !inv || !bodies || !hashes) return nb_errorf(ctx, NB_ERR_NOMEM, "jit: out of memory generating C");
+  nb_dealloc(ctx, scratch, scratch_bytes);
+  if (out->oom || !emitted || !inv || !scratch || !bodies || !hashes) return nb_errorf(ctx, NB_ERR_NOMEM, "jit: out of memory generating C");
   if (!ok) return nb_errorf(ctx, NB_ERR_INTERNAL, "jit: code generation failed (a kernel node without a C form)");
   return NB_OK;
 }

@@ -125,7 +125,11 @@ static nb_status f_transpose(nb_graph *g, const nb_tree *in, nb_tree *out, void 
   const int *perm = u;
   nb_val *x = nb_tree_get_val(in, "x");
   nb_val *t = nb_transpose(nb_add(nb_mul(x, nb_scalar(g, NB_F32, 2)), nb_scalar(g, NB_F32, 1)), perm);
-  return nb_tree_set_val(out, "t", nb_add(t, nb_tanh(t)));
+  nb_tree_set_val(out, "t", nb_add(t, nb_tanh(t)));
+  /* more roots in the same kernel: one sharing t's cone, one independent
+   * (a tiled kernel walks the two groups' tiles separately) */
+  nb_tree_set_val(out, "u", nb_mul(t, t));
+  return nb_tree_set_val(out, "v", nb_transpose(nb_mul(nb_tree_get_val(in, "z"), nb_scalar(g, NB_F32, 3)), perm));
 }
 
 static void test_transposes(void) {
@@ -133,6 +137,7 @@ static void test_transposes(void) {
   const int64_t dims[3] = {5, 33, 47};
   nb_tree *in = nb_tree_create(ctx);
   add_input(in, "x", 3, dims);
+  add_input(in, "z", 3, dims);
   bool saw_tile = false;
   for (int p = 0; p < 6; p++) {
     nb_graph *g = nb_trace(ctx, f_transpose, (void *)perms[p], in);
