@@ -36,6 +36,7 @@
 
 #include "nabla/core.h"
 #include "nabla/nn.h"
+#include "nabla/tokenizer.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -178,6 +179,7 @@ typedef struct nb_model_fwd {
   nb_val *cache_pos;       /* i32 scalar */
   nb_tree *new_cache;      /* borrowed; filled when cache is set */
   bool remat;              /* recompute each block in the backward pass */
+  nb_val *logits_at;       /* integer scalar or NULL: logits [B, 1, V] of this index of T only */
 } nb_model_fwd;
 
 /* Sums over the MoE layers (mean over layers): load-balancing and z loss. */
@@ -219,6 +221,143 @@ nb_graph *nb_model_trace_decode(nb_ctx *ctx, const nb_model_config *cfg, const n
 /* A zero KV cache tree "layers/<i>/{k,v}" [batch, n_kv_heads, max_len, hd]
  * of host arrays. */
 nb_tree *nb_model_cache_create(nb_ctx *ctx, const nb_model_config *cfg, int64_t batch, int64_t max_len, nb_dtype dtype);
+
+/* ------------------------------------------------------------------------ */
+/* Generation: sampling, the KV-cached generator, model loaders              */
+/* ------------------------------------------------------------------------ */
+
+/* Example: greedy continuation of a Hugging Face Llama's prompt.
+ *
+ *   nb_model_loaded m;
+ *   if (nb_model_load_hf(ctx, "models/llama", &m)) fail(nb_ctx_error(ctx));
+ *   nb_model_generator *gen = nb_model_generator_create(ctx, &m.cfg, m.params, NULL);
+ *   int32_t out[64];
+ *   nb_model_gen_request r = {.prompt = ids, .n_prompt = n, .max_tokens = 64, .out = out,
+ *                             .stop = m.eos_ids, .n_stop = m.n_eos};   // .sample = {0}: greedy
+ *   nb_model_gen_result res;
+ *   nb_model_generate(gen, &r, &res);     // out[0 .. res.n_tokens)
+ *   nb_model_generator_destroy(gen);
+ *   nb_model_loaded_free(&m);
+ */
+
+/* Sampling options, compile-time constants of the graphs that use them
+ * (zero-init: greedy, no filtering).
+ *   temperature  <= 0: greedy (argmax, first index on ties); else logits / T
+ *   top_k        > 0: keep the k largest logits (ties to the lower id); 0 or
+ *                >= vocab: off
+ *   top_p        in (0, 1): nucleus: sort descending, keep the smallest
+ *                prefix whose softmax mass is >= top_p (a token is kept when
+ *                the mass strictly before it is < top_p, so at least one
+ *                token always is); <= 0 or >= 1: off. Applied after top_k. */
+typedef struct nb_model_sample_opts {
+  double temperature;
+  int64_t top_k;
+  double top_p;
+} nb_model_sample_opts;
+
+/* Traced: one token id per row of logits [B, V] (float), i32 [B]. key is a
+ * u32[2] key value; the draw is categorical (Gumbel-max) over the kept
+ * logits / temperature, so equal (logits, key, opts) give equal ids. Bad
+ * shapes or options poison the graph with a message naming them. */
+nb_val *nb_model_sample(nb_val *logits, nb_val *key, const nb_model_sample_opts *opts);
+
+/* A generator: a model's parameters, a KV cache of batch 1 and the compiled
+ * executables that run the model on it. Prefill is chunked: the prompt runs
+ * through full chunks of prefill_chunk tokens and a last partial chunk
+ * padded to the smallest power of two >= its length (at least 8), so at
+ * most log2(prefill_chunk / 8) + 2 executables are ever compiled
+ * (prefill sizes plus the one-token decode step), whatever the prompt
+ * lengths; padded positions write cache slots that decoding overwrites
+ * before they are read. Every executable is one fused graph: the model
+ * step over its tokens with the cache donated (updated in place), the
+ * logits of the last real token only, and the sampler on them with the key
+ * fold_in(key(seed), position of the new token), so a run depends only on
+ * (params, prompt, options, seed). */
+typedef struct nb_model_generator nb_model_generator;
+
+typedef struct nb_model_gen_opts {
+  int64_t max_seq_len;    /* 0: cfg->max_seq_len; larger is an error. Bounds prompt + output */
+  int64_t prefill_chunk;  /* 0: 64 (clamped to max_seq_len) */
+  bool interpret;         /* run the graphs on the reference interpreter instead of nb_jit */
+  int threads;            /* nb_jit's thread count; 0: its default */
+} nb_model_gen_opts;
+
+/* Borrows cfg (copied) and params (leaves retained; every path of the
+ * model's param spec must be there with its shape; f32 arrays, other float
+ * dtypes are converted once). opts may be NULL. Compiles nothing yet.
+ * Returns a new generator, or NULL with an error naming the first missing
+ * or mis-shaped parameter. */
+nb_model_generator *nb_model_generator_create(nb_ctx *ctx, const nb_model_config *cfg, const nb_tree *params,
+                                              const nb_model_gen_opts *opts);
+void nb_model_generator_destroy(nb_model_generator *g); /* NULL ok */
+/* The context length the generator was built for. */
+int64_t nb_model_generator_max_seq_len(const nb_model_generator *g);
+
+/* Called once per generated token, in order; return false to stop early. */
+typedef bool (*nb_model_token_fn)(void *ud, int32_t token);
+
+typedef struct nb_model_gen_request {
+  const int32_t *prompt;  /* borrowed; 1 <= n_prompt < max_seq_len, ids in [0, vocab) */
+  int64_t n_prompt;
+  int64_t max_tokens;     /* new tokens at most (>= 0) */
+  nb_model_sample_opts sample;
+  uint64_t seed;
+  const int32_t *stop;    /* generation ends after emitting one of these (eos) */
+  int n_stop;
+  nb_model_token_fn on_token; /* may be NULL */
+  void *ud;
+  int32_t *out;           /* may be NULL; else receives the generated ids (room for max_tokens) */
+} nb_model_gen_request;
+
+typedef struct nb_model_gen_result {
+  int64_t n_tokens;       /* generated (the stop token included) */
+  bool stopped;           /* ended on a stop id */
+  bool truncated;         /* ended because the context (max_seq_len) was full */
+  int64_t prefill_tokens; /* prompt tokens run (padding excluded) */
+  double prefill_s;       /* wall time of the prefill (time to first token) */
+  double decode_s;        /* wall time of the decode steps after the first token */
+  double compile_s;       /* time spent compiling executables during this call */
+} nb_model_gen_result;
+
+/* Runs the prompt and generates up to max_tokens ids. The context bound is
+ * prompt + generated <= max_seq_len: a longer prompt is an error naming both
+ * numbers; generation that reaches the bound stops with res->truncated (and
+ * an info log line). Returns NB_OK or an error; res may be NULL. One call at
+ * a time per generator. */
+nb_status nb_model_generate(nb_model_generator *g, const nb_model_gen_request *req, nb_model_gen_result *res);
+
+/* A model ready to generate: its config and parameters (f32), and how to
+ * tokenize for it. */
+typedef struct nb_model_loaded {
+  nb_model_config cfg;
+  nb_tree *params;        /* owned */
+  nb_tok *tok;            /* owned; NULL: byte-level ids (token i is byte i) */
+  int32_t bos_id;         /* -1: none; prepended to prompts by the caller's choice */
+  int32_t eos_ids[8];     /* stop ids */
+  int n_eos;
+  char what[512];         /* where it came from, for messages */
+} nb_model_loaded;
+
+/* A nabla run directory: DIR/config.yaml (nb_model_run_config_load), the
+ * latest step of the checkpoint manager at DIR/checkpoints (item "params"),
+ * and the tokenizer named by data.tokenizer (as given, else relative to DIR;
+ * "" is byte-level). config_path, when not NULL, replaces DIR/config.yaml.
+ * Fills *out (free with nb_model_loaded_free) or returns an error naming the
+ * file and what was wrong. */
+nb_status nb_model_load_run_dir(nb_ctx *ctx, const char *dir, const char *config_path, nb_model_loaded *out);
+/* One checkpoint step directory (DIR/checkpoints/step_N): the config is
+ * config_path or, when NULL, config.yaml two levels up. */
+nb_status nb_model_load_checkpoint(nb_ctx *ctx, const char *step_dir, const char *config_path, nb_model_loaded *out);
+/* A Hugging Face Llama-architecture directory: config.json, model.safetensors
+ * or model.safetensors.index.json with its shards, tokenizer.json (optional:
+ * without it, ids only). Weights are renamed to nabla's paths, PyTorch
+ * [out, in] linears transposed to [in, out] kernels, bf16/f16 converted to
+ * f32. Supported: model_type "llama" / LlamaForCausalLM, hidden_act silu, no
+ * attention/MLP biases, rope_scaling null, "linear" or "llama3". Every
+ * missing key, bad value, missing or mis-shaped tensor names the file and
+ * the field or tensor. */
+nb_status nb_model_load_hf(nb_ctx *ctx, const char *dir, nb_model_loaded *out);
+void nb_model_loaded_free(nb_model_loaded *m); /* zeroes *m; NULL ok */
 
 #ifdef __cplusplus
 }

@@ -10,4 +10,5 @@
 #include "nabla/tokenizer.h"
 #include "nabla/ckpt.h"
 #include "nabla/prof.h"
+#include "nabla/train.h"
 #endif

@@ -159,6 +159,12 @@ nb_val *nb_model_forward(nb_nn_apply *a, const nb_model_config *c, const nb_mode
   }
   nb_nn_norm_cfg fn = {.kind = c->norm, .eps = c->norm_eps, .bias = c->bias};
   h = nb_nn_norm_apply(a, "final_norm", &fn, h);
+  if (in->logits_at) { /* one position: the output projection is the largest matmul of a prefill */
+    nb_val *zero = nb_scalar(a->g, NB_I32, 0), *at = nb_convert(in->logits_at, NB_I32);
+    nb_val *start[3] = {zero, at, zero};
+    int64_t sizes[3] = {B, 1, nb_val_dim(h, 2)};
+    h = nb_dynamic_slice(h, start, sizes);
+  }
   nb_val *logits = c->tie_embeddings ? nb_nn_embed_attend(a, "embed", h) : nb_nn_linear(a, "lm_head", h);
   if (nb_val_dtype(logits) != NB_F32 && nb_val_dtype(logits) != NB_F64) logits = nb_convert(logits, NB_F32);
   if (aux) {

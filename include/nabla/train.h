@@ -1,0 +1,142 @@
+/* nabla train: the trainer (the analogue of MaxText's train loop). One call
+ * runs a whole training from a validated run configuration
+ * (nb_model_run_config, include/nabla/models.h) into a run directory.
+ *
+ * The step is one traced graph: the model loss (nb_model_trace_loss) under
+ * value_and_grad w.r.t. the parameters, summed over grad_accum micro-batches
+ * (row slices of the batch, inside the graph), the global gradient norm, the
+ * optimizer from cfg.optim / cfg.schedule (clip_by_global_norm, then AdamW,
+ * Adam or SGD whose learning rate is traced from the step counter), compiled
+ * once by nb_jit with the parameters and optimizer state donated, so each
+ * run updates them in place. Inputs "params/<p>", "opt_state/<s>",
+ * "batch/inputs", "batch/targets" (i32 [batch_size, seq_len]) and "step"
+ * (i32 scalar: updates done before this one); outputs the same
+ * "params/<p>", "opt_state/<s>" plus "loss", "grad_norm", "lr" and
+ * "metrics/<name>" (the model's). Dropout draws from
+ * fold_in(PRNGKey(seed), step) (and the micro-batch index), so a resumed run
+ * repeats an uninterrupted one bit for bit. Nothing in the step is host
+ * code: only batches and the step scalar come from the host.
+ *
+ * Run directory (docs/train.md has the full contract):
+ *   DIR/config.yaml     the resolved config (nb_model_run_config_write)
+ *   DIR/metrics.jsonl   one JSON object per logged step, eval records
+ *   DIR/checkpoints/    nb_ckpt manager: items "params", "opt_state";
+ *                       metadata {"step", "seed", "data_state", ...}
+ *   DIR/data/           text inputs tokenized into cached token shards
+ *   DIR/events.out.tfevents.*  TensorBoard scalars (train/loss, train/lr,
+ *                       train/grad_norm, train/tokens_per_s, train/mfu, eval/loss)
+ *   DIR/report.html     nb_prof_report_html of metrics.jsonl
+ * Running again on the same DIR resumes from the latest checkpoint.
+ *
+ * Example:
+ *
+ *   nb_model_run_config cfg;
+ *   nb_model_run_config_load(ctx, "configs/gpt2_tiny.yaml", 0, NULL, &cfg);
+ *   nb_train_opts o = {.run_dir = "runs/tiny", .handle_signals = true};
+ *   nb_train_result r;
+ *   if (nb_train_run(ctx, &cfg, &o, &r) != NB_OK) fprintf(stderr, "%s\n", nb_ctx_error(ctx));
+ */
+#ifndef NABLA_TRAIN_H
+#define NABLA_TRAIN_H
+
+#include "nabla/core.h"
+#include "nabla/models.h"
+#include "nabla/optim.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Building blocks                                                           */
+/* ------------------------------------------------------------------------ */
+
+/* The learning-rate schedule of cfg (new object): linear warmup from 0 to
+ * optim.lr over schedule.warmup_steps, then constant, linear or cosine decay
+ * to lr * min_lr_ratio over decay_steps (0: steps - warmup_steps). */
+nb_optim_schedule *nb_train_schedule(nb_ctx *ctx, const nb_model_run_config *cfg);
+/* The optimizer of cfg (new object): clip_by_global_norm(grad_clip) when
+ * grad_clip > 0, then adamw / adam / sgd (momentum) with nb_train_schedule. */
+nb_optim_tx *nb_train_optimizer(nb_ctx *ctx, const nb_model_run_config *cfg);
+/* The step graph described above (new; destroy it). param_spec and
+ * opt_state_spec: trees of arrays or avals (borrowed). NB_ERR_UNIMPLEMENTED
+ * for configs the trainer does not support (precision other than f32). */
+nb_graph *nb_train_trace_step(nb_ctx *ctx, const nb_model_run_config *cfg, const nb_tree *param_spec,
+                              const nb_tree *opt_state_spec);
+/* The eval graph: inputs "params/<p>", "batch/inputs", "batch/targets"
+ * [batch_size, seq_len]; outputs "loss", "metrics/<name>" (no dropout). */
+nb_graph *nb_train_trace_eval(nb_ctx *ctx, const nb_model_run_config *cfg, const nb_tree *param_spec);
+
+/* ------------------------------------------------------------------------ */
+/* The training loop                                                         */
+/* ------------------------------------------------------------------------ */
+
+/* What the trainer knows before its first step. */
+typedef struct nb_train_start_info {
+  int64_t start_step;           /* > 0 when resumed from a checkpoint */
+  int64_t total_steps;
+  int64_t n_params;
+  int64_t train_windows, eval_windows; /* windows of seq_len+1 tokens */
+  int64_t vocab_size;           /* of the training shard */
+  double unigram_entropy;       /* nats/token of the training shard's tokens */
+  double flops_per_step;        /* 6 N tokens + 12 L T d tokens (attention) */
+  double graph_flops_per_step;  /* nb_graph_cost of the step graph */
+  double peak_flops;            /* as given in the options (0: no MFU) */
+  double compile_s;             /* tracing + nb_jit of the step and eval graphs */
+  const char *train_shard, *eval_shard; /* valid during the callback */
+} nb_train_start_info;
+
+/* One step's numbers. tokens_per_s and mfu cover the steps since the last
+ * logged one and are set when `logged`. */
+typedef struct nb_train_step_info {
+  int64_t step;                 /* updates done, counting this one: 1..total_steps */
+  int64_t total_steps;
+  double loss, lr, grad_norm;   /* lr: the rate this step's update used */
+  double tokens_per_s, mfu;
+  double elapsed_s;             /* since this nb_train_run started */
+  double step_ms;               /* wall time of this step (data, step, checkpoint) */
+  bool logged;                  /* written to metrics.jsonl (every log_every steps and the last) */
+  bool has_eval;                /* eval ran after this step */
+  double eval_loss;
+} nb_train_step_info;
+
+typedef struct nb_train_opts {
+  const char *run_dir;          /* required */
+  double peak_flops;            /* FLOP/s the MFU is relative to; 0: MFU not computed */
+  int threads;                  /* jit threads; 0: $NABLA_THREADS or the CPU count */
+  bool handle_signals;          /* SIGINT/SIGTERM: checkpoint the current step and return */
+  /* Called after every step (and its checkpoint); true stops the run after
+   * a checkpoint of that step. */
+  bool (*should_stop)(void *ud, int64_t step);
+  void (*on_start)(void *ud, const nb_train_start_info *info);
+  void (*on_step)(void *ud, const nb_train_step_info *info);
+  void *ud;
+} nb_train_opts;
+
+typedef struct nb_train_result {
+  int64_t start_step, final_step;
+  bool stopped;                 /* by should_stop */
+  bool preempted;               /* by a signal (handle_signals) */
+  double final_loss, last_eval_loss; /* NaN when none */
+  /* Timings of this call's steps (eval excluded): medians of the step
+   * executable alone and of the whole loop iteration (data wait, step,
+   * checkpoint hand-off, metrics). */
+  double exe_ms_median, iter_ms_median;
+  double wall_s, exe_s, data_s, ckpt_s, eval_s;
+  int64_t steps_run;
+} nb_train_result;
+
+/* Runs (or resumes) the training of cfg (borrowed) in opts->run_dir: data
+ * set-up, init or restore, compile, the loop with logging, eval,
+ * checkpoints (every checkpoint_every steps, async; at the end; on stop and
+ * on a signal), metrics.jsonl, TensorBoard scalars and report.html (redrawn
+ * at each eval, checkpoint and at the end; their failures are logged as
+ * warnings, training goes on). Errors (bad data
+ * paths, vocabulary larger than the model's, unsupported config) return a
+ * status with the message on ctx; out (may be NULL) is filled either way. */
+nb_status nb_train_run(nb_ctx *ctx, const nb_model_run_config *cfg, const nb_train_opts *opts, nb_train_result *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* NABLA_TRAIN_H */

@@ -1,0 +1,30 @@
+/* Private to src/train: the trainer's data set-up (data.c) shared with the
+ * loop (run.c). Not public API. */
+#ifndef NABLA_TRAIN_INTERNAL_H
+#define NABLA_TRAIN_INTERNAL_H
+
+#include "nabla/data.h"
+#include "nabla/train.h"
+
+#define NB_TRAIN_PATH_MAX 1024
+
+typedef struct nb__train_data {
+  char train_shard[NB_TRAIN_PATH_MAX], eval_shard[NB_TRAIN_PATH_MAX];
+  nb_data_map *train_windows; /* {"tokens": i32[T+1]}, the train part (one reference) */
+  nb_data_map *eval_windows;  /* the eval part: the eval shard, or the held-out tail */
+  int64_t vocab, n_train, n_eval;
+  double entropy;             /* unigram entropy (nats/token) of the training shard */
+} nb__train_data;
+
+/* Resolves cfg's data (text inputs tokenized into shards cached under
+ * run_dir/data/), opens the windows and splits off the eval part. */
+nb_status nb__train_data_open(nb_ctx *ctx, const nb_model_run_config *cfg, const char *run_dir, nb__train_data *d);
+void nb__train_data_close(nb__train_data *d);
+/* mkdir -p */
+nb_status nb__train_mkdir_p(nb_ctx *ctx, const char *path);
+/* windows -> shuffle(seed) -> repeat -> batch -> {inputs, targets} -> prefetch */
+nb_data_iter *nb__train_data_iter(nb_ctx *ctx, const nb__train_data *d, const nb_model_run_config *cfg);
+/* Eval batches: element i is the i-th batch of eval windows (wrapping). */
+nb_data_map *nb__train_eval_batches(nb_ctx *ctx, const nb__train_data *d, const nb_model_run_config *cfg);
+
+#endif

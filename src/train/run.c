@@ -1,0 +1,469 @@
+/* nb_train_run: the training loop around the compiled step. Set-up (run
+ * dir, config.yaml, data, init or restore), the loop (batch -> step ->
+ * metrics -> eval -> checkpoint), and the run-dir files: metrics.jsonl
+ * (truncated to the restored step on resume) and checkpoints/ (nb_ckpt,
+ * items params + opt_state, metadata {step, seed, elapsed_s, data_state}).
+ * The numerics are all in step.c's graphs; this file only moves arrays. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "nabla/ckpt.h"
+#include "nabla/compile.h"
+#include "nabla/prof.h"
+#include "train/internal.h"
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static double median(double *v, int64_t n) {
+  if (n <= 0) return NAN;
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* JSON has no NaN/Inf: they are written as null */
+static void jnum(FILE *f, const char *key, double v) {
+  if (isfinite(v)) fprintf(f, ",\"%s\":%.9g", key, v);
+  else fprintf(f, ",\"%s\":null", key);
+}
+
+/* ---------------------------------------------------------------- run-dir files */
+
+static nb_status write_config(nb_ctx *ctx, const char *dir, const nb_model_run_config *c) {
+  char path[NB_TRAIN_PATH_MAX + 32], tmp[NB_TRAIN_PATH_MAX + 48];
+  snprintf(path, sizeof path, "%s/config.yaml", dir);
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  FILE *f = fopen(tmp, "w");
+  if (!f) return nb_errorf(ctx, NB_ERR_IO, "train: cannot write %s: %s", tmp, strerror(errno));
+  nb_model_run_config_write(c, f);
+  if (fclose(f) || rename(tmp, path)) return nb_errorf(ctx, NB_ERR_IO, "train: cannot write %s: %s", path, strerror(errno));
+  return NB_OK;
+}
+
+/* Keeps the records of metrics.jsonl whose "step" is <= last (a resume
+ * from step `last` redoes the later ones); unparsable lines are dropped. */
+static nb_status truncate_metrics(nb_ctx *ctx, const char *path, int64_t last) {
+  FILE *in = fopen(path, "r");
+  if (!in) return errno == ENOENT ? NB_OK : nb_errorf(ctx, NB_ERR_IO, "train: %s: %s", path, strerror(errno));
+  char tmp[NB_TRAIN_PATH_MAX + 64];
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  FILE *out = fopen(tmp, "w");
+  if (!out) {
+    fclose(in);
+    return nb_errorf(ctx, NB_ERR_IO, "train: cannot write %s: %s", tmp, strerror(errno));
+  }
+  char *line = NULL;
+  size_t cap = 0;
+  ssize_t n;
+  while ((n = getline(&line, &cap, in)) > 0) {
+    cJSON *j = cJSON_Parse(line);
+    const cJSON *st = j ? cJSON_GetObjectItemCaseSensitive(j, "step") : NULL;
+    if (cJSON_IsNumber(st) && st->valuedouble <= (double)last) fputs(line, out);
+    cJSON_Delete(j);
+  }
+  free(line);
+  fclose(in);
+  if (fclose(out) || rename(tmp, path)) return nb_errorf(ctx, NB_ERR_IO, "train: cannot rewrite %s: %s", path, strerror(errno));
+  return NB_OK;
+}
+
+/* ---------------------------------------------------------------- the trainer's state */
+
+typedef struct trainer {
+  nb_ctx *ctx;
+  const nb_model_run_config *cfg;
+  const nb_train_opts *opts;
+  nb__train_data data;
+  nb_tree *st;                 /* "params/<p>", "opt_state/<s>" (sole holder: donation runs in place) */
+  nb_exe *step_exe, *eval_exe;
+  nb_data_iter *it;
+  nb_data_map *eval_ds;
+  nb_ckpt_manager *ckpt;
+  FILE *metrics;
+  nb_prof_tb *tb;              /* TensorBoard event file in DIR */
+  bool warned;                 /* a TensorBoard/report failure was logged once */
+  int64_t step, last_saved;
+  double elapsed_before;       /* seconds of earlier runs (from the checkpoint) */
+  double t0;
+  char dir[NB_TRAIN_PATH_MAX];
+} trainer;
+
+static nb_status save(trainer *t, bool emergency) {
+  if (t->step == t->last_saved) return NB_OK;
+  nb_ctx *ctx = t->ctx;
+  char *ds = nb_data_iter_get_state(t->it);
+  if (!ds) return nb_ctx_status(ctx);
+  size_t cap = strlen(ds) + 256;
+  char *meta = malloc(cap);
+  nb_tree *params = nb_tree_select_prefix(t->st, "params", true), *opt = nb_tree_select_prefix(t->st, "opt_state", true);
+  nb_status s = meta && params && opt ? NB_OK : nb_errorf(ctx, NB_ERR_NOMEM, "train: out of memory saving a checkpoint");
+  if (!s) {
+    snprintf(meta, cap, "{\"step\":%lld,\"seed\":%lld,\"elapsed_s\":%.3f,\"data_state\":%s}", (long long)t->step,
+             (long long)t->cfg->seed, t->elapsed_before + now_s() - t->t0, ds);
+    nb_ckpt_item items[2] = {{"params", params}, {"opt_state", opt}};
+    nb_ckpt_save_opts so = {.metadata_json = meta, .force = true};
+    s = emergency ? nb_ckpt_emergency_save(t->ckpt, t->step, items, 2, &so)
+                  : nb_ckpt_save(t->ckpt, t->step, items, 2, &so, NULL);
+  }
+  if (!s) t->last_saved = t->step;
+  nb_tree_destroy(params);
+  nb_tree_destroy(opt);
+  free(meta);
+  nb_data_state_free(ctx, ds);
+  return s;
+}
+
+/* Restores the latest checkpoint, if any, into t->st and the iterator. */
+static nb_status restore(trainer *t) {
+  nb_ctx *ctx = t->ctx;
+  int64_t latest = -1;
+  nb_status s = nb_ckpt_latest_step(t->ckpt, &latest);
+  if (s || latest < 0) return s;
+  nb_tree *target = nb_tree_create(ctx);
+  if (!target) return NB_ERR_NOMEM;
+  for (size_t i = 0; i < nb_tree_size(t->st); i++)
+    if ((s = nb_tree_set(target, nb_tree_path(t->st, i), nb_leaf_aval(nb_leaf_get_aval(nb_tree_leaf(t->st, i))))))
+      break;
+  /* fresh host arrays, not file mappings: the step writes into them in place */
+  nb_ckpt_restore_opts ro = {.target = target, .no_mmap = true};
+  nb_tree *r = s ? NULL : nb_ckpt_restore(t->ckpt, latest, &ro);
+  nb_tree_destroy(target);
+  if (!r) return nb_errorf(ctx, nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_INTERNAL,
+                           "train: restoring step %lld from %s/checkpoints (delete it to start over, or check that "
+                           "the model config matches): %s",
+                           (long long)latest, t->dir, nb_ctx_error(ctx));
+  nb_tree_destroy(t->st);
+  t->st = r;
+  nb_ckpt_info *info = nb_ckpt_info_load(t->ckpt, latest);
+  const char *meta = info ? nb_ckpt_info_metadata(info) : NULL;
+  cJSON *j = meta ? cJSON_Parse(meta) : NULL;
+  const cJSON *ds = j ? cJSON_GetObjectItemCaseSensitive(j, "data_state") : NULL;
+  const cJSON *el = j ? cJSON_GetObjectItemCaseSensitive(j, "elapsed_s") : NULL;
+  char *dstxt = ds ? cJSON_PrintUnformatted(ds) : NULL;
+  if (!dstxt) s = nb_errorf(ctx, NB_ERR_FORMAT, "train: checkpoint step %lld has no data_state in its metadata", (long long)latest);
+  else s = nb_data_iter_set_state(t->it, dstxt);
+  if (cJSON_IsNumber(el)) t->elapsed_before = el->valuedouble;
+  cJSON_free(dstxt);
+  cJSON_Delete(j);
+  nb_ckpt_info_destroy(info);
+  if (!s) t->step = t->last_saved = latest;
+  return s;
+}
+
+static double scalar_out(const nb_tree *out, const char *path) {
+  nb_array *a = nb_tree_get_array(out, path);
+  return a ? nb_array_get(a, 0) : NAN;
+}
+
+static nb_status run_eval(trainer *t, double *loss) {
+  nb_ctx *ctx = t->ctx;
+  double sum = 0;
+  nb_status s = NB_OK;
+  for (int64_t i = 0; i < t->cfg->eval_steps && !s; i++) {
+    nb_data_elem b = NB_DATA_ELEM_INIT;
+    nb_tree *in = nb_tree_select_prefix(t->st, "params", false), *out = nb_tree_create(ctx);
+    s = in && out ? nb_data_map_get(t->eval_ds, i, &b) : NB_ERR_NOMEM;
+    if (!s) s = nb_tree_merge(in, "batch", b.tree);
+    if (!s) s = nb_exe_run(t->eval_exe, in, out);
+    if (!s) sum += scalar_out(out, "loss");
+    nb_data_elem_clear(ctx, &b);
+    nb_tree_destroy(in);
+    nb_tree_destroy(out);
+  }
+  *loss = sum / (double)t->cfg->eval_steps;
+  return s;
+}
+
+/* ---------------------------------------------------------------- set-up */
+
+static nb_status setup(trainer *t, nb_train_start_info *info) {
+  nb_ctx *ctx = t->ctx;
+  const nb_model_run_config *c = t->cfg;
+  double t_setup = now_s();
+  nb_status s = nb__train_data_open(ctx, c, t->dir, &t->data);
+  if (s) return s;
+  nb_array *key = nb_key(ctx, (uint64_t)c->seed);
+  nb_tree *params = key ? nb_model_init(ctx, &c->model, key) : NULL;
+  nb_array_release(key);
+  nb_optim_tx *tx = params ? nb_train_optimizer(ctx, c) : NULL;
+  nb_tree *opt = tx ? nb_optim_init_arrays(ctx, tx, params) : NULL;
+  nb_optim_tx_destroy(tx);
+  t->st = opt ? nb_tree_create(ctx) : NULL;
+  if (!t->st || nb_tree_merge(t->st, "params", params) || nb_tree_merge(t->st, "opt_state", opt)) s = nb_ctx_status(ctx);
+  info->n_params = params ? nb_nn_params_count(params) : 0;
+  if (!s) {
+    nb_graph *g = nb_train_trace_step(ctx, c, params, opt);
+    nb_graph *eg = g ? nb_train_trace_eval(ctx, c, params) : NULL;
+    const char *donate[] = {"params", "opt_state", NULL};
+    nb_jit_opts jo = {.donate = donate, .threads = t->opts->threads};
+    t->step_exe = eg ? nb_jit(ctx, g, &jo) : NULL;
+    t->eval_exe = t->step_exe ? nb_jit(ctx, eg, &(nb_jit_opts){.threads = t->opts->threads}) : NULL;
+    if (g) {
+      double bytes;
+      nb_graph_cost(g, &info->graph_flops_per_step, &bytes);
+    }
+    nb_graph_destroy(g);
+    nb_graph_destroy(eg);
+    if (!t->eval_exe) s = nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_INTERNAL;
+  }
+  nb_tree_destroy(params);
+  nb_tree_destroy(opt);
+  if (s) return s;
+  t->it = nb__train_data_iter(ctx, &t->data, c);
+  t->eval_ds = t->it ? nb__train_eval_batches(ctx, &t->data, c) : NULL;
+  if (!t->eval_ds) return nb_ctx_status(ctx);
+  char ck[NB_TRAIN_PATH_MAX + 16];
+  snprintf(ck, sizeof ck, "%s/checkpoints", t->dir);
+  nb_ckpt_options co = {.directory = ck, .max_to_keep = (int)c->checkpoint_keep, .async = true};
+  t->ckpt = nb_ckpt_manager_create(ctx, &co);
+  if (!t->ckpt) return nb_ctx_status(ctx);
+  t->last_saved = -1;
+  if ((s = restore(t))) return s;
+  char mp[NB_TRAIN_PATH_MAX + 16];
+  snprintf(mp, sizeof mp, "%s/metrics.jsonl", t->dir);
+  if ((s = truncate_metrics(ctx, mp, t->step))) return s;
+  t->metrics = fopen(mp, "a");
+  if (!t->metrics) return nb_errorf(ctx, NB_ERR_IO, "train: cannot open %s: %s", mp, strerror(errno));
+  t->tb = nb_prof_tb_create(ctx, t->dir);
+  if (!t->tb) return nb_ctx_status(ctx);
+  double tokens = (double)(c->batch_size * c->data.seq_len);
+  info->start_step = t->step;
+  info->total_steps = c->steps;
+  info->train_windows = t->data.n_train;
+  info->eval_windows = t->data.n_eval;
+  info->vocab_size = t->data.vocab;
+  info->unigram_entropy = t->data.entropy;
+  info->flops_per_step = 6.0 * (double)info->n_params * tokens +
+                         12.0 * (double)(c->model.n_layers * c->model.n_heads * nb_model_head_dim(&c->model)) *
+                             (double)c->data.seq_len * tokens;
+  info->peak_flops = t->opts->peak_flops;
+  info->compile_s = now_s() - t_setup;
+  info->train_shard = t->data.train_shard;
+  info->eval_shard = t->data.eval_shard[0] ? t->data.eval_shard : t->data.train_shard;
+  return NB_OK;
+}
+
+static void teardown(trainer *t) {
+  if (t->ckpt) {
+    nb_status s = nb_ckpt_wait_until_finished(t->ckpt);
+    if (s) nb_logf(t->ctx, NB_LOG_ERROR, "train: background checkpoint save failed: %s", nb_ctx_error(t->ctx));
+  }
+  nb_ckpt_manager_destroy(t->ckpt);
+  if (t->metrics) fclose(t->metrics);
+  nb_prof_tb_destroy(t->tb);
+  nb_data_iter_destroy(t->it);
+  nb_data_map_release(t->eval_ds);
+  nb_exe_destroy(t->step_exe);
+  nb_exe_destroy(t->eval_exe);
+  nb_tree_destroy(t->st);
+  nb__train_data_close(&t->data);
+}
+
+/* ---------------------------------------------------------------- the loop */
+
+/* One step: next batch, the compiled step, the state swapped for the outputs. */
+static nb_status one_step(trainer *t, nb_train_step_info *si, double *exe_ms, double *data_ms) {
+  nb_ctx *ctx = t->ctx;
+  double a = now_s();
+  nb_data_elem b = NB_DATA_ELEM_INIT;
+  nb_status s = nb_data_iter_next(t->it, &b);
+  if (!s && b.kind != NB_DATA_TREE) s = nb_errorf(ctx, NB_ERR_INTERNAL, "train: the training data ended");
+  nb_array *step = s ? NULL : nb_array_scalar(ctx, NB_I32, (double)t->step);
+  if (!s && !step) s = nb_ctx_status(ctx);
+  if (!s) s = nb_tree_merge(t->st, "batch", b.tree);
+  if (!s) s = nb_tree_set_array(t->st, "step", step);
+  nb_array_release(step);
+  nb_data_elem_clear(ctx, &b);
+  double m = now_s();
+  nb_tree *out = nb_tree_create(ctx);
+  if (!s) s = out ? nb_exe_run(t->step_exe, t->st, out) : NB_ERR_NOMEM;
+  *exe_ms = (now_s() - m) * 1e3;
+  *data_ms = (m - a) * 1e3;
+  /* the batch and step leave the state; the outputs replace params/opt_state */
+  if (!s) s = nb_tree_remove(t->st, "batch/inputs");
+  if (!s) s = nb_tree_remove(t->st, "batch/targets");
+  if (!s) s = nb_tree_remove(t->st, "step");
+  for (size_t i = 0; !s && i < nb_tree_size(out); i++) {
+    const char *p = nb_tree_path(out, i);
+    if (!strncmp(p, "params/", 7) || !strncmp(p, "opt_state/", 10)) s = nb_tree_set_array(t->st, p, nb_tree_leaf(out, i)->array);
+  }
+  if (!s) {
+    si->loss = scalar_out(out, "loss");
+    si->lr = scalar_out(out, "lr");
+    si->grad_norm = scalar_out(out, "grad_norm");
+    t->step++;
+  }
+  nb_tree_destroy(out);
+  return s;
+}
+
+static void write_record(trainer *t, const nb_train_step_info *si) {
+  FILE *f = t->metrics;
+  fprintf(f, "{\"step\":%lld", (long long)si->step);
+  jnum(f, "loss", si->loss);
+  jnum(f, "lr", si->lr);
+  jnum(f, "grad_norm", si->grad_norm);
+  jnum(f, "tokens_per_s", si->tokens_per_s);
+  jnum(f, "mfu", si->mfu);
+  jnum(f, "elapsed_s", si->elapsed_s);
+  fprintf(f, ",\"tokens\":%lld}\n", (long long)(si->step * t->cfg->batch_size * t->cfg->data.seq_len));
+  fflush(f);
+}
+
+static void write_eval(trainer *t, int64_t step, double loss) {
+  fprintf(t->metrics, "{\"step\":%lld", (long long)step);
+  jnum(t->metrics, "eval_loss", loss);
+  fputs("}\n", t->metrics);
+  fflush(t->metrics);
+}
+
+/* TensorBoard and the report are for people to look at: a failure is
+ * logged (once) and training goes on. */
+static void diag(trainer *t, nb_status s) {
+  if (s && !t->warned) {
+    nb_logf(t->ctx, NB_LOG_WARN, "train: TensorBoard/report: %s (training continues)", nb_ctx_error(t->ctx));
+    t->warned = true;
+  }
+}
+
+static void tb_train(trainer *t, const nb_train_step_info *si) {
+  nb_status s = nb_prof_tb_scalar(t->tb, "train/loss", si->step, si->loss);
+  if (!s) s = nb_prof_tb_scalar(t->tb, "train/lr", si->step, si->lr);
+  if (!s) s = nb_prof_tb_scalar(t->tb, "train/grad_norm", si->step, si->grad_norm);
+  if (!s) s = nb_prof_tb_scalar(t->tb, "train/tokens_per_s", si->step, si->tokens_per_s);
+  if (!s && isfinite(si->mfu)) s = nb_prof_tb_scalar(t->tb, "train/mfu", si->step, si->mfu);
+  if (!s) s = nb_prof_tb_flush(t->tb);
+  diag(t, s);
+}
+
+static void tb_eval(trainer *t, int64_t step, double loss) {
+  nb_status s = nb_prof_tb_scalar(t->tb, "eval/loss", step, loss);
+  if (!s) s = nb_prof_tb_flush(t->tb);
+  diag(t, s);
+}
+
+static void report(trainer *t) {
+  char mp[NB_TRAIN_PATH_MAX + 16], rp[NB_TRAIN_PATH_MAX + 16];
+  snprintf(mp, sizeof mp, "%s/metrics.jsonl", t->dir);
+  snprintf(rp, sizeof rp, "%s/report.html", t->dir);
+  diag(t, nb_prof_report_html(t->ctx, mp, rp, t->dir));
+}
+
+nb_status nb_train_run(nb_ctx *ctx, const nb_model_run_config *cfg, const nb_train_opts *opts, nb_train_result *out) {
+  nb_train_result res = {.final_loss = NAN, .last_eval_loss = NAN, .exe_ms_median = NAN, .iter_ms_median = NAN};
+  if (out) *out = res;
+  if (!cfg || !opts || !opts->run_dir || !opts->run_dir[0])
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train: need a config and options with a run_dir");
+  nb_status s = nb_model_run_config_validate(ctx, cfg);
+  if (s) return s;
+  trainer t = {.ctx = ctx, .cfg = cfg, .opts = opts, .t0 = now_s()};
+  if (snprintf(t.dir, sizeof t.dir, "%s", opts->run_dir) >= (int)sizeof t.dir)
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train: run_dir too long");
+  if ((s = nb__train_mkdir_p(ctx, t.dir)) || (s = write_config(ctx, t.dir, cfg))) return s;
+  nb_train_start_info info = {0};
+  s = setup(&t, &info);
+  if (s) {
+    teardown(&t);
+    return s;
+  }
+  res.start_step = res.final_step = t.step;
+  if (opts->on_start) opts->on_start(opts->ud, &info);
+  if (opts->handle_signals && (s = nb_ckpt_preemption_install(ctx))) {
+    teardown(&t);
+    return s;
+  }
+  int64_t n = cfg->steps > t.step ? cfg->steps - t.step : 0;
+  double *exe_ms = calloc((size_t)n + 1, sizeof *exe_ms), *iter_ms = calloc((size_t)n + 1, sizeof *iter_ms);
+  if (!exe_ms || !iter_ms) s = nb_errorf(ctx, NB_ERR_NOMEM, "train: out of memory");
+  double tokens = (double)(cfg->batch_size * cfg->data.seq_len), t_log = now_s();
+  int64_t since_log = 0;
+  double t_loop = now_s();
+  while (!s && t.step < cfg->steps) {
+    double a = now_s(), ems = 0, dms = 0, eval_t = 0;
+    nb_train_step_info si = {.total_steps = cfg->steps, .tokens_per_s = NAN, .mfu = NAN, .eval_loss = NAN};
+    if ((s = one_step(&t, &si, &ems, &dms))) break;
+    si.step = t.step;
+    since_log++;
+    res.final_loss = si.loss;
+    si.logged = t.step % cfg->log_every == 0 || t.step == cfg->steps;
+    if (si.logged) {
+      double dt = now_s() - t_log;
+      si.tokens_per_s = dt > 0 ? tokens * (double)since_log / dt : NAN;
+      if (opts->peak_flops > 0 && dt > 0) si.mfu = info.flops_per_step * (double)since_log / dt / opts->peak_flops;
+      si.elapsed_s = t.elapsed_before + now_s() - t.t0;
+      write_record(&t, &si);
+      tb_train(&t, &si);
+    }
+    if (cfg->eval_every > 0 && cfg->eval_steps > 0 && (t.step % cfg->eval_every == 0 || t.step == cfg->steps)) {
+      double e0 = now_s();
+      if ((s = run_eval(&t, &si.eval_loss))) break;
+      si.has_eval = true;
+      res.last_eval_loss = si.eval_loss;
+      write_eval(&t, t.step, si.eval_loss);
+      tb_eval(&t, t.step, si.eval_loss);
+      eval_t = now_s() - e0;
+      res.eval_s += eval_t;
+    }
+    bool stop = opts->should_stop && opts->should_stop(opts->ud, t.step);
+    bool preempt = opts->handle_signals && nb_ckpt_preemption_requested();
+    bool ckpt = (cfg->checkpoint_every > 0 && t.step % cfg->checkpoint_every == 0) || t.step == cfg->steps;
+    double c0 = now_s();
+    if (preempt) s = save(&t, true);
+    else if (ckpt || stop) s = save(&t, false);
+    if (!s && (ckpt || stop || preempt || si.has_eval)) report(&t);
+    res.ckpt_s += now_s() - c0;
+    si.elapsed_s = t.elapsed_before + now_s() - t.t0;
+    si.step_ms = (now_s() - a - eval_t) * 1e3;
+    exe_ms[res.steps_run] = ems;
+    iter_ms[res.steps_run] = si.step_ms;
+    res.steps_run++;
+    res.exe_s += ems * 1e-3;
+    res.data_s += dms * 1e-3;
+    if (si.logged) {
+      t_log = now_s();
+      since_log = 0;
+    }
+    if (opts->on_step) opts->on_step(opts->ud, &si);
+    if (preempt || stop) {
+      res.preempted = preempt;
+      res.stopped = stop && !preempt;
+      break;
+    }
+  }
+  res.wall_s = now_s() - t_loop;
+  res.final_step = t.step;
+  res.exe_ms_median = median(exe_ms, res.steps_run);
+  res.iter_ms_median = median(iter_ms, res.steps_run);
+  free(exe_ms);
+  free(iter_ms);
+  if (opts->handle_signals) {
+    nb_ckpt_preemption_uninstall();
+    nb_ckpt_preemption_clear();
+  }
+  if (!s) {
+    s = nb_ckpt_wait_until_finished(t.ckpt);
+    if (!s) report(&t);
+  }
+  /* teardown may record errors of its own: the caller gets the first one */
+  char *msg = s ? strdup(nb_ctx_error(ctx)) : NULL;
+  teardown(&t);
+  if (s) nb_errorf(ctx, s, "%s", msg ? msg : "train: failed (out of memory for the message)");
+  free(msg);
+  if (out) *out = res;
+  return s;
+}

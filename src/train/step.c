@@ -1,0 +1,213 @@
+/* The trainer's graphs: the learning-rate schedule and optimizer built from
+ * a run config, the training step (value_and_grad over grad_accum
+ * micro-batches + clipping + optimizer update, one graph) and the eval loss.
+ * No host work here: the loop that runs these lives in run.c. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "nabla/train.h"
+
+/* Weight decay only on matrices (kernels, embeddings), not biases or norms. */
+#define DECAY_MASK "(kernel|embedding)$"
+
+nb_optim_schedule *nb_train_schedule(nb_ctx *ctx, const nb_model_run_config *c) {
+  if (!c) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train schedule: NULL config"), NULL;
+  double lr = c->optim.lr, end = lr * c->schedule.min_lr_ratio;
+  int64_t warm = c->schedule.warmup_steps;
+  int64_t decay = c->schedule.decay_steps ? c->schedule.decay_steps : c->steps - warm;
+  if (decay < 1) decay = 1; /* the run ends inside the warmup: any decay length will do */
+  nb_optim_schedule *after = NULL;
+  switch (c->schedule.kind) {
+  case NB_SCHEDULE_CONSTANT: after = nb_optim_constant(ctx, lr); break;
+  case NB_SCHEDULE_LINEAR: after = nb_optim_linear(ctx, lr, end, decay, 0); break;
+  case NB_SCHEDULE_COSINE: after = nb_optim_cosine_decay(ctx, lr, decay, c->schedule.min_lr_ratio, 1); break;
+  default: return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train schedule: schedule.kind %d unknown", c->schedule.kind), NULL;
+  }
+  if (!after || warm == 0) return after;
+  nb_optim_schedule *parts[2] = {nb_optim_linear(ctx, 0, lr, warm, 0), after};
+  if (!parts[0]) {
+    nb_optim_schedule_destroy(after);
+    return NULL;
+  }
+  return nb_optim_join_schedules(ctx, 2, parts, &warm);
+}
+
+nb_optim_tx *nb_train_optimizer(nb_ctx *ctx, const nb_model_run_config *c) {
+  nb_optim_schedule *lr = nb_train_schedule(ctx, c);
+  if (!lr) return NULL;
+  nb_optim_tx *txs[3];
+  int n = 0;
+  if (c->optim.grad_clip > 0) txs[n++] = nb_optim_clip_by_global_norm(ctx, c->optim.grad_clip);
+  double wd = c->optim.weight_decay;
+  switch (c->optim.name) {
+  case NB_OPTIM_ADAMW:
+    txs[n++] = nb_optim_adamw(ctx, lr, c->optim.b1, c->optim.b2, c->optim.eps, wd, DECAY_MASK);
+    break;
+  case NB_OPTIM_ADAM: /* weight_decay as an L2 term on the gradient (PyTorch's Adam) */
+    if (wd > 0) txs[n++] = nb_optim_add_decayed_weights(ctx, wd, DECAY_MASK);
+    txs[n++] = nb_optim_adam(ctx, lr, c->optim.b1, c->optim.b2, c->optim.eps);
+    break;
+  case NB_OPTIM_SGD:
+    if (wd > 0) txs[n++] = nb_optim_add_decayed_weights(ctx, wd, DECAY_MASK);
+    txs[n++] = nb_optim_sgd(ctx, lr, c->optim.momentum, false);
+    break;
+  default:
+    nb_optim_schedule_destroy(lr);
+    while (n) nb_optim_tx_destroy(txs[--n]);
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train optimizer: optim.name %d unknown", c->optim.name), NULL;
+  }
+  for (int i = 0; i < n; i++)
+    if (!txs[i]) { /* a failed constructor already destroyed what it took */
+      for (int j = 0; j < n; j++) nb_optim_tx_destroy(txs[j]);
+      return NULL;
+    }
+  return n == 1 ? txs[0] : nb_optim_chain(ctx, n, txs);
+}
+
+/* ---------------------------------------------------------------- the step */
+
+typedef struct step_job {
+  const nb_model_run_config *cfg;
+  const nb_graph *vg;          /* value_and_grad of the micro-batch loss */
+  const nb_optim_tx *tx;
+  const nb_optim_schedule *lr;
+  bool rng;                    /* vg takes "rng" (dropout) */
+} step_job;
+
+static nb_val *add_or_set(nb_val *acc, nb_val *x) { return acc ? nb_add(acc, x) : x; }
+
+static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
+  const step_job *job = u;
+  nb_ctx *ctx = nb_graph_ctx(g);
+  const nb_model_run_config *c = job->cfg;
+  int64_t A = c->grad_accum, mb = c->batch_size / A, T = c->data.seq_len;
+  nb_val *step = nb_tree_get_val(in, "step");
+  nb_val *inputs = nb_tree_get_val(in, "batch/inputs"), *targets = nb_tree_get_val(in, "batch/targets");
+  nb_tree *params = nb_tree_select_prefix(in, "params", true), *state = nb_tree_select_prefix(in, "opt_state", true);
+  nb_tree *grads = nb_tree_create(ctx), *metrics = nb_tree_create(ctx);
+  nb_tree *updates = nb_tree_create(ctx), *new_state = nb_tree_create(ctx), *new_params = nb_tree_create(ctx);
+  nb_status s = params && state && grads && metrics && updates && new_state && new_params ? NB_OK : NB_ERR_NOMEM;
+  nb_val *loss = NULL, *key = NULL;
+  if (!s && job->rng) key = nb_random_fold_in(nb_random_key(g, (uint64_t)c->seed), step);
+  /* micro-batch k: rows [k*mb, (k+1)*mb) of the batch; grads and metrics summed, then averaged */
+  for (int64_t k = 0; k < A && !s; k++) {
+    nb_tree *call_in = nb_tree_create(ctx), *call_out = nb_tree_create(ctx);
+    if (!call_in || !call_out) s = NB_ERR_NOMEM;
+    if (!s) s = nb_tree_merge(call_in, "params", params);
+    int64_t lo[2] = {k * mb, 0}, hi[2] = {(k + 1) * mb, T};
+    nb_val *xi = A > 1 ? nb_slice(inputs, lo, hi, NULL) : inputs, *yi = A > 1 ? nb_slice(targets, lo, hi, NULL) : targets;
+    if (!s) s = nb_tree_set_val(call_in, "batch/inputs", xi);
+    if (!s) s = nb_tree_set_val(call_in, "batch/targets", yi);
+    if (!s && key) s = nb_tree_set_val(call_in, "rng", A > 1 ? nb_random_fold_in(key, nb_scalar(g, NB_U32, (double)k)) : key);
+    if (!s) s = nb_graph_call(g, job->vg, call_in, call_out);
+    for (size_t i = 0; !s && i < nb_tree_size(call_out); i++) {
+      const char *p = nb_tree_path(call_out, i);
+      nb_val *v = nb_tree_leaf(call_out, i)->val;
+      if (!strcmp(p, "loss")) {
+        loss = add_or_set(loss, v);
+      } else if (!strncmp(p, "grad/params/", 12)) {
+        s = nb_tree_set_val(grads, p + 12, add_or_set(k ? nb_tree_get_val(grads, p + 12) : NULL, v));
+      } else if (!strncmp(p, "aux/metrics/", 12)) {
+        s = nb_tree_set_val(metrics, p + 12, add_or_set(k ? nb_tree_get_val(metrics, p + 12) : NULL, v));
+      }
+    }
+    nb_tree_destroy(call_in);
+    nb_tree_destroy(call_out);
+  }
+  if (!s && A > 1) { /* means of means: equal micro-batches, so the big-batch mean */
+    nb_val *inv = nb_scalar(g, NB_F32, 1.0 / (double)A);
+    loss = nb_mul(loss, inv);
+    for (size_t i = 0; !s && i < nb_tree_size(grads); i++) {
+      nb_val *v = nb_tree_leaf(grads, i)->val;
+      s = nb_tree_set_val(grads, nb_tree_path(grads, i), nb_mul(v, nb_convert(inv, nb_val_dtype(v))));
+    }
+    for (size_t i = 0; !s && i < nb_tree_size(metrics); i++) {
+      const char *p = nb_tree_path(metrics, i);
+      nb_val *v = nb_tree_leaf(metrics, i)->val;
+      if (strcmp(p, "tokens") != 0 && nb_dtype_is_float(nb_val_dtype(v)))
+        s = nb_tree_set_val(metrics, p, nb_mul(v, nb_convert(inv, nb_val_dtype(v))));
+    }
+  }
+  if (!s) s = nb_tree_set_val(out, "loss", loss);
+  if (!s) s = nb_tree_set_val(out, "grad_norm", nb_optim_global_norm(g, grads));
+  if (!s) s = nb_tree_set_val(out, "lr", nb_optim_schedule_trace(job->lr, step));
+  if (!s) s = nb_tree_merge(out, "metrics", metrics);
+  if (!s) s = nb_optim_update(job->tx, g, grads, state, params, updates, new_state);
+  if (!s) s = nb_optim_apply_updates(g, params, updates, new_params);
+  if (!s) s = nb_tree_merge(out, "params", new_params);
+  if (!s) s = nb_tree_merge(out, "opt_state", new_state);
+  nb_tree_destroy(params);
+  nb_tree_destroy(state);
+  nb_tree_destroy(grads);
+  nb_tree_destroy(metrics);
+  nb_tree_destroy(updates);
+  nb_tree_destroy(new_state);
+  nb_tree_destroy(new_params);
+  return s;
+}
+
+static nb_tree *batch_spec(nb_ctx *ctx, int64_t rows, int64_t T) {
+  nb_tree *b = nb_tree_create(ctx);
+  int64_t d[2] = {rows, T};
+  if (b && (nb_tree_set(b, "inputs", nb_leaf_aval(nb_aval_make(NB_I32, 2, d))) ||
+            nb_tree_set(b, "targets", nb_leaf_aval(nb_aval_make(NB_I32, 2, d))))) {
+    nb_tree_destroy(b);
+    return NULL;
+  }
+  return b;
+}
+
+static nb_status check_supported(nb_ctx *ctx, const nb_model_run_config *c) {
+  if (c->precision.params != NB_F32 || c->precision.compute != NB_F32)
+    return nb_errorf(ctx, NB_ERR_UNIMPLEMENTED,
+                     "train: precision.params=%s, precision.compute=%s: the trainer supports only f32 for both "
+                     "(bf16 is not validated through the jit training path)",
+                     nb_dtype_name(c->precision.params), nb_dtype_name(c->precision.compute));
+  if (c->batch_size % c->grad_accum)
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train: batch_size (%lld) must be a multiple of grad_accum (%lld)",
+                     (long long)c->batch_size, (long long)c->grad_accum);
+  return NB_OK;
+}
+
+nb_graph *nb_train_trace_step(nb_ctx *ctx, const nb_model_run_config *c, const nb_tree *param_spec,
+                              const nb_tree *opt_state_spec) {
+  if (!c || !param_spec || !opt_state_spec)
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train step: NULL config or spec"), NULL;
+  if (nb_model_run_config_validate(ctx, c) || check_supported(ctx, c)) return NULL;
+  bool dropout = c->model.dropout > 0 || c->model.attn_dropout > 0;
+  nb_model_trace_opts mo = {.train = dropout, .remat = c->remat == NB_REMAT_BLOCK, .dtype = NB_F32};
+  nb_tree *bs = batch_spec(ctx, c->batch_size / c->grad_accum, c->data.seq_len);
+  nb_graph *loss = bs ? nb_model_trace_loss(ctx, &c->model, &mo, param_spec, bs) : NULL;
+  nb_graph *vg = loss ? nb_value_and_grad(ctx, loss, &(nb_grad_opts){.wrt = "params", .has_aux = true}) : NULL;
+  nb_optim_tx *tx = vg ? nb_train_optimizer(ctx, c) : NULL;
+  nb_optim_schedule *lr = tx ? nb_train_schedule(ctx, c) : NULL;
+  nb_graph *g = NULL;
+  nb_tree *spec = lr ? nb_tree_create(ctx) : NULL;
+  if (spec && !nb_tree_merge(spec, "params", param_spec) && !nb_tree_merge(spec, "opt_state", opt_state_spec) &&
+      !nb_tree_set(spec, "step", nb_leaf_aval(nb_aval_make(NB_I32, 0, NULL)))) {
+    nb_tree_destroy(bs);
+    bs = batch_spec(ctx, c->batch_size, c->data.seq_len);
+    if (bs && !nb_tree_merge(spec, "batch", bs)) {
+      step_job job = {.cfg = c, .vg = vg, .tx = tx, .lr = lr, .rng = dropout};
+      g = nb_trace(ctx, step_fn, &job, spec);
+    }
+  }
+  nb_tree_destroy(spec);
+  nb_tree_destroy(bs);
+  nb_graph_destroy(loss);
+  nb_graph_destroy(vg);
+  nb_optim_tx_destroy(tx);
+  nb_optim_schedule_destroy(lr);
+  return g;
+}
+
+nb_graph *nb_train_trace_eval(nb_ctx *ctx, const nb_model_run_config *c, const nb_tree *param_spec) {
+  if (!c || !param_spec) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train eval: NULL config or spec"), NULL;
+  if (nb_model_run_config_validate(ctx, c) || check_supported(ctx, c)) return NULL;
+  nb_model_trace_opts mo = {.train = false, .dtype = NB_F32};
+  nb_tree *bs = batch_spec(ctx, c->batch_size, c->data.seq_len);
+  nb_graph *g = bs ? nb_model_trace_loss(ctx, &c->model, &mo, param_spec, bs) : NULL;
+  nb_tree_destroy(bs);
+  return g;
+}

@@ -1,0 +1,200 @@
+/* `nabla train`: runs (or resumes) a training into a run directory.
+ *   nabla train [CONFIG.yaml] [--run-dir DIR] [--peak-gflops X] [--threads N] [key=value ...]
+ * Without CONFIG: the default tiny GPT on data/corpus/kjv.txt (scripts/corpus.sh)
+ * in runs/default. One line per log_every steps; Ctrl-C checkpoints and
+ * exits (the same command resumes). The loop itself is nb_train_run. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "nabla/nabla.h"
+
+/* The default run: gpt2-tiny (byte-level vocabulary) on the default corpus,
+ * a few minutes on a 2-core CPU (see docs/train.md for the numbers). */
+static const char default_yaml[] =
+    "model:\n"
+    "  preset: gpt2-tiny\n"
+    "data:\n"
+    "  train: data/corpus/kjv.txt\n"
+    "  eval: \"\"\n"
+    "  tokenizer: \"\"\n"
+    "  seq_len: 128\n"
+    "  workers: 1\n"
+    "optim:\n"
+    "  name: adamw\n"
+    "  lr: 2.0e-3\n"
+    "  b1: 0.9\n"
+    "  b2: 0.95\n"
+    "  weight_decay: 0.1\n"
+    "  grad_clip: 1.0\n"
+    "schedule:\n"
+    "  kind: cosine\n"
+    "  warmup_steps: 20\n"
+    "  min_lr_ratio: 0.1\n"
+    "batch_size: 16\n"
+    "steps: 200\n"
+    "eval_every: 100\n"
+    "eval_steps: 8\n"
+    "log_every: 10\n"
+    "checkpoint_every: 200\n"
+    "checkpoint_keep: 2\n"
+    "seed: 0\n";
+
+static int usage(void) {
+  fprintf(stderr,
+          "usage: nabla train [CONFIG.yaml] [--run-dir DIR] [--peak-gflops X] [--threads N] [key=value ...]\n"
+          "  CONFIG      a run config (configs/*.yaml); without it, the default tiny GPT on data/corpus/kjv.txt\n"
+          "  --run-dir   where config.yaml, metrics.jsonl and checkpoints/ go (default runs/default, or\n"
+          "              runs/<config name>); an existing run there is resumed from its latest checkpoint\n"
+          "  --peak-gflops  the peak FLOP/s that MFU is relative to (default: $NABLA_PEAK_GFLOPS, else\n"
+          "              cores x MHz x 64 f32 FLOP/cycle, two AVX-512 FMA units)\n"
+          "  key=value   config overrides: steps=100 optim.lr=1e-3 model.n_layers=2 ...\n");
+  return 2;
+}
+
+typedef struct cli {
+  double t_start;
+  double entropy;
+  int64_t start_step;
+} cli;
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static void on_start(void *ud, const nb_train_start_info *in) {
+  cli *c = ud;
+  c->t_start = now_s();
+  c->entropy = in->unigram_entropy;
+  c->start_step = in->start_step;
+  if (in->start_step > 0) printf("resumed from the checkpoint at step %lld\n", (long long)in->start_step);
+  printf("model: %lld parameters; data: %s (%lld train windows), eval %s (%lld windows), vocabulary %lld\n",
+         (long long)in->n_params, in->train_shard, (long long)in->train_windows, in->eval_shard,
+         (long long)in->eval_windows, (long long)in->vocab_size);
+  printf("unigram entropy of the training tokens: %.4f nats/token (%.4f bits): the loss to beat\n",
+         in->unigram_entropy, in->unigram_entropy / log(2.0));
+  printf("model FLOPs/step %.3g (6 N tokens + attention; graph cost %.3g); MFU against an assumed peak of %.1f GFLOP/s\n",
+         in->flops_per_step, in->graph_flops_per_step, in->peak_flops / 1e9);
+  printf("set up and compiled in %.1f s; training steps %lld..%lld\n", in->compile_s, (long long)in->start_step + 1,
+         (long long)in->total_steps);
+  fflush(stdout);
+}
+
+static void hms(double s, char *buf, size_t cap) {
+  if (!isfinite(s) || s < 0) s = 0;
+  long t = (long)(s + 0.5);
+  if (t >= 3600) snprintf(buf, cap, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+  else snprintf(buf, cap, "%ld:%02ld", t / 60, t % 60);
+}
+
+static void on_step(void *ud, const nb_train_step_info *si) {
+  cli *c = ud;
+  if (si->logged) {
+    enum { W = 20 };
+    char bar[W + 1], el[32], eta[32];
+    int fill = (int)(W * si->step / (si->total_steps ? si->total_steps : 1));
+    for (int i = 0; i < W; i++) bar[i] = i < fill ? '#' : '.';
+    bar[W] = 0;
+    double done = (double)(si->step - c->start_step);
+    hms(si->elapsed_s, el, sizeof el);
+    /* the rate of this process's steps (elapsed_s also counts earlier runs) */
+    hms(done > 0 ? (double)(si->total_steps - si->step) * (now_s() - c->t_start) / done : 0, eta, sizeof eta);
+    printf("step %6lld/%lld [%s] loss %.4f  lr %.2e  gnorm %.3f | %7.0f tok/s  MFU %5.2f%% | %s elapsed, ETA %s\n",
+           (long long)si->step, (long long)si->total_steps, bar, si->loss, si->lr, si->grad_norm, si->tokens_per_s,
+           100 * si->mfu, el, eta);
+  }
+  if (si->has_eval) printf("eval  %6lld  eval_loss %.4f (unigram entropy %.4f)\n", (long long)si->step, si->eval_loss, c->entropy);
+  fflush(stdout);
+}
+
+static double default_peak(int threads) {
+  const char *e = getenv("NABLA_PEAK_GFLOPS");
+  if (e && atof(e) > 0) return atof(e) * 1e9;
+  double mhz = 2000;
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  char line[256];
+  while (f && fgets(line, sizeof line, f))
+    if (!strncmp(line, "cpu MHz", 7) && strchr(line, ':')) {
+      mhz = atof(strchr(line, ':') + 1);
+      break;
+    }
+  if (f) fclose(f);
+  return threads * mhz * 1e6 * 64;
+}
+
+int nb_cmd_train(int argc, char **argv) {
+  const char *config = NULL, *run_dir = NULL;
+  double peak = 0;
+  int threads = 0;
+  const char **over = calloc((size_t)argc + 1, sizeof *over);
+  int n_over = 0;
+  if (!over) return 1;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    bool has_next = i + 1 < argc;
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) return free(over), usage();
+    if (!strcmp(a, "--run-dir") && has_next) run_dir = argv[++i];
+    else if (!strcmp(a, "--peak-gflops") && has_next) peak = atof(argv[++i]) * 1e9;
+    else if (!strcmp(a, "--threads") && has_next) threads = atoi(argv[++i]);
+    else if (a[0] == '-') {
+      fprintf(stderr, "nabla train: unknown or incomplete option '%s'\n", a);
+      return free(over), usage();
+    } else if (strchr(a, '=')) over[n_over++] = a;
+    else if (!config) config = a;
+    else {
+      fprintf(stderr, "nabla train: a second config '%s' (overrides are key=value)\n", a);
+      return free(over), usage();
+    }
+  }
+  nb_ctx *ctx = nb_ctx_create();
+  if (!ctx) return free(over), 1;
+  nb_model_run_config cfg;
+  nb_status s = config ? nb_model_run_config_load(ctx, config, n_over, over, &cfg)
+                       : nb_model_run_config_parse(ctx, "<default config>", default_yaml, sizeof default_yaml - 1, n_over,
+                                                   over, &cfg);
+  free(over);
+  if (s) {
+    fprintf(stderr, "nabla train: %s\n", nb_ctx_error(ctx));
+    nb_ctx_destroy(ctx);
+    return 1;
+  }
+  char dir[1024];
+  if (run_dir) snprintf(dir, sizeof dir, "%s", run_dir);
+  else if (!config) snprintf(dir, sizeof dir, "runs/default");
+  else {
+    const char *b = strrchr(config, '/') ? strrchr(config, '/') + 1 : config;
+    size_t n = strcspn(b, ".");
+    snprintf(dir, sizeof dir, "runs/%.*s", (int)n, b);
+  }
+  if (threads <= 0) threads = getenv("NABLA_THREADS") ? atoi(getenv("NABLA_THREADS")) : 0;
+  if (threads <= 0) threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+  if (peak <= 0) peak = default_peak(threads);
+  printf("nabla train: run dir %s, config %s, %d threads\n", dir, config ? config : "<default: gpt2-tiny on data/corpus/kjv.txt>",
+         threads);
+  cli c = {0};
+  nb_train_opts o = {.run_dir = dir, .peak_flops = peak, .threads = threads, .handle_signals = true,
+                     .on_start = on_start, .on_step = on_step, .ud = &c};
+  nb_train_result r;
+  s = nb_train_run(ctx, &cfg, &o, &r);
+  int rc = 0;
+  if (s) {
+    fprintf(stderr, "nabla train: %s\n", nb_ctx_error(ctx));
+    if (!config && strstr(nb_ctx_error(ctx), "data/corpus/kjv.txt"))
+      fprintf(stderr, "hint: scripts/corpus.sh installs the default corpus\n");
+    rc = 1;
+  } else if (r.preempted) {
+    printf("interrupted: checkpoint at step %lld in %s/checkpoints; run the same command to resume\n",
+           (long long)r.final_step, dir);
+  } else {
+    printf("done: step %lld, loss %.4f, eval loss %.4f, unigram entropy %.4f nats/token; step %.1f ms (median), "
+           "loop iteration %.1f ms (median)\n",
+           (long long)r.final_step, r.final_loss, r.last_eval_loss, c.entropy, r.exe_ms_median, r.iter_ms_median);
+  }
+  nb_ctx_destroy(ctx);
+  return rc;
+}
