@@ -721,7 +721,7 @@ static int store_groups(cg *g, int *group) {
 /* TILE: a whole block of TILE runs (TILE values of the second-last
  * variable, all of the last) goes tile by tile; a partial block at either
  * end of [lo, hi) goes run by run, through the same loops. */
-static void emit_tiled(cg *g) {
+static void emit_tiled(cg *g, bool alias) {
   const nb_kernel *k = g->k;
   nb_jit_text *t = g->t;
   int x = k->ro - 1, y = k->ro - 2;
@@ -733,18 +733,23 @@ static void emit_tiled(cg *g) {
   nb_jit__printf(t, "    const int64_t x1_ = tile_ ? INT64_C(%lld) : s_ + (INT64_C(%lld) - s_ < hi - o_ ? INT64_C(%lld) - s_ : hi - o_);\n", dx,
                  dx, dx);
   int *group = (int *)g->scratch;
-  int ngroups = store_groups(g, group);
+  /* with a donated input among the arguments, one group: a group's store
+   * could overwrite what another group's loads (of the donor) read later */
+  int ngroups = 1;
+  if (alias) memset(group, 0, sizeof(int) * (size_t)k->nstores);
+  else ngroups = store_groups(g, group);
   for (int gi = 0; gi < ngroups; gi++) {
     nb_jit__printf(t, "    for (int64_t xb_ = x0_; xb_ < x1_; xb_ += %d) {\n", TILE);
     nb_jit__printf(t, "      const int64_t xe_ = xb_ + %d < x1_ ? xb_ + %d : x1_;\n", TILE, TILE);
     nb_jit__printf(t, "      for (int64_t yy_ = 0; yy_ < ny_; yy_++) {\n        const int64_t i%d = y%d + yy_;\n", y, y);
     nb_jit__printf(t, "        NBX_IVDEP for (int64_t i%d = xb_; i%d < xe_; i%d++) {\n", x, x, x);
+    /* every value of the group before any store: a store may overwrite a
+     * donated input that a later cone reads at the same element */
     memset(g->emitted, 0, (size_t)k->nnodes + 1);
     for (int st = 0; st < k->nstores; st++)
-      if (group[st] == gi) {
-        emit_cone(g, k->stores[st].node, 5);
-        emit_store(g, &k->stores[st], 5);
-      }
+      if (group[st] == gi) emit_cone(g, k->stores[st].node, 5);
+    for (int st = 0; st < k->nstores; st++)
+      if (group[st] == gi) emit_store(g, &k->stores[st], 5);
     nb_jit__printf(t, "        }\n      }\n    }\n");
   }
   nb_jit__printf(t, "    o_ += tile_ ? INT64_C(%lld) : x1_ - x0_;\n  }\n}\n", dx * TILE);
@@ -758,7 +763,8 @@ static bool emit_kernel(nb_jit_text *head, nb_jit_text *t, const nb_jplan *p, in
   int width;
   sched sc = choose_schedule(k, &width);
   g.simd = sc == SCHED_ROW && k->rr > 0 && k->dims[k->ro + k->rr - 1] >= 16 && contiguous_rows(k);
-  const char *restrict_kw = may_alias(p, k) ? "" : "restrict ";
+  bool alias = may_alias(p, k);
+  const char *restrict_kw = alias ? "" : "restrict ";
   static const char *const names[] = {"row", "column", "tile"};
   nb_jit__printf(head, "\n/* k%d: outer", ki);
   for (int v = 0; v < k->ro; v++) nb_jit__printf(head, " %lld", (long long)k->dims[v]);
@@ -785,7 +791,7 @@ static bool emit_kernel(nb_jit_text *head, nb_jit_text *t, const nb_jplan *p, in
     return g.ok;
   }
   if (sc == SCHED_TILE) {
-    emit_tiled(&g);
+    emit_tiled(&g, alias);
     return g.ok;
   }
   int last = k->ro - 1;

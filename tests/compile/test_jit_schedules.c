@@ -211,6 +211,54 @@ static nb_status f_update(nb_graph *g, const nb_tree *in, nb_tree *out, void *u)
   return nb_tree_set_val(out, "params/w", nb_sub(w, nb_mul(nb_div(grad, c), nb_scalar(g, NB_F32, 0.01))));
 }
 
+/* Two donated parameters updated in one tiled kernel (both written in
+ * place), the second also reading the first through a reshape. The case
+ * that once broke (a tiled kernel's store groups run one after the other,
+ * so a store into a donor must not precede another group's read of it) is
+ * exercised end to end by tests/train/test_train.c's resume and
+ * gradient-accumulation checks; this graph checks the in-place pair. */
+static nb_status f_two_updates(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
+  nb_val *w1 = nb_tree_get_val(in, "params/w1"), *w2 = nb_tree_get_val(in, "params/w2");
+  nb_val *g1 = nb_transpose(nb_tree_get_val(in, "g1T"), ((int[]){1, 0}));
+  nb_val *g2 = nb_transpose(nb_tree_get_val(in, "g2T"), ((int[]){1, 0}));
+  int64_t flat[1] = {nb_val_dim(w1, 0) * nb_val_dim(w1, 1)}, dims[2] = {nb_val_dim(w1, 0), nb_val_dim(w1, 1)};
+  nb_val *w1v = nb_reshape(nb_reshape(w1, 1, flat), 2, dims);
+  nb_tree_set_val(out, "params/w1", nb_sub(w1, nb_mul(g1, nb_scalar(g, NB_F32, 0.5))));
+  return nb_tree_set_val(out, "params/w2", nb_add(nb_sub(w2, nb_mul(g2, nb_scalar(g, NB_F32, 0.5))), w1v));
+}
+
+static void test_two_donated_updates(void) {
+  const int64_t wd[2] = {40, 56}, gd[2] = {56, 40};
+  nb_tree *in = nb_tree_create(ctx);
+  add_input(in, "params/w1", 2, wd);
+  add_input(in, "params/w2", 2, wd);
+  add_input(in, "g1T", 2, gd);
+  add_input(in, "g2T", 2, gd);
+  nb_graph *g = nb_trace(ctx, f_two_updates, NULL, in);
+  CHECK(g != NULL);
+  if (!g) return;
+  nb_tree *want = nb_tree_create(ctx), *got = nb_tree_create(ctx);
+  CHECK_OK(ctx, nb_graph_run(ctx, g, in, want));
+  const char *donate[] = {"params", NULL};
+  nb_jit_opts o = nb_test_jit_opts(NULL);
+  o.donate = donate;
+  nb_exe *e = nb_jit(ctx, g, &o);
+  nb_array *w1 = nb_tree_get_array(in, "params/w1");
+  CHECK_OK(ctx, nb_exe_run(e, in, got));
+  CHECK_MSG(nb_tree_get_array(got, "params/w1") == w1, "w1 was updated in place");
+  for (int i = 1; i <= 2; i++) {
+    char path[32];
+    snprintf(path, sizeof path, "params/w%d", i);
+    double d = nb_test_max_rel_diff(nb_tree_get_array(got, path), nb_tree_get_array(want, path));
+    CHECK_MSG(d <= 2e-5, "%s differs from the interpreter by %g", path, d);
+  }
+  nb_exe_destroy(e);
+  nb_tree_destroy(got);
+  nb_tree_destroy(want);
+  nb_graph_destroy(g);
+  nb_tree_destroy(in);
+}
+
 static void test_donated_transposed_update(void) {
   const int64_t wd[2] = {45, 83}, gd[2] = {83, 45};
   nb_tree *in = nb_tree_create(ctx);
@@ -299,6 +347,7 @@ int main(void) {
   test_transposes();
   test_norms();
   test_donated_transposed_update();
+  test_two_donated_updates();
   test_transcendentals();
   nb_ctx_destroy(ctx);
   return nb_test_summary("compile/test_jit_schedules");
