@@ -1,5 +1,6 @@
-/* Shared by the ckpt benchmarks: timers, medians, shell peers, big trees.
- * Header-only; each bench_ckpt_*.c is one claim of bench/RESULTS.md. */
+/* Shared by the ckpt benchmarks: shell peers, big trees (timers and medians
+ * are bench_util.h's). Header-only; each bench_ckpt_*.c is one claim of
+ * bench/RESULTS.md. */
 #ifndef NABLA_BENCH_CKPT_COMMON_H
 #define NABLA_BENCH_CKPT_COMMON_H
 
@@ -7,26 +8,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "nabla/nabla.h"
-
-static inline double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static inline int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static inline double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /* Seconds a shell command takes (it must succeed). */
 static inline double time_cmd(const char *cmd) {

@@ -11,21 +11,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "nabla/nabla.h"
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
 
 static int write_shard(nb_ctx *ctx, const char *path, int64_t n) {
   nb_data_shard_writer *w = nb_data_shard_create(ctx, path, 2, 50257);
@@ -86,11 +75,12 @@ int main(int argc, char **argv) {
   }
   double rates[64];
   if (runs > 64) runs = 64;
+  if (runs < 1) runs = 1;
   for (int r = 0; r < runs; r++) rates[r] = run(ctx, shard, T, B, W, n / 2, (uint64_t)r + 1, r == runs - 1);
-  qsort(rates, (size_t)runs, sizeof *rates, cmp_double);
+  double med = median(rates, (int)runs);
   printf("pipeline shard->window(T=%lld)->shuffle->batch(B=%lld)->prefetch(%d worker%s): median %.1f M tokens/s "
          "(min %.1f, max %.1f, %lld runs of %lld tokens)\n", (long long)T, (long long)B, W, W > 1 ? "s" : "",
-         rates[runs / 2] / 1e6, rates[0] / 1e6, rates[runs - 1] / 1e6, (long long)runs, (long long)(n / 2));
+         med / 1e6, rates[0] / 1e6, rates[runs - 1] / 1e6, (long long)runs, (long long)(n / 2));
   if (shard == path) remove(path);
   nb_ctx_destroy(ctx);
   return 0;

@@ -11,36 +11,24 @@
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
+#include "bench_util.h"
 #include "nabla/nabla.h"
-
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
 
 /* Median seconds of `reps` runs of g on inputs a, b. */
 static double time_graph(nb_ctx *ctx, nb_graph *g, nb_array *a, nb_array *b, int reps) {
   double t[64];
   nb_array *in[2] = {a, b}, *out[1];
   for (int r = 0; r < reps; r++) {
-    double t0 = now();
+    double t0 = now_s();
     if (nb_graph_run_flat(ctx, g, in, out) != NB_OK) {
       fprintf(stderr, "run failed: %s\n", nb_ctx_error(ctx));
       exit(1);
     }
-    t[r] = now() - t0;
+    t[r] = now_s() - t0;
     nb_array_release(out[0]);
   }
-  qsort(t, (size_t)reps, sizeof t[0], cmp);
-  return t[reps / 2];
+  return median(t, reps);
 }
 
 static void report(nb_ctx *ctx, const char *name, nb_graph *g, nb_aval aa, nb_aval ab) {

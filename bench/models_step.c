@@ -7,20 +7,9 @@
  *   ./build/bench_models_step [B] [T] */
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "bench_util.h"
 #include "nabla/nabla.h"
-
-static double now_ms(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
-
-static int cmp(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
 
 int main(int argc, char **argv) {
   int64_t B = argc > 1 ? atoll(argv[1]) : 2, T = argc > 2 ? atoll(argv[2]) : 64;
@@ -61,11 +50,11 @@ int main(int argc, char **argv) {
       runs[r] = now_ms() - a;
       nb_tree_destroy(out);
     }
-    qsort(runs, 5, sizeof runs[0], cmp);
+    double run_ms = median(runs, 5);
     double flops, bytes;
     nb_graph_cost(vg, &flops, &bytes);
     printf("| %s | %lld | %.1f | %.1f | %.1f | %.0f | %.3f |\n", presets[p], (long long)nb_nn_params_count(params), t1 - t0,
-           t2 - t1, runs[2], (double)(B * T) / (runs[2] / 1e3), flops / 1e9);
+           t2 - t1, run_ms, (double)(B * T) / (run_ms / 1e3), flops / 1e9);
     nb_tree_destroy(in);
     nb_graph_destroy(g);
     nb_graph_destroy(vg);

@@ -12,20 +12,9 @@
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
+#include "bench_util.h"
 #include "nabla/nabla.h"
-
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
 
 enum { N = 1 << 20, REPS = 11 };
 
@@ -53,16 +42,16 @@ int main(void) {
     double t[REPS];
     for (int r = 0; r < REPS; r++) {
       nb_array *out = NULL;
-      double t0 = now();
+      double t0 = now_s();
       if (nb_graph_run_flat(ctx, g, &key, &out) != NB_OK) {
         fprintf(stderr, "%s: %s\n", names[w], nb_ctx_error(ctx));
         return 1;
       }
-      t[r] = now() - t0;
+      t[r] = now_s() - t0;
       nb_array_release(out);
     }
-    qsort(t, REPS, sizeof t[0], cmp);
-    printf("%-20s median %8.2f ms  %7.1f M values/s\n", names[w], t[REPS / 2] * 1e3, N / t[REPS / 2] * 1e-6);
+    double med = median(t, REPS);
+    printf("%-20s median %8.2f ms  %7.1f M values/s\n", names[w], med * 1e3, N / med * 1e-6);
     nb_graph_destroy(g);
   }
   nb_array_release(key);

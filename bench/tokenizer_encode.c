@@ -7,20 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "bench_util.h"
 #include "nabla/nabla.h"
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
 
 int main(int argc, char **argv) {
   if (argc < 3) return fprintf(stderr, "usage: %s TOKENIZER TEXTFILE [REPS]\n", argv[0]), 2;
@@ -41,15 +30,15 @@ int main(int argc, char **argv) {
   nb_tok_ids ids = {0};
   for (int r = 0; r < reps; r++) {
     ids.len = 0;
-    double t0 = now();
+    double t0 = now_s();
     if (nb_tok_encode(t, text, (size_t)n, NULL, &ids)) return fprintf(stderr, "%s\n", nb_ctx_error(ctx)), 1;
-    secs[r] = now() - t0;
+    secs[r] = now_s() - t0;
   }
-  qsort(secs, (size_t)reps, sizeof *secs, cmp);
+  double med = median(secs, reps);
   unsigned long long sum = 0;
   for (size_t i = 0; i < ids.len; i++) sum = (sum * 1000003ull + (unsigned)ids.ids[i]) % 1000000007ull;
   printf("{\"bytes\": %ld, \"ids\": %zu, \"checksum\": %llu, \"median_s\": %.6f, \"mb_per_s\": %.2f}\n", n, ids.len, sum,
-         secs[reps / 2], (double)n / 1e6 / secs[reps / 2]);
+         med, (double)n / 1e6 / med);
   nb_tok_ids_free(t, &ids);
   nb_tok_destroy(t);
   nb_ctx_destroy(ctx);

@@ -10,38 +10,10 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "nabla/nabla.h"
-
-static double now_ms(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
-
-static int cmp(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double peak_flops(void) {
-  const char *e = getenv("NABLA_PEAK_GFLOPS");
-  if (e && atof(e) > 0) return atof(e) * 1e9;
-  double mhz = 2000;
-  FILE *f = fopen("/proc/cpuinfo", "r");
-  char line[256];
-  while (f && fgets(line, sizeof line, f))
-    if (!strncmp(line, "cpu MHz", 7) && strchr(line, ':')) {
-      mhz = atof(strchr(line, ':') + 1);
-      break;
-    }
-  if (f) fclose(f);
-  int threads = getenv("NABLA_THREADS") ? atoi(getenv("NABLA_THREADS")) : 0;
-  if (threads <= 0) threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
-  return threads * mhz * 1e6 * 64;
-}
 
 #define TRY(x)                                                   \
   do {                                                           \
@@ -128,14 +100,13 @@ int main(int argc, char **argv) {
   TRY(nb_train_run(ctx, &c, &(nb_train_opts){.run_dir = dir}, &r) == NB_OK);
   double e2e_ms = now_ms() - t0;
   if (bare_steps(ctx, &c, n, bare + n)) return 1;
-  qsort(bare, (size_t)(2 * n), sizeof *bare, cmp);
-  double bare_med = 0.5 * (bare[n - 1] + bare[n]);
+  double bare_med = median(bare, 2 * n);
   double tokens = (double)B * T, N = 0;
   nb_tree *spec = nb_model_param_spec(ctx, &c.model, NB_F32);
   N = (double)nb_nn_params_count(spec);
   nb_tree_destroy(spec);
   double flops = 6 * N * tokens + 12.0 * (double)(c.model.n_layers * c.model.n_heads * nb_model_head_dim(&c.model)) * T * tokens;
-  double peak = peak_flops();
+  double peak = nb_train_peak_flops_estimate(0);
   printf("%s B=%d T=%d, %d steps, checkpoint every %d (%.0f params, %.3g model FLOP/step, peak %.1f GFLOP/s)\n", preset, B,
          T, n, ck, N, flops, peak / 1e9);
   printf("| what | median ms/step | tokens/s | MFU |\n|---|---|---|---|\n");

@@ -54,6 +54,7 @@ typedef struct fz {
   size_t nv, ne;
   uint8_t *mat, *force, *is_out;
   uint8_t *leaf; /* read from memory by consumers (mat, except cheap outputs, which are recomputed) */
+  uint8_t *reduced; /* a reduction in the value's inlined cone */
   int *nusers, *cost, *step_of, *stamp;
   int cur_stamp;
   pstep *steps;
@@ -172,10 +173,23 @@ static void decide_materialized(fz *f) {
     const nb_eqn *e = nb__graph_eqn(f->g, k);
     if (e->nout != 1) continue;
     uint32_t id = e->out[0]->id;
+    /* a computed scalar broadcast over a larger domain (an optimizer's bias
+     * correction, a schedule's learning rate) is computed once into its own
+     * buffer, not once per element of every kernel that reads it */
+    if (e->prim == NB_PRIM_broadcast_in_dim) {
+      const nb_val *x = e->in[0];
+      if (!f->leaf[x->id] && f->cost[x->id] > 1 && !f->reduced[x->id] && nb_shape_size(&x->aval.shape) == 1 &&
+          nb_shape_size(&e->out[0]->aval.shape) > 1)
+        f->mat[x->id] = f->leaf[x->id] = 1;
+    }
     /* a reduction counts as one: inside one kernel it is computed once per
      * row; seen from two kernels it is materialized after lowering */
     int c = 1;
-    for (int i = 0; i < e->nin && !is_reduce(e); i++) c += f->leaf[e->in[i]->id] ? 0 : f->cost[e->in[i]->id];
+    f->reduced[id] = is_reduce(e);
+    for (int i = 0; i < e->nin && !is_reduce(e); i++) {
+      c += f->leaf[e->in[i]->id] ? 0 : f->cost[e->in[i]->id];
+      f->reduced[id] |= !f->leaf[e->in[i]->id] && f->reduced[e->in[i]->id];
+    }
     f->cost[id] = c > (1 << 20) ? (1 << 20) : c;
     bool expensive = f->cost[id] > INLINE_COST_LIMIT && !is_scalar_const(e->out[0]);
     if (!f->mat[id] && f->nusers[id] > 1 && expensive) f->mat[id] = f->leaf[id] = 1;
@@ -917,6 +931,7 @@ static bool fz_init(fz *f) {
   f->force = nb_jit__alloc(f->p->ar, nv);
   f->is_out = nb_jit__alloc(f->p->ar, nv);
   f->leaf = nb_jit__alloc(f->p->ar, nv);
+  f->reduced = nb_jit__alloc(f->p->ar, nv);
   f->nusers = nb_jit__alloc(f->p->ar, nv * sizeof(int));
   f->cost = nb_jit__alloc(f->p->ar, nv * sizeof(int));
   f->step_of = nb_jit__alloc(f->p->ar, nv * sizeof(int));
@@ -924,7 +939,7 @@ static bool fz_init(fz *f) {
   f->reduce_kernel = nb_jit__alloc(f->p->ar, nv * sizeof(int));
   f->vals = nb_jit__alloc(f->p->ar, nv * sizeof(nb_val *));
   f->p->bufs = nb_jit__alloc(f->p->ar, nv * sizeof(nb_jbuf));
-  if (!f->mat || !f->force || !f->is_out || !f->leaf || !f->nusers || !f->cost || !f->step_of || !f->stamp || !f->reduce_kernel ||
+  if (!f->mat || !f->force || !f->is_out || !f->leaf || !f->reduced || !f->nusers || !f->cost || !f->step_of || !f->stamp || !f->reduce_kernel ||
       !f->vals || !f->p->bufs)
     return false;
   for (size_t i = 0; i < nb_graph_num_inputs(f->g); i++) f->vals[nb__graph_input(f->g, i)->id] = nb__graph_input(f->g, i);

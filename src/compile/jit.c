@@ -216,15 +216,12 @@ static nb_status compile(nb_exe *e, const nb_graph *g, const nb_jit_opts *o) {
   if (st != NB_OK) return st;
   for (int k = 0; k < e->plan.nkernels; k++)
     if (e->plan.kernels[k].nargs > e->max_args) e->max_args = e->plan.kernels[k].nargs;
-  if (e->native && e->plan.nkernels) {
+  bool blas = false;
+  for (int s = 0; s < e->plan.nsteps; s++) blas |= e->plan.steps[s].kind == NB_EXE_STEP_BLAS;
+  if (e->native && (e->plan.nkernels || blas)) { /* BLAS steps split batches over the pool */
     e->pool = nb_rt__pool_get(e->cfg.threads);
     if (!e->pool) return nb_errorf(ctx, NB_ERR_NOMEM, "jit: cannot start the thread pool");
   }
-  for (int s = 0; s < e->plan.nsteps; s++)
-    if (e->plan.steps[s].kind == NB_EXE_STEP_BLAS) {
-      nb_cpu__blas_threads(e->cfg.threads); /* the pool sleeps while BLAS runs: the cores are its */
-      break;
-    }
   e->compile_ms = now_ms() - t0;
   return NB_OK;
 }

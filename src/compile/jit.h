@@ -174,12 +174,15 @@ void *nb_cpu__sym(void *handle, const char *name);
 
 /* backend/cpu/blas.c: dot_general through cblas when the layout allows. */
 int nb_cpu__dot_prim(void); /* the dot_general primitive's index, or -1 */
+typedef struct nb_pool nb_pool;
 bool nb_cpu__blas_supported(const nb_eqn *e);
-void nb_cpu__blas_run(const nb_eqn *e, const void *lhs, const void *rhs, void *out);
-void nb_cpu__blas_threads(int n);
+/* Runs e on the buffers: items and blocks of the product as tasks on pool,
+ * OpenBLAS set to one thread (process-wide) so the two never oversubscribe
+ * the cores. NOMEM (+ error) when the
+ * packing scratch cannot be allocated. */
+nb_status nb_cpu__blas_run(nb_ctx *ctx, nb_pool *pool, const nb_eqn *e, const void *lhs, const void *rhs, void *out);
 
 /* runtime/pool.c: a persistent thread pool shared by executables. */
-typedef struct nb_pool nb_pool;
 nb_pool *nb_rt__pool_get(int threads); /* a reference to the shared pool of that size; NULL on failure */
 void nb_rt__pool_put(nb_pool *p);
 /* Runs fn(arg, t) for t in [0, ntasks) on the pool and the calling thread;

@@ -154,7 +154,8 @@ static nb_status run_steps(nb_exe *e, char **ptr, char **args, nb_array *const *
       run_kernel(e, &e->plan.kernels[step->kernel], e->fns[step->kernel], ptr, args);
       break;
     case NB_EXE_STEP_BLAS:
-      nb_cpu__blas_run(step->eqn, ptr[step->eqn->in[0]->id], ptr[step->eqn->in[1]->id], ptr[step->eqn->out[0]->id]);
+      st = nb_cpu__blas_run(e->ctx, e->pool, step->eqn, ptr[step->eqn->in[0]->id], ptr[step->eqn->in[1]->id],
+                            ptr[step->eqn->out[0]->id]);
       break;
     default: st = run_eval(e, step->eqn, ptr, in, out); break;
     }

@@ -3,7 +3,8 @@
  * metrics -> eval -> checkpoint), and the run-dir files: metrics.jsonl
  * (truncated to the restored step on resume) and checkpoints/ (nb_ckpt,
  * items params + opt_state, metadata {step, seed, elapsed_s, data_state}).
- * The numerics are all in step.c's graphs; this file only moves arrays. */
+ * The numerics are all in step.c's graphs; this file only moves arrays.
+ * Last, nb_train_peak_flops_estimate: the default peak MFU is relative to. */
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
@@ -466,4 +467,21 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_model_run_config *cfg, const nb_tra
   free(msg);
   if (out) *out = res;
   return s;
+}
+
+double nb_train_peak_flops_estimate(int threads) {
+  const char *e = getenv("NABLA_PEAK_GFLOPS");
+  if (e && atof(e) > 0) return atof(e) * 1e9;
+  if (threads <= 0) threads = getenv("NABLA_THREADS") ? atoi(getenv("NABLA_THREADS")) : 0;
+  if (threads <= 0) threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+  double mhz = 2000;
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  char line[256];
+  while (f && fgets(line, sizeof line, f))
+    if (!strncmp(line, "cpu MHz", 7) && strchr(line, ':')) {
+      mhz = atof(strchr(line, ':') + 1);
+      break;
+    }
+  if (f) fclose(f);
+  return threads * mhz * 1e6 * 64;
 }

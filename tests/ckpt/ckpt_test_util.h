@@ -1,5 +1,6 @@
-/* Helpers shared by the ckpt tests (header-only, static): scratch
- * directories, deterministic arrays of every dtype, tree comparison. */
+/* Helpers shared by the ckpt tests (header-only, static): deterministic
+ * arrays of every dtype, tree comparison. Scratch directories and file
+ * edits are testfs.h's. */
 #ifndef NABLA_CKPT_TEST_UTIL_H
 #define NABLA_CKPT_TEST_UTIL_H
 
@@ -10,23 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "test.h"
-
-/* A fresh scratch directory under $TMPDIR (or /tmp); removed by rm_rf. */
-static inline void scratch_dir(char *buf, size_t cap, const char *tag) {
-  const char *base = getenv("TMPDIR");
-  snprintf(buf, cap, "%s/nabla_ckpt_%s_XXXXXX", base && *base ? base : "/tmp", tag);
-  if (!mkdtemp(buf)) {
-    perror("mkdtemp");
-    exit(1);
-  }
-}
-
-static inline void rm_rf(const char *path) {
-  char cmd[4200];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
-  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", path);
-}
+#include "testfs.h"
 
 /* An array whose bytes are a function of (seed, byte index): any bit
  * pattern, NaNs included, so comparisons are bitwise. */
@@ -59,29 +44,6 @@ static inline bool item_equal(const nb_tree *restored, const char *item, const n
   bool ok = sub && trees_equal(sub, orig);
   nb_tree_destroy(sub);
   return ok;
-}
-
-static inline void write_bytes(const char *path, const void *data, size_t n) {
-  FILE *f = fopen(path, "wb");
-  if (!f || fwrite(data, 1, n, f) != n) {
-    perror(path);
-    exit(1);
-  }
-  fclose(f);
-}
-
-/* Flips one byte of a file at offset (from the end when negative). */
-static inline void flip_byte(const char *path, long offset) {
-  FILE *f = fopen(path, "r+b");
-  if (!f) {
-    perror(path);
-    exit(1);
-  }
-  fseek(f, offset, offset < 0 ? SEEK_END : SEEK_SET);
-  int c = fgetc(f);
-  fseek(f, -1, SEEK_CUR);
-  fputc(c ^ 0x5a, f);
-  fclose(f);
 }
 
 #endif

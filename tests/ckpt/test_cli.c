@@ -1,28 +1,13 @@
 /* `nabla ckpt`: list, show, verify (ok and damaged), export to safetensors
  * (single and sharded) and import back, checked through the library. */
-#include <sys/wait.h>
-
 #include "ckpt_test_util.h"
 
-/* Runs a shell command; returns its exit status and its output in out. */
-static int run(const char *cmd, char *out, size_t cap) {
-  FILE *p = popen(cmd, "r");
-  if (!p) return -1;
-  size_t n = fread(out, 1, cap - 1, p);
-  out[n] = 0;
-  int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 int main(void) {
-  const char *bin = getenv("NABLA_BIN");
-  if (!bin) {
-    printf("NABLA_BIN not set: skipping\n");
-    return nb_test_summary("ckpt/test_cli");
-  }
+  const char *bin = nb_test_nabla_bin();
+  if (!bin) return nb_test_summary("ckpt/test_cli");
   nb_ctx *ctx = nb_ctx_create();
   char dir[4096], cmd[9000], out[16384];
-  scratch_dir(dir, sizeof dir, "cli");
+  nb_test_scratch_dir(dir, sizeof dir, "ckpt", "cli");
   char ck[4200];
   snprintf(ck, sizeof ck, "%s/ck", dir);
   nb_ckpt_options o = {.directory = ck};
@@ -39,24 +24,24 @@ int main(void) {
   nb_ckpt_manager_destroy(m);
 
   snprintf(cmd, sizeof cmd, "%s ckpt list %s", bin, ck);
-  CHECK(run(cmd, out, sizeof out) == 0 && strstr(out, "10 ") && strstr(out, "0.25") && strstr(out, "20 "));
+  CHECK(nb_test_run(cmd, out, sizeof out) == 0 && strstr(out, "10 ") && strstr(out, "0.25") && strstr(out, "20 "));
   snprintf(cmd, sizeof cmd, "%s ckpt show %s 10", bin, ck);
-  CHECK(run(cmd, out, sizeof out) == 0 && strstr(out, "params/layers/0/w") && strstr(out, "bf16[3,5]") &&
+  CHECK(nb_test_run(cmd, out, sizeof out) == 0 && strstr(out, "params/layers/0/w") && strstr(out, "bf16[3,5]") &&
         strstr(out, "{\"run\":\"x\"}"));
   snprintf(cmd, sizeof cmd, "%s ckpt show %s/step_00000020", bin, ck);
-  CHECK(run(cmd, out, sizeof out) == 0 && strstr(out, "step 20") && strstr(out, "i32[3]"));
+  CHECK(nb_test_run(cmd, out, sizeof out) == 0 && strstr(out, "step 20") && strstr(out, "i32[3]"));
   snprintf(cmd, sizeof cmd, "%s ckpt verify %s", bin, ck);
-  CHECK(run(cmd, out, sizeof out) == 0 && strstr(out, "step 10: ok") && strstr(out, "step 20: ok"));
+  CHECK(nb_test_run(cmd, out, sizeof out) == 0 && strstr(out, "step 10: ok") && strstr(out, "step 20: ok"));
 
   /* export, show the file, import it elsewhere, compare */
   snprintf(cmd, sizeof cmd, "%s ckpt export %s latest %s/p.safetensors --item params --hf-names", bin, ck, dir);
-  CHECK(run(cmd, out, sizeof out) == 0);
+  CHECK(nb_test_run(cmd, out, sizeof out) == 0);
   snprintf(cmd, sizeof cmd, "%s ckpt show %s/p.safetensors", bin, dir);
-  CHECK(run(cmd, out, sizeof out) == 0 && strstr(out, "layers.0.w") && strstr(out, "2 tensors"));
+  CHECK(nb_test_run(cmd, out, sizeof out) == 0 && strstr(out, "layers.0.w") && strstr(out, "2 tensors"));
   snprintf(cmd, sizeof cmd, "%s ckpt export %s 10 %s/sharded --shard-size 40", bin, ck, dir);
-  CHECK(run(cmd, out, sizeof out) == 0);
+  CHECK(nb_test_run(cmd, out, sizeof out) == 0);
   snprintf(cmd, sizeof cmd, "%s ckpt import %s/sharded %s/ck2 --step 7 --item imported", bin, dir, dir);
-  CHECK(run(cmd, out, sizeof out) == 0);
+  CHECK(nb_test_run(cmd, out, sizeof out) == 0);
   snprintf(cmd, sizeof cmd, "%s/ck2", dir);
   nb_ckpt_options o2 = {.directory = cmd, .read_only = true};
   m = nb_ckpt_manager_create(ctx, &o2);
@@ -68,18 +53,18 @@ int main(void) {
 
   /* damage: verify fails and names the array */
   snprintf(cmd, sizeof cmd, "%s/step_00000020/params.00000.bin", ck);
-  flip_byte(cmd, 2);
+  nb_test_flip_byte(cmd, 2);
   snprintf(cmd, sizeof cmd, "%s ckpt verify %s 2>&1", bin, ck);
-  CHECK(run(cmd, out, sizeof out) == 1 && strstr(out, "step 10: ok") && strstr(out, "'params/layers/0/w'"));
+  CHECK(nb_test_run(cmd, out, sizeof out) == 1 && strstr(out, "step 10: ok") && strstr(out, "'params/layers/0/w'"));
   snprintf(cmd, sizeof cmd, "%s ckpt show %s/nothing 2>&1", bin, dir);
-  CHECK(run(cmd, out, sizeof out) == 1 && strstr(out, "cannot be opened"));
+  CHECK(nb_test_run(cmd, out, sizeof out) == 1 && strstr(out, "cannot be opened"));
   snprintf(cmd, sizeof cmd, "%s ckpt bogus 2>&1", bin);
-  CHECK(run(cmd, out, sizeof out) == 2 && strstr(out, "usage"));
+  CHECK(nb_test_run(cmd, out, sizeof out) == 2 && strstr(out, "usage"));
 
   nb_array_release(w);
   nb_array_release(b);
   nb_tree_destroy(p);
-  rm_rf(dir);
+  nb_test_rm_rf(dir);
   nb_ctx_destroy(ctx);
   return nb_test_summary("ckpt/test_cli");
 }

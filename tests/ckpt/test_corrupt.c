@@ -26,11 +26,11 @@ static void test_data_damage(nb_ctx *ctx) {
   nb_tree *t;
   for (int mode = 0; mode < 2; mode++) {
     nb_ckpt_restore_opts ro = {.no_mmap = mode};
-    scratch_dir(dir, sizeof dir, "damage");
+    nb_test_scratch_dir(dir, sizeof dir, "ckpt", "damage");
     nb_ckpt_manager *m = fresh(ctx, dir, &t);
     snprintf(data, sizeof data, "%s/step_00000001/params.00000.bin", dir);
     /* a flipped byte in "small" (the last array) */
-    flip_byte(data, -3);
+    nb_test_flip_byte(data, -3);
     CHECK(nb_ckpt_restore(m, 1, &ro) == NULL);
     CHECK_ERR(ctx, NB_ERR_FORMAT, "params.00000.bin' is damaged: checksum mismatch for array 'params/small'");
     CHECK(nb_ckpt_verify(m, 1) == NB_ERR_FORMAT);
@@ -60,17 +60,17 @@ static void test_data_damage(nb_ctx *ctx) {
     CHECK_ERR(ctx, NB_ERR_FORMAT, "params.00000.bin");
     nb_ckpt_manager_destroy(m);
     nb_tree_destroy(t);
-    rm_rf(dir);
+    nb_test_rm_rf(dir);
   }
 }
 
 static void test_manifest_damage(nb_ctx *ctx) {
   char dir[4096], path[4300];
   nb_tree *t;
-  scratch_dir(dir, sizeof dir, "mdamage");
+  nb_test_scratch_dir(dir, sizeof dir, "ckpt", "mdamage");
   nb_ckpt_manager *m = fresh(ctx, dir, &t);
   snprintf(path, sizeof path, "%s/step_00000001/manifest.json", dir);
-  flip_byte(path, 40);
+  nb_test_flip_byte(path, 40);
   CHECK(nb_ckpt_restore(m, 1, NULL) == NULL);
   CHECK_ERR(ctx, NB_ERR_FORMAT, "manifest.json' is damaged: its checksum differs from the commit marker's");
   CHECK(nb_ckpt_info_load(m, 1) == NULL);
@@ -79,7 +79,7 @@ static void test_manifest_damage(nb_ctx *ctx) {
   CHECK(nb_ckpt_restore(m, 1, NULL) == NULL);
   CHECK_ERR(ctx, NB_ERR_FORMAT, "manifest.json' is missing");
   snprintf(path, sizeof path, "%s/step_00000001/COMMIT", dir);
-  write_bytes(path, "{\"format\": \"nabla-checkpoint\", \"step\": 1}", 41);
+  nb_test_write_file(path, "{\"format\": \"nabla-checkpoint\", \"step\": 1}", 41);
   CHECK(nb_ckpt_restore(m, 1, NULL) == NULL);
   CHECK_ERR(ctx, NB_ERR_FORMAT, "commit marker");
   unlink(path);
@@ -87,7 +87,7 @@ static void test_manifest_damage(nb_ctx *ctx) {
   CHECK_ERR(ctx, NB_ERR_NOT_FOUND, "has no commit marker");
   nb_ckpt_manager_destroy(m);
   nb_tree_destroy(t);
-  rm_rf(dir);
+  nb_test_rm_rf(dir);
 }
 
 /* A valid manifest with one field replaced: (field text, replacement,

@@ -79,7 +79,7 @@ static double now_s(void) {
 int main(void) {
   nb_ctx *ctx = nb_ctx_create();
   char dir[4096];
-  scratch_dir(dir, sizeof dir, "crash");
+  nb_test_scratch_dir(dir, sizeof dir, "ckpt", "crash");
   nb_test_rng rng = {12345};
   int64_t committed = -1; /* the newest step known committed */
   int kills = 0, self_kills = 0;
@@ -116,7 +116,7 @@ int main(void) {
   }
   printf("%d kills (%d at an I/O operation), newest step %lld\n", kills, self_kills, (long long)committed);
   CHECK(kills >= 20 && committed > 10);
-  rm_rf(dir);
+  nb_test_rm_rf(dir);
   nb_ctx_destroy(ctx);
   return nb_test_summary("ckpt/test_crash");
 }

@@ -54,7 +54,7 @@ static void test_retention(nb_ctx *ctx) {
       {{.max_to_keep = 3, .async = true}, "7,8,9"},
   };
   for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
-    scratch_dir(dir, sizeof dir, "keep");
+    nb_test_scratch_dir(dir, sizeof dir, "ckpt", "keep");
     cases[c].o.directory = dir;
     nb_ckpt_manager *m = nb_ckpt_manager_create(ctx, &cases[c].o);
     for (int64_t s = 0; s < 10; s++) {
@@ -68,13 +68,13 @@ static void test_retention(nb_ctx *ctx) {
     m = nb_ckpt_manager_create(ctx, &cases[c].o);
     CHECK_MSG(m && steps_are(m, cases[c].want), "case %zu after reopen", c);
     nb_ckpt_manager_destroy(m);
-    rm_rf(dir);
+    nb_test_rm_rf(dir);
   }
 }
 
 static void test_interval_and_reopen(nb_ctx *ctx) {
   char dir[4096], path[4300];
-  scratch_dir(dir, sizeof dir, "interval");
+  nb_test_scratch_dir(dir, sizeof dir, "ckpt", "interval");
   nb_ckpt_options o = {.directory = dir, .save_interval_steps = 5};
   nb_ckpt_manager *m = nb_ckpt_manager_create(ctx, &o);
   CHECK(nb_ckpt_should_save(m, 10) && !nb_ckpt_should_save(m, 11));
@@ -107,10 +107,10 @@ static void test_interval_and_reopen(nb_ctx *ctx) {
     snprintf(path, sizeof path, "%s/%s", dir, junk[i]);
     mkdir(path, 0755);
     snprintf(path, sizeof path, "%s/%s/x", dir, junk[i]);
-    write_bytes(path, "x", 1);
+    nb_test_write_file(path, "x", 1);
   }
   snprintf(path, sizeof path, "%s/step_00000022/COMMIT", dir);
-  write_bytes(path, "{garbage", 8);
+  nb_test_write_file(path, "{garbage", 8);
   m = nb_ckpt_manager_create(ctx, &o);
   CHECK(m && steps_are(m, "0,5,10,13,15"));
   for (int i = 0; i < 5; i++) {
@@ -123,7 +123,7 @@ static void test_interval_and_reopen(nb_ctx *ctx) {
   nb_tree_destroy(t);
   nb_tree_destroy(want);
   nb_ckpt_manager_destroy(m);
-  rm_rf(dir);
+  nb_test_rm_rf(dir);
 }
 
 static double now_s(void) {
@@ -136,7 +136,7 @@ static double now_s(void) {
  * (new arrays under the same paths); every step restores to what was saved. */
 static void test_async_overlap(nb_ctx *ctx) {
   char dir[4096];
-  scratch_dir(dir, sizeof dir, "async");
+  nb_test_scratch_dir(dir, sizeof dir, "ckpt", "async");
   nb_ckpt_options o = {.directory = dir, .async = true, .max_to_keep = 10};
   nb_ckpt_manager *m = nb_ckpt_manager_create(ctx, &o);
   int64_t dims[2] = {512, 1024}; /* 2 MB per array */
@@ -176,14 +176,14 @@ static void test_async_overlap(nb_ctx *ctx) {
     nb_tree_destroy(r);
   }
   nb_ckpt_manager_destroy(m);
-  rm_rf(dir);
+  nb_test_rm_rf(dir);
 }
 
 /* A background write failure surfaces on the next call, once, and leaves
  * nothing behind. */
 static void test_async_errors(nb_ctx *ctx) {
   char dir[4096];
-  scratch_dir(dir, sizeof dir, "asyncerr");
+  nb_test_scratch_dir(dir, sizeof dir, "ckpt", "asyncerr");
   nb_ckpt_options o = {.directory = dir, .async = true};
   nb_ckpt_manager *m = nb_ckpt_manager_create(ctx, &o);
   CHECK_OK(ctx, save_step(m, ctx, 1, NULL, NULL));
@@ -212,14 +212,14 @@ static void test_async_errors(nb_ctx *ctx) {
   CHECK(steps_are(m, "1,4"));
   nb_ckpt_manager_destroy(m);
   nb_ckpt__io_fault(0, false);
-  rm_rf(dir);
+  nb_test_rm_rf(dir);
 }
 
 /* Sync saves failing at each I/O operation in turn: a clear error, the old
  * steps intact, no leftovers; the save succeeds once n passes its ops. */
 static void test_io_failure_sweep(nb_ctx *ctx) {
   char dir[4096];
-  scratch_dir(dir, sizeof dir, "iofail");
+  nb_test_scratch_dir(dir, sizeof dir, "ckpt", "iofail");
   nb_ckpt_options o = {.directory = dir, .max_to_keep = 2};
   nb_ckpt_manager *m = nb_ckpt_manager_create(ctx, &o);
   CHECK_OK(ctx, save_step(m, ctx, 0, NULL, NULL));
@@ -263,12 +263,12 @@ static void test_io_failure_sweep(nb_ctx *ctx) {
   char cmd[4200];
   snprintf(cmd, sizeof cmd, "test -z \"$(ls -A '%s' | grep -v '^step_' | grep -v '^.lock$')\"", dir);
   CHECK(system(cmd) == 0);
-  rm_rf(dir);
+  nb_test_rm_rf(dir);
 }
 
 static void test_preemption(nb_ctx *ctx) {
   char dir[4096];
-  scratch_dir(dir, sizeof dir, "preempt");
+  nb_test_scratch_dir(dir, sizeof dir, "ckpt", "preempt");
   CHECK_OK(ctx, nb_ckpt_preemption_install(ctx));
   CHECK(!nb_ckpt_preemption_requested());
   raise(SIGTERM);
@@ -326,7 +326,7 @@ static void test_preemption(nb_ctx *ctx) {
   CHECK_OK(ctx, nb_ckpt_emergency_save(m, latest, &it, 1, NULL));
   nb_tree_destroy(t);
   nb_ckpt_manager_destroy(m);
-  rm_rf(dir);
+  nb_test_rm_rf(dir);
 }
 
 int main(void) {

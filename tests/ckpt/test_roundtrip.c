@@ -175,18 +175,18 @@ static void write_sharded_step(const char *root, const char *shards_json, const 
   snprintf(dir, sizeof dir, "%s/step_00000005", root);
   mkdir(dir, 0755);
   snprintf(path, sizeof path, "%s/w.00001.bin", dir);
-  write_bytes(path, data, n);
+  nb_test_write_file(path, data, n);
   int len = snprintf(manifest, sizeof manifest,
                      "{\"format\": \"nabla-checkpoint\", \"version\": 1, \"step\": 5, \"items\": [{\"name\": \"p\", "
                      "\"arrays\": [{\"path\": \"w\", \"dtype\": \"i32\", \"shape\": [4, 3], \"nbytes\": 48, "
                      "\"shards\": %s}]}]}",
                      shards_json);
   snprintf(path, sizeof path, "%s/manifest.json", dir);
-  write_bytes(path, manifest, (size_t)len);
+  nb_test_write_file(path, manifest, (size_t)len);
   len = snprintf(commit, sizeof commit, "{\"format\": \"nabla-checkpoint\", \"step\": 5, \"manifest_xxh3\": \"%016llx\"}",
                  (unsigned long long)XXH3_64bits(manifest, strlen(manifest)));
   snprintf(path, sizeof path, "%s/COMMIT", dir);
-  write_bytes(path, commit, (size_t)len);
+  nb_test_write_file(path, commit, (size_t)len);
 }
 
 static void test_sharded_arrays(nb_ctx *ctx, const char *root) {
@@ -221,7 +221,7 @@ static void test_sharded_arrays(nb_ctx *ctx, const char *root) {
   file[5] ^= 1;
   char path[4300];
   snprintf(path, sizeof path, "%s/w.00001.bin", dir);
-  write_bytes(path, file, sizeof file);
+  nb_test_write_file(path, file, sizeof file);
   CHECK(nb_ckpt_read_dir(ctx, dir, NULL) == NULL);
   CHECK_ERR(ctx, NB_ERR_FORMAT, "checksum mismatch for array 'p/w' (shard 0)");
   nb_array_release(want);
@@ -274,18 +274,18 @@ static void test_oom_sweep(nb_ctx *ctx, const char *root) {
 int main(void) {
   nb_ctx *ctx = nb_ctx_create();
   char dir[4096];
-  scratch_dir(dir, sizeof dir, "rt");
+  nb_test_scratch_dir(dir, sizeof dir, "ckpt", "rt");
   test_every_dtype(ctx, dir);
-  rm_rf(dir);
-  scratch_dir(dir, sizeof dir, "partial");
+  nb_test_rm_rf(dir);
+  nb_test_scratch_dir(dir, sizeof dir, "ckpt", "partial");
   test_partial_and_target(ctx, dir);
-  rm_rf(dir);
-  scratch_dir(dir, sizeof dir, "oom");
+  nb_test_rm_rf(dir);
+  nb_test_scratch_dir(dir, sizeof dir, "ckpt", "oom");
   test_oom_sweep(ctx, dir);
-  rm_rf(dir);
-  scratch_dir(dir, sizeof dir, "shards");
+  nb_test_rm_rf(dir);
+  nb_test_scratch_dir(dir, sizeof dir, "ckpt", "shards");
   test_sharded_arrays(ctx, dir);
-  rm_rf(dir);
+  nb_test_rm_rf(dir);
   CHECK(nb_ctx_bytes_in_use(ctx) == 0);
   nb_ctx_destroy(ctx);
   return nb_test_summary("ckpt/test_roundtrip");

@@ -119,11 +119,11 @@ static void test_goldens(nb_ctx *ctx, const char *src, const char *tmp) {
   /* an index naming a tensor its file lacks */
   snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", out);
   const char *bad_index = "{\"weight_map\": {\"w.f32\": \"model-00002-of-00004.safetensors\"}}";
-  write_bytes(idx, bad_index, strlen(bad_index));
+  nb_test_write_file(idx, bad_index, strlen(bad_index));
   CHECK(nb_ckpt_safetensors_load(ctx, out, NULL, NULL) == NULL);
   CHECK_ERR(ctx, NB_ERR_FORMAT, "tensor 'w.f32' is not in");
   bad_index = "{\"weight_map\": {\"w.f32\": \"../model-00001-of-00004.safetensors\"}}";
-  write_bytes(idx, bad_index, strlen(bad_index));
+  nb_test_write_file(idx, bad_index, strlen(bad_index));
   CHECK(nb_ckpt_safetensors_load(ctx, out, NULL, NULL) == NULL);
   CHECK_ERR(ctx, NB_ERR_FORMAT, "not a plain file name");
   nb_tree_destroy(t);
@@ -212,10 +212,10 @@ int main(void) {
   nb_ctx *ctx = nb_ctx_create();
   const char *src = getenv("NABLA_SOURCE_DIR") ? getenv("NABLA_SOURCE_DIR") : ".";
   char tmp[4096];
-  scratch_dir(tmp, sizeof tmp, "st");
+  nb_test_scratch_dir(tmp, sizeof tmp, "ckpt", "st");
   test_goldens(ctx, src, tmp);
   test_hostile(ctx);
-  rm_rf(tmp);
+  nb_test_rm_rf(tmp);
   CHECK(nb_ctx_bytes_in_use(ctx) == 0);
   nb_ctx_destroy(ctx);
   return nb_test_summary("ckpt/test_safetensors");

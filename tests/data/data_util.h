@@ -1,14 +1,14 @@
-/* Helpers shared by the data library's tests: a scratch directory, small
- * file edits (flip a byte, truncate), and elements made from strings. */
+/* Helpers shared by the data library's tests: one scratch directory for
+ * the test (tdir), small file edits (truncate, copy), and elements made from
+ * strings. Writing and flipping bytes of files are testfs.h's. */
 #ifndef NABLA_TEST_DATA_UTIL_H
 #define NABLA_TEST_DATA_UTIL_H
 
-#include <ftw.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "test.h"
+#include "testfs.h"
 
 static char tdir[256];
 
@@ -17,39 +17,13 @@ static inline const char *tpath(char *buf, const char *name) {
   return buf;
 }
 
-static inline void tdir_make(void) {
-  snprintf(tdir, sizeof tdir, "/tmp/nabla_data_test_XXXXXX");
-  if (!mkdtemp(tdir)) {
-    perror("mkdtemp");
-    exit(1);
-  }
-}
+static inline void tdir_make(void) { nb_test_scratch_dir(tdir, sizeof tdir, "data", "test"); }
 
-static inline int rm_entry(const char *p, const struct stat *s, int flag, struct FTW *f) {
-  (void)s, (void)flag, (void)f;
-  return remove(p);
-}
-
-static inline void tdir_remove(void) { nftw(tdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
-
-static inline void write_text(const char *path, const char *text) {
-  FILE *f = fopen(path, "wb");
-  fputs(text, f);
-  fclose(f);
-}
+static inline void tdir_remove(void) { nb_test_rm_rf(tdir); }
 
 static inline long file_size(const char *path) {
   struct stat st;
   return stat(path, &st) == 0 ? (long)st.st_size : -1;
-}
-
-static inline void flip_byte(const char *path, long off) {
-  FILE *f = fopen(path, "r+b");
-  fseek(f, off, SEEK_SET);
-  int c = fgetc(f);
-  fseek(f, off, SEEK_SET);
-  fputc(c ^ 0x5a, f);
-  fclose(f);
 }
 
 static inline void truncate_to(const char *path, long size) {

@@ -2,12 +2,11 @@
  * generated directory, inspect and verify them, and see a corrupted file
  * fail verification with the chunk named. */
 #include <stdarg.h>
-#include <sys/wait.h>
 
 #include "data_util.h"
 
-/* Runs a shell command; returns its exit code and its output (stdout and
- * stderr) in out. */
+/* Runs a printf-formatted shell command; returns its exit code and its
+ * output (stdout and stderr) in out. */
 static int run(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int run(char *out, size_t cap, const char *fmt, ...) {
   char cmd[2048];
@@ -16,26 +15,19 @@ static int run(char *out, size_t cap, const char *fmt, ...) {
   int n = vsnprintf(cmd, sizeof cmd, fmt, ap);
   va_end(ap);
   snprintf(cmd + n, sizeof cmd - (size_t)n, " 2>&1");
-  FILE *p = popen(cmd, "r");
-  size_t got = p ? fread(out, 1, cap - 1, p) : 0;
-  out[got] = 0;
-  int st = p ? pclose(p) : -1;
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return nb_test_run(cmd, out, cap);
 }
 
 int main(void) {
-  const char *bin = getenv("NABLA_BIN");
-  if (!bin) {
-    printf("NABLA_BIN not set: skipped\n");
-    return nb_test_summary("data/test_cli");
-  }
+  const char *bin = nb_test_nabla_bin();
+  if (!bin) return nb_test_summary("data/test_cli");
   tdir_make();
   char d[512], p[512], rec[512], tok[512], out[8192];
   mkdir(tpath(d, "in"), 0755);
   FILE *f = fopen(tpath(p, "in/a.txt"), "w");
   for (int i = 0; i < 3000; i++) fprintf(f, "line %d of the generated text\n", i);
   fclose(f);
-  write_text(tpath(p, "in/b.jsonl"), "{\"body\": \"from json\"}\n");
+  nb_test_write_text(tpath(p, "in/b.jsonl"), "{\"body\": \"from json\"}\n");
   tpath(rec, "c.rec");
   tpath(tok, "c.tok");
   int rc = run(out, sizeof out, "%s data build -o %s --field body --chunk-bytes 4096 --checksum crc32c %s", bin, rec, d);
@@ -49,7 +41,7 @@ int main(void) {
   CHECK_MSG(rc == 0 && strstr(out, "vocab size         256") && strstr(out, "line 0 of"), "rc %d: %s", rc, out);
   rc = run(out, sizeof out, "%s data verify %s %s", bin, rec, tok);
   CHECK_MSG(rc == 0 && strstr(out, "ok ") && strstr(out, "3001 records"), "rc %d: %s", rc, out);
-  flip_byte(rec, 64 + 40 + 100);
+  nb_test_flip_byte(rec, 64 + 40 + 100);
   rc = run(out, sizeof out, "%s data verify %s", bin, rec);
   CHECK_MSG(rc == 1 && strstr(out, "chunk 0 (records 0..") && strstr(out, "checksum mismatch"), "rc %d: %s", rc, out);
   rc = run(out, sizeof out, "%s data build -o %s --eos 999 %s", bin, tok, d);

@@ -201,7 +201,7 @@ static void test_pack(nb_ctx *ctx) {
   nb_data_elem_clear(ctx, &e);
   nb_data_iter_destroy(it);
   /* misuse: bytes elements */
-  write_text(tpath(shard_path + 256, "x.txt"), "abc\n");
+  nb_test_write_text(tpath(shard_path + 256, "x.txt"), "abc\n");
   it = nb_data_iter_pack(nb_data_iter_create(nb_data_map_lines(ctx, shard_path + 256, NULL)), &(nb_data_pack_opts){4, 1});
   CHECK(nb_data_iter_next(it, &e) == NB_ERR_INVALID_ARG);
   CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "pack: an example must be a tree");

@@ -209,14 +209,14 @@ static void test_sources(nb_ctx *ctx) {
   nb_array_release(m), nb_array_release(v), nb_array_release(w);
   nb_tree_destroy(t);
   /* text lines and JSONL */
-  write_text(tpath(p, "l.txt"), "one\r\n\nthree");
+  nb_test_write_text(tpath(p, "l.txt"), "one\r\n\nthree");
   ds = nb_data_map_lines(ctx, p, NULL);
   CHECK(ds && nb_data_map_len(ds) == 3);
   CHECK(nb_data_map_get(ds, 0, &e) == NB_OK && e.len == 3 && !strcmp((char *)e.bytes, "one"));
   CHECK(nb_data_map_get(ds, 1, &e) == NB_OK && e.len == 0);
   CHECK(nb_data_map_get(ds, 2, &e) == NB_OK && !strcmp((char *)e.bytes, "three"));
   nb_data_map_release(ds);
-  write_text(tpath(p, "l.jsonl"), "{\"t\": \"a\\nb\"}\n\n{\"t\": [1, 2]}\n{\"u\": 1}\nnot json\n");
+  nb_test_write_text(tpath(p, "l.jsonl"), "{\"t\": \"a\\nb\"}\n\n{\"t\": [1, 2]}\n{\"u\": 1}\nnot json\n");
   ds = nb_data_map_lines(ctx, p, "t");
   CHECK(ds && nb_data_map_len(ds) == 4);
   CHECK(nb_data_map_get(ds, 0, &e) == NB_OK && !strcmp((char *)e.bytes, "a\nb"));
@@ -231,7 +231,7 @@ static void test_sources(nb_ctx *ctx) {
   nb_array *tok = nb_tree_get_array(e.tree, "tokens");
   CHECK(tok && nb_array_size(tok) == 3 && nb_array_get(tok, 1) == '\n');
   nb_data_map_release(ds);
-  write_text(tpath(p, "empty.txt"), "");
+  nb_test_write_text(tpath(p, "empty.txt"), "");
   ds = nb_data_map_lines(ctx, p, NULL);
   CHECK(ds && nb_data_map_len(ds) == 0);
   CHECK(nb_data_map_get(ds, 0, &e) == NB_ERR_INVALID_ARG);

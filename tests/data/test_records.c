@@ -94,7 +94,7 @@ static void test_corruption(nb_ctx *ctx) {
   CHECK_ERR(ctx, NB_ERR_FORMAT, "not a record file");
   /* a flipped byte inside chunk 0's records: found on read and by verify */
   copy_file(p, q);
-  flip_byte(q, 64 + 40 + 8 * 3 + 5);
+  nb_test_flip_byte(q, 64 + 40 + 8 * 3 + 5);
   nb_data_rec_reader *r = nb_data_rec_open(ctx, q);
   CHECK(r != NULL);
   nb_data_elem e = NB_DATA_ELEM_INIT;
@@ -110,17 +110,17 @@ static void test_corruption(nb_ctx *ctx) {
   }
   /* a flipped byte in the footer index */
   copy_file(p, q);
-  flip_byte(q, size - 32 - 20);
+  nb_test_flip_byte(q, size - 32 - 20);
   CHECK(nb_data_rec_open(ctx, q) == NULL);
   CHECK_ERR(ctx, NB_ERR_FORMAT, "footer checksum mismatch");
   /* a newer version */
   copy_file(p, q);
-  flip_byte(q, 8);
+  nb_test_flip_byte(q, 8);
   CHECK(nb_data_rec_open(ctx, q) == NULL);
   CHECK_ERR(ctx, NB_ERR_FORMAT, "newer nabla");
   /* a flipped byte in a chunk header */
   copy_file(p, q);
-  flip_byte(q, 64 + 9);
+  nb_test_flip_byte(q, 64 + 9);
   r = nb_data_rec_open(ctx, q);
   CHECK(r && nb_data_rec_read(r, 0, &e) == NB_ERR_FORMAT);
   CHECK_ERR(ctx, NB_ERR_FORMAT, "does not match the footer");

@@ -63,11 +63,11 @@ static void test_bad_shards(nb_ctx *ctx) {
   CHECK(nb_data_shard_open(ctx, q) == NULL);
   CHECK_ERR(ctx, NB_ERR_FORMAT, "truncated");
   copy_file(p, q);
-  flip_byte(q, 20);
+  nb_test_flip_byte(q, 20);
   CHECK(nb_data_shard_open(ctx, q) == NULL);
   CHECK_ERR(ctx, NB_ERR_FORMAT, "header checksum");
   copy_file(p, q);
-  flip_byte(q, 64 + 2 * 1234);
+  nb_test_flip_byte(q, 64 + 2 * 1234);
   nb_data_shard *s = nb_data_shard_open(ctx, q);
   CHECK(s != NULL);
   if (s) {
@@ -75,7 +75,7 @@ static void test_bad_shards(nb_ctx *ctx) {
     CHECK_ERR(ctx, NB_ERR_FORMAT, "data checksum mismatch");
     nb_data_shard_close(s);
   }
-  write_text(q, "hello");
+  nb_test_write_text(q, "hello");
   CHECK(nb_data_shard_open(ctx, q) == NULL);
   CHECK_ERR(ctx, NB_ERR_FORMAT, "not a token shard");
 }
@@ -130,9 +130,9 @@ static void test_build(nb_ctx *ctx) {
   char d[512], p[512], out[512];
   tpath(d, "corpus");
   mkdir(d, 0755);
-  write_text(tpath(p, "corpus/b.txt"), "hello world\r\n\nsecond line\n");
-  write_text(tpath(p, "corpus/a.jsonl"), "{\"text\": \"abc\", \"id\": 1}\n\n{\"text\": \"de\"}\n");
-  write_text(tpath(p, "corpus/.hidden"), "never read");
+  nb_test_write_text(tpath(p, "corpus/b.txt"), "hello world\r\n\nsecond line\n");
+  nb_test_write_text(tpath(p, "corpus/a.jsonl"), "{\"text\": \"abc\", \"id\": 1}\n\n{\"text\": \"de\"}\n");
+  nb_test_write_text(tpath(p, "corpus/.hidden"), "never read");
   const char *inputs[1] = {d};
   int64_t n = 0;
   CHECK_OK(ctx, nb_data_build_shard(ctx, tpath(out, "b.tok"), 1, inputs, NULL, NULL, 0, &n));
@@ -158,7 +158,7 @@ static void test_build(nb_ctx *ctx) {
   CHECK(r && nb_data_rec_read(r, 2, &e) == NB_OK && e.len == 11 && !memcmp(e.bytes, "hello world", 11));
   nb_data_elem_clear(ctx, &e);
   nb_data_rec_close(r);
-  write_text(tpath(p, "bad.jsonl"), "{\"text\": \"ok\"}\n{\"body\": \"x\"}\n");
+  nb_test_write_text(tpath(p, "bad.jsonl"), "{\"text\": \"ok\"}\n{\"body\": \"x\"}\n");
   CHECK(nb_data_build_records(ctx, out, 1, (const char *[]){p}, NULL, NULL, &n) == NB_ERR_FORMAT);
   CHECK_ERR(ctx, NB_ERR_FORMAT, "bad.jsonl' line 2: no string field 'text'");
   CHECK(nb_data_rec_open(ctx, out) == NULL); /* the failed build left no valid file */

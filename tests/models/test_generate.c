@@ -7,7 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "test.h"
+#include "model_test_util.h"
 
 /* ---------------------------------------------------------------- the sampler */
 
@@ -142,19 +142,7 @@ static void test_sampler(nb_ctx *ctx) {
 
 /* ---------------------------------------------------------------- the generator */
 
-static nb_model_config tiny(const char *preset) {
-  nb_model_config c;
-  nb_model_config_preset(NULL, preset, &c);
-  c.vocab_size = 32;
-  c.d_model = 16;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = strstr(preset, "gpt2") ? 4 : 2;
-  c.d_ff = 24;
-  c.max_seq_len = 40;
-  c.init_std = 0.3;
-  return c;
-}
+static nb_model_config tiny(const char *preset) { return tiny_config(preset, 40); }
 
 /* greedy continuation by running the full forward on the whole sequence for
  * every new token (the interpreter, no cache) */
@@ -324,16 +312,9 @@ static void test_seeds_and_bounds(nb_ctx *ctx) {
 
 /* ---------------------------------------------------------------- loading a run dir */
 
-static void rm_rf(const char *dir) {
-  char cmd[600];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  CHECK(system(cmd) == 0);
-}
-
 static void test_run_dir(nb_ctx *ctx) {
   char dir[256];
-  snprintf(dir, sizeof dir, "%s/nabla_gen_XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-  CHECK(mkdtemp(dir) != NULL);
+  nb_test_scratch_dir(dir, sizeof dir, "models", "gen");
   nb_model_run_config rc;
   nb_model_run_config_defaults(&rc);
   CHECK_OK(ctx, nb_model_run_config_set(ctx, &rc, "model.preset=gpt2-tiny"));
@@ -341,9 +322,7 @@ static void test_run_dir(nb_ctx *ctx) {
   rc.data.seq_len = 32;
   char p[400];
   snprintf(p, sizeof p, "%s/config.yaml", dir);
-  FILE *f = fopen(p, "w");
-  nb_model_run_config_write(&rc, f);
-  fclose(f);
+  write_run_config(p, &rc);
   nb_array *key = nb_key(ctx, 4);
   nb_tree *params = nb_model_init(ctx, &rc.model, key);
   snprintf(p, sizeof p, "%s/checkpoints", dir);
@@ -375,15 +354,13 @@ static void test_run_dir(nb_ctx *ctx) {
   CHECK(nb_model_load_run_dir(ctx, "/nonexistent/run", NULL, &m) == NB_ERR_NOT_FOUND);
   CHECK_ERR(ctx, NB_ERR_NOT_FOUND, "run dir '/nonexistent/run' does not exist");
   snprintf(p, sizeof p, "%s/config.yaml", dir);
-  f = fopen(p, "w");
+  FILE *f = fopen(p, "w");
   fprintf(f, "model:\n  preset: gpt2-tiny\n  d_model: 32\n");
   fclose(f);
   CHECK(nb_model_load_run_dir(ctx, dir, NULL, &m) == NB_ERR_SHAPE);
   CHECK_ERR(ctx, NB_ERR_SHAPE, "parameter 'embed/embedding' is f32[32,16], the model config wants f32[256,32]");
   snprintf(rc.data.tokenizer, sizeof rc.data.tokenizer, "no_such_tokenizer.json");
-  f = fopen(p, "w");
-  nb_model_run_config_write(&rc, f);
-  fclose(f);
+  write_run_config(p, &rc);
   CHECK(nb_model_load_checkpoint(ctx, step, NULL, &m) == NB_ERR_NOT_FOUND);
   CHECK_ERR(ctx, NB_ERR_NOT_FOUND, "data.tokenizer 'no_such_tokenizer.json' not found");
   unlink(p);
@@ -391,7 +368,7 @@ static void test_run_dir(nb_ctx *ctx) {
   CHECK_ERR(ctx, NB_ERR_NOT_FOUND, "no config.yaml");
   CHECK(nb_model_load_checkpoint(ctx, step, NULL, &m) == NB_ERR_NOT_FOUND);
   CHECK_ERR(ctx, NB_ERR_NOT_FOUND, "give one with --config");
-  rm_rf(dir);
+  CHECK(nb_test_rm_rf(dir) == 0);
   nb_tree_destroy(params);
   nb_array_release(key);
 }

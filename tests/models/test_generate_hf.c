@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "json_golden.h"
+#include "testfs.h"
 
 #define HF_DIR "tests/models/golden/hf_llama_tiny"
 
@@ -173,19 +174,25 @@ static void test_variants(nb_ctx *ctx) {
   CHECK(m.cfg.tie_embeddings && m.params && nb_tree_find(m.params, "lm_head/kernel") < 0 && !m.tok && m.n_eos == 1);
   nb_model_loaded_free(&m);
   nb_tree_destroy(no_head);
-  /* config.json errors */
-  make_dir(ctx, "no_hidden", drop_hidden_size, raw, dir, sizeof dir);
-  expect(ctx, dir, NB_ERR_FORMAT, "config.json: field 'hidden_size' is missing");
-  make_dir(ctx, "yarn", yarn, raw, dir, sizeof dir);
-  expect(ctx, dir, NB_ERR_UNIMPLEMENTED, "config.json: field 'rope_scaling.rope_type' is 'yarn'; supported: default, linear, llama3");
-  make_dir(ctx, "mistral", mistral, raw, dir, sizeof dir);
-  expect(ctx, dir, NB_ERR_UNIMPLEMENTED, "config.json: field 'model_type' is 'mistral'; only 'llama' is supported");
-  make_dir(ctx, "gelu", gelu, raw, dir, sizeof dir);
-  expect(ctx, dir, NB_ERR_UNIMPLEMENTED, "field 'hidden_act' is 'gelu'");
-  make_dir(ctx, "no_factor", no_factor, raw, dir, sizeof dir);
-  expect(ctx, dir, NB_ERR_FORMAT, "field 'rope_scaling' needs a positive number 'factor'");
-  make_dir(ctx, "bad_layers", bad_layers, raw, dir, sizeof dir);
-  expect(ctx, dir, NB_ERR_FORMAT, "field 'num_hidden_layers' must be a positive integer");
+  /* config.json errors: one folder per edit of the golden's config */
+  static const struct {
+    const char *name;
+    void (*edit)(cJSON *);
+    nb_status st;
+    const char *needle;
+  } bad_cfg[] = {
+      {"no_hidden", drop_hidden_size, NB_ERR_FORMAT, "config.json: field 'hidden_size' is missing"},
+      {"yarn", yarn, NB_ERR_UNIMPLEMENTED,
+       "config.json: field 'rope_scaling.rope_type' is 'yarn'; supported: default, linear, llama3"},
+      {"mistral", mistral, NB_ERR_UNIMPLEMENTED, "config.json: field 'model_type' is 'mistral'; only 'llama' is supported"},
+      {"gelu", gelu, NB_ERR_UNIMPLEMENTED, "field 'hidden_act' is 'gelu'"},
+      {"no_factor", no_factor, NB_ERR_FORMAT, "field 'rope_scaling' needs a positive number 'factor'"},
+      {"bad_layers", bad_layers, NB_ERR_FORMAT, "field 'num_hidden_layers' must be a positive integer"},
+  };
+  for (size_t i = 0; i < sizeof bad_cfg / sizeof bad_cfg[0]; i++) {
+    make_dir(ctx, bad_cfg[i].name, bad_cfg[i].edit, raw, dir, sizeof dir);
+    expect(ctx, dir, bad_cfg[i].st, bad_cfg[i].needle);
+  }
   /* weight errors */
   make_dir(ctx, "no_weights", NULL, NULL, dir, sizeof dir);
   expect(ctx, dir, NB_ERR_NOT_FOUND, "no model.safetensors or model.safetensors.index.json");
@@ -217,15 +224,12 @@ int main(void) {
   nb_ctx *ctx = nb_ctx_create();
   golden = nb_test_golden_load("tests/models/golden/hf_llama_tiny.json");
   CHECK(golden);
-  snprintf(scratch, sizeof scratch, "%s/nabla_hf_XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-  CHECK(mkdtemp(scratch) != NULL);
+  nb_test_scratch_dir(scratch, sizeof scratch, "models", "hf");
   if (golden) {
     test_load_and_match(ctx);
     test_variants(ctx);
   }
-  char cmd[300];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", scratch);
-  CHECK(system(cmd) == 0);
+  CHECK(nb_test_rm_rf(scratch) == 0);
   cJSON_Delete(golden);
   CHECK_MSG(nb_ctx_bytes_in_use(ctx) == 0, "%zu bytes leaked", nb_ctx_bytes_in_use(ctx));
   nb_ctx_destroy(ctx);

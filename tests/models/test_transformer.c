@@ -4,27 +4,9 @@
  * plain gradients, MoE losses, upcycling (an upcycled model computes what
  * the dense one did), packed documents, the linear hook on a whole model,
  * dropout in train mode, and errors. */
-#include "test.h"
+#include "model_test_util.h"
 
-static nb_model_config tiny(const char *preset) {
-  nb_model_config c;
-  nb_model_config_preset(NULL, preset, &c);
-  c.vocab_size = 32;
-  c.d_model = 16;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = strstr(preset, "gpt2") ? 4 : 2;
-  c.d_ff = 24;
-  c.max_seq_len = 16;
-  if (c.n_experts) {
-    c.n_experts = 4;
-    c.top_k = 2;
-    c.moe_d_ff = strstr(preset, "deepseek") ? 8 : 24;
-  }
-  c.init_std = 0.3;
-  c.router_init_std = 0.3;
-  return c;
-}
+static nb_model_config tiny(const char *preset) { return tiny_config(preset, 16); }
 
 static nb_array *tokens(nb_ctx *ctx, int64_t b, int64_t t, int seed) {
   nb_test_rng r = {(uint64_t)seed};

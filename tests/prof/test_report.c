@@ -4,8 +4,9 @@
  * a page, failures leave the old page and no temporary file, and allocation
  * failures are clean. */
 #include <dirent.h>
+#include <unistd.h>
 
-#include "prof_test_util.h"
+#include "testfs.h"
 
 static char dir[4096];
 
@@ -69,9 +70,9 @@ static void test_report(nb_ctx *ctx) {
   char in[4200], out[4200];
   write_metrics(in_dir(in, "metrics.jsonl"));
   in_dir(out, "report.html");
-  spit(out, "an older report\n");
+  nb_test_write_text(out, "an older report\n");
   CHECK_OK(ctx, nb_prof_report_html(ctx, in, out, "Run <x> & y"));
-  char *html = slurp(out, NULL);
+  char *html = nb_test_read_file(out, NULL);
   CHECK(html != NULL);
   if (!html) return;
   CHECK(!strncmp(html, "<!DOCTYPE html>", 15) && strstr(html, "</html>"));
@@ -127,7 +128,7 @@ static void test_report(nb_ctx *ctx) {
 
   /* no title: the file name */
   CHECK_OK(ctx, nb_prof_report_html(ctx, in, out, NULL));
-  html = slurp(out, NULL);
+  html = nb_test_read_file(out, NULL);
   CHECK(html && strstr(html, "<title>metrics.jsonl</title>"));
   free(html);
 }
@@ -140,7 +141,7 @@ static void test_thinning(nb_ctx *ctx) {
   for (int s = 0; s < 20000; s++) fprintf(f, "{\"step\":%d,\"loss\":%d}\n", s, s == 12345 ? 100 : 1);
   fclose(f);
   CHECK_OK(ctx, nb_prof_report_html(ctx, in, in_dir(out, "long.html"), "long"));
-  char *html = slurp(out, NULL);
+  char *html = nb_test_read_file(out, NULL);
   const char *pts = "";
   int n = html ? polyline_points(html, 0, &pts) : -1;
   CHECK_MSG(n > 100 && n < 4 * 600, "%d points", n);
@@ -154,13 +155,13 @@ static void test_thinning(nb_ctx *ctx) {
 
 static void expect_format_error(nb_ctx *ctx, const char *text, int line, const char *what) {
   char in[4200], out[4200], needle[4400];
-  spit(in_dir(in, "bad.jsonl"), text);
+  nb_test_write_text(in_dir(in, "bad.jsonl"), text);
   in_dir(out, "bad.html");
-  spit(out, "old page\n");
+  nb_test_write_text(out, "old page\n");
   CHECK(nb_prof_report_html(ctx, in, out, "t") == NB_ERR_FORMAT);
   snprintf(needle, sizeof needle, "%s:%d: %s", in, line, what);
   CHECK_ERR(ctx, NB_ERR_FORMAT, needle);
-  char *old = slurp(out, NULL);
+  char *old = nb_test_read_file(out, NULL);
   CHECK(old && !strcmp(old, "old page\n")); /* left alone */
   free(old);
   remove(in);
@@ -184,7 +185,7 @@ static void test_errors(nb_ctx *ctx) {
   char in[4200], out[4200];
   CHECK(nb_prof_report_html(ctx, in_dir(in, "missing.jsonl"), in_dir(out, "x.html"), NULL) == NB_ERR_IO);
   CHECK_ERR(ctx, NB_ERR_IO, in);
-  spit(in_dir(in, "fine.jsonl"), ok);
+  nb_test_write_text(in_dir(in, "fine.jsonl"), ok);
   CHECK(nb_prof_report_html(ctx, in, in_dir(out, "no/such/dir/r.html"), NULL) == NB_ERR_IO);
   CHECK_ERR(ctx, NB_ERR_IO, "no/such/dir/r.html");
   CHECK(nb_prof_report_html(ctx, NULL, out, NULL) == NB_ERR_INVALID_ARG);
@@ -196,9 +197,9 @@ static void test_empty(nb_ctx *ctx) {
   const char *texts[] = {"", "\n  \n\r\n"};
   for (int i = 0; i < 2; i++) {
     char in[4200], out[4200];
-    spit(in_dir(in, "empty.jsonl"), texts[i]);
+    nb_test_write_text(in_dir(in, "empty.jsonl"), texts[i]);
     CHECK_OK(ctx, nb_prof_report_html(ctx, in, in_dir(out, "empty.html"), "empty run"));
-    char *html = slurp(out, NULL);
+    char *html = nb_test_read_file(out, NULL);
     CHECK(html && strstr(html, "No metrics yet") && !strstr(html, "<svg") && strstr(html, "</html>"));
     free(html);
     remove(in);
@@ -208,7 +209,7 @@ static void test_empty(nb_ctx *ctx) {
 
 static void test_alloc_failures(nb_ctx *ctx) {
   char in[4200], out[4200];
-  spit(in_dir(in, "small.jsonl"), "{\"step\":0,\"loss\":3,\"lr\":1}\n{\"step\":1,\"loss\":2,\"eval_loss\":2.5,\"x\":1}\n");
+  nb_test_write_text(in_dir(in, "small.jsonl"), "{\"step\":0,\"loss\":3,\"lr\":1}\n{\"step\":1,\"loss\":2,\"eval_loss\":2.5,\"x\":1}\n");
   in_dir(out, "small.html");
   size_t base = nb_ctx_bytes_in_use(ctx);
   bool done = false;
@@ -229,13 +230,13 @@ static void test_alloc_failures(nb_ctx *ctx) {
 
 int main(void) {
   nb_ctx *ctx = nb_ctx_create();
-  scratch_dir(dir, sizeof dir, "report");
+  nb_test_scratch_dir(dir, sizeof dir, "prof", "report");
   test_report(ctx);
   test_thinning(ctx);
   test_errors(ctx);
   test_empty(ctx);
   test_alloc_failures(ctx);
-  rm_rf(dir);
+  nb_test_rm_rf(dir);
   nb_ctx_destroy(ctx);
   return nb_test_summary("prof/test_report");
 }

@@ -4,8 +4,9 @@
  * same directory, bad log directories and arguments, allocation failures. */
 #include <math.h>
 #include <time.h>
+#include <unistd.h>
 
-#include "prof_test_util.h"
+#include "testfs.h"
 
 /* ---- an independent decoder --------------------------------------------- */
 
@@ -153,7 +154,7 @@ static int decode_file(const uint8_t *p, size_t n, rec *recs, int cap) {
 
 static int decode_path(const char *path, rec *recs, int cap) {
   size_t n;
-  char *p = slurp(path, &n);
+  char *p = nb_test_read_file(path, &n);
   if (!p) return -1;
   int k = decode_file((const uint8_t *)p, n, recs, cap);
   free(p);
@@ -267,7 +268,7 @@ static void test_roundtrip(nb_ctx *ctx, const char *dir) {
   /* the decoder is not a rubber stamp: one flipped byte in the last record's
    * data (its float) fails the data CRC */
   size_t len;
-  char *bytes = slurp(path, &len);
+  char *bytes = nb_test_read_file(path, &len);
   CHECK(bytes && len > 8);
   if (bytes) {
     bytes[len - 6] ^= 1;
@@ -279,7 +280,7 @@ static void test_roundtrip(nb_ctx *ctx, const char *dir) {
 static void test_bad_logdir(nb_ctx *ctx, const char *dir) {
   char file[4200], under[4300];
   snprintf(file, sizeof file, "%s/plain_file", dir);
-  spit(file, "not a directory\n");
+  nb_test_write_text(file, "not a directory\n");
   CHECK(nb_prof_tb_create(ctx, file) == NULL);
   CHECK_ERR(ctx, NB_ERR_IO, file);
   snprintf(under, sizeof under, "%s/sub/tb", file);
@@ -315,11 +316,11 @@ static void test_alloc_failures(nb_ctx *ctx, const char *dir) {
 int main(void) {
   nb_ctx *ctx = nb_ctx_create();
   char dir[4096];
-  scratch_dir(dir, sizeof dir, "tb");
+  nb_test_scratch_dir(dir, sizeof dir, "prof", "tb");
   test_roundtrip(ctx, dir);
   test_bad_logdir(ctx, dir);
   test_alloc_failures(ctx, dir);
-  rm_rf(dir);
+  nb_test_rm_rf(dir);
   nb_ctx_destroy(ctx);
   return nb_test_summary("prof/test_tb");
 }

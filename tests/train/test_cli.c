@@ -11,14 +11,6 @@
 
 static char work[256], tiny[2048];
 
-static int run(const char *cmd, char *out, size_t cap) {
-  FILE *p = popen(cmd, "r");
-  if (!p) return -1;
-  size_t n = fread(out, 1, cap - 1, p);
-  out[n] = 0;
-  return pclose(p);
-}
-
 /* The tiny config of train_util.h as command-line overrides, with a
  * constant learning rate so the total step count does not change the run. */
 static void make_tiny_args(void) {
@@ -67,13 +59,13 @@ static void test_errors(const char *bin) {
   static char out[1 << 16];
   char cmd[4096];
   snprintf(cmd, sizeof cmd, "%s train --run-dir %s/bad model.n_layer=2 2>&1", bin, work);
-  CHECK(run(cmd, out, sizeof out) != 0);
+  CHECK(nb_test_run(cmd, out, sizeof out) != 0);
   CHECK_MSG(strstr(out, "unknown key 'model.n_layer'"), "%s", out);
   snprintf(cmd, sizeof cmd, "%s train --run-dir %s/bad data.train=%s/missing.txt 2>&1", bin, work, work);
-  CHECK(run(cmd, out, sizeof out) != 0);
+  CHECK(nb_test_run(cmd, out, sizeof out) != 0);
   CHECK_MSG(strstr(out, "data.train") && strstr(out, "missing.txt"), "%s", out);
   snprintf(cmd, sizeof cmd, "%s train --bogus 2>&1", bin);
-  CHECK(run(cmd, out, sizeof out) != 0 && strstr(out, "usage: nabla train"));
+  CHECK(nb_test_run(cmd, out, sizeof out) != 0 && strstr(out, "usage: nabla train"));
 }
 
 static void test_run_and_sigterm(nb_ctx *ctx, const char *bin) {
@@ -83,7 +75,7 @@ static void test_run_and_sigterm(nb_ctx *ctx, const char *bin) {
   snprintf(sig, sizeof sig, "%s/sig", work);
   /* the uninterrupted reference, 200 steps */
   snprintf(cmd, sizeof cmd, "%s train --run-dir %s %s steps=200 2>&1", bin, ref, tiny);
-  CHECK_MSG(run(cmd, out, sizeof out) == 0, "%s", out);
+  CHECK_MSG(nb_test_run(cmd, out, sizeof out) == 0, "%s", out);
   CHECK_MSG(strstr(out, "unigram entropy") && strstr(out, "MFU") && strstr(out, "done: step 200"), "%s", out);
   static char lref[256][40], lsig[256][40];
   CHECK(read_metrics(ref, lref, 255) == 200);
@@ -122,25 +114,20 @@ static void test_run_and_sigterm(nb_ctx *ctx, const char *bin) {
   printf("SIGTERM after %d logged steps: checkpoint at step %lld\n", k, (long long)latest);
   /* the same command (but 200 steps) resumes */
   snprintf(cmd, sizeof cmd, "%s train --run-dir %s %s steps=200 2>&1", bin, sig, tiny);
-  CHECK_MSG(run(cmd, out, sizeof out) == 0 && strstr(out, "resumed from the checkpoint"), "%s", out);
+  CHECK_MSG(nb_test_run(cmd, out, sizeof out) == 0 && strstr(out, "resumed from the checkpoint"), "%s", out);
   CHECK(read_metrics(sig, lsig, 255) == 200);
   for (int s = 1; s <= 200; s++) CHECK_MSG(!strcmp(lref[s], lsig[s]), "step %d: loss %s vs %s", s, lref[s], lsig[s]);
 }
 
 int main(void) {
-  const char *bin = getenv("NABLA_BIN");
-  if (!bin) {
-    printf("NABLA_BIN not set: skipped\n");
-    return nb_test_summary("train/cli");
-  }
+  const char *bin = nb_test_nabla_bin();
+  if (!bin) return nb_test_summary("train/cli");
   make_workdir(work, sizeof work);
   make_tiny_args();
   nb_ctx *ctx = nb_ctx_create();
   test_errors(bin);
   test_run_and_sigterm(ctx, bin);
   nb_ctx_destroy(ctx);
-  char cmd[400];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", work);
-  if (!nb_test_failures && system(cmd)) fprintf(stderr, "could not remove %s\n", work);
+  if (!nb_test_failures) nb_test_rm_rf(work);
   return nb_test_summary("train/cli");
 }

@@ -278,8 +278,6 @@ int main(void) {
   test_shard_inputs(ctx);
   test_errors(ctx);
   nb_ctx_destroy(ctx);
-  char cmd[400];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", work);
-  if (!nb_test_failures && system(cmd)) fprintf(stderr, "could not remove %s\n", work);
+  if (!nb_test_failures) nb_test_rm_rf(work);
   return nb_test_summary("train/train");
 }

@@ -7,7 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "test.h"
+#include "testfs.h"
 
 enum { MAX_STEPS = 256 };
 
@@ -61,11 +61,7 @@ static inline void write_corpus(const char *path) {
 
 /* A temp dir holding corpus.txt; *dir gets its path. */
 static inline void make_workdir(char *dir, size_t cap) {
-  snprintf(dir, cap, "/tmp/nabla_train_test_XXXXXX");
-  if (!mkdtemp(dir)) {
-    perror("mkdtemp");
-    exit(1);
-  }
+  nb_test_scratch_dir(dir, cap, "train", "test");
   char p[512];
   snprintf(p, sizeof p, "%s/corpus.txt", dir);
   write_corpus(p);

@@ -112,21 +112,6 @@ static void on_step(void *ud, const nb_train_step_info *si) {
   fflush(stdout);
 }
 
-static double default_peak(int threads) {
-  const char *e = getenv("NABLA_PEAK_GFLOPS");
-  if (e && atof(e) > 0) return atof(e) * 1e9;
-  double mhz = 2000;
-  FILE *f = fopen("/proc/cpuinfo", "r");
-  char line[256];
-  while (f && fgets(line, sizeof line, f))
-    if (!strncmp(line, "cpu MHz", 7) && strchr(line, ':')) {
-      mhz = atof(strchr(line, ':') + 1);
-      break;
-    }
-  if (f) fclose(f);
-  return threads * mhz * 1e6 * 64;
-}
-
 int nb_cmd_train(int argc, char **argv) {
   const char *config = NULL, *run_dir = NULL;
   double peak = 0;
@@ -173,7 +158,7 @@ int nb_cmd_train(int argc, char **argv) {
   }
   if (threads <= 0) threads = getenv("NABLA_THREADS") ? atoi(getenv("NABLA_THREADS")) : 0;
   if (threads <= 0) threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
-  if (peak <= 0) peak = default_peak(threads);
+  if (peak <= 0) peak = nb_train_peak_flops_estimate(threads);
   printf("nabla train: run dir %s, config %s, %d threads\n", dir, config ? config : "<default: gpt2-tiny on data/corpus/kjv.txt>",
          threads);
   cli c = {0};

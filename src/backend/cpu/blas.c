@@ -1,17 +1,27 @@
 /* CPU backend: dot_general through OpenBLAS's cblas_sgemm / cblas_dgemm.
- * The primitive is looked up by name in the rules table, so this file
- * builds whether or not dot_general exists yet. Handled layouts: batch dims
- * leading and in order on both sides, the contracting dims consecutive on
- * each side (before or after the free dims: the transposes become the
- * call's flags), f32 or f64 throughout; anything else runs the reference
- * implementation. Batches are a loop of calls. */
+ * Any layout of floating operands: each operand is a batch of matrices
+ * (its free dims x its contracting dims, each group merged into one strided
+ * axis when memory allows). When one of the two axes has unit stride the
+ * buffer goes to BLAS as it is, the transposes becoming the call's flags and
+ * leading dims, the batch dims any strides; otherwise (free dims split by a
+ * batch dim) or when BLAS has no routine for the dtype (f16, bf16) the
+ * operand is packed once into a contiguous f32/f64 scratch, converting as
+ * it goes. A result of another dtype is computed in f32/f64 and converted.
+ * Items and blocks of items run on the runtime's pool, OpenBLAS on one
+ * thread inside each (set process-wide). Not here: integer dots (the
+ * reference implementation), epilogues (fused kernels after the step). */
 #include <stdatomic.h>
 #include <string.h>
 
 #include "compile/jit.h"
+#include "core/internal.h"
 #ifdef NABLA_HAVE_CBLAS
 #include <cblas.h>
 #endif
+
+#define TASKS_PER_THREAD 4 /* more tasks than threads even out a core that other work slows */
+#define MIN_BLOCK 128       /* rows or columns of a block of one item's result */
+#define PACK_TASK_ELEMS 32768 /* elements per packing task below which splitting does not pay */
 
 int nb_cpu__dot_prim(void) {
   static _Atomic int cached = -2;
@@ -24,98 +34,333 @@ int nb_cpu__dot_prim(void) {
   return c;
 }
 
-typedef struct gemm_shape {
+#ifdef NABLA_HAVE_CBLAS
+
+/* One operand as a batch of rows x cols matrices: rows are its free dims in
+ * order, cols its contracting dims in the dimension numbers' order. Strides
+ * are in elements. */
+typedef struct operand {
+  const char *base;
+  nb_dtype dt;
+  int nfree, ncon;
+  int64_t fext[NB_MAX_RANK], fstr[NB_MAX_RANK];
+  int64_t cext[NB_MAX_RANK], cstr[NB_MAX_RANK];
+  int64_t bstr[NB_MAX_RANK];
+  int64_t rows, cols;
+  bool merged;      /* free dims and contracting dims each collapse to one axis */
+  int64_t rs, cs;   /* merged: the strides of those two axes */
+} operand;
+
+typedef struct dot_plan {
+  int nb;
+  int64_t bext[NB_MAX_RANK];
   int64_t batch, m, n, k;
-  bool ta, tb;
-} gemm_shape;
+  operand a, b;     /* a is M x K, b is N x K */
+  nb_dtype ct, ot;  /* compute dtype (f32/f64), output dtype */
+} dot_plan;
 
-/* dims [from, from+n) of the operand, in order, are `list` */
-static bool consecutive(const int *list, int n, int from) {
-  for (int i = 0; i < n; i++)
-    if (list[i] != from + i) return false;
-  return true;
-}
+static bool is_float(nb_dtype t) { return t == NB_F16 || t == NB_BF16 || t == NB_F32 || t == NB_F64; }
 
-static bool shape_of(const nb_eqn *e, gemm_shape *g) {
-  const nb_dot_params *p = e->params;
-  const nb_dot_dims *dn = &p->dn;
-  const nb_shape *ls = &e->in[0]->aval.shape, *rs = &e->in[1]->aval.shape;
-  int nb = dn->n_batch, nc = dn->n_contract;
-  if (!consecutive(dn->lhs_batch, nb, 0) || !consecutive(dn->rhs_batch, nb, 0)) return false;
-  int lfree = ls->rank - nb - nc, rfree = rs->rank - nb - nc;
-  if (lfree < 0 || rfree < 0) return false;
-  if (consecutive(dn->lhs_contract, nc, ls->rank - nc)) g->ta = false;      /* [b, M, K] */
-  else if (consecutive(dn->lhs_contract, nc, nb)) g->ta = true;             /* [b, K, M] */
-  else return false;
-  if (consecutive(dn->rhs_contract, nc, nb)) g->tb = false;                 /* [b, K, N] */
-  else if (consecutive(dn->rhs_contract, nc, rs->rank - nc)) g->tb = true;  /* [b, N, K] */
-  else return false;
-  g->batch = g->m = g->n = g->k = 1;
-  for (int i = 0; i < nb; i++) g->batch *= ls->dims[i];
-  for (int i = 0; i < nc; i++) g->k *= ls->dims[dn->lhs_contract[i]];
-  for (int i = nb; i < ls->rank; i++) g->m *= ls->dims[i];
-  g->m /= g->k ? g->k : 1;
-  for (int i = nb; i < rs->rank; i++) g->n *= rs->dims[i];
-  g->n /= g->k ? g->k : 1;
-  if (g->k == 0) { /* sizes from the free dims directly */
-    g->m = g->n = 1;
-    for (int i = 0; i < ls->rank; i++) {
-      bool c = false;
-      for (int j = 0; j < nb + nc; j++) c |= (j < nb ? dn->lhs_batch[j] : dn->lhs_contract[j - nb]) == i;
-      if (!c) g->m *= ls->dims[i];
-    }
-    for (int i = 0; i < rs->rank; i++) {
-      bool c = false;
-      for (int j = 0; j < nb + nc; j++) c |= (j < nb ? dn->rhs_batch[j] : dn->rhs_contract[j - nb]) == i;
-      if (!c) g->n *= rs->dims[i];
-    }
+/* Can dims (ext, str) in this order be walked as one axis? Its stride in
+ * *stride. Dims of extent 1 do not count. */
+static bool collapse(int n, const int64_t *ext, const int64_t *str, int64_t *stride) {
+  int64_t expect = -1;
+  *stride = 1;
+  for (int i = n - 1; i >= 0; i--) {
+    if (ext[i] == 1) continue;
+    if (expect < 0) *stride = str[i];
+    else if (str[i] != expect) return false;
+    expect = str[i] * ext[i];
   }
   return true;
 }
+
+static void operand_of(const nb_val *v, int nb, const int *batch, int nc, const int *con, operand *o) {
+  const nb_shape *s = &v->aval.shape;
+  int64_t str[NB_MAX_RANK];
+  int64_t acc = 1;
+  for (int i = s->rank - 1; i >= 0; i--) str[i] = acc, acc *= s->dims[i];
+  memset(o, 0, sizeof *o);
+  o->dt = v->aval.dtype;
+  o->rows = o->cols = 1;
+  bool used[NB_MAX_RANK] = {false};
+  for (int i = 0; i < nb; i++) o->bstr[i] = str[batch[i]], used[batch[i]] = true;
+  for (int i = 0; i < nc; i++) {
+    o->cext[o->ncon] = s->dims[con[i]], o->cstr[o->ncon++] = str[con[i]], used[con[i]] = true;
+    o->cols *= s->dims[con[i]];
+  }
+  for (int i = 0; i < s->rank; i++)
+    if (!used[i]) o->fext[o->nfree] = s->dims[i], o->fstr[o->nfree++] = str[i], o->rows *= s->dims[i];
+  o->merged = collapse(o->nfree, o->fext, o->fstr, &o->rs) && collapse(o->ncon, o->cext, o->cstr, &o->cs);
+}
+
+static void plan_of(const nb_eqn *e, dot_plan *p) {
+  const nb_dot_params *dp = e->params;
+  const nb_dot_dims *dn = &dp->dn;
+  memset(p, 0, sizeof *p);
+  p->nb = dn->n_batch;
+  p->batch = 1;
+  for (int i = 0; i < dn->n_batch; i++) p->bext[i] = e->in[0]->aval.shape.dims[dn->lhs_batch[i]], p->batch *= p->bext[i];
+  operand_of(e->in[0], dn->n_batch, dn->lhs_batch, dn->n_contract, dn->lhs_contract, &p->a);
+  operand_of(e->in[1], dn->n_batch, dn->rhs_batch, dn->n_contract, dn->rhs_contract, &p->b);
+  p->m = p->a.rows, p->n = p->b.rows, p->k = p->a.cols;
+  p->ot = e->out[0]->aval.dtype;
+  p->ct = p->ot == NB_F64 || e->in[0]->aval.dtype == NB_F64 ? NB_F64 : NB_F32;
+}
+
+/* How a rows x cols matrix with strides (rs, cs) goes to BLAS as a row-major
+ * rows x cols operand: as it is (trans false, ld the row stride) or as the
+ * transpose of a cols x rows matrix (trans true, ld the col stride). The
+ * stride of an axis of extent <= 1 does not matter. */
+static bool as_blas(int64_t rows, int64_t cols, int64_t rs, int64_t cs, bool *trans, int64_t *ld) {
+  int64_t r1 = rows > 1 ? rows : 1, c1 = cols > 1 ? cols : 1;
+  if (cs == 1 || cols <= 1) {
+    int64_t l = rows <= 1 ? c1 : rs;
+    if (l >= c1 && l < (1ll << 31)) return *trans = false, *ld = l, true;
+  }
+  if (rs == 1 || rows <= 1) {
+    int64_t l = cols <= 1 ? r1 : cs;
+    if (l >= r1 && l < (1ll << 31)) return *trans = true, *ld = l, true;
+  }
+  return false;
+}
+
+static bool direct(const operand *o, nb_dtype ct) {
+  bool t;
+  int64_t ld;
+  return o->dt == ct && o->merged && as_blas(o->rows, o->cols, o->rs, o->cs, &t, &ld);
+}
+
+/* element offset of batch item b in an operand with batch strides bstr */
+static int64_t batch_offset(const dot_plan *p, const int64_t *bstr, int64_t b) {
+  int64_t off = 0;
+  for (int i = p->nb - 1; i >= 0; i--) {
+    off += b % p->bext[i] * bstr[i];
+    b /= p->bext[i];
+  }
+  return off;
+}
+
+/* ---------------------------------------------------------------- packing */
+
+/* offsets of every multi-index of dims (ext, str), row-major */
+static void offsets(int n, const int64_t *ext, const int64_t *str, int64_t *out) {
+  int64_t count = 1;
+  out[0] = 0;
+  for (int d = 0; d < n; d++) {
+    /* out[i * ext + j] = out[i] + j * str, built in place from the back */
+    for (int64_t i = count - 1; i >= 0; i--)
+      for (int64_t j = ext[d] - 1; j >= 0; j--) out[i * ext[d] + j] = out[i] + j * str[d];
+    count *= ext[d];
+  }
+}
+
+static double load(nb_dtype t, const char *base, int64_t i) {
+  switch (t) {
+  case NB_F32: return ((const float *)base)[i];
+  case NB_F64: return ((const double *)base)[i];
+  case NB_BF16: {
+    uint32_t bits = (uint32_t)((const uint16_t *)base)[i] << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+  }
+  default: return nb__load_f64(t, base, i);
+  }
+}
+
+/* One packing: rows [lo, hi) of the flattened (batch, outer) space. */
+typedef struct pack_job {
+  const dot_plan *p;
+  const operand *o;
+  nb_dtype ct;
+  char *dst;
+  const int64_t *outer, *inner;
+  int64_t R, C, units, ntasks;
+} pack_job;
+
+static void pack_rows(const pack_job *j, int64_t lo, int64_t hi) {
+  const operand *o = j->o;
+  const char *src = o->base;
+  int64_t C = j->C, item = o->rows * o->cols;
+  for (int64_t u = lo; u < hi; u++) {
+    int64_t b = u / j->R, r = u % j->R;
+    int64_t base = batch_offset(j->p, o->bstr, b) + j->outer[r], at = b * item + r * C;
+    const int64_t *inner = j->inner;
+    if (j->ct == NB_F32) {
+      float *d = (float *)j->dst + at;
+      if (o->dt == NB_BF16)
+        for (int64_t c = 0; c < C; c++) {
+          uint32_t bits = (uint32_t)((const uint16_t *)src)[base + inner[c]] << 16;
+          memcpy(d + c, &bits, 4);
+        }
+      else if (o->dt == NB_F32)
+        for (int64_t c = 0; c < C; c++) d[c] = ((const float *)src)[base + inner[c]];
+      else
+        for (int64_t c = 0; c < C; c++) d[c] = (float)load(o->dt, src, base + inner[c]);
+    } else {
+      double *d = (double *)j->dst + at;
+      for (int64_t c = 0; c < C; c++) d[c] = load(o->dt, src, base + inner[c]);
+    }
+  }
+}
+
+static void pack_task(void *arg, int t) {
+  const pack_job *j = arg;
+  pack_rows(j, j->units * t / j->ntasks, j->units * (t + 1) / j->ntasks);
+}
+
+/* Packs o into dst ([batch][rows][cols], or [batch][cols][rows] when the
+ * source walks the contracting dims faster: reads and writes then both run
+ * along memory) as dtype ct, split over the pool; sets o to describe dst.
+ * tab holds rows + cols offsets. */
+static void pack(const dot_plan *p, operand *o, nb_dtype ct, char *dst, int64_t *tab, nb_pool *pool) {
+  int64_t *ro = tab, *co = tab + o->rows;
+  offsets(o->nfree, o->fext, o->fstr, ro);
+  offsets(o->ncon, o->cext, o->cstr, co);
+  int64_t fmin = INT64_MAX, cmin = INT64_MAX;
+  for (int i = 0; i < o->nfree; i++)
+    if (o->fext[i] > 1 && o->fstr[i] < fmin) fmin = o->fstr[i];
+  for (int i = 0; i < o->ncon; i++)
+    if (o->cext[i] > 1 && o->cstr[i] < cmin) cmin = o->cstr[i];
+  bool cols_inner = cmin <= fmin;
+  pack_job j = {p, o, ct, dst, cols_inner ? ro : co, cols_inner ? co : ro, cols_inner ? o->rows : o->cols,
+                cols_inner ? o->cols : o->rows, 0, 1};
+  j.units = p->batch * j.R;
+  int64_t threads = nb_rt__pool_threads(pool), by_work = j.units * j.C / PACK_TASK_ELEMS;
+  j.ntasks = by_work < TASKS_PER_THREAD * threads ? by_work : TASKS_PER_THREAD * threads;
+  if (j.ntasks > j.units) j.ntasks = j.units;
+  if (j.ntasks <= 1) pack_rows(&j, 0, j.units);
+  else nb_rt__pool_run(pool, (int)j.ntasks, pack_task, &j);
+  int64_t item = o->rows * o->cols;
+  o->base = dst;
+  o->dt = ct;
+  o->merged = true;
+  o->rs = cols_inner ? o->cols : 1;
+  o->cs = cols_inner ? 1 : o->rows;
+  int64_t s = item; /* packed items follow each other */
+  for (int i = p->nb - 1; i >= 0; i--) o->bstr[i] = s, s *= p->bext[i];
+}
+
+/* ---------------------------------------------------------------- gemm */
+
+/* The work is split into tasks on the runtime's pool, each one sgemm on one
+ * OpenBLAS thread: batch items, and for fewer items than tasks, blocks of
+ * the longer side of each item's result (rows of C with rows of A, or
+ * columns with columns of B). OpenBLAS's own threads stay idle, so they
+ * never compete with the pool (they spin for a while after each threaded
+ * call, right when the next fused kernel wants the cores). */
+typedef struct gemm_job {
+  const dot_plan *p;
+  bool ta, tb;
+  int64_t lda, ldb;
+  char *c;          /* [batch][m][n] of ct */
+  int64_t blocks;   /* per item */
+  int64_t block;    /* rows (split_n: columns) per block */
+  bool split_n;
+  int64_t first;    /* task index of this pool run's task 0 */
+} gemm_job;
+
+static void gemm_task(void *arg, int t) {
+  const gemm_job *j = arg;
+  const dot_plan *p = j->p;
+  int64_t task = j->first + t, b = task / j->blocks, lo = task % j->blocks * j->block, side = j->split_n ? p->n : p->m;
+  int64_t hi = lo + j->block < side ? lo + j->block : side;
+  if (lo >= hi) return;
+  size_t es = p->ct == NB_F32 ? 4 : 8;
+  int64_t ao = batch_offset(p, p->a.bstr, b), bo = batch_offset(p, p->b.bstr, b), co = b * p->m * p->n;
+  int64_t m = p->m, n = p->n;
+  if (j->split_n) bo += j->tb ? lo * j->ldb : lo, co += lo, n = hi - lo;
+  else ao += j->ta ? lo : lo * j->lda, co += lo * p->n, m = hi - lo;
+  const char *A = p->a.base + (size_t)ao * es, *B = p->b.base + (size_t)bo * es;
+  char *C = j->c + (size_t)co * es;
+  enum CBLAS_TRANSPOSE ta = j->ta ? CblasTrans : CblasNoTrans, tb = j->tb ? CblasTrans : CblasNoTrans;
+  if (p->ct == NB_F32)
+    cblas_sgemm(CblasRowMajor, ta, tb, (int)m, (int)n, (int)p->k, 1.0f, (const float *)A, (int)j->lda, (const float *)B,
+                (int)j->ldb, 0.0f, (float *)C, (int)p->n);
+  else
+    cblas_dgemm(CblasRowMajor, ta, tb, (int)m, (int)n, (int)p->k, 1.0, (const double *)A, (int)j->lda, (const double *)B,
+                (int)j->ldb, 0.0, (double *)C, (int)p->n);
+}
+
+static void run_gemms(gemm_job *j, nb_pool *pool) {
+  const dot_plan *p = j->p;
+  int64_t threads = nb_rt__pool_threads(pool), want = TASKS_PER_THREAD * threads;
+  j->split_n = p->n > p->m;
+  int64_t side = j->split_n ? p->n : p->m;
+  j->blocks = threads > 1 && p->batch < want ? (want + p->batch - 1) / p->batch : 1;
+  j->block = (side + j->blocks - 1) / j->blocks;
+  if (j->block < MIN_BLOCK) j->block = MIN_BLOCK; /* below this, re-packing the other operand per block shows */
+  j->block = (j->block + 15) / 16 * 16;
+  j->blocks = (side + j->block - 1) / j->block;
+  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+  int64_t ntasks = p->batch * j->blocks;
+  for (j->first = 0; j->first < ntasks; j->first += INT32_MAX) /* pool task indices are ints */
+    nb_rt__pool_run(pool, (int)(ntasks - j->first < INT32_MAX ? ntasks - j->first : INT32_MAX), gemm_task, j);
+}
+
+static void convert_out(const dot_plan *p, const char *src, void *out) {
+  int64_t n = p->batch * p->m * p->n;
+  if (p->ct == NB_F32)
+    for (int64_t i = 0; i < n; i++) nb__store_f64(p->ot, out, i, ((const float *)src)[i]);
+  else
+    for (int64_t i = 0; i < n; i++) nb__store_f64(p->ot, out, i, ((const double *)src)[i]);
+}
+
+#endif /* NABLA_HAVE_CBLAS */
 
 bool nb_cpu__blas_supported(const nb_eqn *e) {
 #ifdef NABLA_HAVE_CBLAS
   if ((int)e->prim != nb_cpu__dot_prim() || e->nin != 2 || e->nout != 1 || !e->params) return false;
   nb_dtype t = e->in[0]->aval.dtype;
-  if ((t != NB_F32 && t != NB_F64) || e->in[1]->aval.dtype != t || e->out[0]->aval.dtype != t) return false;
-  gemm_shape g;
-  return shape_of(e, &g) && g.m < (1ll << 31) && g.n < (1ll << 31) && g.k < (1ll << 31);
+  if (!is_float(t) || e->in[1]->aval.dtype != t || !is_float(e->out[0]->aval.dtype)) return false;
+  dot_plan p;
+  plan_of(e, &p);
+  /* packed operands have leading dims of at most max(m, n, k) */
+  return p.m < (1ll << 31) && p.n < (1ll << 31) && p.k < (1ll << 31);
 #else
   (void)e;
   return false;
 #endif
 }
 
-void nb_cpu__blas_run(const nb_eqn *e, const void *lhs, const void *rhs, void *out) {
+nb_status nb_cpu__blas_run(nb_ctx *ctx, nb_pool *pool, const nb_eqn *e, const void *lhs, const void *rhs, void *out) {
 #ifdef NABLA_HAVE_CBLAS
-  gemm_shape g;
-  if (!shape_of(e, &g) || g.m == 0 || g.n == 0) return;
-  bool f32 = e->out[0]->aval.dtype == NB_F32;
-  size_t es = f32 ? 4 : 8;
-  if (g.k == 0) {
-    memset(out, 0, (size_t)(g.batch * g.m * g.n) * es);
-    return;
+  dot_plan p;
+  plan_of(e, &p);
+  p.a.base = lhs, p.b.base = rhs;
+  size_t es = p.ct == NB_F32 ? 4 : 8;
+  if (p.batch == 0 || p.m == 0 || p.n == 0) return NB_OK;
+  if (p.k == 0) {
+    memset(out, 0, (size_t)(p.batch * p.m * p.n) * (size_t)nb_dtype_size(p.ot)); /* +0.0 in every float dtype */
+    return NB_OK;
   }
-  int lda = (int)(g.ta ? g.m : g.k), ldb = (int)(g.tb ? g.k : g.n);
-  for (int64_t b = 0; b < g.batch; b++) {
-    const char *A = (const char *)lhs + (size_t)(b * g.m * g.k) * es, *B = (const char *)rhs + (size_t)(b * g.k * g.n) * es;
-    char *C = (char *)out + (size_t)(b * g.m * g.n) * es;
-    if (f32)
-      cblas_sgemm(CblasRowMajor, g.ta ? CblasTrans : CblasNoTrans, g.tb ? CblasTrans : CblasNoTrans, (int)g.m, (int)g.n,
-                  (int)g.k, 1.0f, (const float *)A, lda, (const float *)B, ldb, 0.0f, (float *)C, (int)g.n);
-    else
-      cblas_dgemm(CblasRowMajor, g.ta ? CblasTrans : CblasNoTrans, g.tb ? CblasTrans : CblasNoTrans, (int)g.m, (int)g.n,
-                  (int)g.k, 1.0, (const double *)A, lda, (const double *)B, ldb, 0.0, (double *)C, (int)g.n);
-  }
+  bool pa = !direct(&p.a, p.ct), pb = !direct(&p.b, p.ct), pc = p.ot != p.ct;
+  /* scratch: offset tables, then packed lhs, rhs and the result, each on 64 bytes */
+#define ROUND64(x) (((x) + 63) & ~(size_t)63)
+  size_t st = pa || pb ? ROUND64((size_t)(p.m + p.n + 2 * p.k) * sizeof(int64_t)) : 0;
+  size_t sa = pa ? ROUND64((size_t)(p.batch * p.m * p.k) * es) : 0, sb = pb ? ROUND64((size_t)(p.batch * p.n * p.k) * es) : 0;
+  size_t sc = pc ? (size_t)(p.batch * p.m * p.n) * es : 0, total = st + sa + sb + sc;
+#undef ROUND64
+  char *scratch = NULL;
+  if (total && !(scratch = nb_alloc(ctx, total)))
+    return nb_errorf(ctx, NB_ERR_NOMEM, "dot_general: out of memory for a %zu-byte BLAS scratch (traced at %s:%d)", total,
+                     e->loc.file ? e->loc.file : "?", e->loc.line);
+  int64_t *tab = (int64_t *)scratch;
+  if (pa) pack(&p, &p.a, p.ct, scratch + st, tab, pool);
+  if (pb) pack(&p, &p.b, p.ct, scratch + st + sa, tab + p.m + p.k, pool);
+  gemm_job j = {.p = &p, .c = pc ? scratch + st + sa + sb : out};
+  bool t;
+  as_blas(p.m, p.k, p.a.rs, p.a.cs, &j.ta, &j.lda);
+  as_blas(p.n, p.k, p.b.rs, p.b.cs, &t, &j.ldb);
+  j.tb = !t; /* b is N x K; BLAS wants K x N */
+  run_gemms(&j, pool);
+  if (pc) convert_out(&p, j.c, out);
+  nb_dealloc(ctx, scratch, total);
+  return NB_OK;
 #else
-  (void)e, (void)lhs, (void)rhs, (void)out;
+  (void)ctx, (void)pool, (void)lhs, (void)rhs, (void)out;
+  return nb_errorf(ctx, NB_ERR_UNIMPLEMENTED, "dot_general: built without BLAS (%s)", nb__rules(e->prim)->name);
 #endif
 }
 
-void nb_cpu__blas_threads(int n) {
-#ifdef NABLA_HAVE_CBLAS
-  openblas_set_num_threads(n > 0 ? n : 1);
-#else
-  (void)n;
-#endif
-}

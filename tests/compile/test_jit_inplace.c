@@ -1,0 +1,148 @@
+/* In-place optimizer updates through nb_jit: an AdamW step over a small
+ * tree with params and state donated runs in place (the outputs are the
+ * inputs' memory), matches the interpreter over several steps fed back as
+ * the trainer does, keeps no temporaries beyond scalars, computes the
+ * scalar bias corrections once in their own kernel (not per element), and
+ * marks the aliasing element loops with ivdep so that they vectorize. */
+#include "jitcheck.h"
+
+static nb_ctx *ctx;
+static nb_test_rng rng = {777};
+
+static void add(nb_tree *t, const char *path, int rank, const int64_t *dims) {
+  nb_array *a = nb_test_randn(ctx, &rng, NB_F32, rank, dims);
+  nb_tree_set_array(t, path, a);
+  nb_array_release(a);
+}
+
+static bool file_has(const char *path, const char *needle) {
+  FILE *f = path ? fopen(path, "rb") : NULL;
+  if (!f) return false;
+  static char buf[1 << 20];
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  return strstr(buf, needle) != NULL;
+}
+
+/* copies every leaf of t (fresh arrays, held once) */
+static nb_tree *deep_copy(const nb_tree *t) {
+  nb_tree *c = nb_tree_create(ctx);
+  for (size_t i = 0; i < nb_tree_size(t); i++) {
+    nb_array *a = nb_tree_leaf(t, i)->array, *b = nb_array_empty(ctx, nb_array_dtype(a), nb_array_rank(a), nb_array_dims(a));
+    memcpy(nb_array_data_mut(b), nb_array_data(a), (size_t)nb_array_size(a) * nb_dtype_size(nb_array_dtype(a)));
+    nb_tree_set_array(c, nb_tree_path(t, i), b);
+    nb_array_release(b);
+  }
+  return c;
+}
+
+static void test_adamw_in_place(const char *disable) {
+  nb_tree *params = nb_tree_create(ctx), *grads = nb_tree_create(ctx);
+  add(params, "w", 2, (int64_t[]){33, 17});
+  add(params, "b", 1, (int64_t[]){17});
+  add(params, "e", 2, (int64_t[]){5, 33});
+  add(grads, "w", 2, (int64_t[]){33, 17});
+  add(grads, "b", 1, (int64_t[]){17});
+  add(grads, "e", 2, (int64_t[]){5, 33});
+  nb_optim_tx *tx = nb_optim_adamw(ctx, nb_optim_constant(ctx, 1e-2), 0.9, 0.95, 1e-8, 0.1, NULL);
+  nb_tree *state = nb_optim_init_arrays(ctx, tx, params);
+  nb_graph *g = nb_optim_step_graph(ctx, tx, params, state);
+  CHECK_MSG(g != NULL, "step graph: %s", nb_ctx_error(ctx));
+  if (!g) return;
+  static const char *const donate[] = {"params", "state", NULL};
+  nb_jit_opts o = nb_test_jit_opts(disable);
+  o.donate = donate;
+  nb_exe *e = nb_jit(ctx, g, &o);
+  CHECK_MSG(e != NULL, "nb_jit: %s", nb_ctx_error(ctx));
+  if (!e) return;
+  nb_exe_stats s;
+  nb_exe_get_stats(e, &s);
+  /* the plan is checked only with every optimization on ($NABLA_JIT_DISABLE adds to disable) */
+  const char *env = getenv("NABLA_JIT_DISABLE");
+  bool env_off = env && *env, on = disable == NULL && !env_off;
+  if (on) {
+    /* one kernel for the scalars (count, bias corrections), one per leaf shape */
+    CHECK_MSG(s.nkernels == 4 && s.neval == 0, "%zu kernels, %zu evals", s.nkernels, s.neval);
+    CHECK_MSG(s.arena_bytes <= 256, "arena %zu bytes: a temporary beyond the scalars", s.arena_bytes);
+    /* "#pragma GCC ivdep" or a macro around "GCC ivdep" */
+    CHECK_MSG(file_has(nb_exe_source_path(e), "GCC ivdep"), "no ivdep in %s", nb_exe_source_path(e));
+  }
+  /* jit state (held once, donated) and interpreter state step side by side */
+  nb_tree *jin = nb_tree_create(ctx), *ref = nb_tree_create(ctx);
+  nb_tree *pc = deep_copy(params), *sc = deep_copy(state);
+  nb_tree_merge(jin, "params", pc);
+  nb_tree_merge(jin, "state", sc);
+  nb_tree_merge(jin, "grads", grads);
+  nb_tree_destroy(pc);
+  nb_tree_destroy(sc);
+  nb_tree_merge(ref, "params", params);
+  nb_tree_merge(ref, "state", state);
+  nb_tree_merge(ref, "grads", grads);
+  for (int step = 0; step < 3; step++) {
+    const void *before = nb_array_data(nb_tree_get_array(jin, "params/w"));
+    nb_tree *got = nb_tree_create(ctx), *want = nb_tree_create(ctx);
+    CHECK_OK(ctx, nb_exe_run(e, jin, got));
+    CHECK_OK(ctx, nb_graph_run(ctx, g, ref, want));
+    bool donates = !env_off && (!disable || !strcmp(disable, "fuse")); /* "all" turns donation off */
+    CHECK_MSG(nb_array_data(nb_tree_get_array(got, "params/w")) == before || !donates, "step %d (%s): params/w not updated in place", step,
+              disable ? disable : "on");
+    for (size_t i = 0; i < nb_tree_size(want); i++) {
+      const char *p = nb_tree_path(want, i);
+      nb_array *a = nb_tree_get_array(got, p), *b = nb_tree_leaf(want, i)->array;
+      double d = a ? nb_test_max_rel_diff(a, b) : INFINITY;
+      CHECK_MSG(d <= 2e-5, "step %d (%s): %s differs by %g", step, disable ? disable : "on", p, d);
+    }
+    for (size_t i = 0; i < nb_tree_size(got); i++) nb_tree_set_array(jin, nb_tree_path(got, i), nb_tree_leaf(got, i)->array);
+    for (size_t i = 0; i < nb_tree_size(want); i++) nb_tree_set_array(ref, nb_tree_path(want, i), nb_tree_leaf(want, i)->array);
+    nb_tree_destroy(got);
+    nb_tree_destroy(want);
+  }
+  nb_tree_destroy(jin);
+  nb_tree_destroy(ref);
+  nb_exe_destroy(e);
+  nb_graph_destroy(g);
+  nb_tree_destroy(state);
+  nb_optim_tx_destroy(tx);
+  nb_tree_destroy(params);
+  nb_tree_destroy(grads);
+}
+
+/* A computed scalar broadcast into an elementwise kernel is its own kernel;
+ * one from a reduction stays inside the reduction's kernel. */
+static void test_scalar_cone(void) {
+  nb_graph *g = nb_graph_create(ctx);
+  int64_t d[2] = {64, 32};
+  nb_val *x = nb_graph_input(g, "x", nb_aval_make(NB_F32, 2, d));
+  nb_val *t = nb_graph_input(g, "t", nb_aval_make(NB_F32, 0, NULL));
+  nb_val *c = nb_sub(nb_full_like(t, 1.0), nb_pow(nb_full_like(t, 0.9), t));
+  nb_graph_output(g, "y", nb_div(x, nb_broadcast_to(c, 2, d)));
+  static const int axes[] = {0, 1};
+  nb_val *m = nb_reduce_sum(x, 2, axes);
+  nb_graph_output(g, "z", nb_sub(x, nb_broadcast_to(nb_exp(m), 2, d)));
+  CHECK_MSG(nb_graph_status(g) == NB_OK, "%s", nb_graph_error(g));
+  nb_tree *in = nb_tree_create(ctx);
+  add(in, "x", 2, d);
+  nb_array *tv = nb_array_full(ctx, NB_F32, 0, NULL, 3.0);
+  nb_tree_set_array(in, "t", tv);
+  nb_array_release(tv);
+  nb_jit_opts o = nb_test_jit_opts(NULL);
+  nb_exe_stats s;
+  CHECK(nb_test_jit_matches(ctx, g, in, &o, "scalar cone", &s));
+  /* the scalar's kernel, y's kernel, z's reduction-and-elementwise kernel(s) */
+  CHECK_MSG(getenv("NABLA_JIT_DISABLE") || s.nkernels >= 3, "%zu kernels: the scalar cone is not its own kernel", s.nkernels);
+  o = nb_test_jit_opts("all");
+  CHECK(nb_test_jit_matches(ctx, g, in, &o, "scalar cone, all off", NULL));
+  nb_tree_destroy(in);
+  nb_graph_destroy(g);
+}
+
+int main(void) {
+  ctx = nb_ctx_create();
+  test_scalar_cone();
+  test_adamw_in_place(NULL);
+  test_adamw_in_place("all");
+  test_adamw_in_place("fuse");
+  nb_ctx_destroy(ctx);
+  return nb_test_summary("compile/test_jit_inplace");
+}
