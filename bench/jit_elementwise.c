@@ -10,24 +10,9 @@
 #include <unistd.h>
 
 #include "nabla/nabla.h"
+#include "bench_util.h"
 
 static volatile char sink;
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp);
-  return v[n / 2];
-}
 
 /* 10 elementwise ops: y = max(((x*a + b) * x - c) / d, x) ... */
 static nb_status chain(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
@@ -59,17 +44,17 @@ int main(int argc, char **argv) {
   memset(dst, 1, bytes);
   double t[64];
   for (int r = 0; r < runs; r++) {
-    double t0 = now();
+    double t0 = now_s();
     memcpy(dst, xd, bytes);
-    t[r] = now() - t0;
+    t[r] = now_s() - t0;
   }
   double copy_s = median(t, runs), copy_gbs = 2.0 * (double)bytes / copy_s / 1e9;
   for (int r = 0; r < runs; r++) { /* the same into freshly allocated memory (page faults included) */
-    double t0 = now();
+    double t0 = now_s();
     char *volatile fresh = malloc(bytes);
     memcpy(fresh, xd, bytes);
     sink += fresh[bytes - 1];
-    t[r] = now() - t0;
+    t[r] = now_s() - t0;
     free(fresh);
   }
   double fresh_s = median(t, runs);
@@ -81,21 +66,21 @@ int main(int argc, char **argv) {
   char dir[256];
   snprintf(dir, sizeof dir, "/tmp/nabla-bench-%d", (int)getpid());
   nb_jit_opts o = {.cache_dir = dir};
-  double t0 = now();
+  double t0 = now_s();
   nb_exe *e = nb_jit(ctx, g, &o);
-  double cold_ms = (now() - t0) * 1e3;
+  double cold_ms = (now_s() - t0) * 1e3;
   nb_exe_destroy(e);
-  t0 = now();
+  t0 = now_s();
   e = nb_jit(ctx, g, &o); /* not in memory any more: from the disk cache */
-  double warm_ms = (now() - t0) * 1e3;
+  double warm_ms = (now_s() - t0) * 1e3;
   nb_exe_stats st;
   nb_exe_get_stats(e, &st);
 
   for (int r = 0; r < runs; r++) {
     nb_tree *out = nb_tree_create(ctx);
-    double t1 = now();
+    double t1 = now_s();
     if (nb_exe_run(e, in, out) != NB_OK) fprintf(stderr, "run: %s\n", nb_ctx_error(ctx));
-    t[r] = now() - t1;
+    t[r] = now_s() - t1;
     nb_tree_destroy(out);
   }
   double jit_s = median(t, runs), jit_gbs = 2.0 * (double)bytes / jit_s / 1e9;
@@ -105,9 +90,9 @@ int main(int argc, char **argv) {
   int iruns = runs < 3 ? runs : 3;
   for (int r = 0; r < iruns; r++) {
     nb_tree *out = nb_tree_create(ctx);
-    double t1 = now();
+    double t1 = now_s();
     nb_graph_run(ctx, g, in, out);
-    t[r] = now() - t1;
+    t[r] = now_s() - t1;
     nb_tree_destroy(out);
   }
   double interp_s = median(t, iruns);
@@ -130,9 +115,9 @@ int main(int argc, char **argv) {
   nb_array_release(x); /* the input tree is now its only holder */
   for (int r = 0; r < runs; r++) {
     nb_tree *out = nb_tree_create(ctx);
-    double t1 = now();
+    double t1 = now_s();
     if (nb_exe_run(e, in, out) != NB_OK) fprintf(stderr, "run: %s\n", nb_ctx_error(ctx));
-    t[r] = now() - t1;
+    t[r] = now_s() - t1;
     if (nb_tree_get_array(out, "y") != nb_tree_get_array(in, "x")) fprintf(stderr, "donation did not happen\n");
     nb_tree_destroy(out);
   }

@@ -13,12 +13,7 @@
 #include <time.h>
 
 #include "nabla/nabla.h"
-
-static double now_ms(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
-}
+#include "bench_util.h"
 
 int main(int argc, char **argv) {
   int runs = argc > 1 ? atoi(argv[1]) : 2;

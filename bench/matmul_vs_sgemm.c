@@ -24,25 +24,10 @@
 #include <time.h>
 
 #include "nabla/nabla.h"
+#include "bench_util.h"
 
 #if __has_include(<cblas.h>)
 #include <cblas.h>
-
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double median(double *t, int n) {
-  qsort(t, (size_t)n, sizeof *t, cmp);
-  return t[n / 2];
-}
 
 enum { B = 4, T = 256, C = 768, F = 3072, H = 12, D = 64 };
 
@@ -199,16 +184,16 @@ int main(int argc, char **argv) {
     bool batched = c->nb0 * c->nb1 > 1;
     double maxdiff = 0;
     for (int r = -1; r < reps; r++) { /* r = -1 warms up */
-      double t0 = now();
+      double t0 = now_s();
       if (nb_exe_run_flat(e, in, out) != NB_OK) {
         fprintf(stderr, "%s: %s\n", c->name, nb_ctx_error(ctx));
         return 1;
       }
-      double t1 = now();
+      double t1 = now_s();
       direct_loop(c, pa, pb, ref, threads);
-      double t2 = now();
+      double t2 = now_s();
       if (batched) direct_split(c, pa, pb, ref, threads);
-      double t3 = now();
+      double t3 = now_s();
       if (r < 0) { /* the jit's result is the direct one (same order of the sum) */
         const float *y = nb_array_data(out[0]);
         for (size_t i = 0; i < ny; i++) {

@@ -17,17 +17,7 @@
 #include <time.h>
 
 #include "nabla/nabla.h"
-
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
+#include "bench_util.h"
 
 static void add(nb_ctx *ctx, nb_tree *p, nb_tree *g, const char *path, int rank, int64_t d0, int64_t d1) {
   int64_t d[2] = {d0, d1};
@@ -70,14 +60,14 @@ static double copy_bandwidth(size_t bytes, int reps) {
   memset(a, 1, bytes);
   memset(b, 2, bytes);
   for (int r = 0; r < reps; r++) {
-    double t0 = now();
+    double t0 = now_s();
     memcpy(b, a, bytes);
-    t[r] = now() - t0;
+    t[r] = now_s() - t0;
     a[r] = b[bytes - 1 - (size_t)r]; /* keep the copy observable */
   }
   free(a);
   free(b);
-  qsort(t, (size_t)reps, sizeof *t, cmp);
+  qsort(t, (size_t)reps, sizeof *t, cmp_double);
   return 2.0 * (double)bytes / t[reps / 2];
 }
 
@@ -96,12 +86,12 @@ int main(int argc, char **argv) {
   int64_t n = 0;
   for (size_t i = 0; i < nb_tree_size(params); i++) n += nb_array_size(nb_tree_leaf(params, i)->array);
   nb_optim_tx *tx = nb_optim_adamw(ctx, nb_optim_constant(ctx, 3e-4), 0.9, 0.95, 1e-8, 0.1, NULL);
-  double t0 = now();
+  double t0 = now_s();
   nb_tree *state = nb_optim_init_arrays(ctx, tx, params);
-  double t_init = now() - t0;
-  t0 = now();
+  double t_init = now_s() - t0;
+  t0 = now_s();
   nb_graph *g = state ? nb_optim_step_graph(ctx, tx, params, state) : NULL;
-  double t_trace = now() - t0;
+  double t_trace = now_s() - t0;
   if (!g) {
     fprintf(stderr, "%s\n", nb_ctx_error(ctx));
     return 1;
@@ -121,9 +111,9 @@ int main(int argc, char **argv) {
   if (jit) {
     static const char *const donate[] = {"params", "state", NULL};
     nb_jit_opts o = {.donate = donate};
-    t0 = now();
+    t0 = now_s();
     exe = nb_jit(ctx, g, &o);
-    t_compile = now() - t0;
+    t_compile = now_s() - t0;
     if (!exe) {
       fprintf(stderr, "jit: %s\n", nb_ctx_error(ctx));
       return 1;
@@ -136,18 +126,18 @@ int main(int argc, char **argv) {
   bool in_place = true;
   for (int r = 0; r < reps; r++) {
     nb_tree *out = nb_tree_create(ctx);
-    t0 = now();
+    t0 = now_s();
     if ((exe ? nb_exe_run(exe, in, out) : nb_graph_run(ctx, g, in, out)) != NB_OK) {
       fprintf(stderr, "run: %s\n", nb_ctx_error(ctx));
       return 1;
     }
-    t[r] = now() - t0;
+    t[r] = now_s() - t0;
     in_place &= nb_array_data(nb_tree_get_array(out, probe)) == before;
     /* the trainer's loop: the new params and state are the next step's inputs */
     for (size_t i = 0; i < nb_tree_size(out); i++) nb_tree_set_array(in, nb_tree_path(out, i), nb_tree_leaf(out, i)->array);
     nb_tree_destroy(out);
   }
-  qsort(t, (size_t)reps, sizeof *t, cmp);
+  qsort(t, (size_t)reps, sizeof *t, cmp_double);
   double floor_bytes = 28.0 * (double)n, bw = copy_bandwidth((size_t)256 << 20, 9);
   printf("AdamW update, %lld f32 parameters in %zu leaves, executor: %s\n", (long long)n, nleaves,
          exe ? "nb_jit (params and state donated)" : "reference interpreter");
