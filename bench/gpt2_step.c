@@ -21,23 +21,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "nabla/nabla.h"
-
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static int die(nb_ctx *ctx, const char *what) {
   fprintf(stderr, "%s: %s\n", what, nb_ctx_error(ctx));
@@ -53,14 +38,18 @@ static double sgemm_peak(int threads) {
   if (!a || !b || !c) return 0;
   for (size_t i = 0; i < (size_t)m * k; i++) a[i] = (float)(i % 7) * 0.1f;
   for (size_t i = 0; i < (size_t)k * n; i++) b[i] = (float)(i % 5) * 0.1f;
+  /* nb_jit keeps OpenBLAS on one thread (its pool splits the matmuls):
+   * measure on `threads`, then put the setting back */
+  int prev = openblas_get_num_threads();
   openblas_set_num_threads(threads);
   double t[5];
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1, a, k, b, n, 0, c, n);
   for (int r = 0; r < 5; r++) {
-    double t0 = now();
+    double t0 = now_s();
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1, a, k, b, n, 0, c, n);
-    t[r] = now() - t0;
+    t[r] = now_s() - t0;
   }
+  openblas_set_num_threads(prev);
   free(a);
   free(b);
   free(c);
@@ -135,7 +124,7 @@ int main(int argc, char **argv) {
   nb_tree *opt = tx ? nb_optim_init_arrays(ctx, tx, params) : NULL;
   if (!opt) return die(ctx, "optimizer init");
 
-  double t0 = now();
+  double t0 = now_s();
   nb_graph *lg = nb_model_trace_loss(ctx, &cfg, NULL, params, batch);
   nb_graph *vg = lg ? nb_value_and_grad(ctx, lg, &(nb_grad_opts){.wrt = "params", .has_aux = true}) : NULL;
   if (!vg) return die(ctx, "trace");
@@ -146,12 +135,12 @@ int main(int argc, char **argv) {
   step_ud ud = {vg, tx};
   nb_graph *g = nb_trace(ctx, step_fn, &ud, spec);
   if (!g) return die(ctx, "trace step");
-  double t_trace = now() - t0;
+  double t_trace = now_s() - t0;
   const char *donate[] = {"params", "opt", NULL};
   nb_jit_opts o = {.donate = donate, .threads = threads};
-  t0 = now();
+  t0 = now_s();
   nb_exe *exe = nb_jit(ctx, g, &o);
-  double t_jit = now() - t0;
+  double t_jit = now_s() - t0;
   if (!exe) return die(ctx, "jit");
   nb_exe_stats st;
   nb_exe_get_stats(exe, &st);
@@ -180,9 +169,9 @@ int main(int argc, char **argv) {
   double t[101], loss0 = 0, loss = 0, last = 0;
   for (int r = 0; r <= steps; r++) { /* run 0 is the warm-up */
     nb_tree *out = nb_tree_create(ctx);
-    t0 = now();
+    t0 = now_s();
     if (nb_exe_run(exe, state, out) != NB_OK) return die(ctx, "run");
-    double dt = now() - t0;
+    double dt = now_s() - t0;
     if (r > 0) t[r - 1] = dt;
     last = dt;
     loss = nb_array_get(nb_tree_get_array(out, "loss"), 0);
