@@ -52,7 +52,7 @@ typedef struct nb_jit_opts {
                                  on one thread per task, and set OpenBLAS to one thread for
                                  the whole process (openblas_set_num_threads(1)) */
   const char *cache_dir;      /* NULL: $NABLA_CACHE_DIR or ~/.cache/nabla/jit */
-  const char *cc;             /* NULL: $NABLA_CC or "cc -O3 -march=native -fno-math-errno -fPIC -shared" */
+  const char *cc;             /* NULL: $NABLA_CC or "cc -O3 -march=native -fno-math-errno -fopenmp-simd -fPIC -shared" */
   int debug;                  /* 0: the context's debug level */
   nb_device device;           /* only the CPU for now */
 } nb_jit_opts;

@@ -14,6 +14,8 @@
 #define INLINE_COST_LIMIT 12 /* a value with several users is recomputed when its cone is this cheap */
 #define MAX_DEPTH 1500       /* recursion guard: longer inlined chains are cut */
 #define MERGE_CANDIDATES 8
+#define MAX_ROOTS 16 /* independent roots merged into one kernel at most: bounds a kernel's body (the
+                        C compiler's time grows faster than linearly in it; a GPU's registers) */
 
 typedef struct sig {
   bool red;
@@ -705,7 +707,7 @@ static int resolve_conflicts(fz *f, const nb_eqn *e, const sig *rs, const scan *
 static int place_root(fz *f, const nb_eqn *e, const sig *rs, const scan *s) {
   int target = -1, tried = 0;
   for (int kk = f->p->nkernels - 1; kk >= 0 && tried < MERGE_CANDIDATES && !f->cfg->off[NB_SW_fuse]; kk--) {
-    if (!sig_equal(&f->ksig[kk], rs)) continue;
+    if (!sig_equal(&f->ksig[kk], rs) || f->p->kernels[kk].nroots >= MAX_ROOTS) continue;
     tried++;
     int kstep = -1;
     for (int i = 0; i < f->nsteps && kstep < 0; i++)
@@ -761,6 +763,7 @@ static int add_root(fz *f, const nb_eqn *e) {
 }
 
 static int build_steps(fz *f) {
+  int retry = OK;
   for (size_t k = 0; k < f->ne; k++) {
     const nb_eqn *e = nb__graph_eqn(f->g, k);
     if (e->prim == NB_PRIM_constant) continue;
@@ -774,10 +777,13 @@ static int build_steps(fz *f) {
       continue;
     }
     if (!f->mat[e->out[0]->id]) continue;
+    /* a conflict forces a value to memory; the rest of the graph is still
+     * scanned so that one attempt collects every conflict it can see */
     int r = add_root(f, e);
-    if (r != OK) return r;
+    if (r == ERR) return ERR;
+    if (r == RETRY) retry = RETRY;
   }
-  return OK;
+  return retry;
 }
 
 /* Kahn's algorithm, earliest source equation first among the ready steps. */
@@ -897,11 +903,14 @@ static int attempt(fz *f) {
   for (size_t i = 0; i < f->nv; i++) f->step_of[i] = f->reduce_kernel[i] = -1;
   decide_materialized(f);
   int r = build_steps(f);
-  for (int kk = 0; r == OK && kk < f->p->nkernels; kk++) {
-    r = lower_roots(f, kk);
-    if (r == RETRY) {
-      if (f->force[f->fail_val] || f->leaf[f->fail_val]) return nb_errorf(f->ctx, NB_ERR_INTERNAL, "jit: fusion cannot place value %u", f->fail_val), ERR;
+  if (r != OK) return r;
+  for (int kk = 0; kk < f->p->nkernels; kk++) {
+    int rk = lower_roots(f, kk);
+    if (rk == ERR) return ERR;
+    if (rk == RETRY) {
+      if (f->leaf[f->fail_val]) return nb_errorf(f->ctx, NB_ERR_INTERNAL, "jit: fusion cannot place value %u", f->fail_val), ERR;
       f->force[f->fail_val] = 1;
+      r = RETRY;
     }
   }
   if (r != OK) return r;
@@ -958,6 +967,7 @@ nb_status nb_jit__fuse(nb_ctx *ctx, nb_jplan *plan, const nb_jit_config *cfg) {
     f.ar = &scratch;
     int r = attempt(&f);
     if (r == OK) {
+      plan->fuse_attempts = (int)tries + 1;
       /* keep this attempt's objects: hand the scratch blocks to the plan */
       nb_jit__arena_adopt(plan->ar, &scratch);
       return NB_OK;

@@ -65,7 +65,7 @@ static nb_status make_config(nb_ctx *ctx, const nb_jit_opts *o, nb_jit_config *c
     return nb_errorf(ctx, NB_ERR_INVALID_ARG, "jit: threads must be in [0, 1024], got %d", cfg->threads);
   if (cfg->off[NB_SW_parallel]) cfg->threads = 1;
   cfg->debug = o && o->debug ? o->debug : nb_ctx_debug_level(ctx);
-  const char *cc = o && o->cc ? o->cc : getenv("NABLA_CC") ? getenv("NABLA_CC") : "cc -O3 -march=native -fno-math-errno -fPIC -shared";
+  const char *cc = o && o->cc ? o->cc : getenv("NABLA_CC") ? getenv("NABLA_CC") : "cc -O3 -march=native -fno-math-errno -fopenmp-simd -fPIC -shared";
   const char *home = getenv("HOME");
   int n;
   if (o && o->cache_dir) n = snprintf(cfg->cache_dir, sizeof cfg->cache_dir, "%s", o->cache_dir);
@@ -114,6 +114,9 @@ static void report(nb_exe *e) {
   nb_logf(ctx, NB_LOG_INFO, "jit: %zu equations -> %zu steps (%zu kernels, %zu eval, %zu blas); arena %zu bytes, peak %zu bytes; %s%s (%.1f ms)",
           nb_graph_num_eqns(e->graph), s.nsteps, s.nkernels, s.neval, s.nblas, s.arena_bytes, s.peak_bytes,
           e->native ? e->src_path : "interpreter", e->native && e->from_cache ? " (from the disk cache)" : "", e->compile_ms);
+  nb_logf(ctx, NB_LOG_INFO, "jit: compile phases: simplify %.1f ms, fuse %.1f ms (%d attempts), buffers %.1f ms, codegen %.1f ms, %s %.1f ms",
+          e->phase_ms[0], e->phase_ms[1], e->plan.fuse_attempts, e->phase_ms[2], e->phase_ms[3], e->from_cache ? "disk cache + load" : "C compiler + load",
+          e->phase_ms[4]);
   if (e->cfg.debug >= 3) {
     char *buf = NULL;
     size_t len = 0;
@@ -154,8 +157,11 @@ void nb_exe_print(const nb_exe *e, FILE *f) {
 static nb_status build_native(nb_exe *e) {
   nb_ctx *ctx = e->ctx;
   nb_jit_text src = {ctx, NULL, 0, 0, false};
+  double t0 = now_ms();
   nb_status st = nb_jit__codegen_c(ctx, &e->plan, &src);
+  e->phase_ms[3] = now_ms() - t0;
   if (st != NB_OK) return st;
+  t0 = now_ms();
   char why[1600] = "";
   if (!e->cfg.off[NB_SW_native] && e->plan.nkernels > 0) {
     e->dl = nb_cpu__load(ctx, &e->cfg, src.s, src.n, e->src_path, sizeof e->src_path, &e->from_cache, why, sizeof why);
@@ -177,6 +183,7 @@ static nb_status build_native(nb_exe *e) {
     if (!e->dl) nb_logf(ctx, NB_LOG_WARN, "jit: no native code (%s); this executable runs on the interpreter", why);
   }
   e->native = e->cfg.off[NB_SW_native] ? false : e->plan.nkernels == 0 || e->dl != NULL;
+  e->phase_ms[4] = now_ms() - t0;
   nb_jit__text_free(&src);
   return NB_OK;
 }
@@ -185,6 +192,7 @@ static nb_status compile(nb_exe *e, const nb_graph *g, const nb_jit_opts *o) {
   nb_ctx *ctx = e->ctx;
   double t0 = now_ms();
   e->graph = nb_jit__simplify(ctx, g, &e->cfg);
+  e->phase_ms[0] = now_ms() - t0;
   if (!e->graph) return nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_NOMEM;
   if (e->cfg.debug >= 4) {
     char *text = nb_graph_to_string(e->graph);
@@ -198,8 +206,12 @@ static nb_status compile(nb_exe *e, const nb_graph *g, const nb_jit_opts *o) {
   e->plan.donated = nb_jit__alloc(&e->ar, nin + 1);
   if (!e->plan.donated) return nb_errorf(ctx, NB_ERR_NOMEM, "jit: out of memory");
   for (size_t i = 0; i < nin; i++) e->plan.donated[i] = donated(nb_graph_input_path(e->graph, i), o ? o->donate : NULL);
+  double t1 = now_ms();
   nb_status st = nb_jit__fuse(ctx, &e->plan, &e->cfg);
+  double t2 = now_ms();
   if (st == NB_OK) st = nb_jit__assign_buffers(ctx, &e->plan, &e->cfg);
+  e->phase_ms[1] = t2 - t1;
+  e->phase_ms[2] = now_ms() - t2;
   if (st == NB_OK) st = build_native(e);
   if (st != NB_OK) return st;
   for (int k = 0; k < e->plan.nkernels; k++)

@@ -145,6 +145,7 @@ typedef struct nb_jplan {
   int nkernels, cap_kernels;
   bool *donated;          /* per input index */
   size_t arena_bytes, peak_bytes, output_bytes;
+  int fuse_attempts;      /* fusion passes until no value had to be forced to memory */
 } nb_jplan;
 
 /* ---------------------------------------------------------------- passes */
@@ -210,6 +211,7 @@ struct nb_exe {
   char src_path[1200];
   nb_pool *pool;
   double compile_ms;
+  double phase_ms[5];     /* simplify, fuse, buffers, codegen, C compiler or disk cache + load */
   int max_args;
   pthread_mutex_t mu;     /* guards the arena, the stats and `runs` */
   void *arena;

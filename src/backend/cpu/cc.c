@@ -2,8 +2,9 @@
  * compiler and loads it. Objects are cached on disk by the hash of the
  * source and the compiler command (<cache>/nb_<hash>.so next to its .c), so
  * a second process with the same program compiles nothing; a new object is
- * written under a temporary name and renamed into place. Not here: what the
- * source says (compile/codegen_c.c). */
+ * written under a temporary name and renamed into place. A large source is
+ * split at kernel boundaries into parts compiled in parallel (one per CPU),
+ * then linked. Not here: what the source says (compile/codegen_c.c). */
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -62,6 +63,62 @@ static int run_shell(const char *cmd) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+#define MAX_PARTS 8
+#define MIN_PART_BYTES (64 * 1024)
+
+/* Splits src after its prelude (everything before the first kernel's
+ * comment line) into up to MAX_PARTS chunks of similar size, each starting at a kernel;
+ * cut[0] is the prelude's end, cut[n] == len. Returns n (1: do not split). */
+static int split_source(const char *src, size_t len, size_t *cut) {
+  const char *first = strstr(src, "\n/* k");
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  int n = cpus < 1 ? 1 : cpus > MAX_PARTS ? MAX_PARTS : (int)cpus;
+  if (!first) return 1;
+  size_t pre = (size_t)(first - src), body = len - pre;
+  while (n > 1 && body / (size_t)n < MIN_PART_BYTES) n--;
+  if (n <= 1) return 1;
+  cut[0] = pre;
+  int k = 1;
+  for (int i = 1; i < n; i++) {
+    const char *at = strstr(src + pre + body * (size_t)i / (size_t)n, "\n/* k");
+    if (!at) break;
+    size_t c = (size_t)(at - src);
+    if (c > cut[k - 1]) cut[k++] = c;
+  }
+  cut[k] = len;
+  return k;
+}
+
+/* Compiles the parts of src (see split_source) in parallel into tmp_so.
+ * Returns the shell's exit status. */
+static int compile_parts(const nb_jit_config *cfg, const char *src, const size_t *cut, int n, const char *base,
+                         const char *tmp_so, const char *log) {
+  char part_c[MAX_PARTS][1400], part_o[MAX_PARTS][1400];
+  char cmd[MAX_PARTS * 4200 + 4096];
+  size_t m = (size_t)snprintf(cmd, sizeof cmd, "s=0;");
+  int rc = -1;
+  for (int i = 0; i < n; i++) {
+    snprintf(part_c[i], sizeof part_c[i], "%s.p%d.c", base, i);
+    snprintf(part_o[i], sizeof part_o[i], "%s.p%d.o", base, i);
+    FILE *f = fopen(part_c[i], "wb");
+    bool ok = f && fwrite(src, 1, cut[0], f) == cut[0] && fwrite(src + cut[i], 1, cut[i + 1] - cut[i], f) == cut[i + 1] - cut[i];
+    if (f) ok = fclose(f) == 0 && ok;
+    if (!ok) goto out;
+    m += (size_t)snprintf(cmd + m, sizeof cmd - m, " %s -x c -c -o '%s' '%s' 2>>'%s' & p%d=$!;", cfg->cc, part_o[i], part_c[i], log, i);
+  }
+  for (int i = 0; i < n; i++) m += (size_t)snprintf(cmd + m, sizeof cmd - m, " wait $p%d || s=1;", i);
+  m += (size_t)snprintf(cmd + m, sizeof cmd - m, " [ $s = 0 ] && %s -o '%s'", cfg->cc, tmp_so);
+  for (int i = 0; i < n; i++) m += (size_t)snprintf(cmd + m, sizeof cmd - m, " '%s'", part_o[i]);
+  m += (size_t)snprintf(cmd + m, sizeof cmd - m, " -lm 2>>'%s'", log);
+  rc = m < sizeof cmd ? run_shell(cmd) : -1;
+out:
+  for (int i = 0; i < n; i++) {
+    unlink(part_c[i]);
+    unlink(part_o[i]);
+  }
+  return rc;
+}
+
 static void *try_open(const char *so, char *why, size_t whycap) {
   void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
   if (!h && why) snprintf(why, whycap, "dlopen %s: %s", so, dlerror());
@@ -97,9 +154,18 @@ void *nb_cpu__load(nb_ctx *ctx, const nb_jit_config *cfg, const char *src, size_
     unlink(tmp_c);
     return snprintf(why, whycap, "cannot write %s: %s", src_path, strerror(errno)), NULL;
   }
-  if (snprintf(cmd, sizeof cmd, "%s -x c -o '%s' '%s' -lm 2>'%s'", cfg->cc, tmp_so, src_path, log) >= (int)sizeof cmd)
-    return snprintf(why, whycap, "compiler command too long"), NULL;
-  int rc = run_shell(cmd);
+  size_t cut[MAX_PARTS + 1];
+  int parts = split_source(src, len, cut);
+  char base[1300];
+  snprintf(base, sizeof base, "%s/nb_%016llx.%d", cfg->cache_dir, h, pid);
+  int rc;
+  if (parts > 1) {
+    rc = compile_parts(cfg, src, cut, parts, base, tmp_so, log);
+  } else {
+    if (snprintf(cmd, sizeof cmd, "%s -x c -o '%s' '%s' -lm 2>'%s'", cfg->cc, tmp_so, src_path, log) >= (int)sizeof cmd)
+      return snprintf(why, whycap, "compiler command too long"), NULL;
+    rc = run_shell(cmd);
+  }
   if (rc != 0) {
     char head[600];
     read_head(log, head, sizeof head);

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs the GPT-2 training-step benchmark and its peers interleaved, on one
+# machine, in one go: for each round, nabla (bench_gpt2_step), PyTorch eager
+# (bench/gpt2_step_torch.py with Debian's /usr/bin/python3) and JAX
+# (bench/gpt2_step_jax.py with python3). nabla's first round compiles cold
+# into an empty cache directory; a second process then compiles the same
+# step warm (--compile-only) from the disk cache. The RESULT lines go to
+# stdout; medians and ratios are worked out from them (bench/RESULTS.md).
+#
+#   bench/gpt2_step.sh BUILD_DIR PRESET B T STEPS ROUNDS [VOCAB]
+#   bench/gpt2_step.sh build gpt2-124m 4 256 3 2 50304
+#   bench/gpt2_step.sh build gpt2-tiny 4 64 10 3
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build} preset=${2:-gpt2-124m} B=${3:-4} T=${4:-256} steps=${5:-3} rounds=${6:-2} vocab=${7:-0}
+args=(--preset "$preset" --batch "$B" --seq "$T" --steps "$steps")
+[ "$vocab" != 0 ] && args+=(--vocab "$vocab")
+cache=$(mktemp -d)
+trap 'rm -rf "$cache"' EXIT
+echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) CPUs; load $(cut -d' ' -f1-3 /proc/loadavg)"
+for r in $(seq 1 "$rounds"); do
+  echo "== round $r"
+  NABLA_CACHE_DIR=$cache "./$build/bench_gpt2_step" "${args[@]}" --threads 2 --profile 6 | grep -E "^(RESULT|compile|last step|  step)"
+  if [ "$r" = 1 ]; then
+    echo -n "warm (second process): "
+    NABLA_CACHE_DIR=$cache "./$build/bench_gpt2_step" "${args[@]}" --threads 2 --compile-only
+  fi
+  /usr/bin/python3 bench/gpt2_step_torch.py "${args[@]}" --threads 2 | grep RESULT
+  python3 bench/gpt2_step_jax.py "${args[@]}" --threads 2 2>/dev/null | grep RESULT
+done

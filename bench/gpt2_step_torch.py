@@ -1,0 +1,111 @@
+#!/usr/bin/python3
+"""Peer of bench/gpt2_step.c: the same GPT-2 training step in PyTorch eager on
+the CPU (Debian's python3-torch, run with /usr/bin/python3): tied token
+embedding, learned positions, pre-LayerNorm blocks, GELU (tanh), causal
+softmax attention (written out: Debian's torch 1.13 has no fused SDPA), mean
+cross-entropy, and
+torch.optim.AdamW(lr 3e-4, betas (0.9, 0.95), eps 1e-8, weight decay 0.1 on
+every parameter), torch.set_num_threads(2).
+
+  /usr/bin/python3 bench/gpt2_step_torch.py [--preset gpt2-124m] [--vocab 50304] [--batch 4] [--seq 256] [--steps 3]
+"""
+import argparse
+import math
+import statistics
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+PRESETS = {  # vocab, d_model, layers, heads, d_ff, max positions (include/nabla/models.h)
+    "gpt2-tiny": (256, 128, 4, 4, 512, 128),
+    "gpt2-124m": (50257, 768, 12, 12, 3072, 1024),
+}
+
+
+class Block(nn.Module):
+    def __init__(self, d, h, ff):
+        super().__init__()
+        self.h = h
+        self.ln_1 = nn.LayerNorm(d, eps=1e-5)
+        self.c_attn = nn.Linear(d, 3 * d)
+        self.attn_proj = nn.Linear(d, d)
+        self.ln_2 = nn.LayerNorm(d, eps=1e-5)
+        self.c_fc = nn.Linear(d, ff)
+        self.mlp_proj = nn.Linear(ff, d)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.h, C // self.h).transpose(1, 2) for t in (q, k, v))
+        s = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(C // self.h))
+        s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+        a = F.softmax(s, dim=-1) @ v
+        x = x + self.attn_proj(a.transpose(1, 2).contiguous().view(B, T, C))
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab, d, layers, heads, ff, max_pos):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, d)
+        self.wpe = nn.Embedding(max_pos, d)
+        self.blocks = nn.ModuleList(Block(d, heads, ff) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d, eps=1e-5)
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                nn.init.normal_(p, std=0.02)
+            elif "ln" not in name:
+                nn.init.zeros_(p)
+
+    def forward(self, idx, targets):
+        T = idx.shape[1]
+        x = self.wte(idx) + self.wpe(torch.arange(T))
+        for b in self.blocks:
+            x = b(x)
+        logits = self.ln_f(x) @ self.wte.weight.t()  # tied head
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="gpt2-124m")
+    ap.add_argument("--vocab", type=int, default=0)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    vocab, d, layers, heads, ff, max_pos = PRESETS[a.preset]
+    vocab = a.vocab or vocab
+    model = GPT(vocab, d, layers, heads, ff, max_pos)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    n = sum(p.numel() for name, p in model.named_parameters() if "wpe" not in name)
+    B, T = a.batch, a.seq
+    tok = (torch.arange(B * T + 1) * 7919 + 13) % vocab
+    x, y = tok[:-1].view(B, T), tok[1:].view(B, T)
+    times, losses = [], []
+    for r in range(a.steps + 1):  # step 0 is the warm-up
+        t0 = time.perf_counter()
+        loss = model(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        lv = loss.item()
+        dt = time.perf_counter() - t0
+        losses.append(lv)
+        if r > 0:
+            times.append(dt)
+        print(f"step {r}: {dt:.3f} s, loss {lv:.5f}", flush=True)
+    step = statistics.median(times)
+    flops = 6.0 * n * B * T + 12.0 * layers * d * T * B * T
+    print(f"RESULT torch {a.preset} B={B} T={T} vocab={vocab} params={n} threads={a.threads}: step {step:.4f} s "
+          f"(median of {a.steps}), {B * T / step:.0f} tokens/s, model {flops / 1e9:.1f} GFLOP/step, "
+          f"{flops / step / 1e9:.2f} GFLOP/s, loss {losses[0]:.4f} -> {losses[-1]:.4f}, torch {torch.__version__}")
+
+
+if __name__ == "__main__":
+    main()
