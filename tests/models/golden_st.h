@@ -1,12 +1,12 @@
-/* Reading the model goldens: a minimal safetensors reader (F32 tensors into
- * a tree of arrays, by name) for the files the make_*_golden.py scripts
+/* Reading the model goldens: a minimal safetensors reader (F32 and F64
+ * tensors into a tree of arrays, by name) for the files the make_*_golden.py scripts
  * write, and the JSON config of those goldens as a model config. */
 #ifndef NABLA_TEST_GOLDEN_ST_H
 #define NABLA_TEST_GOLDEN_ST_H
 
 #include "json_golden.h"
 
-/* name -> f32 array; NULL after printing why. */
+/* name -> f32 / f64 array; NULL after printing why. */
 static nb_tree *golden_safetensors(nb_ctx *ctx, const char *path) {
   FILE *f = fopen(path, "rb");
   if (!f) {
@@ -35,14 +35,18 @@ static nb_tree *golden_safetensors(nb_ctx *ctx, const char *path) {
     int64_t dims[NB_MAX_RANK], off[2];
     int rank = nb_test_golden_ints(e, "shape", dims, NB_MAX_RANK);
     const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
+    bool f64 = cJSON_IsString(dt) && !strcmp(dt->valuestring, "F64");
+    int64_t n = 1;
+    for (int d = 0; d < rank; d++) n *= dims[d];
     if (rank < 0 || nb_test_golden_ints(e, "data_offsets", off, 2) != 2 || !cJSON_IsString(dt) ||
-        strcmp(dt->valuestring, "F32") || off[1] > size - 8 - (long)hlen) {
+        (strcmp(dt->valuestring, "F32") && !f64) || off[0] < 0 || off[1] > size - 8 - (long)hlen ||
+        off[1] - off[0] != n * (f64 ? 8 : 4)) {
       fprintf(stderr, "%s: tensor %s: bad entry\n", path, e->string);
       nb_tree_destroy(t);
       t = NULL;
       break;
     }
-    nb_array *a = nb_array_create(ctx, NB_F32, rank, dims, data + off[0]);
+    nb_array *a = nb_array_create(ctx, f64 ? NB_F64 : NB_F32, rank, dims, data + off[0]);
     nb_tree_set_array(t, e->string, a);
     nb_array_release(a);
   }
