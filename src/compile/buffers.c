@@ -1,8 +1,10 @@
 /* Pass 3, buffer assignment: the live range of every buffer over the
- * schedule, arena offsets for intermediates (a freed range is reused by
- * later intermediates), which outputs may be written into donated inputs,
- * and the peak-memory estimate. Not here: deciding what gets a buffer
- * (fuse.c) or allocating anything at run time (runtime/exe.c). */
+ * schedule, in-place updates (an evaluated dynamic_update_slice or
+ * scatter_add writing into its dead operand's memory), arena offsets for
+ * intermediates (a freed range is reused by later intermediates), which
+ * outputs may be written into donated inputs, and the peak-memory estimate.
+ * Not here: deciding what gets a buffer (fuse.c) or allocating anything at
+ * run time (runtime/exe.c). */
 #include <string.h>
 
 #include "compile/jit.h"
@@ -50,6 +52,99 @@ static size_t first_fit(const live *l, int n, size_t size) {
   return at;
 }
 
+/* ---------------------------------------------------------------- in-place chains */
+
+/* A step whose rule is in_place (y = dynamic_update_slice(x, ...),
+ * scatter_add) may write y into x's memory when x dies there. Such edges
+ * x -> y form chains (x's last use is one step; y has one defining step),
+ * and each chain lives in one piece of memory:
+ *  - ending in a graph output: that output's array, from the first member's
+ *    definition on; when the chain starts at a donated input, the output
+ *    takes that input's memory (at run time only if it is held once;
+ *    otherwise the first update copies the input into the fresh output);
+ *  - ending in an intermediate: one arena range from the first member's
+ *    definition to the last one's last use (a chain from a donated input
+ *    ending in an intermediate starts after the input: the input is not
+ *    written unless an output takes its place).
+ * Invariant: the members of a chain are defined by evaluated steps, except
+ * an intermediate head (any step), so no kernel reads one member's memory
+ * while writing another's. `reuse` off: no chains through intermediates;
+ * `donate` off: none from inputs. */
+
+static bool is_graph_output(const nb_jplan *p, const nb_val *x) {
+  for (size_t o = 0; o < nb_graph_num_outputs(p->g); o++)
+    if (nb__graph_output(p->g, o) == x) return true;
+  return false;
+}
+
+/* Is step s an update of its dead operand in[0] that may write in place? */
+static bool updates_in_place(const nb_jplan *p, const nb_jit_config *cfg, int s) {
+  const nb_jstep *st = &p->steps[s];
+  if (st->kind != NB_EXE_STEP_EVAL || !nb__rules(st->eqn->prim)->in_place || st->eqn->nout != 1) return false;
+  const nb_eqn *q = st->eqn;
+  const nb_val *x = q->in[0], *y = q->out[0];
+  const nb_jbuf *bx = &p->bufs[x->id], *by = &p->bufs[y->id];
+  if (bx->last_step != s || !nb_aval_equal(&x->aval, &y->aval) || bx->nbytes != by->nbytes) return false;
+  if (by->cls != NB_BUF_TEMP && by->cls != NB_BUF_OUTPUT) return false;
+  for (int i = 1; i < q->nin; i++)
+    if (q->in[i] == x) return false;
+  if (bx->cls == NB_BUF_TEMP) return !cfg->off[NB_SW_reuse];
+  if (bx->cls == NB_BUF_INPUT) return !cfg->off[NB_SW_donate] && p->donated[bx->index] && !is_graph_output(p, x);
+  return false;
+}
+
+/* The step's model cost without the copy of the operand: the window written
+ * is no larger than the other operands. */
+static void in_place_cost(nb_jstep *st) {
+  const nb_eqn *q = st->eqn;
+  double by = st->bytes - 2.0 * (double)nb_shape_size(&q->in[0]->aval.shape) * (double)nb_dtype_size(q->in[0]->aval.dtype);
+  for (int i = 1; i < q->nin; i++) by += (double)nb_shape_size(&q->in[i]->aval.shape) * (double)nb_dtype_size(q->in[i]->aval.dtype);
+  if (by > 0) st->bytes = by;
+}
+
+static nb_status plan_in_place(nb_ctx *ctx, nb_jplan *p, const nb_jit_config *cfg) {
+  size_t n = p->nvals + 1;
+  int *next = nb_alloc(ctx, n * sizeof *next), *step = nb_alloc(ctx, n * sizeof *step);
+  bool *has_prev = nb_calloc(ctx, n * sizeof *has_prev);
+  nb_status st = next && step && has_prev ? NB_OK : NB_ERR_NOMEM;
+  for (size_t v = 0; st == NB_OK && v < n; v++) next[v] = step[v] = -1;
+  for (int s = 0; st == NB_OK && s < p->nsteps; s++)
+    if (updates_in_place(p, cfg, s)) {
+      const nb_eqn *q = p->steps[s].eqn;
+      next[q->in[0]->id] = (int)q->out[0]->id;
+      step[q->out[0]->id] = s;
+      has_prev[q->out[0]->id] = true;
+    }
+  for (size_t h0 = 0; st == NB_OK && h0 < p->nvals; h0++) {
+    if (next[h0] < 0 || has_prev[h0]) continue;
+    int h = (int)h0, t = h;
+    while (next[t] >= 0) t = next[t];
+    bool to_output = p->bufs[t].cls == NB_BUF_OUTPUT;
+    if (p->bufs[h].cls == NB_BUF_INPUT) {
+      if (to_output) p->bufs[t].donor = p->bufs[h].index;
+      h = next[h]; /* the input is not a member: the output takes it whole */
+      p->steps[step[h]].in_place = to_output;
+    }
+    /* h: the first member that is not an input */
+    if (to_output) {
+      if (h != t) p->bufs[t].def_step = p->bufs[h].def_step; /* its memory is in use from there */
+      for (int m = h; m != t; m = next[m]) p->bufs[m].alias = t;
+    } else {
+      p->bufs[h].last_step = p->bufs[t].last_step;
+      for (int m = next[h]; m >= 0; m = next[m]) p->bufs[m].alias = h;
+    }
+    for (int m = next[h]; m >= 0; m = next[m]) p->steps[step[m]].in_place = true;
+  }
+  for (int s = 0; s < p->nsteps; s++)
+    if (p->steps[s].in_place) in_place_cost(&p->steps[s]);
+  nb_dealloc(ctx, next, n * sizeof *next);
+  nb_dealloc(ctx, step, n * sizeof *step);
+  nb_dealloc(ctx, has_prev, n * sizeof *has_prev);
+  return st;
+}
+
+/* ---------------------------------------------------------------- arena */
+
 static nb_status assign_arena(nb_ctx *ctx, nb_jplan *p, bool reuse) {
   size_t cap = p->nvals + 1;
   live *l = nb_alloc(ctx, cap * sizeof *l);
@@ -59,7 +154,7 @@ static nb_status assign_arena(nb_ctx *ctx, nb_jplan *p, bool reuse) {
   for (int s = 0; s < p->nsteps; s++) {
     for (size_t v = 0; v < p->nvals; v++) {
       nb_jbuf *b = &p->bufs[v];
-      if (b->cls != NB_BUF_TEMP || b->def_step != s) continue;
+      if (b->cls != NB_BUF_TEMP || b->alias >= 0 || b->def_step != s) continue;
       size_t size = (b->nbytes + ALIGN - 1) & ~(size_t)(ALIGN - 1);
       b->offset = reuse ? first_fit(l, n, size) : top;
       if (b->offset + size > top) top = b->offset + size;
@@ -70,6 +165,8 @@ static nb_status assign_arena(nb_ctx *ctx, nb_jplan *p, bool reuse) {
       else i++;
   }
   nb_dealloc(ctx, l, cap * sizeof *l);
+  for (size_t v = 0; v < p->nvals; v++)
+    if (p->bufs[v].cls == NB_BUF_TEMP && p->bufs[v].alias >= 0) p->bufs[v].offset = p->bufs[p->bufs[v].alias].offset;
   p->arena_bytes = top;
   return NB_OK;
 }
@@ -95,15 +192,19 @@ static bool in_place_ok(const nb_jplan *p, const nb_jstep *st, uint32_t in, uint
   return true;
 }
 
+static bool donates(const nb_jplan *p, size_t i) {
+  for (size_t o = 0; o < nb_graph_num_outputs(p->g); o++)
+    if (p->bufs[nb__graph_output(p->g, o)->id].donor == (int)i) return true;
+  return false;
+}
+
 static void assign_donations(nb_jplan *p) {
   size_t nin = nb_graph_num_inputs(p->g);
   for (size_t i = 0; i < nin; i++) {
     if (!p->donated[i]) continue;
     const nb_val *x = nb__graph_input(p->g, i);
     const nb_jbuf *bx = &p->bufs[x->id];
-    bool is_output = false;
-    for (size_t o = 0; o < nb_graph_num_outputs(p->g); o++) is_output |= nb__graph_output(p->g, o) == x;
-    if (bx->cls != NB_BUF_INPUT || is_output) continue;
+    if (bx->cls != NB_BUF_INPUT || is_graph_output(p, x) || donates(p, i)) continue;
     for (size_t o = 0; o < nb_graph_num_outputs(p->g); o++) {
       const nb_val *y = nb__graph_output(p->g, o);
       nb_jbuf *by = &p->bufs[y->id];
@@ -119,8 +220,10 @@ static void assign_donations(nb_jplan *p) {
 }
 
 nb_status nb_jit__assign_buffers(nb_ctx *ctx, nb_jplan *p, const nb_jit_config *cfg) {
+  for (size_t v = 0; v < p->nvals; v++) p->bufs[v].alias = -1;
   live_ranges(p);
-  if (assign_arena(ctx, p, !cfg->off[NB_SW_reuse]) != NB_OK) return nb_errorf(ctx, NB_ERR_NOMEM, "jit: out of memory assigning buffers");
+  if (plan_in_place(ctx, p, cfg) != NB_OK || assign_arena(ctx, p, !cfg->off[NB_SW_reuse]) != NB_OK)
+    return nb_errorf(ctx, NB_ERR_NOMEM, "jit: out of memory assigning buffers");
   if (!cfg->off[NB_SW_donate]) assign_donations(p);
   p->output_bytes = 0;
   size_t kept = 0;

@@ -117,6 +117,8 @@ typedef struct nb_jbuf {
   size_t nbytes;
   int def_step, last_step;
   int donor;          /* OUTPUT: donated input index whose buffer it may take, or -1 */
+  int alias;          /* TEMP: the value whose memory it lives in (a chain of in-place
+                       * updates, buffers.c): a TEMP with its own range or an OUTPUT; -1 */
 } nb_jbuf;
 
 typedef struct nb_jstep {
@@ -126,6 +128,8 @@ typedef struct nb_jstep {
   uint32_t order;         /* first equation index, for a stable schedule */
   size_t neqns;
   double flops, bytes;
+  bool in_place;          /* EVAL: out[0] is planned in in[0]'s memory (equal pointers at run
+                           * time, unless a donated input was not taken: then eval copies) */
   char name[40];
   double last_ms, total_ms;
 } nb_jstep;

@@ -87,6 +87,10 @@ typedef struct nb_prim_rules {
   /* Keeps what params point to (arrays, graphs) alive as long as g. */
   nb_status (*hold_params)(nb_graph *g, const void *params);
   bool impure;   /* never hash-consed or removed (custom calls with effects, barriers) */
+  /* out[0] has in[0]'s aval and may be given in[0]'s memory by a compiler
+   * (an update of a dead or donated operand): eval must then find their data
+   * pointers equal and write only what changes, instead of copying in[0]. */
+  bool in_place;
 } nb_prim_rules;
 
 extern const nb_prim_rules *const nb__prim_table[NB_PRIM_COUNT];

@@ -104,9 +104,18 @@ static nb_status check_inputs(nb_exe *e, nb_array *const *in) {
   return NB_OK;
 }
 
-/* May output buffer b take donated input x's memory now? */
-static bool can_take(nb_array *x) {
-  return atomic_load(&x->refcount) == 1 && !x->release && x->device.kind == NB_DEVICE_CPU;
+/* May an output take donated input d's memory now? Only when nobody else
+ * holds it, not even through another input of this run (the same array, or
+ * a wrapped view of its memory). */
+static bool can_take(const nb_exe *e, nb_array *const *in, int d) {
+  nb_array *x = in[d];
+  if (atomic_load(&x->refcount) != 1 || x->release || x->device.kind != NB_DEVICE_CPU) return false;
+  uintptr_t lo = (uintptr_t)nb_array_data(x), hi = lo + nb_array_nbytes(x);
+  for (size_t i = 0; i < nb_graph_num_inputs(e->graph); i++) {
+    uintptr_t a = (uintptr_t)nb_array_data(in[i]), b = a + nb_array_nbytes(in[i]);
+    if ((int)i != d && (in[i] == x || (a < hi && lo < b))) return false;
+  }
+  return true;
 }
 
 static nb_status bind_outputs(nb_exe *e, nb_array *const *in, nb_array **out) {
@@ -120,7 +129,7 @@ static nb_status bind_outputs(nb_exe *e, nb_array *const *in, nb_array **out) {
     else if (b->index != (int)i) a = out[b->index];
     if (a) {
       nb_array_retain(a);
-    } else if (b->donor >= 0 && can_take(in[b->donor])) {
+    } else if (b->donor >= 0 && can_take(e, in, b->donor)) {
       a = in[b->donor];
       nb_array_retain(a);
     } else if (!(a = nb_array_empty(e->ctx, v->aval.dtype, v->aval.shape.rank, v->aval.shape.dims))) {
@@ -142,6 +151,9 @@ static void bind_pointers(nb_exe *e, char *arena, nb_array *const *in, nb_array 
     default: ptr[v] = NULL; break;
     }
   }
+  /* intermediates of an in-place chain that ends in an output live in it */
+  for (size_t v = 0; v < e->plan.nvals; v++)
+    if (e->plan.bufs[v].cls == NB_BUF_TEMP && e->plan.bufs[v].alias >= 0) ptr[v] = ptr[e->plan.bufs[v].alias];
 }
 
 static nb_status run_steps(nb_exe *e, char **ptr, char **args, nb_array *const *in, nb_array **out, double *ms) {

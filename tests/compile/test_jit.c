@@ -8,6 +8,9 @@
 
 static nb_ctx *ctx;
 static nb_test_rng rng = {12345};
+/* false when $NABLA_JIT_DISABLE turns switches off for the whole suite: the
+ * checks of the plan's shape (kernel counts, donation, reuse) are skipped */
+static bool plan_on;
 
 static nb_tree *inputs1(nb_dtype t, int rank, const int64_t *dims) {
   nb_tree *in = nb_tree_create(ctx);
@@ -180,12 +183,12 @@ static void test_patterns(void) {
   add_input(in, "y", NB_F32, 2, d);
   nb_graph *g = trace(f_chain, NULL, in);
   check_all_ways("chain", g, in);
-  CHECK(kernels_of(g, NULL) == 1);
+  CHECK(!plan_on || kernels_of(g, NULL) == 1);
   nb_graph_destroy(g);
   for (int axis = 0; axis < 2; axis++) {
     g = trace(f_softmax, &axis, in);
     check_all_ways(axis ? "softmax rows" : "softmax columns", g, in);
-    CHECK_MSG(kernels_of(g, NULL) == 1, "softmax over axis %d is one kernel", axis);
+    CHECK_MSG(!plan_on || kernels_of(g, NULL) == 1, "softmax over axis %d is one kernel", axis);
     CHECK(kernels_of(g, "fuse") > 3);
     nb_graph_destroy(g);
   }
@@ -196,7 +199,7 @@ static void test_patterns(void) {
   add_input(in, "beta", NB_F32, 1, d + 1);
   g = trace(f_layernorm, NULL, in);
   check_all_ways("layernorm", g, in);
-  CHECK(kernels_of(g, NULL) == 1);
+  CHECK(!plan_on || kernels_of(g, NULL) == 1);
   nb_graph_destroy(g);
   nb_tree_destroy(in);
 
@@ -206,7 +209,7 @@ static void test_patterns(void) {
   nb_array_release(lab);
   g = trace(f_xent, NULL, in);
   check_all_ways("cross-entropy", g, in);
-  CHECK_MSG(kernels_of(g, NULL) <= 2, "cross-entropy in two passes");
+  CHECK_MSG(!plan_on || kernels_of(g, NULL) <= 2, "cross-entropy in two passes");
   nb_graph_destroy(g);
   nb_tree_destroy(in);
 
@@ -492,7 +495,7 @@ static void test_blas(void) {
       char name[64];
       snprintf(name, sizeof name, "dot case %zu %s", c, nb_dtype_name(dt));
       CHECK_MSG(nb_test_jit_matches(ctx, g, in, &o, name, &s), "%s", name);
-      CHECK_MSG(s.nblas == 1u, "%s: %zu blas steps", name, s.nblas);
+      CHECK_MSG(!plan_on || s.nblas == 1u, "%s: %zu blas steps", name, s.nblas);
       o = nb_test_jit_opts("blas");
       CHECK_MSG(nb_test_jit_matches(ctx, g, in, &o, name, &s) && s.nblas == 0, "%s without blas", name);
       nb_tree_destroy(in);
@@ -502,13 +505,15 @@ static void test_blas(void) {
 
 int main(void) {
   ctx = nb_ctx_create();
+  const char *env = getenv("NABLA_JIT_DISABLE");
+  plan_on = !env || !*env;
   test_patterns();
-  test_simplify();
+  if (plan_on) test_simplify();
   test_caches();
   test_fallback();
-  test_donation();
+  if (plan_on) test_donation();
   test_debug_levels();
-  test_reuse_and_stats();
+  if (plan_on) test_reuse_and_stats();
   test_misuse();
   test_blas();
   nb_ctx_destroy(ctx);

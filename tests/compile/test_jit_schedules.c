@@ -11,6 +11,11 @@
 #include "jitcheck.h"
 
 static nb_ctx *ctx;
+/* false when $NABLA_JIT_DISABLE turns donation off for the whole suite */
+static bool donation_on(void) {
+  const char *env = getenv("NABLA_JIT_DISABLE");
+  return !env || (!strstr(env, "donate") && !strstr(env, "all"));
+}
 static nb_test_rng rng = {777};
 
 static void add_input(nb_tree *in, const char *path, int rank, const int64_t *dims) {
@@ -245,7 +250,7 @@ static void test_two_donated_updates(void) {
   nb_exe *e = nb_jit(ctx, g, &o);
   nb_array *w1 = nb_tree_get_array(in, "params/w1");
   CHECK_OK(ctx, nb_exe_run(e, in, got));
-  CHECK_MSG(nb_tree_get_array(got, "params/w1") == w1, "w1 was updated in place");
+  CHECK_MSG(!donation_on() || nb_tree_get_array(got, "params/w1") == w1, "w1 was updated in place");
   for (int i = 1; i <= 2; i++) {
     char path[32];
     snprintf(path, sizeof path, "params/w%d", i);
@@ -282,7 +287,7 @@ static void test_donated_transposed_update(void) {
   nb_array *w = nb_tree_get_array(in, "params/w");
   nb_tree *got = nb_tree_create(ctx);
   CHECK_OK(ctx, nb_exe_run(e, in, got));
-  CHECK_MSG(nb_tree_get_array(got, "params/w") == w, "the update was written into the donated input");
+  CHECK_MSG(!donation_on() || nb_tree_get_array(got, "params/w") == w, "the update was written into the donated input");
   CHECK(nb_test_max_rel_diff(nb_tree_get_array(got, "params/w"), nb_tree_get_array(want, "params/w")) <= 2e-5);
   nb_exe_destroy(e);
   CHECK_MSG(source_has(g, "tile schedule"), "the transposed gradient makes the update tiled");

@@ -37,17 +37,29 @@ static void clamped_starts(const nb_shape *x, const int64_t *sizes, nb_array *co
 }
 
 /* Copies the window at s between the full array `big` and the window array
- * `small` (of shape ws), in the direction given by `into_big`. */
+ * `small` (of shape ws), in the direction given by `into_big`, one
+ * contiguous run at a time: the innermost axis plus the axes inside it that
+ * the window spans whole (a KV-cache row of [B, H, 1, D] is H runs of D). */
 static void copy_window(const nb_shape *bs, const nb_shape *ws, const int64_t *s, size_t es, char *big, char *small,
                         bool into_big) {
-  int64_t n = nb_shape_size(ws), bstr[NB_MAX_RANK], wstr[NB_MAX_RANK];
+  int r = ws->rank;
+  if (nb_shape_size(ws) == 0) return;
+  if (r == 0) {
+    memcpy(into_big ? big : small, into_big ? small : big, es);
+    return;
+  }
+  int64_t bstr[NB_MAX_RANK], idx[NB_MAX_RANK] = {0}, run = ws->dims[r - 1], nruns = 1;
   nb__strides(bs, bstr);
-  nb__strides(ws, wstr);
-  for (int64_t i = 0; i < n; i++) {
+  int inner = r - 1; /* axes [inner, r) make one run; those after inner are whole */
+  while (inner > 0 && ws->dims[inner] == bs->dims[inner]) run *= ws->dims[--inner];
+  for (int d = 0; d < inner; d++) nruns *= ws->dims[d];
+  size_t bytes = (size_t)run * es;
+  for (int64_t k = 0; k < nruns; k++, small += bytes) {
     int64_t b = 0;
-    for (int d = 0; d < ws->rank; d++) b += (s[d] + (i / wstr[d]) % ws->dims[d]) * bstr[d];
-    if (into_big) memcpy(big + b * (int64_t)es, small + i * (int64_t)es, es);
-    else memcpy(small + i * (int64_t)es, big + b * (int64_t)es, es);
+    for (int d = 0; d < r; d++) b += (s[d] + idx[d]) * bstr[d];
+    if (into_big) memcpy(big + b * (int64_t)es, small, bytes);
+    else memcpy(small, big + b * (int64_t)es, bytes);
+    for (int d = inner - 1; d >= 0 && ++idx[d] == ws->dims[d]; d--) idx[d] = 0;
   }
 }
 
@@ -248,7 +260,8 @@ static nb_status dus_eval(nb_ctx *ctx, const nb_eqn *e, nb_array *const *in, nb_
   const nb_shape *xs = &e->in[0]->aval.shape, *us = &e->in[1]->aval.shape;
   int64_t s[NB_MAX_RANK];
   clamped_starts(xs, us->dims, in + 2, s);
-  memcpy(nb_array_data_mut(out[0]), nb_array_data(in[0]), nb_array_nbytes(in[0]));
+  if (nb_array_data(out[0]) != nb_array_data(in[0])) /* else in place: only the window changes */
+    memcpy(nb_array_data_mut(out[0]), nb_array_data(in[0]), nb_array_nbytes(in[0]));
   copy_window(xs, us, s, nb_dtype_size(nb_array_dtype(in[0])), nb_array_data_mut(out[0]), (char *)nb_array_data(in[1]), true);
   return NB_OK;
 }
@@ -331,6 +344,7 @@ const nb_prim_rules nb__prim_dynamic_update_slice = {
     .jvp = dus_jvp,
     .transpose = dus_transpose,
     .batch = dus_batch,
+    .in_place = true,
 };
 
 /* ---------------------------------------------------------------- public ops */

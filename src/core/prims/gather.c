@@ -514,7 +514,8 @@ static geom scatter_geom_of(const nb_eqn *e) {
 
 static nb_status scatter_eval(nb_ctx *ctx, const nb_eqn *e, nb_array *const *in, nb_array **out) {
   geom g = scatter_geom_of(e);
-  memcpy(nb_array_data_mut(out[0]), nb_array_data(in[0]), nb_array_nbytes(in[0]));
+  if (nb_array_data(out[0]) != nb_array_data(in[0])) /* else in place: only the windows change */
+    memcpy(nb_array_data_mut(out[0]), nb_array_data(in[0]), nb_array_nbytes(in[0]));
   walk_args w = {&g, &e->in[0]->aval.shape, &e->in[1]->aval.shape, &e->in[2]->aval.shape,
                  e->in[1]->aval.dtype, e->in[0]->aval.dtype, nb_array_data(in[1])};
   walk(&w, WALK_SCATTER_ADD, nb_array_data(in[2]), nb_array_data_mut(out[0]));
@@ -621,6 +622,7 @@ const nb_prim_rules nb__prim_scatter_add = {
     .batch = scatter_batch,
     .cost = scatter_cost,
     .print_params = scatter_print,
+    .in_place = true,
 };
 
 /* ---------------------------------------------------------------- public ops */
