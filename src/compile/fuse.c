@@ -16,10 +16,6 @@
 #define MERGE_CANDIDATES 8
 #define MAX_ROOTS 16 /* independent roots merged into one kernel at most: bounds a kernel's body (the
                         C compiler's time grows faster than linearly in it; a GPU's registers) */
-#define MAX_ROOTS_SHARED (4 * MAX_ROOTS) /* the cap for roots that read an input the kernel already
-                        reads: splitting those (an optimizer's param, mu and nu updates of one leaf)
-                        would make a later kernel read a donated input after it was overwritten, so
-                        the planner could not update it in place */
 
 typedef struct sig {
   bool red;
@@ -60,7 +56,6 @@ typedef struct fz {
   uint8_t *leaf; /* read from memory by consumers (mat, except cheap outputs, which are recomputed) */
   uint8_t *reduced; /* a reduction in the value's inlined cone */
   int *nusers, *cost, *step_of, *stamp;
-  int *input_kernel; /* per graph input: 1 + the latest kernel whose roots read it, 0: none */
   int cur_stamp;
   pstep *steps;
   int nsteps, cap_steps;
@@ -257,17 +252,10 @@ typedef struct scan {
   bool too_many;
   int *deps;
   int ndeps, cap_deps;
-  int *inputs; /* graph inputs the cone reads, each once */
-  int ninputs, cap_inputs;
 } scan;
 
 static bool scan_cone(fz *f, const nb_val *v, scan *s, bool top) {
   if (!top && (f->leaf[v->id] || !v->def)) {
-    if (!v->def && f->stamp[v->id] != f->cur_stamp) {
-      f->stamp[v->id] = f->cur_stamp;
-      if (!NB_PUSH(f->ar, s->inputs, s->ninputs, s->cap_inputs)) return false;
-      s->inputs[s->ninputs++] = (int)v->id;
-    }
     int st = f->step_of[v->id];
     if (st >= 0) {
       for (int i = 0; i < s->ndeps; i++)
@@ -714,35 +702,18 @@ static int resolve_conflicts(fz *f, const nb_eqn *e, const sig *rs, const scan *
   return RETRY;
 }
 
-static int kernel_step(const fz *f, int kernel) {
-  for (int i = 0; i < f->nsteps; i++)
-    if (f->steps[i].kind == NB_EXE_STEP_KERNEL && f->steps[i].kernel == kernel) return i;
-  return -1;
-}
-
-static bool reads_shared_input(const fz *f, const scan *s, int kernel) {
-  for (int i = 0; i < s->ninputs; i++)
-    if (f->input_kernel[s->inputs[i]] == kernel + 1) return true;
-  return false;
-}
-
-/* Picks the kernel for root v: an earlier kernel of the same domain that v
- * does not depend on, preferring one that already reads one of v's graph
- * inputs (and the latest otherwise), or a new one. Returns the kernel index
- * or -1. */
+/* Picks the kernel for root v (an earlier kernel of the same domain that v
+ * does not depend on, or a new one). Returns the kernel index or -1. */
 static int place_root(fz *f, const nb_eqn *e, const sig *rs, const scan *s) {
   int target = -1, tried = 0;
   for (int kk = f->p->nkernels - 1; kk >= 0 && tried < MERGE_CANDIDATES && !f->cfg->off[NB_SW_fuse]; kk--) {
-    if (!sig_equal(&f->ksig[kk], rs)) continue;
-    bool shares = reads_shared_input(f, s, kk);
-    if (f->p->kernels[kk].nroots >= (shares ? MAX_ROOTS_SHARED : MAX_ROOTS)) continue;
+    if (!sig_equal(&f->ksig[kk], rs) || f->p->kernels[kk].nroots >= MAX_ROOTS) continue;
     tried++;
-    if (reaches(f, s->deps, s->ndeps, kernel_step(f, kk))) continue;
-    if (target < 0) target = kk;
-    if (shares) {
-      target = kk;
-      break;
-    }
+    int kstep = -1;
+    for (int i = 0; i < f->nsteps && kstep < 0; i++)
+      if (f->steps[i].kind == NB_EXE_STEP_KERNEL && f->steps[i].kernel == kk) kstep = i;
+    if (!reaches(f, s->deps, s->ndeps, kstep)) target = kk;
+    if (target >= 0) break;
   }
   if (target < 0) {
     nb_kernel kz;
@@ -756,6 +727,12 @@ static int place_root(fz *f, const nb_eqn *e, const sig *rs, const scan *s) {
     if (new_step(f, NB_EXE_STEP_KERNEL, target, e) < 0) return -1;
   }
   return target;
+}
+
+static int kernel_step(const fz *f, int kernel) {
+  for (int i = 0; i < f->nsteps; i++)
+    if (f->steps[i].kind == NB_EXE_STEP_KERNEL && f->steps[i].kernel == kernel) return i;
+  return -1;
 }
 
 static int add_root(fz *f, const nb_eqn *e) {
@@ -777,7 +754,6 @@ static int add_root(fz *f, const nb_eqn *e) {
   nb_kernel *k = &f->p->kernels[kk];
   if (!NB_PUSH(f->ar, k->roots, k->nroots, k->cap_roots)) return ERR;
   k->roots[k->nroots++] = v->id;
-  for (int i = 0; i < s.ninputs; i++) f->input_kernel[s.inputs[i]] = kk + 1;
   int st = kernel_step(f, kk);
   for (int i = 0; i < s.ndeps; i++)
     if (!add_dep(f, st, s.deps[i])) return ERR;
@@ -925,7 +901,6 @@ static int attempt(fz *f) {
   f->ksig = NULL;
   f->cap_ksig = 0;
   for (size_t i = 0; i < f->nv; i++) f->step_of[i] = f->reduce_kernel[i] = -1;
-  memset(f->input_kernel, 0, sizeof(int) * (f->nv + 1));
   decide_materialized(f);
   int r = build_steps(f);
   if (r != OK) return r;
@@ -961,11 +936,10 @@ static bool fz_init(fz *f) {
   f->cost = nb_jit__alloc(f->p->ar, nv * sizeof(int));
   f->step_of = nb_jit__alloc(f->p->ar, nv * sizeof(int));
   f->stamp = nb_jit__alloc(f->p->ar, nv * sizeof(int));
-  f->input_kernel = nb_jit__alloc(f->p->ar, nv * sizeof(int));
   f->reduce_kernel = nb_jit__alloc(f->p->ar, nv * sizeof(int));
   f->vals = nb_jit__alloc(f->p->ar, nv * sizeof(nb_val *));
   f->p->bufs = nb_jit__alloc(f->p->ar, nv * sizeof(nb_jbuf));
-  if (!f->mat || !f->force || !f->is_out || !f->leaf || !f->reduced || !f->nusers || !f->cost || !f->step_of || !f->stamp || !f->input_kernel || !f->reduce_kernel ||
+  if (!f->mat || !f->force || !f->is_out || !f->leaf || !f->reduced || !f->nusers || !f->cost || !f->step_of || !f->stamp || !f->reduce_kernel ||
       !f->vals || !f->p->bufs)
     return false;
   for (size_t i = 0; i < nb_graph_num_inputs(f->g); i++) f->vals[nb__graph_input(f->g, i)->id] = nb__graph_input(f->g, i);
