@@ -21,9 +21,7 @@ static nb_tree *inputs1(nb_dtype t, int rank, const int64_t *dims) {
 }
 
 static void add_input(nb_tree *in, const char *path, nb_dtype t, int rank, const int64_t *dims) {
-  nb_array *a = nb_test_randn(ctx, &rng, t, rank, dims);
-  nb_tree_set_array(in, path, a);
-  nb_array_release(a);
+  nb_test_set_randn(in, &rng, path, t, rank, dims);
 }
 
 static size_t kernels_of(const nb_graph *g, const char *disable) {

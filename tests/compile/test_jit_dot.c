@@ -58,9 +58,7 @@ static dot_case random_case(void) {
 }
 
 static void add_input(nb_tree *in, const char *path, nb_dtype t, int rank, const int64_t *dims) {
-  nb_array *a = nb_test_randn(ctx, &rng, t, rank, dims);
-  nb_tree_set_array(in, path, a);
-  nb_array_release(a);
+  nb_test_set_randn(in, &rng, path, t, rank, dims);
 }
 
 /* y = dot(a, b) as an output, and tanh(y) so that the dot also writes an

@@ -10,9 +10,7 @@ static nb_ctx *ctx;
 static nb_test_rng rng = {777};
 
 static void add(nb_tree *t, const char *path, int rank, const int64_t *dims) {
-  nb_array *a = nb_test_randn(ctx, &rng, NB_F32, rank, dims);
-  nb_tree_set_array(t, path, a);
-  nb_array_release(a);
+  nb_test_set_randn(t, &rng, path, NB_F32, rank, dims);
 }
 
 static bool file_has(const char *path, const char *needle) {

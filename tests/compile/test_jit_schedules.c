@@ -22,9 +22,7 @@ static bool donation_on(void) {
 static nb_test_rng rng = {777};
 
 static void add_input(nb_tree *in, const char *path, int rank, const int64_t *dims) {
-  nb_array *a = nb_test_randn(ctx, &rng, NB_F32, rank, dims);
-  nb_tree_set_array(in, path, a);
-  nb_array_release(a);
+  nb_test_set_randn(in, &rng, path, NB_F32, rank, dims);
 }
 
 /* Does the generated source of g (all on) contain `want`? */

@@ -35,6 +35,12 @@ nb_array *nb_test_randn(nb_ctx *ctx, nb_test_rng *rng, nb_dtype t, int rank, con
   return a;
 }
 
+void nb_test_set_randn(nb_tree *tree, nb_test_rng *rng, const char *path, nb_dtype t, int rank, const int64_t *dims) {
+  nb_array *a = nb_test_randn(nb_tree_ctx(tree), rng, t, rank, dims);
+  nb_tree_set_array(tree, path, a);
+  nb_array_release(a);
+}
+
 nb_array *nb_test_randint(nb_ctx *ctx, nb_test_rng *rng, nb_dtype t, int rank, const int64_t *dims, int64_t lo, int64_t hi) {
   nb_shape s = nb_shape_make(rank, dims);
   int64_t n = nb_shape_size(&s);

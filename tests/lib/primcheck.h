@@ -21,6 +21,8 @@ nb_array *nb_test_eval_output(nb_ctx *ctx, nb_trace_fn fn, void *user, const nb_
  * or coin flips (bool). New references. */
 nb_array *nb_test_randn(nb_ctx *ctx, nb_test_rng *rng, nb_dtype t, int rank, const int64_t *dims);
 nb_array *nb_test_randint(nb_ctx *ctx, nb_test_rng *rng, nb_dtype t, int rank, const int64_t *dims, int64_t lo, int64_t hi);
+/* Sets tree[path] to a new nb_test_randn array (the tree holds it). */
+void nb_test_set_randn(nb_tree *tree, nb_test_rng *rng, const char *path, nb_dtype t, int rank, const int64_t *dims);
 
 /* Derivative checks of fn at `in` (float leaves must be f64; other leaves are
  * held fixed): for random directions v and cotangents u,
