@@ -55,6 +55,7 @@ typedef struct fz {
   uint8_t *mat, *force, *is_out;
   uint8_t *leaf; /* read from memory by consumers (mat, except cheap outputs, which are recomputed) */
   uint8_t *reduced; /* a reduction in the value's inlined cone */
+  uint8_t *reads_donated; /* a donated graph input in the value's inlined cone (or the value is one) */
   int *nusers, *cost, *step_of, *stamp;
   int cur_stamp;
   pstep *steps;
@@ -167,6 +168,9 @@ static void decide_materialized(fz *f) {
       for (int i = 0; i < e->nin; i++) f->mat[e->in[i]->id] = 1;
   }
   memcpy(f->leaf, f->mat, f->nv);
+  memset(f->reads_donated, 0, f->nv);
+  for (size_t i = 0; i < nb_graph_num_inputs(f->g); i++)
+    if (f->p->donated[i]) f->reads_donated[nb__graph_input(f->g, i)->id] = 1;
   /* values with several users: recompute cheap cones, materialize the rest;
    * graph outputs are stored, and recomputed by consumers when cheap */
   for (size_t k = 0; k < f->ne; k++) {
@@ -190,12 +194,20 @@ static void decide_materialized(fz *f) {
       c += f->leaf[e->in[i]->id] ? 0 : f->cost[e->in[i]->id];
       f->reduced[id] |= !f->leaf[e->in[i]->id] && f->reduced[e->in[i]->id];
     }
+    for (int i = 0; i < e->nin; i++) {
+      const nb_val *x = e->in[i];
+      f->reads_donated[id] |= (!x->def || !f->leaf[x->id]) && f->reads_donated[x->id];
+    }
     f->cost[id] = c > (1 << 20) ? (1 << 20) : c;
     bool expensive = f->cost[id] > INLINE_COST_LIMIT && !is_scalar_const(e->out[0]);
     if (!f->mat[id] && f->nusers[id] > 1 && expensive) f->mat[id] = f->leaf[id] = 1;
+    /* an output computed from a donated input is read back from memory by
+     * its other consumers: recomputing it there would read the input after
+     * the output's kernel may have overwritten it in place (an optimizer's
+     * new moments, read again by the parameter update) */
     if (f->is_out[id]) {
       f->mat[id] = 1;
-      if (expensive || !nb_jit__fusable(e)) f->leaf[id] = 1;
+      if (expensive || !nb_jit__fusable(e) || f->reads_donated[id]) f->leaf[id] = 1;
     }
   }
 }
@@ -932,6 +944,7 @@ static bool fz_init(fz *f) {
   f->is_out = nb_jit__alloc(f->p->ar, nv);
   f->leaf = nb_jit__alloc(f->p->ar, nv);
   f->reduced = nb_jit__alloc(f->p->ar, nv);
+  f->reads_donated = nb_jit__alloc(f->p->ar, nv);
   f->nusers = nb_jit__alloc(f->p->ar, nv * sizeof(int));
   f->cost = nb_jit__alloc(f->p->ar, nv * sizeof(int));
   f->step_of = nb_jit__alloc(f->p->ar, nv * sizeof(int));
@@ -939,7 +952,7 @@ static bool fz_init(fz *f) {
   f->reduce_kernel = nb_jit__alloc(f->p->ar, nv * sizeof(int));
   f->vals = nb_jit__alloc(f->p->ar, nv * sizeof(nb_val *));
   f->p->bufs = nb_jit__alloc(f->p->ar, nv * sizeof(nb_jbuf));
-  if (!f->mat || !f->force || !f->is_out || !f->leaf || !f->reduced || !f->nusers || !f->cost || !f->step_of || !f->stamp || !f->reduce_kernel ||
+  if (!f->mat || !f->force || !f->is_out || !f->leaf || !f->reduced || !f->reads_donated || !f->nusers || !f->cost || !f->step_of || !f->stamp || !f->reduce_kernel ||
       !f->vals || !f->p->bufs)
     return false;
   for (size_t i = 0; i < nb_graph_num_inputs(f->g); i++) f->vals[nb__graph_input(f->g, i)->id] = nb__graph_input(f->g, i);

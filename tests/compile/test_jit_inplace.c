@@ -10,7 +10,9 @@ static nb_ctx *ctx;
 static nb_test_rng rng = {777};
 
 static void add(nb_tree *t, const char *path, int rank, const int64_t *dims) {
-  nb_test_set_randn(t, &rng, path, NB_F32, rank, dims);
+  nb_array *a = nb_test_randn(ctx, &rng, NB_F32, rank, dims);
+  nb_tree_set_array(t, path, a);
+  nb_array_release(a);
 }
 
 static bool file_has(const char *path, const char *needle) {
@@ -60,8 +62,11 @@ static void test_adamw_in_place(const char *disable) {
   const char *env = getenv("NABLA_JIT_DISABLE");
   bool env_off = env && *env, on = disable == NULL && !env_off;
   if (on) {
-    /* one kernel for the scalars (count, bias corrections), one per leaf shape */
-    CHECK_MSG(s.nkernels == 4 && s.neval == 0, "%zu kernels, %zu evals", s.nkernels, s.neval);
+    /* kernels for the scalars (count, bias corrections), then per leaf shape
+     * one for the new moments and one for the parameter update, which reads
+     * the new moments back rather than recompute them from the overwritten
+     * old ones */
+    CHECK_MSG(s.nkernels == 8 && s.neval == 0, "%zu kernels, %zu evals", s.nkernels, s.neval);
     CHECK_MSG(s.arena_bytes <= 256, "arena %zu bytes: a temporary beyond the scalars", s.arena_bytes);
     /* "#pragma GCC ivdep" or a macro around "GCC ivdep" */
     CHECK_MSG(file_has(nb_exe_source_path(e), "GCC ivdep"), "no ivdep in %s", nb_exe_source_path(e));
@@ -135,12 +140,47 @@ static void test_scalar_cone(void) {
   nb_graph_destroy(g);
 }
 
+/* AdamW over 12 leaves of one shape: 36 roots of one domain, more than one
+ * kernel holds (MAX_ROOTS). A leaf's param, mu and nu updates must stay in one
+ * kernel, or a later kernel would read mu/nu after they were overwritten and
+ * the planner would give them fresh outputs: every output is donated. */
+static void test_adamw_many_leaves(void) {
+  nb_tree *params = nb_tree_create(ctx);
+  for (int i = 0; i < 12; i++) {
+    char path[16];
+    snprintf(path, sizeof path, "w%02d", i);
+    add(params, path, 2, (int64_t[]){8, 24});
+  }
+  nb_optim_tx *tx = nb_optim_adamw(ctx, nb_optim_constant(ctx, 1e-2), 0.9, 0.95, 1e-8, 0.1, NULL);
+  nb_tree *state = nb_optim_init_arrays(ctx, tx, params);
+  nb_graph *g = nb_optim_step_graph(ctx, tx, params, state);
+  CHECK_MSG(g != NULL, "step graph: %s", nb_ctx_error(ctx));
+  static const char *const donate[] = {"params", "state", NULL};
+  nb_jit_opts o = nb_test_jit_opts(NULL);
+  o.donate = donate;
+  nb_exe *e = g ? nb_jit(ctx, g, &o) : NULL;
+  CHECK_MSG(e != NULL, "nb_jit: %s", nb_ctx_error(ctx));
+  const char *env = getenv("NABLA_JIT_DISABLE");
+  if (e && !(env && *env)) {
+    nb_exe_stats s;
+    nb_exe_get_stats(e, &s);
+    CHECK_MSG(s.peak_bytes == s.arena_bytes, "peak %zu bytes, arena %zu: %zu bytes of outputs not written in place",
+              s.peak_bytes, s.arena_bytes, s.peak_bytes - s.arena_bytes);
+  }
+  nb_exe_destroy(e);
+  nb_graph_destroy(g);
+  nb_tree_destroy(state);
+  nb_optim_tx_destroy(tx);
+  nb_tree_destroy(params);
+}
+
 int main(void) {
   ctx = nb_ctx_create();
   test_scalar_cone();
   test_adamw_in_place(NULL);
   test_adamw_in_place("all");
   test_adamw_in_place("fuse");
+  test_adamw_many_leaves();
   nb_ctx_destroy(ctx);
   return nb_test_summary("compile/test_jit_inplace");
 }
