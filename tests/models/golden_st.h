@@ -71,4 +71,30 @@ static nb_array *golden_int_matrix(nb_ctx *ctx, const cJSON *j, nb_dtype t) {
   return a;
 }
 
+/* The GPT-2 goldens' model: the gpt2-tiny preset with the shape fields of
+ * the JSON's "config" object. */
+static void golden_gpt2_config(nb_ctx *ctx, const cJSON *c, nb_model_config *cfg) {
+  CHECK_OK(ctx, nb_model_config_preset(ctx, "gpt2-tiny", cfg));
+  cfg->vocab_size = cfg_int(c, "vocab_size");
+  cfg->d_model = cfg_int(c, "d_model");
+  cfg->n_layers = cfg_int(c, "n_layers");
+  cfg->n_heads = cfg->n_kv_heads = cfg_int(c, "n_heads");
+  cfg->d_ff = cfg_int(c, "d_ff");
+  cfg->max_seq_len = cfg_int(c, "max_seq_len");
+  cfg->norm_eps = cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(c, "norm_eps"));
+}
+
+/* The goldens' batch (new tree): "inputs" and "targets" as i32, "mask" as
+ * f32, from the JSON's matrices of those names. */
+static nb_tree *golden_batch(nb_ctx *ctx, const cJSON *j) {
+  nb_tree *batch = nb_tree_create(ctx);
+  const char *names[3] = {"inputs", "targets", "mask"};
+  for (int k = 0; k < 3; k++) {
+    nb_array *a = golden_int_matrix(ctx, cJSON_GetObjectItemCaseSensitive(j, names[k]), k == 2 ? NB_F32 : NB_I32);
+    nb_tree_set_array(batch, names[k], a);
+    nb_array_release(a);
+  }
+  return batch;
+}
+
 #endif

@@ -85,22 +85,9 @@ static void test_gpt2(nb_ctx *ctx) {
   if (!j || !loaded) return;
   const cJSON *c = cJSON_GetObjectItemCaseSensitive(j, "config");
   nb_model_config cfg;
-  CHECK_OK(ctx, nb_model_config_preset(ctx, "gpt2-tiny", &cfg));
-  cfg.vocab_size = cfg_int(c, "vocab_size");
-  cfg.d_model = cfg_int(c, "d_model");
-  cfg.n_layers = cfg_int(c, "n_layers");
-  cfg.n_heads = cfg.n_kv_heads = cfg_int(c, "n_heads");
-  cfg.d_ff = cfg_int(c, "d_ff");
-  cfg.max_seq_len = cfg_int(c, "max_seq_len");
-  cfg.norm_eps = cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(c, "norm_eps"));
+  golden_gpt2_config(ctx, c, &cfg);
   nb_tree *params = ordered_params(ctx, &cfg, loaded);
-  nb_tree *batch = nb_tree_create(ctx);
-  const char *names[3] = {"inputs", "targets", "mask"};
-  for (int k = 0; k < 3; k++) {
-    nb_array *a = golden_int_matrix(ctx, cJSON_GetObjectItemCaseSensitive(j, names[k]), k == 2 ? NB_F32 : NB_I32);
-    nb_tree_set_array(batch, names[k], a);
-    nb_array_release(a);
-  }
+  nb_tree *batch = golden_batch(ctx, j);
   nb_graph *g = nb_model_trace_loss(ctx, &cfg, NULL, params, batch);
   nb_graph *vg = g ? nb_value_and_grad(ctx, g, &(nb_grad_opts){.wrt = "params", .has_aux = true}) : NULL;
   CHECK_MSG(vg, "%s", nb_ctx_error(ctx));

@@ -39,14 +39,7 @@ static bool golden_load(nb_ctx *ctx, golden *g) {
   g->grads = golden_safetensors(ctx, "tests/models/golden/gpt2_tiny_torch_grads.safetensors");
   if (!g->weights || !g->grads) return false;
   const cJSON *c = cJSON_GetObjectItemCaseSensitive(g->json, "config");
-  CHECK_OK(ctx, nb_model_config_preset(ctx, "gpt2-tiny", &g->cfg));
-  g->cfg.vocab_size = cfg_int(c, "vocab_size");
-  g->cfg.d_model = cfg_int(c, "d_model");
-  g->cfg.n_layers = cfg_int(c, "n_layers");
-  g->cfg.n_heads = g->cfg.n_kv_heads = cfg_int(c, "n_heads");
-  g->cfg.d_ff = cfg_int(c, "d_ff");
-  g->cfg.max_seq_len = cfg_int(c, "max_seq_len");
-  g->cfg.norm_eps = cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(c, "norm_eps"));
+  golden_gpt2_config(ctx, c, &g->cfg);
   g->loss = cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(g->json, "loss"));
   return true;
 }
@@ -121,13 +114,7 @@ static result run_and_compare(nb_ctx *ctx, const golden *gd, const nb_tree *para
                               double tol) {
   result r = {.loss_rel = INFINITY, .worst_rel = INFINITY, .worst_abs = INFINITY};
   const char *tn = t == NB_F64 ? "f64" : "f32";
-  nb_tree *batch = nb_tree_create(ctx);
-  const char *names[3] = {"inputs", "targets", "mask"};
-  for (int k = 0; k < 3; k++) {
-    nb_array *a = golden_int_matrix(ctx, cJSON_GetObjectItemCaseSensitive(gd->json, names[k]), k == 2 ? NB_F32 : NB_I32);
-    nb_tree_set_array(batch, names[k], a);
-    nb_array_release(a);
-  }
+  nb_tree *batch = golden_batch(ctx, gd->json);
   nb_model_trace_opts opts = {.dtype = t};
   nb_graph *g = nb_model_trace_loss(ctx, &gd->cfg, &opts, params, batch);
   nb_graph *vg = g ? nb_value_and_grad(ctx, g, &(nb_grad_opts){.wrt = "params", .has_aux = true}) : NULL;
