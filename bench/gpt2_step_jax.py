@@ -8,27 +8,16 @@ process is pinned to --threads CPUs (default 2), which sizes XLA's pool.
 
   python3 bench/gpt2_step_jax.py [--preset gpt2-124m] [--vocab 50304] [--batch 4] [--seq 256] [--steps 3]
 """
-import argparse
 import os
 import statistics
 import sys
 import time
 
-PRESETS = {  # vocab, d_model, layers, heads, d_ff, max positions (include/nabla/models.h)
-    "gpt2-tiny": (256, 128, 4, 4, 512, 128),
-    "gpt2-124m": (50257, 768, 12, 12, 3072, 1024),
-}
+from gpt2_step_args import PRESETS, parse_args
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--preset", default="gpt2-124m")
-    ap.add_argument("--vocab", type=int, default=0)
-    ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--seq", type=int, default=256)
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=2)
-    a = ap.parse_args()
+    a = parse_args()
     # XLA sizes its thread pool by the CPUs this process may use
     os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[: a.threads]))
     import jax

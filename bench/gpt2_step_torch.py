@@ -9,19 +9,15 @@ every parameter), torch.set_num_threads(2).
 
   /usr/bin/python3 bench/gpt2_step_torch.py [--preset gpt2-124m] [--vocab 50304] [--batch 4] [--seq 256] [--steps 3]
 """
-import argparse
 import math
 import statistics
 import time
 
+from gpt2_step_args import PRESETS, parse_args
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-PRESETS = {  # vocab, d_model, layers, heads, d_ff, max positions (include/nabla/models.h)
-    "gpt2-tiny": (256, 128, 4, 4, 512, 128),
-    "gpt2-124m": (50257, 768, 12, 12, 3072, 1024),
-}
 
 
 class Block(nn.Module):
@@ -69,14 +65,7 @@ class GPT(nn.Module):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--preset", default="gpt2-124m")
-    ap.add_argument("--vocab", type=int, default=0)
-    ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--seq", type=int, default=256)
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=2)
-    a = ap.parse_args()
+    a = parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     vocab, d, layers, heads, ff, max_pos = PRESETS[a.preset]
