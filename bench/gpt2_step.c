@@ -111,15 +111,8 @@ int main(int argc, char **argv) {
   nb_array *key = nb_key(ctx, 0);
   nb_tree *params = nb_model_init(ctx, &cfg, key);
   if (!params) return die(ctx, "init");
-  int32_t *tok = malloc(sizeof(int32_t) * (size_t)(B * T + 1));
-  for (int64_t i = 0; i <= B * T; i++) tok[i] = (int32_t)((i * 7919 + 13) % cfg.vocab_size);
-  nb_tree *batch = nb_tree_create(ctx);
-  nb_array *x = nb_array_create(ctx, NB_I32, 2, (int64_t[2]){B, T}, tok);
-  nb_array *y = nb_array_create(ctx, NB_I32, 2, (int64_t[2]){B, T}, tok + 1);
-  nb_tree_set_array(batch, "inputs", x);
-  nb_tree_set_array(batch, "targets", y);
-  nb_array_release(x);
-  nb_array_release(y);
+  nb_tree *batch = bench_lm_batch(ctx, B, T, cfg.vocab_size);
+  if (!batch) return die(ctx, "batch");
   nb_optim_tx *tx = nb_optim_adamw(ctx, nb_optim_constant(ctx, 3e-4), 0.9, 0.95, 1e-8, 0.1, NULL);
   nb_tree *opt = tx ? nb_optim_init_arrays(ctx, tx, params) : NULL;
   if (!opt) return die(ctx, "optimizer init");
@@ -231,7 +224,6 @@ int main(int argc, char **argv) {
   nb_graph_destroy(lg);
   nb_optim_tx_destroy(tx);
   nb_array_release(key);
-  free(tok);
   nb_ctx_destroy(ctx);
   return 0;
 }

@@ -26,12 +26,7 @@ int main(int argc, char **argv) {
   }
   nb_array *key = nb_key(ctx, 0);
   nb_tree *params = nb_model_init(ctx, &cfg, key);
-  int32_t *tok = malloc(sizeof(int32_t) * (size_t)(B * T));
-  for (int64_t i = 0; i < B * T; i++) tok[i] = (int32_t)((i * 7919) % cfg.vocab_size);
-  nb_tree *batch = nb_tree_create(ctx);
-  nb_array *x = nb_array_create(ctx, NB_I32, 2, (int64_t[2]){B, T}, tok);
-  nb_tree_set_array(batch, "inputs", x);
-  nb_tree_set_array(batch, "targets", x);
+  nb_tree *batch = bench_lm_batch(ctx, B, T, cfg.vocab_size);
   nb_graph *g = nb_model_trace_loss(ctx, &cfg, NULL, params, batch);
   nb_graph *vg = g ? nb_value_and_grad(ctx, g, &(nb_grad_opts){.wrt = "params", .has_aux = true}) : NULL;
   nb_exe *e = vg ? nb_jit(ctx, vg, NULL) : NULL;
@@ -62,11 +57,9 @@ int main(int argc, char **argv) {
            r, ms, dot + att, (fl + fla) / 1e9, (fl + fla) / (dot + att) / 1e6, att, fla / 1e9, fla / att / 1e6, other);
     nb_tree_destroy(out);
   }
-  free(tok);
   nb_tree_destroy(in);
   nb_tree_destroy(batch);
   nb_tree_destroy(params);
-  nb_array_release(x);
   nb_array_release(key);
   nb_exe_destroy(e);
   nb_graph_destroy(vg);

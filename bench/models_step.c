@@ -21,12 +21,7 @@ int main(int argc, char **argv) {
     nb_model_config_preset(ctx, presets[p], &cfg);
     nb_array *key = nb_key(ctx, 0);
     nb_tree *params = nb_model_init(ctx, &cfg, key);
-    int32_t *tok = malloc(sizeof(int32_t) * (size_t)(B * T));
-    for (int64_t i = 0; i < B * T; i++) tok[i] = (int32_t)((i * 7919) % cfg.vocab_size);
-    nb_tree *batch = nb_tree_create(ctx);
-    nb_array *x = nb_array_create(ctx, NB_I32, 2, (int64_t[2]){B, T}, tok);
-    nb_tree_set_array(batch, "inputs", x);
-    nb_tree_set_array(batch, "targets", x);
+    nb_tree *batch = bench_lm_batch(ctx, B, T, cfg.vocab_size);
     double t0 = now_ms();
     nb_graph *g = nb_model_trace_loss(ctx, &cfg, NULL, params, batch);
     double t1 = now_ms();
@@ -58,8 +53,6 @@ int main(int argc, char **argv) {
     nb_tree_destroy(in);
     nb_graph_destroy(g);
     nb_graph_destroy(vg);
-    nb_array_release(x);
-    free(tok);
     nb_tree_destroy(batch);
     nb_tree_destroy(params);
     nb_array_release(key);
