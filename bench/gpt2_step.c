@@ -38,6 +38,7 @@ static double sgemm_peak(int threads) {
   if (!a || !b || !c) return 0;
   for (size_t i = 0; i < (size_t)m * k; i++) a[i] = (float)(i % 7) * 0.1f;
   for (size_t i = 0; i < (size_t)k * n; i++) b[i] = (float)(i % 5) * 0.1f;
+  nb_jit_blas_core(); /* the kernels nb_jit's matmuls run on */
   /* nb_jit keeps OpenBLAS on one thread (its pool splits the matmuls):
    * measure on `threads`, then put the setting back */
   int prev = openblas_get_num_threads();
@@ -185,7 +186,8 @@ int main(int argc, char **argv) {
          "model %.1f GFLOP/step, %.2f GFLOP/s, sgemm peak %.2f GFLOP/s, MFU %.1f%%, loss %.4f -> %.4f, compile %.2f s\n",
          preset, (long long)B, (long long)T, (long long)cfg.vocab_size, (long long)n, threads, per_step, steps, tokens / per_step,
          model_flops / 1e9, model_flops / per_step / 1e9, peak / 1e9, 100 * model_flops / per_step / peak, loss0, loss, t_jit);
-  printf("graph cost: %.1f GFLOP, %.2f GB per step\n", graph_flops / 1e9, graph_bytes / 1e9);
+  printf("graph cost: %.1f GFLOP, %.2f GB per step; dot_general on %s\n", graph_flops / 1e9, graph_bytes / 1e9,
+         nb_jit_blas_core());
   if (profile > 0) {
     double by_kind[NB_EXE_STEP_KIND_COUNT] = {0};
     size_t ns = nb_exe_num_steps(exe);

@@ -156,8 +156,8 @@ int main(int argc, char **argv) {
   mallopt(M_MMAP_THRESHOLD, 1 << 30);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   nb_ctx *ctx = nb_ctx_create();
-  printf("dot_general (nb_jit%s) vs cblas_sgemm, %d threads, median of %d interleaved runs\n", bf16 ? ", bf16 operands" : "",
-         threads, reps);
+  printf("dot_general (nb_jit%s) vs cblas_sgemm, %d threads, median of %d interleaved runs; both on %s\n",
+         bf16 ? ", bf16 operands" : "", threads, reps, nb_jit_blas_core());
   printf("%-46s %9s %9s %9s %7s %7s  %s\n", "case", "jit ms", "loop ms", "split ms", "GF/s", "best", "jit/best");
   double peak = 0;
   for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {

@@ -79,6 +79,16 @@ nb_status nb_exe_run_flat(nb_exe *e, nb_array *const *in, nb_array **out);
 /* Releases one reference (NULL is allowed). */
 void nb_exe_destroy(nb_exe *e);
 
+/* The BLAS dot_general runs on, as text ("OpenBLAS Cooperlake (it picked
+ * Prescott for this CPU)"). The first call (or the first matmul) checks the
+ * kernels OpenBLAS chose at load time: when they use less of the vector ISA
+ * than the CPU has (an OpenBLAS older than the CPU model falls back to SSE3
+ * kernels), OpenBLAS's selection is re-run for the best core it knows for
+ * the ISA. $OPENBLAS_CORETYPE set, or $NABLA_BLAS_CORETYPE=keep, leaves
+ * OpenBLAS's choice alone; $NABLA_BLAS_CORETYPE=NAME forces one. Call it
+ * before using cblas directly in the same process to get the same kernels. */
+const char *nb_jit_blas_core(void);
+
 typedef struct nb_exe_stats {
   size_t peak_bytes;       /* estimate: arena + outputs not written into donated inputs */
   size_t arena_bytes;      /* intermediates after liveness-based reuse */

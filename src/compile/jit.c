@@ -117,6 +117,7 @@ static void report(nb_exe *e) {
   nb_logf(ctx, NB_LOG_INFO, "jit: compile phases: simplify %.1f ms, fuse %.1f ms (%d attempts), buffers %.1f ms, codegen %.1f ms, %s %.1f ms",
           e->phase_ms[0], e->phase_ms[1], e->plan.fuse_attempts, e->phase_ms[2], e->phase_ms[3], e->from_cache ? "disk cache + load" : "C compiler + load",
           e->phase_ms[4]);
+  if (s.nblas) nb_logf(ctx, NB_LOG_INFO, "jit: dot_general on %s", nb_jit_blas_core());
   if (e->cfg.debug >= 3) {
     char *buf = NULL;
     size_t len = 0;

@@ -10,8 +10,12 @@
  * Items and blocks of items run on the runtime's pool, OpenBLAS on one
  * thread inside each (set process-wide). Not here: integer dots (the
  * reference implementation), epilogues (fused kernels after the step). */
+#include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "compile/jit.h"
 #include "core/internal.h"
@@ -35,6 +39,83 @@ int nb_cpu__dot_prim(void) {
 }
 
 #ifdef NABLA_HAVE_CBLAS
+
+/* OpenBLAS's kernels for this CPU. A DYNAMIC_ARCH OpenBLAS picks its kernels
+ * from the CPU model at load time, and a build older than the CPU falls back
+ * far: Debian 12's 0.3.21 on an Emerald Rapids Xeon (family 6, model 0xCF)
+ * picks "Prescott" (SSE3), whose sgemm runs at a fifth of the AVX-512 one
+ * (29 vs 150 GFLOP/s on one core of the CI machine). When the kernels OpenBLAS
+ * picked use less of the vector ISA than the CPU has, and neither
+ * OPENBLAS_CORETYPE nor NABLA_BLAS_CORETYPE=keep says otherwise, we re-run
+ * OpenBLAS's own selection with OPENBLAS_CORETYPE set to the best core it
+ * has for the CPU's ISA. That entry point (gotoblas_dynamic_init) is only in
+ * DYNAMIC_ARCH builds, hence the weak references. Done once, before our first
+ * BLAS call. */
+char *openblas_get_corename(void);
+void gotoblas_dynamic_init(void) __attribute__((weak));
+void gotoblas_dynamic_quit(void) __attribute__((weak));
+
+/* Vector ISA level of an OpenBLAS 0.3.x x86-64 core name; -1 when unknown
+ * (a newer name: trust OpenBLAS). */
+static int core_level(const char *name) {
+  static const struct { const char *name; int level; } cores[] = {
+      {"prescott", 0},   {"core2", 0},      {"penryn", 0},    {"dunnington", 0}, {"nehalem", 0},
+      {"atom", 0},       {"nano", 0},       {"opteron", 0},   {"barcelona", 0},  {"bobcat", 0},
+      {"katmai", 0},     {"coppermine", 0}, {"northwood", 0}, {"banias", 0},     {"athlon", 0},
+      {"sandybridge", 1}, {"bulldozer", 1}, {"piledriver", 1}, {"steamroller", 2}, {"excavator", 2},
+      {"haswell", 2},    {"zen", 2},        {"skylakex", 3},  {"cooperlake", 4}, {"sapphirerapids", 5},
+  };
+  for (size_t i = 0; i < sizeof cores / sizeof cores[0]; i++)
+    if (name && strcasecmp(name, cores[i].name) == 0) return cores[i].level;
+  return -1;
+}
+
+/* The best OpenBLAS 0.3.21 core for this CPU's vector ISA, or NULL. */
+static const char *best_core_for_cpu(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  __builtin_cpu_init();
+  bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  if (avx512 && __builtin_cpu_supports("avx512bf16")) return "CooperLake";
+  if (avx512) return "SkylakeX";
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
+#endif
+  return NULL;
+}
+
+static char blas_core_note[160] = "OpenBLAS";
+
+static void select_blas_core(void) {
+  const char *picked = openblas_get_corename();
+  snprintf(blas_core_note, sizeof blas_core_note, "OpenBLAS %s", picked ? picked : "?");
+  const char *mode = getenv("NABLA_BLAS_CORETYPE");
+  if (getenv("OPENBLAS_CORETYPE") || (mode && strcmp(mode, "keep") == 0)) return;
+  if (!gotoblas_dynamic_init || !gotoblas_dynamic_quit) return;
+  bool forced = mode && *mode && strcmp(mode, "auto") != 0;
+  const char *want = forced ? mode : best_core_for_cpu();
+  if (!want) return;
+  if (forced && core_level(want) < 0) {
+    snprintf(blas_core_note, sizeof blas_core_note, "OpenBLAS %s (NABLA_BLAS_CORETYPE=%s is not a core it has)",
+             picked ? picked : "?", want);
+    return;
+  }
+  int have = core_level(picked);
+  if (forced ? picked && strcasecmp(picked, want) == 0 : !(have >= 0 && have < core_level(want))) return;
+  /* OpenBLAS reads OPENBLAS_CORETYPE in its init; put the environment back after */
+  setenv("OPENBLAS_CORETYPE", want, 1);
+  gotoblas_dynamic_quit();
+  gotoblas_dynamic_init();
+  unsetenv("OPENBLAS_CORETYPE");
+  const char *now = openblas_get_corename();
+  snprintf(blas_core_note, sizeof blas_core_note, "OpenBLAS %s (it picked %s for this CPU)", now ? now : "?",
+           picked ? picked : "?");
+}
+
+const char *nb_jit_blas_core(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, select_blas_core);
+  return blas_core_note;
+}
 
 /* One operand as a batch of rows x cols matrices: rows are its free dims in
  * order, cols its contracting dims in the dimension numbers' order. Strides
@@ -293,6 +374,7 @@ static void run_gemms(gemm_job *j, nb_pool *pool) {
   if (j->block < MIN_BLOCK) j->block = MIN_BLOCK; /* below this, re-packing the other operand per block shows */
   j->block = (j->block + 15) / 16 * 16;
   j->blocks = (side + j->block - 1) / j->block;
+  nb_jit_blas_core();
   if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
   int64_t ntasks = p->batch * j->blocks;
   for (j->first = 0; j->first < ntasks; j->first += INT32_MAX) /* pool task indices are ints */
@@ -307,6 +389,8 @@ static void convert_out(const dot_plan *p, const char *src, void *out) {
     for (int64_t i = 0; i < n; i++) nb__store_f64(p->ot, out, i, ((const double *)src)[i]);
 }
 
+#else
+const char *nb_jit_blas_core(void) { return "none (built without BLAS)"; }
 #endif /* NABLA_HAVE_CBLAS */
 
 bool nb_cpu__blas_supported(const nb_eqn *e) {
