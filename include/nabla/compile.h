@@ -47,10 +47,11 @@ typedef struct nb_jit_opts {
   const char *disable;        /* switches turned off (see above), added to $NABLA_JIT_DISABLE */
   const char *const *donate;  /* NULL-terminated input paths or path prefixes ("params" selects
                                  params/...): outputs may be written into these inputs' buffers */
-  int threads;                /* 0: $NABLA_THREADS or the number of CPUs. Kernels and matmuls
-                                 both run on this many pool threads; matmuls call OpenBLAS
-                                 on one thread per task, and set OpenBLAS to one thread for
-                                 the whole process (openblas_set_num_threads(1)) */
+  int threads;                /* 0: $NABLA_THREADS or the number of CPUs. Kernels run on this
+                                 many pool threads; a single matmul runs on this many OpenBLAS
+                                 threads, a batch of them on the pool with OpenBLAS on one
+                                 thread per task. OpenBLAS's thread count is process-wide:
+                                 it is set to 1 between calls */
   const char *cache_dir;      /* NULL: $NABLA_CACHE_DIR or ~/.cache/nabla/jit */
   const char *cc;             /* NULL: $NABLA_CC or "cc -O3 -march=native -fno-math-errno -fopenmp-simd -fPIC -shared" */
   int debug;                  /* 0: the context's debug level */

@@ -7,8 +7,9 @@
  * batch dim) or when BLAS has no routine for the dtype (f16, bf16) the
  * operand is packed once into a contiguous f32/f64 scratch, converting as
  * it goes. A result of another dtype is computed in f32/f64 and converted.
- * Items and blocks of items run on the runtime's pool, OpenBLAS on one
- * thread inside each (set process-wide). Not here: integer dots (the
+ * A single product runs on OpenBLAS's threads (as many as the pool has);
+ * the items and blocks of a batch run on the runtime's pool, OpenBLAS on one
+ * thread inside each (set process-wide). Kernels: see select_blas_core. Not here: integer dots (the
  * reference implementation), epilogues (fused kernels after the step). */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -325,12 +326,16 @@ static void pack(const dot_plan *p, operand *o, nb_dtype ct, char *dst, int64_t 
 
 /* ---------------------------------------------------------------- gemm */
 
-/* The work is split into tasks on the runtime's pool, each one sgemm on one
- * OpenBLAS thread: batch items, and for fewer items than tasks, blocks of
- * the longer side of each item's result (rows of C with rows of A, or
- * columns with columns of B). OpenBLAS's own threads stay idle, so they
- * never compete with the pool (they spin for a while after each threaded
- * call, right when the next fused kernel wants the cores). */
+/* A batch of products is split into tasks on the runtime's pool, each one
+ * sgemm on one OpenBLAS thread: batch items, and for fewer items than tasks,
+ * blocks of the longer side of each item's result (rows of C with rows of A,
+ * or columns with columns of B). A single product goes to OpenBLAS on the
+ * pool's number of threads instead: its threads share the packed panels,
+ * where our blocks would each pack the other operand again (with the AVX-512
+ * kernels our blocks ran at 45-65% of a direct 2-thread call on the MLP
+ * shapes; bench/matmul_vs_sgemm.c). The pool sleeps meanwhile; OpenBLAS's
+ * threads spin a little after the call, which costs the next fused kernel
+ * less than the blocks cost the product (GPT-2 124M step, A/B). */
 typedef struct gemm_job {
   const dot_plan *p;
   bool ta, tb;
@@ -375,6 +380,13 @@ static void run_gemms(gemm_job *j, nb_pool *pool) {
   j->block = (j->block + 15) / 16 * 16;
   j->blocks = (side + j->block - 1) / j->block;
   nb_jit_blas_core();
+  if (p->batch == 1 && threads > 1) {
+    j->blocks = 1, j->block = side, j->first = 0;
+    openblas_set_num_threads((int)threads);
+    gemm_task(j, 0);
+    openblas_set_num_threads(1);
+    return;
+  }
   if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
   int64_t ntasks = p->batch * j->blocks;
   for (j->first = 0; j->first < ntasks; j->first += INT32_MAX) /* pool task indices are ints */
