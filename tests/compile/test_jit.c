@@ -167,6 +167,16 @@ static nb_status f_long(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
   return nb_tree_set_val(out, "x", x);
 }
 
+/* exp-sum minus the labels' entries (cross-entropy's shape): the gradient
+ * adds exp(x) to a scatter_add of the label picks into zeros. With u->keep,
+ * the scatter's own result is an output too. */
+static nb_status f_pick(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
+  nb_val *x = nb_tree_get_val(in, "x"), *labels = nb_tree_get_val(in, "labels");
+  nb_val *picked = nb_take_along_axis(x, labels, 1);
+  nb_tree_set_val(out, "loss", nb_sub(nb_reduce_sum(nb_exp(x), 0, NULL), nb_reduce_sum(picked, 0, NULL)));
+  return NB_OK;
+}
+
 /* ---------------------------------------------------------------- tests */
 
 static nb_graph *trace(nb_trace_fn fn, void *u, const nb_tree *in) {
@@ -246,6 +256,49 @@ static void test_simplify(void) {
   CHECK(e && nb_graph_num_eqns(nb_exe_graph(e)) > 8);
   nb_exe_destroy(e);
   check_all_ways("foldable", g, in);
+  nb_graph_destroy(g);
+  nb_tree_destroy(in);
+}
+
+/* x + scatter_add(0, idx, u) becomes scatter_add(x, idx, u): no zero
+ * tensor in the arena (the scatter updates x's buffer), the same gradient;
+ * not when the scatter's result is used twice. */
+static void test_scatter_into_zeros(void) {
+  int64_t d[2] = {6, 9}, ld[2] = {6, 1};
+  nb_tree *in = inputs1(NB_F32, 2, d);
+  nb_array *labels = nb_array_from_f64(ctx, NB_I32, 2, ld, (const double[]){3, 0, 8, 3, 5, 1});
+  nb_tree_set_array(in, "labels", labels);
+  nb_array_release(labels);
+  nb_graph *g = trace(f_pick, NULL, in);
+  nb_graph *gg = g ? nb_grad(ctx, g, &(nb_grad_opts){.wrt = "x"}) : NULL;
+  CHECK_MSG(gg != NULL, "grad: %s", nb_ctx_error(ctx));
+  if (!gg) return;
+  nb_jit_opts on = nb_test_jit_opts(NULL), off = nb_test_jit_opts("algebra");
+  nb_exe *a = nb_jit(ctx, gg, &on), *b = nb_jit(ctx, gg, &off);
+  CHECK(a && b);
+  if (a && b) {
+    nb_exe_stats sa, sb;
+    nb_exe_get_stats(a, &sa);
+    nb_exe_get_stats(b, &sb);
+    CHECK_MSG(sa.arena_bytes < sb.arena_bytes, "arena %zu vs %zu bytes", sa.arena_bytes, sb.arena_bytes);
+  }
+  nb_exe_destroy(a);
+  nb_exe_destroy(b);
+  check_all_ways("gradient of a label pick", gg, in);
+  /* the scatter's result also an output: both the scatter and the add stay */
+  nb_graph *g2 = nb_graph_create(ctx);
+  nb_val *x = nb_graph_input(g2, "x", nb_aval_make(NB_F32, 2, d)), *ids = nb_graph_input(g2, "labels", nb_aval_make(NB_I32, 2, ld));
+  nb_scatter_dims sd = {.n_inserted_window = 2, .inserted_window_dims = {0, 1}, .n_scatter_to_operand = 2,
+                        .scatter_dims_to_operand_dims = {0, 1}, .index_vector_dim = 1};
+  nb_val *rows = nb_reshape(nb_iota(g2, NB_I32, 1, (int64_t[]){6}, 0), 2, ld);
+  nb_val *idx = nb_concatenate(2, ((nb_val *[]){rows, ids}), 1);
+  nb_val *s = nb_scatter_add(nb_full_like(x, 0), idx, nb_full(g2, NB_F32, 1, (int64_t[]){6}, -1), &sd);
+  nb_graph_output(g2, "scatter", s);
+  nb_graph_output(g2, "sum", nb_add(nb_tanh(x), s));
+  CHECK_MSG(nb_graph_status(g2) == NB_OK, "%s", nb_graph_error(g2));
+  check_all_ways("scatter into zeros used twice", g2, in);
+  nb_graph_destroy(g2);
+  nb_graph_destroy(gg);
   nb_graph_destroy(g);
   nb_tree_destroy(in);
 }
@@ -507,6 +560,7 @@ int main(void) {
   plan_on = !env || !*env;
   test_patterns();
   if (plan_on) test_simplify();
+  if (plan_on) test_scatter_into_zeros();
   test_caches();
   test_fallback();
   if (plan_on) test_donation();
