@@ -55,6 +55,8 @@ int nb_cpu__dot_prim(void) {
 char *openblas_get_corename(void);
 void gotoblas_dynamic_init(void) __attribute__((weak));
 void gotoblas_dynamic_quit(void) __attribute__((weak));
+void openblas_read_env(void) __attribute__((weak));
+void blas_thread_shutdown_(void) __attribute__((weak));
 
 /* Vector ISA level of an OpenBLAS 0.3.x x86-64 core name; -1 when unknown
  * (a newer name: trust OpenBLAS). */
@@ -84,7 +86,24 @@ static const char *best_core_for_cpu(void) {
   return NULL;
 }
 
-static char blas_core_note[160] = "OpenBLAS";
+static char blas_core_note[200] = "OpenBLAS";
+
+/* OpenBLAS's idle threads spin for 2^28 cycles (a tenth of a second) after
+ * each threaded call before they sleep, taking a core from the fused kernels
+ * and batched matmuls that follow a single product (those ran at half speed:
+ * bench/matmul_vs_sgemm.c, attention rows). OPENBLAS_THREAD_TIMEOUT=4 (2^4
+ * cycles) makes them sleep at once; OpenBLAS reads it with the environment
+ * at load and applies it when its threads start, so read it again and stop
+ * the threads (the next threaded call starts them). Not when the user set it. */
+static void quiet_blas_threads(void) {
+  if (getenv("OPENBLAS_THREAD_TIMEOUT") || !openblas_read_env || !blas_thread_shutdown_) return;
+  setenv("OPENBLAS_THREAD_TIMEOUT", "4", 1);
+  openblas_read_env();
+  unsetenv("OPENBLAS_THREAD_TIMEOUT");
+  blas_thread_shutdown_();
+  size_t n = strlen(blas_core_note);
+  snprintf(blas_core_note + n, sizeof blas_core_note - n, "; idle threads sleep at once");
+}
 
 static void select_blas_core(void) {
   const char *picked = openblas_get_corename();
@@ -112,9 +131,14 @@ static void select_blas_core(void) {
            picked ? picked : "?");
 }
 
+static void configure_blas(void) {
+  select_blas_core();
+  quiet_blas_threads();
+}
+
 const char *nb_jit_blas_core(void) {
   static pthread_once_t once = PTHREAD_ONCE_INIT;
-  pthread_once(&once, select_blas_core);
+  pthread_once(&once, configure_blas);
   return blas_core_note;
 }
 
