@@ -20,12 +20,15 @@ trap 'rm -rf "$cache"' EXIT
 # Debian 12's OpenBLAS (0.3.21) takes recent Xeons for a Prescott and runs its
 # SSE3 kernels; nabla re-selects the kernels for the CPU's ISA (nb_jit_blas_core),
 # so PyTorch, whose matmuls call the same OpenBLAS, gets the same ones.
+# nabla also makes OpenBLAS's idle threads sleep at once instead of spinning
+# for 0.1 s after each threaded call; PyTorch gets that too.
+export OPENBLAS_THREAD_TIMEOUT=${OPENBLAS_THREAD_TIMEOUT:-4}
 if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
   if grep -qw avx512_bf16 /proc/cpuinfo; then export OPENBLAS_CORETYPE=CooperLake
   elif grep -qw avx512f /proc/cpuinfo; then export OPENBLAS_CORETYPE=SkylakeX
   fi
 fi
-echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) CPUs; load $(cut -d' ' -f1-3 /proc/loadavg); OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}"
+echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) CPUs; load $(cut -d' ' -f1-3 /proc/loadavg); OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset} OPENBLAS_THREAD_TIMEOUT=$OPENBLAS_THREAD_TIMEOUT"
 for r in $(seq 1 "$rounds"); do
   echo "== round $r"
   NABLA_CACHE_DIR=$cache "./$build/bench_gpt2_step" "${args[@]}" --threads 2 --profile 6 | grep -E "^(RESULT|compile|last step|  step)"
