@@ -19,6 +19,17 @@ import subprocess
 import sys
 import time
 
+# Debian 12's OpenBLAS takes recent Xeons for a Prescott (SSE3 kernels); nabla
+# re-selects the kernels for the CPU's ISA and stops OpenBLAS's idle threads
+# from spinning, so give torch (same libopenblas) the same, before it loads.
+if "OPENBLAS_CORETYPE" not in os.environ:
+    flags = open("/proc/cpuinfo").read().split()
+    if "avx512_bf16" in flags:
+        os.environ["OPENBLAS_CORETYPE"] = "CooperLake"
+    elif "avx512f" in flags:
+        os.environ["OPENBLAS_CORETYPE"] = "SkylakeX"
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+
 import torch
 import transformers
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
