@@ -9,8 +9,9 @@
  * it goes. A result of another dtype is computed in f32/f64 and converted.
  * A single product runs on OpenBLAS's threads (as many as the pool has);
  * the items and blocks of a batch run on the runtime's pool, OpenBLAS on one
- * thread inside each (set process-wide). Kernels: see select_blas_core. Not here: integer dots (the
- * reference implementation), epilogues (fused kernels after the step). */
+ * thread inside each (set process-wide). Which OpenBLAS kernels, and its
+ * idle threads: nb_jit_blas_core. Not here: integer dots (the reference
+ * implementation), epilogues (fused kernels after the step). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -357,9 +358,8 @@ static void pack(const dot_plan *p, operand *o, nb_dtype ct, char *dst, int64_t 
  * pool's number of threads instead: its threads share the packed panels,
  * where our blocks would each pack the other operand again (with the AVX-512
  * kernels our blocks ran at 45-65% of a direct 2-thread call on the MLP
- * shapes; bench/matmul_vs_sgemm.c). The pool sleeps meanwhile; OpenBLAS's
- * threads spin a little after the call, which costs the next fused kernel
- * less than the blocks cost the product (GPT-2 124M step, A/B). */
+ * shapes; bench/matmul_vs_sgemm.c). The pool sleeps meanwhile, and
+ * OpenBLAS's threads sleep right after (quiet_blas_threads). */
 typedef struct gemm_job {
   const dot_plan *p;
   bool ta, tb;
