@@ -13,7 +13,7 @@
 #include "nabla/nabla.h"
 
 /* The default run: gpt2-tiny (byte-level vocabulary) on the default corpus,
- * a few minutes on a 2-core CPU (see docs/train.md for the numbers). */
+ * about two minutes on a 2-core CPU (bench/RESULTS.md has the numbers). */
 static const char default_yaml[] =
     "model:\n"
     "  preset: gpt2-tiny\n"
@@ -35,11 +35,11 @@ static const char default_yaml[] =
     "  warmup_steps: 20\n"
     "  min_lr_ratio: 0.1\n"
     "batch_size: 16\n"
-    "steps: 200\n"
-    "eval_every: 100\n"
+    "steps: 1000\n"
+    "eval_every: 250\n"
     "eval_steps: 8\n"
     "log_every: 10\n"
-    "checkpoint_every: 200\n"
+    "checkpoint_every: 250\n"
     "checkpoint_keep: 2\n"
     "seed: 0\n";
 
