@@ -1,15 +1,21 @@
 /* The runtime's thread pool: a fixed set of worker threads created once and
  * shared by every executable that asks for the same thread count (kept
  * while any of them is alive). A parallel region hands out task indices
- * through an atomic counter; the calling thread works too. Workers sleep on
- * a condition variable between regions, so they never compete with
- * OpenBLAS's threads while a matmul runs. Not here: how work is split into
+ * through an atomic counter; the calling thread works too. Between regions
+ * a worker spins briefly (SPIN_ITERS pauses, about a tenth of a millisecond)
+ * and then sleeps on a condition variable: waking a sleeping thread costs
+ * tens of microseconds on a VM (the idle vCPU is descheduled), which
+ * dominated small steps (a tiny model's decode ran 2-3x slower when nothing
+ * kept the other vCPU busy), while a short spin does not compete with
+ * OpenBLAS's threads during a long matmul. Not here: how work is split into
  * tasks (runtime/exe.c). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
 #include "compile/jit.h"
+
+#define SPIN_ITERS 2000
 
 struct nb_pool {
   int nthreads; /* including the caller */
@@ -18,15 +24,22 @@ struct nb_pool {
   int nworkers;
   pthread_mutex_t mu, run_mu;
   pthread_cond_t work_cv, done_cv;
-  uint64_t gen;
+  _Atomic uint64_t gen; /* bumped under mu when a region starts */
+  int sleepers;         /* workers waiting on work_cv (under mu) */
   void (*fn)(void *, int);
   void *arg;
   int ntasks;
   _Atomic int next;
-  int active;
-  bool stop;
+  _Atomic int active; /* workers still in the current region */
+  _Atomic bool stop;
   nb_pool *link;
 };
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
 
 static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;
 static nb_pool *registry;
@@ -35,26 +48,41 @@ static void drain(nb_pool *p) {
   for (int t; (t = atomic_fetch_add(&p->next, 1)) < p->ntasks;) p->fn(p->arg, t);
 }
 
+/* Waits until gen moves past `seen` (or stop): spins, then sleeps. */
+static uint64_t wait_work(nb_pool *p, uint64_t seen) {
+  uint64_t g = atomic_load_explicit(&p->gen, memory_order_acquire);
+  for (int i = 0; i < SPIN_ITERS && g == seen && !atomic_load(&p->stop); i++) {
+    cpu_relax();
+    g = atomic_load_explicit(&p->gen, memory_order_acquire);
+  }
+  if (g != seen) return g;
+  pthread_mutex_lock(&p->mu);
+  p->sleepers++;
+  while (!atomic_load(&p->stop) && (g = atomic_load(&p->gen)) == seen) pthread_cond_wait(&p->work_cv, &p->mu);
+  p->sleepers--;
+  pthread_mutex_unlock(&p->mu);
+  return g;
+}
+
 static void *worker(void *arg) {
   nb_pool *p = arg;
   uint64_t seen = 0;
-  pthread_mutex_lock(&p->mu);
   for (;;) {
-    while (!p->stop && p->gen == seen) pthread_cond_wait(&p->work_cv, &p->mu);
-    if (p->stop) break;
-    seen = p->gen;
-    pthread_mutex_unlock(&p->mu);
+    seen = wait_work(p, seen);
+    if (atomic_load(&p->stop)) break;
     drain(p);
-    pthread_mutex_lock(&p->mu);
-    if (--p->active == 0) pthread_cond_signal(&p->done_cv);
+    if (atomic_fetch_sub(&p->active, 1) == 1) {
+      pthread_mutex_lock(&p->mu); /* the caller checks `active` under mu before it sleeps */
+      pthread_cond_signal(&p->done_cv);
+      pthread_mutex_unlock(&p->mu);
+    }
   }
-  pthread_mutex_unlock(&p->mu);
   return NULL;
 }
 
 static void pool_free(nb_pool *p) {
   pthread_mutex_lock(&p->mu);
-  p->stop = true;
+  atomic_store(&p->stop, true);
   pthread_cond_broadcast(&p->work_cv);
   pthread_mutex_unlock(&p->mu);
   for (int i = 0; i < p->nworkers; i++) pthread_join(p->workers[i], NULL);
@@ -123,18 +151,21 @@ void nb_rt__pool_run(nb_pool *p, int ntasks, void (*fn)(void *arg, int task), vo
     return;
   }
   pthread_mutex_lock(&p->run_mu);
-  pthread_mutex_lock(&p->mu);
   p->fn = fn;
   p->arg = arg;
   p->ntasks = ntasks;
   atomic_store(&p->next, 0);
-  p->active = p->nworkers;
-  p->gen++;
-  pthread_cond_broadcast(&p->work_cv);
+  atomic_store(&p->active, p->nworkers);
+  pthread_mutex_lock(&p->mu);
+  atomic_fetch_add_explicit(&p->gen, 1, memory_order_release); /* publishes fn, arg, ntasks */
+  if (p->sleepers) pthread_cond_broadcast(&p->work_cv);
   pthread_mutex_unlock(&p->mu);
   drain(p);
-  pthread_mutex_lock(&p->mu);
-  while (p->active > 0) pthread_cond_wait(&p->done_cv, &p->mu);
-  pthread_mutex_unlock(&p->mu);
+  for (int i = 0; i < SPIN_ITERS && atomic_load(&p->active) > 0; i++) cpu_relax();
+  if (atomic_load(&p->active) > 0) {
+    pthread_mutex_lock(&p->mu);
+    while (atomic_load(&p->active) > 0) pthread_cond_wait(&p->done_cv, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+  }
   pthread_mutex_unlock(&p->run_mu);
 }

@@ -28,6 +28,10 @@
 #define TASKS_PER_THREAD 4 /* more tasks than threads even out a core that other work slows */
 #define MIN_BLOCK 128       /* rows or columns of a block of one item's result */
 #define PACK_TASK_ELEMS 32768 /* elements per packing task below which splitting does not pay */
+/* m*n*k of a single product from which it runs on OpenBLAS's threads (about
+ * 0.1 ms of work): waking them costs tens of microseconds, so smaller ones
+ * (decode's one-token products) are split over the pool, which spins */
+#define OPENBLAS_THREADS_MIN_MNK (1 << 24)
 
 int nb_cpu__dot_prim(void) {
   static _Atomic int cached = -2;
@@ -354,8 +358,9 @@ static void pack(const dot_plan *p, operand *o, nb_dtype ct, char *dst, int64_t 
 /* A batch of products is split into tasks on the runtime's pool, each one
  * sgemm on one OpenBLAS thread: batch items, and for fewer items than tasks,
  * blocks of the longer side of each item's result (rows of C with rows of A,
- * or columns with columns of B). A single product goes to OpenBLAS on the
- * pool's number of threads instead: its threads share the packed panels,
+ * or columns with columns of B). A single product of at least
+ * OPENBLAS_THREADS_MIN_MNK goes to OpenBLAS on the pool's number of threads
+ * instead: its threads share the packed panels,
  * where our blocks would each pack the other operand again (with the AVX-512
  * kernels our blocks ran at 45-65% of a direct 2-thread call on the MLP
  * shapes; bench/matmul_vs_sgemm.c). The pool sleeps meanwhile, and
@@ -404,7 +409,7 @@ static void run_gemms(gemm_job *j, nb_pool *pool) {
   j->block = (j->block + 15) / 16 * 16;
   j->blocks = (side + j->block - 1) / j->block;
   nb_jit_blas_core();
-  if (p->batch == 1 && threads > 1) {
+  if (p->batch == 1 && threads > 1 && (double)p->m * (double)p->n * (double)p->k >= OPENBLAS_THREADS_MIN_MNK) {
     j->blocks = 1, j->block = side, j->first = 0;
     openblas_set_num_threads((int)threads);
     gemm_task(j, 0);
