@@ -48,8 +48,8 @@ typedef struct nb_jit_opts {
   const char *const *donate;  /* NULL-terminated input paths or path prefixes ("params" selects
                                  params/...): outputs may be written into these inputs' buffers */
   int threads;                /* 0: $NABLA_THREADS or the number of CPUs. Kernels run on this
-                                 many pool threads; a single matmul runs on this many OpenBLAS
-                                 threads, a batch of them on the pool with OpenBLAS on one
+                                 many pool threads; a single large matmul runs on this many
+                                 OpenBLAS threads, a batch of them on the pool with OpenBLAS on one
                                  thread per task. OpenBLAS's thread count is process-wide:
                                  it is set to 1 between calls */
   const char *cache_dir;      /* NULL: $NABLA_CACHE_DIR or ~/.cache/nabla/jit */
