@@ -70,6 +70,10 @@ typedef struct fz {
   memo_entry *memo;
   size_t memo_cap, memo_n;
   int *reduce_kernel; /* per value: kernel holding an inlined reduce of it, or -1 */
+  int *root_kernel;   /* per value: the kernel it is a root of, or -1 */
+  uint8_t *no_join;   /* roots that may not join a kernel they read (kept across attempts) */
+  uint32_t cur_root;  /* the root being lowered */
+  bool join_failed;   /* lowering read a root of its own kernel at another index */
   const nb_val **vals; /* by id */
 } fz;
 
@@ -477,7 +481,7 @@ static int lower_eqn(fz *f, const nb_val *v, const kmap *m) {
   case NB_PRIM_reshape: {
     const nb_val *x = e->in[0];
     nb_kaffine L = ravel(m, &v->aval.shape);
-    if (f->leaf[x->id]) return lower_load(f, x, &L);
+    if (f->leaf[x->id] && f->root_kernel[x->id] != f->kidx) return lower_load(f, x, &L);
     kmap mx;
     if (!unravel(f, &L, &x->aval.shape, &mx)) return fail(f, x);
     return lower(f, x, &mx);
@@ -538,6 +542,13 @@ static int lower(fz *f, const nb_val *v, const kmap *m) {
   uint64_t h = map_hash(v->id, m);
   int found = memo_find(f, v->id, m, h);
   if (found >= 0) return found;
+  if (f->leaf[v->id] && f->root_kernel[v->id] == f->kidx) {
+    /* a root of this kernel read by a later root at another index than it
+     * is computed at: its memory is not written yet (a cheap root that is
+     * not a leaf is recomputed, as anywhere) */
+    f->join_failed = true;
+    return -1;
+  }
   int id;
   if (f->leaf[v->id] && !is_scalar_const(v)) {
     nb_kaffine off = ravel(m, &v->aval.shape);
@@ -662,8 +673,17 @@ static int lower_roots(fz *f, int ki) {
     for (int d = 0, a = 0, b = k->ro; d < m.rank; d++) m.c[d].coef[at_full && drop[d] ? b++ : a++] = 1;
     f->fail_val = UINT32_MAX;
     f->depth = 0;
+    f->cur_root = v->id;
+    f->join_failed = false;
     int node = lower_eqn(f, v, &m); /* the root is computed here, not loaded */
+    if (node < 0 && f->join_failed) {
+      f->no_join[v->id] = 1;
+      f->fail_val = UINT32_MAX;
+      return RETRY;
+    }
     if (node < 0) return f->fail_val != UINT32_MAX ? RETRY : ERR;
+    /* later roots of this kernel that read v at the same index use this node */
+    if (!memo_put(f, v->id, &m, map_hash(v->id, &m), node)) return ERR;
     nb_kstore st;
     memset(&st, 0, sizeof st);
     st.node = node;
@@ -714,17 +734,51 @@ static int resolve_conflicts(fz *f, const nb_eqn *e, const sig *rs, const scan *
   return RETRY;
 }
 
-/* Picks the kernel for root v (an earlier kernel of the same domain that v
- * does not depend on, or a new one). Returns the kernel index or -1. */
+static int kernel_step(const fz *f, int kernel) {
+  for (int i = 0; i < f->nsteps; i++)
+    if (f->steps[i].kind == NB_EXE_STEP_KERNEL && f->steps[i].kernel == kernel) return i;
+  return -1;
+}
+
+/* Can a root with signature rs and shape sh be computed in a kernel of
+ * signature ks? The same domain, or a plain root at a reduction kernel's
+ * full shape (per element) or kept shape (per row). */
+static bool domain_fits(const sig *ks, const sig *rs, const nb_shape *sh) {
+  if (sig_equal(ks, rs)) return true;
+  if (!ks->red || rs->red) return false;
+  nb_shape o = outer_shape(ks);
+  return nb_shape_equal(sh, &ks->f) || nb_shape_equal(sh, &o);
+}
+
+/* Does root v depend on kernel step kstep only directly, through that
+ * kernel's own roots (no path through other steps)? Then v can join the
+ * kernel as a later root that reads those roots' nodes (a softmax's
+ * exponentials after its max, then their sum and the quotient: one kernel,
+ * where the roots are materialized because a backward pass reads them). */
+static bool depends_only_directly(fz *f, const scan *s, int kstep) {
+  bool direct = false;
+  int *others = nb_jit__alloc(f->ar, sizeof(int) * ((size_t)s->ndeps + 1));
+  int n = 0;
+  if (!others) return false;
+  for (int i = 0; i < s->ndeps; i++)
+    if (s->deps[i] == kstep) direct = true;
+    else others[n++] = s->deps[i];
+  return direct && !reaches(f, others, n, kstep);
+}
+
+/* Picks the kernel for root v: an earlier kernel of a domain that fits
+ * that v does not depend on, or one that v reads only through its roots
+ * (unless that failed to lower before: no_join), or a new one. Returns the
+ * kernel index or -1. */
 static int place_root(fz *f, const nb_eqn *e, const sig *rs, const scan *s) {
   int target = -1, tried = 0;
+  const nb_val *v = e->out[0];
   for (int kk = f->p->nkernels - 1; kk >= 0 && tried < MERGE_CANDIDATES && !f->cfg->off[NB_SW_fuse]; kk--) {
-    if (!sig_equal(&f->ksig[kk], rs) || f->p->kernels[kk].nroots >= MAX_ROOTS) continue;
+    if (!domain_fits(&f->ksig[kk], rs, &v->aval.shape) || f->p->kernels[kk].nroots >= MAX_ROOTS) continue;
     tried++;
-    int kstep = -1;
-    for (int i = 0; i < f->nsteps && kstep < 0; i++)
-      if (f->steps[i].kind == NB_EXE_STEP_KERNEL && f->steps[i].kernel == kk) kstep = i;
-    if (!reaches(f, s->deps, s->ndeps, kstep)) target = kk;
+    int kstep = kernel_step(f, kk);
+    if (sig_equal(&f->ksig[kk], rs) && !reaches(f, s->deps, s->ndeps, kstep)) target = kk;
+    else if (!f->no_join[v->id] && depends_only_directly(f, s, kstep)) target = kk;
     if (target >= 0) break;
   }
   if (target < 0) {
@@ -739,12 +793,6 @@ static int place_root(fz *f, const nb_eqn *e, const sig *rs, const scan *s) {
     if (new_step(f, NB_EXE_STEP_KERNEL, target, e) < 0) return -1;
   }
   return target;
-}
-
-static int kernel_step(const fz *f, int kernel) {
-  for (int i = 0; i < f->nsteps; i++)
-    if (f->steps[i].kind == NB_EXE_STEP_KERNEL && f->steps[i].kernel == kernel) return i;
-  return -1;
 }
 
 static int add_root(fz *f, const nb_eqn *e) {
@@ -766,6 +814,7 @@ static int add_root(fz *f, const nb_eqn *e) {
   nb_kernel *k = &f->p->kernels[kk];
   if (!NB_PUSH(f->ar, k->roots, k->nroots, k->cap_roots)) return ERR;
   k->roots[k->nroots++] = v->id;
+  f->root_kernel[v->id] = kk;
   int st = kernel_step(f, kk);
   for (int i = 0; i < s.ndeps; i++)
     if (!add_dep(f, st, s.deps[i])) return ERR;
@@ -912,7 +961,7 @@ static int attempt(fz *f) {
   f->cap_steps = 0;
   f->ksig = NULL;
   f->cap_ksig = 0;
-  for (size_t i = 0; i < f->nv; i++) f->step_of[i] = f->reduce_kernel[i] = -1;
+  for (size_t i = 0; i < f->nv; i++) f->step_of[i] = f->reduce_kernel[i] = f->root_kernel[i] = -1;
   decide_materialized(f);
   int r = build_steps(f);
   if (r != OK) return r;
@@ -920,9 +969,10 @@ static int attempt(fz *f) {
     int rk = lower_roots(f, kk);
     if (rk == ERR) return ERR;
     if (rk == RETRY) {
+      r = RETRY;
+      if (f->fail_val == UINT32_MAX) continue; /* a root that may not join its kernel (no_join) */
       if (f->leaf[f->fail_val]) return nb_errorf(f->ctx, NB_ERR_INTERNAL, "jit: fusion cannot place value %u", f->fail_val), ERR;
       f->force[f->fail_val] = 1;
-      r = RETRY;
     }
   }
   if (r != OK) return r;
@@ -950,9 +1000,11 @@ static bool fz_init(fz *f) {
   f->step_of = nb_jit__alloc(f->p->ar, nv * sizeof(int));
   f->stamp = nb_jit__alloc(f->p->ar, nv * sizeof(int));
   f->reduce_kernel = nb_jit__alloc(f->p->ar, nv * sizeof(int));
+  f->root_kernel = nb_jit__alloc(f->p->ar, nv * sizeof(int));
+  f->no_join = nb_jit__alloc(f->p->ar, nv);
   f->vals = nb_jit__alloc(f->p->ar, nv * sizeof(nb_val *));
   f->p->bufs = nb_jit__alloc(f->p->ar, nv * sizeof(nb_jbuf));
-  if (!f->mat || !f->force || !f->is_out || !f->leaf || !f->reduced || !f->reads_donated || !f->nusers || !f->cost || !f->step_of || !f->stamp || !f->reduce_kernel ||
+  if (!f->mat || !f->force || !f->is_out || !f->leaf || !f->reduced || !f->reads_donated || !f->nusers || !f->cost || !f->step_of || !f->stamp || !f->reduce_kernel || !f->root_kernel || !f->no_join ||
       !f->vals || !f->p->bufs)
     return false;
   for (size_t i = 0; i < nb_graph_num_inputs(f->g); i++) f->vals[nb__graph_input(f->g, i)->id] = nb__graph_input(f->g, i);

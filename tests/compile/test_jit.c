@@ -89,6 +89,43 @@ static nb_status f_layernorm(nb_graph *g, const nb_tree *in, nb_tree *out, void 
   return nb_tree_set_val(out, "rstd", rstd);
 }
 
+/* softmax and layer norm with their statistics as outputs too, also read
+ * by a reduction of another domain, as inside value_and_grad (the backward
+ * pass reads them, so they are materialized): still one row kernel each,
+ * the statistics computed as earlier phases and the later values joining
+ * their kernel, plus one kernel for the totals */
+static nb_status f_softmax_stats(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
+  nb_val *x = nb_tree_get_val(in, "x");
+  int ax[1] = {1};
+  int64_t dims[2] = {nb_val_dim(x, 0), nb_val_dim(x, 1)};
+  nb_val *m = nb_reduce_max(x, 1, ax);
+  nb_val *e = nb_exp(nb_sub(x, nb_broadcast_in_dim(m, 2, dims, (int[]){0})));
+  nb_val *sum = nb_reduce_sum(e, 1, ax);
+  nb_tree_set_val(out, "max", m);
+  nb_tree_set_val(out, "exp", e);
+  nb_tree_set_val(out, "sum", sum);
+  /* read in another domain too: materialized, as in a backward pass */
+  nb_tree_set_val(out, "max_total", nb_reduce_sum(m, 1, (int[]){0}));
+  nb_tree_set_val(out, "sum_total", nb_reduce_sum(sum, 1, (int[]){0}));
+  return nb_tree_set_val(out, "y", nb_div(e, nb_broadcast_in_dim(sum, 2, dims, (int[]){0})));
+}
+
+static nb_status f_layernorm_stats(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
+  nb_val *x = nb_tree_get_val(in, "x");
+  int ax[1] = {1};
+  int64_t dims[2] = {nb_val_dim(x, 0), nb_val_dim(x, 1)}, col[2] = {dims[0], 1};
+  double n = (double)dims[1];
+  nb_val *mean = nb_div(nb_reduce_sum(x, 1, ax), nb_scalar(g, NB_F32, n));
+  nb_val *xc = nb_sub(x, nb_reshape(mean, 2, col));
+  nb_val *var = nb_div(nb_reduce_sum(nb_mul(xc, xc), 1, ax), nb_scalar(g, NB_F32, n));
+  nb_val *rstd = nb_rsqrt(nb_add(var, nb_scalar(g, NB_F32, 1e-5)));
+  nb_tree_set_val(out, "mean", mean);
+  nb_tree_set_val(out, "rstd", rstd);
+  nb_tree_set_val(out, "mean_total", nb_reduce_sum(mean, 1, (int[]){0}));
+  nb_tree_set_val(out, "rstd_total", nb_reduce_sum(rstd, 1, (int[]){0}));
+  return nb_tree_set_val(out, "xhat", nb_mul(xc, nb_reshape(rstd, 2, col)));
+}
+
 /* mean over the batch of logsumexp(logits) - logits[label] */
 static nb_status f_xent(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
   nb_val *x = nb_tree_get_val(in, "x"), *label = nb_tree_get_val(in, "label");
@@ -236,6 +273,20 @@ static void test_patterns(void) {
   in = inputs1(NB_F32, 1, (int64_t[]){1000});
   g = trace(f_long, NULL, in);
   check_all_ways("long chain with side outputs", g, in);
+  nb_graph_destroy(g);
+  nb_tree_destroy(in);
+}
+
+static void test_stats_join(void) {
+  int64_t d[2] = {37, 300};
+  nb_tree *in = inputs1(NB_F32, 2, d);
+  nb_graph *g = trace(f_softmax_stats, NULL, in);
+  check_all_ways("softmax with its statistics", g, in);
+  CHECK_MSG(kernels_of(g, NULL) == 2, "softmax with its statistics: %zu kernels", kernels_of(g, NULL));
+  nb_graph_destroy(g);
+  g = trace(f_layernorm_stats, NULL, in);
+  check_all_ways("layer norm with its statistics", g, in);
+  CHECK_MSG(kernels_of(g, NULL) == 2, "layer norm with its statistics: %zu kernels", kernels_of(g, NULL));
   nb_graph_destroy(g);
   nb_tree_destroy(in);
 }
@@ -561,6 +612,7 @@ int main(void) {
   test_patterns();
   if (plan_on) test_simplify();
   if (plan_on) test_scatter_into_zeros();
+  if (plan_on) test_stats_join();
   test_caches();
   test_fallback();
   if (plan_on) test_donation();
