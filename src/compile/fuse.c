@@ -72,7 +72,6 @@ typedef struct fz {
   int *reduce_kernel; /* per value: kernel holding an inlined reduce of it, or -1 */
   int *root_kernel;   /* per value: the kernel it is a root of, or -1 */
   uint8_t *no_join;   /* roots that may not join a kernel they read (kept across attempts) */
-  uint32_t cur_root;  /* the root being lowered */
   bool join_failed;   /* lowering read a root of its own kernel at another index */
   const nb_val **vals; /* by id */
 } fz;
@@ -673,7 +672,6 @@ static int lower_roots(fz *f, int ki) {
     for (int d = 0, a = 0, b = k->ro; d < m.rank; d++) m.c[d].coef[at_full && drop[d] ? b++ : a++] = 1;
     f->fail_val = UINT32_MAX;
     f->depth = 0;
-    f->cur_root = v->id;
     f->join_failed = false;
     int node = lower_eqn(f, v, &m); /* the root is computed here, not loaded */
     if (node < 0 && f->join_failed) {

@@ -5,8 +5,8 @@
  * a worker spins briefly (SPIN_ITERS pauses, about a tenth of a millisecond)
  * and then sleeps on a condition variable: waking a sleeping thread costs
  * tens of microseconds on a VM (the idle vCPU is descheduled), which
- * dominated small steps (a tiny model's decode ran 2-3x slower when nothing
- * kept the other vCPU busy), while a short spin does not compete with
+ * dominated small steps (a tiny model's decode ran several times slower
+ * when nothing kept the other vCPU busy), while a short spin does not compete with
  * OpenBLAS's threads during a long matmul. Not here: how work is split into
  * tasks (runtime/exe.c). */
 #include <pthread.h>
