@@ -19,8 +19,9 @@ static bool contains(const char *s, const char *word) {
   return false;
 }
 
-/* A 2-thread 150x70x91 matmul against the interpreter, then the kernels
- * chosen. Exit status 0 when both are as expected. */
+/* A 2-thread 260x256x256 matmul (over 2^24 m*n*k: on OpenBLAS's threads)
+ * against the interpreter, then the kernels chosen. Exit status 0 when both
+ * are as expected. */
 static int child(const char *mode, const char *openblas_env) {
   if (mode) setenv("NABLA_BLAS_CORETYPE", mode, 1);
   else unsetenv("NABLA_BLAS_CORETYPE");
@@ -28,7 +29,7 @@ static int child(const char *mode, const char *openblas_env) {
   else unsetenv("OPENBLAS_CORETYPE");
   nb_ctx *ctx = nb_ctx_create();
   nb_test_rng rng = {7};
-  int64_t ad[2] = {150, 70}, bd[2] = {70, 91};
+  int64_t ad[2] = {260, 256}, bd[2] = {256, 256};
   nb_graph *g = nb_graph_create(ctx);
   nb_dot_dims dn = {.n_contract = 1, .lhs_contract = {1}, .rhs_contract = {0}};
   nb_graph_output(g, "y", nb_dot_general(nb_graph_input(g, "a", nb_aval_make(NB_F32, 2, ad)),

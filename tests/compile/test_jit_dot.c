@@ -150,14 +150,14 @@ static void test_degenerate(void) {
   }
 }
 
-/* One item: on OpenBLAS's threads at 2 threads (the last two are large
- * enough, m*n*k over 2^18, for OpenBLAS to use them); a batch of items
- * split into blocks of rows (or columns) of the result over two threads.
- * Every transpose combination, sides not a multiple of a block. */
+/* One item: split into blocks of rows (or columns) of the result over the
+ * pool, or, from 2^24 m*n*k (the first two), on OpenBLAS's threads; a batch
+ * of items split into blocks too. Every transpose combination, sides not a
+ * multiple of a block. */
 static void test_blocks(void) {
   static const dot_case cases[] = {
-      {2, 2, {150, 70}, {70, 91}, {.n_contract = 1, .lhs_contract = {1}, .rhs_contract = {0}}},
-      {2, 2, {70, 150}, {91, 70}, {.n_contract = 1, .lhs_contract = {0}, .rhs_contract = {1}}},
+      {2, 2, {300, 230}, {230, 261}, {.n_contract = 1, .lhs_contract = {1}, .rhs_contract = {0}}},
+      {2, 2, {230, 300}, {261, 230}, {.n_contract = 1, .lhs_contract = {0}, .rhs_contract = {1}}},
       {2, 2, {300, 9}, {9, 7}, {.n_contract = 1, .lhs_contract = {1}, .rhs_contract = {0}}},
       {2, 2, {9, 300}, {7, 9}, {.n_contract = 1, .lhs_contract = {0}, .rhs_contract = {1}}},
       {2, 2, {7, 9}, {9, 301}, {.n_contract = 1, .lhs_contract = {1}, .rhs_contract = {0}}},

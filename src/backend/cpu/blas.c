@@ -125,7 +125,8 @@ static void select_blas_core(void) {
     return;
   }
   int have = core_level(picked);
-  if (forced ? picked && strcasecmp(picked, want) == 0 : !(have >= 0 && have < core_level(want))) return;
+  bool keep = forced ? picked && strcasecmp(picked, want) == 0 : have < 0 || have >= core_level(want);
+  if (keep) return;
   /* OpenBLAS reads OPENBLAS_CORETYPE in its init; put the environment back after */
   setenv("OPENBLAS_CORETYPE", want, 1);
   gotoblas_dynamic_quit();
@@ -403,11 +404,6 @@ static void run_gemms(gemm_job *j, nb_pool *pool) {
   int64_t threads = nb_rt__pool_threads(pool), want = TASKS_PER_THREAD * threads;
   j->split_n = p->n > p->m;
   int64_t side = j->split_n ? p->n : p->m;
-  j->blocks = threads > 1 && p->batch < want ? (want + p->batch - 1) / p->batch : 1;
-  j->block = (side + j->blocks - 1) / j->blocks;
-  if (j->block < MIN_BLOCK) j->block = MIN_BLOCK; /* below this, re-packing the other operand per block shows */
-  j->block = (j->block + 15) / 16 * 16;
-  j->blocks = (side + j->block - 1) / j->block;
   nb_jit_blas_core();
   if (p->batch == 1 && threads > 1 && (double)p->m * (double)p->n * (double)p->k >= OPENBLAS_THREADS_MIN_MNK) {
     j->blocks = 1, j->block = side, j->first = 0;
@@ -416,6 +412,11 @@ static void run_gemms(gemm_job *j, nb_pool *pool) {
     openblas_set_num_threads(1);
     return;
   }
+  j->blocks = threads > 1 && p->batch < want ? (want + p->batch - 1) / p->batch : 1;
+  j->block = (side + j->blocks - 1) / j->blocks;
+  if (j->block < MIN_BLOCK) j->block = MIN_BLOCK; /* below this, re-packing the other operand per block shows */
+  j->block = (j->block + 15) / 16 * 16;
+  j->blocks = (side + j->block - 1) / j->block;
   if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
   int64_t ntasks = p->batch * j->blocks;
   for (j->first = 0; j->first < ntasks; j->first += INT32_MAX) /* pool task indices are ints */
