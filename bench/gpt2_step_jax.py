@@ -9,11 +9,10 @@ process is pinned to --threads CPUs (default 2), which sizes XLA's pool.
   python3 bench/gpt2_step_jax.py [--preset gpt2-124m] [--vocab 50304] [--batch 4] [--seq 256] [--steps 3]
 """
 import os
-import statistics
 import sys
 import time
 
-from gpt2_step_args import PRESETS, parse_args
+from gpt2_step_args import PRESETS, parse_args, time_steps
 
 
 def main():
@@ -83,23 +82,13 @@ def main():
     t0 = time.perf_counter()
     compiled = jstep.lower(params, opt_state, x, y).compile()
     t_compile = time.perf_counter() - t0
-    times, losses = [], []
-    for r in range(a.steps + 1):  # step 0 is the warm-up
-        t0 = time.perf_counter()
-        params, opt_state, loss = compiled(params, opt_state, x, y)
-        lv = float(loss)
-        dt = time.perf_counter() - t0
-        losses.append(lv)
-        if r > 0:
-            times.append(dt)
-        print(f"step {r}: {dt:.3f} s, loss {lv:.5f}", flush=True)
-    st = statistics.median(times)
-    flops = 6.0 * n * B * T + 12.0 * layers * d * T * B * T
-    print(f"RESULT jax {a.preset} B={B} T={T} vocab={vocab} params={n} threads={a.threads}: step {st:.4f} s "
-          f"(median of {a.steps}), {B * T / st:.0f} tokens/s, model {flops / 1e9:.1f} GFLOP/step, "
-          f"{flops / st / 1e9:.2f} GFLOP/s, loss {losses[0]:.4f} -> {losses[-1]:.4f}, compile {t_compile:.2f} s, "
-          f"jax {jax.__version__}")
+    state = [params, opt_state]
 
+    def run_step():
+        state[0], state[1], loss = compiled(state[0], state[1], x, y)
+        return float(loss)
+
+    time_steps(a, "jax", jax.__version__, n, layers, d, vocab, run_step, f", compile {t_compile:.2f} s")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -10,10 +10,8 @@ every parameter), torch.set_num_threads(2).
   /usr/bin/python3 bench/gpt2_step_torch.py [--preset gpt2-124m] [--vocab 50304] [--batch 4] [--seq 256] [--steps 3]
 """
 import math
-import statistics
-import time
 
-from gpt2_step_args import PRESETS, parse_args
+from gpt2_step_args import PRESETS, parse_args, time_steps
 
 import torch
 import torch.nn as nn
@@ -76,25 +74,15 @@ def main():
     B, T = a.batch, a.seq
     tok = (torch.arange(B * T + 1) * 7919 + 13) % vocab
     x, y = tok[:-1].view(B, T), tok[1:].view(B, T)
-    times, losses = [], []
-    for r in range(a.steps + 1):  # step 0 is the warm-up
-        t0 = time.perf_counter()
+
+    def run_step():
         loss = model(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        lv = loss.item()
-        dt = time.perf_counter() - t0
-        losses.append(lv)
-        if r > 0:
-            times.append(dt)
-        print(f"step {r}: {dt:.3f} s, loss {lv:.5f}", flush=True)
-    step = statistics.median(times)
-    flops = 6.0 * n * B * T + 12.0 * layers * d * T * B * T
-    print(f"RESULT torch {a.preset} B={B} T={T} vocab={vocab} params={n} threads={a.threads}: step {step:.4f} s "
-          f"(median of {a.steps}), {B * T / step:.0f} tokens/s, model {flops / 1e9:.1f} GFLOP/step, "
-          f"{flops / step / 1e9:.2f} GFLOP/s, loss {losses[0]:.4f} -> {losses[-1]:.4f}, torch {torch.__version__}")
+        return loss.item()
 
+    time_steps(a, "torch", torch.__version__, n, layers, d, vocab, run_step)
 
 if __name__ == "__main__":
     main()
