@@ -97,4 +97,23 @@ static nb_tree *golden_batch(nb_ctx *ctx, const cJSON *j) {
   return batch;
 }
 
+/* value_and_grad of the model's loss (traced with opts, which may be NULL)
+ * on params and batch: "loss" and "grad/params/..." into out. False (after a
+ * failed CHECK naming the error) when it could not run. */
+static bool golden_loss_and_grads(nb_ctx *ctx, const nb_model_config *cfg, const nb_model_trace_opts *opts,
+                                  const nb_tree *params, const nb_tree *batch, nb_tree *out) {
+  nb_graph *g = nb_model_trace_loss(ctx, cfg, opts, params, batch);
+  nb_graph *vg = g ? nb_value_and_grad(ctx, g, &(nb_grad_opts){.wrt = "params", .has_aux = true}) : NULL;
+  CHECK_MSG(vg, "%s", nb_ctx_error(ctx));
+  nb_tree *in = nb_tree_create(ctx);
+  nb_tree_merge(in, "params", params);
+  nb_tree_merge(in, "batch", batch);
+  bool ok = vg && nb_graph_run(ctx, vg, in, out) == NB_OK;
+  CHECK_MSG(!vg || ok, "%s", nb_ctx_error(ctx));
+  nb_tree_destroy(in);
+  nb_graph_destroy(vg);
+  nb_graph_destroy(g);
+  return ok;
+}
+
 #endif

@@ -88,13 +88,8 @@ static void test_gpt2(nb_ctx *ctx) {
   golden_gpt2_config(ctx, c, &cfg);
   nb_tree *params = ordered_params(ctx, &cfg, loaded);
   nb_tree *batch = golden_batch(ctx, j);
-  nb_graph *g = nb_model_trace_loss(ctx, &cfg, NULL, params, batch);
-  nb_graph *vg = g ? nb_value_and_grad(ctx, g, &(nb_grad_opts){.wrt = "params", .has_aux = true}) : NULL;
-  CHECK_MSG(vg, "%s", nb_ctx_error(ctx));
-  nb_tree *in = nb_tree_create(ctx), *out = nb_tree_create(ctx);
-  nb_tree_merge(in, "params", params);
-  nb_tree_merge(in, "batch", batch);
-  if (vg) CHECK_OK(ctx, nb_graph_run(ctx, vg, in, out));
+  nb_tree *out = nb_tree_create(ctx);
+  golden_loss_and_grads(ctx, &cfg, NULL, params, batch, out);
   nb_array *loss = nb_tree_get_array(out, "loss");
   double want = cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(j, "loss"));
   if (loss) printf("gpt2 loss: nabla %.7f, reference %.7f\n", nb_array_get(loss, 0), want);
@@ -121,9 +116,6 @@ static void test_gpt2(nb_ctx *ctx) {
   }
   printf("gpt2 gradients: %zu tensors, worst relative difference %.3g (%s)\n", n_grads, worst, worst_path);
   CHECK_MSG(n_grads == nb_tree_size(params) && worst < 1e-4, "gradient %s differs by %g (relative)", worst_path, worst);
-  nb_graph_destroy(g);
-  nb_graph_destroy(vg);
-  nb_tree_destroy(in);
   nb_tree_destroy(out);
   nb_tree_destroy(batch);
   nb_tree_destroy(params);

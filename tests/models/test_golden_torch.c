@@ -116,14 +116,9 @@ static result run_and_compare(nb_ctx *ctx, const golden *gd, const nb_tree *para
   const char *tn = t == NB_F64 ? "f64" : "f32";
   nb_tree *batch = golden_batch(ctx, gd->json);
   nb_model_trace_opts opts = {.dtype = t};
-  nb_graph *g = nb_model_trace_loss(ctx, &gd->cfg, &opts, params, batch);
-  nb_graph *vg = g ? nb_value_and_grad(ctx, g, &(nb_grad_opts){.wrt = "params", .has_aux = true}) : NULL;
-  CHECK_MSG(vg, "%s", nb_ctx_error(ctx));
-  nb_tree *in = nb_tree_create(ctx), *out = nb_tree_create(ctx);
-  nb_tree_merge(in, "params", params);
-  nb_tree_merge(in, "batch", batch);
-  if (vg) CHECK_OK(ctx, nb_graph_run(ctx, vg, in, out));
-  nb_array *loss = vg ? nb_tree_get_array(out, "loss") : NULL;
+  nb_tree *out = nb_tree_create(ctx);
+  bool ran = golden_loss_and_grads(ctx, &gd->cfg, &opts, params, batch, out);
+  nb_array *loss = ran ? nb_tree_get_array(out, "loss") : NULL;
   CHECK_MSG(loss, "%s: no loss", tn);
   if (loss) {
     r.loss_rel = fabs(nb_array_get(loss, 0) - gd->loss) / fabs(gd->loss);
@@ -171,9 +166,6 @@ static result run_and_compare(nb_ctx *ctx, const golden *gd, const nb_tree *para
   if (verbose)
     printf("gpt2 vs torch (%s): %zu gradients, max |diff| %.3g, worst relative difference %.3g (%s)\n", tn,
            r.n_grads, r.worst_abs, r.worst_rel, r.worst_path);
-  nb_graph_destroy(g);
-  nb_graph_destroy(vg);
-  nb_tree_destroy(in);
   nb_tree_destroy(out);
   nb_tree_destroy(batch);
   return r;
