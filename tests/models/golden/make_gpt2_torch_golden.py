@@ -50,39 +50,41 @@ WEIGHTS = os.path.join(HERE, "gpt2_tiny.safetensors")
 FLAX_JSON = os.path.join(HERE, "gpt2_tiny.json")
 
 
-def hf_to_ours(named, n_layers, d):
-    """{HF GPT-2 parameter name: array} -> {nabla path: array}."""
-    t = {"embed/embedding": named["transformer.wte.weight"], "pos_embed/embedding": named["transformer.wpe.weight"],
-         "final_norm/scale": named["transformer.ln_f.weight"], "final_norm/bias": named["transformer.ln_f.bias"]}
+QKV = ("wq", "wk", "wv")  # HF's c_attn holds them side by side: [D, 3D] (in, out)
+
+
+def one_to_one(n_layers):
+    """(nabla path, HF name) of every tensor that maps to one tensor."""
+    pairs = [("embed/embedding", "transformer.wte.weight"), ("pos_embed/embedding", "transformer.wpe.weight"),
+             ("final_norm/scale", "transformer.ln_f.weight"), ("final_norm/bias", "transformer.ln_f.bias")]
     for i in range(n_layers):
         h, p = f"transformer.h.{i}.", f"layers/{i}/"
         for ours, theirs in (("attn_norm", "ln_1"), ("mlp_norm", "ln_2")):
-            t[p + ours + "/scale"] = named[h + theirs + ".weight"]
-            t[p + ours + "/bias"] = named[h + theirs + ".bias"]
-        w, b = named[h + "attn.c_attn.weight"], named[h + "attn.c_attn.bias"]  # [D, 3D] (in, out)
-        for j, name in enumerate(("wq", "wk", "wv")):
+            pairs += [(p + ours + "/scale", h + theirs + ".weight"), (p + ours + "/bias", h + theirs + ".bias")]
+        for ours, theirs in (("attn/wo", "attn.c_proj"), ("mlp/wi", "mlp.c_fc"), ("mlp/wo", "mlp.c_proj")):
+            pairs += [(p + ours + "/kernel", h + theirs + ".weight"), (p + ours + "/bias", h + theirs + ".bias")]
+    return pairs
+
+
+def hf_to_ours(named, n_layers, d):
+    """{HF GPT-2 parameter name: array} -> {nabla path: array}."""
+    t = {ours: named[theirs] for ours, theirs in one_to_one(n_layers)}
+    for i in range(n_layers):
+        h, p = f"transformer.h.{i}.", f"layers/{i}/"
+        w, b = named[h + "attn.c_attn.weight"], named[h + "attn.c_attn.bias"]
+        for j, name in enumerate(QKV):
             t[p + f"attn/{name}/kernel"] = w[:, j * d:(j + 1) * d]
             t[p + f"attn/{name}/bias"] = b[j * d:(j + 1) * d]
-        for ours, theirs in (("attn/wo", "attn.c_proj"), ("mlp/wi", "mlp.c_fc"), ("mlp/wo", "mlp.c_proj")):
-            t[p + ours + "/kernel"] = named[h + theirs + ".weight"]
-            t[p + ours + "/bias"] = named[h + theirs + ".bias"]
     return t
 
 
 def ours_to_hf(w, n_layers):
     """The inverse: nabla's tree -> HF state dict entries (numpy)."""
-    sd = {"transformer.wte.weight": w["embed/embedding"], "transformer.wpe.weight": w["pos_embed/embedding"],
-          "transformer.ln_f.weight": w["final_norm/scale"], "transformer.ln_f.bias": w["final_norm/bias"]}
+    sd = {theirs: w[ours] for ours, theirs in one_to_one(n_layers)}
     for i in range(n_layers):
         h, p = f"transformer.h.{i}.", f"layers/{i}/"
-        for ours, theirs in (("attn_norm", "ln_1"), ("mlp_norm", "ln_2")):
-            sd[h + theirs + ".weight"] = w[p + ours + "/scale"]
-            sd[h + theirs + ".bias"] = w[p + ours + "/bias"]
-        sd[h + "attn.c_attn.weight"] = np.concatenate([w[p + f"attn/{n}/kernel"] for n in ("wq", "wk", "wv")], axis=1)
-        sd[h + "attn.c_attn.bias"] = np.concatenate([w[p + f"attn/{n}/bias"] for n in ("wq", "wk", "wv")])
-        for ours, theirs in (("attn/wo", "attn.c_proj"), ("mlp/wi", "mlp.c_fc"), ("mlp/wo", "mlp.c_proj")):
-            sd[h + theirs + ".weight"] = w[p + ours + "/kernel"]
-            sd[h + theirs + ".bias"] = w[p + ours + "/bias"]
+        sd[h + "attn.c_attn.weight"] = np.concatenate([w[p + f"attn/{n}/kernel"] for n in QKV], axis=1)
+        sd[h + "attn.c_attn.bias"] = np.concatenate([w[p + f"attn/{n}/bias"] for n in QKV])
     return sd
 
 
