@@ -20,8 +20,9 @@ import sys
 import time
 
 # Debian 12's OpenBLAS takes recent Xeons for a Prescott (SSE3 kernels); nabla
-# re-selects the kernels for the CPU's ISA and stops OpenBLAS's idle threads
-# from spinning, so give torch (same libopenblas) the same, before it loads.
+# re-selects the kernels for the CPU's ISA, so give torch (same libopenblas)
+# the same, before it loads; and make OpenBLAS's idle threads (torch uses
+# them) sleep at once instead of spinning 0.1 s after each call.
 if "OPENBLAS_CORETYPE" not in os.environ:
     flags = open("/proc/cpuinfo").read().split()
     if "avx512_bf16" in flags:

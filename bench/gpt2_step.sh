@@ -20,8 +20,8 @@ trap 'rm -rf "$cache"' EXIT
 # Debian 12's OpenBLAS (0.3.21) takes recent Xeons for a Prescott and runs its
 # SSE3 kernels; nabla re-selects the kernels for the CPU's ISA (nb_jit_blas_core),
 # so PyTorch, whose matmuls call the same OpenBLAS, gets the same ones.
-# nabla also makes OpenBLAS's idle threads sleep at once instead of spinning
-# for 0.1 s after each threaded call; PyTorch gets that too.
+# PyTorch's matmuls run on OpenBLAS's threads, which spin for 0.1 s after each
+# call; make them sleep at once (nabla's own pool spins only ~0.1 ms).
 export OPENBLAS_THREAD_TIMEOUT=${OPENBLAS_THREAD_TIMEOUT:-4}
 if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
   if grep -qw avx512_bf16 /proc/cpuinfo; then export OPENBLAS_CORETYPE=CooperLake

@@ -180,9 +180,9 @@ void *nb_cpu__sym(void *handle, const char *name);
 int nb_cpu__dot_prim(void); /* the dot_general primitive's index, or -1 */
 typedef struct nb_pool nb_pool;
 bool nb_cpu__blas_supported(const nb_eqn *e);
-/* Runs e on the buffers: a single product on OpenBLAS's threads (as many
- * as the pool's), a batch as items and blocks on the pool with OpenBLAS on
- * one thread, so the two never oversubscribe the cores. NOMEM (+ error)
+/* Runs e on the buffers: batch items and tiles of each item's result, cut
+ * by the shape alone (bit-identical at any thread count), on the pool with
+ * OpenBLAS on one thread, so the two never oversubscribe the cores. NOMEM (+ error)
  * when the packing scratch cannot be allocated. */
 nb_status nb_cpu__blas_run(nb_ctx *ctx, nb_pool *pool, const nb_eqn *e, const void *lhs, const void *rhs, void *out);
 

@@ -150,10 +150,9 @@ static void test_degenerate(void) {
   }
 }
 
-/* One item: split into blocks of rows (or columns) of the result over the
- * pool, or, from 2^24 m*n*k (the first two), on OpenBLAS's threads; a batch
- * of items split into blocks too. Every transpose combination, sides not a
- * multiple of a block. */
+/* One item split into tiles of the result over the pool; a batch of items
+ * split into tiles too. Every transpose combination, sides not a multiple
+ * of a tile. */
 static void test_blocks(void) {
   static const dot_case cases[] = {
       {2, 2, {300, 230}, {230, 261}, {.n_contract = 1, .lhs_contract = {1}, .rhs_contract = {0}}},
@@ -170,6 +169,55 @@ static void test_blocks(void) {
     check(&cases[i], NB_F32, NB_F32, what);
     check(&cases[i], NB_F64, NB_F64, what);
   }
+}
+
+/* The same product at 1, 2, 3, 4 and 7 threads gives the same bits: tiles
+ * are cut by the shape alone (OpenBLAS's edge kernels and its threaded path
+ * sum in another order when a product is split otherwise, which made the
+ * trainer's gradients depend on the thread count). Shapes above and below
+ * the sizes that were once split by the thread count, every transpose, a
+ * batch, f32 and f64. */
+static void test_thread_invariance(void) {
+  static const dot_case cases[] = {
+      {2, 2, {333, 999}, {999, 777}, {.n_contract = 1, .lhs_contract = {1}, .rhs_contract = {0}}},
+      {2, 2, {999, 333}, {777, 999}, {.n_contract = 1, .lhs_contract = {0}, .rhs_contract = {1}}},
+      {2, 2, {100, 50}, {50, 300}, {.n_contract = 1, .lhs_contract = {1}, .rhs_contract = {0}}},
+      {2, 2, {1, 768}, {768, 1000}, {.n_contract = 1, .lhs_contract = {1}, .rhs_contract = {0}}},
+      {2, 2, {520, 64}, {64, 40}, {.n_contract = 1, .lhs_contract = {1}, .rhs_contract = {0}}},
+      {3, 3, {3, 200, 70}, {3, 70, 150}, {.n_batch = 1, .n_contract = 1, .lhs_batch = {0}, .rhs_batch = {0}, .lhs_contract = {2}, .rhs_contract = {1}}},
+  };
+  static const nb_dtype types[] = {NB_F32, NB_F64};
+  static const int threads[] = {2, 3, 4, 7};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+    for (size_t ti = 0; ti < 2; ti++) {
+      const dot_case *c = &cases[i];
+      nb_dtype t = types[ti];
+      nb_graph *g = nb_graph_create(ctx);
+      nb_val *a = nb_graph_input(g, "a", nb_aval_make(t, c->lr, c->ld)), *b = nb_graph_input(g, "b", nb_aval_make(t, c->rr, c->rd));
+      nb_graph_output(g, "y", nb_dot_general(a, b, &c->dn, t));
+      nb_tree *in = nb_tree_create(ctx), *want = nb_tree_create(ctx);
+      add_input(in, "a", t, c->lr, c->ld);
+      add_input(in, "b", t, c->rr, c->rd);
+      nb_jit_opts o = nb_test_jit_opts(NULL);
+      o.threads = 1;
+      nb_exe *e = nb_jit(ctx, g, &o);
+      CHECK_OK(ctx, e ? nb_exe_run(e, in, want) : nb_ctx_status(ctx));
+      nb_exe_destroy(e);
+      for (size_t k = 0; k < sizeof threads / sizeof *threads; k++) {
+        o.threads = threads[k];
+        nb_tree *got = nb_tree_create(ctx);
+        e = nb_jit(ctx, g, &o);
+        CHECK_OK(ctx, e ? nb_exe_run(e, in, got) : nb_ctx_status(ctx));
+        nb_array *x = nb_tree_get_array(want, "y"), *y = nb_tree_get_array(got, "y");
+        CHECK_MSG(x && y && memcmp(nb_array_data(x), nb_array_data(y), nb_array_nbytes(x)) == 0,
+                  "thread invariance case %zu %s: %d threads differ from 1", i, nb_dtype_name(t), threads[k]);
+        nb_exe_destroy(e);
+        nb_tree_destroy(got);
+      }
+      nb_tree_destroy(want);
+      nb_tree_destroy(in);
+      nb_graph_destroy(g);
+    }
 }
 
 /* y = act(dot(x, w) + b) (+ r): x [(G,) M, K] or its transpose, w [K, N]
@@ -217,6 +265,7 @@ int main(void) {
   test_attention_layouts();
   test_random();
   test_blocks();
+  test_thread_invariance();
   test_epilogues();
   nb_ctx_destroy(ctx);
   return nb_test_summary("compile/test_jit_dot");

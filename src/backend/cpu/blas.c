@@ -7,10 +7,10 @@
  * batch dim) or when BLAS has no routine for the dtype (f16, bf16) the
  * operand is packed once into a contiguous f32/f64 scratch, converting as
  * it goes. A result of another dtype is computed in f32/f64 and converted.
- * A single product runs on OpenBLAS's threads (as many as the pool has);
- * the items and blocks of a batch run on the runtime's pool, OpenBLAS on one
- * thread inside each (set process-wide). Which OpenBLAS kernels, and its
- * idle threads: nb_jit_blas_core. Not here: integer dots (the reference
+ * Every product is cut into tiles by its shape alone, run on the runtime's
+ * pool with OpenBLAS on one thread inside each (set process-wide), so that
+ * results do not depend on the thread count (OpenBLAS's own threads are
+ * never used). Which OpenBLAS kernels: nb_jit_blas_core. Not here: integer dots (the reference
  * implementation), epilogues (fused kernels after the step). */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -25,13 +25,8 @@
 #include <cblas.h>
 #endif
 
-#define TASKS_PER_THREAD 4 /* more tasks than threads even out a core that other work slows */
-#define MIN_BLOCK 128       /* rows or columns of a block of one item's result */
+#define TASKS_PER_THREAD 4 /* more packing tasks than threads even out a core that other work slows */
 #define PACK_TASK_ELEMS 32768 /* elements per packing task below which splitting does not pay */
-/* m*n*k of a single product from which it runs on OpenBLAS's threads (about
- * 0.1 ms of work): waking them costs tens of microseconds, so smaller ones
- * (decode's one-token products) are split over the pool, which spins */
-#define OPENBLAS_THREADS_MIN_MNK (1 << 24)
 
 int nb_cpu__dot_prim(void) {
   static _Atomic int cached = -2;
@@ -60,8 +55,6 @@ int nb_cpu__dot_prim(void) {
 char *openblas_get_corename(void);
 void gotoblas_dynamic_init(void) __attribute__((weak));
 void gotoblas_dynamic_quit(void) __attribute__((weak));
-void openblas_read_env(void) __attribute__((weak));
-void blas_thread_shutdown_(void) __attribute__((weak));
 
 /* Vector ISA level of an OpenBLAS 0.3.x x86-64 core name; -1 when unknown
  * (a newer name: trust OpenBLAS). */
@@ -93,23 +86,6 @@ static const char *best_core_for_cpu(void) {
 
 static char blas_core_note[200] = "OpenBLAS";
 
-/* OpenBLAS's idle threads spin for 2^28 cycles (a tenth of a second) after
- * each threaded call before they sleep, taking a core from the fused kernels
- * and batched matmuls that follow a single product (those ran at half speed:
- * bench/matmul_vs_sgemm.c, attention rows). OPENBLAS_THREAD_TIMEOUT=4 (2^4
- * cycles) makes them sleep at once; OpenBLAS reads it with the environment
- * at load and applies it when its threads start, so read it again and stop
- * the threads (the next threaded call starts them). Not when the user set it. */
-static void quiet_blas_threads(void) {
-  if (getenv("OPENBLAS_THREAD_TIMEOUT") || !openblas_read_env || !blas_thread_shutdown_) return;
-  setenv("OPENBLAS_THREAD_TIMEOUT", "4", 1);
-  openblas_read_env();
-  unsetenv("OPENBLAS_THREAD_TIMEOUT");
-  blas_thread_shutdown_();
-  size_t n = strlen(blas_core_note);
-  snprintf(blas_core_note + n, sizeof blas_core_note - n, "; idle threads sleep at once");
-}
-
 static void select_blas_core(void) {
   const char *picked = openblas_get_corename();
   snprintf(blas_core_note, sizeof blas_core_note, "OpenBLAS %s", picked ? picked : "?");
@@ -137,14 +113,9 @@ static void select_blas_core(void) {
            picked ? picked : "?");
 }
 
-static void configure_blas(void) {
-  select_blas_core();
-  quiet_blas_threads();
-}
-
 const char *nb_jit_blas_core(void) {
   static pthread_once_t once = PTHREAD_ONCE_INIT;
-  pthread_once(&once, configure_blas);
+  pthread_once(&once, select_blas_core);
   return blas_core_note;
 }
 
@@ -356,38 +327,71 @@ static void pack(const dot_plan *p, operand *o, nb_dtype ct, char *dst, int64_t 
 
 /* ---------------------------------------------------------------- gemm */
 
-/* A batch of products is split into tasks on the runtime's pool, each one
- * sgemm on one OpenBLAS thread: batch items, and for fewer items than tasks,
- * blocks of the longer side of each item's result (rows of C with rows of A,
- * or columns with columns of B). A single product of at least
- * OPENBLAS_THREADS_MIN_MNK goes to OpenBLAS on the pool's number of threads
- * instead: its threads share the packed panels,
- * where our blocks would each pack the other operand again (with the AVX-512
- * kernels our blocks ran at 45-65% of a direct 2-thread call on the MLP
- * shapes; bench/matmul_vs_sgemm.c). The pool sleeps meanwhile, and
- * OpenBLAS's threads sleep right after (quiet_blas_threads). */
+/* Every product is cut into tiles of its result by its shape alone, never by
+ * the number of threads, and each tile is one sgemm/dgemm on one OpenBLAS
+ * thread, run on the runtime's pool. A tile's elements are then computed by
+ * the same call whatever the thread count, so results are bit-identical at
+ * 1, 2 or N threads: OpenBLAS's own results depend on how a product is split
+ * (its edge kernels sum in another order; its threaded path splits by the
+ * thread count), which made a 2-thread training run differ from a 1-thread
+ * one in the last bits (OpenBLAS Haswell kernels; tests/compile/test_jit_dot.c).
+ * Tiles are at most TILE_MAX on a side (each tile packs its rows of A and its
+ * columns of B: packing per flop falls as 1 / side), then split further
+ * along their longer side, while tiles keep TILE_MIN_SIDE and TILE_MIN_MNK of
+ * work, until a product (with its batch) has TARGET_TASKS tasks: enough to
+ * share out over the threads of most machines, with some left to even out
+ * a core that other work slows. */
+#define TILE_MAX 512
+#define TILE_MIN_SIDE 128
+#define TILE_MIN_MNK (1 << 16)
+#define TARGET_TASKS 16
+#define TILE_ALIGN 16 /* tile sides are multiples of this: whole micro-kernel blocks of OpenBLAS */
+
 typedef struct gemm_job {
   const dot_plan *p;
   bool ta, tb;
   int64_t lda, ldb;
   char *c;          /* [batch][m][n] of ct */
-  int64_t blocks;   /* per item */
-  int64_t block;    /* rows (split_n: columns) per block */
-  bool split_n;
+  int64_t tm, tn;   /* tiles per item along m and n */
+  int64_t bm, bn;   /* rows and columns per tile (the last ones may be shorter) */
   int64_t first;    /* task index of this pool run's task 0 */
 } gemm_job;
+
+static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* The tile side for `tiles` tiles over `side`: rounded up to TILE_ALIGN. */
+static int64_t tile_side(int64_t side, int64_t tiles) {
+  int64_t b = cdiv(side, tiles);
+  return b > TILE_ALIGN ? cdiv(b, TILE_ALIGN) * TILE_ALIGN : b;
+}
+
+/* Sets j's tiling from the product's shape (see above). */
+static void plan_tiles(const dot_plan *p, gemm_job *j) {
+  int64_t tm = cdiv(p->m, TILE_MAX), tn = cdiv(p->n, TILE_MAX);
+  while (p->batch * tm * tn < TARGET_TASKS) {
+    int64_t bm = cdiv(p->m, tm), bn = cdiv(p->n, tn);
+    bool can_m = bm >= 2 * TILE_MIN_SIDE, can_n = bn >= 2 * TILE_MIN_SIDE;
+    if (!can_m && !can_n) break;
+    bool along_m = can_m && (bm >= bn || !can_n);
+    double work = (double)(along_m ? cdiv(bm, 2) * bn : bm * cdiv(bn, 2)) * (double)p->k;
+    if (work < TILE_MIN_MNK) break;
+    if (along_m) tm *= 2;
+    else tn *= 2;
+  }
+  j->bm = tile_side(p->m, tm), j->bn = tile_side(p->n, tn);
+  j->tm = cdiv(p->m, j->bm), j->tn = cdiv(p->n, j->bn);
+}
 
 static void gemm_task(void *arg, int t) {
   const gemm_job *j = arg;
   const dot_plan *p = j->p;
-  int64_t task = j->first + t, b = task / j->blocks, lo = task % j->blocks * j->block, side = j->split_n ? p->n : p->m;
-  int64_t hi = lo + j->block < side ? lo + j->block : side;
-  if (lo >= hi) return;
+  int64_t task = j->first + t, per_item = j->tm * j->tn, b = task / per_item, tile = task % per_item;
+  int64_t i0 = tile / j->tn * j->bm, j0 = tile % j->tn * j->bn;
+  int64_t m = p->m - i0 < j->bm ? p->m - i0 : j->bm, n = p->n - j0 < j->bn ? p->n - j0 : j->bn;
   size_t es = p->ct == NB_F32 ? 4 : 8;
-  int64_t ao = batch_offset(p, p->a.bstr, b), bo = batch_offset(p, p->b.bstr, b), co = b * p->m * p->n;
-  int64_t m = p->m, n = p->n;
-  if (j->split_n) bo += j->tb ? lo * j->ldb : lo, co += lo, n = hi - lo;
-  else ao += j->ta ? lo : lo * j->lda, co += lo * p->n, m = hi - lo;
+  int64_t ao = batch_offset(p, p->a.bstr, b) + (j->ta ? i0 : i0 * j->lda);
+  int64_t bo = batch_offset(p, p->b.bstr, b) + (j->tb ? j0 * j->ldb : j0);
+  int64_t co = b * p->m * p->n + i0 * p->n + j0;
   const char *A = p->a.base + (size_t)ao * es, *B = p->b.base + (size_t)bo * es;
   char *C = j->c + (size_t)co * es;
   enum CBLAS_TRANSPOSE ta = j->ta ? CblasTrans : CblasNoTrans, tb = j->tb ? CblasTrans : CblasNoTrans;
@@ -400,25 +404,10 @@ static void gemm_task(void *arg, int t) {
 }
 
 static void run_gemms(gemm_job *j, nb_pool *pool) {
-  const dot_plan *p = j->p;
-  int64_t threads = nb_rt__pool_threads(pool), want = TASKS_PER_THREAD * threads;
-  j->split_n = p->n > p->m;
-  int64_t side = j->split_n ? p->n : p->m;
   nb_jit_blas_core();
-  if (p->batch == 1 && threads > 1 && (double)p->m * (double)p->n * (double)p->k >= OPENBLAS_THREADS_MIN_MNK) {
-    j->blocks = 1, j->block = side, j->first = 0;
-    openblas_set_num_threads((int)threads);
-    gemm_task(j, 0);
-    openblas_set_num_threads(1);
-    return;
-  }
-  j->blocks = threads > 1 && p->batch < want ? (want + p->batch - 1) / p->batch : 1;
-  j->block = (side + j->blocks - 1) / j->blocks;
-  if (j->block < MIN_BLOCK) j->block = MIN_BLOCK; /* below this, re-packing the other operand per block shows */
-  j->block = (j->block + 15) / 16 * 16;
-  j->blocks = (side + j->block - 1) / j->block;
+  plan_tiles(j->p, j);
   if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
-  int64_t ntasks = p->batch * j->blocks;
+  int64_t ntasks = j->p->batch * j->tm * j->tn;
   for (j->first = 0; j->first < ntasks; j->first += INT32_MAX) /* pool task indices are ints */
     nb_rt__pool_run(pool, (int)(ntasks - j->first < INT32_MAX ? ntasks - j->first : INT32_MAX), gemm_task, j);
 }
