@@ -193,6 +193,7 @@ void nb_rt__pool_put(nb_pool *p);
  * returns when all are done. */
 void nb_rt__pool_run(nb_pool *p, int ntasks, void (*fn)(void *arg, int task), void *arg);
 int nb_rt__pool_threads(const nb_pool *p);
+int nb_rt__pool_participants(nb_pool *p); /* workers taking part now (fewer while it backs off) */
 
 /* ---------------------------------------------------------------- the executable */
 

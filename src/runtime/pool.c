@@ -1,36 +1,73 @@
 /* The runtime's thread pool: a fixed set of worker threads created once and
  * shared by every executable that asks for the same thread count (kept
  * while any of them is alive). A parallel region hands out task indices
- * through an atomic counter; the calling thread works too. Between regions
- * a worker spins briefly (SPIN_ITERS pauses, about a tenth of a millisecond)
- * and then sleeps on a condition variable: waking a sleeping thread costs
- * tens of microseconds on a VM (the idle vCPU is descheduled), which
- * dominated small steps (a tiny model's decode ran several times slower
- * when nothing kept the other vCPU busy), while a short spin does not compete with
- * OpenBLAS's threads during a long matmul. Not here: how work is split into
- * tasks (runtime/exe.c). */
+ * through an atomic claim word (the region's generation and the next task),
+ * and the calling thread works too. The caller waits for the region's tasks
+ * to be done, never for the workers to show up: on a machine that other
+ * processes load, a worker may not be scheduled for milliseconds, and a
+ * region that waited for every worker to check in ran a tiny model's decode
+ * 5x slower at two threads than at one (2 cores, load 3-4). A worker that
+ * comes late finds the claim word moved on and claims nothing, so the
+ * caller alone still finishes the region. And a worker descheduled while it
+ * holds a task still makes the caller wait; when that happens (the wait
+ * outlasts two of the caller's own tasks and STRAGGLE_MS), or when the
+ * workers ran no task in IDLE_RUN regions in a row (they are not getting
+ * the CPU, and waking them costs a system call a region), the pool backs off:
+ * fewer workers take part (none for a 2-thread pool: the caller runs the
+ * tasks inline, as one thread would) until a probe with all of them, after
+ * BACKOFF_MIN_MS, doubling while probes fail, up to BACKOFF_MAX_MS. Which
+ * thread runs a task never changes a result (tasks are cut by the work, not
+ * by the threads). Between regions a worker spins briefly
+ * (SPIN_ITERS pauses, about a tenth of a millisecond) and then sleeps on a
+ * condition variable: waking a sleeping thread costs tens of microseconds on
+ * a VM (the idle vCPU is descheduled), which dominated small steps, while a
+ * short spin does not compete with other work for long. Not here: how work
+ * is split into tasks (runtime/exe.c). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "compile/jit.h"
 
 #define SPIN_ITERS 2000
+#define STRAGGLE_MS 0.3     /* a descheduled thread costs a time slice, 1 ms or more */
+#define BACKOFF_MIN_MS 20.0
+#define BACKOFF_MAX_MS 1000.0
+#define CLEAN_RESET 256     /* clean regions with every worker after which backoff is BACKOFF_MIN_MS again */
+#define IDLE_RUN 16         /* regions in a row in which no worker ran a task: back off too */
+
+typedef void (*task_fn)(void *, int);
+
+typedef struct worker_arg {
+  nb_pool *p;
+  int index;
+} worker_arg;
 
 struct nb_pool {
   int nthreads; /* including the caller */
   int refs;
   pthread_t *workers;
+  worker_arg *wargs;
   int nworkers;
   pthread_mutex_t mu, run_mu;
   pthread_cond_t work_cv, done_cv;
-  _Atomic uint64_t gen; /* bumped under mu when a region starts */
-  int sleepers;         /* workers waiting on work_cv (under mu) */
-  void (*fn)(void *, int);
-  void *arg;
-  int ntasks;
-  _Atomic int next;
-  _Atomic int active; /* workers still in the current region */
+  /* The current region: its generation in the high 32 bits, the next
+   * unclaimed task in the low 32 (CLOSED between regions). A task is claimed
+   * by a compare-and-swap of this word, so only while the region that fn,
+   * arg and ntasks were read for is open: see nb_rt__pool_run and work. */
+  _Atomic uint64_t claim;
+  uint32_t gen;        /* generations published so far (under run_mu) */
+  _Atomic task_fn fn;
+  _Atomic(void *) arg;
+  _Atomic uint32_t ntasks;
+  _Atomic uint32_t done; /* tasks of the current region finished */
+  _Atomic int allowed;   /* workers with a lower index take part in the current region */
+  /* back-off state (under run_mu) */
+  int participants;      /* workers that take part from now on */
+  double probe_at_ms, backoff_ms;
+  int clean, idle;
+  int sleepers;        /* workers waiting on work_cv (under mu) */
   _Atomic bool stop;
   nb_pool *link;
 };
@@ -44,38 +81,63 @@ static inline void cpu_relax(void) {
 static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;
 static nb_pool *registry;
 
-static void drain(nb_pool *p) {
-  for (int t; (t = atomic_fetch_add(&p->next, 1)) < p->ntasks;) p->fn(p->arg, t);
+#define CLOSED UINT32_MAX /* a claim index no region reaches (ntasks <= INT_MAX) */
+
+static uint32_t gen_of(uint64_t claim) { return (uint32_t)(claim >> 32); }
+
+/* Claims and runs tasks of the open region until none is left; returns how
+ * many it ran. fn, arg and ntasks are read after the claim word (acquire)
+ * and may already belong to the next region if it is being published
+ * meanwhile; but that region's publisher closed this one's claim word
+ * first, and the acquire loads make that close visible here, so the
+ * compare-and-swap then fails: a task runs only with the fields of the
+ * region it was claimed from. */
+static int work(nb_pool *p) {
+  uint64_t c = atomic_load_explicit(&p->claim, memory_order_acquire);
+  uint32_t gen = gen_of(c);
+  uint32_t n = atomic_load_explicit(&p->ntasks, memory_order_acquire);
+  task_fn fn = atomic_load_explicit(&p->fn, memory_order_acquire);
+  void *arg = atomic_load_explicit(&p->arg, memory_order_acquire);
+  int ran = 0;
+  while (gen_of(c) == gen && (uint32_t)c < n) {
+    if (!atomic_compare_exchange_weak_explicit(&p->claim, &c, c + 1, memory_order_acq_rel, memory_order_acquire)) continue;
+    fn(arg, (int)(uint32_t)c);
+    ran++;
+    if (atomic_fetch_add_explicit(&p->done, 1, memory_order_acq_rel) + 1 == n) {
+      pthread_mutex_lock(&p->mu); /* the caller checks `done` under mu before it sleeps */
+      pthread_cond_signal(&p->done_cv);
+      pthread_mutex_unlock(&p->mu);
+    }
+    c = atomic_load_explicit(&p->claim, memory_order_acquire);
+  }
+  return ran;
 }
 
-/* Waits until gen moves past `seen` (or stop): spins, then sleeps. */
-static uint64_t wait_work(nb_pool *p, uint64_t seen) {
-  uint64_t g = atomic_load_explicit(&p->gen, memory_order_acquire);
+/* Waits until a region other than `seen` is published (or stop): spins,
+ * then sleeps. Returns the new generation. */
+static uint32_t wait_work(nb_pool *p, uint32_t seen) {
+  uint32_t g = gen_of(atomic_load_explicit(&p->claim, memory_order_acquire));
   for (int i = 0; i < SPIN_ITERS && g == seen && !atomic_load(&p->stop); i++) {
     cpu_relax();
-    g = atomic_load_explicit(&p->gen, memory_order_acquire);
+    g = gen_of(atomic_load_explicit(&p->claim, memory_order_acquire));
   }
   if (g != seen) return g;
   pthread_mutex_lock(&p->mu);
   p->sleepers++;
-  while (!atomic_load(&p->stop) && (g = atomic_load(&p->gen)) == seen) pthread_cond_wait(&p->work_cv, &p->mu);
+  while (!atomic_load(&p->stop) && (g = gen_of(atomic_load(&p->claim))) == seen) pthread_cond_wait(&p->work_cv, &p->mu);
   p->sleepers--;
   pthread_mutex_unlock(&p->mu);
   return g;
 }
 
 static void *worker(void *arg) {
-  nb_pool *p = arg;
-  uint64_t seen = 0;
+  const worker_arg *w = arg;
+  nb_pool *p = w->p;
+  uint32_t seen = 0;
   for (;;) {
     seen = wait_work(p, seen);
     if (atomic_load(&p->stop)) break;
-    drain(p);
-    if (atomic_fetch_sub(&p->active, 1) == 1) {
-      pthread_mutex_lock(&p->mu); /* the caller checks `active` under mu before it sleeps */
-      pthread_cond_signal(&p->done_cv);
-      pthread_mutex_unlock(&p->mu);
-    }
+    if (w->index < atomic_load_explicit(&p->allowed, memory_order_acquire)) work(p);
   }
   return NULL;
 }
@@ -91,6 +153,7 @@ static void pool_free(nb_pool *p) {
   pthread_cond_destroy(&p->work_cv);
   pthread_cond_destroy(&p->done_cv);
   free(p->workers);
+  free(p->wargs);
   free(p);
 }
 
@@ -103,15 +166,19 @@ static nb_pool *pool_new(int threads) {
   pthread_cond_init(&p->work_cv, NULL);
   pthread_cond_init(&p->done_cv, NULL);
   p->workers = calloc((size_t)threads, sizeof(pthread_t));
-  if (!p->workers) {
+  p->wargs = calloc((size_t)threads, sizeof(worker_arg));
+  if (!p->workers || !p->wargs) {
     pool_free(p);
     return NULL;
   }
   for (int i = 0; i + 1 < threads; i++) {
-    if (pthread_create(&p->workers[i], NULL, worker, p) != 0) break;
+    p->wargs[i] = (worker_arg){p, i};
+    if (pthread_create(&p->workers[i], NULL, worker, &p->wargs[i]) != 0) break;
     p->nworkers++;
   }
   p->nthreads = p->nworkers + 1;
+  p->participants = p->nworkers;
+  p->backoff_ms = BACKOFF_MIN_MS;
   return p;
 }
 
@@ -145,27 +212,75 @@ void nb_rt__pool_put(nb_pool *p) {
 
 int nb_rt__pool_threads(const nb_pool *p) { return p ? p->nthreads : 1; }
 
+/* After a region of ntasks: back off when a worker held a task long after
+ * the caller ran out of its own (longer than STRAGGLE_MS and than two of the
+ * caller's tasks took on average), or when the workers have run nothing for
+ * IDLE_RUN regions (see the top of the file). Under run_mu. */
+static void adapt(nb_pool *p, int ntasks, double own_ms, int own_tasks, double wait_ms, double end_ms) {
+  p->idle = own_tasks == ntasks ? p->idle + 1 : 0;
+  bool straggled = wait_ms > STRAGGLE_MS && wait_ms > 2 * own_ms / (own_tasks > 0 ? own_tasks : 1);
+  if (straggled || p->idle >= IDLE_RUN) {
+    p->idle = 0;
+    p->participants /= 2;
+    p->probe_at_ms = end_ms + p->backoff_ms;
+    p->backoff_ms = p->backoff_ms * 2 < BACKOFF_MAX_MS ? p->backoff_ms * 2 : BACKOFF_MAX_MS;
+    p->clean = 0;
+  } else if (p->participants == p->nworkers && ++p->clean >= CLEAN_RESET) {
+    p->backoff_ms = BACKOFF_MIN_MS;
+    p->clean = 0;
+  }
+}
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+int nb_rt__pool_participants(nb_pool *p) {
+  if (!p) return 0;
+  pthread_mutex_lock(&p->run_mu);
+  int n = p->participants;
+  pthread_mutex_unlock(&p->run_mu);
+  return n;
+}
+
 void nb_rt__pool_run(nb_pool *p, int ntasks, void (*fn)(void *arg, int task), void *arg) {
   if (!p || p->nworkers == 0 || ntasks <= 1) {
     for (int t = 0; t < ntasks; t++) fn(arg, t);
     return;
   }
   pthread_mutex_lock(&p->run_mu);
-  p->fn = fn;
-  p->arg = arg;
-  p->ntasks = ntasks;
-  atomic_store(&p->next, 0);
-  atomic_store(&p->active, p->nworkers);
+  double t0 = now_ms();
+  if (p->participants < p->nworkers && t0 >= p->probe_at_ms) p->participants = p->nworkers; /* probe */
+  if (p->participants == 0) { /* backed off: as one thread */
+    for (int t = 0; t < ntasks; t++) fn(arg, t);
+    pthread_mutex_unlock(&p->run_mu);
+    return;
+  }
+  /* close the last region before its fields change (see work) */
+  atomic_store_explicit(&p->claim, (uint64_t)p->gen << 32 | CLOSED, memory_order_relaxed);
+  atomic_store_explicit(&p->fn, fn, memory_order_release);
+  atomic_store_explicit(&p->arg, arg, memory_order_release);
+  atomic_store_explicit(&p->ntasks, (uint32_t)ntasks, memory_order_release);
+  atomic_store_explicit(&p->allowed, p->participants, memory_order_release);
+  atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+  uint32_t gen = ++p->gen;
+  if (gen == 0) gen = ++p->gen; /* 0 is what a new worker has seen */
   pthread_mutex_lock(&p->mu);
-  atomic_fetch_add_explicit(&p->gen, 1, memory_order_release); /* publishes fn, arg, ntasks */
+  atomic_store_explicit(&p->claim, (uint64_t)gen << 32, memory_order_release); /* opens it */
   if (p->sleepers) pthread_cond_broadcast(&p->work_cv);
   pthread_mutex_unlock(&p->mu);
-  drain(p);
-  for (int i = 0; i < SPIN_ITERS && atomic_load(&p->active) > 0; i++) cpu_relax();
-  if (atomic_load(&p->active) > 0) {
+  int own_tasks = work(p);
+  double t1 = now_ms();
+  /* only tasks a worker claimed and is still running are left */
+  for (int i = 0; i < SPIN_ITERS && atomic_load_explicit(&p->done, memory_order_acquire) < (uint32_t)ntasks; i++) cpu_relax();
+  if (atomic_load_explicit(&p->done, memory_order_acquire) < (uint32_t)ntasks) {
     pthread_mutex_lock(&p->mu);
-    while (atomic_load(&p->active) > 0) pthread_cond_wait(&p->done_cv, &p->mu);
+    while (atomic_load(&p->done) < (uint32_t)ntasks) pthread_cond_wait(&p->done_cv, &p->mu);
     pthread_mutex_unlock(&p->mu);
   }
+  double t2 = now_ms();
+  adapt(p, ntasks, t1 - t0, own_tasks, t2 - t1, t2);
   pthread_mutex_unlock(&p->run_mu);
 }
