@@ -301,7 +301,9 @@ static nb_status restore_step(trainer *t, int64_t step) {
                         t->dir, diff[0] ? "the model config differs: " : "delete it to start over, or check that the "
                         "model config matches", diff);
   }
-  if (!s) s = nb_data_iter_set_state(t->it, dstxt);
+  if (!s && (s = nb_data_iter_set_state(t->it, dstxt)))
+    s = nb__train_wrapf(ctx, s, "train: the data position saved in step %lld does not fit this data pipeline (was "
+                        "data.workers changed between 0 and more?)", (long long)step);
   if (!s) {
     nb_tree_destroy(t->st);
     t->st = r;
