@@ -139,6 +139,14 @@ static const char *nonfinite_leaf(const nb_tree *st) {
   return NULL;
 }
 
+/* "the last checkpoint is step N" / "no checkpoint yet", for messages */
+static const char *last_ckpt_words(trainer *t) {
+  static _Thread_local char buf[64];
+  if (t->last_saved < 0) return "no checkpoint of this run yet";
+  snprintf(buf, sizeof buf, "the last checkpoint is step %lld", (long long)t->last_saved);
+  return buf;
+}
+
 static void hex64(uint64_t v, char out[17]) { snprintf(out, 17, "%016llx", (unsigned long long)v); }
 
 /* The checkpoint metadata: step, seed, elapsed time, the data position and
@@ -174,9 +182,9 @@ static nb_status save(trainer *t, bool emergency) {
   if (bad) {
     if (t->cfg->on_nonfinite == NB_NONFINITE_STOP)
       return nb_errorf(ctx, NB_ERR_NUMERIC,
-                       "train: the state after step %lld holds non-finite values ('%s'): not checkpointed, stopped (the "
-                       "last checkpoint is step %lld); lower optim.lr, or set on_nonfinite=skip",
-                       (long long)t->step, bad, (long long)t->last_saved);
+                       "train: the state after step %lld holds non-finite values ('%s'): not checkpointed, stopped "
+                       "(%s); lower optim.lr, or set on_nonfinite=skip",
+                       (long long)t->step, bad, last_ckpt_words(t));
     nb_logf(ctx, NB_LOG_WARN, "train: the state after step %lld holds non-finite values ('%s'): not checkpointed",
             (long long)t->step, bad);
     return NB_OK;
@@ -271,11 +279,13 @@ static nb_status check_data(trainer *t, int64_t step, const cJSON *d) {
                    (long long)step, t->dir, why);
 }
 
-/* Restores one committed step into t->st and the iterator. NB_ERR_FORMAT:
- * the step is damaged. */
-static nb_status restore_step(trainer *t, int64_t step) {
+/* Restores one committed step into t->st and the iterator. *damaged: the
+ * checkpoint's files failed their checks (manifest, checksums), as opposed
+ * to a mismatch with this run. */
+static nb_status restore_step(trainer *t, int64_t step, bool *damaged) {
   nb_ctx *ctx = t->ctx;
   nb_ckpt_info *info = nb_ckpt_info_load(t->ckpt, step);
+  *damaged = !info && nb_ctx_status(ctx) == NB_ERR_FORMAT;
   if (!info) return nb__train_wrapf(ctx, nb_ctx_status(ctx), "train: checkpoint step %lld", (long long)step);
   const char *meta = nb_ckpt_info_metadata(info);
   cJSON *j = meta ? cJSON_Parse(meta) : NULL;
@@ -295,6 +305,7 @@ static nb_status restore_step(trainer *t, int64_t step) {
   nb_tree *r = s ? NULL : nb_ckpt_restore(t->ckpt, step, &ro);
   nb_tree_destroy(target);
   if (!s && !r) {
+    *damaged = nb_ctx_status(ctx) == NB_ERR_FORMAT;
     char diff[1024];
     model_diff(cJSON_IsString(cf) ? cf->valuestring : "", t->config, diff, sizeof diff);
     s = nb__train_wrapf(ctx, nb_ctx_status(ctx), "train: restoring step %lld from %s/checkpoints (%s%s)", (long long)step,
@@ -318,22 +329,30 @@ static nb_status restore_step(trainer *t, int64_t step) {
   return s;
 }
 
-/* Restores the newest good checkpoint, if any. A damaged one (NB_ERR_FORMAT:
- * checksums, manifest, metadata) is set aside as step_N.damaged with a
- * warning and the next older one tried. */
+/* Restores the newest good checkpoint, if any. A damaged one (its manifest
+ * or checksums fail) is set aside as step_N.damaged with a warning and the
+ * next older one tried; when every one is damaged the run is refused rather
+ * than silently started over. */
 static nb_status restore(trainer *t) {
   nb_ctx *ctx = t->ctx;
+  int64_t n_damaged = 0;
   for (;;) {
     int64_t latest = -1;
+    bool damaged = false;
     nb_status s = nb_ckpt_latest_step(t->ckpt, &latest);
+    if (!s && latest < 0 && n_damaged)
+      return nb_errorf(ctx, NB_ERR_FORMAT, "train: every checkpoint in %s/checkpoints is damaged (set aside as "
+                       "step_*.damaged); move them away to start over", t->dir);
     if (s || latest < 0) return s;
-    if ((s = restore_step(t, latest)) != NB_ERR_FORMAT) return s;
+    if (!(s = restore_step(t, latest, &damaged)) || !damaged) return s;
     char cause[2048], aside[NB_TRAIN_PATH_MAX + 64];
     snprintf(cause, sizeof cause, "%s", nb_ctx_error(ctx));
     if (nb_ckpt_set_aside(t->ckpt, latest, aside, sizeof aside))
       return nb__train_wrapf(ctx, NB_ERR_FORMAT, "train: checkpoint step %lld is damaged (%s), and setting it aside failed",
                              (long long)latest, cause);
-    nb_logf(ctx, NB_LOG_WARN, "train: %s; set aside as %s, falling back to the previous checkpoint", cause, aside);
+    nb_logf(ctx, NB_LOG_WARN, "train: checkpoint step %lld is damaged (%s); set aside as %s, falling back to the "
+            "previous checkpoint", (long long)latest, cause, aside);
+    n_damaged++;
   }
 }
 
@@ -469,9 +488,9 @@ static nb_status check_finite(trainer *t, const nb_train_step_info *si, const nb
   if (!finite && t->cfg->on_nonfinite == NB_NONFINITE_STOP)
     return nb_errorf(ctx, NB_ERR_NUMERIC,
                      "train: step %lld: loss %g, gradient norm %g (not finite: the training diverged); stopped "
-                     "without saving it (the last checkpoint is step %lld). Lower optim.lr, or set "
-                     "on_nonfinite=skip (drop such updates) or continue",
-                     (long long)t->step + 1, si->loss, si->grad_norm, (long long)t->last_saved);
+                     "without saving it (%s). Lower optim.lr, or set on_nonfinite=skip (drop such updates) or "
+                     "continue",
+                     (long long)t->step + 1, si->loss, si->grad_norm, last_ckpt_words(t));
   t->step++;
   if (!finite) {
     if (t->nonfinite_steps++ < 10)

@@ -330,6 +330,16 @@ static void test_damaged_checkpoints(nb_ctx *ctx) {
     CHECK(access(p, F_OK) == 0);
     for (int s = 7; s <= 10; s++) CHECK_MSG(a.loss[s] == b.loss[s], "step %d: %.9g vs %.9g", s, a.loss[s], b.loss[s]);
   }
+  /* every checkpoint damaged: refused, not silently started over */
+  run_dir(d, sizeof d, "dmg_all");
+  const char *e6[] = {"steps=6", "eval_every=0", "schedule.kind=constant"};
+  CHECK_OK(ctx, run_with(ctx, d, 3, e6, NULL, NULL));
+  for (int st = 3; st <= 6; st += 3) {
+    snprintf(p, sizeof p, "%s/checkpoints/step_%08d/params.00000.bin", d, st);
+    nb_test_flip_byte(p, 100);
+  }
+  CHECK(run_with(ctx, d, 3, e10, NULL, NULL) == NB_ERR_FORMAT);
+  CHECK_ERR(ctx, NB_ERR_FORMAT, "every checkpoint in");
 }
 
 /* Item 7: a signal during set-up (here: on_start, the end of set-up) or
