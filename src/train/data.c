@@ -94,6 +94,11 @@ static nb_status tokenizer_hash(nb_ctx *ctx, const char *path, uint64_t *h) {
 static _Thread_local uint64_t walk_sum;
 static int walk_one(const char *p, const struct stat *st, int type, struct FTW *ftw) {
   (void)ftw;
+  struct stat target; /* a symlink below a directory is tokenized as what it points to */
+  if (type == FTW_SL && !stat(p, &target) && S_ISREG(target.st_mode)) {
+    st = &target;
+    type = FTW_F;
+  }
   if (type == FTW_F) {
     char d[PATH_MAX + 64];
     int n = snprintf(d, sizeof d, "%s|%lld|%lld.%09ld", p, (long long)st->st_size, (long long)st->st_mtim.tv_sec,

@@ -251,6 +251,23 @@ static void test_cache_follows_tokenizer(nb_ctx *ctx) {
   CHECK_MSG(atoi(out) == 2, "%s shards in the cache", out);
 }
 
+/* Item 4, the input side: editing a file inside a text directory (which
+ * leaves the directory's own mtime alone) tokenizes again. */
+static void test_cache_follows_dir_content(nb_ctx *ctx) {
+  char dir[600], cmd[2000], d[600], tr[700];
+  snprintf(dir, sizeof dir, "%s/textdir", work);
+  snprintf(cmd, sizeof cmd, "mkdir -p %s && cp %s/corpus.txt %s/a.txt", dir, work, dir);
+  CHECK(system(cmd) == 0);
+  run_dir(d, sizeof d, "dircache");
+  snprintf(tr, sizeof tr, "data.train=%s", dir);
+  const char *e2[] = {tr, "steps=2"}, *e4[] = {tr, "steps=4"};
+  CHECK_OK(ctx, run_with(ctx, d, 2, e2, NULL, NULL));
+  snprintf(cmd, sizeof cmd, "echo 'one more line at the end.' >> %s/a.txt", dir);
+  CHECK(system(cmd) == 0);
+  CHECK(run_with(ctx, d, 2, e4, NULL, NULL) == NB_ERR_INVALID_ARG);
+  CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "data.train: the training tokens differ");
+}
+
 /* Item 5: divergence. optim.lr=100 goes non-finite within a few steps. */
 static void test_divergence(nb_ctx *ctx) {
   char d[600];
@@ -384,6 +401,7 @@ int main(void) {
   test_data_change_refused(ctx);
   test_formats_and_verification(ctx);
   test_cache_follows_tokenizer(ctx);
+  test_cache_follows_dir_content(ctx);
   test_divergence(ctx);
   test_damaged_checkpoints(ctx);
   test_signals(ctx);
