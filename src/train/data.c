@@ -288,7 +288,7 @@ nb_status nb__train_data_open(nb_ctx *ctx, const nb_model_run_config *c, const c
     nb__train_data_close(d);
     return nb_errorf(ctx, NB_ERR_INVALID_ARG,
                      "train: eval_steps = %lld, but the eval data (%s: %lld windows of seq_len+1 = %lld tokens) holds "
-                     "only %lld batches of batch_size %lld: lower eval_steps, or give more eval data",
+                     "only %lld batches of batch_size %lld: lower eval_steps, give more eval data, or set eval_every=0",
                      (long long)c->eval_steps, c->data.eval[0] ? c->data.eval : "the held-out 1% of data.train",
                      (long long)d->n_eval, (long long)(T + 1), (long long)eval_batches, (long long)c->batch_size);
   }
