@@ -210,26 +210,42 @@ static nb_status save(trainer *t, bool emergency) {
 
 /* ---------------------------------------------------------------- resume */
 
+/* The "model:" section of a config written by nb_model_run_config_write
+ * (one "  key: value" line per key), as [*begin, *end), or false. */
+static bool model_section(const char *yaml, const char **begin, const char **end) {
+  const char *m = !strncmp(yaml, "model:\n", 7) ? yaml : strstr(yaml, "\nmodel:\n");
+  if (!m) return false;
+  *begin = m + (m == yaml ? 6 : 7); /* at the '\n' before the first key */
+  const char *e = *begin;
+  while (e[0] == '\n' && e[1] == ' ') e = strchr(e + 1, '\n') ? strchr(e + 1, '\n') : e + strlen(e);
+  *end = e;
+  return true;
+}
+
 /* "model.d_model: 32 in the checkpoint, 64 now; ..." for the model keys
- * whose values differ between two configs written by
- * nb_model_run_config_write (one key a line, sections unindented). */
+ * whose values differ between the saved config and this one (matched by
+ * key, so configs of other nabla versions compare too). */
 static void model_diff(const char *saved, const char *now, char *out, size_t cap) {
   out[0] = 0;
-  char sec_a[64] = "", sec_b[64] = "";
-  const char *a = saved, *b = now;
-  while (*a && *b) {
-    size_t la = strcspn(a, "\n"), lb = strcspn(b, "\n");
-    if (a[0] != ' ') snprintf(sec_a, sizeof sec_a, "%.*s", (int)la, a);
-    if (b[0] != ' ') snprintf(sec_b, sizeof sec_b, "%.*s", (int)lb, b);
-    if (!strcmp(sec_a, "model:") && !strcmp(sec_b, "model:") && a[0] == ' ' && (la != lb || memcmp(a, b, la))) {
-      const char *ka = a + strspn(a, " "), *ca = memchr(ka, ':', la), *cb = memchr(b, ':', lb);
-      size_t used = strlen(out);
-      if (ca && cb && used + 8 < cap)
-        snprintf(out + used, cap - used, "%smodel.%.*s:%.*s in the checkpoint,%.*s now", used ? "; " : "",
-                 (int)(ca - ka), ka, (int)(a + la - ca - 1), ca + 1, (int)(b + lb - cb - 1), cb + 1);
+  const char *sb, *se, *nb, *ne;
+  if (!model_section(saved, &sb, &se) || !model_section(now, &nb, &ne)) return;
+  for (const char *l = nb; l < ne && l[0] == '\n';) {
+    const char *key = l + 1 + strspn(l + 1, " "), *colon = strchr(key, ':'), *eol = strchr(key, '\n');
+    if (!eol || eol > ne) eol = ne;
+    if (colon && colon < eol) {
+      char pat[128];
+      snprintf(pat, sizeof pat, "\n  %.*s:", (int)(colon - key), key);
+      const char *o = strstr(sb, pat);
+      if (o && o < se) {
+        const char *ov = o + strlen(pat), *oe = strchr(ov, '\n');
+        if (!oe || oe > se) oe = se;
+        size_t used = strlen(out);
+        if (((size_t)(oe - ov) != (size_t)(eol - colon - 1) || memcmp(ov, colon + 1, (size_t)(oe - ov))) && used + 8 < cap)
+          snprintf(out + used, cap - used, "%smodel.%.*s:%.*s in the checkpoint,%.*s now", used ? "; " : "",
+                   (int)(colon - key), key, (int)(oe - ov), ov, (int)(eol - colon - 1), colon + 1);
+      }
     }
-    a += la + (a[la] == '\n');
-    b += lb + (b[lb] == '\n');
+    l = eol;
   }
 }
 
