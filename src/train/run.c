@@ -426,29 +426,33 @@ static nb_status setup(trainer *t, nb_train_start_info *info) {
   t->st = opt ? nb_tree_create(ctx) : NULL;
   if (!t->st || nb_tree_merge(t->st, "params", params) || nb_tree_merge(t->st, "opt_state", opt)) s = nb_ctx_status(ctx);
   info->n_params = params ? nb_nn_params_count(params) : 0;
-  if (!s) {
-    nb_graph *g = nb_train_trace_step(ctx, c, params, opt);
-    nb_graph *eg = g ? nb_train_trace_eval(ctx, c, params) : NULL;
-    /* on_nonfinite=skip keeps the state before each step (no donation) to drop a bad update */
-    const char *donate[] = {"params", "opt_state", NULL};
-    nb_jit_opts jo = {.donate = c->on_nonfinite == NB_NONFINITE_SKIP ? NULL : donate, .threads = t->opts->threads};
-    t->step_exe = eg ? nb_jit(ctx, g, &jo) : NULL;
-    t->eval_exe = t->step_exe ? nb_jit(ctx, eg, &(nb_jit_opts){.threads = t->opts->threads}) : NULL;
-    if (g) {
-      double bytes;
-      nb_graph_cost(g, &info->graph_flops_per_step, &bytes);
-    }
-    nb_graph_destroy(g);
-    nb_graph_destroy(eg);
-    if (!t->eval_exe) s = nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_INTERNAL;
-  }
   nb_tree_destroy(params);
   nb_tree_destroy(opt);
-  if (s || interrupted(t)) return s;
+  if (s) return s;
   t->it = nb__train_data_iter(ctx, &t->data, c);
   t->eval_ds = t->it ? nb__train_eval_batches(ctx, &t->data, c) : NULL;
   if (!t->eval_ds) return nb_ctx_status(ctx);
-  if ((s = restore(t))) return s;
+  /* restore before compiling: a resume refused (other data, other model shape) is refused at once */
+  if ((s = restore(t)) || interrupted(t)) return s;
+  params = nb_tree_select_prefix(t->st, "params", true);
+  opt = nb_tree_select_prefix(t->st, "opt_state", true);
+  nb_graph *g = params && opt ? nb_train_trace_step(ctx, c, params, opt) : NULL;
+  nb_graph *eg = g ? nb_train_trace_eval(ctx, c, params) : NULL;
+  /* on_nonfinite=skip keeps the state before each step (no donation) to drop a bad update */
+  const char *donate[] = {"params", "opt_state", NULL};
+  nb_jit_opts jo = {.donate = c->on_nonfinite == NB_NONFINITE_SKIP ? NULL : donate, .threads = t->opts->threads};
+  t->step_exe = eg ? nb_jit(ctx, g, &jo) : NULL;
+  t->eval_exe = t->step_exe ? nb_jit(ctx, eg, &(nb_jit_opts){.threads = t->opts->threads}) : NULL;
+  if (g) {
+    double bytes;
+    nb_graph_cost(g, &info->graph_flops_per_step, &bytes);
+  }
+  nb_graph_destroy(g);
+  nb_graph_destroy(eg);
+  nb_tree_destroy(params);
+  nb_tree_destroy(opt);
+  if (!t->eval_exe) return nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_INTERNAL;
+  if (interrupted(t)) return NB_OK;
   /* the run is accepted: only now does config.yaml change */
   if ((s = write_config(ctx, t->dir, t->config))) return s;
   char mp[NB_TRAIN_PATH_MAX + 16];

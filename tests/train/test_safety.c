@@ -25,10 +25,14 @@ static void capture_log(void *ud, nb_log_level level, const char *msg) {
 
 static void run_dir(char *buf, size_t cap, const char *name) { snprintf(buf, cap, "%s/%s", work, name); }
 
+/* The tiny config with a constant schedule (so `steps` is not in the step
+ * graph and most runs here share one compiled executable), then extra. */
 static nb_status run_with(nb_ctx *ctx, const char *dir, int n_extra, const char *const *extra, recorder *r,
                           nb_train_result *res) {
+  const char *all[32] = {"schedule.kind=constant"};
+  for (int i = 0; i < n_extra && i < 31; i++) all[i + 1] = extra[i];
   nb_model_run_config cfg;
-  nb_status s = tiny_config(ctx, work, n_extra, extra, &cfg);
+  nb_status s = tiny_config(ctx, work, n_extra + 1, all, &cfg);
   if (s) return s;
   recorder local = {0};
   return run_recorded(ctx, &cfg, dir, r ? r : &local, false, res);
@@ -124,7 +128,7 @@ static void test_data_change_refused(nb_ctx *ctx) {
   const char *ok1[] = {"steps=4", "eval_steps=1"};
   CHECK_OK(ctx, run_with(ctx, d, 2, ok1, NULL, NULL));
   /* the documented override */
-  const char *ok2[] = {"steps=5", "batch_size=2", "resume.allow_data_change=true"};
+  const char *ok2[] = {"steps=5", "seed=7", "resume.allow_data_change=true"};
   logbuf[0] = 0;
   nb_train_result res;
   CHECK_OK(ctx, run_with(ctx, d, 3, ok2, NULL, &res));
@@ -369,8 +373,8 @@ static void on_start_raise(void *ud, const nb_train_start_info *in) {
 
 static void test_signals(nb_ctx *ctx) {
   nb_model_run_config cfg;
-  const char *e4[] = {"steps=4", "eval_every=0"};
-  CHECK_OK(ctx, tiny_config(ctx, work, 2, e4, &cfg));
+  const char *e4[] = {"steps=4", "eval_every=0", "schedule.kind=constant"};
+  CHECK_OK(ctx, tiny_config(ctx, work, 3, e4, &cfg));
   char d[600];
   run_dir(d, sizeof d, "sig_setup");
   nb_train_opts o = {.run_dir = d, .threads = 1, .handle_signals = true, .on_start = on_start_raise};
