@@ -453,7 +453,7 @@ static nb_status setup(trainer *t, nb_train_start_info *info) {
   nb_tree_destroy(opt);
   if (!t->eval_exe) return nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_INTERNAL;
   if (interrupted(t)) return NB_OK;
-  /* the run is accepted: only now does config.yaml change */
+  /* the run is accepted (locked, data checked, restored, compiled): only now does config.yaml change */
   if ((s = write_config(ctx, t->dir, t->config))) return s;
   char mp[NB_TRAIN_PATH_MAX + 16];
   snprintf(mp, sizeof mp, "%s/metrics.jsonl", t->dir);

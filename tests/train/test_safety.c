@@ -83,6 +83,11 @@ static void test_refused_run_keeps_config(nb_ctx *ctx) {
             "the checkpoint's cause is cut off: %s", msg);
   nb_ctx_clear_error(ctx);
   CHECK_MSG(file_has(cfgp, "d_model: 32") && file_has(cfgp, "steps: 3"), "config.yaml rewritten by a refused run");
+  /* nor by one that fails to compile */
+  const char *bf16[] = {"steps=6", "precision.compute=bf16"};
+  CHECK(run_with(ctx, d, 2, bf16, NULL, NULL) == NB_ERR_UNIMPLEMENTED);
+  nb_ctx_clear_error(ctx);
+  CHECK_MSG(file_has(cfgp, "compute: f32"), "config.yaml rewritten by a run that failed");
   /* a second trainer while the first holds the run */
   char ck[700];
   snprintf(ck, sizeof ck, "%s/checkpoints", d);
