@@ -1,5 +1,5 @@
 /* nb_train_run: the training loop around the compiled step. Set-up (run
- * dir lock, data, init or restore, then config.yaml once the run is
+ * dir lock, data, init, restore, compile, then config.yaml once the run is
  * accepted), the loop (batch -> step -> non-finite check -> metrics -> eval
  * -> checkpoint), and the run-dir files: metrics.jsonl (truncated to the
  * restored step on resume) and checkpoints/ (nb_ckpt, items params +
