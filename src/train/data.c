@@ -72,7 +72,8 @@ static nb_status tokenizer_hash(nb_ctx *ctx, const char *path, uint64_t *h) {
   if (!path[0]) return NB_OK; /* byte level */
   struct stat st;
   if (stat(path, &st)) return nb_errorf(ctx, NB_ERR_NOT_FOUND, "train: data.tokenizer '%s': %s", path, strerror(errno));
-  if (!S_ISDIR(st.st_mode)) return hash_file(ctx, path, h);
+  if (!S_ISDIR(st.st_mode))
+    return hash_file(ctx, path, h) ? nb__train_wrapf(ctx, nb_ctx_status(ctx), "train: data.tokenizer") : NB_OK;
   DIR *d = opendir(path);
   if (!d) return nb_errorf(ctx, NB_ERR_IO, "train: data.tokenizer '%s': %s", path, strerror(errno));
   nb_status s = NB_OK;
@@ -81,7 +82,8 @@ static nb_status tokenizer_hash(nb_ctx *ctx, const char *path, uint64_t *h) {
     uint64_t fh;
     if (e->d_name[0] == '.' || snprintf(f, sizeof f, "%s/%s", path, e->d_name) >= (int)sizeof f) continue;
     if (stat(f, &st) || !S_ISREG(st.st_mode)) continue;
-    if (!(s = hash_file(ctx, f, &fh))) /* a sum: the same whatever order readdir gives */
+    if ((s = hash_file(ctx, f, &fh))) s = nb__train_wrapf(ctx, s, "train: data.tokenizer");
+    else /* a sum: the same whatever order readdir gives */
       *h += fh ^ nb_data_checksum_bytes(NB_DATA_XXH3, e->d_name, strlen(e->d_name));
   }
   closedir(d);
