@@ -138,6 +138,14 @@ nb_tree *nb_ckpt_restore(nb_ckpt_manager *m, int64_t step, const nb_ckpt_restore
 nb_status nb_ckpt_verify(nb_ckpt_manager *m, int64_t step);
 /* Writes the step's directory path into buf (NUL-terminated). */
 nb_status nb_ckpt_step_path(const nb_ckpt_manager *m, int64_t step, char *buf, size_t cap);
+/* Sets a committed step that turned out damaged aside: renames its
+ * directory to step_N.damaged (.damaged.2, ... when taken; kept for a human,
+ * never read or deleted by nabla) and drops it from the index, so the step
+ * can be saved again. aside (may be NULL) gets the new path. A writable
+ * manager does the same on open with a step whose commit marker is damaged. */
+nb_status nb_ckpt_set_aside(nb_ckpt_manager *m, int64_t step, char *aside, size_t cap);
+/* Whether a background save is still being written. */
+bool nb_ckpt_save_in_flight(nb_ckpt_manager *m);
 
 /* ------------------------------------------------------------------------ */
 /* Reading a step's metadata without its data                                */

@@ -100,6 +100,15 @@ uint64_t nb_data_checksum_bytes(nb_data_checksum c, const void *p, size_t n);
 /* Called now and then by long operations: done of total units (bytes). */
 typedef void (*nb_data_progress_fn)(void *ud, uint64_t done, uint64_t total);
 
+/* What a file holds, from its first bytes (never its name): a token shard
+ * (magic "NBTOKENS"), a record file ("NBRECORD"), a directory, binary (a
+ * NUL byte in the first 64 KiB) or text. Errors name the path. */
+typedef enum nb_data_format {
+  NB_DATA_FORMAT_TEXT, NB_DATA_FORMAT_TOKENS, NB_DATA_FORMAT_RECORDS, NB_DATA_FORMAT_BINARY, NB_DATA_FORMAT_DIR
+} nb_data_format;
+nb_status nb_data_detect_format(nb_ctx *ctx, const char *path, nb_data_format *out);
+const char *nb_data_format_name(nb_data_format f); /* "a token shard", ... for messages */
+
 /* ------------------------------------------------------------------------ */
 /* Record files                                                              */
 /* ------------------------------------------------------------------------ */
@@ -167,6 +176,8 @@ int64_t nb_data_shard_count(const nb_data_shard *s);     /* tokens */
 int64_t nb_data_shard_documents(const nb_data_shard *s);
 int64_t nb_data_shard_vocab(const nb_data_shard *s);
 int nb_data_shard_token_bytes(const nb_data_shard *s);
+/* The XXH3-64 of the token data the header records (what verify checks). */
+uint64_t nb_data_shard_checksum(const nb_data_shard *s);
 /* Copies tokens [start, start+n) into out as int32. Thread-safe. */
 nb_status nb_data_shard_read(const nb_data_shard *s, int64_t start, int64_t n, int32_t *out);
 /* Checks the data checksum and that every id is below the vocab size. */

@@ -94,6 +94,10 @@ nb_nn_block_cfg nb_model_block_cfg(const nb_model_config *cfg, int64_t layer);
 typedef enum nb_model_optim { NB_OPTIM_ADAMW, NB_OPTIM_ADAM, NB_OPTIM_SGD, NB_OPTIM_COUNT } nb_model_optim;
 typedef enum nb_model_schedule { NB_SCHEDULE_CONSTANT, NB_SCHEDULE_LINEAR, NB_SCHEDULE_COSINE, NB_SCHEDULE_COUNT } nb_model_schedule;
 typedef enum nb_model_remat { NB_REMAT_NONE, NB_REMAT_BLOCK, NB_REMAT_COUNT } nb_model_remat;
+/* What the trainer does after a step with a non-finite loss or gradient norm:
+ * stop with an error (nothing of it saved), skip (the update is not applied),
+ * or continue (logged; a non-finite state is still never checkpointed). */
+typedef enum nb_model_on_nonfinite { NB_NONFINITE_STOP, NB_NONFINITE_SKIP, NB_NONFINITE_CONTINUE, NB_NONFINITE_COUNT } nb_model_on_nonfinite;
 
 #define NB_MODEL_STR_MAX 512
 
@@ -124,6 +128,12 @@ typedef struct nb_model_run_config {
   int64_t checkpoint_every, checkpoint_keep;
   char checkpoint_dir[NB_MODEL_STR_MAX];
   int64_t seed;
+  nb_model_on_nonfinite on_nonfinite;
+  struct {
+    /* resume although data.train's content, batch_size, data.seq_len or
+     * seed differ from the checkpoint's (its data position then means other batches) */
+    bool allow_data_change;
+  } resume;
 } nb_model_run_config;
 
 /* Defaults: the llama-tiny model and small training settings. */

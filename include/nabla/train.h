@@ -18,15 +18,22 @@
  * code: only batches and the step scalar come from the host.
  *
  * Run directory (docs/train.md has the full contract):
- *   DIR/config.yaml     the resolved config (nb_model_run_config_write)
+ *   DIR/config.yaml     the resolved config (nb_model_run_config_write),
+ *                       written once the run is accepted (never by a refused one)
  *   DIR/metrics.jsonl   one JSON object per logged step, eval records
  *   DIR/checkpoints/    nb_ckpt manager: items "params", "opt_state";
- *                       metadata {"step", "seed", "data_state", ...}
+ *                       metadata {"step", "seed", "data_state", "data" (what
+ *                       the data position depends on), "config", ...}
  *   DIR/data/           text inputs tokenized into cached token shards
  *   DIR/events.out.tfevents.*  TensorBoard scalars (train/loss, train/lr,
  *                       train/grad_norm, train/tokens_per_s, train/mfu, eval/loss)
  *   DIR/report.html     nb_prof_report_html of metrics.jsonl
- * Running again on the same DIR resumes from the latest checkpoint.
+ * Running again on the same DIR resumes from the latest good checkpoint (a
+ * damaged one is set aside as step_N.damaged); other training tokens,
+ * batch_size, data.seq_len or seed than the checkpoint's are refused unless
+ * cfg.resume.allow_data_change. A non-finite loss or gradient norm is
+ * handled per cfg.on_nonfinite (default: stop with NB_ERR_NUMERIC); a
+ * non-finite state is never checkpointed.
  *
  * Example:
  *
@@ -104,7 +111,9 @@ typedef struct nb_train_opts {
   const char *run_dir;          /* required */
   double peak_flops;            /* FLOP/s the MFU is relative to; 0: MFU not computed */
   int threads;                  /* jit threads; 0: $NABLA_THREADS or the CPU count */
-  bool handle_signals;          /* SIGINT/SIGTERM: checkpoint the current step and return */
+  bool handle_signals;          /* SIGINT/SIGTERM: checkpoint the current step and return
+                                   (installed before set-up; during set-up: return with
+                                   nothing trained; during the last save: wait for it) */
   /* Called after every step (and its checkpoint); true stops the run after
    * a checkpoint of that step. */
   bool (*should_stop)(void *ud, int64_t step);
@@ -132,8 +141,10 @@ typedef struct nb_train_result {
  * on a signal), metrics.jsonl, TensorBoard scalars and report.html (redrawn
  * at each eval, checkpoint and at the end; their failures are logged as
  * warnings, training goes on). Errors (bad data
- * paths, vocabulary larger than the model's, unsupported config) return a
- * status with the message on ctx; out (may be NULL) is filled either way. */
+ * paths, a damaged shard or ids beyond the vocabulary, vocabulary larger
+ * than the model's, eval_steps beyond the eval data, a changed data on
+ * resume, divergence, unsupported config) return a status with the message
+ * on ctx; out (may be NULL) is filled either way. */
 nb_status nb_train_run(nb_ctx *ctx, const nb_model_run_config *cfg, const nb_train_opts *opts, nb_train_result *out);
 
 /* A rough peak FLOP/s of this CPU to give as opts.peak_flops (what `nabla

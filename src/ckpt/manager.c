@@ -82,8 +82,23 @@ static step_rec record_of(nb_ckpt_manager *m, const char *step_dir, int64_t step
   return r;
 }
 
+/* Renames a step directory to <path>.damaged (or .damaged.2, ...); fills
+ * aside[NB_CKPT__PATH_CAP]. */
+static nb_status move_aside(nb_ctx *ctx, const char *dir, const char *path, char *aside) {
+  for (int k = 1; k < 1000; k++) {
+    nb_status s = k == 1 ? nb_ckpt__pathf(ctx, aside, "%s.damaged", path) : nb_ckpt__pathf(ctx, aside, "%s.damaged.%d", path, k);
+    if (s != NB_OK) return s;
+    if (nb_ckpt__exists(aside)) continue;
+    if ((s = nb_ckpt__rename(ctx, path, aside)) == NB_OK) s = nb_ckpt__fsync_dir(ctx, dir);
+    return s;
+  }
+  return nb_errorf(ctx, NB_ERR_IO, "cannot set '%s' aside: too many .damaged copies", path);
+}
+
 /* Indexes committed steps; with cleanup, removes leftovers: temporary and
- * deleted directories, and step directories never committed. */
+ * deleted directories, and step directories never committed, and sets
+ * aside steps whose commit marker is damaged (they would block saving that
+ * step again). */
 static nb_status scan(nb_ckpt_manager *m, bool cleanup) {
   DIR *d = opendir(m->dir);
   if (!d) return nb_errorf(m->ctx, NB_ERR_IO, "cannot open checkpoint directory '%s': %s", m->dir, strerror(errno));
@@ -102,7 +117,11 @@ static nb_status scan(nb_ckpt_manager *m, bool cleanup) {
       nb_status c = nb_ckpt__read_commit(m->qctx, path, &marked, &mh);
       if (c == NB_OK && marked == step) s = add_step(m, record_of(m, path, step));
       else if (c == NB_ERR_NOT_FOUND && cleanup) s = nb_ckpt__remove_tree(m->ctx, path); /* never committed */
-      else if (c != NB_ERR_NOT_FOUND) /* damaged by something else than us: leave it for a human */
+      else if (c != NB_ERR_NOT_FOUND && cleanup) { /* damaged by something else than us: kept for a human */
+        char aside[NB_CKPT__PATH_CAP];
+        if ((s = move_aside(m->ctx, m->dir, path, aside)) == NB_OK)
+          nb_logf(m->ctx, NB_LOG_WARN, "checkpoint '%s' has a damaged commit marker: set aside as '%s'", path, aside);
+      } else if (c != NB_ERR_NOT_FOUND)
         nb_logf(m->ctx, NB_LOG_WARN, "checkpoint '%s' has a damaged commit marker; ignored", path);
     }
   }
@@ -377,6 +396,28 @@ nb_status nb_ckpt_step_path(const nb_ckpt_manager *m, int64_t step, char *buf, s
   if (n < 0 || (size_t)n >= cap) return nb_errorf(m->ctx, NB_ERR_INVALID_ARG, "nb_ckpt_step_path: buffer too small");
   return NB_OK;
 }
+
+nb_status nb_ckpt_set_aside(nb_ckpt_manager *m, int64_t step, char *aside, size_t cap) {
+  if (m->opts.read_only) return nb_errorf(m->ctx, NB_ERR_INVALID_ARG, "checkpoint manager of '%s' is read-only", m->dir);
+  join_writer(m);
+  char path[NB_CKPT__PATH_CAP], to[NB_CKPT__PATH_CAP];
+  nb_status s = surface(m);
+  if (s == NB_OK) s = nb_ckpt_step_path(m, step, path, sizeof path);
+  if (s != NB_OK) return s;
+  pthread_mutex_lock(&m->mu);
+  int64_t i = find_step(m, step);
+  if (i < 0) s = nb_errorf(m->ctx, NB_ERR_NOT_FOUND, "step %lld is not a committed checkpoint in '%s'", (long long)step, m->dir);
+  if (s == NB_OK) s = move_aside(m->ctx, m->dir, path, to);
+  if (s == NB_OK) {
+    memmove(&m->steps[i], &m->steps[i + 1], (m->n_steps - (size_t)i - 1) * sizeof *m->steps);
+    m->n_steps--;
+  }
+  pthread_mutex_unlock(&m->mu);
+  if (s == NB_OK && aside && cap) snprintf(aside, cap, "%s", to);
+  return s;
+}
+
+bool nb_ckpt_save_in_flight(nb_ckpt_manager *m) { return m->busy && !atomic_load(&m->done); }
 
 /* With mu held: resolves NB_CKPT_LATEST and opens the step's manifest. */
 static nb_ckpt_info *open_step(nb_ckpt_manager *m, int64_t step) {

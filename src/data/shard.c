@@ -224,6 +224,7 @@ int64_t nb_data_shard_count(const nb_data_shard *s) { return s->count; }
 int64_t nb_data_shard_documents(const nb_data_shard *s) { return s->docs; }
 int64_t nb_data_shard_vocab(const nb_data_shard *s) { return s->vocab; }
 int nb_data_shard_token_bytes(const nb_data_shard *s) { return s->token_bytes; }
+uint64_t nb_data_shard_checksum(const nb_data_shard *s) { return s->data_checksum; }
 
 nb_status nb_data_shard_read(const nb_data_shard *s, int64_t start, int64_t n, int32_t *out) {
   if (start < 0 || n < 0 || start > s->count || n > s->count - start)

@@ -32,6 +32,7 @@ static const char *const scores[] = {"softmax", "sigmoid", NULL};
 static const char *const optims[] = {"adamw", "adam", "sgd", NULL};
 static const char *const schedules[] = {"constant", "linear", "cosine", NULL};
 static const char *const remats[] = {"none", "block", NULL};
+static const char *const nonfinites[] = {"stop", "skip", "continue", NULL};
 static const char *const dtypes[] = {"f32", "bf16", NULL};
 
 #define O(field) offsetof(nb_model_run_config, field)
@@ -109,6 +110,8 @@ static const key_def keys[] = {
     {"checkpoint_keep", K_INT, O(checkpoint_keep), 0, 100000, NULL},
     {"checkpoint_dir", K_STR, O(checkpoint_dir), 0, 0, NULL},
     {"seed", K_INT, O(seed), 0, 9.2e18, NULL},
+    {"on_nonfinite", K_ENUM, O(on_nonfinite), 0, 0, nonfinites},
+    {"resume.allow_data_change", K_BOOL, O(resume.allow_data_change), 0, 0, NULL},
 };
 #define NKEYS (sizeof keys / sizeof keys[0])
 
@@ -401,6 +404,7 @@ nb_status nb_model_run_config_validate(nb_ctx *ctx, const nb_model_run_config *c
   RULE(c->remat >= 0 && c->remat < NB_REMAT_COUNT, "remat: invalid value");
   RULE(c->optim.name >= 0 && c->optim.name < NB_OPTIM_COUNT, "optim.name: invalid value");
   RULE(c->schedule.kind >= 0 && c->schedule.kind < NB_SCHEDULE_COUNT, "schedule.kind: invalid value");
+  RULE(c->on_nonfinite >= 0 && c->on_nonfinite < NB_NONFINITE_COUNT, "on_nonfinite: invalid value");
   return NB_OK;
 }
 

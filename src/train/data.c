@@ -1,23 +1,36 @@
-/* The trainer's input data: config paths resolved to token shards (text is
- * tokenized once into a shard cached under DIR/data/, keyed by the input's
- * path, size, mtime and tokenizer), windows of seq_len+1 tokens, the eval
- * split (an eval shard, or the last ~1% of windows held out) and the
- * pipelines. Not the loop: that is run.c. */
+/* The trainer's input data: config paths resolved to token shards by what
+ * the files hold (their magic bytes, not their names; text is tokenized
+ * once into a shard cached under DIR/data/, keyed by the input's path,
+ * sizes and mtimes and the tokenizer's content), every shard verified
+ * (checksum, ids below its vocabulary, vocabulary within the model's),
+ * windows of seq_len+1 tokens, the eval split (an eval shard, or the last
+ * ~1% of windows held out) and the pipelines. Not the loop: that is run.c. */
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
 #include <limits.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "nabla/tokenizer.h"
 #include "train/internal.h"
 
-static bool ends_with(const char *s, const char *suffix) {
-  size_t n = strlen(s), m = strlen(suffix);
-  return n >= m && !strcmp(s + n - m, suffix);
+nb_status nb__train_wrapf(nb_ctx *ctx, nb_status s, const char *fmt, ...) {
+  /* copy the cause first: formatting into the buffer nb_ctx_error points at is undefined */
+  char cause[2048], prefix[1024];
+  snprintf(cause, sizeof cause, "%s", nb_ctx_error(ctx));
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(prefix, sizeof prefix, fmt, ap);
+  va_end(ap);
+  return nb_errorf(ctx, s ? s : NB_ERR_INTERNAL, "%s: %s", prefix, cause);
 }
 
 nb_status nb__train_mkdir_p(nb_ctx *ctx, const char *path) {
@@ -34,30 +47,102 @@ nb_status nb__train_mkdir_p(nb_ctx *ctx, const char *path) {
   return NB_OK;
 }
 
+/* XXH3 of a file's bytes (an empty file hashes its zero bytes). */
+static nb_status hash_file(nb_ctx *ctx, const char *path, uint64_t *h) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st)) {
+    if (fd >= 0) close(fd);
+    return nb_errorf(ctx, NB_ERR_IO, "'%s': %s", path, strerror(errno));
+  }
+  size_t n = (size_t)st.st_size;
+  void *p = n ? mmap(NULL, n, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
+  close(fd);
+  if (p == MAP_FAILED) return nb_errorf(ctx, NB_ERR_IO, "'%s': mmap: %s", path, strerror(errno));
+  *h = nb_data_checksum_bytes(NB_DATA_XXH3, n ? p : "", n);
+  if (n) munmap(p, n);
+  return NB_OK;
+}
+
+/* The tokenizer's identity for the cache key: its content (a file, or the
+ * files of a directory: vocab.json + merges.txt, tokenizer.json, ...), so a
+ * tokenizer replaced at the same path re-tokenizes. */
+static nb_status tokenizer_hash(nb_ctx *ctx, const char *path, uint64_t *h) {
+  *h = 0;
+  if (!path[0]) return NB_OK; /* byte level */
+  struct stat st;
+  if (stat(path, &st)) return nb_errorf(ctx, NB_ERR_NOT_FOUND, "train: data.tokenizer '%s': %s", path, strerror(errno));
+  if (!S_ISDIR(st.st_mode))
+    return hash_file(ctx, path, h) ? nb__train_wrapf(ctx, nb_ctx_status(ctx), "train: data.tokenizer") : NB_OK;
+  DIR *d = opendir(path);
+  if (!d) return nb_errorf(ctx, NB_ERR_IO, "train: data.tokenizer '%s': %s", path, strerror(errno));
+  nb_status s = NB_OK;
+  for (struct dirent *e; !s && (e = readdir(d));) {
+    char f[PATH_MAX];
+    uint64_t fh;
+    if (e->d_name[0] == '.' || snprintf(f, sizeof f, "%s/%s", path, e->d_name) >= (int)sizeof f) continue;
+    if (stat(f, &st) || !S_ISREG(st.st_mode)) continue;
+    if ((s = hash_file(ctx, f, &fh))) s = nb__train_wrapf(ctx, s, "train: data.tokenizer");
+    else /* a sum: the same whatever order readdir gives */
+      *h += fh ^ nb_data_checksum_bytes(NB_DATA_XXH3, e->d_name, strlen(e->d_name));
+  }
+  closedir(d);
+  return s;
+}
+
+/* The input's identity for the cache key: path, size and mtime (ns) of the
+ * file, or of every file below a directory (editing a file in a directory
+ * does not change the directory's own mtime). */
+static _Thread_local uint64_t walk_sum;
+static int walk_one(const char *p, const struct stat *st, int type, struct FTW *ftw) {
+  (void)ftw;
+  struct stat target; /* a symlink below a directory is tokenized as what it points to */
+  if (type == FTW_SL && !stat(p, &target) && S_ISREG(target.st_mode)) {
+    st = &target;
+    type = FTW_F;
+  }
+  if (type == FTW_F) {
+    char d[PATH_MAX + 64];
+    int n = snprintf(d, sizeof d, "%s|%lld|%lld.%09ld", p, (long long)st->st_size, (long long)st->st_mtim.tv_sec,
+                     st->st_mtim.tv_nsec);
+    walk_sum += nb_data_checksum_bytes(NB_DATA_XXH3, d, (size_t)(n < (int)sizeof d ? n : (int)sizeof d - 1));
+  }
+  return 0;
+}
+
+static nb_status input_hash(nb_ctx *ctx, const char *real, uint64_t *h) {
+  walk_sum = 0;
+  if (nftw(real, walk_one, 16, FTW_PHYS)) return nb_errorf(ctx, NB_ERR_IO, "'%s': %s", real, strerror(errno));
+  *h = walk_sum;
+  return NB_OK;
+}
+
 /* Text at `input` tokenized into DIR/data/<name>-<key>.tshard unless that
  * file exists already (a finished build is renamed into place, so a file
- * there is complete). */
+ * there is complete; a damaged one is rebuilt by the caller). */
 static nb_status text_to_shard(nb_ctx *ctx, const char *key_name, const char *input, const char *tokenizer,
-                               const char *run_dir, char *out, size_t cap) {
-  struct stat st;
-  if (stat(input, &st)) return nb_errorf(ctx, NB_ERR_NOT_FOUND, "train: %s: '%s': %s", key_name, input, strerror(errno));
-  char real[PATH_MAX], desc[PATH_MAX + 1200];
+                               const char *run_dir, char *out, size_t cap, bool *cached) {
+  char real[PATH_MAX], desc[256];
   if (!realpath(input, real)) snprintf(real, sizeof real, "%s", input);
-  snprintf(desc, sizeof desc, "%s|%lld|%lld|%s", real, (long long)st.st_size, (long long)st.st_mtime, tokenizer);
+  uint64_t ih = 0, th = 0;
+  nb_status s = input_hash(ctx, real, &ih);
+  if (s) return nb__train_wrapf(ctx, s, "train: %s", key_name);
+  if ((s = tokenizer_hash(ctx, tokenizer, &th))) return s;
+  snprintf(desc, sizeof desc, "v2|%016llx|%016llx", (unsigned long long)ih, (unsigned long long)th);
   uint64_t h = nb_data_checksum_bytes(NB_DATA_XXH3, desc, strlen(desc));
   const char *base = strrchr(real, '/') ? strrchr(real, '/') + 1 : real;
   char dir[NB_TRAIN_PATH_MAX];
   snprintf(dir, sizeof dir, "%s/data", run_dir);
-  nb_status s = nb__train_mkdir_p(ctx, dir);
-  if (s) return s;
+  if ((s = nb__train_mkdir_p(ctx, dir))) return s;
   if (snprintf(out, cap, "%s/%.100s-%016llx.tshard", dir, base, (unsigned long long)h) >= (int)cap)
     return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train: run dir path too long: %s", run_dir);
-  if (!access(out, R_OK)) return NB_OK;
+  *cached = !access(out, R_OK);
+  if (*cached) return NB_OK;
   nb_tok *bpe = NULL;
   nb_data_tokenizer tok = nb_data_tokenizer_bytes();
   if (tokenizer[0]) {
     bpe = nb_tok_load(ctx, tokenizer);
-    if (!bpe) return nb_errorf(ctx, nb_ctx_status(ctx), "train: data.tokenizer '%s': %s", tokenizer, nb_ctx_error(ctx));
+    if (!bpe) return nb__train_wrapf(ctx, nb_ctx_status(ctx), "train: data.tokenizer '%s'", tokenizer);
     tok = nb_data_tokenizer_bpe(bpe);
   }
   char tmp[NB_TRAIN_PATH_MAX + 8];
@@ -67,20 +152,59 @@ static nb_status text_to_shard(nb_ctx *ctx, const char *key_name, const char *in
   const char *inputs[1] = {input};
   s = nb_data_build_shard(ctx, tmp, 1, inputs, &bo, &tok, 0, NULL);
   nb_tok_destroy(bpe);
-  if (s) return nb_errorf(ctx, s, "train: %s: tokenizing '%s': %s", key_name, input, nb_ctx_error(ctx));
+  if (s) return nb__train_wrapf(ctx, s, "train: %s: tokenizing '%s'", key_name, input);
   if (rename(tmp, out)) return nb_errorf(ctx, NB_ERR_IO, "train: rename %s: %s", tmp, strerror(errno));
   return NB_OK;
 }
 
-static nb_status resolve(nb_ctx *ctx, const char *key_name, const char *path, const nb_model_run_config *c,
-                         const char *run_dir, char *out, size_t cap) {
-  if (!path[0]) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train: %s is empty: give a token shard or a text file/dir", key_name);
-  if (ends_with(path, ".tshard")) {
-    if (access(path, R_OK)) return nb_errorf(ctx, NB_ERR_NOT_FOUND, "train: %s: '%s': %s", key_name, path, strerror(errno));
-    snprintf(out, cap, "%s", path);
-    return NB_OK;
+/* Opens a shard for training: the header, then a full pass over the data
+ * (checksum, every id below the shard's vocabulary), the vocabulary within
+ * the model's. Fills the identity a checkpoint records. */
+static nb_status check_shard(nb_ctx *ctx, const char *key_name, const char *path, const nb_model_run_config *c,
+                             nb__train_shard_id *id) {
+  nb_data_shard *sh = nb_data_shard_open(ctx, path);
+  nb_status s = sh ? nb_data_shard_verify(sh, NULL, NULL) : nb_ctx_status(ctx);
+  if (s) {
+    nb_data_shard_close(sh);
+    return nb__train_wrapf(ctx, s, "train: %s", key_name);
   }
-  return text_to_shard(ctx, key_name, path, c->data.tokenizer, run_dir, out, cap);
+  id->vocab = nb_data_shard_vocab(sh);
+  id->tokens = nb_data_shard_count(sh);
+  id->xxh3 = nb_data_shard_checksum(sh);
+  nb_data_shard_close(sh);
+  if (id->vocab > c->model.vocab_size)
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG,
+                     "train: %s '%s' has vocabulary %lld, more than model.vocab_size %lld (use a matching "
+                     "data.tokenizer or model.vocab_size)",
+                     key_name, path, (long long)id->vocab, (long long)c->model.vocab_size);
+  return NB_OK;
+}
+
+/* A data path to a verified token shard: a shard as it is, text (a file or
+ * a directory) through the cache. What the file holds decides, not its name. */
+static nb_status resolve(nb_ctx *ctx, const char *key_name, const char *path, const nb_model_run_config *c,
+                         const char *run_dir, char *out, size_t cap, nb__train_shard_id *id) {
+  if (!path[0]) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train: %s is empty: give a token shard or a text file/dir", key_name);
+  nb_data_format fmt;
+  nb_status s = nb_data_detect_format(ctx, path, &fmt);
+  if (s) return nb__train_wrapf(ctx, s, "train: %s", key_name);
+  if (fmt == NB_DATA_FORMAT_TOKENS) {
+    if (snprintf(out, cap, "%s", path) >= (int)cap) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train: %s: path too long", key_name);
+    return check_shard(ctx, key_name, out, c, id);
+  }
+  if (fmt != NB_DATA_FORMAT_TEXT && fmt != NB_DATA_FORMAT_DIR)
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train: %s: '%s' is %s; training reads a token shard or text", key_name,
+                     path, nb_data_format_name(fmt));
+  bool cached;
+  if ((s = text_to_shard(ctx, key_name, path, c->data.tokenizer, run_dir, out, cap, &cached))) return s;
+  s = check_shard(ctx, key_name, out, c, id);
+  if (s && cached && s != NB_ERR_INVALID_ARG) { /* a damaged cache entry: built again */
+    nb_logf(ctx, NB_LOG_WARN, "%s; rebuilding it", nb_ctx_error(ctx));
+    if (unlink(out)) return nb_errorf(ctx, NB_ERR_IO, "train: cannot remove %s: %s", out, strerror(errno));
+    if ((s = text_to_shard(ctx, key_name, path, c->data.tokenizer, run_dir, out, cap, &cached))) return s;
+    s = check_shard(ctx, key_name, out, c, id);
+  }
+  return s;
 }
 
 /* Unigram entropy in nats of a shard's tokens, and its vocabulary size. */
@@ -115,15 +239,12 @@ static nb_status shard_stats(nb_ctx *ctx, const char *path, int64_t *vocab, doub
 nb_status nb__train_data_open(nb_ctx *ctx, const nb_model_run_config *c, const char *run_dir, nb__train_data *d) {
   memset(d, 0, sizeof *d);
   int64_t T = c->data.seq_len;
-  nb_status s = resolve(ctx, "data.train", c->data.train, c, run_dir, d->train_shard, sizeof d->train_shard);
-  if (!s && c->data.eval[0]) s = resolve(ctx, "data.eval", c->data.eval, c, run_dir, d->eval_shard, sizeof d->eval_shard);
+  nb__train_shard_id eval_id;
+  nb_status s = resolve(ctx, "data.train", c->data.train, c, run_dir, d->train_shard, sizeof d->train_shard, &d->train_id);
+  if (!s && c->data.eval[0])
+    s = resolve(ctx, "data.eval", c->data.eval, c, run_dir, d->eval_shard, sizeof d->eval_shard, &eval_id);
   if (!s) s = shard_stats(ctx, d->train_shard, &d->vocab, &d->entropy);
   if (s) return s;
-  if (d->vocab > c->model.vocab_size)
-    return nb_errorf(ctx, NB_ERR_INVALID_ARG,
-                     "train: data.train '%s' has vocabulary %lld, more than model.vocab_size %lld (use a matching "
-                     "data.tokenizer or model.vocab_size)",
-                     d->train_shard, (long long)d->vocab, (long long)c->model.vocab_size);
   const char *tp[1] = {d->train_shard};
   nb_data_map *all = nb_data_map_tokens(ctx, 1, tp, T);
   if (!all) return nb_ctx_status(ctx);
@@ -162,6 +283,16 @@ nb_status nb__train_data_open(nb_ctx *ctx, const nb_model_run_config *c, const c
     nb__train_data_close(d);
     return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train: data.train '%s' holds no window of seq_len+1 = %lld tokens",
                      c->data.train, (long long)(T + 1));
+  }
+  /* eval batches beyond the eval set would wrap around and count windows twice */
+  int64_t eval_batches = d->n_eval / c->batch_size;
+  if (c->eval_every > 0 && c->eval_steps > eval_batches) {
+    nb__train_data_close(d);
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG,
+                     "train: eval_steps = %lld, but the eval data (%s: %lld windows of seq_len+1 = %lld tokens) holds "
+                     "only %lld batches of batch_size %lld: lower eval_steps, give more eval data, or set eval_every=0",
+                     (long long)c->eval_steps, c->data.eval[0] ? c->data.eval : "the held-out 1% of data.train",
+                     (long long)d->n_eval, (long long)(T + 1), (long long)eval_batches, (long long)c->batch_size);
   }
   return NB_OK;
 }

@@ -8,8 +8,15 @@
 
 #define NB_TRAIN_PATH_MAX 1024
 
+/* What a checkpoint's data position depends on, of a shard. */
+typedef struct nb__train_shard_id {
+  int64_t vocab, tokens;
+  uint64_t xxh3;              /* of the token data (the shard header's) */
+} nb__train_shard_id;
+
 typedef struct nb__train_data {
   char train_shard[NB_TRAIN_PATH_MAX], eval_shard[NB_TRAIN_PATH_MAX];
+  nb__train_shard_id train_id;
   nb_data_map *train_windows; /* {"tokens": i32[T+1]}, the train part (one reference) */
   nb_data_map *eval_windows;  /* the eval part: the eval shard, or the held-out tail */
   int64_t vocab, n_train, n_eval;
@@ -20,6 +27,9 @@ typedef struct nb__train_data {
  * run_dir/data/), opens the windows and splits off the eval part. */
 nb_status nb__train_data_open(nb_ctx *ctx, const nb_model_run_config *cfg, const char *run_dir, nb__train_data *d);
 void nb__train_data_close(nb__train_data *d);
+/* Wraps the error on ctx as "<formatted prefix>: <cause>", copying the
+ * cause first (never format into the buffer nb_ctx_error returns). */
+nb_status nb__train_wrapf(nb_ctx *ctx, nb_status s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* mkdir -p */
 nb_status nb__train_mkdir_p(nb_ctx *ctx, const char *path);
 /* windows -> shuffle(seed) -> repeat -> batch -> {inputs, targets} -> prefetch */

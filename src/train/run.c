@@ -1,8 +1,9 @@
 /* nb_train_run: the training loop around the compiled step. Set-up (run
- * dir, config.yaml, data, init or restore), the loop (batch -> step ->
- * metrics -> eval -> checkpoint), and the run-dir files: metrics.jsonl
- * (truncated to the restored step on resume) and checkpoints/ (nb_ckpt,
- * items params + opt_state, metadata {step, seed, elapsed_s, data_state}).
+ * dir lock, data, init, restore, compile, then config.yaml once the run is
+ * accepted), the loop (batch -> step -> non-finite check -> metrics -> eval
+ * -> checkpoint), and the run-dir files: metrics.jsonl (truncated to the
+ * restored step on resume) and checkpoints/ (nb_ckpt, items params +
+ * opt_state, metadata {step, seed, elapsed_s, data_state, data, config}).
  * The numerics are all in step.c's graphs; this file only moves arrays.
  * Last, nb_train_peak_flops_estimate: the default peak MFU is relative to. */
 #include <cjson/cJSON.h>
@@ -45,13 +46,24 @@ static void jnum(FILE *f, const char *key, double v) {
 
 /* ---------------------------------------------------------------- run-dir files */
 
-static nb_status write_config(nb_ctx *ctx, const char *dir, const nb_model_run_config *c) {
+/* The resolved config as YAML text (new string; free it). */
+static char *config_text(nb_ctx *ctx, const nb_model_run_config *c) {
+  char *buf = NULL;
+  size_t n = 0;
+  FILE *f = open_memstream(&buf, &n);
+  if (!f) return nb_errorf(ctx, NB_ERR_NOMEM, "train: out of memory writing the config"), NULL;
+  nb_model_run_config_write(c, f);
+  if (fclose(f)) return free(buf), nb_errorf(ctx, NB_ERR_NOMEM, "train: out of memory writing the config"), NULL;
+  return buf;
+}
+
+static nb_status write_config(nb_ctx *ctx, const char *dir, const char *text) {
   char path[NB_TRAIN_PATH_MAX + 32], tmp[NB_TRAIN_PATH_MAX + 48];
   snprintf(path, sizeof path, "%s/config.yaml", dir);
   snprintf(tmp, sizeof tmp, "%s.tmp", path);
   FILE *f = fopen(tmp, "w");
   if (!f) return nb_errorf(ctx, NB_ERR_IO, "train: cannot write %s: %s", tmp, strerror(errno));
-  nb_model_run_config_write(c, f);
+  fputs(text, f);
   if (fclose(f) || rename(tmp, path)) return nb_errorf(ctx, NB_ERR_IO, "train: cannot write %s: %s", path, strerror(errno));
   return NB_OK;
 }
@@ -98,24 +110,91 @@ typedef struct trainer {
   FILE *metrics;
   nb_prof_tb *tb;              /* TensorBoard event file in DIR */
   bool warned;                 /* a TensorBoard/report failure was logged once */
+  bool interrupted;            /* a signal arrived during set-up */
+  char *config;                /* the resolved config as YAML (stored in every checkpoint) */
   int64_t step, last_saved;
+  int64_t nonfinite_steps;     /* steps with a non-finite loss or gradient norm (skip, continue) */
   double elapsed_before;       /* seconds of earlier runs (from the checkpoint) */
   double t0;
   char dir[NB_TRAIN_PATH_MAX];
 } trainer;
 
+/* The first non-finite value of the state ("params/...", "opt_state/..."),
+ * or NULL when all are finite: such a state is never checkpointed. */
+static const char *nonfinite_leaf(const nb_tree *st) {
+  for (size_t i = 0; i < nb_tree_size(st); i++) {
+    const nb_array *a = nb_tree_leaf(st, i)->array;
+    if (!a) continue;
+    int64_t n = nb_array_size(a);
+    if (nb_array_dtype(a) == NB_F32) {
+      const float *p = nb_array_data(a);
+      for (int64_t k = 0; k < n; k++)
+        if (!isfinite(p[k])) return nb_tree_path(st, i);
+    } else if (nb_array_dtype(a) == NB_F64) {
+      const double *p = nb_array_data(a);
+      for (int64_t k = 0; k < n; k++)
+        if (!isfinite(p[k])) return nb_tree_path(st, i);
+    }
+  }
+  return NULL;
+}
+
+/* "the last checkpoint is step N" / "no checkpoint yet", for messages */
+static const char *last_ckpt_words(trainer *t) {
+  static _Thread_local char buf[64];
+  if (t->last_saved < 0) return "no checkpoint of this run yet";
+  snprintf(buf, sizeof buf, "the last checkpoint is step %lld", (long long)t->last_saved);
+  return buf;
+}
+
+static void hex64(uint64_t v, char out[17]) { snprintf(out, 17, "%016llx", (unsigned long long)v); }
+
+/* The checkpoint metadata: step, seed, elapsed time, the data position and
+ * what it depends on (so a resume with other data is caught), the config. */
+static char *build_metadata(trainer *t, const char *ds) {
+  const nb_model_run_config *c = t->cfg;
+  char hex[17], seed[32];
+  hex64(t->data.train_id.xxh3, hex);
+  snprintf(seed, sizeof seed, "%lld", (long long)c->seed);
+  cJSON *j = cJSON_CreateObject(), *d = cJSON_CreateObject();
+  cJSON_AddNumberToObject(j, "step", (double)t->step);
+  cJSON_AddNumberToObject(j, "seed", (double)c->seed);
+  cJSON_AddNumberToObject(j, "elapsed_s", round((t->elapsed_before + now_s() - t->t0) * 1e3) / 1e3);
+  cJSON *dsj = cJSON_Parse(ds);
+  if (dsj) cJSON_AddItemToObject(j, "data_state", dsj);
+  cJSON_AddStringToObject(d, "train_xxh3", hex);
+  cJSON_AddNumberToObject(d, "train_tokens", (double)t->data.train_id.tokens);
+  cJSON_AddStringToObject(d, "train_shard", t->data.train_shard);
+  cJSON_AddNumberToObject(d, "batch_size", (double)c->batch_size);
+  cJSON_AddNumberToObject(d, "seq_len", (double)c->data.seq_len);
+  cJSON_AddStringToObject(d, "seed", seed);
+  cJSON_AddItemToObject(j, "data", d);
+  cJSON_AddStringToObject(j, "config", t->config);
+  char *txt = dsj ? cJSON_PrintUnformatted(j) : NULL;
+  cJSON_Delete(j);
+  return txt;
+}
+
 static nb_status save(trainer *t, bool emergency) {
   if (t->step == t->last_saved) return NB_OK;
   nb_ctx *ctx = t->ctx;
+  const char *bad = nonfinite_leaf(t->st);
+  if (bad) {
+    if (t->cfg->on_nonfinite == NB_NONFINITE_STOP)
+      return nb_errorf(ctx, NB_ERR_NUMERIC,
+                       "train: the state after step %lld holds non-finite values ('%s'): not checkpointed, stopped "
+                       "(%s); lower optim.lr, or set on_nonfinite=skip",
+                       (long long)t->step, bad, last_ckpt_words(t));
+    nb_logf(ctx, NB_LOG_WARN, "train: the state after step %lld holds non-finite values ('%s'): not checkpointed",
+            (long long)t->step, bad);
+    return NB_OK;
+  }
   char *ds = nb_data_iter_get_state(t->it);
   if (!ds) return nb_ctx_status(ctx);
-  size_t cap = strlen(ds) + 256;
-  char *meta = malloc(cap);
+  char *meta = build_metadata(t, ds);
   nb_tree *params = nb_tree_select_prefix(t->st, "params", true), *opt = nb_tree_select_prefix(t->st, "opt_state", true);
   nb_status s = meta && params && opt ? NB_OK : nb_errorf(ctx, NB_ERR_NOMEM, "train: out of memory saving a checkpoint");
   if (!s) {
-    snprintf(meta, cap, "{\"step\":%lld,\"seed\":%lld,\"elapsed_s\":%.3f,\"data_state\":%s}", (long long)t->step,
-             (long long)t->cfg->seed, t->elapsed_before + now_s() - t->t0, ds);
     nb_ckpt_item items[2] = {{"params", params}, {"opt_state", opt}};
     nb_ckpt_save_opts so = {.metadata_json = meta, .force = true};
     s = emergency ? nb_ckpt_emergency_save(t->ckpt, t->step, items, 2, &so)
@@ -124,46 +203,173 @@ static nb_status save(trainer *t, bool emergency) {
   if (!s) t->last_saved = t->step;
   nb_tree_destroy(params);
   nb_tree_destroy(opt);
-  free(meta);
+  cJSON_free(meta);
   nb_data_state_free(ctx, ds);
   return s;
 }
 
-/* Restores the latest checkpoint, if any, into t->st and the iterator. */
-static nb_status restore(trainer *t) {
+/* ---------------------------------------------------------------- resume */
+
+/* The "model:" section of a config written by nb_model_run_config_write
+ * (one "  key: value" line per key), as [*begin, *end), or false. */
+static bool model_section(const char *yaml, const char **begin, const char **end) {
+  const char *m = !strncmp(yaml, "model:\n", 7) ? yaml : strstr(yaml, "\nmodel:\n");
+  if (!m) return false;
+  *begin = m + (m == yaml ? 6 : 7); /* at the '\n' before the first key */
+  const char *e = *begin;
+  while (e[0] == '\n' && e[1] == ' ') e = strchr(e + 1, '\n') ? strchr(e + 1, '\n') : e + strlen(e);
+  *end = e;
+  return true;
+}
+
+/* "model.d_model: 32 in the checkpoint, 64 now; ..." for the model keys
+ * whose values differ between the saved config and this one (matched by
+ * key, so configs of other nabla versions compare too). */
+static void model_diff(const char *saved, const char *now, char *out, size_t cap) {
+  out[0] = 0;
+  const char *sb, *se, *nb, *ne;
+  if (!model_section(saved, &sb, &se) || !model_section(now, &nb, &ne)) return;
+  for (const char *l = nb; l < ne && l[0] == '\n';) {
+    const char *key = l + 1 + strspn(l + 1, " "), *colon = strchr(key, ':'), *eol = strchr(key, '\n');
+    if (!eol || eol > ne) eol = ne;
+    if (colon && colon < eol) {
+      char pat[128];
+      snprintf(pat, sizeof pat, "\n  %.*s:", (int)(colon - key), key);
+      const char *o = strstr(sb, pat);
+      if (o && o < se) {
+        const char *ov = o + strlen(pat), *oe = strchr(ov, '\n');
+        if (!oe || oe > se) oe = se;
+        size_t used = strlen(out);
+        if (((size_t)(oe - ov) != (size_t)(eol - colon - 1) || memcmp(ov, colon + 1, (size_t)(oe - ov))) && used + 8 < cap)
+          snprintf(out + used, cap - used, "%smodel.%.*s:%.*s in the checkpoint,%.*s now", used ? "; " : "",
+                   (int)(colon - key), key, (int)(oe - ov), ov, (int)(eol - colon - 1), colon + 1);
+      }
+    }
+    l = eol;
+  }
+}
+
+/* Refuses (unless resume.allow_data_change) a resume whose data position
+ * would mean other batches: another training text/shard content, batch
+ * size, sequence length or seed than the checkpoint's. */
+static nb_status check_data(trainer *t, int64_t step, const cJSON *d) {
   nb_ctx *ctx = t->ctx;
-  int64_t latest = -1;
-  nb_status s = nb_ckpt_latest_step(t->ckpt, &latest);
-  if (s || latest < 0) return s;
-  nb_tree *target = nb_tree_create(ctx);
-  if (!target) return NB_ERR_NOMEM;
-  for (size_t i = 0; i < nb_tree_size(t->st); i++)
-    if ((s = nb_tree_set(target, nb_tree_path(t->st, i), nb_leaf_aval(nb_leaf_get_aval(nb_tree_leaf(t->st, i))))))
-      break;
+  const nb_model_run_config *c = t->cfg;
+  if (!cJSON_IsObject(d)) {
+    nb_logf(ctx, NB_LOG_WARN, "train: checkpoint step %lld does not record its data (an older nabla): the data, "
+            "batch_size, data.seq_len and seed are not checked against it", (long long)step);
+    return NB_OK;
+  }
+  const cJSON *xx = cJSON_GetObjectItemCaseSensitive(d, "train_xxh3"), *tok = cJSON_GetObjectItemCaseSensitive(d, "train_tokens");
+  const cJSON *sh = cJSON_GetObjectItemCaseSensitive(d, "train_shard"), *bs = cJSON_GetObjectItemCaseSensitive(d, "batch_size");
+  const cJSON *sl = cJSON_GetObjectItemCaseSensitive(d, "seq_len"), *sd = cJSON_GetObjectItemCaseSensitive(d, "seed");
+  char hex[17], seed[32], why[1024] = "";
+  hex64(t->data.train_id.xxh3, hex);
+  snprintf(seed, sizeof seed, "%lld", (long long)c->seed);
+  size_t n = 0;
+  if (!cJSON_IsString(xx) || strcmp(xx->valuestring, hex) || !cJSON_IsNumber(tok) ||
+      tok->valuedouble != (double)t->data.train_id.tokens)
+    n += (size_t)snprintf(why + n, sizeof why - n, "%sdata.train: the training tokens differ (%lld tokens, xxh3 %s now; "
+                          "%.0f tokens, xxh3 %s saved from '%s')", n ? "; " : "", (long long)t->data.train_id.tokens,
+                          hex, cJSON_IsNumber(tok) ? tok->valuedouble : -1.0,
+                          cJSON_IsString(xx) ? xx->valuestring : "?", cJSON_IsString(sh) ? sh->valuestring : "?");
+  if (n < sizeof why && (!cJSON_IsNumber(bs) || bs->valuedouble != (double)c->batch_size))
+    n += (size_t)snprintf(why + n, sizeof why - n, "%sbatch_size: %lld now, %.0f saved", n ? "; " : "",
+                          (long long)c->batch_size, cJSON_IsNumber(bs) ? bs->valuedouble : -1.0);
+  if (n < sizeof why && (!cJSON_IsNumber(sl) || sl->valuedouble != (double)c->data.seq_len))
+    n += (size_t)snprintf(why + n, sizeof why - n, "%sdata.seq_len: %lld now, %.0f saved", n ? "; " : "",
+                          (long long)c->data.seq_len, cJSON_IsNumber(sl) ? sl->valuedouble : -1.0);
+  if (n < sizeof why && (!cJSON_IsString(sd) || strcmp(sd->valuestring, seed)))
+    n += (size_t)snprintf(why + n, sizeof why - n, "%sseed: %s now, %s saved", n ? "; " : "", seed,
+                          cJSON_IsString(sd) ? sd->valuestring : "?");
+  if (!n) return NB_OK;
+  if (c->resume.allow_data_change) {
+    nb_logf(ctx, NB_LOG_WARN, "train: resuming step %lld with other data (%s): allowed by resume.allow_data_change; "
+            "the saved data position now points at other batches", (long long)step, why);
+    return NB_OK;
+  }
+  return nb_errorf(ctx, NB_ERR_INVALID_ARG,
+                   "train: cannot resume step %lld of %s/checkpoints with other data: %s. The saved data position "
+                   "would point at other batches: use the checkpoint's values, another run dir, or "
+                   "resume.allow_data_change=true to continue anyway",
+                   (long long)step, t->dir, why);
+}
+
+/* Restores one committed step into t->st and the iterator. *damaged: the
+ * checkpoint's files failed their checks (manifest, checksums), as opposed
+ * to a mismatch with this run. */
+static nb_status restore_step(trainer *t, int64_t step, bool *damaged) {
+  nb_ctx *ctx = t->ctx;
+  nb_ckpt_info *info = nb_ckpt_info_load(t->ckpt, step);
+  *damaged = !info && nb_ctx_status(ctx) == NB_ERR_FORMAT;
+  if (!info) return nb__train_wrapf(ctx, nb_ctx_status(ctx), "train: checkpoint step %lld", (long long)step);
+  const char *meta = nb_ckpt_info_metadata(info);
+  cJSON *j = meta ? cJSON_Parse(meta) : NULL;
+  const cJSON *ds = cJSON_GetObjectItemCaseSensitive(j, "data_state");
+  const cJSON *el = cJSON_GetObjectItemCaseSensitive(j, "elapsed_s");
+  const cJSON *cf = cJSON_GetObjectItemCaseSensitive(j, "config");
+  char *dstxt = ds ? cJSON_PrintUnformatted(ds) : NULL;
+  nb_status s = dstxt ? check_data(t, step, cJSON_GetObjectItemCaseSensitive(j, "data"))
+                      : nb_errorf(ctx, NB_ERR_FORMAT, "train: checkpoint step %lld has no data_state in its metadata",
+                                  (long long)step);
+  nb_tree *target = s ? NULL : nb_tree_create(ctx);
+  if (!s && !target) s = NB_ERR_NOMEM;
+  for (size_t i = 0; !s && i < nb_tree_size(t->st); i++)
+    s = nb_tree_set(target, nb_tree_path(t->st, i), nb_leaf_aval(nb_leaf_get_aval(nb_tree_leaf(t->st, i))));
   /* fresh host arrays, not file mappings: the step writes into them in place */
   nb_ckpt_restore_opts ro = {.target = target, .no_mmap = true};
-  nb_tree *r = s ? NULL : nb_ckpt_restore(t->ckpt, latest, &ro);
+  nb_tree *r = s ? NULL : nb_ckpt_restore(t->ckpt, step, &ro);
   nb_tree_destroy(target);
-  if (!r) return nb_errorf(ctx, nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_INTERNAL,
-                           "train: restoring step %lld from %s/checkpoints (delete it to start over, or check that "
-                           "the model config matches): %s",
-                           (long long)latest, t->dir, nb_ctx_error(ctx));
-  nb_tree_destroy(t->st);
-  t->st = r;
-  nb_ckpt_info *info = nb_ckpt_info_load(t->ckpt, latest);
-  const char *meta = info ? nb_ckpt_info_metadata(info) : NULL;
-  cJSON *j = meta ? cJSON_Parse(meta) : NULL;
-  const cJSON *ds = j ? cJSON_GetObjectItemCaseSensitive(j, "data_state") : NULL;
-  const cJSON *el = j ? cJSON_GetObjectItemCaseSensitive(j, "elapsed_s") : NULL;
-  char *dstxt = ds ? cJSON_PrintUnformatted(ds) : NULL;
-  if (!dstxt) s = nb_errorf(ctx, NB_ERR_FORMAT, "train: checkpoint step %lld has no data_state in its metadata", (long long)latest);
-  else s = nb_data_iter_set_state(t->it, dstxt);
-  if (cJSON_IsNumber(el)) t->elapsed_before = el->valuedouble;
+  if (!s && !r) {
+    *damaged = nb_ctx_status(ctx) == NB_ERR_FORMAT;
+    char diff[1024];
+    model_diff(cJSON_IsString(cf) ? cf->valuestring : "", t->config, diff, sizeof diff);
+    s = nb__train_wrapf(ctx, nb_ctx_status(ctx), "train: restoring step %lld from %s/checkpoints (%s%s)", (long long)step,
+                        t->dir, diff[0] ? "the model config differs: " : "delete it to start over, or check that the "
+                        "model config matches", diff);
+  }
+  if (!s && (s = nb_data_iter_set_state(t->it, dstxt)))
+    s = nb__train_wrapf(ctx, s, "train: the data position saved in step %lld does not fit this data pipeline (was "
+                        "data.workers changed between 0 and more?)", (long long)step);
+  if (!s) {
+    nb_tree_destroy(t->st);
+    t->st = r;
+    r = NULL;
+    if (cJSON_IsNumber(el)) t->elapsed_before = el->valuedouble;
+    t->step = t->last_saved = step;
+  }
+  nb_tree_destroy(r);
   cJSON_free(dstxt);
   cJSON_Delete(j);
   nb_ckpt_info_destroy(info);
-  if (!s) t->step = t->last_saved = latest;
   return s;
+}
+
+/* Restores the newest good checkpoint, if any. A damaged one (its manifest
+ * or checksums fail) is set aside as step_N.damaged with a warning and the
+ * next older one tried; when every one is damaged the run is refused rather
+ * than silently started over. */
+static nb_status restore(trainer *t) {
+  nb_ctx *ctx = t->ctx;
+  int64_t n_damaged = 0;
+  for (;;) {
+    int64_t latest = -1;
+    bool damaged = false;
+    nb_status s = nb_ckpt_latest_step(t->ckpt, &latest);
+    if (!s && latest < 0 && n_damaged)
+      return nb_errorf(ctx, NB_ERR_FORMAT, "train: every checkpoint in %s/checkpoints is damaged (set aside as "
+                       "step_*.damaged); move them away to start over", t->dir);
+    if (s || latest < 0) return s;
+    if (!(s = restore_step(t, latest, &damaged)) || !damaged) return s;
+    char cause[2048], aside[NB_TRAIN_PATH_MAX + 64];
+    snprintf(cause, sizeof cause, "%s", nb_ctx_error(ctx));
+    if (nb_ckpt_set_aside(t->ckpt, latest, aside, sizeof aside))
+      return nb__train_wrapf(ctx, NB_ERR_FORMAT, "train: checkpoint step %lld is damaged (%s), and setting it aside failed",
+                             (long long)latest, cause);
+    nb_logf(ctx, NB_LOG_WARN, "train: checkpoint step %lld is damaged (%s); set aside as %s, falling back to the "
+            "previous checkpoint", (long long)latest, cause, aside);
+    n_damaged++;
+  }
 }
 
 static double scalar_out(const nb_tree *out, const char *path) {
@@ -192,12 +398,25 @@ static nb_status run_eval(trainer *t, double *loss) {
 
 /* ---------------------------------------------------------------- set-up */
 
+/* Set-up stops early (t->interrupted, NB_OK) when a signal arrived. */
+static bool interrupted(trainer *t) {
+  if (t->opts->handle_signals && nb_ckpt_preemption_requested()) t->interrupted = true;
+  return t->interrupted;
+}
+
 static nb_status setup(trainer *t, nb_train_start_info *info) {
   nb_ctx *ctx = t->ctx;
   const nb_model_run_config *c = t->cfg;
   double t_setup = now_s();
+  /* the checkpoint directory's lock first: a second trainer on a live run is refused before it touches anything */
+  char ck[NB_TRAIN_PATH_MAX + 16];
+  snprintf(ck, sizeof ck, "%s/checkpoints", t->dir);
+  nb_ckpt_options co = {.directory = ck, .max_to_keep = (int)c->checkpoint_keep, .async = true};
+  t->ckpt = nb_ckpt_manager_create(ctx, &co);
+  if (!t->ckpt) return nb_ctx_status(ctx);
+  t->last_saved = -1;
   nb_status s = nb__train_data_open(ctx, c, t->dir, &t->data);
-  if (s) return s;
+  if (s || interrupted(t)) return s;
   nb_array *key = nb_key(ctx, (uint64_t)c->seed);
   nb_tree *params = key ? nb_model_init(ctx, &c->model, key) : NULL;
   nb_array_release(key);
@@ -207,34 +426,35 @@ static nb_status setup(trainer *t, nb_train_start_info *info) {
   t->st = opt ? nb_tree_create(ctx) : NULL;
   if (!t->st || nb_tree_merge(t->st, "params", params) || nb_tree_merge(t->st, "opt_state", opt)) s = nb_ctx_status(ctx);
   info->n_params = params ? nb_nn_params_count(params) : 0;
-  if (!s) {
-    nb_graph *g = nb_train_trace_step(ctx, c, params, opt);
-    nb_graph *eg = g ? nb_train_trace_eval(ctx, c, params) : NULL;
-    const char *donate[] = {"params", "opt_state", NULL};
-    nb_jit_opts jo = {.donate = donate, .threads = t->opts->threads};
-    t->step_exe = eg ? nb_jit(ctx, g, &jo) : NULL;
-    t->eval_exe = t->step_exe ? nb_jit(ctx, eg, &(nb_jit_opts){.threads = t->opts->threads}) : NULL;
-    if (g) {
-      double bytes;
-      nb_graph_cost(g, &info->graph_flops_per_step, &bytes);
-    }
-    nb_graph_destroy(g);
-    nb_graph_destroy(eg);
-    if (!t->eval_exe) s = nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_INTERNAL;
-  }
   nb_tree_destroy(params);
   nb_tree_destroy(opt);
   if (s) return s;
   t->it = nb__train_data_iter(ctx, &t->data, c);
   t->eval_ds = t->it ? nb__train_eval_batches(ctx, &t->data, c) : NULL;
   if (!t->eval_ds) return nb_ctx_status(ctx);
-  char ck[NB_TRAIN_PATH_MAX + 16];
-  snprintf(ck, sizeof ck, "%s/checkpoints", t->dir);
-  nb_ckpt_options co = {.directory = ck, .max_to_keep = (int)c->checkpoint_keep, .async = true};
-  t->ckpt = nb_ckpt_manager_create(ctx, &co);
-  if (!t->ckpt) return nb_ctx_status(ctx);
-  t->last_saved = -1;
-  if ((s = restore(t))) return s;
+  /* restore before compiling: a resume refused (other data, other model shape) is refused at once */
+  if ((s = restore(t)) || interrupted(t)) return s;
+  params = nb_tree_select_prefix(t->st, "params", true);
+  opt = nb_tree_select_prefix(t->st, "opt_state", true);
+  nb_graph *g = params && opt ? nb_train_trace_step(ctx, c, params, opt) : NULL;
+  nb_graph *eg = g ? nb_train_trace_eval(ctx, c, params) : NULL;
+  /* on_nonfinite=skip keeps the state before each step (no donation) to drop a bad update */
+  const char *donate[] = {"params", "opt_state", NULL};
+  nb_jit_opts jo = {.donate = c->on_nonfinite == NB_NONFINITE_SKIP ? NULL : donate, .threads = t->opts->threads};
+  t->step_exe = eg ? nb_jit(ctx, g, &jo) : NULL;
+  t->eval_exe = t->step_exe ? nb_jit(ctx, eg, &(nb_jit_opts){.threads = t->opts->threads}) : NULL;
+  if (g) {
+    double bytes;
+    nb_graph_cost(g, &info->graph_flops_per_step, &bytes);
+  }
+  nb_graph_destroy(g);
+  nb_graph_destroy(eg);
+  nb_tree_destroy(params);
+  nb_tree_destroy(opt);
+  if (!t->eval_exe) return nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_INTERNAL;
+  if (interrupted(t)) return NB_OK;
+  /* the run is accepted (locked, data checked, restored, compiled): only now does config.yaml change */
+  if ((s = write_config(ctx, t->dir, t->config))) return s;
   char mp[NB_TRAIN_PATH_MAX + 16];
   snprintf(mp, sizeof mp, "%s/metrics.jsonl", t->dir);
   if ((s = truncate_metrics(ctx, mp, t->step))) return s;
@@ -273,9 +493,39 @@ static void teardown(trainer *t) {
   nb_exe_destroy(t->eval_exe);
   nb_tree_destroy(t->st);
   nb__train_data_close(&t->data);
+  free(t->config);
 }
 
 /* ---------------------------------------------------------------- the loop */
+
+/* After a step: the outputs replace params/opt_state, unless the loss or
+ * gradient norm is not finite; then per on_nonfinite: stop (an error; the
+ * step is neither counted nor saved), skip (the update is dropped: the step
+ * ran without donation) or continue. */
+static nb_status check_finite(trainer *t, const nb_train_step_info *si, const nb_tree *out) {
+  nb_ctx *ctx = t->ctx;
+  bool finite = isfinite(si->loss) && isfinite(si->grad_norm);
+  if (!finite && t->cfg->on_nonfinite == NB_NONFINITE_STOP)
+    return nb_errorf(ctx, NB_ERR_NUMERIC,
+                     "train: step %lld: loss %g, gradient norm %g (not finite: the training diverged); stopped "
+                     "without saving it (%s). Lower optim.lr, or set on_nonfinite=skip (drop such updates) or "
+                     "continue",
+                     (long long)t->step + 1, si->loss, si->grad_norm, last_ckpt_words(t));
+  t->step++;
+  if (!finite) {
+    if (t->nonfinite_steps++ < 10)
+      nb_logf(ctx, NB_LOG_WARN, "train: step %lld: loss %g, gradient norm %g: %s", (long long)t->step, si->loss,
+              si->grad_norm, t->cfg->on_nonfinite == NB_NONFINITE_SKIP ? "update skipped (on_nonfinite=skip)"
+                                                                         : "applied (on_nonfinite=continue)");
+    if (t->cfg->on_nonfinite == NB_NONFINITE_SKIP) return NB_OK;
+  }
+  nb_status s = NB_OK;
+  for (size_t i = 0; !s && i < nb_tree_size(out); i++) {
+    const char *p = nb_tree_path(out, i);
+    if (!strncmp(p, "params/", 7) || !strncmp(p, "opt_state/", 10)) s = nb_tree_set_array(t->st, p, nb_tree_leaf(out, i)->array);
+  }
+  return s;
+}
 
 /* One step: next batch, the compiled step, the state swapped for the outputs. */
 static nb_status one_step(trainer *t, nb_train_step_info *si, double *exe_ms, double *data_ms) {
@@ -295,19 +545,15 @@ static nb_status one_step(trainer *t, nb_train_step_info *si, double *exe_ms, do
   if (!s) s = out ? nb_exe_run(t->step_exe, t->st, out) : NB_ERR_NOMEM;
   *exe_ms = (now_s() - m) * 1e3;
   *data_ms = (m - a) * 1e3;
-  /* the batch and step leave the state; the outputs replace params/opt_state */
+  /* the batch and step leave the state; check_finite puts the outputs in */
   if (!s) s = nb_tree_remove(t->st, "batch/inputs");
   if (!s) s = nb_tree_remove(t->st, "batch/targets");
   if (!s) s = nb_tree_remove(t->st, "step");
-  for (size_t i = 0; !s && i < nb_tree_size(out); i++) {
-    const char *p = nb_tree_path(out, i);
-    if (!strncmp(p, "params/", 7) || !strncmp(p, "opt_state/", 10)) s = nb_tree_set_array(t->st, p, nb_tree_leaf(out, i)->array);
-  }
   if (!s) {
     si->loss = scalar_out(out, "loss");
     si->lr = scalar_out(out, "lr");
     si->grad_norm = scalar_out(out, "grad_norm");
-    t->step++;
+    s = check_finite(t, si, out);
   }
   nb_tree_destroy(out);
   return s;
@@ -375,19 +621,33 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_model_run_config *cfg, const nb_tra
   trainer t = {.ctx = ctx, .cfg = cfg, .opts = opts, .t0 = now_s()};
   if (snprintf(t.dir, sizeof t.dir, "%s", opts->run_dir) >= (int)sizeof t.dir)
     return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train: run_dir too long");
-  if ((s = nb__train_mkdir_p(ctx, t.dir)) || (s = write_config(ctx, t.dir, cfg))) return s;
+  if ((s = nb__train_mkdir_p(ctx, t.dir))) return s;
+  if (!(t.config = config_text(ctx, cfg))) return nb_ctx_status(ctx);
+  /* handlers before set-up: a signal there ends the run cleanly, not the process */
+  if (opts->handle_signals && (s = nb_ckpt_preemption_install(ctx))) {
+    free(t.config);
+    return s;
+  }
   nb_train_start_info info = {0};
   s = setup(&t, &info);
-  if (s) {
+  if (s || t.interrupted) {
+    if (t.interrupted && !s)
+      nb_logf(ctx, NB_LOG_WARN, "train: interrupted by a signal during set-up: nothing trained, nothing to checkpoint");
+    res.preempted = t.interrupted && !s;
+    res.start_step = res.final_step = t.step;
+    char *msg = s ? strdup(nb_ctx_error(ctx)) : NULL;
     teardown(&t);
+    if (opts->handle_signals) {
+      nb_ckpt_preemption_uninstall();
+      nb_ckpt_preemption_clear();
+    }
+    if (s) nb_errorf(ctx, s, "%s", msg ? msg : "train: set-up failed (out of memory for the message)");
+    free(msg);
+    if (out) *out = res;
     return s;
   }
   res.start_step = res.final_step = t.step;
   if (opts->on_start) opts->on_start(opts->ud, &info);
-  if (opts->handle_signals && (s = nb_ckpt_preemption_install(ctx))) {
-    teardown(&t);
-    return s;
-  }
   int64_t n = cfg->steps > t.step ? cfg->steps - t.step : 0;
   double *exe_ms = calloc((size_t)n + 1, sizeof *exe_ms), *iter_ms = calloc((size_t)n + 1, sizeof *iter_ms);
   if (!exe_ms || !iter_ms) s = nb_errorf(ctx, NB_ERR_NOMEM, "train: out of memory");
@@ -452,17 +712,27 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_model_run_config *cfg, const nb_tra
   res.iter_ms_median = median(iter_ms, res.steps_run);
   free(exe_ms);
   free(iter_ms);
-  if (opts->handle_signals) {
-    nb_ckpt_preemption_uninstall();
-    nb_ckpt_preemption_clear();
-  }
   if (!s) {
+    /* the handlers stay until the last save is on disk: a signal now waits for it */
+    bool said = false;
+    while (nb_ckpt_save_in_flight(t.ckpt)) {
+      if (opts->handle_signals && nb_ckpt_preemption_requested() && !said) {
+        nb_logf(ctx, NB_LOG_WARN, "train: signal received: waiting for the checkpoint of step %lld to be written",
+                (long long)t.last_saved);
+        said = true;
+      }
+      nanosleep(&(struct timespec){.tv_nsec = 10 * 1000 * 1000}, NULL);
+    }
     s = nb_ckpt_wait_until_finished(t.ckpt);
     if (!s) report(&t);
   }
   /* teardown may record errors of its own: the caller gets the first one */
   char *msg = s ? strdup(nb_ctx_error(ctx)) : NULL;
   teardown(&t);
+  if (opts->handle_signals) {
+    nb_ckpt_preemption_uninstall();
+    nb_ckpt_preemption_clear();
+  }
   if (s) nb_errorf(ctx, s, "%s", msg ? msg : "train: failed (out of memory for the message)");
   free(msg);
   if (out) *out = res;

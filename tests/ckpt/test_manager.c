@@ -101,7 +101,8 @@ static void test_interval_and_reopen(nb_ctx *ctx) {
   nb_ckpt_manager_destroy(m);
 
   /* leftovers: a temporary dir, a deleted dir, a step never committed; an
-   * unrelated folder and a step with a damaged marker are left alone */
+   * unrelated folder is left alone and a step with a damaged marker is set
+   * aside as step_N.damaged (so that step can be saved again) */
   const char *junk[] = {".tmp-step_00000020-1-0", ".del-step_00000005-1", "step_00000021", "notes", "step_00000022"};
   for (int i = 0; i < 5; i++) {
     snprintf(path, sizeof path, "%s/%s", dir, junk[i]);
@@ -115,8 +116,19 @@ static void test_interval_and_reopen(nb_ctx *ctx) {
   CHECK(m && steps_are(m, "0,5,10,13,15"));
   for (int i = 0; i < 5; i++) {
     snprintf(path, sizeof path, "%s/%s", dir, junk[i]);
-    CHECK_MSG(nb_ckpt__exists(path) == (i >= 3), "%s", junk[i]);
+    CHECK_MSG(nb_ckpt__exists(path) == (i == 3), "%s", junk[i]);
   }
+  snprintf(path, sizeof path, "%s/step_00000022.damaged/COMMIT", dir);
+  CHECK(nb_ckpt__exists(path));
+  CHECK_OK(ctx, save_step(m, ctx, 22, &(nb_ckpt_save_opts){.force = true}, NULL)); /* not "already exists" */
+  CHECK_OK(ctx, nb_ckpt_wait_until_finished(m));
+  CHECK(steps_are(m, "0,5,10,13,15,22"));
+  /* a committed step found damaged later is set aside the same way */
+  char aside[1024];
+  CHECK_OK(ctx, nb_ckpt_set_aside(m, 22, aside, sizeof aside));
+  CHECK_MSG(strstr(aside, "step_00000022.damaged.2"), "%s", aside);
+  CHECK(steps_are(m, "0,5,10,13,15"));
+  CHECK(nb_ckpt_set_aside(m, 22, NULL, 0) == NB_ERR_NOT_FOUND);
   nb_tree *t = nb_ckpt_restore(m, NB_CKPT_LATEST, NULL);
   nb_tree *want = small_tree(ctx, 15);
   CHECK(t && item_equal(t, "params", want));

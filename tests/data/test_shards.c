@@ -170,6 +170,41 @@ static void test_build(nb_ctx *ctx) {
   nb_ctx_clear_error(ctx);
 }
 
+/* Files are told by their magic bytes, not their names: a token shard or
+ * record file among a build's inputs (whatever it is called) is refused. */
+static void test_formats_by_magic(nb_ctx *ctx) {
+  char d[512], p[512], q[512], out[512];
+  tpath(d, "magic");
+  mkdir(d, 0755);
+  nb_test_write_text(tpath(p, "magic/notes.txt"), "plain text\n");
+  write_shard(ctx, tpath(q, "magic/zz.txt"), 2, 300, 50, 0); /* a shard named like text */
+  struct {
+    const char *name;
+    nb_data_format want;
+  } cases[] = {{"magic", NB_DATA_FORMAT_DIR}, {"magic/notes.txt", NB_DATA_FORMAT_TEXT}, {"magic/zz.txt", NB_DATA_FORMAT_TOKENS}};
+  for (int i = 0; i < 3; i++) {
+    nb_data_format f = NB_DATA_FORMAT_BINARY;
+    CHECK_OK(ctx, nb_data_detect_format(ctx, tpath(p, cases[i].name), &f));
+    CHECK_MSG(f == cases[i].want, "%s: %s", cases[i].name, nb_data_format_name(f));
+  }
+  CHECK_OK(ctx, nb_data_build_records(ctx, tpath(out, "magic.rec"), 1, (const char *[]){tpath(p, "magic/notes.txt")},
+                                      NULL, NULL, NULL));
+  nb_data_format f;
+  CHECK_OK(ctx, nb_data_detect_format(ctx, out, &f));
+  CHECK(f == NB_DATA_FORMAT_RECORDS);
+  nb_test_write_file(tpath(p, "magic.bin"), "ab\0cd", 5);
+  CHECK_OK(ctx, nb_data_detect_format(ctx, p, &f));
+  CHECK(f == NB_DATA_FORMAT_BINARY);
+  CHECK(nb_data_detect_format(ctx, tpath(p, "magic/none"), &f) == NB_ERR_NOT_FOUND);
+  CHECK_ERR(ctx, NB_ERR_NOT_FOUND, "magic/none'");
+  /* building from the directory reaches zz.txt: refused, naming it */
+  CHECK(nb_data_build_shard(ctx, tpath(out, "magic.tok"), 1, (const char *[]){d}, NULL, NULL, 0, NULL) == NB_ERR_INVALID_ARG);
+  CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "zz.txt' is a token shard, not text");
+  CHECK(nb_data_build_records(ctx, tpath(out, "magic2.rec"), 1, (const char *[]){tpath(p, "magic.rec")}, NULL, NULL,
+                              NULL) == NB_ERR_INVALID_ARG);
+  CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "magic.rec' is a record file, not text");
+}
+
 int main(void) {
   tdir_make();
   nb_ctx *ctx = nb_ctx_create();
@@ -177,6 +212,7 @@ int main(void) {
   test_bad_shards(ctx);
   test_windows(ctx);
   test_build(ctx);
+  test_formats_by_magic(ctx);
   CHECK_MSG(nb_ctx_bytes_in_use(ctx) == 0, "%zu bytes still allocated", nb_ctx_bytes_in_use(ctx));
   nb_ctx_destroy(ctx);
   tdir_remove();

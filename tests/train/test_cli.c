@@ -119,6 +119,28 @@ static void test_run_and_sigterm(nb_ctx *ctx, const char *bin) {
   for (int s = 1; s <= 200; s++) CHECK_MSG(!strcmp(lref[s], lsig[s]), "step %d: loss %s vs %s", s, lref[s], lsig[s]);
 }
 
+/* A diverging run exits non-zero saying so; a refused resume prints its
+ * cause once and leaves config.yaml as it was. */
+static void test_divergence_and_refusal(const char *bin) {
+  static char out[1 << 16];
+  char cmd[4096], d[600], cfg[700];
+  snprintf(d, sizeof d, "%s/nan", work);
+  snprintf(cmd, sizeof cmd, "%s train --run-dir %s %s steps=20 optim.lr=100 optim.grad_clip=0 2>&1", bin, d, tiny);
+  CHECK_MSG(nb_test_run(cmd, out, sizeof out) != 0, "a diverging run exited 0: %s", out);
+  CHECK_MSG(strstr(out, "not finite") && !strstr(out, "done:"), "%s", out);
+  snprintf(d, sizeof d, "%s/refuse", work);
+  snprintf(cmd, sizeof cmd, "%s train --run-dir %s %s steps=2 2>&1", bin, d, tiny);
+  CHECK_MSG(nb_test_run(cmd, out, sizeof out) == 0, "%s", out);
+  snprintf(cmd, sizeof cmd, "%s train --run-dir %s %s steps=4 model.d_model=64 2>&1", bin, d, tiny);
+  CHECK(nb_test_run(cmd, out, sizeof out) != 0);
+  const char *first = strstr(out, "restoring step 2");
+  CHECK_MSG(first && !strstr(first + 1, "restoring step 2") && strstr(out, "target wants f32[256,64]"), "%s", out);
+  snprintf(cfg, sizeof cfg, "%s/config.yaml", d);
+  char *y = nb_test_read_file(cfg, NULL);
+  CHECK_MSG(y && strstr(y, "d_model: 32") && strstr(y, "steps: 2"), "config.yaml changed by a refused run");
+  free(y);
+}
+
 int main(void) {
   const char *bin = nb_test_nabla_bin();
   if (!bin) return nb_test_summary("train/cli");
@@ -126,6 +148,7 @@ int main(void) {
   make_tiny_args();
   nb_ctx *ctx = nb_ctx_create();
   test_errors(bin);
+  test_divergence_and_refusal(bin);
   test_run_and_sigterm(ctx, bin);
   nb_ctx_destroy(ctx);
   if (!nb_test_failures) nb_test_rm_rf(work);

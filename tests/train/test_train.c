@@ -166,13 +166,14 @@ static void test_learns(nb_ctx *ctx) {
 
 /* (d) grad_accum = 2 and 4 equal the big-batch step (float rounding aside) */
 static void test_grad_accum(nb_ctx *ctx) {
-  const char *e1[] = {"steps=4", "checkpoint_every=0", "batch_size=8"};
-  const char *e2[] = {"steps=4", "checkpoint_every=0", "batch_size=8", "grad_accum=2"};
-  const char *e4[] = {"steps=4", "checkpoint_every=0", "batch_size=8", "grad_accum=4"};
+  /* eval_steps=1: the held-out windows make one batch of 8 */
+  const char *e1[] = {"steps=4", "checkpoint_every=0", "batch_size=8", "eval_steps=1"};
+  const char *e2[] = {"steps=4", "checkpoint_every=0", "batch_size=8", "eval_steps=1", "grad_accum=2"};
+  const char *e4[] = {"steps=4", "checkpoint_every=0", "batch_size=8", "eval_steps=1", "grad_accum=4"};
   nb_model_run_config c1, c2, c4;
-  CHECK_OK(ctx, tiny_config(ctx, work, 3, e1, &c1));
-  CHECK_OK(ctx, tiny_config(ctx, work, 4, e2, &c2));
-  CHECK_OK(ctx, tiny_config(ctx, work, 4, e4, &c4));
+  CHECK_OK(ctx, tiny_config(ctx, work, 4, e1, &c1));
+  CHECK_OK(ctx, tiny_config(ctx, work, 5, e2, &c2));
+  CHECK_OK(ctx, tiny_config(ctx, work, 5, e4, &c4));
   char d1[600], d2[600], d4[600];
   run_dir(d1, sizeof d1, "acc1");
   run_dir(d2, sizeof d2, "acc2");

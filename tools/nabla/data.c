@@ -239,16 +239,14 @@ static int inspect_shard(nb_ctx *ctx, const char *path, long long head) {
   return 0;
 }
 
-/* "records", "tokens" or NULL (after printing why) from the file's magic. */
-static const char *file_kind(const char *path) {
-  FILE *f = fopen(path, "rb");
-  char magic[8] = {0};
-  if (!f) return fprintf(stderr, "nabla data: cannot open '%s'\n", path), NULL;
-  size_t got = fread(magic, 1, 8, f);
-  fclose(f);
-  if (got == 8 && !memcmp(magic, "NBRECORD", 8)) return "records";
-  if (got == 8 && !memcmp(magic, "NBTOKENS", 8)) return "tokens";
-  fprintf(stderr, "nabla data: '%s' is neither a record file nor a token shard\n", path);
+/* "records", "tokens" or NULL (after printing why) from the file's magic
+ * (nb_data_detect_format). */
+static const char *file_kind(nb_ctx *ctx, const char *path) {
+  nb_data_format f;
+  if (nb_data_detect_format(ctx, path, &f)) return fprintf(stderr, "nabla data: %s\n", nb_ctx_error(ctx)), NULL;
+  if (f == NB_DATA_FORMAT_RECORDS) return "records";
+  if (f == NB_DATA_FORMAT_TOKENS) return "tokens";
+  fprintf(stderr, "nabla data: '%s' is %s, neither a record file nor a token shard\n", path, nb_data_format_name(f));
   return NULL;
 }
 
@@ -263,7 +261,7 @@ static int cmd_inspect(nb_ctx *ctx, int argc, char **argv) {
     else return usage();
   }
   if (!path) return usage();
-  const char *kind = file_kind(path);
+  const char *kind = file_kind(ctx, path);
   if (!kind) return 1;
   return !strcmp(kind, "records") ? inspect_records(ctx, path, head) : inspect_shard(ctx, path, head);
 }
@@ -273,7 +271,7 @@ static int cmd_inspect(nb_ctx *ctx, int argc, char **argv) {
 static int cmd_verify(nb_ctx *ctx, int argc, char **argv) {
   if (argc < 2) return usage();
   for (int i = 1; i < argc; i++) {
-    const char *kind = file_kind(argv[i]);
+    const char *kind = file_kind(ctx, argv[i]);
     if (!kind) return 1;
     bar b = bar_make("verify");
     nb_status s;

@@ -172,6 +172,8 @@ int nb_cmd_train(int argc, char **argv) {
     if (!config && strstr(nb_ctx_error(ctx), "data/corpus/kjv.txt"))
       fprintf(stderr, "hint: scripts/corpus.sh installs the default corpus\n");
     rc = 1;
+  } else if (r.preempted && r.steps_run == 0) {
+    printf("interrupted during set-up: nothing trained, checkpoints in %s/checkpoints unchanged\n", dir);
   } else if (r.preempted) {
     printf("interrupted: checkpoint at step %lld in %s/checkpoints; run the same command to resume\n",
            (long long)r.final_step, dir);
