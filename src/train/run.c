@@ -288,6 +288,7 @@ static nb_status one_step(trainer *t, nb_train_step_info *si, double *exe_ms, do
   if (!s && !step) s = nb_ctx_status(ctx);
   if (!s) s = nb_tree_merge(t->st, "batch", b.tree);
   if (!s) s = nb_tree_set_array(t->st, "step", step);
+  if (!s) s = nb_train_set_hparams(ctx, t->cfg, t->st);
   nb_array_release(step);
   nb_data_elem_clear(ctx, &b);
   double m = now_s();
@@ -299,6 +300,7 @@ static nb_status one_step(trainer *t, nb_train_step_info *si, double *exe_ms, do
   if (!s) s = nb_tree_remove(t->st, "batch/inputs");
   if (!s) s = nb_tree_remove(t->st, "batch/targets");
   if (!s) s = nb_tree_remove(t->st, "step");
+  if (!s) s = nb_tree_remove(t->st, "hparams/schedule");
   for (size_t i = 0; !s && i < nb_tree_size(out); i++) {
     const char *p = nb_tree_path(out, i);
     if (!strncmp(p, "params/", 7) || !strncmp(p, "opt_state/", 10)) s = nb_tree_set_array(t->st, p, nb_tree_leaf(out, i)->array);
