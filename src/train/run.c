@@ -301,6 +301,7 @@ static nb_status one_step(trainer *t, nb_train_step_info *si, double *exe_ms, do
   if (!s) s = nb_tree_remove(t->st, "batch/targets");
   if (!s) s = nb_tree_remove(t->st, "step");
   if (!s) s = nb_tree_remove(t->st, "hparams/schedule");
+  if (!s) s = nb_tree_remove(t->st, "hparams/key");
   for (size_t i = 0; !s && i < nb_tree_size(out); i++) {
     const char *p = nb_tree_path(out, i);
     if (!strncmp(p, "params/", 7) || !strncmp(p, "opt_state/", 10)) s = nb_tree_set_array(t->st, p, nb_tree_leaf(out, i)->array);

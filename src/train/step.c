@@ -2,8 +2,8 @@
  * a run config, the training step (value_and_grad over grad_accum
  * micro-batches + clipping + optimizer update, one graph) and the eval loss.
  * The schedule's numbers (lr, warmup, decay length from steps, min_lr_ratio)
- * are an input of the step, "hparams/schedule", not constants: runs that
- * differ only in them share one compiled step. No host work here: the loop
+ * and the dropout key of the seed are inputs of the step ("hparams/..."),
+ * not constants: runs that differ only in them share one compiled step. No host work here: the loop
  * that runs these lives in run.c. */
 #include <math.h>
 #include <stdio.h>
@@ -46,9 +46,11 @@ nb_optim_schedule *nb_train_schedule(nb_ctx *ctx, const nb_model_run_config *c) 
 
 nb_status nb_train_set_hparams(nb_ctx *ctx, const nb_model_run_config *c, nb_tree *inputs) {
   nb_optim_schedule *s = schedule(ctx, c);
-  nb_array *v = s ? nb_optim_schedule_inputs(ctx, s) : NULL;
+  nb_array *v = s ? nb_optim_schedule_inputs(ctx, s) : NULL, *key = v ? nb_key(ctx, (uint64_t)c->seed) : NULL;
   nb_status st = v ? nb_tree_set_array(inputs, "hparams/schedule", v) : nb_ctx_status(ctx);
+  if (!st) st = key ? nb_tree_set_array(inputs, "hparams/key", key) : nb_ctx_status(ctx);
   nb_array_release(v);
+  nb_array_release(key);
   nb_optim_schedule_destroy(s);
   return st;
 }
@@ -116,7 +118,7 @@ static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
   nb_tree *updates = nb_tree_create(ctx), *new_state = nb_tree_create(ctx), *new_params = nb_tree_create(ctx);
   nb_status s = params && state && grads && metrics && updates && new_state && new_params ? NB_OK : NB_ERR_NOMEM;
   nb_val *loss = NULL, *key = NULL;
-  if (!s && job->rng) key = nb_random_fold_in(nb_random_key(g, (uint64_t)c->seed), step);
+  if (!s && job->rng) key = nb_random_fold_in(nb_tree_get_val(in, "hparams/key"), step);
   /* micro-batch k: rows [k*mb, (k+1)*mb) of the batch; grads and metrics summed, then averaged */
   for (int64_t k = 0; k < A && !s; k++) {
     nb_tree *call_in = nb_tree_create(ctx), *call_out = nb_tree_create(ctx);

@@ -1,8 +1,8 @@
 /* Hyper-parameters that do not change shapes are inputs of the compiled
  * step, not constants: an input-bound schedule gives bit for bit the values
  * of the constant one (interpreter and jit, every schedule kind), and two
- * runs that differ only in optim.lr, steps, warmup or min_lr_ratio trace
- * the same step graph: one compile, one disk cache entry. */
+ * runs that differ only in optim.lr, steps, warmup, min_lr_ratio or the
+ * seed trace the same step graph: one compile, one disk cache entry. */
 #include <signal.h>
 
 #include "jitcheck.h"
@@ -187,6 +187,10 @@ static void test_step_shared(void) {
   const char *l1[] = {"schedule.kind=linear", "steps=80", "optim.lr=1e-3", "optim.name=sgd", "schedule.decay_steps=30"};
   step_graphs(l0, 4, l1, 5, NULL, &same);
   CHECK_MSG(same, "linear schedules, sgd: the lr and the lengths change the graph");
+  const char *d0[] = {"model.dropout=0.1", "seed=1"};
+  const char *d1[] = {"model.dropout=0.1", "seed=7"};
+  step_graphs(d0, 2, d1, 2, NULL, &same);
+  CHECK_MSG(same, "dropout: the seed changes the graph");
   /* a constant schedule folds lr into a scale: one program per lr, but the same for any steps */
   const char *k0[] = {"schedule.kind=constant", "schedule.warmup_steps=0", "steps=9"};
   const char *k1[] = {"schedule.kind=constant", "schedule.warmup_steps=0", "steps=90"};

@@ -322,13 +322,13 @@ static const char *entry_rest(const char *name) {
 /* A temporary file whose writer is gone: nb_<key>.<pid>-<n>.tmp.* (and
  * the names older versions used: .<pid>.log, .<pid>.p<i>.[co],
  * .c.<pid>.tmp, .so.<pid>.tmp). */
-static bool stale_temp(const char *rest, const struct stat *st, bool all_dead) {
+static bool stale_temp(const char *rest, const struct stat *st) {
   char *end;
   if (!strncmp(rest, ".c.", 3) || !strncmp(rest, ".so.", 4)) rest = strchr(rest + 1, '.');
   if (*rest != '.' || !strchr("0123456789", rest[1])) return false;
   long pid = strtol(rest + 1, &end, 10);
   if (*end != '-' && *end != '.') return false;
-  if (all_dead || time(NULL) - st->st_mtime > STALE_SECONDS) return true;
+  if (time(NULL) - st->st_mtime > STALE_SECONDS) return true;
   return pid <= 0 || (kill((pid_t)pid, 0) != 0 && errno == ESRCH);
 }
 
@@ -345,9 +345,8 @@ static int by_use(const void *a, const void *b) {
 }
 
 /* Lists the entries of dir (an .so and its .c are one entry) into *out
- * (sorted by key), removing stale temporary files (all of them with
- * `all_temps`). Returns the count, or -1. */
-static long scan(const char *dir, entry **out, bool all_temps) {
+ * (sorted by key), removing stale temporary files. Returns the count, or -1. */
+static long scan(const char *dir, entry **out) {
   DIR *d = opendir(dir);
   if (!d) return -1;
   entry *v = NULL;
@@ -358,7 +357,7 @@ static long scan(const char *dir, entry **out, bool all_temps) {
     const char *rest = entry_rest(de->d_name);
     struct stat st;
     if (!rest || snprintf(path, sizeof path, "%s/%s", dir, de->d_name) >= (int)sizeof path || lstat(path, &st) != 0) continue;
-    if (stale_temp(rest, &st, all_temps)) {
+    if (stale_temp(rest, &st)) {
       unlink(path);
       continue;
     }
@@ -401,7 +400,7 @@ static void remove_entry(const char *dir, const char *key) {
  * (never `keep`) until the cache holds at most max_bytes. */
 static void upkeep(const char *dir, const char *keep, uint64_t max_bytes) {
   entry *v = NULL;
-  long n = scan(dir, &v, false);
+  long n = scan(dir, &v);
   uint64_t total = 0;
   for (long i = 0; i < n; i++) total += v[i].bytes;
   if (n > 0) qsort(v, (size_t)n, sizeof *v, by_use);
@@ -424,7 +423,7 @@ nb_status nb_cpu__cache_usage(nb_ctx *ctx, const nb_jit_config *cfg, bool clear,
   if (private_dir(dir, real, why, sizeof why)) snprintf(out->dir, sizeof out->dir, "%s", real);
   else snprintf(out->problem, sizeof out->problem, "%.500s", why);
   entry *v = NULL;
-  long n = scan(out->dir, &v, clear);
+  long n = scan(out->dir, &v);
   if (n < 0) return nb_errorf(ctx, NB_ERR_IO, "jit cache: cannot read %s: %s", out->dir, strerror(errno));
   for (long i = 0; i < n; i++) {
     if (clear) remove_entry(dir, v[i].key);
