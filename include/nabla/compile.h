@@ -27,6 +27,7 @@
  *   parallel, blas       the thread pool; OpenBLAS for dot_general
  *   native               generated code (off: run on the interpreter)
  * Environment: NABLA_CC (compiler command), NABLA_CACHE_DIR (disk cache),
+ * NABLA_CACHE_MAX_MB (its size limit, nb_jit_cache_stat),
  * NABLA_THREADS, NABLA_DEBUG (1: summary, 2: per-kernel timings of the first
  * run, 3: fusion groups and source path, 4: the optimized graph), all logged
  * through the context's log callback at NB_LOG_INFO.
