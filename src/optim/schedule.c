@@ -53,8 +53,9 @@ static sx K(sx r, double c) {
       if (i < r.num->cap) r.num->rec[i] = c;
       return (sx){NULL, c, NULL, r.num};
     }
-    int64_t lo[1] = {i}, hi[1] = {i + 1};
-    return (sx){r.g, 0, nb_reshape(nb_slice(r.num->vec, lo, hi, NULL), 0, NULL), r.num};
+    int64_t lo[1] = {i}, hi[1] = {i + 1}; /* f64 rounded as the constant would be */
+    nb_val *x = nb_reshape(nb_slice(r.num->vec, lo, hi, NULL), 0, NULL);
+    return (sx){r.g, 0, nb_convert(x, nb_val_dtype(r.v)), r.num};
   }
   if (!r.g) return (sx){NULL, c, NULL, NULL};
   return (sx){r.g, 0, nb_scalar(r.g, NB_F32, c), NULL};
@@ -160,8 +161,8 @@ static sx eval_input(const nb_optim_schedule *s, sx t) {
   nb_val *vec = *s->cell;
   if (!t.g || t.num || !vec || nb_val_graph(vec) != t.g) return eval(s->kids[0], t); /* not bound here: constants */
   int n = count_numbers(s->kids[0]);
-  if (nb_val_rank(vec) != 1 || nb_val_dim(vec, 0) != n || nb_val_dtype(vec) != NB_F32)
-    return (sx){t.g, 0, nb__fail(t.g, NB_HERE, NB_ERR_SHAPE, "schedule: its input must be an f32 vector of %d numbers "
+  if (nb_val_rank(vec) != 1 || nb_val_dim(vec, 0) != n || nb_val_dtype(vec) != NB_F64)
+    return (sx){t.g, 0, nb__fail(t.g, NB_HERE, NB_ERR_SHAPE, "schedule: its input must be an f64 vector of %d numbers "
                                  "(nb_optim_schedule_inputs)", n), NULL};
   numbers num = {.vec = vec};
   sx r = eval(s->kids[0], (sx){t.g, 0, t.v, &num});
@@ -200,9 +201,9 @@ nb_array *nb_optim_schedule_inputs(nb_ctx *ctx, const nb_optim_schedule *s) {
   if (!vals) return NULL;
   numbers num = {.rec = vals, .cap = (int)n};
   eval(s, (sx){NULL, 0, NULL, &num});
-  nb_array *a = nb_array_empty(ctx, NB_F32, 1, &n);
-  float *f = a ? nb_array_data_mut(a) : NULL;
-  for (int64_t i = 0; f && i < n; i++) f[i] = (float)vals[i]; /* as nb_scalar(g, NB_F32, c) rounds */
+  nb_array *a = nb_array_empty(ctx, NB_F64, 1, &n);
+  double *f = a ? nb_array_data_mut(a) : NULL;
+  for (int64_t i = 0; f && i < n; i++) f[i] = vals[i];
   nb_dealloc(ctx, vals, sizeof(double) * (size_t)(n + 1));
   return a;
 }
