@@ -40,6 +40,7 @@ static int bare_steps(nb_ctx *ctx, const nb_model_run_config *c, int n, double *
   nb_tree *st = nb_tree_create(ctx);
   nb_tree_merge(st, "params", params);
   nb_tree_merge(st, "opt_state", opt);
+  TRY(nb_train_set_hparams(ctx, c, st) == NB_OK);
   nb_tree_destroy(params);
   nb_tree_destroy(opt);
   int64_t B = c->batch_size, T = c->data.seq_len;

@@ -27,6 +27,7 @@
  *   parallel, blas       the thread pool; OpenBLAS for dot_general
  *   native               generated code (off: run on the interpreter)
  * Environment: NABLA_CC (compiler command), NABLA_CACHE_DIR (disk cache),
+ * NABLA_CACHE_MAX_MB (its size limit, nb_jit_cache_stat),
  * NABLA_THREADS, NABLA_DEBUG (1: summary, 2: per-kernel timings of the first
  * run, 3: fusion groups and source path, 4: the optimized graph), all logged
  * through the context's log callback at NB_LOG_INFO.
@@ -52,7 +53,8 @@ typedef struct nb_jit_opts {
                                  OpenBLAS threads, a batch of them on the pool with OpenBLAS on one
                                  thread per task. OpenBLAS's thread count is process-wide:
                                  it is set to 1 between calls */
-  const char *cache_dir;      /* NULL: $NABLA_CACHE_DIR or ~/.cache/nabla/jit */
+  const char *cache_dir;      /* NULL: $NABLA_CACHE_DIR, ~/.cache/nabla/jit, or
+                                 /tmp/nabla-jit-<uid> without $HOME (see nb_jit_cache_stat) */
   const char *cc;             /* NULL: $NABLA_CC or "cc -O3 -march=native -fno-math-errno -fopenmp-simd -fPIC -shared" */
   int debug;                  /* 0: the context's debug level */
   nb_device device;           /* only the CPU for now */
@@ -79,6 +81,28 @@ nb_status nb_exe_run(nb_exe *e, const nb_tree *inputs, nb_tree *outputs);
 nb_status nb_exe_run_flat(nb_exe *e, nb_array *const *in, nb_array **out);
 /* Releases one reference (NULL is allowed). */
 void nb_exe_destroy(nb_exe *e);
+
+/* The disk cache of compiled programs. An entry is loaded only from a
+ * private directory (owned by the user, not writable by group or others;
+ * the directories above it not writable by others unless sticky) and only
+ * after its checksum and, once loaded, its key check out; a bad entry is
+ * removed and compiled again with a warning. When the directory is refused,
+ * nb_jit compiles in a private temporary directory (removed at once) with a
+ * warning. Entries are evicted least recently used first beyond
+ * $NABLA_CACHE_MAX_MB megabytes (default 1024). */
+typedef struct nb_jit_cache_info {
+  char dir[1024];      /* the directory (resolved) */
+  size_t entries;      /* compiled programs (a .so and its .c) */
+  uint64_t bytes;
+  uint64_t max_bytes;  /* the size limit */
+  char problem[512];   /* why the directory is refused, or "" */
+} nb_jit_cache_info;
+/* cache_dir NULL: as nb_jit picks it. Fills *out (zeroed first); a missing
+ * directory has no entries. */
+nb_status nb_jit_cache_stat(nb_ctx *ctx, const char *cache_dir, nb_jit_cache_info *out);
+/* Removes every entry and stale temporary file (not the directory, nor
+ * files nabla did not write); *out says what was there. */
+nb_status nb_jit_cache_clear(nb_ctx *ctx, const char *cache_dir, nb_jit_cache_info *out);
 
 /* The BLAS dot_general runs on, as text ("OpenBLAS Cooperlake (it picked
  * Prescott for this CPU)"). The first call (or the first matmul) checks the

@@ -98,6 +98,18 @@ double nb_optim_schedule_eval(const nb_optim_schedule *s, double step);
 /* The value at a traced step (an integer or float scalar) as a traced f32
  * scalar in step's graph. */
 nb_val *nb_optim_schedule_trace(const nb_optim_schedule *s, nb_val *step);
+/* Hyper-parameters as runtime inputs. A schedule traced in the graph of
+ * *cell (set *cell before tracing: a 1-D f64 input of that graph) takes
+ * every number of its formula (the learning rate, warmup and decay lengths,
+ * ...) from that vector instead of baking them in as constants, so graphs
+ * for different numbers are the same graph (one compile, one disk cache
+ * entry); anywhere else, and on the host, it is `inner`. The values are
+ * those the constants would have had (bit-identical results). Takes inner. */
+nb_optim_schedule *nb_optim_schedule_from_input(nb_ctx *ctx, nb_optim_schedule *inner, nb_val *const *cell);
+/* The vector an input-bound schedule (or s itself, bound) reads (new f64
+ * [n], converted where used as the constants would be): feed it as the
+ * input *cell names. */
+nb_array *nb_optim_schedule_inputs(nb_ctx *ctx, const nb_optim_schedule *s);
 /* True when the value does not depend on the step. */
 bool nb_optim_schedule_is_constant(const nb_optim_schedule *s);
 void nb_optim_schedule_destroy(nb_optim_schedule *s); /* NULL ok */

@@ -9,13 +9,20 @@
  * Adam or SGD whose learning rate is traced from the step counter), compiled
  * once by nb_jit with the parameters and optimizer state donated, so each
  * run updates them in place. Inputs "params/<p>", "opt_state/<s>",
- * "batch/inputs", "batch/targets" (i32 [batch_size, seq_len]) and "step"
- * (i32 scalar: updates done before this one); outputs the same
+ * "batch/inputs", "batch/targets" (i32 [batch_size, seq_len]), "step"
+ * (i32 scalar: updates done before this one), "hparams/schedule" (the
+ * learning-rate schedule's numbers) and "hparams/key" (the seed's PRNG key),
+ * both set by nb_train_set_hparams: a run that differs only in optim.lr,
+ * steps, the schedule's lengths and ratio or the seed runs the same
+ * compiled step; outputs the same
  * "params/<p>", "opt_state/<s>" plus "loss", "grad_norm", "lr" and
  * "metrics/<name>" (the model's). Dropout draws from
  * fold_in(PRNGKey(seed), step) (and the micro-batch index), so a resumed run
  * repeats an uninterrupted one bit for bit. Nothing in the step is host
- * code: only batches and the step scalar come from the host.
+ * code: only batches, the step scalar and the hparams come from the host.
+ * Still constants of the step (a change compiles a new one): the optimizer's
+ * b1, b2, eps, weight_decay, momentum, grad_clip, and the lr of a constant
+ * schedule without warmup (folded into a plain scale).
  *
  * Run directory (docs/train.md has the full contract):
  *   DIR/config.yaml     the resolved config (nb_model_run_config_write),
@@ -65,6 +72,8 @@ nb_optim_schedule *nb_train_schedule(nb_ctx *ctx, const nb_model_run_config *cfg
 /* The optimizer of cfg (new object): clip_by_global_norm(grad_clip) when
  * grad_clip > 0, then adamw / adam / sgd (momentum) with nb_train_schedule. */
 nb_optim_tx *nb_train_optimizer(nb_ctx *ctx, const nb_model_run_config *cfg);
+/* Sets the step graph's "hparams/..." inputs of cfg into `inputs`. */
+nb_status nb_train_set_hparams(nb_ctx *ctx, const nb_model_run_config *cfg, nb_tree *inputs);
 /* The step graph described above (new; destroy it). param_spec and
  * opt_state_spec: trees of arrays or avals (borrowed). NB_ERR_UNIMPLEMENTED
  * for configs the trainer does not support (precision other than f32). */

@@ -2,6 +2,7 @@
  * fuse, assign buffers, generate C, build and load), keeps live executables
  * in a memory cache keyed by graph hash, options and context, and reports
  * what it did at the debug levels. Not here: running (runtime/exe.c). */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -51,6 +52,33 @@ static nb_status parse_switches(nb_ctx *ctx, const char *list, const char *where
   return NB_OK;
 }
 
+#define DEFAULT_CACHE_MAX_MB 1024
+
+/* The disk cache's directory (the option, $NABLA_CACHE_DIR, ~/.cache/nabla/jit
+ * or /tmp/nabla-jit-<uid>) and size limit ($NABLA_CACHE_MAX_MB). */
+static nb_status cache_config(nb_ctx *ctx, const char *dir, nb_jit_config *cfg) {
+  const char *home = getenv("HOME");
+  int n;
+  if (dir) n = snprintf(cfg->cache_dir, sizeof cfg->cache_dir, "%s", dir);
+  else if (getenv("NABLA_CACHE_DIR")) n = snprintf(cfg->cache_dir, sizeof cfg->cache_dir, "%s", getenv("NABLA_CACHE_DIR"));
+  else if (home && *home) n = snprintf(cfg->cache_dir, sizeof cfg->cache_dir, "%s/.cache/nabla/jit", home);
+  else n = snprintf(cfg->cache_dir, sizeof cfg->cache_dir, "/tmp/nabla-jit-%d", (int)getuid());
+  if (n < 0 || (size_t)n >= sizeof cfg->cache_dir || !cfg->cache_dir[0])
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "jit: cache directory path is empty or too long");
+  if (strchr(cfg->cache_dir, '\'')) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "jit: cache directory may not contain a quote: %s", cfg->cache_dir);
+  const char *max = getenv("NABLA_CACHE_MAX_MB");
+  long long mb = DEFAULT_CACHE_MAX_MB;
+  if (max) {
+    char *end;
+    errno = 0;
+    mb = strtoll(max, &end, 10);
+    if (end == max || *end || errno || mb < 1 || mb > (1ll << 40))
+      return nb_errorf(ctx, NB_ERR_INVALID_ARG, "jit: NABLA_CACHE_MAX_MB must be a whole number of megabytes >= 1, got '%s'", max);
+  }
+  cfg->cache_max_bytes = (uint64_t)mb << 20;
+  return NB_OK;
+}
+
 static nb_status make_config(nb_ctx *ctx, const nb_jit_opts *o, nb_jit_config *cfg) {
   memset(cfg, 0, sizeof *cfg);
   if (o && o->device.kind != NB_DEVICE_CPU)
@@ -66,18 +94,29 @@ static nb_status make_config(nb_ctx *ctx, const nb_jit_opts *o, nb_jit_config *c
   if (cfg->off[NB_SW_parallel]) cfg->threads = 1;
   cfg->debug = o && o->debug ? o->debug : nb_ctx_debug_level(ctx);
   const char *cc = o && o->cc ? o->cc : getenv("NABLA_CC") ? getenv("NABLA_CC") : "cc -O3 -march=native -fno-math-errno -fopenmp-simd -fPIC -shared";
-  const char *home = getenv("HOME");
-  int n;
-  if (o && o->cache_dir) n = snprintf(cfg->cache_dir, sizeof cfg->cache_dir, "%s", o->cache_dir);
-  else if (getenv("NABLA_CACHE_DIR")) n = snprintf(cfg->cache_dir, sizeof cfg->cache_dir, "%s", getenv("NABLA_CACHE_DIR"));
-  else if (home && *home) n = snprintf(cfg->cache_dir, sizeof cfg->cache_dir, "%s/.cache/nabla/jit", home);
-  else n = snprintf(cfg->cache_dir, sizeof cfg->cache_dir, "/tmp/nabla-jit-%d", (int)getuid());
-  if (n < 0 || (size_t)n >= sizeof cfg->cache_dir || !cfg->cache_dir[0])
-    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "jit: cache directory path is empty or too long");
+  if (cache_config(ctx, o ? o->cache_dir : NULL, cfg) != NB_OK) return nb_ctx_status(ctx);
   if (strlen(cc) >= sizeof cfg->cc || !*cc) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "jit: compiler command is empty or too long");
-  if (strchr(cfg->cache_dir, '\'')) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "jit: cache directory may not contain a quote: %s", cfg->cache_dir);
   snprintf(cfg->cc, sizeof cfg->cc, "%s", cc);
   return NB_OK;
+}
+
+nb_status nb_jit_cache_stat(nb_ctx *ctx, const char *cache_dir, nb_jit_cache_info *out) {
+  if (!out) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "nb_jit_cache_stat: NULL out");
+  memset(out, 0, sizeof *out);
+  nb_jit_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  if (cache_config(ctx, cache_dir, &cfg) != NB_OK) return nb_ctx_status(ctx);
+  return nb_cpu__cache_usage(ctx, &cfg, false, out);
+}
+
+nb_status nb_jit_cache_clear(nb_ctx *ctx, const char *cache_dir, nb_jit_cache_info *out) {
+  nb_jit_cache_info scratch;
+  if (!out) out = &scratch;
+  memset(out, 0, sizeof *out);
+  nb_jit_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  if (cache_config(ctx, cache_dir, &cfg) != NB_OK) return nb_ctx_status(ctx);
+  return nb_cpu__cache_usage(ctx, &cfg, true, out);
 }
 
 static uint64_t config_key(const nb_ctx *ctx, const nb_graph *g, const nb_jit_config *cfg, const nb_jit_opts *o) {

@@ -24,6 +24,7 @@ typedef struct nb_jit_config {
   int debug;
   char cache_dir[1024];
   char cc[1024];
+  uint64_t cache_max_bytes; /* $NABLA_CACHE_MAX_MB */
 } nb_jit_config;
 
 /* ---------------------------------------------------------------- arena */
@@ -174,6 +175,11 @@ typedef void (*nb_kernel_fn)(int64_t lo, int64_t hi, char *const *bufs);
 void *nb_cpu__load(nb_ctx *ctx, const nb_jit_config *cfg, const char *src, size_t len, char *src_path, size_t path_cap,
                    bool *from_cache, char *why, size_t whycap);
 void nb_cpu__unload(void *handle);
+/* Appends the disk cache's seal for key to the object file at path (what
+ * nb_cpu__load checks before loading an entry). */
+bool nb_cpu__seal(const char *path, uint64_t key);
+/* What cfg's cache directory holds (and with clear, removes it). */
+nb_status nb_cpu__cache_usage(nb_ctx *ctx, const nb_jit_config *cfg, bool clear, nb_jit_cache_info *out);
 void *nb_cpu__sym(void *handle, const char *name);
 
 /* backend/cpu/blas.c: dot_general through cblas when the layout allows. */

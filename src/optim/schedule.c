@@ -1,13 +1,17 @@
 /* Schedules: functions of the step written once over a two-mode scalar (a
  * host double, or a traced f32 value), so the value logged on the host and
  * the value used inside the traced step come from the same code. Optax's
- * formulas. Not here: the transformations that consume schedules. */
+ * formulas. An input-bound schedule (nb_optim_schedule_from_input) takes
+ * every number of its formula from a vector input of the graph instead of
+ * constants, so the graph does not change with the learning rate or the
+ * number of steps. Not here: the transformations that consume schedules. */
 #include <math.h>
 #include <string.h>
 
+#include "core/ir.h"
 #include "optim/internal.h"
 
-typedef enum kind { K_CONST, K_POLY, K_EXP, K_COS, K_PIECEWISE, K_INTERP_LIN, K_INTERP_COS, K_JOIN, K_SLOT } kind;
+typedef enum kind { K_CONST, K_POLY, K_EXP, K_COS, K_PIECEWISE, K_INTERP_LIN, K_INTERP_COS, K_JOIN, K_SLOT, K_INPUT } kind;
 
 /* Invariant: bounds/vals hold n entries (K_PIECEWISE: n boundaries and
  * scales; K_INTERP_*: n + 1 bounds from 0 and n + 1 cumulative values;
@@ -20,25 +24,46 @@ struct nb_optim_schedule {
   int64_t *bounds;
   double *vals;
   nb_optim_schedule **kids;
-  nb_val **cell;
+  nb_val *const *cell; /* K_SLOT: the traced value; K_INPUT: the vector of numbers */
 };
 
 /* ---- two-mode scalars ----------------------------------------------------- */
+
+/* The numbers of an input-bound schedule, in the order the formula asks for
+ * them (K calls): traced, read from `vec`; on the host, recorded into `rec`
+ * (nb_optim_schedule_inputs). The same code runs both ways, so the order
+ * is the same. */
+typedef struct numbers {
+  nb_val *vec;
+  double *rec;
+  int n, cap;
+} numbers;
 
 typedef struct sx {
   nb_graph *g; /* NULL: host */
   double d;
   nb_val *v;
+  numbers *num; /* NULL: numbers are constants */
 } sx;
 
 static sx K(sx r, double c) {
-  if (!r.g) return (sx){NULL, c, NULL};
-  return (sx){r.g, 0, nb_scalar(r.g, NB_F32, c)};
+  if (r.num) {
+    int i = r.num->n++;
+    if (!r.g) {
+      if (i < r.num->cap) r.num->rec[i] = c;
+      return (sx){NULL, c, NULL, r.num};
+    }
+    int64_t lo[1] = {i}, hi[1] = {i + 1}; /* f64 rounded as the constant would be */
+    nb_val *x = nb_reshape(nb_slice(r.num->vec, lo, hi, NULL), 0, NULL);
+    return (sx){r.g, 0, nb_convert(x, nb_val_dtype(r.v)), r.num};
+  }
+  if (!r.g) return (sx){NULL, c, NULL, NULL};
+  return (sx){r.g, 0, nb_scalar(r.g, NB_F32, c), NULL};
 }
 #define BIN(name, hostexpr, op)                                                \
   static sx name(sx a, sx b) {                                                 \
-    if (!a.g) return (sx){NULL, hostexpr, NULL};                               \
-    return (sx){a.g, 0, op(a.v, b.v)};                                         \
+    if (!a.g) return (sx){NULL, hostexpr, NULL, a.num};                        \
+    return (sx){a.g, 0, op(a.v, b.v), a.num};                                  \
   }
 BIN(add, a.d + b.d, nb_add)
 BIN(sub, a.d - b.d, nb_sub)
@@ -47,15 +72,15 @@ BIN(dv, a.d / b.d, nb_div)
 BIN(pw, pow(a.d, b.d), nb_pow)
 BIN(mn, fmin(a.d, b.d), nb_min)
 BIN(mx, fmax(a.d, b.d), nb_max)
-static sx cosx(sx a) { return a.g ? (sx){a.g, 0, nb_cos(a.v)} : (sx){NULL, cos(a.d), NULL}; }
-static sx floorx(sx a) { return a.g ? (sx){a.g, 0, nb_floor(a.v)} : (sx){NULL, floor(a.d), NULL}; }
+static sx cosx(sx a) { return a.g ? (sx){a.g, 0, nb_cos(a.v), a.num} : (sx){NULL, cos(a.d), NULL, a.num}; }
+static sx floorx(sx a) { return a.g ? (sx){a.g, 0, nb_floor(a.v), a.num} : (sx){NULL, floor(a.d), NULL, a.num}; }
 static sx signx(sx a) {
-  return a.g ? (sx){a.g, 0, nb_sign(a.v)} : (sx){NULL, (double)((a.d > 0) - (a.d < 0)), NULL};
+  return a.g ? (sx){a.g, 0, nb_sign(a.v), a.num} : (sx){NULL, (double)((a.d > 0) - (a.d < 0)), NULL, a.num};
 }
 /* a < b ? x : y (or a <= b with le) */
 static sx sel(sx a, sx b, bool le, sx x, sx y) {
-  if (!a.g) return (sx){NULL, (le ? a.d <= b.d : a.d < b.d) ? x.d : y.d, NULL};
-  return (sx){a.g, 0, nb_select(le ? nb_le(a.v, b.v) : nb_lt(a.v, b.v), x.v, y.v)};
+  if (!a.g) return (sx){NULL, (le ? a.d <= b.d : a.d < b.d) ? x.d : y.d, NULL, a.num};
+  return (sx){a.g, 0, nb_select(le ? nb_le(a.v, b.v) : nb_lt(a.v, b.v), x.v, y.v), a.num};
 }
 static sx clipx(sx x, double lo, double hi) { return mn(mx(x, K(x, lo)), K(x, hi)); }
 
@@ -125,6 +150,26 @@ static sx eval_join(const nb_optim_schedule *s, sx t) {
   return out;
 }
 
+/* The number of values the formula of s takes (its K calls). */
+static int count_numbers(const nb_optim_schedule *s) {
+  numbers num = {0};
+  eval(s, (sx){NULL, 0, NULL, &num});
+  return num.n;
+}
+
+static sx eval_input(const nb_optim_schedule *s, sx t) {
+  nb_val *vec = *s->cell;
+  if (!t.g || t.num || !vec || nb_val_graph(vec) != t.g) return eval(s->kids[0], t); /* not bound here: constants */
+  int n = count_numbers(s->kids[0]);
+  if (nb_val_rank(vec) != 1 || nb_val_dim(vec, 0) != n || nb_val_dtype(vec) != NB_F64)
+    return (sx){t.g, 0, nb__fail(t.g, NB_HERE, NB_ERR_SHAPE, "schedule: its input must be an f64 vector of %d numbers "
+                                 "(nb_optim_schedule_inputs)", n), NULL};
+  numbers num = {.vec = vec};
+  sx r = eval(s->kids[0], (sx){t.g, 0, t.v, &num});
+  r.num = NULL;
+  return r;
+}
+
 static sx eval(const nb_optim_schedule *s, sx t) {
   switch (s->kind) {
   case K_CONST: return K(t, s->a[0]);
@@ -136,15 +181,31 @@ static sx eval(const nb_optim_schedule *s, sx t) {
   case K_INTERP_COS: return eval_interp(s, t);
   case K_JOIN: return eval_join(s, t);
   case K_SLOT:
-    if (t.g && *s->cell) return (sx){t.g, 0, nb_convert(*s->cell, NB_F32)};
-    return K(t, s->a[0]);
+    if (t.g && *s->cell) return (sx){t.g, 0, nb_convert(*s->cell, NB_F32), t.num};
+    return K((sx){t.g, t.d, t.v, NULL}, s->a[0]);
+  case K_INPUT: return eval_input(s, t);
   }
   return K(t, NAN);
 }
 
 double nb_optim_schedule_eval(const nb_optim_schedule *s, double step) {
   if (!s) return NAN;
-  return eval(s, (sx){NULL, step, NULL}).d;
+  return eval(s, (sx){NULL, step, NULL, NULL}).d;
+}
+
+nb_array *nb_optim_schedule_inputs(nb_ctx *ctx, const nb_optim_schedule *s) {
+  if (!s) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "schedule inputs: NULL schedule"), NULL;
+  if (s->kind == K_INPUT) s = s->kids[0];
+  int64_t n = count_numbers(s);
+  double *vals = nb_alloc(ctx, sizeof(double) * (size_t)(n + 1));
+  if (!vals) return NULL;
+  numbers num = {.rec = vals, .cap = (int)n};
+  eval(s, (sx){NULL, 0, NULL, &num});
+  nb_array *a = nb_array_empty(ctx, NB_F64, 1, &n);
+  double *f = a ? nb_array_data_mut(a) : NULL;
+  for (int64_t i = 0; f && i < n; i++) f[i] = vals[i];
+  nb_dealloc(ctx, vals, sizeof(double) * (size_t)(n + 1));
+  return a;
 }
 
 nb_val *nb_optim_schedule_trace(const nb_optim_schedule *s, nb_val *step) {
@@ -154,16 +215,21 @@ nb_val *nb_optim_schedule_trace(const nb_optim_schedule *s, nb_val *step) {
     nb_errorf(nb_graph_ctx(g), NB_ERR_SHAPE, "schedule: the step must be a numeric scalar");
     return NULL;
   }
-  return eval(s, (sx){g, 0, nb_convert(step, NB_F32)}).v;
+  return eval(s, (sx){g, 0, nb_convert(step, NB_F32), NULL}).v;
 }
 
-bool nb_optim_schedule_is_constant(const nb_optim_schedule *s) { return s && s->kind == K_CONST; }
+/* An input-bound constant stays constant: transformations fold it into a
+ * plain scale (and their state keeps its layout). */
+bool nb_optim_schedule_is_constant(const nb_optim_schedule *s) {
+  return s && (s->kind == K_CONST || (s->kind == K_INPUT && s->kids[0]->kind == K_CONST));
+}
 
 void nb_optim_schedule_destroy(nb_optim_schedule *s) {
   if (!s) return;
   if (s->kids) {
-    for (int i = 0; i < s->n; i++) nb_optim_schedule_destroy(s->kids[i]);
-    nb_dealloc(s->ctx, s->kids, sizeof(nb_optim_schedule *) * (size_t)s->n);
+    int nk = s->kind == K_INPUT ? 1 : s->n;
+    for (int i = 0; i < nk; i++) nb_optim_schedule_destroy(s->kids[i]);
+    nb_dealloc(s->ctx, s->kids, sizeof(nb_optim_schedule *) * (size_t)nk);
   }
   if (s->bounds) nb_dealloc(s->ctx, s->bounds, sizeof(int64_t) * (size_t)(s->n + 1));
   if (s->vals) nb_dealloc(s->ctx, s->vals, sizeof(double) * (size_t)(s->n + 1));
@@ -399,5 +465,22 @@ nb_optim_schedule *nb__optim_slot(nb_ctx *ctx, nb_val **cell, double host_value)
     s->cell = cell;
     s->a[0] = host_value;
   }
+  return s;
+}
+
+nb_optim_schedule *nb_optim_schedule_from_input(nb_ctx *ctx, nb_optim_schedule *inner, nb_val *const *cell) {
+  if (!inner || !cell) {
+    nb_optim_schedule_destroy(inner);
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "schedule_from_input: NULL schedule or cell"), NULL;
+  }
+  nb_optim_schedule *s = mk(ctx, K_INPUT, 0, false);
+  if (s) s->kids = nb_calloc(ctx, sizeof(nb_optim_schedule *));
+  if (!s || !s->kids) {
+    nb_optim_schedule_destroy(inner);
+    nb_optim_schedule_destroy(s);
+    return NULL;
+  }
+  s->kids[0] = inner;
+  s->cell = cell;
   return s;
 }

@@ -538,6 +538,7 @@ static nb_status one_step(trainer *t, nb_train_step_info *si, double *exe_ms, do
   if (!s && !step) s = nb_ctx_status(ctx);
   if (!s) s = nb_tree_merge(t->st, "batch", b.tree);
   if (!s) s = nb_tree_set_array(t->st, "step", step);
+  if (!s) s = nb_train_set_hparams(ctx, t->cfg, t->st);
   nb_array_release(step);
   nb_data_elem_clear(ctx, &b);
   double m = now_s();
@@ -549,6 +550,8 @@ static nb_status one_step(trainer *t, nb_train_step_info *si, double *exe_ms, do
   if (!s) s = nb_tree_remove(t->st, "batch/inputs");
   if (!s) s = nb_tree_remove(t->st, "batch/targets");
   if (!s) s = nb_tree_remove(t->st, "step");
+  if (!s) s = nb_tree_remove(t->st, "hparams/schedule");
+  if (!s) s = nb_tree_remove(t->st, "hparams/key");
   if (!s) {
     si->loss = scalar_out(out, "loss");
     si->lr = scalar_out(out, "lr");

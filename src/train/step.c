@@ -1,7 +1,10 @@
 /* The trainer's graphs: the learning-rate schedule and optimizer built from
  * a run config, the training step (value_and_grad over grad_accum
  * micro-batches + clipping + optimizer update, one graph) and the eval loss.
- * No host work here: the loop that runs these lives in run.c. */
+ * The schedule's numbers (lr, warmup, decay length from steps, min_lr_ratio)
+ * and the dropout key of the seed are inputs of the step ("hparams/..."),
+ * not constants: runs that differ only in them share one compiled step. No host work here: the loop
+ * that runs these lives in run.c. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -11,7 +14,7 @@
 /* Weight decay only on matrices (kernels, embeddings), not biases or norms. */
 #define DECAY_MASK "(kernel|embedding)$"
 
-nb_optim_schedule *nb_train_schedule(nb_ctx *ctx, const nb_model_run_config *c) {
+static nb_optim_schedule *schedule(nb_ctx *ctx, const nb_model_run_config *c) {
   if (!c) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train schedule: NULL config"), NULL;
   double lr = c->optim.lr, end = lr * c->schedule.min_lr_ratio;
   int64_t warm = c->schedule.warmup_steps;
@@ -33,8 +36,27 @@ nb_optim_schedule *nb_train_schedule(nb_ctx *ctx, const nb_model_run_config *c) 
   return nb_optim_join_schedules(ctx, 2, parts, &warm);
 }
 
-nb_optim_tx *nb_train_optimizer(nb_ctx *ctx, const nb_model_run_config *c) {
-  nb_optim_schedule *lr = nb_train_schedule(ctx, c);
+/* hp: where the step's "hparams/schedule" input will be while tracing */
+static nb_optim_schedule *bound_schedule(nb_ctx *ctx, const nb_model_run_config *c, nb_val *const *hp) {
+  nb_optim_schedule *s = schedule(ctx, c);
+  return s ? nb_optim_schedule_from_input(ctx, s, hp) : NULL;
+}
+
+nb_optim_schedule *nb_train_schedule(nb_ctx *ctx, const nb_model_run_config *c) { return schedule(ctx, c); }
+
+nb_status nb_train_set_hparams(nb_ctx *ctx, const nb_model_run_config *c, nb_tree *inputs) {
+  nb_optim_schedule *s = schedule(ctx, c);
+  nb_array *v = s ? nb_optim_schedule_inputs(ctx, s) : NULL, *key = v ? nb_key(ctx, (uint64_t)c->seed) : NULL;
+  nb_status st = v ? nb_tree_set_array(inputs, "hparams/schedule", v) : nb_ctx_status(ctx);
+  if (!st) st = key ? nb_tree_set_array(inputs, "hparams/key", key) : nb_ctx_status(ctx);
+  nb_array_release(v);
+  nb_array_release(key);
+  nb_optim_schedule_destroy(s);
+  return st;
+}
+
+static nb_optim_tx *optimizer(nb_ctx *ctx, const nb_model_run_config *c, nb_val *const *hp) {
+  nb_optim_schedule *lr = bound_schedule(ctx, c, hp);
   if (!lr) return NULL;
   nb_optim_tx *txs[3];
   int n = 0;
@@ -65,6 +87,11 @@ nb_optim_tx *nb_train_optimizer(nb_ctx *ctx, const nb_model_run_config *c) {
   return n == 1 ? txs[0] : nb_optim_chain(ctx, n, txs);
 }
 
+nb_optim_tx *nb_train_optimizer(nb_ctx *ctx, const nb_model_run_config *c) {
+  static nb_val *const unbound = NULL;
+  return optimizer(ctx, c, &unbound);
+}
+
 /* ---------------------------------------------------------------- the step */
 
 typedef struct step_job {
@@ -72,6 +99,7 @@ typedef struct step_job {
   const nb_graph *vg;          /* value_and_grad of the micro-batch loss */
   const nb_optim_tx *tx;
   const nb_optim_schedule *lr;
+  nb_val **hp;                 /* what tx's and lr's schedules read: the "hparams/schedule" input */
   bool rng;                    /* vg takes "rng" (dropout) */
 } step_job;
 
@@ -83,13 +111,14 @@ static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
   const nb_model_run_config *c = job->cfg;
   int64_t A = c->grad_accum, mb = c->batch_size / A, T = c->data.seq_len;
   nb_val *step = nb_tree_get_val(in, "step");
+  *job->hp = nb_tree_get_val(in, "hparams/schedule");
   nb_val *inputs = nb_tree_get_val(in, "batch/inputs"), *targets = nb_tree_get_val(in, "batch/targets");
   nb_tree *params = nb_tree_select_prefix(in, "params", true), *state = nb_tree_select_prefix(in, "opt_state", true);
   nb_tree *grads = nb_tree_create(ctx), *metrics = nb_tree_create(ctx);
   nb_tree *updates = nb_tree_create(ctx), *new_state = nb_tree_create(ctx), *new_params = nb_tree_create(ctx);
   nb_status s = params && state && grads && metrics && updates && new_state && new_params ? NB_OK : NB_ERR_NOMEM;
   nb_val *loss = NULL, *key = NULL;
-  if (!s && job->rng) key = nb_random_fold_in(nb_random_key(g, (uint64_t)c->seed), step);
+  if (!s && job->rng) key = nb_random_fold_in(nb_tree_get_val(in, "hparams/key"), step);
   /* micro-batch k: rows [k*mb, (k+1)*mb) of the batch; grads and metrics summed, then averaged */
   for (int64_t k = 0; k < A && !s; k++) {
     nb_tree *call_in = nb_tree_create(ctx), *call_out = nb_tree_create(ctx);
@@ -180,19 +209,22 @@ nb_graph *nb_train_trace_step(nb_ctx *ctx, const nb_model_run_config *c, const n
   nb_tree *bs = batch_spec(ctx, c->batch_size / c->grad_accum, c->data.seq_len);
   nb_graph *loss = bs ? nb_model_trace_loss(ctx, &c->model, &mo, param_spec, bs) : NULL;
   nb_graph *vg = loss ? nb_value_and_grad(ctx, loss, &(nb_grad_opts){.wrt = "params", .has_aux = true}) : NULL;
-  nb_optim_tx *tx = vg ? nb_train_optimizer(ctx, c) : NULL;
-  nb_optim_schedule *lr = tx ? nb_train_schedule(ctx, c) : NULL;
+  nb_val *hp = NULL;
+  nb_optim_tx *tx = vg ? optimizer(ctx, c, &hp) : NULL;
+  nb_optim_schedule *lr = tx ? bound_schedule(ctx, c, &hp) : NULL;
+  nb_tree *hparams = lr ? nb_tree_create(ctx) : NULL;
   nb_graph *g = NULL;
-  nb_tree *spec = lr ? nb_tree_create(ctx) : NULL;
+  nb_tree *spec = hparams && !nb_train_set_hparams(ctx, c, hparams) ? nb_tree_create(ctx) : NULL;
   if (spec && !nb_tree_merge(spec, "params", param_spec) && !nb_tree_merge(spec, "opt_state", opt_state_spec) &&
-      !nb_tree_set(spec, "step", nb_leaf_aval(nb_aval_make(NB_I32, 0, NULL)))) {
+      !nb_tree_merge(spec, "", hparams) && !nb_tree_set(spec, "step", nb_leaf_aval(nb_aval_make(NB_I32, 0, NULL)))) {
     nb_tree_destroy(bs);
     bs = batch_spec(ctx, c->batch_size, c->data.seq_len);
     if (bs && !nb_tree_merge(spec, "batch", bs)) {
-      step_job job = {.cfg = c, .vg = vg, .tx = tx, .lr = lr, .rng = dropout};
+      step_job job = {.cfg = c, .vg = vg, .tx = tx, .lr = lr, .hp = &hp, .rng = dropout};
       g = nb_trace(ctx, step_fn, &job, spec);
     }
   }
+  nb_tree_destroy(hparams);
   nb_tree_destroy(spec);
   nb_tree_destroy(bs);
   nb_graph_destroy(loss);
