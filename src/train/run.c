@@ -438,9 +438,8 @@ static nb_status setup(trainer *t, nb_train_start_info *info) {
   opt = nb_tree_select_prefix(t->st, "opt_state", true);
   nb_graph *g = params && opt ? nb_train_trace_step(ctx, c, params, opt) : NULL;
   nb_graph *eg = g ? nb_train_trace_eval(ctx, c, params) : NULL;
-  /* on_nonfinite=skip keeps the state before each step (no donation) to drop a bad update */
   const char *donate[] = {"params", "opt_state", NULL};
-  nb_jit_opts jo = {.donate = c->on_nonfinite == NB_NONFINITE_SKIP ? NULL : donate, .threads = t->opts->threads};
+  nb_jit_opts jo = {.donate = donate, .threads = t->opts->threads};
   t->step_exe = eg ? nb_jit(ctx, g, &jo) : NULL;
   t->eval_exe = t->step_exe ? nb_jit(ctx, eg, &(nb_jit_opts){.threads = t->opts->threads}) : NULL;
   if (g) {
@@ -500,8 +499,8 @@ static void teardown(trainer *t) {
 
 /* After a step: the outputs replace params/opt_state, unless the loss or
  * gradient norm is not finite; then per on_nonfinite: stop (an error; the
- * step is neither counted nor saved), skip (the update is dropped: the step
- * ran without donation) or continue. */
+ * step is neither counted nor saved), skip (the step's graph returned the
+ * old params and state: keep_old_unless in step.c) or continue. */
 static nb_status check_finite(trainer *t, const nb_train_step_info *si, const nb_tree *out) {
   nb_ctx *ctx = t->ctx;
   bool finite = isfinite(si->loss) && isfinite(si->grad_norm);
@@ -517,7 +516,6 @@ static nb_status check_finite(trainer *t, const nb_train_step_info *si, const nb
       nb_logf(ctx, NB_LOG_WARN, "train: step %lld: loss %g, gradient norm %g: %s", (long long)t->step, si->loss,
               si->grad_norm, t->cfg->on_nonfinite == NB_NONFINITE_SKIP ? "update skipped (on_nonfinite=skip)"
                                                                          : "applied (on_nonfinite=continue)");
-    if (t->cfg->on_nonfinite == NB_NONFINITE_SKIP) return NB_OK;
   }
   nb_status s = NB_OK;
   for (size_t i = 0; !s && i < nb_tree_size(out); i++) {

@@ -105,6 +105,20 @@ typedef struct step_job {
 
 static nb_val *add_or_set(nb_val *acc, nb_val *x) { return acc ? nb_add(acc, x) : x; }
 
+/* on_nonfinite=skip: where ok is false (the loss or gradient norm is not
+ * finite), each leaf of updated becomes the one of old, as optax's
+ * apply_if_finite; in the graph, so that the state stays donated. */
+static nb_status keep_old_unless(nb_graph *g, nb_val *ok, const nb_tree *old, nb_tree *updated) {
+  nb_status s = NB_OK;
+  for (size_t i = 0; !s && i < nb_tree_size(updated); i++) {
+    const char *p = nb_tree_path(updated, i);
+    nb_val *was = nb_tree_get_val(old, p);
+    s = was ? nb_tree_set_val(updated, p, nb_select(ok, nb_tree_leaf(updated, i)->val, was))
+            : nb_errorf(nb_graph_ctx(g), NB_ERR_INTERNAL, "train step: no old value for '%s'", p);
+  }
+  return s;
+}
+
 static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
   const step_job *job = u;
   nb_ctx *ctx = nb_graph_ctx(g);
@@ -158,12 +172,18 @@ static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
         s = nb_tree_set_val(metrics, p, nb_mul(v, nb_convert(inv, nb_val_dtype(v))));
     }
   }
+  nb_val *grad_norm = s ? NULL : nb_optim_global_norm(g, grads);
   if (!s) s = nb_tree_set_val(out, "loss", loss);
-  if (!s) s = nb_tree_set_val(out, "grad_norm", nb_optim_global_norm(g, grads));
+  if (!s) s = nb_tree_set_val(out, "grad_norm", grad_norm);
   if (!s) s = nb_tree_set_val(out, "lr", nb_optim_schedule_trace(job->lr, step));
   if (!s) s = nb_tree_merge(out, "metrics", metrics);
   if (!s) s = nb_optim_update(job->tx, g, grads, state, params, updates, new_state);
   if (!s) s = nb_optim_apply_updates(g, params, updates, new_params);
+  if (!s && c->on_nonfinite == NB_NONFINITE_SKIP) {
+    nb_val *ok = nb_and(nb_is_finite(loss), nb_is_finite(grad_norm));
+    s = keep_old_unless(g, ok, params, new_params);
+    if (!s) s = keep_old_unless(g, ok, state, new_state);
+  }
   if (!s) s = nb_tree_merge(out, "params", new_params);
   if (!s) s = nb_tree_merge(out, "opt_state", new_state);
   nb_tree_destroy(params);
