@@ -90,7 +90,9 @@ void nb_ctx_destroy(nb_ctx *ctx);
 const char *nb_ctx_error(const nb_ctx *ctx);
 nb_status nb_ctx_status(const nb_ctx *ctx);
 void nb_ctx_clear_error(nb_ctx *ctx);
-/* Records an error (printf-style message) and returns `status`. */
+/* Records an error (printf-style message) and returns `status`. The
+ * arguments may include nb_ctx_error(ctx): that wraps the current message
+ * ("loading x: <cause>"), the way to add context to an error. */
 nb_status nb_errorf(nb_ctx *ctx, nb_status status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
