@@ -114,6 +114,15 @@ size_t nb_ctx_peak_bytes(const nb_ctx *ctx);
  * n = 0 turns it off. */
 void nb_ctx_fail_alloc_after(nb_ctx *ctx, int64_t n);
 
+/* Strict numbers from text (command-line flags, config values, environment
+ * variables): the whole string must be one base-10 integer (nb_parse_int) or
+ * one finite number (nb_parse_float), with no space, no trailing text and
+ * no overflow, inside [lo, hi]. On failure *out is untouched and why[cap]
+ * says what was wrong ("'2.5' is not an integer", "5000 is out of range
+ * [1, 4096]"); the caller adds which flag or key it was. */
+bool nb_parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out, char *why, size_t cap);
+bool nb_parse_float(const char *s, double lo, double hi, double *out, char *why, size_t cap);
+
 /* ------------------------------------------------------------------------ */
 /* Dtypes, shapes, devices                                                   */
 /* ------------------------------------------------------------------------ */
