@@ -31,6 +31,17 @@ nb_tree *nb_models__params_f32(nb_ctx *ctx, const nb_model_config *cfg, const nb
     s = f ? nb_tree_set_array(out, p, f) : NB_ERR_NOMEM;
     nb_array_release(f);
   }
+  /* weights the config has no place for (more layers, a bias, an lm_head
+   * next to tied embeddings) mean the config describes another model */
+  for (size_t i = 0; !s && i < nb_tree_size(loaded); i++) {
+    const char *p = nb_tree_path(loaded, i);
+    if (nb_tree_find(spec, p) < 0) {
+      char a[96];
+      nb_aval have = nb_leaf_get_aval(nb_tree_leaf(loaded, i));
+      s = nb_errorf(ctx, NB_ERR_SHAPE, "%s: parameter '%s' (%s) is not in the model the config describes: the config "
+                    "does not match the weights", where, p, nb_aval_str(&have, a, sizeof a));
+    }
+  }
   nb_tree_destroy(spec);
   if (!s) return out;
   nb_tree_destroy(out);
