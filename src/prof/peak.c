@@ -221,7 +221,7 @@ nb_prof_peak nb_prof_peak_flops(int threads) {
     return p;
   }
   if (env && *env) snprintf(ignored, sizeof ignored, "; NABLA_PEAK_GFLOPS ignored: %s", why);
-  char model[256], key[400], dir[1024], file[1100];
+  char model[256], key[400], dir[700], file[760];
   cpu_model(model, sizeof model);
   snprintf(key, sizeof key, "%s|%s|%d", model, nb_prof_isa(), threads);
   bool cache = cache_path(dir, sizeof dir);
