@@ -457,3 +457,19 @@ void nb_model_run_config_write(const nb_model_run_config *c, FILE *f) {
     fputc('\n', f);
   }
 }
+
+void nb_model_run_config_diff(const nb_model_run_config *a, const nb_model_run_config *b, const char *prefix, char *buf,
+                              size_t cap) {
+  static const size_t size[] = {[K_INT] = sizeof(int64_t), [K_FLOAT] = sizeof(double), [K_BOOL] = sizeof(bool),
+                                [K_STR] = NB_MODEL_STR_MAX, [K_ENUM] = sizeof(int), [K_DTYPE] = sizeof(int),
+                                [K_PRESET] = 0};
+  size_t n = 0, pl = strlen(prefix);
+  if (cap) buf[0] = 0;
+  for (size_t i = 0; i < NKEYS; i++) {
+    const key_def *d = &keys[i];
+    const char *pa = (const char *)a + d->off, *pb = (const char *)b + d->off;
+    if (strncmp(d->key, prefix, pl) || !size[d->k]) continue; /* the preset is a name, its values are compared */
+    bool differ = d->k == K_STR ? strcmp(pa, pb) != 0 : memcmp(pa, pb, size[d->k]) != 0;
+    if (differ && n < cap) n += (size_t)snprintf(buf + n, cap - n, "%s%s", n ? ", " : "", d->key);
+  }
+}
