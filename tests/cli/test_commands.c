@@ -167,6 +167,11 @@ static void test_generate_mismatch(void) {
   int rc = nabla("train --run-dir run %s model.n_layers=2", tiny);
   CHECK_MSG(rc == 0 && strstr(out, "done: step 1") && strstr(out, "(env NABLA_PEAK_GFLOPS)"), "rc %d: %s%s", rc, out, err);
   CHECK_MSG(nabla("generate --run-dir run --prompt line --max-tokens 4 --temperature 0") == 0, "%s", err);
+  /* environment numbers are as strict as flags */
+  setenv("NABLA_THREADS", "4x", 1);
+  rc = nabla("generate --run-dir run --prompt line --max-tokens 1");
+  unsetenv("NABLA_THREADS");
+  CHECK_MSG(rc == 1 && strstr(err, "$NABLA_THREADS: '4x' is not an integer"), "rc %d: %s", rc, err);
   /* one layer fewer: the weights of layer 1 have no place */
   nb_test_write_text("less.yaml", "model:\n  preset: gpt2-tiny\n  n_layers: 1\n  d_model: 32\n  n_heads: 2\n  n_kv_heads: 2\n"
                                   "  d_ff: 64\n  max_seq_len: 16\ndata:\n  seq_len: 16\n");
