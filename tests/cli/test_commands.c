@@ -123,6 +123,7 @@ static void test_bad_values(void) {
       {"ckpt export ck 1 x.safetensors --shard-size 10k", "'10k' is not an integer"},
       {"tok train --vocab-size 1e3 --out t notes.txt", "--vocab-size: '1e3' is not an integer"},
       {"data build -o x.rec --zstd 2.5 notes.txt", "--zstd: '2.5' is not an integer"},
+      {"data build -o x.tok --token-bytes 3 notes.txt", "--token-bytes is 2 or 4"},
       {"model config - steps=2.5", "steps: '2.5' is not an integer"},
       {"model config - optim.lr=fast", "optim.lr: 'fast' is not a finite number"},
   };

@@ -112,7 +112,8 @@ static int cmd_build(nb_ctx *ctx, int argc, char **argv) {
       if (!arg_int(a, next, 0, 19, &v)) return free(inputs), 2;
       ro.zstd_level = (int)v;
     } else if (!strcmp(a, "--token-bytes")) {
-      if (!arg_int(a, next, 2, 4, &token_bytes) || token_bytes == 3) return free(inputs), 2;
+      if (!arg_int(a, next, 2, 4, &token_bytes)) return free(inputs), 2;
+      if (token_bytes == 3) return fprintf(stderr, "nabla data: --token-bytes is 2 or 4\n"), free(inputs), 2;
     } else if (!strcmp(a, "--checksum")) {
       if (!next || !nb_data_checksum_from_name(next, &ro.checksum)) return free(inputs), usage();
     } else if (!strcmp(a, "--keep-empty")) bo.keep_empty = true, takes = false;
