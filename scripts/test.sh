@@ -7,6 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
+scripts/corpus.sh   # the default corpus: tests/cli/test_configs trains every shipped config on it
 [ "${NABLA_SKIP_PY_PEERS:-0}" = 1 ] || scripts/peers.sh
 jobs=$(nproc)
 scripts/build.sh build

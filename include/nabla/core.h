@@ -90,7 +90,9 @@ void nb_ctx_destroy(nb_ctx *ctx);
 const char *nb_ctx_error(const nb_ctx *ctx);
 nb_status nb_ctx_status(const nb_ctx *ctx);
 void nb_ctx_clear_error(nb_ctx *ctx);
-/* Records an error (printf-style message) and returns `status`. */
+/* Records an error (printf-style message) and returns `status`. The
+ * arguments may include nb_ctx_error(ctx): that wraps the current message
+ * ("loading x: <cause>"), the way to add context to an error. */
 nb_status nb_errorf(nb_ctx *ctx, nb_status status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
@@ -111,6 +113,15 @@ size_t nb_ctx_peak_bytes(const nb_ctx *ctx);
 /* Fault injection for tests: the n-th allocation from now fails (n >= 1);
  * n = 0 turns it off. */
 void nb_ctx_fail_alloc_after(nb_ctx *ctx, int64_t n);
+
+/* Strict numbers from text (command-line flags, config values, environment
+ * variables): the whole string must be one base-10 integer (nb_parse_int) or
+ * one finite number (nb_parse_float), with no space, no trailing text and
+ * no overflow, inside [lo, hi]. On failure *out is untouched and why[cap]
+ * says what was wrong ("'2.5' is not an integer", "5000 is out of range
+ * [1, 4096]"); the caller adds which flag or key it was. */
+bool nb_parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out, char *why, size_t cap);
+bool nb_parse_float(const char *s, double lo, double hi, double *out, char *why, size_t cap);
 
 /* ------------------------------------------------------------------------ */
 /* Dtypes, shapes, devices                                                   */

@@ -154,6 +154,11 @@ nb_status nb_model_run_config_set(nb_ctx *ctx, nb_model_run_config *cfg, const c
 nb_status nb_model_run_config_validate(nb_ctx *ctx, const nb_model_run_config *cfg);
 /* Writes every key as YAML (loads back to the same config). */
 void nb_model_run_config_write(const nb_model_run_config *cfg, FILE *f);
+/* The keys starting with prefix ("model." for the model; "" for all) whose
+ * values differ between a and b, comma-separated into buf[cap] ("" when
+ * none; cut at cap). */
+void nb_model_run_config_diff(const nb_model_run_config *a, const nb_model_run_config *b, const char *prefix, char *buf,
+                              size_t cap);
 
 /* ------------------------------------------------------------------------ */
 /* Parameters                                                                */

@@ -323,7 +323,8 @@ nb_val *nb_nn_block(nb_nn_apply *a, const char *path, const nb_nn_block_cfg *cfg
 /* Replaces the subtree at `prefix` of params: removes every leaf at or
  * under prefix, then adds src's leaves under it (arrays retained). */
 nb_status nb_nn_params_replace(nb_tree *params, const char *prefix, const nb_tree *src);
-/* Total number of elements of the tree's leaves. */
+/* Total number of elements of the tree's leaves; INT64_MAX when that
+ * overflows 64 bits. */
 int64_t nb_nn_params_count(const nb_tree *params);
 
 #ifdef __cplusplus

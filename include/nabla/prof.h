@@ -89,6 +89,32 @@ void nb_prof_tb_destroy(nb_prof_tb *w);
  * arguments. */
 nb_status nb_prof_report_html(nb_ctx *ctx, const char *metrics_jsonl, const char *out_html, const char *title);
 
+/* ------------------------------------------------------------------------ */
+/* Peak FLOP/s (what MFU is relative to)                                     */
+/* ------------------------------------------------------------------------ */
+
+/* The widest vector ISA this CPU has and nabla's generated kernels use
+ * (they are compiled with -march=native): "avx512f", "avx2+fma", "sse2",
+ * "neon" or "scalar". */
+const char *nb_prof_isa(void);
+
+typedef struct nb_prof_peak {
+  double flops;     /* f32 FLOP/s */
+  int threads;      /* threads it was measured with */
+  char source[1200]; /* "env NABLA_PEAK_GFLOPS", "measured (...), cached in PATH", "cached in PATH" */
+} nb_prof_peak;
+
+/* The f32 FMA peak of this machine with `threads` threads (<= 0:
+ * $NABLA_THREADS, else the CPU count): $NABLA_PEAK_GFLOPS x 1e9 when set
+ * (a positive number); else the value cached for this CPU model, ISA and
+ * thread count in $XDG_CACHE_HOME/nabla/peak_flops (or ~/.cache/nabla/);
+ * else measured by a short FMA-throughput loop (about 0.3 s: independent
+ * fused multiply-adds at the vector width of nb_prof_isa, on every thread at
+ * once) and cached there. The measurement counts the FMA units a core really
+ * has, so MFU is right on AVX2 and AVX-512 machines alike. Never fails: a
+ * cache that cannot be read or written only costs a new measurement. */
+nb_prof_peak nb_prof_peak_flops(int threads);
+
 #ifdef __cplusplus
 }
 #endif

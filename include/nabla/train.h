@@ -156,10 +156,9 @@ typedef struct nb_train_result {
  * on ctx; out (may be NULL) is filled either way. */
 nb_status nb_train_run(nb_ctx *ctx, const nb_model_run_config *cfg, const nb_train_opts *opts, nb_train_result *out);
 
-/* A rough peak FLOP/s of this CPU to give as opts.peak_flops (what `nabla
- * train` uses without --peak-gflops): $NABLA_PEAK_GFLOPS x 1e9 when set and
- * > 0, else threads x the clock in /proc/cpuinfo (2 GHz when unknown) x 64
- * FLOP a cycle. threads <= 0: $NABLA_THREADS or the CPU count. */
+/* The peak FLOP/s of this CPU to give as opts.peak_flops (what `nabla
+ * train` uses without --peak-gflops): nb_prof_peak_flops(threads).flops,
+ * $NABLA_PEAK_GFLOPS or a measured (and cached) f32 FMA peak. */
 double nb_train_peak_flops_estimate(int threads);
 
 #ifdef __cplusplus

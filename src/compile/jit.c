@@ -88,7 +88,11 @@ static nb_status make_config(nb_ctx *ctx, const nb_jit_opts *o, nb_jit_config *c
   if (st != NB_OK) return st;
   const char *env_threads = getenv("NABLA_THREADS");
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-  cfg->threads = o && o->threads ? o->threads : env_threads && atoi(env_threads) > 0 ? atoi(env_threads) : (int)(ncpu > 0 ? ncpu : 1);
+  int64_t t = ncpu > 0 ? ncpu : 1;
+  char why[160];
+  if (!(o && o->threads) && env_threads && *env_threads && !nb_parse_int(env_threads, 1, 1024, &t, why, sizeof why))
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "jit: $NABLA_THREADS: %s", why);
+  cfg->threads = o && o->threads ? o->threads : (int)t;
   if (cfg->threads < 0 || cfg->threads > 1024)
     return nb_errorf(ctx, NB_ERR_INVALID_ARG, "jit: threads must be in [0, 1024], got %d", cfg->threads);
   if (cfg->off[NB_SW_parallel]) cfg->threads = 1;

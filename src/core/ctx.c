@@ -90,15 +90,20 @@ void nb_ctx_clear_error(nb_ctx *ctx) {
   pthread_mutex_unlock(&ctx->err_lock);
 }
 
+/* Formats into a scratch buffer and copies it in: callers wrap the current
+ * message (nb_errorf(ctx, s, "loading %s: %s", path, nb_ctx_error(ctx))), and
+ * formatting straight into errmsg would read the buffer being written. */
 nb_status nb_errorf(nb_ctx *ctx, nb_status status, const char *fmt, ...) {
   if (!ctx) return status;
+  char msg[NB_ERRMSG_CAP];
   va_list ap;
   va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
   pthread_mutex_lock(&ctx->err_lock);
   ctx->status = status;
-  vsnprintf(ctx->errmsg, sizeof ctx->errmsg, fmt, ap);
+  memcpy(ctx->errmsg, msg, sizeof msg);
   pthread_mutex_unlock(&ctx->err_lock);
-  va_end(ap);
   if (ctx->debug_level >= 1) nb_logf(ctx, NB_LOG_DEBUG, "error: %s", ctx->errmsg);
   return status;
 }

@@ -192,7 +192,7 @@ static nb_status set_value(nb_ctx *ctx, nb_model_run_config *c, const char *wher
     return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: unknown key '%s' (keys of %s: %s)", where, key,
                      section[0] ? section : "the top level", list);
   }
-  char *p = (char *)c + d->off, *end = NULL;
+  char *p = (char *)c + d->off;
   char allowed[512];
   switch (d->k) {
     case K_PRESET: {
@@ -207,23 +207,16 @@ static nb_status set_value(nb_ctx *ctx, nb_model_run_config *c, const char *wher
       return NB_OK;
     }
     case K_INT: {
-      errno = 0;
-      long long v = strtoll(val, &end, 10);
-      if (!*val || *end || errno)
-        return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: %s: '%s' is not an integer", where, key, val);
-      if ((double)v < d->lo || (double)v > d->hi)
-        return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: %s: %lld is out of range [%.0f, %.0f]", where, key, v, d->lo, d->hi);
-      int64_t x = v;
+      int64_t x;
+      if (!nb_parse_int(val, (int64_t)d->lo, (int64_t)d->hi, &x, allowed, sizeof allowed))
+        return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: %s: %s", where, key, allowed);
       memcpy(p, &x, sizeof x);
       return NB_OK;
     }
     case K_FLOAT: {
-      errno = 0;
-      double v = strtod(val, &end);
-      if (!*val || *end || errno || !isfinite(v))
-        return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: %s: '%s' is not a finite number", where, key, val);
-      if (v < d->lo || v > d->hi)
-        return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: %s: %g is out of range [%g, %g]", where, key, v, d->lo, d->hi);
+      double v;
+      if (!nb_parse_float(val, d->lo, d->hi, &v, allowed, sizeof allowed))
+        return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: %s: %s", where, key, allowed);
       memcpy(p, &v, sizeof v);
       return NB_OK;
     }
@@ -340,6 +333,18 @@ nb_status nb_model_run_config_parse(nb_ctx *ctx, const char *name, const char *t
     else if (root && !(root->type == YAML_SCALAR_NODE && root->data.scalar.length == 0))
       s = nb_errorf(ctx, NB_ERR_FORMAT, "%s: the top level must be a mapping of keys", name);
     yaml_document_delete(&doc);
+    /* a config is one document: keys after a second "---" would be ignored */
+    if (!s && !yaml_parser_load(&parser, &doc))
+      s = nb_errorf(ctx, NB_ERR_FORMAT, "%s:%zu: YAML error: %s", name, parser.problem_mark.line + 1,
+                    parser.problem ? parser.problem : "malformed");
+    else if (!s) {
+      root = yaml_document_get_root_node(&doc);
+      if (root)
+        s = nb_errorf(ctx, NB_ERR_FORMAT,
+                      "%s:%zu: a second YAML document: a config is one document (remove the '---' and merge the keys)",
+                      name, doc.start_mark.line + 1);
+      yaml_document_delete(&doc);
+    }
     yaml_parser_delete(&parser);
   }
   for (int i = 0; !s && i < n_overrides; i++) s = nb_model_run_config_set(ctx, &c, overrides[i]);
@@ -454,5 +459,21 @@ void nb_model_run_config_write(const nb_model_run_config *c, FILE *f) {
       case K_DTYPE: memcpy(&iv, p, sizeof iv); fputs(nb_dtype_name((nb_dtype)iv), f); break;
     }
     fputc('\n', f);
+  }
+}
+
+void nb_model_run_config_diff(const nb_model_run_config *a, const nb_model_run_config *b, const char *prefix, char *buf,
+                              size_t cap) {
+  static const size_t size[] = {[K_INT] = sizeof(int64_t), [K_FLOAT] = sizeof(double), [K_BOOL] = sizeof(bool),
+                                [K_STR] = NB_MODEL_STR_MAX, [K_ENUM] = sizeof(int), [K_DTYPE] = sizeof(int),
+                                [K_PRESET] = 0};
+  size_t n = 0, pl = strlen(prefix);
+  if (cap) buf[0] = 0;
+  for (size_t i = 0; i < NKEYS; i++) {
+    const key_def *d = &keys[i];
+    const char *pa = (const char *)a + d->off, *pb = (const char *)b + d->off;
+    if (strncmp(d->key, prefix, pl) || !size[d->k]) continue; /* the preset is a name, its values are compared */
+    bool differ = d->k == K_STR ? strcmp(pa, pb) != 0 : memcmp(pa, pb, size[d->k]) != 0;
+    if (differ && n < cap) n += (size_t)snprintf(buf + n, cap - n, "%s%s", n ? ", " : "", d->key);
   }
 }

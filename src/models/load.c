@@ -1,6 +1,7 @@
 /* Loading a trained model for generation from what the trainer writes: a
  * run directory (config.yaml + a checkpoint manager directory) or one of its
  * checkpoint step directories. Hugging Face folders are hf.c. */
+#include <cjson/cJSON.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -30,6 +31,17 @@ nb_tree *nb_models__params_f32(nb_ctx *ctx, const nb_model_config *cfg, const nb
     nb_array *f = nb_array_astype(ctx, x, NB_F32);
     s = f ? nb_tree_set_array(out, p, f) : NB_ERR_NOMEM;
     nb_array_release(f);
+  }
+  /* weights the config has no place for (more layers, a bias, an lm_head
+   * next to tied embeddings) mean the config describes another model */
+  for (size_t i = 0; !s && i < nb_tree_size(loaded); i++) {
+    const char *p = nb_tree_path(loaded, i);
+    if (nb_tree_find(spec, p) < 0) {
+      char a[96];
+      nb_aval have = nb_leaf_get_aval(nb_tree_leaf(loaded, i));
+      s = nb_errorf(ctx, NB_ERR_SHAPE, "%s: parameter '%s' (%s) is not in the model the config describes: the config "
+                    "does not match the weights", where, p, nb_aval_str(&have, a, sizeof a));
+    }
   }
   nb_tree_destroy(spec);
   if (!s) return out;
@@ -75,11 +87,40 @@ static nb_status load_tokenizer(nb_ctx *ctx, const nb_model_run_config *rc, cons
   return NB_OK;
 }
 
-/* config, params (from the restored tree "params/..."), tokenizer */
+/* The config the trainer stored in the checkpoint's metadata ("config": the
+ * resolved config as YAML) against the one given: the model must be the
+ * same, also in what no weight shape shows (heads, RoPE, norm, activation).
+ * A checkpoint without one (older, or imported) has nothing to compare. */
+static nb_status check_stored_config(nb_ctx *ctx, const nb_ckpt_info *info, const char *cfg_path,
+                                     const nb_model_run_config *rc, const char *where) {
+  const char *meta = info ? nb_ckpt_info_metadata(info) : NULL;
+  cJSON *j = meta ? cJSON_Parse(meta) : NULL;
+  const cJSON *text = cJSON_GetObjectItemCaseSensitive(j, "config");
+  nb_status s = NB_OK;
+  if (cJSON_IsString(text)) {
+    nb_model_run_config stored;
+    char name[4400], diff[1024];
+    snprintf(name, sizeof name, "%s: the config stored in the checkpoint", where);
+    s = nb_model_run_config_parse(ctx, name, text->valuestring, strlen(text->valuestring), 0, NULL, &stored);
+    if (!s) {
+      nb_model_run_config_diff(&stored, rc, "model.", diff, sizeof diff);
+      if (diff[0])
+        s = nb_errorf(ctx, NB_ERR_INVALID_ARG,
+                      "%s: %s describes another model than the one these weights were trained as (the config stored "
+                      "in the checkpoint): %s differ", where, cfg_path, diff);
+    }
+  }
+  cJSON_Delete(j);
+  return s;
+}
+
+/* config, params (from the restored tree "params/..."), tokenizer; info
+ * (may be NULL) is the step's, for the config stored in it */
 static nb_status finish(nb_ctx *ctx, const char *cfg_path, const char *run_dir, const char *where, nb_tree *restored,
-                        nb_model_loaded *out) {
+                        const nb_ckpt_info *info, nb_model_loaded *out) {
   nb_model_run_config rc;
   nb_status s = nb_model_run_config_load(ctx, cfg_path, 0, NULL, &rc);
+  if (!s) s = check_stored_config(ctx, info, cfg_path, &rc, where);
   nb_tree *p = s ? NULL : nb_tree_select_prefix(restored, "params", true);
   if (!s && !p) s = NB_ERR_NOMEM;
   if (!s && nb_tree_size(p) == 0) s = nb_errorf(ctx, NB_ERR_NOT_FOUND, "%s: the checkpoint has no item 'params'", where);
@@ -121,7 +162,10 @@ nb_status nb_model_load_run_dir(nb_ctx *ctx, const char *dir, const char *config
   if (!s && !t) s = nb_ctx_status(ctx);
   char where[4300];
   snprintf(where, sizeof where, "%s (step %lld)", ck, (long long)step);
-  if (!s) s = finish(ctx, config_path ? config_path : cfg, dir, where, t, out);
+  nb_ckpt_info *info = s ? NULL : nb_ckpt_info_load(m, step);
+  if (!s && !info) s = nb_ctx_status(ctx);
+  if (!s) s = finish(ctx, config_path ? config_path : cfg, dir, where, t, info, out);
+  nb_ckpt_info_destroy(info);
   if (!s) snprintf(out->what, sizeof out->what, "run dir %s, step %lld", dir, (long long)step);
   nb_tree_destroy(t);
   nb_ckpt_manager_destroy(m);
@@ -142,7 +186,9 @@ nb_status nb_model_load_checkpoint(nb_ctx *ctx, const char *step_dir, const char
   const char *items[] = {"params"};
   nb_ckpt_restore_opts ro = {.items = items, .n_items = 1};
   nb_tree *t = nb_ckpt_read_dir(ctx, step_dir, &ro);
-  nb_status s = t ? finish(ctx, config_path ? config_path : cfg, run, step_dir, t, out) : nb_ctx_status(ctx);
+  nb_ckpt_info *info = t ? nb_ckpt_info_open(ctx, step_dir) : NULL;
+  nb_status s = t && info ? finish(ctx, config_path ? config_path : cfg, run, step_dir, t, info, out) : nb_ctx_status(ctx);
+  nb_ckpt_info_destroy(info);
   nb_tree_destroy(t);
   return s;
 }

@@ -115,6 +115,19 @@ static nb_status check_init(nb_nn_init *in, const char *path) {
   return NB_OK;
 }
 
+/* An abstract parameter (a shape, no data), held to the size bound every
+ * array has, so a spec's count cannot overflow where real arrays could not
+ * be made. */
+static nb_status put_abstract(nb_nn_init *in, const char *path, int rank, const int64_t *dims) {
+  int64_t n = 1;
+  for (int i = 0; i < rank; i++)
+    if (dims[i] < 0 || (dims[i] && n > (INT64_MAX / 16) / dims[i]))
+      return nb_errorf(in->ctx, NB_ERR_SHAPE, "nn init: parameter '%s' is too large (dim %d = %lld)", path, i,
+                       (long long)dims[i]);
+    else n *= dims[i];
+  return nb_tree_set(in->params, path, nb_leaf_aval(nb_aval_make(in->dtype, rank, dims)));
+}
+
 static nb_status put(nb_nn_init *in, const char *path, nb_array *a) {
   if (!a) return nb_ctx_status(in->ctx) ? nb_ctx_status(in->ctx) : NB_ERR_NOMEM;
   nb_status s = nb_tree_set_array(in->params, path, a);
@@ -125,7 +138,7 @@ static nb_status put(nb_nn_init *in, const char *path, nb_array *a) {
 nb_status nb_nn_init_normal(nb_nn_init *in, const char *path, int rank, const int64_t *dims, double std) {
   nb_status s = check_init(in, path);
   if (s) return s;
-  if (in->abstract) return nb_tree_set(in->params, path, nb_leaf_aval(nb_aval_make(in->dtype, rank, dims)));
+  if (in->abstract) return put_abstract(in, path, rank, dims);
   if (std == 0) return put(in, path, nb_array_zeros(in->ctx, in->dtype, rank, dims));
   if (!in->key) return nb_errorf(in->ctx, NB_ERR_INVALID_ARG, "nn init: no key for random parameter '%s'", path);
   nb_array *k = nb_nn_leaf_key(in->ctx, in->key, path);
@@ -150,7 +163,7 @@ nb_status nb_nn_init_normal(nb_nn_init *in, const char *path, int rank, const in
 nb_status nb_nn_init_const(nb_nn_init *in, const char *path, int rank, const int64_t *dims, double value) {
   nb_status s = check_init(in, path);
   if (s) return s;
-  if (in->abstract) return nb_tree_set(in->params, path, nb_leaf_aval(nb_aval_make(in->dtype, rank, dims)));
+  if (in->abstract) return put_abstract(in, path, rank, dims);
   return put(in, path, nb_array_full(in->ctx, in->dtype, rank, dims, value));
 }
 
@@ -277,7 +290,7 @@ int64_t nb_nn_params_count(const nb_tree *params) {
   int64_t n = 0;
   for (size_t i = 0; i < nb_tree_size(params); i++) {
     nb_aval av = nb_leaf_get_aval(nb_tree_leaf(params, i));
-    n += nb_shape_size(&av.shape);
+    if (__builtin_add_overflow(n, nb_shape_size(&av.shape), &n)) return INT64_MAX;
   }
   return n;
 }

@@ -740,19 +740,4 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_model_run_config *cfg, const nb_tra
   return s;
 }
 
-double nb_train_peak_flops_estimate(int threads) {
-  const char *e = getenv("NABLA_PEAK_GFLOPS");
-  if (e && atof(e) > 0) return atof(e) * 1e9;
-  if (threads <= 0) threads = getenv("NABLA_THREADS") ? atoi(getenv("NABLA_THREADS")) : 0;
-  if (threads <= 0) threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
-  double mhz = 2000;
-  FILE *f = fopen("/proc/cpuinfo", "r");
-  char line[256];
-  while (f && fgets(line, sizeof line, f))
-    if (!strncmp(line, "cpu MHz", 7) && strchr(line, ':')) {
-      mhz = atof(strchr(line, ':') + 1);
-      break;
-    }
-  if (f) fclose(f);
-  return threads * mhz * 1e6 * 64;
-}
+double nb_train_peak_flops_estimate(int threads) { return nb_prof_peak_flops(threads).flops; }

@@ -4,6 +4,7 @@
  * Llama, chunked prefill with a padded tail, compiled and interpreted),
  * seeds, the context bound, and loading a run directory / checkpoint step
  * made here the way the trainer makes them. */
+#include <cjson/cJSON.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -359,6 +360,15 @@ static void test_run_dir(nb_ctx *ctx) {
   fclose(f);
   CHECK(nb_model_load_run_dir(ctx, dir, NULL, &m) == NB_ERR_SHAPE);
   CHECK_ERR(ctx, NB_ERR_SHAPE, "parameter 'embed/embedding' is f32[32,16], the model config wants f32[256,32]");
+  /* one layer fewer than the weights (and no config stored with them): layer n-1's weights have no place */
+  nb_model_run_config less = rc;
+  less.model.n_layers = rc.model.n_layers - 1;
+  write_run_config(p, &less);
+  CHECK(nb_model_load_run_dir(ctx, dir, NULL, &m) == NB_ERR_SHAPE);
+  char layer[64];
+  snprintf(layer, sizeof layer, "parameter 'layers/%lld/", (long long)less.model.n_layers);
+  CHECK_MSG(strstr(nb_ctx_error(ctx), "does not match the weights"), "%s", nb_ctx_error(ctx));
+  CHECK_ERR(ctx, NB_ERR_SHAPE, layer);
   snprintf(rc.data.tokenizer, sizeof rc.data.tokenizer, "no_such_tokenizer.json");
   write_run_config(p, &rc);
   CHECK(nb_model_load_checkpoint(ctx, step, NULL, &m) == NB_ERR_NOT_FOUND);
@@ -373,6 +383,56 @@ static void test_run_dir(nb_ctx *ctx) {
   nb_array_release(key);
 }
 
+/* The config the trainer stores in a checkpoint's metadata is the model the
+ * weights are: a config that differs where no shape shows (heads, the
+ * activation) is refused, naming the keys. */
+static void test_stored_config(nb_ctx *ctx) {
+  char dir[256], p[400], step[400];
+  nb_test_scratch_dir(dir, sizeof dir, "models", "stored");
+  nb_model_run_config rc;
+  nb_model_run_config_defaults(&rc);
+  CHECK_OK(ctx, nb_model_run_config_set(ctx, &rc, "model.preset=gpt2-tiny"));
+  rc.model = tiny("gpt2-tiny");
+  rc.data.seq_len = 32;
+  snprintf(p, sizeof p, "%s/config.yaml", dir);
+  write_run_config(p, &rc);
+  char *yaml = NULL;
+  size_t len = 0;
+  FILE *mem = open_memstream(&yaml, &len);
+  nb_model_run_config_write(&rc, mem);
+  fclose(mem);
+  cJSON *meta = cJSON_CreateObject();
+  cJSON_AddStringToObject(meta, "config", yaml);
+  char *meta_text = cJSON_PrintUnformatted(meta);
+  nb_array *key = nb_key(ctx, 4);
+  nb_tree *params = nb_model_init(ctx, &rc.model, key);
+  snprintf(p, sizeof p, "%s/checkpoints", dir);
+  nb_ckpt_manager *mgr = nb_ckpt_manager_create(ctx, &(nb_ckpt_options){.directory = p});
+  nb_ckpt_item items[1] = {{"params", params}};
+  CHECK_OK(ctx, nb_ckpt_save(mgr, 7, items, 1, &(nb_ckpt_save_opts){.metadata_json = meta_text}, NULL));
+  CHECK_OK(ctx, nb_ckpt_wait_until_finished(mgr));
+  CHECK_OK(ctx, nb_ckpt_step_path(mgr, 7, step, sizeof step));
+  nb_ckpt_manager_destroy(mgr);
+  nb_model_loaded m;
+  CHECK_OK(ctx, nb_model_load_run_dir(ctx, dir, NULL, &m));
+  nb_model_loaded_free(&m);
+  /* two heads instead of four, GELU's exact form: every shape the same */
+  rc.model.n_heads = rc.model.n_kv_heads = 2;
+  rc.model.act = rc.model.act == NB_NN_GELU ? NB_NN_GELU_TANH : NB_NN_GELU;
+  snprintf(p, sizeof p, "%s/other.yaml", dir);
+  write_run_config(p, &rc);
+  CHECK(nb_model_load_run_dir(ctx, dir, p, &m) == NB_ERR_INVALID_ARG);
+  CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "model.n_heads, model.n_kv_heads, model.act differ");
+  CHECK(nb_model_load_checkpoint(ctx, step, p, &m) == NB_ERR_INVALID_ARG);
+  CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "describes another model than the one these weights were trained as");
+  free(meta_text);
+  cJSON_Delete(meta);
+  free(yaml);
+  nb_tree_destroy(params);
+  nb_array_release(key);
+  CHECK(nb_test_rm_rf(dir) == 0);
+}
+
 int main(void) {
   nb_ctx *ctx = nb_ctx_create();
   test_sampler(ctx);
@@ -382,6 +442,7 @@ int main(void) {
   test_greedy(ctx, "llama-tiny", true, true);
   test_seeds_and_bounds(ctx);
   test_run_dir(ctx);
+  test_stored_config(ctx);
   CHECK_MSG(nb_ctx_bytes_in_use(ctx) == 0, "%zu bytes leaked", nb_ctx_bytes_in_use(ctx));
   nb_ctx_destroy(ctx);
   return nb_test_summary("models/generate");

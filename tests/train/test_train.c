@@ -274,13 +274,14 @@ static void test_errors(nb_ctx *ctx) {
   CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "run_dir");
 }
 
-/* The MFU peak: $NABLA_PEAK_GFLOPS wins; otherwise it scales with threads. */
+/* The MFU peak: $NABLA_PEAK_GFLOPS wins; otherwise the measured peak
+ * (tests/prof/test_peak checks it), more threads never much lower. */
 static void test_peak_estimate(void) {
   setenv("NABLA_PEAK_GFLOPS", "123.5", 1);
   CHECK_MSG(nb_train_peak_flops_estimate(7) == 123.5e9, "%g", nb_train_peak_flops_estimate(7));
   unsetenv("NABLA_PEAK_GFLOPS");
   double one = nb_train_peak_flops_estimate(1), four = nb_train_peak_flops_estimate(4);
-  CHECK_MSG(one > 1e9 && fabs(four - 4 * one) <= 1e-6 * four, "1 thread %g, 4 threads %g", one, four);
+  CHECK_MSG(one > 1e8 && four >= 0.5 * one, "1 thread %g, 4 threads %g", one, four);
 }
 
 int main(void) {

@@ -7,17 +7,18 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cli.h"
 #include "nabla/nabla.h"
 
-static int usage(void) {
-  fprintf(stderr,
+static const char usage_text[] =
           "usage: nabla ckpt list DIR\n"
           "       nabla ckpt show DIR [STEP|latest]      (DIR: checkpoint dir, step dir, or safetensors file/dir/index)\n"
           "       nabla ckpt verify DIR [STEP|all]\n"
           "       nabla ckpt export DIR STEP|latest OUT [--item NAME] [--hf-names] [--shard-size BYTES]\n"
-          "       nabla ckpt import IN DIR --step N [--item NAME] [--hf-names]\n");
-  return 2;
-}
+          "       nabla ckpt import IN DIR --step N [--item NAME] [--hf-names]\n";
+
+static bool help_asked;
+static int usage(void) { return nb_cli_usage(usage_text, help_asked); }
 
 static int fail(nb_ctx *ctx, const char *what) {
   fprintf(stderr, "nabla ckpt %s: %s\n", what, nb_ctx_error(ctx));
@@ -49,13 +50,10 @@ static bool is_safetensors(const char *path) {
          file_exists(path, "model.safetensors.index.json");
 }
 
+/* STEP or "latest"; prints why a bad one is bad */
 static bool parse_step(const char *s, int64_t *step) {
-  if (!strcmp(s, "latest")) return *step = NB_CKPT_LATEST, true;
-  char *end;
-  long long v = strtoll(s, &end, 10);
-  if (*s == 0 || *end || v < 0) return false;
-  *step = v;
-  return true;
+  if (s && !strcmp(s, "latest")) return *step = NB_CKPT_LATEST, true;
+  return nb_cli_int("ckpt", "step", s, 0, INT64_MAX, step);
 }
 
 static nb_ckpt_manager *open_ro(nb_ctx *ctx, const char *dir) {
@@ -141,7 +139,7 @@ static int cmd_show(int argc, char **argv) {
   nb_ctx *ctx = nb_ctx_create();
   nb_ckpt_info *info = NULL;
   int64_t step = NB_CKPT_LATEST;
-  if (argc == 2 && !parse_step(argv[1], &step)) return usage();
+  if (argc == 2 && !parse_step(argv[1], &step)) return 2;
   if (argc == 1 && file_exists(argv[0], "COMMIT")) {
     info = nb_ckpt_info_open(ctx, argv[0]);
   } else {
@@ -171,7 +169,7 @@ static int cmd_verify(int argc, char **argv) {
   int64_t *steps = calloc(n + 1, sizeof *steps), one;
   nb_ckpt_all_steps(m, steps, n, &n);
   if (argc == 2 && strcmp(argv[1], "all") != 0) {
-    if (!parse_step(argv[1], &one)) return usage();
+    if (!parse_step(argv[1], &one)) return free(steps), nb_ckpt_manager_destroy(m), nb_ctx_destroy(ctx), 2;
     if (one == NB_CKPT_LATEST && nb_ckpt_latest_step(m, &one) != NB_OK) return fail(ctx, "verify");
     steps[0] = one;
     n = 1;
@@ -202,9 +200,14 @@ static int parse_conv(int argc, char **argv, int npos, const char **pos, conv_op
   for (int i = 0; i < argc; i++) {
     if (!strcmp(argv[i], "--item") && i + 1 < argc) o->item = argv[++i];
     else if (!strcmp(argv[i], "--hf-names")) o->hf = true;
-    else if (!strcmp(argv[i], "--shard-size") && i + 1 < argc) o->shard = (size_t)strtoull(argv[++i], NULL, 10);
-    else if (!strcmp(argv[i], "--step") && i + 1 < argc) o->has_step = parse_step(argv[++i], &o->step) && o->step >= 0;
-    else if (argv[i][0] != '-' && k < npos) pos[k++] = argv[i];
+    else if (!strcmp(argv[i], "--shard-size")) {
+      int64_t v;
+      if (!nb_cli_int("ckpt", "--shard-size", i + 1 < argc ? argv[++i] : NULL, 1, INT64_MAX, &v)) return -2;
+      o->shard = (size_t)v;
+    } else if (!strcmp(argv[i], "--step")) {
+      if (!nb_cli_int("ckpt", "--step", i + 1 < argc ? argv[++i] : NULL, 0, INT64_MAX, &o->step)) return -2;
+      o->has_step = true;
+    } else if (argv[i][0] != '-' && k < npos) pos[k++] = argv[i];
     else return -1;
   }
   return k == npos ? 0 : -1;
@@ -214,7 +217,12 @@ static int cmd_export(int argc, char **argv) {
   const char *pos[3];
   conv_opts co = {0};
   int64_t step;
-  if (parse_conv(argc, argv, 3, pos, &co) != 0 || !parse_step(pos[1], &step)) return usage();
+  int pc = parse_conv(argc, argv, 3, pos, &co);
+  if (pc == -2) return 2;
+  if (pc != 0) return usage();
+  if (!parse_step(pos[1], &step)) return 2;
+  /* the safetensors file (or shard directory) must not go into the checkpoint it reads */
+  if (!nb_cli_output_ok("ckpt export", pos[2], false, 1, pos)) return 2;
   nb_ctx *ctx = nb_ctx_create();
   nb_ckpt_manager *m = open_ro(ctx, pos[0]);
   const char *items[1] = {co.item};
@@ -241,7 +249,11 @@ static int cmd_export(int argc, char **argv) {
 static int cmd_import(int argc, char **argv) {
   const char *pos[2];
   conv_opts co = {.item = "params"};
-  if (parse_conv(argc, argv, 2, pos, &co) != 0 || !co.has_step) return usage();
+  int pc = parse_conv(argc, argv, 2, pos, &co);
+  if (pc == -2) return 2;
+  if (pc != 0 || !co.has_step) return usage();
+  /* the checkpoint directory is written as a whole (new steps, retention): not over its input */
+  if (!nb_cli_output_ok("ckpt import", pos[1], true, 1, pos)) return 2;
   nb_ctx *ctx = nb_ctx_create();
   nb_ckpt_st_opts so = {.hf_names = co.hf};
   char *meta = NULL;
@@ -263,7 +275,8 @@ static int cmd_import(int argc, char **argv) {
 }
 
 int nb_cmd_ckpt(int argc, char **argv) {
-  if (argc < 2) return usage();
+  help_asked = nb_cli_help_asked(argc, argv);
+  if (argc < 2 || help_asked) return usage();
   const char *sub = argv[1];
   argc -= 2, argv += 2;
   if (!strcmp(sub, "list")) return cmd_list(argc, argv);
@@ -271,5 +284,6 @@ int nb_cmd_ckpt(int argc, char **argv) {
   if (!strcmp(sub, "verify")) return cmd_verify(argc, argv);
   if (!strcmp(sub, "export")) return cmd_export(argc, argv);
   if (!strcmp(sub, "import")) return cmd_import(argc, argv);
+  fprintf(stderr, "nabla ckpt: unknown subcommand '%s'\n", sub);
   return usage();
 }

@@ -9,10 +9,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cli.h"
 #include "nabla/nabla.h"
 
-static int usage(void) {
-  fprintf(stderr,
+static const char usage_text[] =
           "usage: nabla data build -o OUT [options] INPUT...   files or directories (.jsonl: one JSON object a line)\n"
           "         --format records|tokens   (default: tokens when OUT ends in .tok, else records)\n"
           "         --field NAME              JSONL field holding the text (default: text)\n"
@@ -25,9 +25,10 @@ static int usage(void) {
           "                  a vocab.json+merges.txt directory or tokenizer.model), --token-bytes 2|4,\n"
           "                  --eos ID (appended after every document; default: the tokenizer's, none for bytes)\n"
           "       nabla data inspect FILE [--head N]         counts, sizes and the first N records (default 5)\n"
-          "       nabla data verify FILE...                  check every checksum; exit 1 on the first bad file\n");
-  return 2;
-}
+          "       nabla data verify FILE...                  check every checksum; exit 1 on the first bad file\n";
+
+static bool help_asked;
+static int usage(void) { return nb_cli_usage(usage_text, help_asked); }
 
 /* ---- progress bar -------------------------------------------------------------- */
 
@@ -78,12 +79,8 @@ static int open_tokenizer(nb_ctx *ctx, const char *spec, nb_data_tokenizer *out,
 /* ---- build ---------------------------------------------------------------- */
 
 static bool arg_int(const char *flag, const char *v, long long lo, long long hi, long long *out) {
-  char *end;
-  long long x = v ? strtoll(v, &end, 10) : 0;
-  if (!v || *end || end == v || x < lo || x > hi) {
-    fprintf(stderr, "nabla data: %s needs an integer in [%lld, %lld]\n", flag, lo, hi);
-    return false;
-  }
+  int64_t x;
+  if (!nb_cli_int("data", flag, v, lo, hi, &x)) return false;
   *out = x;
   return true;
 }
@@ -115,7 +112,8 @@ static int cmd_build(nb_ctx *ctx, int argc, char **argv) {
       if (!arg_int(a, next, 0, 19, &v)) return free(inputs), 2;
       ro.zstd_level = (int)v;
     } else if (!strcmp(a, "--token-bytes")) {
-      if (!arg_int(a, next, 2, 4, &token_bytes) || token_bytes == 3) return free(inputs), 2;
+      if (!arg_int(a, next, 2, 4, &token_bytes)) return free(inputs), 2;
+      if (token_bytes == 3) return fprintf(stderr, "nabla data: --token-bytes is 2 or 4\n"), free(inputs), 2;
     } else if (!strcmp(a, "--checksum")) {
       if (!next || !nb_data_checksum_from_name(next, &ro.checksum)) return free(inputs), usage();
     } else if (!strcmp(a, "--keep-empty")) bo.keep_empty = true, takes = false;
@@ -125,6 +123,7 @@ static int cmd_build(nb_ctx *ctx, int argc, char **argv) {
     if (takes) i++;
   }
   if (!out || !n_in) return free(inputs), usage();
+  if (!nb_cli_output_ok("data build", out, false, n_in, inputs)) return free(inputs), 2;
   size_t ol = strlen(out);
   if (!format) format = ol > 4 && !strcmp(out + ol - 4, ".tok") ? "tokens" : "records";
   bool tokens = !strcmp(format, "tokens");
@@ -294,14 +293,14 @@ static int cmd_verify(nb_ctx *ctx, int argc, char **argv) {
 }
 
 int nb_cmd_data(int argc, char **argv) {
-  if (argc < 2) return usage();
+  help_asked = nb_cli_help_asked(argc, argv);
+  if (argc < 2 || help_asked) return usage();
   nb_ctx *ctx = nb_ctx_create();
   if (!ctx) return 1;
   int rc;
   if (!strcmp(argv[1], "build")) rc = cmd_build(ctx, argc - 1, argv + 1);
   else if (!strcmp(argv[1], "inspect")) rc = cmd_inspect(ctx, argc - 1, argv + 1);
   else if (!strcmp(argv[1], "verify")) rc = cmd_verify(ctx, argc - 1, argv + 1);
-  else if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) rc = (usage(), 0);
   else rc = (fprintf(stderr, "nabla data: unknown subcommand '%s'\n", argv[1]), usage());
   nb_ctx_destroy(ctx);
   return rc;

@@ -7,10 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli.h"
 #include "nabla/nabla.h"
 
-static int usage(void) {
-  fprintf(stderr,
+static const char usage_text[] =
           "usage: nabla generate (--run-dir DIR | --checkpoint STEP_DIR | --hf DIR) --prompt TEXT [options]\n"
           "  --run-dir DIR        a nabla run: DIR/config.yaml and the latest step of DIR/checkpoints\n"
           "  --checkpoint DIR     one checkpoint step (config: DIR/../../config.yaml, or --config)\n"
@@ -27,9 +27,9 @@ static int usage(void) {
           "  --prefill-chunk N    prompt tokens per prefill call (default 64)\n"
           "  --no-bos             do not prepend the model's beginning-of-text token\n"
           "  --show-ids           print the prompt and generated token ids to stderr\n"
-          "  --threads N          compute threads (default: all CPUs)\n");
-  return 2;
-}
+          "  --threads N          compute threads (default: all CPUs)\n";
+
+static int usage(void) { return nb_cli_usage(usage_text, false); }
 
 typedef struct options {
   const char *run_dir, *checkpoint, *hf, *config, *prompt;
@@ -40,39 +40,33 @@ typedef struct options {
   int threads;
 } options;
 
-static bool parse_num(const char *s, double lo, double hi, double *out) {
-  char *end;
-  double v = strtod(s, &end);
-  if (!*s || *end || !(v >= lo && v <= hi)) return false;
-  *out = v;
-  return true;
-}
-
 /* 0 ok, 2 usage */
 static int parse(int argc, char **argv, options *o) {
   *o = (options){.max_tokens = 128, .temperature = 0.8, .top_p = 1};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
-    bool has = i + 1 < argc;
-    const char *v = has ? argv[i + 1] : NULL;
-    double d;
+    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+    int64_t n = 0;
+    bool ok = true;
     if (!strcmp(a, "--no-bos")) o->no_bos = true;
     else if (!strcmp(a, "--show-ids")) o->show_ids = true;
-    else if (!has) return fprintf(stderr, "nabla generate: %s needs a value\n", a), usage();
-    else if (!strcmp(a, "--run-dir")) o->run_dir = v, i++;
-    else if (!strcmp(a, "--checkpoint")) o->checkpoint = v, i++;
-    else if (!strcmp(a, "--hf")) o->hf = v, i++;
-    else if (!strcmp(a, "--config")) o->config = v, i++;
-    else if (!strcmp(a, "--prompt")) o->prompt = v, i++;
-    else if (!strcmp(a, "--max-tokens") && parse_num(v, 0, 1e9, &d)) o->max_tokens = (int64_t)d, i++;
-    else if (!strcmp(a, "--temperature") && parse_num(v, 0, 1e6, &d)) o->temperature = d, i++;
-    else if (!strcmp(a, "--top-k") && parse_num(v, 0, 1e9, &d)) o->top_k = (int64_t)d, i++;
-    else if (!strcmp(a, "--top-p") && parse_num(v, 0, 1, &d)) o->top_p = d, i++;
-    else if (!strcmp(a, "--seed") && parse_num(v, 0, 1.8e19, &d)) o->seed = strtoull(v, NULL, 10), i++;
-    else if (!strcmp(a, "--max-seq-len") && parse_num(v, 2, 1e9, &d)) o->max_seq_len = (int64_t)d, i++;
-    else if (!strcmp(a, "--prefill-chunk") && parse_num(v, 1, 1e6, &d)) o->chunk = (int64_t)d, i++;
-    else if (!strcmp(a, "--threads") && parse_num(v, 1, 4096, &d)) o->threads = (int)d, i++;
-    else return fprintf(stderr, "nabla generate: bad argument '%s'%s%s\n", a, has ? " " : "", has ? v : ""), usage();
+    else if (!v && a[0] == '-' && a[1] == '-') return fprintf(stderr, "nabla generate: %s needs a value\n", a), usage();
+    else if (!strcmp(a, "--run-dir")) o->run_dir = v;
+    else if (!strcmp(a, "--checkpoint")) o->checkpoint = v;
+    else if (!strcmp(a, "--hf")) o->hf = v;
+    else if (!strcmp(a, "--config")) o->config = v;
+    else if (!strcmp(a, "--prompt")) o->prompt = v;
+    else if (!strcmp(a, "--max-tokens")) ok = nb_cli_int("generate", a, v, 0, 1000000000, &o->max_tokens);
+    else if (!strcmp(a, "--temperature")) ok = nb_cli_float("generate", a, v, 0, 1e6, &o->temperature);
+    else if (!strcmp(a, "--top-k")) ok = nb_cli_int("generate", a, v, 0, 1000000000, &o->top_k);
+    else if (!strcmp(a, "--top-p")) ok = nb_cli_float("generate", a, v, 0, 1, &o->top_p);
+    else if (!strcmp(a, "--seed")) ok = nb_cli_int("generate", a, v, 0, INT64_MAX, &n), o->seed = (uint64_t)n;
+    else if (!strcmp(a, "--max-seq-len")) ok = nb_cli_int("generate", a, v, 2, 1000000000, &o->max_seq_len);
+    else if (!strcmp(a, "--prefill-chunk")) ok = nb_cli_int("generate", a, v, 1, 1000000, &o->chunk);
+    else if (!strcmp(a, "--threads")) ok = nb_cli_int("generate", a, v, 1, 4096, &n), o->threads = (int)n;
+    else return fprintf(stderr, "nabla generate: unknown argument '%s'\n", a), usage();
+    if (!ok) return 2;
+    if (strcmp(a, "--no-bos") && strcmp(a, "--show-ids")) i++;
   }
   int sources = !!o->run_dir + !!o->checkpoint + !!o->hf;
   if (sources != 1) return fprintf(stderr, "nabla generate: give exactly one of --run-dir, --checkpoint, --hf\n"), usage();
@@ -238,6 +232,7 @@ done:
 }
 
 int nb_cmd_generate(int argc, char **argv) {
+  if (nb_cli_help_asked(argc, argv)) return nb_cli_usage(usage_text, true);
   options o;
   int u = parse(argc, argv, &o);
   if (u) return u;

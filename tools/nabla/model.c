@@ -5,18 +5,17 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cli.h"
 #include "nabla/nabla.h"
 
-static int usage(void) {
-  fprintf(stderr,
-          "usage: nabla model config FILE.yaml [key=value ...]\n"
-          "       nabla model params FILE.yaml [key=value ...]\n"
-          "FILE may be '-' for the built-in defaults (llama-tiny).\n");
-  return 2;
-}
+static const char usage_text[] =
+    "usage: nabla model config FILE.yaml [key=value ...]\n"
+    "       nabla model params FILE.yaml [key=value ...]\n"
+    "FILE may be '-' for the built-in defaults (llama-tiny).\n";
 
 int nb_cmd_model(int argc, char **argv) {
-  if (argc < 3 || (strcmp(argv[1], "config") && strcmp(argv[1], "params"))) return usage();
+  if (nb_cli_help_asked(argc, argv)) return nb_cli_usage(usage_text, true);
+  if (argc < 3 || (strcmp(argv[1], "config") && strcmp(argv[1], "params"))) return nb_cli_usage(usage_text, false);
   nb_ctx *ctx = nb_ctx_create();
   if (!ctx) return 1;
   nb_model_run_config cfg;
@@ -38,7 +37,9 @@ int nb_cmd_model(int argc, char **argv) {
         nb_aval av = nb_leaf_get_aval(nb_tree_leaf(spec, i));
         printf("%-48s %s\n", nb_tree_path(spec, i), nb_aval_str(&av, buf, sizeof buf));
       }
-      printf("total %lld parameters\n", (long long)nb_nn_params_count(spec));
+      int64_t total = nb_nn_params_count(spec);
+      if (total == INT64_MAX) fprintf(stderr, "nabla model: the parameter count does not fit in 64 bits\n"), rc = 1;
+      else printf("total %lld parameters\n", (long long)total);
       nb_tree_destroy(spec);
     }
   }

@@ -4,16 +4,17 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cli.h"
 #include "nabla/nabla.h"
 
-static int usage(void) {
-  fprintf(stderr, "usage: nabla report RUN_DIR [--title TEXT]\n"
-                  "writes RUN_DIR/report.html from RUN_DIR/metrics.jsonl\n");
-  return 2;
-}
+static const char usage_text[] = "usage: nabla report RUN_DIR [--title TEXT]\n"
+                                 "writes RUN_DIR/report.html from RUN_DIR/metrics.jsonl\n";
+
+static int usage(void) { return nb_cli_usage(usage_text, false); }
 
 int nb_cmd_report(int argc, char **argv) {
   const char *run = NULL, *title = NULL;
+  if (nb_cli_help_asked(argc, argv)) return nb_cli_usage(usage_text, true);
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--title") && i + 1 < argc) title = argv[++i];
     else if (argv[i][0] != '-' && !run) run = argv[i];

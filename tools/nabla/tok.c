@@ -10,42 +10,24 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "cli.h"
 #include "nabla/nabla.h"
 
-static int usage(void) {
-  fprintf(stderr,
+static const char usage_text[] =
           "usage: nabla tok train --vocab-size N --out DIR [--pattern gpt2|cl100k|REGEX] [--special TOK]...\n"
           "                       [--min-frequency N] FILE...\n"
           "       nabla tok encode TOKENIZER [--no-special | --error-special] [FILE|-]\n"
           "       nabla tok decode TOKENIZER [--skip-special] [FILE|-]\n"
-          "       nabla tok info TOKENIZER\n");
-  return 2;
-}
+          "       nabla tok info TOKENIZER\n";
+
+static bool help_asked;
+static int usage(void) { return nb_cli_usage(usage_text, help_asked); }
 
 static int fail(nb_ctx *ctx) {
   fprintf(stderr, "nabla tok: %s\n", nb_ctx_error(ctx));
   nb_ctx_destroy(ctx);
   return 1;
 }
-
-/* Reads all of f into a malloc'ed buffer. */
-static char *slurp(FILE *f, size_t *n) {
-  size_t cap = 1 << 16, len = 0;
-  char *buf = malloc(cap);
-  size_t got;
-  while (buf && (got = fread(buf + len, 1, cap - len, f)) > 0) {
-    len += got;
-    if (len == cap) {
-      char *nb = realloc(buf, cap *= 2);
-      if (!nb) free(buf);
-      buf = nb;
-    }
-  }
-  *n = len;
-  return buf;
-}
-
-static FILE *open_in(const char *path) { return !path || !strcmp(path, "-") ? stdin : fopen(path, "rb"); }
 
 static int cmd_train(int argc, char **argv) {
   nb_tok_train_opts o = {0};
@@ -54,9 +36,15 @@ static int cmd_train(int argc, char **argv) {
   o.pattern = NB_TOK_PATTERN_GPT2;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!strcmp(a, "--vocab-size") && v) o.vocab_size = atoi(argv[++i]);
-    else if (!strcmp(a, "--out") && v) out = argv[++i];
-    else if (!strcmp(a, "--min-frequency") && v) o.min_frequency = atoll(argv[++i]);
+    int64_t x;
+    if (!strcmp(a, "--vocab-size")) {
+      if (!nb_cli_int("tok train", a, v, 1, INT32_MAX, &x)) return 2;
+      o.vocab_size = (int32_t)x, i++;
+    } else if (!strcmp(a, "--out") && v) out = argv[++i];
+    else if (!strcmp(a, "--min-frequency")) {
+      if (!nb_cli_int("tok train", a, v, 0, INT64_MAX, &x)) return 2;
+      o.min_frequency = x, i++;
+    }
     else if (!strcmp(a, "--pattern") && v) {
       i++;
       o.pattern = !strcmp(v, "gpt2") ? NB_TOK_PATTERN_GPT2 : !strcmp(v, "cl100k") || !strcmp(v, "llama3") ? NB_TOK_PATTERN_CL100K : v;
@@ -65,23 +53,24 @@ static int cmd_train(int argc, char **argv) {
     else { first_file = i; break; }
   }
   if (!out || o.vocab_size <= 0 || first_file < 0) return usage();
+  char path[4096];
+  if (snprintf(path, sizeof path, "%s/tokenizer.json", out) >= (int)sizeof path)
+    return fprintf(stderr, "nabla tok train: --out path too long\n"), 2;
+  if (!nb_cli_output_ok("tok train", path, false, argc - first_file, (const char *const *)argv + first_file)) return 2;
   o.special = special;
   o.n_special = n_special;
   nb_ctx *ctx = nb_ctx_create();
   nb_tok_trainer *tr = nb_tok_trainer_create(ctx, &o);
   if (!tr) return fail(ctx);
   for (int i = first_file; i < argc; i++) {
-    FILE *f = open_in(argv[i]);
-    if (!f) {
-      fprintf(stderr, "nabla tok train: cannot open %s\n", argv[i]);
+    size_t n;
+    char *text = nb_cli_read_input("tok train", argv[i], &n);
+    if (!text) {
       nb_tok_trainer_destroy(tr);
       nb_ctx_destroy(ctx);
       return 1;
     }
-    size_t n;
-    char *text = slurp(f, &n);
-    if (f != stdin) fclose(f);
-    nb_status s = text ? nb_tok_trainer_feed(tr, text, n) : NB_ERR_NOMEM;
+    nb_status s = nb_tok_trainer_feed(tr, text, n);
     free(text);
     if (s) {
       nb_tok_trainer_destroy(tr);
@@ -92,8 +81,6 @@ static int cmd_train(int argc, char **argv) {
   nb_tok_trainer_destroy(tr);
   if (!t) return fail(ctx);
   mkdir(out, 0777);
-  char path[4096];
-  snprintf(path, sizeof path, "%s/tokenizer.json", out);
   if (nb_tok_save_hf(t, path)) {
     nb_tok_destroy(t);
     return fail(ctx);
@@ -119,17 +106,14 @@ static int cmd_encode(int argc, char **argv, bool decode) {
   nb_ctx *ctx = nb_ctx_create();
   nb_tok *t = nb_tok_load(ctx, argv[1]);
   if (!t) return fail(ctx);
-  FILE *f = open_in(file);
-  if (!f) {
-    fprintf(stderr, "nabla tok: cannot open %s\n", file);
+  size_t n;
+  char *text = nb_cli_read_input(decode ? "tok decode" : "tok encode", file, &n);
+  if (!text) {
     nb_tok_destroy(t);
     nb_ctx_destroy(ctx);
     return 1;
   }
-  size_t n;
-  char *text = slurp(f, &n);
-  if (f != stdin) fclose(f);
-  nb_status s = text ? NB_OK : NB_ERR_NOMEM;
+  nb_status s = NB_OK;
   if (!decode && !s) {
     nb_tok_ids ids = {0};
     s = nb_tok_encode(t, text, n, &eo, &ids);
@@ -141,16 +125,26 @@ static int cmd_encode(int argc, char **argv, bool decode) {
     size_t k = 0, cap = 0;
     char *p = text, *end = text + n;
     while (p < end) {
-      char *e;
-      long v = strtol(p, &e, 10);
-      if (e == p) {
-        if (*p == ' ' || *p == '\n' || *p == '\t' || *p == '\r' || *p == ',') { p++; continue; }
-        s = nb_errorf(ctx, NB_ERR_FORMAT, "decode input: not an id at byte %td", p - text);
+      if (*p == ' ' || *p == '\n' || *p == '\t' || *p == '\r' || *p == ',') { p++; continue; }
+      size_t len = strcspn(p, " \n\t\r,");
+      char word[32], why[160];
+      int64_t v;
+      snprintf(word, sizeof word, "%.*s", (int)(len < sizeof word - 1 ? len : sizeof word - 1), p);
+      if (len >= sizeof word - 1 || !nb_parse_int(word, 0, INT32_MAX, &v, why, sizeof why)) {
+        s = nb_errorf(ctx, NB_ERR_FORMAT, "decode input: byte %td: %s", p - text,
+                      len >= sizeof word - 1 ? "not an id (too long)" : why);
         break;
       }
-      if (k == cap) ids = realloc(ids, (cap = cap ? cap * 2 : 1024) * sizeof *ids);
+      if (k == cap) {
+        int32_t *grown = realloc(ids, (cap = cap ? cap * 2 : 1024) * sizeof *ids);
+        if (!grown) {
+          s = nb_errorf(ctx, NB_ERR_NOMEM, "decode input: out of memory");
+          break;
+        }
+        ids = grown;
+      }
       ids[k++] = (int32_t)v;
-      p = e;
+      p += len;
     }
     nb_tok_text out = {0};
     if (!s) s = nb_tok_decode(t, ids, k, &dopt, &out);
@@ -187,10 +181,12 @@ static int cmd_info(int argc, char **argv) {
 }
 
 int nb_cmd_tok(int argc, char **argv) {
-  if (argc < 2) return usage();
+  help_asked = nb_cli_help_asked(argc, argv);
+  if (argc < 2 || help_asked) return usage();
   if (!strcmp(argv[1], "train")) return cmd_train(argc - 1, argv + 1);
   if (!strcmp(argv[1], "encode")) return cmd_encode(argc - 1, argv + 1, false);
   if (!strcmp(argv[1], "decode")) return cmd_encode(argc - 1, argv + 1, true);
   if (!strcmp(argv[1], "info")) return cmd_info(argc - 1, argv + 1);
+  fprintf(stderr, "nabla tok: unknown subcommand '%s'\n", argv[1]);
   return usage();
 }

@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cli.h"
 #include "nabla/nabla.h"
 
 /* The default run: gpt2-tiny (byte-level vocabulary) on the default corpus,
@@ -43,19 +44,18 @@ static const char default_yaml[] =
     "checkpoint_keep: 2\n"
     "seed: 0\n";
 
-static int usage(void) {
-  fprintf(stderr,
-          "usage: nabla train [CONFIG.yaml] [--run-dir DIR] [--peak-gflops X] [--threads N] [key=value ...]\n"
-          "  CONFIG      a run config (configs/*.yaml); without it, the default tiny GPT on data/corpus/kjv.txt\n"
-          "  --run-dir   where config.yaml, metrics.jsonl and checkpoints/ go (default runs/default, or\n"
-          "              runs/<config name>); an existing run there is resumed from its latest checkpoint\n"
-          "  --peak-gflops  the peak FLOP/s that MFU is relative to (default: $NABLA_PEAK_GFLOPS, else\n"
-          "              cores x MHz x 64 f32 FLOP/cycle, two AVX-512 FMA units)\n"
-          "  key=value   config overrides: steps=100 optim.lr=1e-3 model.n_layers=2 ...\n");
-  return 2;
-}
+static const char usage_text[] =
+    "usage: nabla train [CONFIG.yaml] [--run-dir DIR] [--peak-gflops X] [--threads N] [key=value ...]\n"
+    "  CONFIG      a run config (configs/*.yaml); without it, the default tiny GPT on data/corpus/kjv.txt\n"
+    "  --run-dir   where config.yaml, metrics.jsonl and checkpoints/ go (default runs/default, or\n"
+    "              runs/<config name>); an existing run there is resumed from its latest checkpoint\n"
+    "  --threads N compute threads (default: $NABLA_THREADS, else all CPUs)\n"
+    "  --peak-gflops  the peak FLOP/s that MFU is relative to (default: $NABLA_PEAK_GFLOPS, else an\n"
+    "              f32 FMA peak measured once per machine and thread count, cached in ~/.cache/nabla)\n"
+    "  key=value   config overrides: steps=100 optim.lr=1e-3 model.n_layers=2 ...\n";
 
 typedef struct cli {
+  const char *peak_source;
   double t_start;
   double entropy;
   int64_t start_step;
@@ -78,8 +78,8 @@ static void on_start(void *ud, const nb_train_start_info *in) {
          (long long)in->eval_windows, (long long)in->vocab_size);
   printf("unigram entropy of the training tokens: %.4f nats/token (%.4f bits): the loss to beat\n",
          in->unigram_entropy, in->unigram_entropy / log(2.0));
-  printf("model FLOPs/step %.3g (6 N tokens + attention; graph cost %.3g); MFU against an assumed peak of %.1f GFLOP/s\n",
-         in->flops_per_step, in->graph_flops_per_step, in->peak_flops / 1e9);
+  printf("model FLOPs/step %.3g (6 N tokens + attention; graph cost %.3g); MFU against a peak of %.1f GFLOP/s (%s)\n",
+         in->flops_per_step, in->graph_flops_per_step, in->peak_flops / 1e9, c->peak_source);
   printf("set up and compiled in %.1f s; training steps %lld..%lld\n", in->compile_s, (long long)in->start_step + 1,
          (long long)in->total_steps);
   fflush(stdout);
@@ -122,18 +122,23 @@ int nb_cmd_train(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     bool has_next = i + 1 < argc;
-    if (!strcmp(a, "-h") || !strcmp(a, "--help")) return free(over), usage();
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) return free(over), nb_cli_usage(usage_text, true);
+    int64_t t;
     if (!strcmp(a, "--run-dir") && has_next) run_dir = argv[++i];
-    else if (!strcmp(a, "--peak-gflops") && has_next) peak = atof(argv[++i]) * 1e9;
-    else if (!strcmp(a, "--threads") && has_next) threads = atoi(argv[++i]);
-    else if (a[0] == '-') {
+    else if (!strcmp(a, "--peak-gflops")) {
+      if (!nb_cli_float("train", a, has_next ? argv[++i] : NULL, 1e-6, 1e12, &peak)) return free(over), 2;
+      peak *= 1e9;
+    } else if (!strcmp(a, "--threads")) {
+      if (!nb_cli_int("train", a, has_next ? argv[++i] : NULL, 1, 65536, &t)) return free(over), 2;
+      threads = (int)t;
+    } else if (a[0] == '-') {
       fprintf(stderr, "nabla train: unknown or incomplete option '%s'\n", a);
-      return free(over), usage();
+      return free(over), nb_cli_usage(usage_text, false);
     } else if (strchr(a, '=')) over[n_over++] = a;
     else if (!config) config = a;
     else {
       fprintf(stderr, "nabla train: a second config '%s' (overrides are key=value)\n", a);
-      return free(over), usage();
+      return free(over), nb_cli_usage(usage_text, false);
     }
   }
   nb_ctx *ctx = nb_ctx_create();
@@ -156,12 +161,22 @@ int nb_cmd_train(int argc, char **argv) {
     size_t n = strcspn(b, ".");
     snprintf(dir, sizeof dir, "runs/%.*s", (int)n, b);
   }
-  if (threads <= 0) threads = getenv("NABLA_THREADS") ? atoi(getenv("NABLA_THREADS")) : 0;
+  const char *env_threads = getenv("NABLA_THREADS");
+  int64_t t;
+  if (threads <= 0 && env_threads && *env_threads) {
+    if (!nb_cli_int("train", "$NABLA_THREADS", env_threads, 1, 65536, &t)) return nb_ctx_destroy(ctx), 2;
+    threads = (int)t;
+  }
   if (threads <= 0) threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
-  if (peak <= 0) peak = nb_train_peak_flops_estimate(threads);
+  cli c = {.peak_source = "--peak-gflops"};
+  nb_prof_peak pk;
+  if (peak <= 0) {
+    pk = nb_prof_peak_flops(threads);
+    peak = pk.flops;
+    c.peak_source = pk.source;
+  }
   printf("nabla train: run dir %s, config %s, %d threads\n", dir, config ? config : "<default: gpt2-tiny on data/corpus/kjv.txt>",
          threads);
-  cli c = {0};
   nb_train_opts o = {.run_dir = dir, .peak_flops = peak, .threads = threads, .handle_signals = true,
                      .on_start = on_start, .on_step = on_step, .ud = &c};
   nb_train_result r;

@@ -1,0 +1,60 @@
+/* The MFU peak: measured once per CPU model, ISA and thread count and
+ * cached; $NABLA_PEAK_GFLOPS wins when it is a number and is reported as
+ * ignored when not; the trainer's estimate is that same peak (it used to be
+ * cores x MHz x 64, 2x too high on AVX2 machines). */
+#include "testfs.h"
+
+/* lanes of f32 a vector of the ISA holds */
+static int lanes(const char *isa) { return !strcmp(isa, "avx512f") ? 16 : !strcmp(isa, "avx2+fma") ? 8 : 4; }
+
+/* the highest clock /proc/cpuinfo shows, in MHz (boost: x1.5 margin below) */
+static double max_mhz(void) {
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  char line[512];
+  double m = 0;
+  while (f && fgets(line, sizeof line, f))
+    if (!strncmp(line, "cpu MHz", 7) && strchr(line, ':')) m = fmax(m, atof(strchr(line, ':') + 1));
+  if (f) fclose(f);
+  return m > 0 ? m : 6000;
+}
+
+int main(void) {
+  char dir[4096], file[4200];
+  nb_test_scratch_dir(dir, sizeof dir, "prof", "peak");
+  setenv("XDG_CACHE_HOME", dir, 1);
+  snprintf(file, sizeof file, "%s/nabla/peak_flops", dir);
+
+  setenv("NABLA_PEAK_GFLOPS", "12.5", 1);
+  nb_prof_peak p = nb_prof_peak_flops(3);
+  CHECK_MSG(p.flops == 12.5e9 && strstr(p.source, "NABLA_PEAK_GFLOPS") && p.threads == 3, "%g %s", p.flops, p.source);
+  CHECK(nb_train_peak_flops_estimate(3) == 12.5e9);
+
+  setenv("NABLA_PEAK_GFLOPS", "fast", 1);
+  p = nb_prof_peak_flops(1);
+  CHECK_MSG(!strncmp(p.source, "measured (", 10) && strstr(p.source, file) && strstr(p.source, "'fast' is not a finite number"),
+            "%s", p.source);
+  unsetenv("NABLA_PEAK_GFLOPS");
+  /* a real FMA rate: above 0.1 GFLOP/s, below what the ISA could do with two FMA units at 1.5x the clock */
+  double bound = max_mhz() * 1.5e6 * lanes(nb_prof_isa()) * 2 * 2;
+  CHECK_MSG(p.flops > 1e8 && p.flops < bound, "%.3g FLOP/s for %s (bound %.3g)", p.flops, nb_prof_isa(), bound);
+  printf("peak, 1 thread: %.1f GFLOP/s (%s; %s)\n", p.flops / 1e9, nb_prof_isa(), p.source);
+
+  /* cached: the same number, said so, and the trainer's estimate is it */
+  nb_prof_peak again = nb_prof_peak_flops(1);
+  CHECK_MSG(!strncmp(again.source, "cached in ", 10) && fabs(again.flops - p.flops) <= 1e-3 * p.flops, "%g vs %g: %s",
+            again.flops, p.flops, again.source);
+  CHECK_MSG(fabs(nb_train_peak_flops_estimate(1) - again.flops) <= 1e-3 * again.flops, "estimate %g, cached peak %g",
+            nb_train_peak_flops_estimate(1), again.flops);
+  char *text = nb_test_read_file(file, NULL);
+  char key[128];
+  snprintf(key, sizeof key, "|%s|1|", nb_prof_isa());
+  CHECK_MSG(text && strstr(text, key), "%s", text ? text : "(no cache file)");
+  free(text);
+
+  /* a damaged cache file is measured over, not believed */
+  nb_test_write_text(file, "garbage|||x\n");
+  p = nb_prof_peak_flops(1);
+  CHECK_MSG(!strncmp(p.source, "measured", 8) && p.flops > 1e8, "%g %s", p.flops, p.source);
+  nb_test_rm_rf(dir);
+  return nb_test_summary("prof/peak");
+}

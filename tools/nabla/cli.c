@@ -1,0 +1,127 @@
+/* Helpers every `nabla` command uses (cli.h). */
+#include "cli.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "nabla/nabla.h"
+
+bool nb_cli_help_asked(int argc, char **argv) {
+  for (int i = 1; i < argc; i++)
+    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return true;
+  return false;
+}
+
+int nb_cli_usage(const char *text, bool asked) {
+  fputs(text, asked ? stdout : stderr);
+  return asked ? 0 : 2;
+}
+
+bool nb_cli_int(const char *cmd, const char *flag, const char *v, int64_t lo, int64_t hi, int64_t *out) {
+  char why[160];
+  if (!v) return fprintf(stderr, "nabla %s: %s needs a value\n", cmd, flag), false;
+  if (!nb_parse_int(v, lo, hi, out, why, sizeof why)) return fprintf(stderr, "nabla %s: %s: %s\n", cmd, flag, why), false;
+  return true;
+}
+
+bool nb_cli_float(const char *cmd, const char *flag, const char *v, double lo, double hi, double *out) {
+  char why[160];
+  if (!v) return fprintf(stderr, "nabla %s: %s needs a value\n", cmd, flag), false;
+  if (!nb_parse_float(v, lo, hi, out, why, sizeof why)) return fprintf(stderr, "nabla %s: %s: %s\n", cmd, flag, why), false;
+  return true;
+}
+
+char *nb_cli_read_input(const char *cmd, const char *path, size_t *n) {
+  bool std_in = !path || !strcmp(path, "-");
+  FILE *f = std_in ? stdin : fopen(path, "rb");
+  struct stat st;
+  if (!f) return fprintf(stderr, "nabla %s: cannot open %s: %s\n", cmd, path, strerror(errno)), NULL;
+  if (!std_in && fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
+    fclose(f);
+    fprintf(stderr, "nabla %s: %s is a directory (give the files in it)\n", cmd, path);
+    return NULL;
+  }
+  size_t cap = 1 << 16, len = 0, got;
+  char *buf = malloc(cap + 1);
+  while (buf && (got = fread(buf + len, 1, cap - len, f)) > 0)
+    if ((len += got) == cap) {
+      char *b = realloc(buf, (cap *= 2) + 1);
+      if (!b) free(buf);
+      buf = b;
+    }
+  bool bad = ferror(f);
+  if (!std_in) fclose(f);
+  if (!buf || bad) {
+    free(buf);
+    fprintf(stderr, "nabla %s: reading %s: %s\n", cmd, std_in ? "stdin" : path, buf ? "read error" : "out of memory");
+    return NULL;
+  }
+  buf[len] = 0;
+  *n = len;
+  return buf;
+}
+
+/* path resolved (symlinks, ".", ".."), also when its last components do not
+ * exist yet: the nearest existing ancestor resolved, the rest appended. */
+static bool resolve(const char *path, char out[PATH_MAX]) {
+  char head[PATH_MAX], tail[PATH_MAX] = "";
+  if (snprintf(head, sizeof head, "%s", path) >= (int)sizeof head) return false;
+  for (;;) {
+    if (realpath(*head ? head : ".", out)) break;
+    if (!*head) return false; /* not even the working directory resolves */
+    char *slash = strrchr(head, '/');
+    const char *last = slash ? slash + 1 : head;
+    char t[PATH_MAX];
+    if (snprintf(t, sizeof t, "%s%s%s", last, *tail ? "/" : "", tail) >= (int)sizeof t) return false;
+    memcpy(tail, t, sizeof t);
+    if (!slash) head[0] = 0;
+    else if (slash == head) head[1] = 0; /* "/x": the root */
+    else *slash = 0;
+  }
+  /* append the missing components, folding "." and ".." by name */
+  for (char *c = strtok(tail, "/"); c; c = strtok(NULL, "/")) {
+    if (!strcmp(c, ".")) continue;
+    size_t n = strlen(out);
+    if (!strcmp(c, "..")) {
+      char *s = strrchr(out, '/');
+      if (s) s == out ? (void)(out[1] = 0) : (void)(*s = 0);
+      continue;
+    }
+    if (n + 1 + strlen(c) >= PATH_MAX) return false;
+    snprintf(out + n, PATH_MAX - n, "%s%s", out[n - 1] == '/' ? "" : "/", c);
+  }
+  return true;
+}
+
+/* a is b or lies below it (paths resolved) */
+static bool within(const char *a, const char *b) {
+  size_t n = strlen(b);
+  if (n == 1 && b[0] == '/') return true;
+  return !strncmp(a, b, n) && (a[n] == 0 || a[n] == '/');
+}
+
+bool nb_cli_output_ok(const char *cmd, const char *out, bool out_is_dir, int n_in, const char *const *inputs) {
+  char ro[PATH_MAX], ri[PATH_MAX];
+  struct stat so, si;
+  if (!resolve(out, ro)) return fprintf(stderr, "nabla %s: output path %s is too long\n", cmd, out), false;
+  bool out_exists = stat(out, &so) == 0;
+  for (int i = 0; i < n_in; i++) {
+    if (!inputs[i] || !strcmp(inputs[i], "-") || stat(inputs[i], &si) != 0 || !realpath(inputs[i], ri)) continue;
+    bool same = out_exists && so.st_dev == si.st_dev && so.st_ino == si.st_ino;
+    if (same || within(ro, ri)) {
+      fprintf(stderr, "nabla %s: the output %s %s the input %s: refusing to overwrite an input\n", cmd, out,
+              same || !strcmp(ro, ri) ? "is" : "is inside", inputs[i]);
+      return false;
+    }
+    if (out_is_dir && within(ri, ro)) {
+      fprintf(stderr, "nabla %s: the input %s is inside the output directory %s: refusing to write over it\n", cmd,
+              inputs[i], out);
+      return false;
+    }
+  }
+  return true;
+}

@@ -1,0 +1,35 @@
+/* What every `nabla` command shares: its usage text (to stdout with exit 0
+ * when asked for with -h/--help, to stderr with exit 2 after a mistake),
+ * strict numbers for flags, whole input files, and the refusal to write an
+ * output over one of the command's own inputs. */
+#ifndef NABLA_TOOL_CLI_H
+#define NABLA_TOOL_CLI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Whether argv[1..argc) holds -h or --help. */
+bool nb_cli_help_asked(int argc, char **argv);
+/* Prints text: to stdout returning 0 when asked, else to stderr returning 2. */
+int nb_cli_usage(const char *text, bool asked);
+
+/* Flag values through nb_parse_int / nb_parse_float; on failure prints
+ * "nabla CMD: FLAG: why" (v NULL: "FLAG needs a value") and returns false. */
+bool nb_cli_int(const char *cmd, const char *flag, const char *v, int64_t lo, int64_t hi, int64_t *out);
+bool nb_cli_float(const char *cmd, const char *flag, const char *v, double lo, double hi, double *out);
+
+/* The whole of a regular file (or stdin for NULL or "-") as a malloc'ed
+ * buffer (NUL-terminated, length in *n); NULL after printing why ("is a
+ * directory", a read error) with the command's name. */
+char *nb_cli_read_input(const char *cmd, const char *path, size_t *n);
+
+/* Refuses (prints why, returns false) an output path that is one of the
+ * inputs or lies inside one (an input directory), compared by resolved path
+ * (symlinks, "..") and by device and inode (hard links); an output that does
+ * not exist yet is resolved through its nearest existing parent. With
+ * out_is_dir (the command writes a whole directory), an input inside the
+ * output is refused too. Inputs that do not exist are skipped. */
+bool nb_cli_output_ok(const char *cmd, const char *out, bool out_is_dir, int n_in, const char *const *inputs);
+
+#endif
