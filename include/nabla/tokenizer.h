@@ -143,6 +143,11 @@ typedef enum nb_tok_special {
 
 typedef struct nb_tok_encode_opts {
   nb_tok_special special;
+  /* Add the special tokens of the file's post-processor around the ids
+   * (tokenizer.json TemplateProcessing / BertProcessing / RobertaProcessing:
+   * BOS/EOS, [CLS] ... [SEP]), as `tokenizers`' add_special_tokens=True.
+   * Off by default. SentencePiece .model files carry no such rule. */
+  bool add_special_tokens;
 } nb_tok_encode_opts;
 
 /* Encodes len bytes of text (any bytes), appending ids to out. opts may be

@@ -32,7 +32,7 @@ static void test_special_modes(nb_ctx *ctx) {
   CHECK_OK(ctx, nb_tok_encode(t, s, strlen(s), NULL, &ids));
   CHECK(ids.len == 3 && ids.ids[1] == eot);
   ids.len = 0;
-  nb_tok_encode_opts text = {NB_TOK_SPECIAL_AS_TEXT};
+  nb_tok_encode_opts text = {.special = NB_TOK_SPECIAL_AS_TEXT};
   CHECK_OK(ctx, nb_tok_encode(t, s, strlen(s), &text, &ids));
   bool has = false;
   for (size_t i = 0; i < ids.len; i++) has |= ids.ids[i] == eot;
@@ -41,7 +41,7 @@ static void test_special_modes(nb_ctx *ctx) {
   CHECK_OK(ctx, nb_tok_decode(t, ids.ids, ids.len, NULL, &out));
   CHECK(!strcmp(out.data, s));
   ids.len = 0;
-  nb_tok_encode_opts err = {NB_TOK_SPECIAL_ERROR};
+  nb_tok_encode_opts err = {.special = NB_TOK_SPECIAL_ERROR};
   CHECK(nb_tok_encode(t, s, strlen(s), &err, &ids) == NB_ERR_INVALID_ARG && ids.len == 0);
   CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "special token '<|endoftext|>' at byte 1");
   CHECK_OK(ctx, nb_tok_encode(t, "no specials", 11, &err, &ids));
@@ -55,7 +55,7 @@ static void test_special_modes(nb_ctx *ctx) {
   CHECK(nb_tok_decode(t, bad, 2, NULL, &out) == NB_ERR_INVALID_ARG);
   CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "id 99999 at position 1");
   CHECK(!strcmp(out.data, "@A"));
-  nb_tok_encode_opts weird = {(nb_tok_special)7};
+  nb_tok_encode_opts weird = {.special = (nb_tok_special)7};
   CHECK(nb_tok_encode(t, "x", 1, &weird, &ids) == NB_ERR_INVALID_ARG);
   nb_ctx_clear_error(ctx);
   nb_tok_ids_free(t, &ids);

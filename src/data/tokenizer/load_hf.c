@@ -162,6 +162,7 @@ static nb_status pre_tokenizer(hf_load *L, const cJSON *p, const char *field) {
     if (L->has_regex || L->t->metaspace) return bad(L, NB_ERR_UNIMPLEMENTED, field, "only one splitting pre-tokenizer is supported");
     L->t->metaspace = true;
     L->t->ms_split = get_bool(p, "split", true);
+    L->t->ms_split_runs = true;
     return prepend_scheme(L, p, field, &L->t->ms_prepend);
   }
   char what[128];

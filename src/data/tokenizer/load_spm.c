@@ -146,6 +146,28 @@ static int cmp_score(const void *a, const void *b, void *ud) {
   return x < y ? -1 : x > y;
 }
 
+/* SentencePiece encodes the whole normalized text as one sequence; nabla cuts
+ * it into pieces at "▁" where no piece can span the cut, so that the result is
+ * the same. Without allow_whitespace_only_pieces a "▁" only starts a piece, so
+ * every "▁" is a safe cut; with it (Llama-2) pieces like "▁▁▁▁" exist, and a
+ * run of "▁" is cut only where it starts. A vocabulary with "▁" after other
+ * characters (split_by_whitespace=false) is not cut at all. */
+static void choose_split(nb_tok *t) {
+  bool after_meta = false, after_other = false;
+  for (int32_t id = 0; id < t->n_tokens; id++) {
+    const nb_tok__token *tk = &t->tokens[id];
+    if (!(tk->flags & NB_TOK__F_PRESENT) || (tk->flags & (NB_TOK__F_ADDED | NB_TOK__F_HIDDEN | NB_TOK__F_BYTE))) continue;
+    const uint8_t *b = nb_tok__bytes(t, id);
+    for (uint32_t k = 3; k + 3 <= tk->len; k++) {
+      if (memcmp(b + k, "\xE2\x96\x81", 3) != 0) continue;
+      if (!memcmp(b + k - 3, "\xE2\x96\x81", 3)) after_meta = true;
+      else after_other = true;
+    }
+  }
+  t->ms_split = !after_other;
+  t->ms_split_runs = !after_meta;
+}
+
 static nb_status derive(spm_load *L) {
   nb_ctx *ctx = L->t->ctx;
   size_t n = L->n_pieces;
@@ -168,7 +190,6 @@ nb_tok *nb_tok_load_sentencepiece_bytes(nb_ctx *ctx, const void *data, size_t le
   if (!t) return NULL;
   spm_load L = {.t = t, .name = name ? name : "tokenizer.model"};
   t->metaspace = true;
-  t->ms_split = true;
   t->ms_prepend = NB_TOK__PREPEND_NEVER;
   t->spm_dummy_prefix = true;
   t->strip_leading = 1;
@@ -187,6 +208,7 @@ nb_tok *nb_tok_load_sentencepiece_bytes(nb_ctx *ctx, const void *data, size_t le
   if (!r && (L.n_pieces == 0 || !saw_trainer))
     r = nb_errorf(ctx, NB_ERR_FORMAT, "%s: not a SentencePiece model (%s missing)", L.name, L.n_pieces ? "trainer_spec" : "pieces");
   if (!r) r = nb_tok__index(t, L.name);
+  if (!r) choose_split(t);
   if (!r) r = derive(&L);
   if (!r) r = nb_tok__finish(t);
   if (L.scores) nb_dealloc(ctx, L.scores, L.cap_scores * sizeof *L.scores);

@@ -74,11 +74,17 @@ static nb_status regex_split(split_state *st, const uint8_t *s, size_t n) {
   return NB_OK;
 }
 
-/* Metaspace split: a new piece starts at every "▁". */
+/* Metaspace split: a new piece starts at every "▁" (with !ms_split_runs, at
+ * the first "▁" of each run only). */
 static nb_status meta_split(split_state *st, const uint8_t *s, size_t n) {
+  const nb_tok *t = st->t;
   size_t start = 0;
   for (size_t i = 1; i + 3 <= n; i++) {
     if (s[i] == META[0] && s[i + 1] == META[1] && s[i + 2] == META[2]) {
+      if (!t->ms_split_runs && i >= 3 && !memcmp(s + i - 3, META, 3)) {
+        i += 2;
+        continue;
+      }
       nb_status r = st->on_piece(st->ud, s + start, i - start);
       if (r) return r;
       start = i;

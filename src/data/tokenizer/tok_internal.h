@@ -73,7 +73,8 @@ struct nb_tok {
   bool add_prefix_space;   /* byte-level: prepend ' ' to a segment not starting with one */
   bool metaspace;          /* char-level Metaspace pre-tokenizer */
   nb_tok__prepend ms_prepend;
-  bool ms_split;
+  bool ms_split;           /* a piece starts at each "▁" ... */
+  bool ms_split_runs;      /* ... also inside a run of "▁" (else a run starts one piece) */
   /* decoder: strip this many leading spaces from a decode's output */
   int strip_leading;
   /* added tokens, longest first (for leftmost-longest matching) */
