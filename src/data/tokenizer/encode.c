@@ -221,7 +221,11 @@ nb_status nb_tok_encode(const nb_tok *t, const void *text, size_t len, const nb_
     return nb_errorf(t->ctx, NB_ERR_INVALID_ARG, "nb_tok_encode: bad special-token mode %d", (int)mode);
   enc_state st = {.t = t, .out = out};
   size_t before = out->len;
-  nb_status r = nb_tok__split(t, text, len, mode, on_piece, on_added, &st);
+  bool wrap = opts && opts->add_special_tokens;
+  nb_status r = NB_OK;
+  for (int i = 0; wrap && i < t->n_post_prefix && !r; i++) r = push_id(&st, t->post_prefix[i]);
+  if (!r) r = nb_tok__split(t, text, len, mode, on_piece, on_added, &st);
+  for (int i = 0; wrap && i < t->n_post_suffix && !r; i++) r = push_id(&st, t->post_suffix[i]);
   nb_ctx *ctx = t->ctx;
   free_long(&st);
   if (st.heap) nb_dealloc(ctx, st.heap, st.heap_cap * sizeof *st.heap);

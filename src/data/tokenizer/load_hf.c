@@ -2,8 +2,9 @@
  * model (vocab, merges as "a b" strings or [a, b] pairs, unk_token,
  * byte_fallback, fuse_unk, ignore_merges), added_tokens, and the supported
  * normalizer / pre_tokenizer / decoder components. Anything else is refused
- * with NB_ERR_UNIMPLEMENTED naming the field. post_processor, truncation and
- * padding are ignored (nb_tok_encode adds no BOS/EOS). */
+ * with NB_ERR_UNIMPLEMENTED naming the field. The post_processor's special
+ * tokens (single-sequence template) are kept for add_special_tokens;
+ * truncation and padding are ignored. */
 #include <cjson/cJSON.h>
 #include <string.h>
 
@@ -37,6 +38,13 @@ static const char *get_str(const cJSON *o, const char *key) {
   return cJSON_IsString(v) ? v->valuestring : NULL;
 }
 
+static bool get_id(const cJSON *v, int32_t *id) {
+  if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble >= (1 << 28) || v->valuedouble != (double)(int32_t)v->valuedouble)
+    return false;
+  *id = (int32_t)v->valuedouble;
+  return true;
+}
+
 static bool is_null_or_absent(const cJSON *o) { return !o || cJSON_IsNull(o); }
 
 /* Does any pre_tokenizer/decoder component say ByteLevel? */
@@ -51,6 +59,14 @@ static bool mentions_bytelevel(const cJSON *o) {
 }
 
 /* ---- normalizer ---- */
+
+static nb_status add_norm(hf_load *L, const char *field, nb_tok__norm_kind kind) {
+  if (L->t->n_norm == NB_TOK__MAX_NORM) return bad(L, NB_ERR_UNIMPLEMENTED, field, "too many normalizer steps");
+  if (L->t->norm_prepend[0] || L->t->norm_replace_space)
+    return bad(L, NB_ERR_UNIMPLEMENTED, field, "a Unicode normalizer step after Prepend/Replace is not supported");
+  L->t->norm[L->t->n_norm++] = (nb_tok__norm_step){kind};
+  return NB_OK;
+}
 
 static nb_status normalizer(hf_load *L, const cJSON *n, const char *field) {
   if (is_null_or_absent(n)) return NB_OK;
@@ -67,7 +83,26 @@ static nb_status normalizer(hf_load *L, const cJSON *n, const char *field) {
     }
     return NB_OK;
   }
-  if (L->byte_level) return bad(L, NB_ERR_UNIMPLEMENTED, field, "normalizers are not supported with a byte-level model");
+  static const struct {
+    const char *type;
+    nb_tok__norm_kind kind;
+  } unicode[] = {{"NFC", NB_TOK__NORM_NFC}, {"NFKC", NB_TOK__NORM_NFKC}, {"NFD", NB_TOK__NORM_NFD},
+                 {"NFKD", NB_TOK__NORM_NFKD}, {"Lowercase", NB_TOK__NORM_LOWERCASE}, {"StripAccents", NB_TOK__NORM_STRIP_MARKS}};
+  for (size_t i = 0; i < sizeof unicode / sizeof *unicode; i++)
+    if (!strcmp(ty, unicode[i].type)) return add_norm(L, field, unicode[i].kind);
+  if (!strcmp(ty, "BertNormalizer")) {
+    bool lower = get_bool(n, "lowercase", true);
+    const cJSON *sa = cJSON_GetObjectItemCaseSensitive(n, "strip_accents");
+    bool strip = cJSON_IsBool(sa) ? cJSON_IsTrue(sa) : lower; /* null: follows lowercase */
+    nb_status r = NB_OK;
+    if (get_bool(n, "clean_text", true)) r = add_norm(L, field, NB_TOK__NORM_BERT_CLEAN);
+    if (!r && get_bool(n, "handle_chinese_chars", true)) r = add_norm(L, field, NB_TOK__NORM_BERT_CJK);
+    if (!r && strip) r = add_norm(L, field, NB_TOK__NORM_NFD);
+    if (!r && strip) r = add_norm(L, field, NB_TOK__NORM_STRIP_MARKS);
+    if (!r && lower) r = add_norm(L, field, NB_TOK__NORM_LOWERCASE);
+    return r;
+  }
+  if (L->byte_level) return bad(L, NB_ERR_UNIMPLEMENTED, field, "Prepend and Replace are not supported with a byte-level model");
   if (!strcmp(ty, "Prepend")) {
     const char *p = get_str(n, "prepend");
     if (!p || strlen(p) >= sizeof L->t->norm_prepend || L->t->norm_prepend[0])
@@ -215,14 +250,108 @@ static nb_status decoder(hf_load *L, const cJSON *d, const char *field) {
   return bad(L, NB_ERR_UNIMPLEMENTED, field, what);
 }
 
-/* ---- model ---- */
+/* ---- post-processor (applied with nb_tok_encode_opts.add_special_tokens) ---- */
 
-static bool get_id(const cJSON *v, int32_t *id) {
-  if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble >= (1 << 28) || v->valuedouble != (double)(int32_t)v->valuedouble)
-    return false;
-  *id = (int32_t)v->valuedouble;
-  return true;
+static nb_status post_id(hf_load *L, int32_t id, bool prefix, const char *field) {
+  nb_tok *t = L->t;
+  if (id < 0 || id >= t->n_tokens || !(t->tokens[id].flags & NB_TOK__F_PRESENT))
+    return bad(L, NB_ERR_FORMAT, field, "names a token id that is not in the vocabulary");
+  int *n = prefix ? &t->n_post_prefix : &t->n_post_suffix;
+  int32_t *ids = prefix ? t->post_prefix : t->post_suffix;
+  if (*n == NB_TOK__MAX_POST) return bad(L, NB_ERR_UNIMPLEMENTED, field, "too many special tokens");
+  ids[(*n)++] = id;
+  return NB_OK;
 }
+
+/* A later processor wraps what the earlier ones made: its prefix goes first. */
+static nb_status wrap(hf_load *L, const int32_t *pre, int npre, const int32_t *suf, int nsuf, const char *field) {
+  nb_tok *t = L->t;
+  int32_t old[NB_TOK__MAX_POST];
+  int nold = t->n_post_prefix;
+  memcpy(old, t->post_prefix, sizeof old);
+  t->n_post_prefix = 0;
+  nb_status r = NB_OK;
+  for (int i = 0; i < npre && !r; i++) r = post_id(L, pre[i], true, field);
+  for (int i = 0; i < nold && !r; i++) r = post_id(L, old[i], true, field);
+  for (int i = 0; i < nsuf && !r; i++) r = post_id(L, suf[i], false, field);
+  return r;
+}
+
+/* BertProcessing / RobertaProcessing: "cls": ["[CLS]", 101]. */
+static nb_status pair_id(hf_load *L, const cJSON *p, const char *key, int32_t *id, const char *field) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(p, key);
+  if (cJSON_GetArraySize(v) != 2 || !get_id(cJSON_GetArrayItem(v, 1), id)) {
+    char what[96];
+    snprintf(what, sizeof what, "'%s' must be a [token, id] pair", key);
+    return bad(L, NB_ERR_FORMAT, field, what);
+  }
+  return NB_OK;
+}
+
+/* TemplateProcessing's single template: SpecialToken items before the one
+ * Sequence "A" are the prefix, the others the suffix; each names an entry of
+ * special_tokens whose "ids" are added. */
+static nb_status template_single(hf_load *L, const cJSON *p, const char *field) {
+  const cJSON *single = cJSON_GetObjectItemCaseSensitive(p, "single"), *specials = cJSON_GetObjectItemCaseSensitive(p, "special_tokens");
+  if (!cJSON_IsArray(single)) return bad(L, NB_ERR_FORMAT, field, "TemplateProcessing needs a 'single' array");
+  int32_t pre[NB_TOK__MAX_POST], suf[NB_TOK__MAX_POST];
+  int npre = 0, nsuf = 0, n_seq = 0, i = 0;
+  const cJSON *it;
+  cJSON_ArrayForEach(it, single) {
+    char sub[128];
+    snprintf(sub, sizeof sub, "%s.single[%d]", field, i++);
+    const cJSON *seq = cJSON_GetObjectItemCaseSensitive(it, "Sequence"), *sp = cJSON_GetObjectItemCaseSensitive(it, "SpecialToken");
+    if (seq) {
+      const char *which = get_str(seq, "id");
+      if (!which || strcmp(which, "A") || n_seq++) return bad(L, NB_ERR_FORMAT, sub, "the single template must hold the sequence A once");
+      continue;
+    }
+    const char *name = get_str(sp, "id");
+    const cJSON *entry = name ? cJSON_GetObjectItemCaseSensitive(specials, name) : NULL;
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(entry, "ids");
+    if (!cJSON_IsArray(ids)) return bad(L, NB_ERR_FORMAT, sub, "a SpecialToken must name an entry of special_tokens with 'ids'");
+    const cJSON *v;
+    cJSON_ArrayForEach(v, ids) {
+      int32_t id;
+      int *n = n_seq ? &nsuf : &npre;
+      if (!get_id(v, &id)) return bad(L, NB_ERR_FORMAT, sub, "special_tokens ids must be integers in [0, 2^28)");
+      if (*n == NB_TOK__MAX_POST) return bad(L, NB_ERR_UNIMPLEMENTED, sub, "too many special tokens");
+      (n_seq ? suf : pre)[(*n)++] = id;
+    }
+  }
+  if (!n_seq) return bad(L, NB_ERR_FORMAT, field, "the single template must hold the sequence A once");
+  return wrap(L, pre, npre, suf, nsuf, field);
+}
+
+static nb_status post_processor(hf_load *L, const cJSON *p, const char *field) {
+  if (is_null_or_absent(p)) return NB_OK;
+  const char *ty = type_of(p);
+  char sub[96];
+  if (!strcmp(ty, "Sequence")) {
+    const cJSON *it, *arr = cJSON_GetObjectItemCaseSensitive(p, "processors");
+    if (!cJSON_IsArray(arr)) return bad(L, NB_ERR_FORMAT, field, "Sequence without a 'processors' array");
+    int i = 0;
+    cJSON_ArrayForEach(it, arr) {
+      snprintf(sub, sizeof sub, "%s.processors[%d]", field, i++);
+      nb_status r = post_processor(L, it, sub);
+      if (r) return r;
+    }
+    return NB_OK;
+  }
+  if (!strcmp(ty, "ByteLevel")) return NB_OK; /* offsets only */
+  if (!strcmp(ty, "TemplateProcessing")) return template_single(L, p, field);
+  if (!strcmp(ty, "BertProcessing") || !strcmp(ty, "RobertaProcessing")) {
+    int32_t cls, sep;
+    nb_status r = pair_id(L, p, "cls", &cls, field);
+    if (!r) r = pair_id(L, p, "sep", &sep, field);
+    return r ? r : wrap(L, &cls, 1, &sep, 1, field);
+  }
+  char what[128];
+  snprintf(what, sizeof what, "post-processor type '%.40s' is not supported", ty);
+  return bad(L, NB_ERR_UNIMPLEMENTED, field, what);
+}
+
+/* ---- model ---- */
 
 static nb_status added_tokens(hf_load *L, const cJSON *arr) {
   if (is_null_or_absent(arr)) return NB_OK;
@@ -382,6 +511,7 @@ static nb_tok *load(nb_ctx *ctx, const char *json, size_t len, const char *name)
     if (!r) r = normalizer(&L, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), "normalizer");
     if (!r) r = pre_tokenizer(&L, pre, "pre_tokenizer");
     if (!r) r = decoder(&L, dec, "decoder");
+    if (!r) r = post_processor(&L, cJSON_GetObjectItemCaseSensitive(root, "post_processor"), "post_processor");
     if (!r && L.pattern) {
       char where[128];
       snprintf(where, sizeof where, "%s: pre_tokenizer", L.name);

@@ -129,7 +129,23 @@ static nb_status normalize_char(split_state *st, const uint8_t *s, size_t n, boo
   return NB_OK;
 }
 
+static nb_status segment_normalized(split_state *st, const uint8_t *s, size_t n, bool at_start);
+
 static nb_status segment(split_state *st, const uint8_t *s, size_t n, bool at_start) {
+  const nb_tok *t = st->t;
+  if (n == 0 || !t->n_norm) return segment_normalized(st, s, n, at_start);
+  uint8_t *norm;
+  size_t len, cap;
+  nb_status r = nb_tok__normalize(t, s, n, &norm, &len, &cap);
+  if (r) return r;
+  r = segment_normalized(st, norm, len, at_start);
+  nb_dealloc(t->ctx, norm, cap);
+  return r;
+}
+
+/* After the Unicode normalizer steps: the char-level "▁" rules or the
+ * byte-level prefix space, then the pre-tokenizer. */
+static nb_status segment_normalized(split_state *st, const uint8_t *s, size_t n, bool at_start) {
   const nb_tok *t = st->t;
   if (n == 0) return NB_OK;
   if (t->kind == NB_TOK_CHAR_LEVEL) {

@@ -39,6 +39,23 @@ typedef struct nb_tok__merge {
 
 typedef enum nb_tok__prepend { NB_TOK__PREPEND_NEVER, NB_TOK__PREPEND_FIRST, NB_TOK__PREPEND_ALWAYS } nb_tok__prepend;
 
+/* One step of a tokenizer.json normalizer (normalize.c), in file order. */
+typedef enum nb_tok__norm_kind {
+  NB_TOK__NORM_NFC = 1,
+  NB_TOK__NORM_NFKC,
+  NB_TOK__NORM_NFD,
+  NB_TOK__NORM_NFKD,
+  NB_TOK__NORM_LOWERCASE,   /* Rust's char::to_lowercase */
+  NB_TOK__NORM_STRIP_MARKS, /* drop category Mn (StripAccents) */
+  NB_TOK__NORM_BERT_CLEAN,  /* drop NUL, U+FFFD and controls; whitespace -> ' ' */
+  NB_TOK__NORM_BERT_CJK,    /* ' ' around CJK ideographs */
+} nb_tok__norm_kind;
+typedef struct nb_tok__norm_step {
+  nb_tok__norm_kind kind;
+} nb_tok__norm_step;
+#define NB_TOK__MAX_NORM 16
+#define NB_TOK__MAX_POST 8
+
 /* Invariants: tokens[id] for id < n_tokens; every PRESENT non-added token's
  * bytes map back to its id in the vocab map (first id wins on duplicates);
  * every merge's result is a PRESENT token whose bytes are left ++ right. */
@@ -61,6 +78,9 @@ struct nb_tok {
   /* model options */
   int32_t unk_id;          /* -1 none */
   bool byte_fallback, fuse_unk, ignore_merges;
+  /* Unicode normalizer steps, before everything below */
+  nb_tok__norm_step norm[NB_TOK__MAX_NORM];
+  int n_norm;
   /* normalizer (char-level): prepend `norm_prepend` to each segment, then
    * replace spaces by "▁" when norm_replace_space */
   char norm_prepend[8];
@@ -75,6 +95,9 @@ struct nb_tok {
   nb_tok__prepend ms_prepend;
   bool ms_split;           /* a piece starts at each "▁" ... */
   bool ms_split_runs;      /* ... also inside a run of "▁" (else a run starts one piece) */
+  /* post-processor (with add_special_tokens): ids before and after */
+  int32_t post_prefix[NB_TOK__MAX_POST], post_suffix[NB_TOK__MAX_POST];
+  int n_post_prefix, n_post_suffix;
   /* decoder: strip this many leading spaces from a decode's output */
   int strip_leading;
   /* added tokens, longest first (for leftmost-longest matching) */
@@ -135,6 +158,15 @@ size_t nb_tok__map_bytes(const uint8_t *b, size_t n, char *out);
 int nb_tok__utf8_len(const uint8_t *s, size_t n);
 /* Length of the longest valid UTF-8 prefix of s. */
 size_t nb_tok__utf8_valid_prefix(const uint8_t *s, size_t n);
+
+/* ---- normalize.c ---- */
+/* Runs t->norm over n bytes of text into a new buffer (*out, nb_alloc'ed
+ * with capacity *out_cap, at least 1 byte more than *out_len). */
+nb_status nb_tok__normalize(const nb_tok *t, const uint8_t *s, size_t n, uint8_t **out, size_t *out_len, size_t *out_cap);
+/* Writes cp as UTF-8 (up to 4 bytes); returns the length. */
+size_t nb_tok__put_utf8(uint32_t cp, uint8_t *out);
+/* Rust's char::is_whitespace (Unicode White_Space), as `tokenizers` uses it. */
+bool nb_tok__is_white_space(uint32_t c);
 
 /* ---- pretok.c: splitting text into pieces ---- */
 /* Called once per piece (bytes in model space, already normalized). */
