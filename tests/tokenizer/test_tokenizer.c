@@ -143,8 +143,22 @@ static void test_bad_files(nb_ctx *ctx) {
   expect_load_error(ctx, "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}}", NB_ERR_FORMAT, "model.merges: missing");
   expect_load_error(ctx, "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [], \"dropout\": 0.1}}",
                     NB_ERR_UNIMPLEMENTED, "model.dropout");
-  snprintf(buf, sizeof buf, "{\"normalizer\": {\"type\": \"NFC\"}, %s}", bpe);
-  expect_load_error(ctx, buf, NB_ERR_UNIMPLEMENTED, "normalizer: normalizer type 'NFC' is not supported");
+  snprintf(buf, sizeof buf, "{\"normalizer\": {\"type\": \"Strip\"}, %s}", bpe);
+  expect_load_error(ctx, buf, NB_ERR_UNIMPLEMENTED, "normalizer: normalizer type 'Strip' is not supported");
+  snprintf(buf, sizeof buf, "{\"normalizer\": {\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"Prepend\", \"prepend\": \"x\"}, {\"type\": \"NFKC\"}]}, %s}", bpe);
+  expect_load_error(ctx, buf, NB_ERR_UNIMPLEMENTED, "normalizer.normalizers[1]: a Unicode normalizer step after Prepend/Replace");
+  snprintf(buf, sizeof buf, "{\"post_processor\": {\"type\": \"BertProcessing\", \"cls\": [\"[CLS]\", 7], \"sep\": [\"b\", 1]}, %s}", bpe);
+  expect_load_error(ctx, buf, NB_ERR_FORMAT, "x/tokenizer.json: post_processor: names a token id that is not in the vocabulary");
+  snprintf(buf, sizeof buf, "{\"post_processor\": {\"type\": \"RobertaProcessing\", \"cls\": 0}, %s}", bpe);
+  expect_load_error(ctx, buf, NB_ERR_FORMAT, "post_processor: 'cls' must be a [token, id] pair");
+  snprintf(buf, sizeof buf, "{\"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": \"a\"}}], "
+           "\"special_tokens\": {\"a\": {\"ids\": [0]}}}, %s}", bpe);
+  expect_load_error(ctx, buf, NB_ERR_FORMAT, "post_processor: the single template must hold the sequence A once");
+  snprintf(buf, sizeof buf, "{\"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": [{\"Sequence\": {\"id\": \"A\"}}, "
+           "{\"SpecialToken\": {\"id\": \"z\"}}], \"special_tokens\": {}}, %s}", bpe);
+  expect_load_error(ctx, buf, NB_ERR_FORMAT, "post_processor.single[1]: a SpecialToken must name an entry of special_tokens");
+  snprintf(buf, sizeof buf, "{\"post_processor\": {\"type\": \"Sequence\", \"processors\": [{\"type\": \"ByteLevel\"}, {\"type\": \"Nope\"}]}, %s}", bpe);
+  expect_load_error(ctx, buf, NB_ERR_UNIMPLEMENTED, "post_processor.processors[1]: post-processor type 'Nope' is not supported");
   snprintf(buf, sizeof buf, "{\"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Digits\"}]}, %s}", bpe);
   expect_load_error(ctx, buf, NB_ERR_UNIMPLEMENTED, "pre_tokenizer.pretokenizers[0]: pre-tokenizer type 'Digits'");
   snprintf(buf, sizeof buf, "{\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"(\"}, \"behavior\": \"Isolated\"}, %s}", bpe);
