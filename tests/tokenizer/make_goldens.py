@@ -31,8 +31,8 @@ Every set's ids (with and without the post-processor's special tokens where
 it has one) are recomputed from the files on disk on every run.
 
 Run: python3 tests/tokenizer/make_goldens.py [SET...]: trains and writes the
-named sets' model files (all when none is named), then writes every set's
-ids. Fixed seeds and pinned package versions; the `tokenizers` BPE/WordPiece
+named sets' model files (all when none is named; none with --ids), then
+writes every set's ids. Fixed seeds and pinned package versions; the `tokenizers` BPE/WordPiece
 trainers still break ties in hash order, so retrain only the sets you mean to
 change."""
 import importlib
@@ -345,12 +345,11 @@ def spm_unigram_bf(texts, lines, build):
     return spm_refs(spm_load("spm_unigram_bf"), texts)
 
 
-def hf_refs(out, name, hf, texts, decoded=True):
+def hf_refs(out, name, hf, texts):
     plain = [hf.encode(s, add_special_tokens=False).ids for s in texts]
     out[name] = plain
     out[name + "+special"] = [hf.encode(s).ids for s in texts]
-    if decoded:
-        out[name + ":decoded"] = [hf.decode(i) for i in plain]
+    out[name + ":decoded"] = [hf.decode(i) for i in plain]
 
 
 QWEN2_PAT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
@@ -364,9 +363,8 @@ def qwen(texts, lines, build):
     if build:
         qwen_build(d, texts, lines)
     out = {}
-    hf_refs(out, "tokenizer.json", Tokenizer.from_file(os.path.join(d, "tokenizer.json")), texts, decoded=False)
-    hf_refs(out, "tokenizer_nfkc.json", Tokenizer.from_file(os.path.join(d, "tokenizer_nfkc.json")), texts,
-            decoded=False)
+    hf_refs(out, "tokenizer.json", Tokenizer.from_file(os.path.join(d, "tokenizer.json")), texts)
+    hf_refs(out, "tokenizer_nfkc.json", Tokenizer.from_file(os.path.join(d, "tokenizer_nfkc.json")), texts)
     return out
 
 
@@ -432,7 +430,7 @@ def wordpiece(texts, lines, build):
         wordpiece_build(d, texts, lines)
     out = {}
     for name in ("tokenizer.json", "tokenizer_cased.json"):
-        hf_refs(out, name, Tokenizer.from_file(os.path.join(d, name)), texts, decoded=False)
+        hf_refs(out, name, Tokenizer.from_file(os.path.join(d, name)), texts)
     return out
 
 
@@ -466,7 +464,8 @@ def main():
               "spm_ws": lambda b: spm_ws(texts, lines, b), "spm_unigram": lambda b: spm_unigram(texts, lines, b),
               "spm_unigram_bf": lambda b: spm_unigram_bf(texts, lines, b), "qwen": lambda b: qwen(texts, lines, b),
               "hf_unigram": lambda b: hf_unigram(texts, lines, b), "wordpiece": lambda b: wordpiece(texts, lines, b)}
-    build = set(sys.argv[1:]) or set(makers)
+    args = sys.argv[1:]
+    build = set() if args == ["--ids"] else set(args) or set(makers)
     unknown = build - set(makers)
     if unknown:
         sys.exit(f"unknown sets {sorted(unknown)}; the sets are {sorted(makers)}")

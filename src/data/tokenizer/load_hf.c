@@ -1,6 +1,8 @@
-/* Loading Hugging Face tokenizer.json files that hold a BPE model: the
- * model (vocab, merges as "a b" strings or [a, b] pairs, unk_token,
- * byte_fallback, fuse_unk, ignore_merges), added_tokens, and the supported
+/* Loading Hugging Face tokenizer.json files: the model (BPE: vocab, merges
+ * as "a b" strings or [a, b] pairs, unk_token, byte_fallback, fuse_unk,
+ * ignore_merges; Unigram: [token, score] vocab, unk_id, byte_fallback;
+ * WordPiece: vocab, unk_token, continuing_subword_prefix,
+ * max_input_chars_per_word), added_tokens, and the supported
  * normalizer / pre_tokenizer / decoder components. Anything else is refused
  * with NB_ERR_UNIMPLEMENTED naming the field. The post_processor's special
  * tokens (single-sequence template) are kept for add_special_tokens;
@@ -191,6 +193,14 @@ static nb_status pre_tokenizer(hf_load *L, const cJSON *p, const char *field) {
     if (!r && lit) r = escape_literal(L, lit);
     return r;
   }
+  if (!strcmp(ty, "BertPreTokenizer") || !strcmp(ty, "WhitespaceSplit")) {
+    /* whitespace (Rust's char::is_whitespace) removed; Bert: each punctuation
+     * character (ASCII or Unicode P*) a piece of its own */
+    nb_status r = set_regex(L, !strcmp(ty, "WhitespaceSplit") ? "[^\\t-\\r \\x{85}\\p{Z}]+"
+                                : "[^\\t-\\r \\x{85}\\p{Z}!-/:-@\\[-`{-~\\p{P}]+|[!-/:-@\\[-`{-~\\p{P}]", field);
+    L->t->re_drop_gaps = true;
+    return r;
+  }
   if (!strcmp(ty, "Metaspace")) {
     const char *rep = get_str(p, "replacement");
     if (rep && strcmp(rep, "\xE2\x96\x81") != 0) return bad(L, NB_ERR_UNIMPLEMENTED, field, "Metaspace replacement must be \xE2\x96\x81");
@@ -237,6 +247,15 @@ static nb_status decoder(hf_load *L, const cJSON *d, const char *field) {
         (cJSON_IsNumber(stop) && stop->valuedouble != 0))
       return bad(L, NB_ERR_UNIMPLEMENTED, field, "only Strip of leading spaces (content \" \", stop 0) is supported");
     L->t->strip_leading = (int)start->valuedouble;
+    return NB_OK;
+  }
+  if (!strcmp(ty, "WordPiece")) {
+    const char *prefix = get_str(d, "prefix");
+    if (!prefix) prefix = "##";
+    if (strlen(prefix) >= sizeof L->t->wp_dec_prefix) return bad(L, NB_ERR_UNIMPLEMENTED, field, "prefix longer than 15 bytes");
+    strcpy(L->t->wp_dec_prefix, prefix);
+    L->t->wp_decoder = true;
+    L->t->wp_cleanup = get_bool(d, "cleanup", true);
     return NB_OK;
   }
   if (!strcmp(ty, "Metaspace")) {
@@ -456,13 +475,83 @@ static nb_status merges(hf_load *L, const cJSON *arr) {
   return r;
 }
 
+/* The unk token: a vocab token, else an added token of that content; -1 when name is NULL. */
+static nb_status unk_token(hf_load *L, const char *name, const char *field) {
+  nb_tok *t = L->t;
+  if (!name) return NB_OK;
+  t->unk_id = nb_tok__lookup(t, name, strlen(name));
+  if (t->unk_id < 0) t->unk_id = nb_tok__added_id(t, name, strlen(name));
+  return t->unk_id < 0 ? bad(L, NB_ERR_FORMAT, field, "is not in the vocabulary") : NB_OK;
+}
+
+/* "vocab": [["token", score], ...], ids in order; "unk_id": id or null. */
+static nb_status model_unigram(hf_load *L, const cJSON *m) {
+  nb_tok *t = L->t;
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(m, "vocab");
+  int n = cJSON_GetArraySize(v);
+  if (!cJSON_IsArray(v) || n == 0) return bad(L, NB_ERR_FORMAT, "model.vocab", "must be a non-empty array of [token, score] pairs");
+  if (L->byte_level) return bad(L, NB_ERR_UNIMPLEMENTED, "model", "a Unigram model with a ByteLevel pre-tokenizer/decoder is not supported");
+  double *sc = nb_alloc(t->ctx, (size_t)n * sizeof *sc), min = 0;
+  if (!sc) return NB_ERR_NOMEM;
+  nb_status r = NB_OK;
+  int id = 0;
+  const cJSON *it;
+  cJSON_ArrayForEach(it, v) {
+    char field[64];
+    snprintf(field, sizeof field, "model.vocab[%d]", id);
+    const cJSON *tok = cJSON_GetArrayItem(it, 0), *score = cJSON_GetArrayItem(it, 1);
+    if (cJSON_GetArraySize(it) != 2 || !cJSON_IsString(tok) || !cJSON_IsNumber(score) || !(score->valuedouble > -1e300 && score->valuedouble < 1e300)) {
+      r = bad(L, NB_ERR_FORMAT, field, "must be a [token, finite score] pair");
+      break;
+    }
+    sc[id] = score->valuedouble;
+    if (id == 0 || sc[id] < min) min = sc[id];
+    if (!(id < t->n_tokens && (t->tokens[id].flags & NB_TOK__F_ADDED)) &&
+        (r = nb_tok__set_token(t, id, tok->valuestring, strlen(tok->valuestring), 0, L->name)))
+      break;
+    id++;
+  }
+  if (!r) r = nb_tok__index(t, L->name);
+  if (!r && !(t->scores = nb_calloc(t->ctx, (size_t)t->n_tokens * sizeof *t->scores))) r = NB_ERR_NOMEM;
+  if (!r) memcpy(t->scores, sc, (size_t)n * sizeof *sc);
+  nb_dealloc(t->ctx, sc, (size_t)n * sizeof *sc);
+  if (r) return r;
+  const cJSON *unk = cJSON_GetObjectItemCaseSensitive(m, "unk_id");
+  if (!is_null_or_absent(unk)) {
+    if (!get_id(unk, &t->unk_id) || t->unk_id >= n) return bad(L, NB_ERR_FORMAT, "model.unk_id", "must be the index of a model.vocab entry");
+  }
+  t->byte_fallback = get_bool(m, "byte_fallback", false);
+  return nb_tok__unigram_finish(t, min);
+}
+
+static nb_status model_wordpiece(hf_load *L, const cJSON *m) {
+  nb_tok *t = L->t;
+  if (L->byte_level) return bad(L, NB_ERR_UNIMPLEMENTED, "model", "a WordPiece model with a ByteLevel pre-tokenizer/decoder is not supported");
+  const char *prefix = get_str(m, "continuing_subword_prefix");
+  if (!prefix) prefix = "##";
+  if (strlen(prefix) >= sizeof t->wp_prefix) return bad(L, NB_ERR_UNIMPLEMENTED, "model.continuing_subword_prefix", "longer than 15 bytes");
+  strcpy(t->wp_prefix, prefix);
+  const cJSON *mx = cJSON_GetObjectItemCaseSensitive(m, "max_input_chars_per_word");
+  t->wp_max_chars = 100;
+  if (!is_null_or_absent(mx) && !get_id(mx, &t->wp_max_chars))
+    return bad(L, NB_ERR_FORMAT, "model.max_input_chars_per_word", "must be an integer in [0, 2^28)");
+  nb_status r = vocab(L, cJSON_GetObjectItemCaseSensitive(m, "vocab"));
+  if (!r) r = nb_tok__index(t, L->name);
+  const char *unk = get_str(m, "unk_token");
+  if (!r) r = unk_token(L, unk ? unk : "[UNK]", "model.unk_token");
+  t->model = NB_TOK__MODEL_WORDPIECE;
+  return r;
+}
+
 static nb_status model(hf_load *L, const cJSON *m) {
   nb_tok *t = L->t;
   if (!cJSON_IsObject(m)) return bad(L, NB_ERR_FORMAT, "model", "missing or not an object");
   const char *ty = get_str(m, "type");
+  if (ty && !strcmp(ty, "Unigram")) return model_unigram(L, m);
+  if (ty && !strcmp(ty, "WordPiece")) return model_wordpiece(L, m);
   if (ty && strcmp(ty, "BPE") != 0) {
     char what[128];
-    snprintf(what, sizeof what, "model type '%.40s' is not supported (only BPE)", ty);
+    snprintf(what, sizeof what, "model type '%.40s' is not supported (BPE, Unigram and WordPiece are)", ty);
     return bad(L, NB_ERR_UNIMPLEMENTED, "model.type", what);
   }
   const cJSON *drop = cJSON_GetObjectItemCaseSensitive(m, "dropout");
@@ -478,12 +567,7 @@ static nb_status model(hf_load *L, const cJSON *m) {
   nb_status r = vocab(L, cJSON_GetObjectItemCaseSensitive(m, "vocab"));
   if (!r) r = nb_tok__index(t, L->name);
   if (r) return r;
-  const char *unk = get_str(m, "unk_token");
-  if (unk) {
-    t->unk_id = nb_tok__lookup(t, unk, strlen(unk));
-    if (t->unk_id < 0) t->unk_id = nb_tok__added_id(t, unk, strlen(unk));
-    if (t->unk_id < 0) return bad(L, NB_ERR_FORMAT, "model.unk_token", "is not in the vocabulary");
-  }
+  if ((r = unk_token(L, get_str(m, "unk_token"), "model.unk_token"))) return r;
   const cJSON *mg = cJSON_GetObjectItemCaseSensitive(m, "merges");
   if (is_null_or_absent(mg)) return bad(L, NB_ERR_FORMAT, "model.merges", "missing");
   return merges(L, mg);

@@ -47,11 +47,11 @@ static nb_status regex_run(split_state *st, const uint8_t *s, size_t n) {
       continue;
     }
     nb_status r;
-    if (a > gap && (r = st->on_piece(st->ud, s + gap, a - gap))) return r;
+    if (a > gap && !t->re_drop_gaps && (r = st->on_piece(st->ud, s + gap, a - gap))) return r;
     if ((r = st->on_piece(st->ud, s + a, b - a))) return r;
     gap = pos = b;
   }
-  return gap < n ? st->on_piece(st->ud, s + gap, n - gap) : NB_OK;
+  return gap < n && !t->re_drop_gaps ? st->on_piece(st->ud, s + gap, n - gap) : NB_OK;
 }
 
 static nb_status regex_split(split_state *st, const uint8_t *s, size_t n) {
@@ -148,7 +148,13 @@ static nb_status segment(split_state *st, const uint8_t *s, size_t n, bool at_st
 static nb_status segment_normalized(split_state *st, const uint8_t *s, size_t n, bool at_start) {
   const nb_tok *t = st->t;
   if (n == 0) return NB_OK;
-  if (t->kind == NB_TOK_CHAR_LEVEL) {
+  if (t->spm_normalizer) {
+    size_t m;
+    nb_status r = nb_tok__spm_normalize(t, s, n, at_start, &st->buf, &st->cap, &m);
+    if (r) return r;
+    s = st->buf;
+    n = m;
+  } else if (t->kind == NB_TOK_CHAR_LEVEL) {
     size_t m;
     nb_status r = normalize_char(st, s, n, at_start, &m);
     if (r) return r;

@@ -37,6 +37,8 @@ typedef struct nb_tok__merge {
   int32_t rank, result;
 } nb_tok__merge;
 
+typedef enum nb_tok__model { NB_TOK__MODEL_BPE, NB_TOK__MODEL_UNIGRAM, NB_TOK__MODEL_WORDPIECE } nb_tok__model;
+
 typedef enum nb_tok__prepend { NB_TOK__PREPEND_NEVER, NB_TOK__PREPEND_FIRST, NB_TOK__PREPEND_ALWAYS } nb_tok__prepend;
 
 /* One step of a tokenizer.json normalizer (normalize.c), in file order. */
@@ -76,7 +78,18 @@ struct nb_tok {
   int32_t byte_token[256]; /* byte-level: id of the one-byte token; char-level: <0xNN>; -1 none */
   bool all_bytes;          /* byte_token has no -1 */
   /* model options */
+  nb_tok__model model;
   int32_t unk_id;          /* -1 none */
+  /* Unigram: per-id scores, the score of an unknown character, the longest
+   * token in characters, float sums (SentencePiece), <0xNN> not matched in
+   * text (SentencePiece) */
+  double *scores;
+  double uni_unk_score;
+  int uni_max_chars;
+  bool uni_f32, uni_skip_bytes;
+  /* WordPiece: continuing_subword_prefix, max_input_chars_per_word */
+  char wp_prefix[16];
+  int wp_max_chars;
   bool byte_fallback, fuse_unk, ignore_merges;
   /* Unicode normalizer steps, before everything below */
   nb_tok__norm_step norm[NB_TOK__MAX_NORM];
@@ -86,10 +99,18 @@ struct nb_tok {
   char norm_prepend[8];
   bool norm_replace_space;
   bool spm_dummy_prefix;   /* SentencePiece: "▁" before the first segment (at byte 0) */
+  /* SentencePiece's own normalizer (spm_norm.c) instead of the rules above:
+   * a charsmap trie (none: identity) and its replacement strings */
+  bool spm_normalizer, spm_remove_extra;
+  uint32_t *spm_trie;
+  size_t spm_trie_n;
+  char *spm_strs;
+  size_t spm_strs_len;
   /* pre-tokenizer */
   char *pattern;           /* regex split (NULL: none) */
   pcre2_code *re;
   bool jit;
+  bool re_drop_gaps;       /* the matches are the pieces; text between them is dropped */
   bool add_prefix_space;   /* byte-level: prepend ' ' to a segment not starting with one */
   bool metaspace;          /* char-level Metaspace pre-tokenizer */
   nb_tok__prepend ms_prepend;
@@ -98,6 +119,13 @@ struct nb_tok {
   /* post-processor (with add_special_tokens): ids before and after */
   int32_t post_prefix[NB_TOK__MAX_POST], post_suffix[NB_TOK__MAX_POST];
   int n_post_prefix, n_post_suffix;
+  /* SentencePiece: what <unk> decodes to (trainer_spec.unk_surface) */
+  char unk_surface[32];
+  /* WordPiece decoder: tokens joined by ' ' except those with this prefix
+   * (which is removed); then `tokenizers`' cleanup of spaces before
+   * punctuation and contractions */
+  bool wp_decoder, wp_cleanup;
+  char wp_dec_prefix[16];
   /* decoder: strip this many leading spaces from a decode's output */
   int strip_leading;
   /* added tokens, longest first (for leftmost-longest matching) */
@@ -167,6 +195,23 @@ nb_status nb_tok__normalize(const nb_tok *t, const uint8_t *s, size_t n, uint8_t
 size_t nb_tok__put_utf8(uint32_t cp, uint8_t *out);
 /* Rust's char::is_whitespace (Unicode White_Space), as `tokenizers` uses it. */
 bool nb_tok__is_white_space(uint32_t c);
+
+/* ---- encode.c, unigram.c, wordpiece.c: the models ---- */
+nb_status nb_tok__push(const nb_tok *t, nb_tok_ids *out, int32_t id);
+/* Appends the ids of one pre-tokenized piece. */
+nb_status nb_tok__unigram_encode(const nb_tok *t, const uint8_t *s, size_t n, nb_tok_ids *out);
+nb_status nb_tok__wordpiece_encode(const nb_tok *t, const uint8_t *s, size_t n, nb_tok_ids *out);
+/* Makes t a Unigram model (t->scores set; min_score as the reference
+ * computes it); call after nb_tok__index. */
+nb_status nb_tok__unigram_finish(nb_tok *t, double min_score);
+
+/* ---- spm_norm.c ---- */
+/* Copies a precompiled_charsmap (validated; `where` names the file). */
+nb_status nb_tok__spm_set_charsmap(nb_tok *t, const uint8_t *blob, size_t len, const char *where);
+/* SentencePiece-normalizes a segment into *buf (grown), "▁" escapes and the
+ * dummy prefix (at_start) included; *out_n = its length. */
+nb_status nb_tok__spm_normalize(const nb_tok *t, const uint8_t *s, size_t n, bool at_start, uint8_t **buf, size_t *cap,
+                                size_t *out_n);
 
 /* ---- pretok.c: splitting text into pieces ---- */
 /* Called once per piece (bytes in model space, already normalized). */
