@@ -128,8 +128,8 @@ static void test_bad_files(nb_ctx *ctx) {
   char buf[1024];
   expect_load_error(ctx, "{", NB_ERR_FORMAT, "x/tokenizer.json: not valid JSON");
   expect_load_error(ctx, "[]", NB_ERR_FORMAT, "must be an object");
-  expect_load_error(ctx, "{\"model\": {\"type\": \"WordPiece\", \"vocab\": {}}}", NB_ERR_UNIMPLEMENTED,
-                    "x/tokenizer.json: model.type: model type 'WordPiece' is not supported");
+  expect_load_error(ctx, "{\"model\": {\"type\": \"WordLevel\", \"vocab\": {}}}", NB_ERR_UNIMPLEMENTED,
+                    "x/tokenizer.json: model.type: model type 'WordLevel' is not supported");
   expect_load_error(ctx, "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": -1}, \"merges\": []}}", NB_ERR_FORMAT,
                     "model.vocab['a']: id must be an integer");
   expect_load_error(ctx, "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"a c\"]}}", NB_ERR_FORMAT,
@@ -165,8 +165,8 @@ static void test_bad_files(nb_ctx *ctx) {
   expect_load_error(ctx, buf, NB_ERR_FORMAT, "pattern does not compile");
   snprintf(buf, sizeof buf, "{\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"a\"}, \"behavior\": \"Removed\"}, %s}", bpe);
   expect_load_error(ctx, buf, NB_ERR_UNIMPLEMENTED, "behavior Isolated");
-  snprintf(buf, sizeof buf, "{\"decoder\": {\"type\": \"WordPiece\"}, %s}", bpe);
-  expect_load_error(ctx, buf, NB_ERR_UNIMPLEMENTED, "decoder: decoder type 'WordPiece'");
+  snprintf(buf, sizeof buf, "{\"decoder\": {\"type\": \"CTC\"}, %s}", bpe);
+  expect_load_error(ctx, buf, NB_ERR_UNIMPLEMENTED, "decoder: decoder type 'CTC'");
   snprintf(buf, sizeof buf, "{\"added_tokens\": [{\"id\": 5}], %s}", bpe);
   expect_load_error(ctx, buf, NB_ERR_FORMAT, "added_tokens[0]: needs an integer 'id'");
   snprintf(buf, sizeof buf, "{\"pre_tokenizer\": {\"type\": \"ByteLevel\"}, %s}", bpe);
@@ -196,9 +196,9 @@ static void test_bad_files(nb_ctx *ctx) {
   /* SentencePiece */
   CHECK(!nb_tok_load_sentencepiece_bytes(ctx, "\x0a\x05\x0a\x01", 4, "m.model"));
   CHECK_ERR(ctx, NB_ERR_FORMAT, "m.model: not a SentencePiece model");
-  const char unigram[] = "\x0a\x03\x0a\x01\x61\x12\x02\x18\x01";
-  CHECK(!nb_tok_load_sentencepiece_bytes(ctx, unigram, sizeof unigram - 1, "m.model"));
-  CHECK_ERR(ctx, NB_ERR_UNIMPLEMENTED, "m.model: trainer_spec.model_type: UNIGRAM models are not supported");
+  const char word[] = "\x0a\x03\x0a\x01\x61\x12\x02\x18\x03";
+  CHECK(!nb_tok_load_sentencepiece_bytes(ctx, word, sizeof word - 1, "m.model"));
+  CHECK_ERR(ctx, NB_ERR_UNIMPLEMENTED, "m.model: trainer_spec.model_type: WORD models are not supported");
   CHECK(nb_ctx_bytes_in_use(ctx) == 0);
 }
 
