@@ -103,6 +103,9 @@ int32_t nb_tok_num_merges(const nb_tok *t);
 const char *nb_tok_pattern(const nb_tok *t);
 /* True when every byte value has a token (byte-level round trip is exact). */
 bool nb_tok_covers_all_bytes(const nb_tok *t);
+/* True when text is changed before it is split (NFC/NFKC, lowercasing, a
+ * SentencePiece charsmap, ...): then decode(encode(x)) may differ from x. */
+bool nb_tok_has_normalizer(const nb_tok *t);
 /* The token's bytes (raw bytes for byte-level, the piece for char-level, the
  * content for added tokens); NULL for an id out of range or unused. Valid
  * while t is alive. */

@@ -363,6 +363,7 @@ int32_t nb_tok_vocab_size(const nb_tok *t) { return t->n_tokens; }
 int32_t nb_tok_num_merges(const nb_tok *t) { return t->n_merges; }
 const char *nb_tok_pattern(const nb_tok *t) { return t->pattern; }
 bool nb_tok_covers_all_bytes(const nb_tok *t) { return t->all_bytes; }
+bool nb_tok_has_normalizer(const nb_tok *t) { return t->n_norm > 0 || t->spm_trie_n > 0 || t->spm_remove_extra; }
 
 const uint8_t *nb_tok_token_bytes(const nb_tok *t, int32_t id, size_t *len) {
   if (id < 0 || id >= t->n_tokens || !(t->tokens[id].flags & NB_TOK__F_PRESENT)) return NULL;
