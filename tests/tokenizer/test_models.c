@@ -226,8 +226,34 @@ static void test_save_refuses(nb_ctx *ctx) {
   }
 }
 
+/* A vocabulary with a very long token: matching stops where no token
+ * continues the text, so a long text costs O(n x match), not O(n x token^2). */
+static void test_long_tokens(nb_ctx *ctx) {
+  enum { L = 4000 };
+  char *json = malloc(2 * L + 512), *text = malloc(L + 1);
+  memset(text, 'a', L);
+  text[L] = 0;
+  for (int wp = 0; wp < 2; wp++) {
+    int k = sprintf(json, wp ? "{\"model\": {\"type\": \"WordPiece\", \"max_input_chars_per_word\": 100000, \"vocab\": {\"[UNK]\": 0, \"a\": 1, \"##a\": 2, \""
+                             : "{\"model\": {\"type\": \"Unigram\", \"unk_id\": 0, \"vocab\": [[\"<unk>\", 0], [\"a\", -1], [\"aa\", -1.5], [\"");
+    memset(json + k, 'a', L - 1);
+    k += L - 1;
+    sprintf(json + k, wp ? "b\": 3}}}" : "b\", -1]]}}");
+    nb_tok *t = load_json(ctx, json);
+    if (!t) continue;
+    nb_tok_ids ids = {0};
+    CHECK_OK(ctx, nb_tok_encode(t, text, L, NULL, &ids));
+    CHECK_MSG(ids.len == (wp ? L : L / 2), "%s: %zu ids", wp ? "WordPiece" : "Unigram", ids.len);
+    nb_tok_ids_free(t, &ids);
+    nb_tok_destroy(t);
+  }
+  free(json);
+  free(text);
+}
+
 int main(void) {
   nb_ctx *ctx = nb_ctx_create();
+  test_long_tokens(ctx);
   test_save_refuses(ctx);
   test_unigram(ctx);
   test_wordpiece(ctx);

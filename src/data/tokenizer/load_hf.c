@@ -521,7 +521,7 @@ static nb_status model_unigram(hf_load *L, const cJSON *m) {
     if (!get_id(unk, &t->unk_id) || t->unk_id >= n) return bad(L, NB_ERR_FORMAT, "model.unk_id", "must be the index of a model.vocab entry");
   }
   t->byte_fallback = get_bool(m, "byte_fallback", false);
-  return nb_tok__unigram_finish(t, min);
+  return nb_tok__unigram_finish(t, min, false);
 }
 
 static nb_status model_wordpiece(hf_load *L, const cJSON *m) {
@@ -540,7 +540,7 @@ static nb_status model_wordpiece(hf_load *L, const cJSON *m) {
   const char *unk = get_str(m, "unk_token");
   if (!r) r = unk_token(L, unk ? unk : "[UNK]", "model.unk_token");
   t->model = NB_TOK__MODEL_WORDPIECE;
-  return r;
+  return r ? r : nb_tok__prefix_index(t, false);
 }
 
 static nb_status model(hf_load *L, const cJSON *m) {

@@ -188,9 +188,8 @@ static nb_status unigram(spm_load *L) {
   if (!t->scores) return NB_ERR_NOMEM;
   for (int32_t id = 0; id < t->n_tokens; id++) t->scores[id] = L->scores[id];
   t->uni_f32 = true;
-  t->uni_skip_bytes = true; /* byte pieces only stand in for unknown characters */
   if (t->unk_id < 0) return nb_errorf(t->ctx, NB_ERR_FORMAT, "%s: pieces: a Unigram model needs an UNKNOWN piece", L->name);
-  return nb_tok__unigram_finish(t, L->min_normal);
+  return nb_tok__unigram_finish(t, L->min_normal, true); /* byte pieces only stand in for unknown characters */
 }
 
 static nb_status derive(spm_load *L) {

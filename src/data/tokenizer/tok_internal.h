@@ -85,8 +85,11 @@ struct nb_tok {
    * text (SentencePiece) */
   double *scores;
   double uni_unk_score;
-  int uni_max_chars;
-  bool uni_f32, uni_skip_bytes;
+  bool uni_f32;
+  /* Unigram and WordPiece: the ids of the tokens they match, sorted by
+   * bytes (prefix.c) */
+  int32_t *sorted;
+  int32_t n_sorted, cap_sorted;
   /* WordPiece: continuing_subword_prefix, max_input_chars_per_word */
   char wp_prefix[16];
   int wp_max_chars;
@@ -202,8 +205,24 @@ nb_status nb_tok__push(const nb_tok *t, nb_tok_ids *out, int32_t id);
 nb_status nb_tok__unigram_encode(const nb_tok *t, const uint8_t *s, size_t n, nb_tok_ids *out);
 nb_status nb_tok__wordpiece_encode(const nb_tok *t, const uint8_t *s, size_t n, nb_tok_ids *out);
 /* Makes t a Unigram model (t->scores set; min_score as the reference
- * computes it); call after nb_tok__index. */
-nb_status nb_tok__unigram_finish(nb_tok *t, double min_score);
+ * computes it); call after nb_tok__index. <0xNN> tokens are matched in text
+ * unless skip_bytes (SentencePiece). */
+nb_status nb_tok__unigram_finish(nb_tok *t, double min_score, bool skip_bytes);
+
+/* ---- prefix.c: the vocabulary as a sorted-array trie ---- */
+/* The tokens sharing the `depth` bytes walked so far: sorted[lo..hi). */
+typedef struct nb_tok__range {
+  int32_t lo, hi;
+  uint32_t depth;
+} nb_tok__range;
+/* Builds t->sorted from the indexed vocabulary (not added or hidden tokens;
+ * not <0xNN> ones when skip_bytes). */
+nb_status nb_tok__prefix_index(nb_tok *t, bool skip_bytes);
+static inline nb_tok__range nb_tok__range_all(const nb_tok *t) { return (nb_tok__range){0, t->n_sorted, 0}; }
+/* Walks one more byte; false when no token continues the prefix. */
+bool nb_tok__range_step(const nb_tok *t, nb_tok__range *r, uint8_t c);
+/* The token equal to the prefix walked, or -1. */
+int32_t nb_tok__range_exact(const nb_tok *t, const nb_tok__range *r);
 
 /* ---- spm_norm.c ---- */
 /* Copies a precompiled_charsmap (validated; `where` names the file). */

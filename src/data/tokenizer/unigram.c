@@ -20,10 +20,6 @@ typedef struct uni_node {
   int32_t id;    /* its last token (unk_id for an unknown character) */
 } uni_node;
 
-static bool candidate(const nb_tok *t, int32_t id) {
-  return id >= 0 && !(t->uni_skip_bytes && (t->tokens[id].flags & NB_TOK__F_BYTE));
-}
-
 static int char_len(const uint8_t *s, size_t n) {
   int l = nb_tok__utf8_len(s, n);
   return l ? l : 1; /* an invalid byte is a character of its own (an unknown one) */
@@ -59,13 +55,12 @@ nb_status nb_tok__unigram_encode(const nb_tok *t, const uint8_t *s, size_t n, nb
     int mblen = char_len(s + start, n - start);
     double base = node[start].score;
     bool single = false;
-    size_t end = start;
-    for (int c = 0; c < t->uni_max_chars && end < n; c++) {
-      end += (size_t)char_len(s + end, n - end);
-      int32_t id = nb_tok__lookup(t, s + start, end - start);
-      if (!candidate(t, id)) continue;
+    nb_tok__range rg = nb_tok__range_all(t);
+    for (size_t end = start + 1; end <= n && nb_tok__range_step(t, &rg, s[end - 1]); end++) {
+      int32_t id = nb_tok__range_exact(t, &rg);
+      if (id < 0) continue;
       relax(t, &node[end], base, t->scores[id], (int32_t)start, id);
-      if (c == 0) single = true;
+      if (end - start == (size_t)mblen) single = true;
     }
     if (!single) relax(t, &node[start + (size_t)mblen], base, t->uni_unk_score, (int32_t)start, -1);
     start += (size_t)mblen;
@@ -96,16 +91,8 @@ nb_status nb_tok__unigram_encode(const nb_tok *t, const uint8_t *s, size_t n, nb
   return r;
 }
 
-nb_status nb_tok__unigram_finish(nb_tok *t, double min_score) {
+nb_status nb_tok__unigram_finish(nb_tok *t, double min_score, bool skip_bytes) {
   t->model = NB_TOK__MODEL_UNIGRAM;
   t->uni_unk_score = t->uni_f32 ? (double)((float)min_score - (float)UNK_PENALTY) : min_score - UNK_PENALTY;
-  t->uni_max_chars = 1;
-  for (int32_t id = 0; id < t->n_tokens; id++) {
-    const nb_tok__token *tk = &t->tokens[id];
-    if (!(tk->flags & NB_TOK__F_PRESENT) || nb_tok__lookup(t, nb_tok__bytes(t, id), tk->len) != id) continue;
-    int chars = 0;
-    for (uint32_t i = 0; i < tk->len; i += (uint32_t)char_len(nb_tok__bytes(t, id) + i, tk->len - i)) chars++;
-    if (chars > t->uni_max_chars) t->uni_max_chars = chars;
-  }
-  return NB_OK;
+  return nb_tok__prefix_index(t, skip_bytes);
 }

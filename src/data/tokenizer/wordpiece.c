@@ -19,41 +19,36 @@ static nb_status unk(const nb_tok *t, const uint8_t *s, size_t n, nb_tok_ids *ou
   return nb_tok__push(t, out, t->unk_id);
 }
 
+/* The longest token matching s[start..) (after the continuing prefix when
+ * start > 0); its end in *end, or -1. */
+static int32_t longest(const nb_tok *t, const uint8_t *s, size_t n, size_t start, size_t *end) {
+  nb_tok__range rg = nb_tok__range_all(t);
+  if (start > 0)
+    for (const char *p = t->wp_prefix; *p; p++)
+      if (!nb_tok__range_step(t, &rg, (uint8_t)*p)) return -1;
+  int32_t best = -1;
+  for (size_t i = start; i < n && nb_tok__range_step(t, &rg, s[i]); i++) {
+    int32_t id = nb_tok__range_exact(t, &rg);
+    if (id >= 0) best = id, *end = i + 1;
+  }
+  return best;
+}
+
 nb_status nb_tok__wordpiece_encode(const nb_tok *t, const uint8_t *s, size_t n, nb_tok_ids *out) {
   size_t chars = 0;
   for (size_t i = 0; i < n; i += (size_t)char_len(s + i, n - i)) chars++;
   if (chars > (size_t)t->wp_max_chars) return unk(t, s, n, out);
-  size_t plen = strlen(t->wp_prefix), before = out->len;
-  uint8_t small[256];
-  uint8_t *buf = n + plen <= sizeof small ? small : nb_alloc(t->ctx, n + plen);
-  if (!buf) return NB_ERR_NOMEM;
-  memcpy(buf, t->wp_prefix, plen);
-  nb_status r = NB_OK;
-  bool bad = false;
-  for (size_t start = 0; start < n && !r && !bad;) {
-    int32_t id = -1;
-    size_t end = n;
-    while (end > start) {
-      if (start == 0) {
-        id = nb_tok__lookup(t, s, end);
-      } else {
-        memcpy(buf + plen, s + start, end - start);
-        id = nb_tok__lookup(t, buf, plen + end - start);
-      }
-      if (id >= 0) break;
-      size_t back = 1; /* step back over the last character */
-      while (back < end - start && back < 4 && (s[end - back] & 0xC0) == 0x80) back++;
-      if (nb_tok__utf8_len(s + end - back, back) != (int)back) back = 1;
-      end -= back;
+  size_t before = out->len;
+  for (size_t start = 0; start < n;) {
+    size_t end = start;
+    int32_t id = longest(t, s, n, start, &end);
+    if (id < 0) { /* one position no token fits: the whole word is unknown */
+      out->len = before;
+      return unk(t, s, n, out);
     }
-    if (id < 0) bad = true;
-    else r = nb_tok__push(t, out, id), start = end;
-  }
-  if (buf != small) nb_dealloc(t->ctx, buf, n + plen);
-  if (r) return r;
-  if (bad) {
-    out->len = before;
-    return unk(t, s, n, out);
+    nb_status r = nb_tok__push(t, out, id);
+    if (r) return r;
+    start = end;
   }
   return NB_OK;
 }
