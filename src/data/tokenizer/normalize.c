@@ -23,31 +23,8 @@ static uint32_t decode_cp(const uint8_t *s, int l) {
   }
 }
 
-size_t nb_tok__put_utf8(uint32_t cp, uint8_t *out) {
-  if (cp < 0x80) {
-    out[0] = (uint8_t)cp;
-    return 1;
-  }
-  if (cp < 0x800) {
-    out[0] = (uint8_t)(0xC0 | (cp >> 6));
-    out[1] = (uint8_t)(0x80 | (cp & 0x3F));
-    return 2;
-  }
-  if (cp < 0x10000) {
-    out[0] = (uint8_t)(0xE0 | (cp >> 12));
-    out[1] = (uint8_t)(0x80 | ((cp >> 6) & 0x3F));
-    out[2] = (uint8_t)(0x80 | (cp & 0x3F));
-    return 3;
-  }
-  out[0] = (uint8_t)(0xF0 | (cp >> 18));
-  out[1] = (uint8_t)(0x80 | ((cp >> 12) & 0x3F));
-  out[2] = (uint8_t)(0x80 | ((cp >> 6) & 0x3F));
-  out[3] = (uint8_t)(0x80 | (cp & 0x3F));
-  return 4;
-}
-
 /* Rust's char::is_whitespace (the White_Space property), as `tokenizers`. */
-bool nb_tok__is_white_space(uint32_t c) {
+static bool is_white_space(uint32_t c) {
   return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) ||
          c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
@@ -120,7 +97,7 @@ static nb_status per_char(norm_buf *o, const uint8_t *s, size_t n, const nb_tok_
       break;
     case NB_TOK__NORM_BERT_CLEAN:
       if (c == 0 || c == 0xFFFD || is_bert_control(c)) break;
-      r = put_cp(o, nb_tok__is_white_space(c) ? ' ' : c);
+      r = put_cp(o, is_white_space(c) ? ' ' : c);
       break;
     case NB_TOK__NORM_BERT_CJK:
       if (is_cjk(c)) r = put(o, " ", 1);

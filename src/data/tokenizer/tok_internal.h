@@ -187,6 +187,8 @@ size_t nb_tok__map_bytes(const uint8_t *b, size_t n, char *out);
 /* ---- utf8 ---- */
 /* Length of the valid UTF-8 sequence at s (1..4), or 0 when invalid. */
 int nb_tok__utf8_len(const uint8_t *s, size_t n);
+/* Writes cp (<= U+10FFFF) as UTF-8, up to 4 bytes; returns the length. */
+size_t nb_tok__put_utf8(uint32_t cp, uint8_t *out);
 /* Length of the longest valid UTF-8 prefix of s. */
 size_t nb_tok__utf8_valid_prefix(const uint8_t *s, size_t n);
 
@@ -194,10 +196,6 @@ size_t nb_tok__utf8_valid_prefix(const uint8_t *s, size_t n);
 /* Runs t->norm over n bytes of text into a new buffer (*out, nb_alloc'ed
  * with capacity *out_cap, at least 1 byte more than *out_len). */
 nb_status nb_tok__normalize(const nb_tok *t, const uint8_t *s, size_t n, uint8_t **out, size_t *out_len, size_t *out_cap);
-/* Writes cp as UTF-8 (up to 4 bytes); returns the length. */
-size_t nb_tok__put_utf8(uint32_t cp, uint8_t *out);
-/* Rust's char::is_whitespace (Unicode White_Space), as `tokenizers` uses it. */
-bool nb_tok__is_white_space(uint32_t c);
 
 /* ---- encode.c, unigram.c, wordpiece.c: the models ---- */
 nb_status nb_tok__push(const nb_tok *t, nb_tok_ids *out, int32_t id);

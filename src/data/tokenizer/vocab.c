@@ -41,19 +41,6 @@ int nb_tok__cp_to_byte(uint32_t cp) {
   return -1;
 }
 
-static size_t put_utf8(uint32_t cp, char *out) {
-  if (cp < 0x80) { out[0] = (char)cp; return 1; }
-  if (cp < 0x800) {
-    out[0] = (char)(0xC0 | (cp >> 6));
-    out[1] = (char)(0x80 | (cp & 0x3F));
-    return 2;
-  }
-  out[0] = (char)(0xE0 | (cp >> 12));
-  out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-  out[2] = (char)(0x80 | (cp & 0x3F));
-  return 3;
-}
-
 long nb_tok__unmap_bytes(const char *s, size_t n, uint8_t *out) {
   const uint8_t *u = (const uint8_t *)s;
   size_t i = 0, o = 0;
@@ -77,7 +64,7 @@ size_t nb_tok__map_bytes(const uint8_t *b, size_t n, char *out) {
     ready = 1;
   }
   size_t o = 0;
-  for (size_t i = 0; i < n; i++) o += put_utf8(table[b[i]], out + o);
+  for (size_t i = 0; i < n; i++) o += nb_tok__put_utf8(table[b[i]], (uint8_t *)out + o);
   return o;
 }
 
@@ -101,6 +88,29 @@ int nb_tok__utf8_len(const uint8_t *s, size_t n) {
     return 4;
   }
   return 0;
+}
+
+size_t nb_tok__put_utf8(uint32_t cp, uint8_t *out) {
+  if (cp < 0x80) {
+    out[0] = (uint8_t)cp;
+    return 1;
+  }
+  if (cp < 0x800) {
+    out[0] = (uint8_t)(0xC0 | (cp >> 6));
+    out[1] = (uint8_t)(0x80 | (cp & 0x3F));
+    return 2;
+  }
+  if (cp < 0x10000) {
+    out[0] = (uint8_t)(0xE0 | (cp >> 12));
+    out[1] = (uint8_t)(0x80 | ((cp >> 6) & 0x3F));
+    out[2] = (uint8_t)(0x80 | (cp & 0x3F));
+    return 3;
+  }
+  out[0] = (uint8_t)(0xF0 | (cp >> 18));
+  out[1] = (uint8_t)(0x80 | ((cp >> 12) & 0x3F));
+  out[2] = (uint8_t)(0x80 | ((cp >> 6) & 0x3F));
+  out[3] = (uint8_t)(0x80 | (cp & 0x3F));
+  return 4;
 }
 
 size_t nb_tok__utf8_valid_prefix(const uint8_t *s, size_t n) {
