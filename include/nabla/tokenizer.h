@@ -1,17 +1,23 @@
-/* nabla tokenizer: byte-pair encoding (BPE) for the data library.
+/* nabla tokenizer: the data library's tokenizers.
  *
- * Loads GPT-2 style `vocab.json` + `merges.txt` and Hugging Face
- * `tokenizer.json` files for BPE models (byte-level, as GPT-2 / Llama-3, and
- * SentencePiece-style with "▁" for spaces and <0xNN> byte fallback, as
- * Llama-2 / Gemma), encodes text to ids and decodes ids back, and trains new
- * byte-level BPE vocabularies, saved as a tokenizer.json that both nabla and
- * the Python `tokenizers` package load.
+ * Loads GPT-2 style `vocab.json` + `merges.txt`, Hugging Face
+ * `tokenizer.json` files (BPE, byte-level as GPT-2 / Llama-3 / Qwen2 or
+ * SentencePiece-style with "▁" for spaces and <0xNN> byte fallback as
+ * Llama-2 / Gemma; Unigram as T5 / ALBERT; WordPiece as BERT) and
+ * SentencePiece `tokenizer.model` files (BPE and Unigram), encodes text to ids
+ * and decodes ids back, and trains new byte-level BPE vocabularies, saved as
+ * a tokenizer.json that both nabla and the Python `tokenizers` package load.
+ * docs/tokenizers.md lists the supported components and how each is checked
+ * against `tokenizers` / `sentencepiece`.
  *
  * Encoding: added/special tokens are matched first (leftmost-longest, in the
- * raw text); each remaining segment is normalized (char-level models), split
- * by the pre-tokenizer (a PCRE2 regex, GPT-2 or cl100k/Llama-3 style, or the
- * SentencePiece Metaspace rule) and each piece is merged by BPE: repeatedly
- * the adjacent pair with the lowest merge rank, leftmost on ties. With a
+ * raw text); each remaining segment is normalized (NFC/NFKC/..., lowercase,
+ * BertNormalizer, a SentencePiece charsmap; "▁" for spaces in char-level
+ * models), split by the pre-tokenizer (a PCRE2 regex, GPT-2 or cl100k/Llama-3
+ * style, BertPreTokenizer, or the SentencePiece Metaspace rule) and each
+ * piece is encoded by the model. BPE: repeatedly the adjacent pair with the
+ * lowest merge rank, leftmost on ties; Unigram: the highest-scoring split
+ * (Viterbi); WordPiece: longest vocabulary token first. With a
  * byte-level vocabulary that holds all 256 bytes, decode(encode(x)) == x for
  * every byte string x, invalid UTF-8 included: the regex runs only on valid
  * UTF-8 runs, and each run of invalid bytes is a piece of its own.
@@ -74,19 +80,21 @@ typedef struct nb_tok_gpt2_opts {
  * tokenizer.json, vocab.json + merges.txt, or tokenizer.model. Returns a new tokenizer (destroy it), or NULL
  * with an error on ctx naming the file and field that was wrong. */
 nb_tok *nb_tok_load(nb_ctx *ctx, const char *path);
-/* A Hugging Face tokenizer.json holding a BPE model. Unsupported components
- * (a WordPiece model, an NFC normalizer, ...) fail with NB_ERR_UNIMPLEMENTED
- * naming the field. `name` (for messages) may be NULL. */
+/* A Hugging Face tokenizer.json (BPE, Unigram or WordPiece model).
+ * Unsupported components (a WordLevel model, a Precompiled normalizer, ...)
+ * fail with NB_ERR_UNIMPLEMENTED naming the field. `name` (for messages) may
+ * be NULL. */
 nb_tok *nb_tok_load_hf(nb_ctx *ctx, const char *path);
 nb_tok *nb_tok_load_hf_string(nb_ctx *ctx, const char *json, size_t len, const char *name);
 /* GPT-2 style files (opts may be NULL). */
 nb_tok *nb_tok_load_gpt2(nb_ctx *ctx, const char *vocab_path, const char *merges_path, const nb_tok_gpt2_opts *opts);
 nb_tok *nb_tok_load_gpt2_strings(nb_ctx *ctx, const char *vocab_json, size_t vocab_len, const char *merges_txt,
                                  size_t merges_len, const nb_tok_gpt2_opts *opts);
-/* A SentencePiece BPE model file (tokenizer.model, as Llama-2's): merges by
- * score, "▁" for spaces, <0xNN> byte fallback, control pieces (<s>) never
- * matched in text. Unigram models and non-identity normalizations fail with
- * NB_ERR_UNIMPLEMENTED naming the field. */
+/* A SentencePiece model file (tokenizer.model): BPE (as Llama-2's: merges
+ * by score, whitespace-only pieces) or Unigram, "▁" for spaces, <0xNN> byte
+ * fallback, the normalizer_spec's charsmap (nmt_nfkc, nfkc, custom rules)
+ * and whitespace options, control pieces (<s>) never matched in text. WORD
+ * and CHAR models fail with NB_ERR_UNIMPLEMENTED naming the field. */
 nb_tok *nb_tok_load_sentencepiece(nb_ctx *ctx, const char *path);
 nb_tok *nb_tok_load_sentencepiece_bytes(nb_ctx *ctx, const void *data, size_t len, const char *name);
 void nb_tok_destroy(nb_tok *t); /* NULL is allowed */
@@ -103,6 +111,9 @@ int32_t nb_tok_num_merges(const nb_tok *t);
 const char *nb_tok_pattern(const nb_tok *t);
 /* True when every byte value has a token (byte-level round trip is exact). */
 bool nb_tok_covers_all_bytes(const nb_tok *t);
+/* True when text is changed before it is split (NFC/NFKC, lowercasing, a
+ * SentencePiece charsmap, ...): then decode(encode(x)) may differ from x. */
+bool nb_tok_has_normalizer(const nb_tok *t);
 /* The token's bytes (raw bytes for byte-level, the piece for char-level, the
  * content for added tokens); NULL for an id out of range or unused. Valid
  * while t is alive. */
@@ -143,6 +154,11 @@ typedef enum nb_tok_special {
 
 typedef struct nb_tok_encode_opts {
   nb_tok_special special;
+  /* Add the special tokens of the file's post-processor around the ids
+   * (tokenizer.json TemplateProcessing / BertProcessing / RobertaProcessing:
+   * BOS/EOS, [CLS] ... [SEP]), as `tokenizers`' add_special_tokens=True.
+   * Off by default. SentencePiece .model files carry no such rule. */
+  bool add_special_tokens;
 } nb_tok_encode_opts;
 
 /* Encodes len bytes of text (any bytes), appending ids to out. opts may be

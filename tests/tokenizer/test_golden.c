@@ -52,7 +52,8 @@ static void load_texts(void) {
 /* Encodes every text with tok and compares with refs[ref]; checks decode
  * gives the text back when `roundtrip`, or (char-level) what the reference's
  * decode gives (refs["<ref>:decoded"], skipping specials) when it has one. */
-static void compare(nb_ctx *ctx, nb_tok *tok, const char *vocab, const char *ref, bool roundtrip) {
+static void compare_opts(nb_ctx *ctx, nb_tok *tok, const char *vocab, const char *ref, bool roundtrip,
+                         const nb_tok_encode_opts *eo) {
   CHECK_MSG(tok != NULL, "%s: %s", vocab, nb_ctx_error(ctx));
   if (!tok) return;
   char path[256];
@@ -66,7 +67,7 @@ static void compare(nb_ctx *ctx, nb_tok *tok, const char *vocab, const char *ref
   int bad = 0;
   for (int i = 0; i < n_texts && i < cJSON_GetArraySize(lists); i++) {
     nb_tok_ids ids = {0};
-    CHECK_OK(ctx, nb_tok_encode(tok, texts[i].data, texts[i].len, NULL, &ids));
+    CHECK_OK(ctx, nb_tok_encode(tok, texts[i].data, texts[i].len, eo, &ids));
     cJSON *want = cJSON_GetArrayItem(lists, i);
     bool same = (int)ids.len == cJSON_GetArraySize(want);
     for (size_t k = 0; same && k < ids.len; k++) same = ids.ids[k] == cJSON_GetArrayItem(want, (int)k)->valueint;
@@ -94,6 +95,23 @@ static void compare(nb_ctx *ctx, nb_tok *tok, const char *vocab, const char *ref
     nb_tok_ids_free(tok, &ids);
   }
   cJSON_Delete(j);
+}
+
+static void compare(nb_ctx *ctx, nb_tok *tok, const char *vocab, const char *ref, bool roundtrip) {
+  compare_opts(ctx, tok, vocab, ref, roundtrip, NULL);
+}
+
+/* A tokenizer.json in golden/<vocab>/: ids without and (refs "<file>+special")
+ * with the post-processor's special tokens, and decodes where refs have them. */
+static void compare_hf(nb_ctx *ctx, const char *vocab, const char *file) {
+  char path[256], ref[128];
+  snprintf(path, sizeof path, "tests/tokenizer/golden/%s/%s", vocab, file);
+  nb_tok *t = nb_tok_load(ctx, path);
+  compare_opts(ctx, t, vocab, file, false, NULL);
+  snprintf(ref, sizeof ref, "%s+special", file);
+  nb_tok_encode_opts eo = {.add_special_tokens = true};
+  compare_opts(ctx, t, vocab, ref, false, &eo);
+  nb_tok_destroy(t);
 }
 
 /* Byte-level tokenizers round-trip any bytes, invalid UTF-8 included. */
@@ -144,6 +162,25 @@ int main(void) {
   t = nb_tok_load(ctx, "tests/tokenizer/golden/spm");
   compare(ctx, t, "spm", "sentencepiece", true);
   nb_tok_destroy(t);
+
+  /* allow_whitespace_only_pieces: runs of spaces become "▁▁▁▁" pieces */
+  t = nb_tok_load(ctx, "tests/tokenizer/golden/spm_ws/tokenizer.model");
+  compare(ctx, t, "spm_ws", "sentencepiece", true);
+  nb_tok_destroy(t);
+  /* Unigram models with precompiled nfkc charsmaps */
+  t = nb_tok_load(ctx, "tests/tokenizer/golden/spm_unigram/tokenizer.model");
+  compare(ctx, t, "spm_unigram", "sentencepiece", false);
+  nb_tok_destroy(t);
+  t = nb_tok_load(ctx, "tests/tokenizer/golden/spm_unigram_bf/tokenizer.model");
+  compare(ctx, t, "spm_unigram_bf", "sentencepiece", false);
+  nb_tok_destroy(t);
+
+  compare_hf(ctx, "qwen", "tokenizer.json");      /* NFC, byte-level */
+  compare_hf(ctx, "qwen", "tokenizer_nfkc.json"); /* NFKC, BOS/EOS template */
+  compare_hf(ctx, "hf_unigram", "tokenizer.json");
+  compare_hf(ctx, "hf_unigram", "tokenizer_bytes.json");
+  compare_hf(ctx, "wordpiece", "tokenizer.json");
+  compare_hf(ctx, "wordpiece", "tokenizer_cased.json");
 
   for (int i = 0; i < n_texts; i++) free(texts[i].data);
   for (int i = 0; i < n_invalid; i++) free(invalid[i].data);

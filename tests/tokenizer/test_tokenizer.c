@@ -32,7 +32,7 @@ static void test_special_modes(nb_ctx *ctx) {
   CHECK_OK(ctx, nb_tok_encode(t, s, strlen(s), NULL, &ids));
   CHECK(ids.len == 3 && ids.ids[1] == eot);
   ids.len = 0;
-  nb_tok_encode_opts text = {NB_TOK_SPECIAL_AS_TEXT};
+  nb_tok_encode_opts text = {.special = NB_TOK_SPECIAL_AS_TEXT};
   CHECK_OK(ctx, nb_tok_encode(t, s, strlen(s), &text, &ids));
   bool has = false;
   for (size_t i = 0; i < ids.len; i++) has |= ids.ids[i] == eot;
@@ -41,7 +41,7 @@ static void test_special_modes(nb_ctx *ctx) {
   CHECK_OK(ctx, nb_tok_decode(t, ids.ids, ids.len, NULL, &out));
   CHECK(!strcmp(out.data, s));
   ids.len = 0;
-  nb_tok_encode_opts err = {NB_TOK_SPECIAL_ERROR};
+  nb_tok_encode_opts err = {.special = NB_TOK_SPECIAL_ERROR};
   CHECK(nb_tok_encode(t, s, strlen(s), &err, &ids) == NB_ERR_INVALID_ARG && ids.len == 0);
   CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "special token '<|endoftext|>' at byte 1");
   CHECK_OK(ctx, nb_tok_encode(t, "no specials", 11, &err, &ids));
@@ -55,7 +55,7 @@ static void test_special_modes(nb_ctx *ctx) {
   CHECK(nb_tok_decode(t, bad, 2, NULL, &out) == NB_ERR_INVALID_ARG);
   CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "id 99999 at position 1");
   CHECK(!strcmp(out.data, "@A"));
-  nb_tok_encode_opts weird = {(nb_tok_special)7};
+  nb_tok_encode_opts weird = {.special = (nb_tok_special)7};
   CHECK(nb_tok_encode(t, "x", 1, &weird, &ids) == NB_ERR_INVALID_ARG);
   nb_ctx_clear_error(ctx);
   nb_tok_ids_free(t, &ids);
@@ -128,8 +128,8 @@ static void test_bad_files(nb_ctx *ctx) {
   char buf[1024];
   expect_load_error(ctx, "{", NB_ERR_FORMAT, "x/tokenizer.json: not valid JSON");
   expect_load_error(ctx, "[]", NB_ERR_FORMAT, "must be an object");
-  expect_load_error(ctx, "{\"model\": {\"type\": \"WordPiece\", \"vocab\": {}}}", NB_ERR_UNIMPLEMENTED,
-                    "x/tokenizer.json: model.type: model type 'WordPiece' is not supported");
+  expect_load_error(ctx, "{\"model\": {\"type\": \"WordLevel\", \"vocab\": {}}}", NB_ERR_UNIMPLEMENTED,
+                    "x/tokenizer.json: model.type: model type 'WordLevel' is not supported");
   expect_load_error(ctx, "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": -1}, \"merges\": []}}", NB_ERR_FORMAT,
                     "model.vocab['a']: id must be an integer");
   expect_load_error(ctx, "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"a c\"]}}", NB_ERR_FORMAT,
@@ -143,16 +143,30 @@ static void test_bad_files(nb_ctx *ctx) {
   expect_load_error(ctx, "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}}", NB_ERR_FORMAT, "model.merges: missing");
   expect_load_error(ctx, "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [], \"dropout\": 0.1}}",
                     NB_ERR_UNIMPLEMENTED, "model.dropout");
-  snprintf(buf, sizeof buf, "{\"normalizer\": {\"type\": \"NFC\"}, %s}", bpe);
-  expect_load_error(ctx, buf, NB_ERR_UNIMPLEMENTED, "normalizer: normalizer type 'NFC' is not supported");
+  snprintf(buf, sizeof buf, "{\"normalizer\": {\"type\": \"Strip\"}, %s}", bpe);
+  expect_load_error(ctx, buf, NB_ERR_UNIMPLEMENTED, "normalizer: normalizer type 'Strip' is not supported");
+  snprintf(buf, sizeof buf, "{\"normalizer\": {\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"Prepend\", \"prepend\": \"x\"}, {\"type\": \"NFKC\"}]}, %s}", bpe);
+  expect_load_error(ctx, buf, NB_ERR_UNIMPLEMENTED, "normalizer.normalizers[1]: a Unicode normalizer step after Prepend/Replace");
+  snprintf(buf, sizeof buf, "{\"post_processor\": {\"type\": \"BertProcessing\", \"cls\": [\"[CLS]\", 7], \"sep\": [\"b\", 1]}, %s}", bpe);
+  expect_load_error(ctx, buf, NB_ERR_FORMAT, "x/tokenizer.json: post_processor: names a token id that is not in the vocabulary");
+  snprintf(buf, sizeof buf, "{\"post_processor\": {\"type\": \"RobertaProcessing\", \"cls\": 0}, %s}", bpe);
+  expect_load_error(ctx, buf, NB_ERR_FORMAT, "post_processor: 'cls' must be a [token, id] pair");
+  snprintf(buf, sizeof buf, "{\"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": \"a\"}}], "
+           "\"special_tokens\": {\"a\": {\"ids\": [0]}}}, %s}", bpe);
+  expect_load_error(ctx, buf, NB_ERR_FORMAT, "post_processor: the single template must hold the sequence A once");
+  snprintf(buf, sizeof buf, "{\"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": [{\"Sequence\": {\"id\": \"A\"}}, "
+           "{\"SpecialToken\": {\"id\": \"z\"}}], \"special_tokens\": {}}, %s}", bpe);
+  expect_load_error(ctx, buf, NB_ERR_FORMAT, "post_processor.single[1]: a SpecialToken must name an entry of special_tokens");
+  snprintf(buf, sizeof buf, "{\"post_processor\": {\"type\": \"Sequence\", \"processors\": [{\"type\": \"ByteLevel\"}, {\"type\": \"Nope\"}]}, %s}", bpe);
+  expect_load_error(ctx, buf, NB_ERR_UNIMPLEMENTED, "post_processor.processors[1]: post-processor type 'Nope' is not supported");
   snprintf(buf, sizeof buf, "{\"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Digits\"}]}, %s}", bpe);
   expect_load_error(ctx, buf, NB_ERR_UNIMPLEMENTED, "pre_tokenizer.pretokenizers[0]: pre-tokenizer type 'Digits'");
   snprintf(buf, sizeof buf, "{\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"(\"}, \"behavior\": \"Isolated\"}, %s}", bpe);
   expect_load_error(ctx, buf, NB_ERR_FORMAT, "pattern does not compile");
   snprintf(buf, sizeof buf, "{\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"a\"}, \"behavior\": \"Removed\"}, %s}", bpe);
   expect_load_error(ctx, buf, NB_ERR_UNIMPLEMENTED, "behavior Isolated");
-  snprintf(buf, sizeof buf, "{\"decoder\": {\"type\": \"WordPiece\"}, %s}", bpe);
-  expect_load_error(ctx, buf, NB_ERR_UNIMPLEMENTED, "decoder: decoder type 'WordPiece'");
+  snprintf(buf, sizeof buf, "{\"decoder\": {\"type\": \"CTC\"}, %s}", bpe);
+  expect_load_error(ctx, buf, NB_ERR_UNIMPLEMENTED, "decoder: decoder type 'CTC'");
   snprintf(buf, sizeof buf, "{\"added_tokens\": [{\"id\": 5}], %s}", bpe);
   expect_load_error(ctx, buf, NB_ERR_FORMAT, "added_tokens[0]: needs an integer 'id'");
   snprintf(buf, sizeof buf, "{\"pre_tokenizer\": {\"type\": \"ByteLevel\"}, %s}", bpe);
@@ -182,9 +196,9 @@ static void test_bad_files(nb_ctx *ctx) {
   /* SentencePiece */
   CHECK(!nb_tok_load_sentencepiece_bytes(ctx, "\x0a\x05\x0a\x01", 4, "m.model"));
   CHECK_ERR(ctx, NB_ERR_FORMAT, "m.model: not a SentencePiece model");
-  const char unigram[] = "\x0a\x03\x0a\x01\x61\x12\x02\x18\x01";
-  CHECK(!nb_tok_load_sentencepiece_bytes(ctx, unigram, sizeof unigram - 1, "m.model"));
-  CHECK_ERR(ctx, NB_ERR_UNIMPLEMENTED, "m.model: trainer_spec.model_type: UNIGRAM models are not supported");
+  const char word[] = "\x0a\x03\x0a\x01\x61\x12\x02\x18\x03";
+  CHECK(!nb_tok_load_sentencepiece_bytes(ctx, word, sizeof word - 1, "m.model"));
+  CHECK_ERR(ctx, NB_ERR_UNIMPLEMENTED, "m.model: trainer_spec.model_type: WORD models are not supported");
   CHECK(nb_ctx_bytes_in_use(ctx) == 0);
 }
 

@@ -93,7 +93,7 @@ static int cmd_train(int argc, char **argv) {
 
 static int cmd_encode(int argc, char **argv, bool decode) {
   if (argc < 2) return usage();
-  nb_tok_encode_opts eo = {NB_TOK_SPECIAL_ALLOW};
+  nb_tok_encode_opts eo = {.special = NB_TOK_SPECIAL_ALLOW};
   nb_tok_decode_opts dopt = {false};
   const char *file = NULL;
   for (int i = 2; i < argc; i++) {

@@ -24,13 +24,13 @@ typedef struct enc_state {
   size_t heap_len, heap_cap;
 } enc_state;
 
-static nb_status push_id(enc_state *st, int32_t id) {
-  nb_tok_ids *o = st->out;
-  if (o->len == o->cap && nb_tok__grow(st->t->ctx, (void **)&o->ids, &o->cap, o->len + 1, sizeof *o->ids))
-    return NB_ERR_NOMEM;
+nb_status nb_tok__push(const nb_tok *t, nb_tok_ids *o, int32_t id) {
+  if (o->len == o->cap && nb_tok__grow(t->ctx, (void **)&o->ids, &o->cap, o->len + 1, sizeof *o->ids)) return NB_ERR_NOMEM;
   o->ids[o->len++] = id;
   return NB_OK;
 }
+
+static nb_status push_id(enc_state *st, int32_t id) { return nb_tok__push(st->t, st->out, id); }
 
 static inline int32_t pair_rank(const nb_tok *t, int32_t a, int32_t b, int32_t *result) {
   const nb_tok__merge *m = nb_tok__find_merge(t, a, b);
@@ -188,6 +188,8 @@ static size_t initial_symbols(const nb_tok *t, const uint8_t *s, size_t n, int32
 static nb_status on_piece(void *ud, const uint8_t *s, size_t n) {
   enc_state *st = ud;
   const nb_tok *t = st->t;
+  if (t->model == NB_TOK__MODEL_UNIGRAM) return nb_tok__unigram_encode(t, s, n, st->out);
+  if (t->model == NB_TOK__MODEL_WORDPIECE) return nb_tok__wordpiece_encode(t, s, n, st->out);
   if (t->ignore_merges || n == 1) {
     int32_t id = nb_tok__lookup(t, s, n);
     if (id >= 0) return push_id(st, id);
@@ -221,7 +223,11 @@ nb_status nb_tok_encode(const nb_tok *t, const void *text, size_t len, const nb_
     return nb_errorf(t->ctx, NB_ERR_INVALID_ARG, "nb_tok_encode: bad special-token mode %d", (int)mode);
   enc_state st = {.t = t, .out = out};
   size_t before = out->len;
-  nb_status r = nb_tok__split(t, text, len, mode, on_piece, on_added, &st);
+  bool wrap = opts && opts->add_special_tokens;
+  nb_status r = NB_OK;
+  for (int i = 0; wrap && i < t->n_post_prefix && !r; i++) r = push_id(&st, t->post_prefix[i]);
+  if (!r) r = nb_tok__split(t, text, len, mode, on_piece, on_added, &st);
+  for (int i = 0; wrap && i < t->n_post_suffix && !r; i++) r = push_id(&st, t->post_suffix[i]);
   nb_ctx *ctx = t->ctx;
   free_long(&st);
   if (st.heap) nb_dealloc(ctx, st.heap, st.heap_cap * sizeof *st.heap);
@@ -252,12 +258,44 @@ static nb_status append_piece(const nb_tok *t, nb_tok_text *o, const uint8_t *p,
   return append(t, o, p + start, n - start);
 }
 
+/* `tokenizers`' WordPiece cleanup, in place on o->data[from..len): each
+ * rule replaces every occurrence, in this order; none makes text longer. */
+static void wordpiece_cleanup(nb_tok_text *o, size_t from) {
+  static const char *const rules[][2] = {{" .", "."}, {" ?", "?"}, {" !", "!"}, {" ,", ","}, {" ' ", "'"}, {" n't", "n't"},
+                                         {" 'm", "'m"}, {" do not", " don't"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
+  for (size_t k = 0; k < sizeof rules / sizeof *rules; k++) {
+    size_t fl = strlen(rules[k][0]), tl = strlen(rules[k][1]), w = from;
+    for (size_t i = from; i < o->len;) {
+      if (i + fl <= o->len && !memcmp(o->data + i, rules[k][0], fl)) {
+        memmove(o->data + w, rules[k][1], tl);
+        w += tl;
+        i += fl;
+      } else {
+        o->data[w++] = o->data[i++];
+      }
+    }
+    o->len = w;
+  }
+}
+
+/* WordPiece decoder: the k-th token output is joined to the text before it
+ * without its prefix ("##ing"), or after a ' '. */
+static nb_status append_wordpiece(const nb_tok *t, nb_tok_text *o, const uint8_t *p, size_t n, size_t k) {
+  size_t pl = strlen(t->wp_dec_prefix), from = o->len;
+  nb_status r;
+  if (k > 0 && n >= pl && !memcmp(p, t->wp_dec_prefix, pl)) r = append(t, o, p + pl, n - pl);
+  else r = (k > 0 ? append(t, o, " ", 1) : NB_OK) || append(t, o, p, n) ? NB_ERR_NOMEM : NB_OK;
+  if (!r && t->wp_cleanup) wordpiece_cleanup(o, from);
+  return r;
+}
+
 nb_status nb_tok_decode(const nb_tok *t, const int32_t *ids, size_t n, const nb_tok_decode_opts *opts,
                         nb_tok_text *out) {
   if (!t || !out || (!ids && n)) return nb_errorf(t ? t->ctx : NULL, NB_ERR_INVALID_ARG, "nb_tok_decode: NULL argument");
   bool skip = opts && opts->skip_special;
   size_t before = out->len;
   nb_status r = append(t, out, "", 0);
+  size_t k = 0; /* tokens output so far (the WordPiece decoder joins on it) */
   for (size_t i = 0; i < n && !r; i++) {
     int32_t id = ids[i];
     if (id < 0 || id >= t->n_tokens || !(t->tokens[id].flags & NB_TOK__F_PRESENT)) {
@@ -267,7 +305,11 @@ nb_status nb_tok_decode(const nb_tok *t, const int32_t *ids, size_t n, const nb_
     }
     const nb_tok__token *tk = &t->tokens[id];
     const uint8_t *b = t->blob + tk->off;
-    if ((tk->flags & NB_TOK__F_SPECIAL) && !(tk->flags & NB_TOK__F_ADDED)) {
+    if (t->wp_decoder) {
+      if (!(skip && (tk->flags & NB_TOK__F_SPECIAL))) r = append_wordpiece(t, out, b, tk->len, k++);
+    } else if (id == t->unk_id && t->unk_surface[0]) {
+      r = append(t, out, t->unk_surface, strlen(t->unk_surface));
+    } else if ((tk->flags & NB_TOK__F_SPECIAL) && !(tk->flags & NB_TOK__F_ADDED)) {
       /* a SentencePiece control token (<s>, </s>): decodes to nothing */
     } else if (tk->flags & NB_TOK__F_ADDED) {
       if (!(skip && (tk->flags & NB_TOK__F_SPECIAL))) r = append(t, out, b, tk->len);
@@ -286,7 +328,8 @@ nb_status nb_tok_decode(const nb_tok *t, const int32_t *ids, size_t n, const nb_
     return r;
   }
   size_t strip = 0;
-  while ((int)strip < t->strip_leading && before + strip < out->len && out->data[before + strip] == ' ') strip++;
+  bool unk_first = n && ids[0] == t->unk_id && t->unk_surface[0]; /* sentencepiece strips a "▁", not the surface's ' ' */
+  while (!unk_first && (int)strip < t->strip_leading && before + strip < out->len && out->data[before + strip] == ' ') strip++;
   if (strip) memmove(out->data + before, out->data + before + strip, out->len - before - strip);
   out->len -= strip;
   out->data[out->len] = 0;

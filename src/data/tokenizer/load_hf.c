@@ -1,9 +1,12 @@
-/* Loading Hugging Face tokenizer.json files that hold a BPE model: the
- * model (vocab, merges as "a b" strings or [a, b] pairs, unk_token,
- * byte_fallback, fuse_unk, ignore_merges), added_tokens, and the supported
+/* Loading Hugging Face tokenizer.json files: the model (BPE: vocab, merges
+ * as "a b" strings or [a, b] pairs, unk_token, byte_fallback, fuse_unk,
+ * ignore_merges; Unigram: [token, score] vocab, unk_id, byte_fallback;
+ * WordPiece: vocab, unk_token, continuing_subword_prefix,
+ * max_input_chars_per_word), added_tokens, and the supported
  * normalizer / pre_tokenizer / decoder components. Anything else is refused
- * with NB_ERR_UNIMPLEMENTED naming the field. post_processor, truncation and
- * padding are ignored (nb_tok_encode adds no BOS/EOS). */
+ * with NB_ERR_UNIMPLEMENTED naming the field. The post_processor's special
+ * tokens (single-sequence template) are kept for add_special_tokens;
+ * truncation and padding are ignored. */
 #include <cjson/cJSON.h>
 #include <string.h>
 
@@ -37,6 +40,13 @@ static const char *get_str(const cJSON *o, const char *key) {
   return cJSON_IsString(v) ? v->valuestring : NULL;
 }
 
+static bool get_id(const cJSON *v, int32_t *id) {
+  if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble >= (1 << 28) || v->valuedouble != (double)(int32_t)v->valuedouble)
+    return false;
+  *id = (int32_t)v->valuedouble;
+  return true;
+}
+
 static bool is_null_or_absent(const cJSON *o) { return !o || cJSON_IsNull(o); }
 
 /* Does any pre_tokenizer/decoder component say ByteLevel? */
@@ -51,6 +61,14 @@ static bool mentions_bytelevel(const cJSON *o) {
 }
 
 /* ---- normalizer ---- */
+
+static nb_status add_norm(hf_load *L, const char *field, nb_tok__norm_kind kind) {
+  if (L->t->n_norm == NB_TOK__MAX_NORM) return bad(L, NB_ERR_UNIMPLEMENTED, field, "too many normalizer steps");
+  if (L->t->norm_prepend[0] || L->t->norm_replace_space)
+    return bad(L, NB_ERR_UNIMPLEMENTED, field, "a Unicode normalizer step after Prepend/Replace is not supported");
+  L->t->norm[L->t->n_norm++] = (nb_tok__norm_step){kind};
+  return NB_OK;
+}
 
 static nb_status normalizer(hf_load *L, const cJSON *n, const char *field) {
   if (is_null_or_absent(n)) return NB_OK;
@@ -67,7 +85,26 @@ static nb_status normalizer(hf_load *L, const cJSON *n, const char *field) {
     }
     return NB_OK;
   }
-  if (L->byte_level) return bad(L, NB_ERR_UNIMPLEMENTED, field, "normalizers are not supported with a byte-level model");
+  static const struct {
+    const char *type;
+    nb_tok__norm_kind kind;
+  } unicode[] = {{"NFC", NB_TOK__NORM_NFC}, {"NFKC", NB_TOK__NORM_NFKC}, {"NFD", NB_TOK__NORM_NFD},
+                 {"NFKD", NB_TOK__NORM_NFKD}, {"Lowercase", NB_TOK__NORM_LOWERCASE}, {"StripAccents", NB_TOK__NORM_STRIP_MARKS}};
+  for (size_t i = 0; i < sizeof unicode / sizeof *unicode; i++)
+    if (!strcmp(ty, unicode[i].type)) return add_norm(L, field, unicode[i].kind);
+  if (!strcmp(ty, "BertNormalizer")) {
+    bool lower = get_bool(n, "lowercase", true);
+    const cJSON *sa = cJSON_GetObjectItemCaseSensitive(n, "strip_accents");
+    bool strip = cJSON_IsBool(sa) ? cJSON_IsTrue(sa) : lower; /* null: follows lowercase */
+    nb_status r = NB_OK;
+    if (get_bool(n, "clean_text", true)) r = add_norm(L, field, NB_TOK__NORM_BERT_CLEAN);
+    if (!r && get_bool(n, "handle_chinese_chars", true)) r = add_norm(L, field, NB_TOK__NORM_BERT_CJK);
+    if (!r && strip) r = add_norm(L, field, NB_TOK__NORM_NFD);
+    if (!r && strip) r = add_norm(L, field, NB_TOK__NORM_STRIP_MARKS);
+    if (!r && lower) r = add_norm(L, field, NB_TOK__NORM_LOWERCASE);
+    return r;
+  }
+  if (L->byte_level) return bad(L, NB_ERR_UNIMPLEMENTED, field, "Prepend and Replace are not supported with a byte-level model");
   if (!strcmp(ty, "Prepend")) {
     const char *p = get_str(n, "prepend");
     if (!p || strlen(p) >= sizeof L->t->norm_prepend || L->t->norm_prepend[0])
@@ -156,12 +193,21 @@ static nb_status pre_tokenizer(hf_load *L, const cJSON *p, const char *field) {
     if (!r && lit) r = escape_literal(L, lit);
     return r;
   }
+  if (!strcmp(ty, "BertPreTokenizer") || !strcmp(ty, "WhitespaceSplit")) {
+    /* whitespace (Rust's char::is_whitespace) removed; Bert: each punctuation
+     * character (ASCII or Unicode P*) a piece of its own */
+    nb_status r = set_regex(L, !strcmp(ty, "WhitespaceSplit") ? "[^\\t-\\r \\x{85}\\p{Z}]+"
+                                : "[^\\t-\\r \\x{85}\\p{Z}!-/:-@\\[-`{-~\\p{P}]+|[!-/:-@\\[-`{-~\\p{P}]", field);
+    L->t->re_drop_gaps = true;
+    return r;
+  }
   if (!strcmp(ty, "Metaspace")) {
     const char *rep = get_str(p, "replacement");
     if (rep && strcmp(rep, "\xE2\x96\x81") != 0) return bad(L, NB_ERR_UNIMPLEMENTED, field, "Metaspace replacement must be \xE2\x96\x81");
     if (L->has_regex || L->t->metaspace) return bad(L, NB_ERR_UNIMPLEMENTED, field, "only one splitting pre-tokenizer is supported");
     L->t->metaspace = true;
     L->t->ms_split = get_bool(p, "split", true);
+    L->t->ms_split_runs = true;
     return prepend_scheme(L, p, field, &L->t->ms_prepend);
   }
   char what[128];
@@ -203,6 +249,15 @@ static nb_status decoder(hf_load *L, const cJSON *d, const char *field) {
     L->t->strip_leading = (int)start->valuedouble;
     return NB_OK;
   }
+  if (!strcmp(ty, "WordPiece")) {
+    const char *prefix = get_str(d, "prefix");
+    if (!prefix) prefix = "##";
+    if (strlen(prefix) >= sizeof L->t->wp_dec_prefix) return bad(L, NB_ERR_UNIMPLEMENTED, field, "prefix longer than 15 bytes");
+    strcpy(L->t->wp_dec_prefix, prefix);
+    L->t->wp_decoder = true;
+    L->t->wp_cleanup = get_bool(d, "cleanup", true);
+    return NB_OK;
+  }
   if (!strcmp(ty, "Metaspace")) {
     nb_tok__prepend p;
     nb_status r = prepend_scheme(L, d, field, &p);
@@ -214,14 +269,108 @@ static nb_status decoder(hf_load *L, const cJSON *d, const char *field) {
   return bad(L, NB_ERR_UNIMPLEMENTED, field, what);
 }
 
-/* ---- model ---- */
+/* ---- post-processor (applied with nb_tok_encode_opts.add_special_tokens) ---- */
 
-static bool get_id(const cJSON *v, int32_t *id) {
-  if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble >= (1 << 28) || v->valuedouble != (double)(int32_t)v->valuedouble)
-    return false;
-  *id = (int32_t)v->valuedouble;
-  return true;
+static nb_status post_id(hf_load *L, int32_t id, bool prefix, const char *field) {
+  nb_tok *t = L->t;
+  if (id < 0 || id >= t->n_tokens || !(t->tokens[id].flags & NB_TOK__F_PRESENT))
+    return bad(L, NB_ERR_FORMAT, field, "names a token id that is not in the vocabulary");
+  int *n = prefix ? &t->n_post_prefix : &t->n_post_suffix;
+  int32_t *ids = prefix ? t->post_prefix : t->post_suffix;
+  if (*n == NB_TOK__MAX_POST) return bad(L, NB_ERR_UNIMPLEMENTED, field, "too many special tokens");
+  ids[(*n)++] = id;
+  return NB_OK;
 }
+
+/* A later processor wraps what the earlier ones made: its prefix goes first. */
+static nb_status wrap(hf_load *L, const int32_t *pre, int npre, const int32_t *suf, int nsuf, const char *field) {
+  nb_tok *t = L->t;
+  int32_t old[NB_TOK__MAX_POST];
+  int nold = t->n_post_prefix;
+  memcpy(old, t->post_prefix, sizeof old);
+  t->n_post_prefix = 0;
+  nb_status r = NB_OK;
+  for (int i = 0; i < npre && !r; i++) r = post_id(L, pre[i], true, field);
+  for (int i = 0; i < nold && !r; i++) r = post_id(L, old[i], true, field);
+  for (int i = 0; i < nsuf && !r; i++) r = post_id(L, suf[i], false, field);
+  return r;
+}
+
+/* BertProcessing / RobertaProcessing: "cls": ["[CLS]", 101]. */
+static nb_status pair_id(hf_load *L, const cJSON *p, const char *key, int32_t *id, const char *field) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(p, key);
+  if (cJSON_GetArraySize(v) != 2 || !get_id(cJSON_GetArrayItem(v, 1), id)) {
+    char what[96];
+    snprintf(what, sizeof what, "'%s' must be a [token, id] pair", key);
+    return bad(L, NB_ERR_FORMAT, field, what);
+  }
+  return NB_OK;
+}
+
+/* TemplateProcessing's single template: SpecialToken items before the one
+ * Sequence "A" are the prefix, the others the suffix; each names an entry of
+ * special_tokens whose "ids" are added. */
+static nb_status template_single(hf_load *L, const cJSON *p, const char *field) {
+  const cJSON *single = cJSON_GetObjectItemCaseSensitive(p, "single"), *specials = cJSON_GetObjectItemCaseSensitive(p, "special_tokens");
+  if (!cJSON_IsArray(single)) return bad(L, NB_ERR_FORMAT, field, "TemplateProcessing needs a 'single' array");
+  int32_t pre[NB_TOK__MAX_POST], suf[NB_TOK__MAX_POST];
+  int npre = 0, nsuf = 0, n_seq = 0, i = 0;
+  const cJSON *it;
+  cJSON_ArrayForEach(it, single) {
+    char sub[128];
+    snprintf(sub, sizeof sub, "%s.single[%d]", field, i++);
+    const cJSON *seq = cJSON_GetObjectItemCaseSensitive(it, "Sequence"), *sp = cJSON_GetObjectItemCaseSensitive(it, "SpecialToken");
+    if (seq) {
+      const char *which = get_str(seq, "id");
+      if (!which || strcmp(which, "A") || n_seq++) return bad(L, NB_ERR_FORMAT, sub, "the single template must hold the sequence A once");
+      continue;
+    }
+    const char *name = get_str(sp, "id");
+    const cJSON *entry = name ? cJSON_GetObjectItemCaseSensitive(specials, name) : NULL;
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(entry, "ids");
+    if (!cJSON_IsArray(ids)) return bad(L, NB_ERR_FORMAT, sub, "a SpecialToken must name an entry of special_tokens with 'ids'");
+    const cJSON *v;
+    cJSON_ArrayForEach(v, ids) {
+      int32_t id;
+      int *n = n_seq ? &nsuf : &npre;
+      if (!get_id(v, &id)) return bad(L, NB_ERR_FORMAT, sub, "special_tokens ids must be integers in [0, 2^28)");
+      if (*n == NB_TOK__MAX_POST) return bad(L, NB_ERR_UNIMPLEMENTED, sub, "too many special tokens");
+      (n_seq ? suf : pre)[(*n)++] = id;
+    }
+  }
+  if (!n_seq) return bad(L, NB_ERR_FORMAT, field, "the single template must hold the sequence A once");
+  return wrap(L, pre, npre, suf, nsuf, field);
+}
+
+static nb_status post_processor(hf_load *L, const cJSON *p, const char *field) {
+  if (is_null_or_absent(p)) return NB_OK;
+  const char *ty = type_of(p);
+  char sub[96];
+  if (!strcmp(ty, "Sequence")) {
+    const cJSON *it, *arr = cJSON_GetObjectItemCaseSensitive(p, "processors");
+    if (!cJSON_IsArray(arr)) return bad(L, NB_ERR_FORMAT, field, "Sequence without a 'processors' array");
+    int i = 0;
+    cJSON_ArrayForEach(it, arr) {
+      snprintf(sub, sizeof sub, "%s.processors[%d]", field, i++);
+      nb_status r = post_processor(L, it, sub);
+      if (r) return r;
+    }
+    return NB_OK;
+  }
+  if (!strcmp(ty, "ByteLevel")) return NB_OK; /* offsets only */
+  if (!strcmp(ty, "TemplateProcessing")) return template_single(L, p, field);
+  if (!strcmp(ty, "BertProcessing") || !strcmp(ty, "RobertaProcessing")) {
+    int32_t cls, sep;
+    nb_status r = pair_id(L, p, "cls", &cls, field);
+    if (!r) r = pair_id(L, p, "sep", &sep, field);
+    return r ? r : wrap(L, &cls, 1, &sep, 1, field);
+  }
+  char what[128];
+  snprintf(what, sizeof what, "post-processor type '%.40s' is not supported", ty);
+  return bad(L, NB_ERR_UNIMPLEMENTED, field, what);
+}
+
+/* ---- model ---- */
 
 static nb_status added_tokens(hf_load *L, const cJSON *arr) {
   if (is_null_or_absent(arr)) return NB_OK;
@@ -326,13 +475,83 @@ static nb_status merges(hf_load *L, const cJSON *arr) {
   return r;
 }
 
+/* The unk token: a vocab token, else an added token of that content; -1 when name is NULL. */
+static nb_status unk_token(hf_load *L, const char *name, const char *field) {
+  nb_tok *t = L->t;
+  if (!name) return NB_OK;
+  t->unk_id = nb_tok__lookup(t, name, strlen(name));
+  if (t->unk_id < 0) t->unk_id = nb_tok__added_id(t, name, strlen(name));
+  return t->unk_id < 0 ? bad(L, NB_ERR_FORMAT, field, "is not in the vocabulary") : NB_OK;
+}
+
+/* "vocab": [["token", score], ...], ids in order; "unk_id": id or null. */
+static nb_status model_unigram(hf_load *L, const cJSON *m) {
+  nb_tok *t = L->t;
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(m, "vocab");
+  int n = cJSON_GetArraySize(v);
+  if (!cJSON_IsArray(v) || n == 0) return bad(L, NB_ERR_FORMAT, "model.vocab", "must be a non-empty array of [token, score] pairs");
+  if (L->byte_level) return bad(L, NB_ERR_UNIMPLEMENTED, "model", "a Unigram model with a ByteLevel pre-tokenizer/decoder is not supported");
+  double *sc = nb_alloc(t->ctx, (size_t)n * sizeof *sc), min = 0;
+  if (!sc) return NB_ERR_NOMEM;
+  nb_status r = NB_OK;
+  int id = 0;
+  const cJSON *it;
+  cJSON_ArrayForEach(it, v) {
+    char field[64];
+    snprintf(field, sizeof field, "model.vocab[%d]", id);
+    const cJSON *tok = cJSON_GetArrayItem(it, 0), *score = cJSON_GetArrayItem(it, 1);
+    if (cJSON_GetArraySize(it) != 2 || !cJSON_IsString(tok) || !cJSON_IsNumber(score) || !(score->valuedouble > -1e300 && score->valuedouble < 1e300)) {
+      r = bad(L, NB_ERR_FORMAT, field, "must be a [token, finite score] pair");
+      break;
+    }
+    sc[id] = score->valuedouble;
+    if (id == 0 || sc[id] < min) min = sc[id];
+    if (!(id < t->n_tokens && (t->tokens[id].flags & NB_TOK__F_ADDED)) &&
+        (r = nb_tok__set_token(t, id, tok->valuestring, strlen(tok->valuestring), 0, L->name)))
+      break;
+    id++;
+  }
+  if (!r) r = nb_tok__index(t, L->name);
+  if (!r && !(t->scores = nb_calloc(t->ctx, (size_t)t->n_tokens * sizeof *t->scores))) r = NB_ERR_NOMEM;
+  if (!r) memcpy(t->scores, sc, (size_t)n * sizeof *sc);
+  nb_dealloc(t->ctx, sc, (size_t)n * sizeof *sc);
+  if (r) return r;
+  const cJSON *unk = cJSON_GetObjectItemCaseSensitive(m, "unk_id");
+  if (!is_null_or_absent(unk)) {
+    if (!get_id(unk, &t->unk_id) || t->unk_id >= n) return bad(L, NB_ERR_FORMAT, "model.unk_id", "must be the index of a model.vocab entry");
+  }
+  t->byte_fallback = get_bool(m, "byte_fallback", false);
+  return nb_tok__unigram_finish(t, min, false);
+}
+
+static nb_status model_wordpiece(hf_load *L, const cJSON *m) {
+  nb_tok *t = L->t;
+  if (L->byte_level) return bad(L, NB_ERR_UNIMPLEMENTED, "model", "a WordPiece model with a ByteLevel pre-tokenizer/decoder is not supported");
+  const char *prefix = get_str(m, "continuing_subword_prefix");
+  if (!prefix) prefix = "##";
+  if (strlen(prefix) >= sizeof t->wp_prefix) return bad(L, NB_ERR_UNIMPLEMENTED, "model.continuing_subword_prefix", "longer than 15 bytes");
+  strcpy(t->wp_prefix, prefix);
+  const cJSON *mx = cJSON_GetObjectItemCaseSensitive(m, "max_input_chars_per_word");
+  t->wp_max_chars = 100;
+  if (!is_null_or_absent(mx) && !get_id(mx, &t->wp_max_chars))
+    return bad(L, NB_ERR_FORMAT, "model.max_input_chars_per_word", "must be an integer in [0, 2^28)");
+  nb_status r = vocab(L, cJSON_GetObjectItemCaseSensitive(m, "vocab"));
+  if (!r) r = nb_tok__index(t, L->name);
+  const char *unk = get_str(m, "unk_token");
+  if (!r) r = unk_token(L, unk ? unk : "[UNK]", "model.unk_token");
+  t->model = NB_TOK__MODEL_WORDPIECE;
+  return r ? r : nb_tok__prefix_index(t, false);
+}
+
 static nb_status model(hf_load *L, const cJSON *m) {
   nb_tok *t = L->t;
   if (!cJSON_IsObject(m)) return bad(L, NB_ERR_FORMAT, "model", "missing or not an object");
   const char *ty = get_str(m, "type");
+  if (ty && !strcmp(ty, "Unigram")) return model_unigram(L, m);
+  if (ty && !strcmp(ty, "WordPiece")) return model_wordpiece(L, m);
   if (ty && strcmp(ty, "BPE") != 0) {
     char what[128];
-    snprintf(what, sizeof what, "model type '%.40s' is not supported (only BPE)", ty);
+    snprintf(what, sizeof what, "model type '%.40s' is not supported (BPE, Unigram and WordPiece are)", ty);
     return bad(L, NB_ERR_UNIMPLEMENTED, "model.type", what);
   }
   const cJSON *drop = cJSON_GetObjectItemCaseSensitive(m, "dropout");
@@ -348,12 +567,7 @@ static nb_status model(hf_load *L, const cJSON *m) {
   nb_status r = vocab(L, cJSON_GetObjectItemCaseSensitive(m, "vocab"));
   if (!r) r = nb_tok__index(t, L->name);
   if (r) return r;
-  const char *unk = get_str(m, "unk_token");
-  if (unk) {
-    t->unk_id = nb_tok__lookup(t, unk, strlen(unk));
-    if (t->unk_id < 0) t->unk_id = nb_tok__added_id(t, unk, strlen(unk));
-    if (t->unk_id < 0) return bad(L, NB_ERR_FORMAT, "model.unk_token", "is not in the vocabulary");
-  }
+  if ((r = unk_token(L, get_str(m, "unk_token"), "model.unk_token"))) return r;
   const cJSON *mg = cJSON_GetObjectItemCaseSensitive(m, "merges");
   if (is_null_or_absent(mg)) return bad(L, NB_ERR_FORMAT, "model.merges", "missing");
   return merges(L, mg);
@@ -381,6 +595,7 @@ static nb_tok *load(nb_ctx *ctx, const char *json, size_t len, const char *name)
     if (!r) r = normalizer(&L, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), "normalizer");
     if (!r) r = pre_tokenizer(&L, pre, "pre_tokenizer");
     if (!r) r = decoder(&L, dec, "decoder");
+    if (!r) r = post_processor(&L, cJSON_GetObjectItemCaseSensitive(root, "post_processor"), "post_processor");
     if (!r && L.pattern) {
       char where[128];
       snprintf(where, sizeof where, "%s: pre_tokenizer", L.name);

@@ -1,10 +1,12 @@
-/* Loading SentencePiece BPE models (tokenizer.model, a protobuf ModelProto:
- * pieces with scores and types, trainer_spec, normalizer_spec), as Llama-2
- * ships them. Merges come "by score": an adjacent pair merges when its
- * concatenation is a piece, the highest-scoring such piece first (leftmost
- * on ties). Only the identity normalization (no precompiled charsmap) with
- * whitespace escaping and no extra-whitespace removal is supported; Unigram
- * models and other options are refused with a message naming the field. */
+/* Loading SentencePiece models (tokenizer.model, a protobuf ModelProto:
+ * pieces with scores and types, trainer_spec, normalizer_spec), BPE as
+ * Llama-2 ships them and Unigram (T5, ALBERT, XLNet style). BPE merges come
+ * "by score": an adjacent pair merges when its concatenation is a piece, the
+ * highest-scoring such piece first (leftmost on ties); Unigram is in
+ * unigram.c. The normalizer_spec (precompiled charsmap, extra whitespace
+ * removal, dummy prefix) runs in spm_norm.c. WORD and CHAR models,
+ * escape_whitespaces=false and treat_whitespace_as_suffix are refused with a
+ * message naming the field. */
 #include <string.h>
 
 #include "data/tokenizer/tok_internal.h"
@@ -67,6 +69,8 @@ typedef struct spm_load {
   const char *name;
   float *scores;
   size_t n_pieces, cap_scores;
+  bool unigram;
+  float min_normal; /* the lowest NORMAL piece score (Unigram's unknown score comes from it) */
 } spm_load;
 
 static nb_status piece(spm_load *L, pb sub) {
@@ -93,6 +97,7 @@ static nb_status piece(spm_load *L, pb sub) {
                : type == SP_CONTROL ? (NB_TOK__F_SPECIAL | NB_TOK__F_HIDDEN)
                : type == SP_USER ? NB_TOK__F_ADDED : 0;
   if (type == SP_UNKNOWN) L->t->unk_id = id;
+  if (type == SP_NORMAL && score < L->min_normal) L->min_normal = score;
   if (nb_tok__grow(L->t->ctx, (void **)&L->scores, &L->cap_scores, L->n_pieces + 1, sizeof *L->scores)) return NB_ERR_NOMEM;
   L->scores[L->n_pieces++] = score;
   char where[96];
@@ -106,10 +111,19 @@ static nb_status trainer_spec(spm_load *L, pb b) {
   pb s;
   uint64_t v;
   while (pb_next(&b, &f, &wt, &s, &v)) {
-    if (f == 3 && wt == 0 && v != 2)
-      return nb_errorf(L->t->ctx, NB_ERR_UNIMPLEMENTED, "%s: trainer_spec.model_type: %s models are not supported (only BPE)",
-                       L->name, v == 1 ? "UNIGRAM" : v == 3 ? "WORD" : v == 4 ? "CHAR" : "unknown");
+    if (f == 3 && wt == 0 && v != 1 && v != 2)
+      return nb_errorf(L->t->ctx, NB_ERR_UNIMPLEMENTED, "%s: trainer_spec.model_type: %s models are not supported (only BPE and UNIGRAM)",
+                       L->name, v == 3 ? "WORD" : v == 4 ? "CHAR" : "unknown");
+    if (f == 3 && wt == 0) L->unigram = v == 1;
     if (f == 35 && wt == 0) L->t->byte_fallback = v != 0;
+    if (f == 44 && wt == 2) {
+      size_t n = (size_t)(s.end - s.p);
+      if (n >= sizeof L->t->unk_surface)
+        return nb_errorf(L->t->ctx, NB_ERR_UNIMPLEMENTED, "%s: trainer_spec.unk_surface: longer than %zu bytes", L->name,
+                         sizeof L->t->unk_surface - 1);
+      memcpy(L->t->unk_surface, s.p, n);
+      L->t->unk_surface[n] = 0;
+    }
     if (f == 24 && wt == 0 && v)
       return nb_errorf(L->t->ctx, NB_ERR_UNIMPLEMENTED, "%s: trainer_spec.treat_whitespace_as_suffix is not supported", L->name);
   }
@@ -122,16 +136,16 @@ static nb_status normalizer_spec(spm_load *L, pb b) {
   pb s;
   uint64_t v;
   bool dummy = true, extra = true, escape = true;
-  while (pb_next(&b, &f, &wt, &s, &v)) {
-    if (f == 2 && wt == 2 && s.end > s.p)
-      return nb_errorf(L->t->ctx, NB_ERR_UNIMPLEMENTED,
-                       "%s: normalizer_spec.precompiled_charsmap: only the identity normalization is supported", L->name);
+  nb_status r = NB_OK;
+  while (!r && pb_next(&b, &f, &wt, &s, &v)) {
+    if (f == 2 && wt == 2 && s.end > s.p) r = nb_tok__spm_set_charsmap(L->t, s.p, (size_t)(s.end - s.p), L->name);
     if (f == 3 && wt == 0) dummy = v != 0;
     if (f == 4 && wt == 0) extra = v != 0;
     if (f == 5 && wt == 0) escape = v != 0;
   }
+  if (r) return r;
   if (b.bad) return nb_errorf(L->t->ctx, NB_ERR_FORMAT, "%s: normalizer_spec: malformed", L->name);
-  if (extra) return nb_errorf(L->t->ctx, NB_ERR_UNIMPLEMENTED, "%s: normalizer_spec.remove_extra_whitespaces is not supported", L->name);
+  L->t->spm_remove_extra = extra;
   if (!escape) return nb_errorf(L->t->ctx, NB_ERR_UNIMPLEMENTED, "%s: normalizer_spec.escape_whitespaces=false is not supported", L->name);
   L->t->spm_dummy_prefix = dummy;
   L->t->strip_leading = dummy ? 1 : 0;
@@ -144,6 +158,38 @@ static int cmp_score(const void *a, const void *b, void *ud) {
   int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
   if (sc[x] != sc[y]) return sc[x] > sc[y] ? -1 : 1;
   return x < y ? -1 : x > y;
+}
+
+/* SentencePiece encodes the whole normalized text as one sequence; nabla cuts
+ * it into pieces at "▁" where no piece can span the cut, so that the result is
+ * the same. Without allow_whitespace_only_pieces a "▁" only starts a piece, so
+ * every "▁" is a safe cut; with it (Llama-2) pieces like "▁▁▁▁" exist, and a
+ * run of "▁" is cut only where it starts. A vocabulary with "▁" after other
+ * characters (split_by_whitespace=false) is not cut at all. */
+static void choose_split(nb_tok *t) {
+  bool after_meta = false, after_other = false;
+  for (int32_t id = 0; id < t->n_tokens; id++) {
+    const nb_tok__token *tk = &t->tokens[id];
+    if (!(tk->flags & NB_TOK__F_PRESENT) || (tk->flags & (NB_TOK__F_ADDED | NB_TOK__F_HIDDEN | NB_TOK__F_BYTE))) continue;
+    const uint8_t *b = nb_tok__bytes(t, id);
+    for (uint32_t k = 3; k + 3 <= tk->len; k++) {
+      if (memcmp(b + k, "\xE2\x96\x81", 3) != 0) continue;
+      if (!memcmp(b + k - 3, "\xE2\x96\x81", 3)) after_meta = true;
+      else after_other = true;
+    }
+  }
+  t->ms_split = !after_other;
+  t->ms_split_runs = !after_meta;
+}
+
+static nb_status unigram(spm_load *L) {
+  nb_tok *t = L->t;
+  t->scores = nb_alloc(t->ctx, (size_t)t->n_tokens * sizeof *t->scores);
+  if (!t->scores) return NB_ERR_NOMEM;
+  for (int32_t id = 0; id < t->n_tokens; id++) t->scores[id] = L->scores[id];
+  t->uni_f32 = true;
+  if (t->unk_id < 0) return nb_errorf(t->ctx, NB_ERR_FORMAT, "%s: pieces: a Unigram model needs an UNKNOWN piece", L->name);
+  return nb_tok__unigram_finish(t, L->min_normal, true); /* byte pieces only stand in for unknown characters */
 }
 
 static nb_status derive(spm_load *L) {
@@ -166,11 +212,12 @@ nb_tok *nb_tok_load_sentencepiece_bytes(nb_ctx *ctx, const void *data, size_t le
   if (!data && len) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "nb_tok_load_sentencepiece_bytes: NULL data"), NULL;
   nb_tok *t = nb_tok__create(ctx, NB_TOK_CHAR_LEVEL);
   if (!t) return NULL;
-  spm_load L = {.t = t, .name = name ? name : "tokenizer.model"};
+  spm_load L = {.t = t, .name = name ? name : "tokenizer.model", .min_normal = 3.0e38f};
   t->metaspace = true;
-  t->ms_split = true;
   t->ms_prepend = NB_TOK__PREPEND_NEVER;
   t->spm_dummy_prefix = true;
+  t->spm_normalizer = true;
+  strcpy(t->unk_surface, " \xE2\x81\x87 "); /* " ⁇ ", sentencepiece's default */
   t->strip_leading = 1;
   pb b = {data, (const uint8_t *)data + len, false}, s;
   uint32_t f;
@@ -187,7 +234,8 @@ nb_tok *nb_tok_load_sentencepiece_bytes(nb_ctx *ctx, const void *data, size_t le
   if (!r && (L.n_pieces == 0 || !saw_trainer))
     r = nb_errorf(ctx, NB_ERR_FORMAT, "%s: not a SentencePiece model (%s missing)", L.name, L.n_pieces ? "trainer_spec" : "pieces");
   if (!r) r = nb_tok__index(t, L.name);
-  if (!r) r = derive(&L);
+  if (!r && !L.unigram) choose_split(t); /* Unigram: float path scores depend on where the text starts */
+  if (!r) r = L.unigram ? unigram(&L) : derive(&L);
   if (!r) r = nb_tok__finish(t);
   if (L.scores) nb_dealloc(ctx, L.scores, L.cap_scores * sizeof *L.scores);
   if (r) {

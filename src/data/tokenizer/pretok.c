@@ -47,11 +47,11 @@ static nb_status regex_run(split_state *st, const uint8_t *s, size_t n) {
       continue;
     }
     nb_status r;
-    if (a > gap && (r = st->on_piece(st->ud, s + gap, a - gap))) return r;
+    if (a > gap && !t->re_drop_gaps && (r = st->on_piece(st->ud, s + gap, a - gap))) return r;
     if ((r = st->on_piece(st->ud, s + a, b - a))) return r;
     gap = pos = b;
   }
-  return gap < n ? st->on_piece(st->ud, s + gap, n - gap) : NB_OK;
+  return gap < n && !t->re_drop_gaps ? st->on_piece(st->ud, s + gap, n - gap) : NB_OK;
 }
 
 static nb_status regex_split(split_state *st, const uint8_t *s, size_t n) {
@@ -74,11 +74,17 @@ static nb_status regex_split(split_state *st, const uint8_t *s, size_t n) {
   return NB_OK;
 }
 
-/* Metaspace split: a new piece starts at every "▁". */
+/* Metaspace split: a new piece starts at every "▁" (with !ms_split_runs, at
+ * the first "▁" of each run only). */
 static nb_status meta_split(split_state *st, const uint8_t *s, size_t n) {
+  const nb_tok *t = st->t;
   size_t start = 0;
   for (size_t i = 1; i + 3 <= n; i++) {
     if (s[i] == META[0] && s[i + 1] == META[1] && s[i + 2] == META[2]) {
+      if (!t->ms_split_runs && i >= 3 && !memcmp(s + i - 3, META, 3)) {
+        i += 2;
+        continue;
+      }
       nb_status r = st->on_piece(st->ud, s + start, i - start);
       if (r) return r;
       start = i;
@@ -123,10 +129,32 @@ static nb_status normalize_char(split_state *st, const uint8_t *s, size_t n, boo
   return NB_OK;
 }
 
+static nb_status segment_normalized(split_state *st, const uint8_t *s, size_t n, bool at_start);
+
 static nb_status segment(split_state *st, const uint8_t *s, size_t n, bool at_start) {
   const nb_tok *t = st->t;
+  if (n == 0 || !t->n_norm) return segment_normalized(st, s, n, at_start);
+  uint8_t *norm;
+  size_t len, cap;
+  nb_status r = nb_tok__normalize(t, s, n, &norm, &len, &cap);
+  if (r) return r;
+  r = segment_normalized(st, norm, len, at_start);
+  nb_dealloc(t->ctx, norm, cap);
+  return r;
+}
+
+/* After the Unicode normalizer steps: the char-level "▁" rules or the
+ * byte-level prefix space, then the pre-tokenizer. */
+static nb_status segment_normalized(split_state *st, const uint8_t *s, size_t n, bool at_start) {
+  const nb_tok *t = st->t;
   if (n == 0) return NB_OK;
-  if (t->kind == NB_TOK_CHAR_LEVEL) {
+  if (t->spm_normalizer) {
+    size_t m;
+    nb_status r = nb_tok__spm_normalize(t, s, n, at_start, &st->buf, &st->cap, &m);
+    if (r) return r;
+    s = st->buf;
+    n = m;
+  } else if (t->kind == NB_TOK_CHAR_LEVEL) {
     size_t m;
     nb_status r = normalize_char(st, s, n, at_start, &m);
     if (r) return r;

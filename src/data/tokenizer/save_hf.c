@@ -121,6 +121,9 @@ nb_status nb_tok_save_hf(const nb_tok *t, const char *path) {
   if (!t || !path) return NB_ERR_INVALID_ARG;
   if (t->kind != NB_TOK_BYTE_LEVEL)
     return nb_errorf(t->ctx, NB_ERR_UNIMPLEMENTED, "nb_tok_save_hf: only byte-level tokenizers can be saved (%s)", path);
+  if (t->n_norm || t->n_post_prefix || t->n_post_suffix) /* never write a file that tokenizes differently */
+    return nb_errorf(t->ctx, NB_ERR_UNIMPLEMENTED, "nb_tok_save_hf: tokenizers with a %s cannot be saved yet (%s)",
+                     t->n_norm ? "normalizer" : "post-processor", path);
   for (int32_t i = 0; i < t->n_added; i++) {
     const nb_tok__token *tk = &t->tokens[t->added[i]];
     if (nb_tok__utf8_valid_prefix(t->blob + tk->off, tk->len) != tk->len)

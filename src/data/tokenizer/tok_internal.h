@@ -37,7 +37,26 @@ typedef struct nb_tok__merge {
   int32_t rank, result;
 } nb_tok__merge;
 
+typedef enum nb_tok__model { NB_TOK__MODEL_BPE, NB_TOK__MODEL_UNIGRAM, NB_TOK__MODEL_WORDPIECE } nb_tok__model;
+
 typedef enum nb_tok__prepend { NB_TOK__PREPEND_NEVER, NB_TOK__PREPEND_FIRST, NB_TOK__PREPEND_ALWAYS } nb_tok__prepend;
+
+/* One step of a tokenizer.json normalizer (normalize.c), in file order. */
+typedef enum nb_tok__norm_kind {
+  NB_TOK__NORM_NFC = 1,
+  NB_TOK__NORM_NFKC,
+  NB_TOK__NORM_NFD,
+  NB_TOK__NORM_NFKD,
+  NB_TOK__NORM_LOWERCASE,   /* Rust's char::to_lowercase */
+  NB_TOK__NORM_STRIP_MARKS, /* drop category Mn (StripAccents) */
+  NB_TOK__NORM_BERT_CLEAN,  /* drop NUL, U+FFFD and controls; whitespace -> ' ' */
+  NB_TOK__NORM_BERT_CJK,    /* ' ' around CJK ideographs */
+} nb_tok__norm_kind;
+typedef struct nb_tok__norm_step {
+  nb_tok__norm_kind kind;
+} nb_tok__norm_step;
+#define NB_TOK__MAX_NORM 16
+#define NB_TOK__MAX_POST 8
 
 /* Invariants: tokens[id] for id < n_tokens; every PRESENT non-added token's
  * bytes map back to its id in the vocab map (first id wins on duplicates);
@@ -59,21 +78,57 @@ struct nb_tok {
   int32_t byte_token[256]; /* byte-level: id of the one-byte token; char-level: <0xNN>; -1 none */
   bool all_bytes;          /* byte_token has no -1 */
   /* model options */
+  nb_tok__model model;
   int32_t unk_id;          /* -1 none */
+  /* Unigram: per-id scores, the score of an unknown character, the longest
+   * token in characters, float sums (SentencePiece), <0xNN> not matched in
+   * text (SentencePiece) */
+  double *scores;
+  double uni_unk_score;
+  bool uni_f32;
+  /* Unigram and WordPiece: the ids of the tokens they match, sorted by
+   * bytes (prefix.c) */
+  int32_t *sorted;
+  int32_t n_sorted, cap_sorted;
+  /* WordPiece: continuing_subword_prefix, max_input_chars_per_word */
+  char wp_prefix[16];
+  int wp_max_chars;
   bool byte_fallback, fuse_unk, ignore_merges;
+  /* Unicode normalizer steps, before everything below */
+  nb_tok__norm_step norm[NB_TOK__MAX_NORM];
+  int n_norm;
   /* normalizer (char-level): prepend `norm_prepend` to each segment, then
    * replace spaces by "▁" when norm_replace_space */
   char norm_prepend[8];
   bool norm_replace_space;
   bool spm_dummy_prefix;   /* SentencePiece: "▁" before the first segment (at byte 0) */
+  /* SentencePiece's own normalizer (spm_norm.c) instead of the rules above:
+   * a charsmap trie (none: identity) and its replacement strings */
+  bool spm_normalizer, spm_remove_extra;
+  uint32_t *spm_trie;
+  size_t spm_trie_n;
+  char *spm_strs;
+  size_t spm_strs_len;
   /* pre-tokenizer */
   char *pattern;           /* regex split (NULL: none) */
   pcre2_code *re;
   bool jit;
+  bool re_drop_gaps;       /* the matches are the pieces; text between them is dropped */
   bool add_prefix_space;   /* byte-level: prepend ' ' to a segment not starting with one */
   bool metaspace;          /* char-level Metaspace pre-tokenizer */
   nb_tok__prepend ms_prepend;
-  bool ms_split;
+  bool ms_split;           /* a piece starts at each "▁" ... */
+  bool ms_split_runs;      /* ... also inside a run of "▁" (else a run starts one piece) */
+  /* post-processor (with add_special_tokens): ids before and after */
+  int32_t post_prefix[NB_TOK__MAX_POST], post_suffix[NB_TOK__MAX_POST];
+  int n_post_prefix, n_post_suffix;
+  /* SentencePiece: what <unk> decodes to (trainer_spec.unk_surface) */
+  char unk_surface[32];
+  /* WordPiece decoder: tokens joined by ' ' except those with this prefix
+   * (which is removed); then `tokenizers`' cleanup of spaces before
+   * punctuation and contractions */
+  bool wp_decoder, wp_cleanup;
+  char wp_dec_prefix[16];
   /* decoder: strip this many leading spaces from a decode's output */
   int strip_leading;
   /* added tokens, longest first (for leftmost-longest matching) */
@@ -132,8 +187,48 @@ size_t nb_tok__map_bytes(const uint8_t *b, size_t n, char *out);
 /* ---- utf8 ---- */
 /* Length of the valid UTF-8 sequence at s (1..4), or 0 when invalid. */
 int nb_tok__utf8_len(const uint8_t *s, size_t n);
+/* Writes cp (<= U+10FFFF) as UTF-8, up to 4 bytes; returns the length. */
+size_t nb_tok__put_utf8(uint32_t cp, uint8_t *out);
 /* Length of the longest valid UTF-8 prefix of s. */
 size_t nb_tok__utf8_valid_prefix(const uint8_t *s, size_t n);
+
+/* ---- normalize.c ---- */
+/* Runs t->norm over n bytes of text into a new buffer (*out, nb_alloc'ed
+ * with capacity *out_cap, at least 1 byte more than *out_len). */
+nb_status nb_tok__normalize(const nb_tok *t, const uint8_t *s, size_t n, uint8_t **out, size_t *out_len, size_t *out_cap);
+
+/* ---- encode.c, unigram.c, wordpiece.c: the models ---- */
+nb_status nb_tok__push(const nb_tok *t, nb_tok_ids *out, int32_t id);
+/* Appends the ids of one pre-tokenized piece. */
+nb_status nb_tok__unigram_encode(const nb_tok *t, const uint8_t *s, size_t n, nb_tok_ids *out);
+nb_status nb_tok__wordpiece_encode(const nb_tok *t, const uint8_t *s, size_t n, nb_tok_ids *out);
+/* Makes t a Unigram model (t->scores set; min_score as the reference
+ * computes it); call after nb_tok__index. <0xNN> tokens are matched in text
+ * unless skip_bytes (SentencePiece). */
+nb_status nb_tok__unigram_finish(nb_tok *t, double min_score, bool skip_bytes);
+
+/* ---- prefix.c: the vocabulary as a sorted-array trie ---- */
+/* The tokens sharing the `depth` bytes walked so far: sorted[lo..hi). */
+typedef struct nb_tok__range {
+  int32_t lo, hi;
+  uint32_t depth;
+} nb_tok__range;
+/* Builds t->sorted from the indexed vocabulary (not added or hidden tokens;
+ * not <0xNN> ones when skip_bytes). */
+nb_status nb_tok__prefix_index(nb_tok *t, bool skip_bytes);
+static inline nb_tok__range nb_tok__range_all(const nb_tok *t) { return (nb_tok__range){0, t->n_sorted, 0}; }
+/* Walks one more byte; false when no token continues the prefix. */
+bool nb_tok__range_step(const nb_tok *t, nb_tok__range *r, uint8_t c);
+/* The token equal to the prefix walked, or -1. */
+int32_t nb_tok__range_exact(const nb_tok *t, const nb_tok__range *r);
+
+/* ---- spm_norm.c ---- */
+/* Copies a precompiled_charsmap (validated; `where` names the file). */
+nb_status nb_tok__spm_set_charsmap(nb_tok *t, const uint8_t *blob, size_t len, const char *where);
+/* SentencePiece-normalizes a segment into *buf (grown), "▁" escapes and the
+ * dummy prefix (at_start) included; *out_n = its length. */
+nb_status nb_tok__spm_normalize(const nb_tok *t, const uint8_t *s, size_t n, bool at_start, uint8_t **buf, size_t *cap,
+                                size_t *out_n);
 
 /* ---- pretok.c: splitting text into pieces ---- */
 /* Called once per piece (bytes in model space, already normalized). */

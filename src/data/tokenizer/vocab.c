@@ -41,19 +41,6 @@ int nb_tok__cp_to_byte(uint32_t cp) {
   return -1;
 }
 
-static size_t put_utf8(uint32_t cp, char *out) {
-  if (cp < 0x80) { out[0] = (char)cp; return 1; }
-  if (cp < 0x800) {
-    out[0] = (char)(0xC0 | (cp >> 6));
-    out[1] = (char)(0x80 | (cp & 0x3F));
-    return 2;
-  }
-  out[0] = (char)(0xE0 | (cp >> 12));
-  out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-  out[2] = (char)(0x80 | (cp & 0x3F));
-  return 3;
-}
-
 long nb_tok__unmap_bytes(const char *s, size_t n, uint8_t *out) {
   const uint8_t *u = (const uint8_t *)s;
   size_t i = 0, o = 0;
@@ -77,7 +64,7 @@ size_t nb_tok__map_bytes(const uint8_t *b, size_t n, char *out) {
     ready = 1;
   }
   size_t o = 0;
-  for (size_t i = 0; i < n; i++) o += put_utf8(table[b[i]], out + o);
+  for (size_t i = 0; i < n; i++) o += nb_tok__put_utf8(table[b[i]], (uint8_t *)out + o);
   return o;
 }
 
@@ -101,6 +88,29 @@ int nb_tok__utf8_len(const uint8_t *s, size_t n) {
     return 4;
   }
   return 0;
+}
+
+size_t nb_tok__put_utf8(uint32_t cp, uint8_t *out) {
+  if (cp < 0x80) {
+    out[0] = (uint8_t)cp;
+    return 1;
+  }
+  if (cp < 0x800) {
+    out[0] = (uint8_t)(0xC0 | (cp >> 6));
+    out[1] = (uint8_t)(0x80 | (cp & 0x3F));
+    return 2;
+  }
+  if (cp < 0x10000) {
+    out[0] = (uint8_t)(0xE0 | (cp >> 12));
+    out[1] = (uint8_t)(0x80 | ((cp >> 6) & 0x3F));
+    out[2] = (uint8_t)(0x80 | (cp & 0x3F));
+    return 3;
+  }
+  out[0] = (uint8_t)(0xF0 | (cp >> 18));
+  out[1] = (uint8_t)(0x80 | ((cp >> 12) & 0x3F));
+  out[2] = (uint8_t)(0x80 | ((cp >> 6) & 0x3F));
+  out[3] = (uint8_t)(0x80 | (cp & 0x3F));
+  return 4;
 }
 
 size_t nb_tok__utf8_valid_prefix(const uint8_t *s, size_t n) {
@@ -349,6 +359,10 @@ void nb_tok_destroy(nb_tok *t) {
   if (t->pattern) nb_dealloc(ctx, t->pattern, strlen(t->pattern) + 1);
   if (t->re) pcre2_code_free(t->re);
   nb_dealloc(ctx, t->added, (size_t)t->n_added * sizeof *t->added);
+  if (t->scores) nb_dealloc(ctx, t->scores, (size_t)t->n_tokens * sizeof *t->scores);
+  if (t->sorted) nb_dealloc(ctx, t->sorted, (size_t)t->cap_sorted * sizeof *t->sorted);
+  if (t->spm_trie) nb_dealloc(ctx, t->spm_trie, t->spm_trie_n * 4);
+  if (t->spm_strs) nb_dealloc(ctx, t->spm_strs, t->spm_strs_len);
   nb_dealloc(ctx, t, sizeof *t);
 }
 
@@ -360,6 +374,7 @@ int32_t nb_tok_vocab_size(const nb_tok *t) { return t->n_tokens; }
 int32_t nb_tok_num_merges(const nb_tok *t) { return t->n_merges; }
 const char *nb_tok_pattern(const nb_tok *t) { return t->pattern; }
 bool nb_tok_covers_all_bytes(const nb_tok *t) { return t->all_bytes; }
+bool nb_tok_has_normalizer(const nb_tok *t) { return t->n_norm > 0 || t->spm_trie_n > 0 || t->spm_remove_extra; }
 
 const uint8_t *nb_tok_token_bytes(const nb_tok *t, int32_t id, size_t *len) {
   if (id < 0 || id >= t->n_tokens || !(t->tokens[id].flags & NB_TOK__F_PRESENT)) return NULL;
