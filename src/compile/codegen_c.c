@@ -643,12 +643,13 @@ static void emit_body(cg *g, int depth) {
     any_outer |= !k->stores[s].inner;
   }
   if (any_inner) {
+    /* every value before any store: a store may overwrite a donated input
+     * that another store's cone reads at the same element */
     int d = open_inner(g, depth);
     for (int s = 0; s < k->nstores; s++)
-      if (k->stores[s].inner) {
-        emit_inner(g, k->stores[s].node, d);
-        emit_store(g, &k->stores[s], d);
-      }
+      if (k->stores[s].inner) emit_inner(g, k->stores[s].node, d);
+    for (int s = 0; s < k->nstores; s++)
+      if (k->stores[s].inner) emit_store(g, &k->stores[s], d);
     close_inner(g, depth, d);
   }
   if (any_outer) {
