@@ -411,6 +411,9 @@ nb_val *nb_argmax_at(nb_loc loc, nb_val *x, int axis, nb_dtype index_dtype);
 nb_val *nb_argmin_at(nb_loc loc, nb_val *x, int axis, nb_dtype index_dtype);
 nb_val *nb_cumsum_at(nb_loc loc, nb_val *x, int axis, bool reverse);
 nb_val *nb_cummax_at(nb_loc loc, nb_val *x, int axis, bool reverse);
+/* log(sum(exp(x))) along axis (removed), float x, as jax.nn.logsumexp:
+ * max-shifted; an all -inf row gives -inf, a row holding +inf gives +inf. */
+nb_val *nb_logsumexp_at(nb_loc loc, nb_val *x, int axis);
 
 /* Shape ops. */
 nb_val *nb_reshape_at(nb_loc loc, nb_val *x, int rank, const int64_t *dims); /* one dim may be -1 */
@@ -717,6 +720,7 @@ nb_status nb_custom_vjp_call(nb_graph *g, const nb_graph *fwd_primal, const nb_g
 #define nb_argmin(x, ax, t) nb_argmin_at(NB_HERE, x, ax, t)
 #define nb_cumsum(x, ax, rev) nb_cumsum_at(NB_HERE, x, ax, rev)
 #define nb_cummax(x, ax, rev) nb_cummax_at(NB_HERE, x, ax, rev)
+#define nb_logsumexp(x, ax) nb_logsumexp_at(NB_HERE, x, ax)
 #define nb_reshape(x, r, d) nb_reshape_at(NB_HERE, x, r, d)
 #define nb_broadcast_in_dim(x, r, d, b) nb_broadcast_in_dim_at(NB_HERE, x, r, d, b)
 #define nb_broadcast_to(x, r, d) nb_broadcast_to_at(NB_HERE, x, r, d)

@@ -291,7 +291,7 @@ nb_val *nb_optim_cosine_distance(nb_val *predictions, nb_val *targets, double ep
 /* sum(targets * (log targets - log_predictions)) over the last axis (0 log 0 = 0). */
 nb_val *nb_optim_kl_divergence(nb_val *log_predictions, nb_val *targets);
 nb_val *nb_optim_log_softmax(nb_val *logits);                          /* last axis */
-nb_val *nb_optim_logsumexp(nb_val *x);                                 /* last axis, removed */
+nb_val *nb_optim_logsumexp(nb_val *x);                                 /* nb_logsumexp over the last axis */
 
 /* ------------------------------------------------------------------------ */
 /* Tree utilities (traced; trees of nb_val; results are new trees)           */

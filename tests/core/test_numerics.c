@@ -1,0 +1,98 @@
+/* Numerical edge cases where nabla must give JAX's answer: log-sum-exp of
+ * rows that are all -inf or hold +inf (core, nn and optim share one
+ * implementation), with its gradient. */
+#include "jitcheck.h"
+
+static nb_ctx *ctx;
+
+/* ---------------------------------------------------------------- logsumexp */
+
+typedef enum { LSE_CORE, LSE_NN, LSE_OPTIM } lse_impl;
+static const char *const lse_names[] = {"nb_logsumexp", "nb_nn_logsumexp", "nb_optim_logsumexp"};
+
+static nb_status lse_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
+  (void)g;
+  nb_val *x = nb_tree_get_val(in, "x"), *y;
+  switch (*(const lse_impl *)u) {
+  case LSE_CORE: y = nb_logsumexp(x, -1); break;
+  case LSE_NN: y = nb_nn_logsumexp(x, 1); break;
+  default: y = nb_optim_logsumexp(x); break;
+  }
+  return nb_tree_set_val(out, "y", y);
+}
+
+static nb_status lse_loss(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
+  nb_tree *o = nb_tree_create(nb_graph_ctx(g));
+  nb_status s = lse_fn(g, in, o, u);
+  if (!s) s = nb_tree_set_val(out, "loss", nb_reduce_sum(nb_tree_get_val(o, "y"), 0, NULL));
+  nb_tree_destroy(o);
+  return s;
+}
+
+static bool same(double a, double b) { return (a != a && b != b) || a == b || fabs(a - b) <= 1e-15 * fabs(b); }
+
+static void test_logsumexp(void) {
+  /* rows: all -inf; holding +inf; finite; -inf next to finite values */
+  const double inf = INFINITY;
+  double xs[4][3] = {{-inf, -inf, -inf}, {inf, 1, 2}, {1, 2, 3}, {-inf, 0, log(3.0)}};
+  double want[4] = {-inf, inf, 3 + log(1 + exp(-1.0) + exp(-2.0)), log(4.0)};
+  /* d/dx sum(lse) = softmax(x) on finite rows; JAX's formula (the max is a
+   * constant) gives NaN where a row's sum is 0 or inf, and 0 * inf = NaN at +inf */
+  double z = exp(-1.0) + exp(-2.0) + 1;
+  double dwant[4][3] = {{NAN, NAN, NAN}, {NAN, 0, 0}, {exp(-2.0) / z, exp(-1.0) / z, 1 / z}, {0, 0.25, 0.75}};
+  nb_array *x = nb_array_from_f64(ctx, NB_F64, 2, (int64_t[]){4, 3}, &xs[0][0]);
+  nb_tree *in = nb_tree_create(ctx);
+  nb_tree_set_array(in, "x", x);
+  for (lse_impl impl = LSE_CORE; impl <= LSE_OPTIM; impl++) {
+    nb_array *y = nb_test_eval_output(ctx, lse_fn, &impl, in, "y");
+    CHECK_MSG(y != NULL, "%s: %s", lse_names[impl], nb_ctx_error(ctx));
+    for (int i = 0; y && i < 4; i++)
+      CHECK_MSG(same(nb_array_get(y, i), want[i]), "%s row %d: %g, want %g", lse_names[impl], i, nb_array_get(y, i), want[i]);
+    nb_array_release(y);
+    /* the gradient, interpreted and compiled */
+    nb_graph *g = nb_graph_create(ctx);
+    nb_tree *gin = nb_tree_create(ctx), *gout = nb_tree_create(ctx);
+    nb_tree_set_val(gin, "x", nb_graph_input(g, "x", nb_array_aval(x)));
+    CHECK_OK(ctx, lse_loss(g, gin, gout, &impl));
+    nb_graph_output(g, "loss", nb_tree_get_val(gout, "loss"));
+    nb_graph *dg = nb_value_and_grad(ctx, g, &(nb_grad_opts){NULL, false});
+    CHECK_MSG(dg != NULL, "%s grad: %s", lse_names[impl], nb_ctx_error(ctx));
+    nb_tree *res = nb_tree_create(ctx);
+    if (dg && nb_graph_run(ctx, dg, in, res) == NB_OK) {
+      nb_array *d = nb_tree_get_array(res, "grad/x");
+      for (int i = 0; d && i < 12; i++)
+        CHECK_MSG(same(nb_array_get(d, i), dwant[i / 3][i % 3]), "%s grad [%d][%d]: %g, want %g", lse_names[impl], i / 3, i % 3,
+                  nb_array_get(d, i), dwant[i / 3][i % 3]);
+      nb_jit_opts o = nb_test_jit_opts(NULL);
+      CHECK(nb_test_jit_matches(ctx, dg, in, &o, lse_names[impl], NULL));
+    } else {
+      CHECK_MSG(false, "%s grad run: %s", lse_names[impl], nb_ctx_error(ctx));
+    }
+    nb_ctx_clear_error(ctx);
+    nb_tree_destroy(res);
+    nb_tree_destroy(gin);
+    nb_tree_destroy(gout);
+    nb_graph_destroy(dg);
+    nb_graph_destroy(g);
+  }
+  /* bad input is an error, not garbage */
+  nb_graph *g = nb_graph_create(ctx);
+  nb_val *iv = nb_graph_input(g, "i", nb_aval_make(NB_I32, 1, (int64_t[]){3}));
+  nb_logsumexp(iv, 0);
+  CHECK_MSG(nb_graph_status(g) == NB_ERR_DTYPE && strstr(nb_graph_error(g), "logsumexp"), "int input: %s", nb_graph_error(g));
+  nb_graph_destroy(g);
+  g = nb_graph_create(ctx);
+  nb_logsumexp(nb_graph_input(g, "x", nb_aval_make(NB_F32, 1, (int64_t[]){3})), 1);
+  CHECK_MSG(nb_graph_status(g) == NB_ERR_INVALID_ARG && strstr(nb_graph_error(g), "axis 1"), "bad axis: %s", nb_graph_error(g));
+  nb_graph_destroy(g);
+  nb_ctx_clear_error(ctx);
+  nb_array_release(x);
+  nb_tree_destroy(in);
+}
+
+int main(void) {
+  ctx = nb_ctx_create();
+  test_logsumexp();
+  nb_ctx_destroy(ctx);
+  return nb_test_summary("core/test_numerics");
+}
