@@ -539,7 +539,9 @@ nb_val *nb_rev_at(nb_loc loc, nb_val *x, int naxes, const int *axes);
  * (key, shape, dtype). The streams are JAX's default (non-partitionable)
  * threefry ones bit for bit: keys, split, fold_in, bits and uniform (f64
  * uniform over a range within an ulp: XLA fuses its multiply-add); normal
- * within XLA's erf_inv error (nabla's is within 1-2 ulps of exact). */
+ * within XLA's erf_inv error (nabla's f64 erf_inv is within an ulp of the
+ * correctly rounded value over all of (-1, 1), compiled and interpreted
+ * alike). */
 void nb_threefry2x32_at(nb_loc loc, nb_val *k0, nb_val *k1, nb_val *x0, nb_val *x1, nb_val **y0, nb_val **y1);
 /* jax.random.PRNGKey(seed): u32[2] = (seed >> 32, seed & 0xffffffff). */
 nb_val *nb_random_key_at(nb_loc loc, nb_graph *g, uint64_t seed);

@@ -1,6 +1,9 @@
 /* Numerical edge cases where nabla must give JAX's answer: log-sum-exp of
  * rows that are all -inf or hold +inf (core, nn and optim share one
- * implementation), with its gradient. */
+ * implementation), with its gradient; f64 erf_inv within an ulp or two of
+ * the correctly rounded value over its whole domain (goldens from mpmath:
+ * tests/core/golden/make_erf_inv.py), compiled and interpreted alike. */
+#include "json_golden.h"
 #include "jitcheck.h"
 
 static nb_ctx *ctx;
@@ -90,9 +93,85 @@ static void test_logsumexp(void) {
   nb_tree_destroy(in);
 }
 
+/* ---------------------------------------------------------------- erf_inv */
+
+static nb_status erf_inv_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
+  (void)g, (void)u;
+  return nb_tree_set_val(out, "x", nb_erf_inv(nb_tree_get_val(in, "y")));
+}
+
+/* Distance in units in the last place of `want` (the spacing of doubles at want). */
+static double ulps(double got, double want) {
+  if (got == want) return 0;
+  if (got != got || want != want || isinf(got) || isinf(want)) return INFINITY;
+  double spacing = nextafter(fabs(want), INFINITY) - fabs(want);
+  return fabs(got - want) / spacing;
+}
+
+/* erf_inv of y interpreted and compiled (new references, NULL on failure). */
+static void erf_inv_both(nb_array *y, nb_array **interp, nb_array **jit) {
+  nb_tree *in = nb_tree_create(ctx), *res = nb_tree_create(ctx);
+  nb_tree_set_array(in, "y", y);
+  *interp = nb_test_eval_output(ctx, erf_inv_fn, NULL, in, "x");
+  nb_graph *g = nb_graph_create(ctx);
+  nb_graph_output(g, "x", nb_erf_inv(nb_graph_input(g, "y", nb_array_aval(y))));
+  nb_jit_opts o = nb_test_jit_opts(NULL);
+  nb_exe *e = nb_jit(ctx, g, &o);
+  CHECK_MSG(e && nb_exe_run(e, in, res) == NB_OK, "jit: %s", nb_ctx_error(ctx));
+  *jit = nb_tree_get_array(res, "x");
+  if (*jit) nb_array_retain(*jit);
+  CHECK(*interp && *jit);
+  nb_ctx_clear_error(ctx);
+  nb_exe_destroy(e);
+  nb_graph_destroy(g);
+  nb_tree_destroy(res);
+  nb_tree_destroy(in);
+}
+
+static void test_erf_inv(void) {
+  cJSON *j = nb_test_golden_load("tests/core/golden/erf_inv.json");
+  CHECK(j != NULL);
+  if (!j) return;
+  nb_array *y = nb_test_golden_array(ctx, cJSON_GetObjectItem(j, "y"));
+  nb_array *want = nb_test_golden_array(ctx, cJSON_GetObjectItem(j, "x"));
+  cJSON_Delete(j);
+  CHECK(y && want);
+  nb_array *interp = NULL, *jit = NULL;
+  if (y && want) erf_inv_both(y, &interp, &jit);
+  double worst = 0, worst_jit = 0;
+  int64_t at = 0, differ = 0;
+  for (int64_t i = 0; interp && jit && i < nb_array_size(y); i++) {
+    double w = nb_array_get(want, i), a = nb_array_get(interp, i), b = nb_array_get(jit, i);
+    if (ulps(a, w) > worst) worst = ulps(a, w), at = i;
+    if (ulps(b, w) > worst_jit) worst_jit = ulps(b, w);
+    differ += memcmp(&a, &b, sizeof a) != 0;
+  }
+  CHECK_MSG(worst <= 2, "interpreter: %g ulps off at y = %.17g", worst, nb_array_get(y, at));
+  CHECK_MSG(worst_jit <= 2, "jit: %g ulps off", worst_jit);
+  CHECK_MSG(differ == 0, "jit and interpreter differ at %lld of %lld points", (long long)differ, (long long)nb_array_size(y));
+  nb_array_release(interp);
+  nb_array_release(jit);
+  nb_array_release(y);
+  nb_array_release(want);
+  /* the ends of the domain and beyond */
+  double sy[] = {1, -1, 1.5, -2, NAN, INFINITY, -0.0}, sw[] = {INFINITY, -INFINITY, NAN, NAN, NAN, NAN, -0.0};
+  nb_array *ys = nb_array_from_f64(ctx, NB_F64, 1, (int64_t[]){7}, sy);
+  erf_inv_both(ys, &interp, &jit);
+  for (int i = 0; interp && jit && i < 7; i++) {
+    double a = nb_array_get(interp, i), b = nb_array_get(jit, i);
+    bool ok = sw[i] != sw[i] ? a != a && b != b
+                             : a == sw[i] && b == sw[i] && signbit(a) == signbit(sw[i]) && signbit(b) == signbit(sw[i]);
+    CHECK_MSG(ok, "erf_inv(%g): interpreter %g, jit %g, want %g", sy[i], a, b, sw[i]);
+  }
+  nb_array_release(interp);
+  nb_array_release(jit);
+  nb_array_release(ys);
+}
+
 int main(void) {
   ctx = nb_ctx_create();
   test_logsumexp();
+  test_erf_inv();
   nb_ctx_destroy(ctx);
   return nb_test_summary("core/test_numerics");
 }
