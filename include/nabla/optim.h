@@ -95,8 +95,10 @@ nb_optim_schedule *nb_optim_sgdr(nb_ctx *ctx, int n, const nb_optim_sgdr_cycle *
 
 /* The value at `step` on the host, in double precision. */
 double nb_optim_schedule_eval(const nb_optim_schedule *s, double step);
-/* The value at a traced step (an integer or float scalar) as a traced f32
- * scalar in step's graph. */
+/* The value at a traced step (an integer or float scalar) as a traced scalar
+ * in step's graph: f64 for an f64 step, else f32. The transformations pass
+ * their step in f64 when a gradient leaf is f64, so schedules follow the
+ * parameters' precision. */
 nb_val *nb_optim_schedule_trace(const nb_optim_schedule *s, nb_val *step);
 /* True when the value does not depend on the step. */
 bool nb_optim_schedule_is_constant(const nb_optim_schedule *s);
@@ -297,8 +299,9 @@ nb_val *nb_optim_logsumexp(nb_val *x);                                 /* nb_log
 /* Tree utilities (traced; trees of nb_val; results are new trees)           */
 /* ------------------------------------------------------------------------ */
 
-nb_val *nb_optim_global_norm(nb_graph *g, const nb_tree *t);   /* f32 scalar; 0 for an empty tree */
-nb_val *nb_optim_tree_vdot(nb_graph *g, const nb_tree *a, const nb_tree *b); /* f32 scalar */
+/* Scalars in f64 when a leaf is f64, else f32; 0 for an empty tree. */
+nb_val *nb_optim_global_norm(nb_graph *g, const nb_tree *t);
+nb_val *nb_optim_tree_vdot(nb_graph *g, const nb_tree *a, const nb_tree *b);
 nb_tree *nb_optim_tree_add(nb_graph *g, const nb_tree *a, const nb_tree *b);
 nb_tree *nb_optim_tree_sub(nb_graph *g, const nb_tree *a, const nb_tree *b);
 nb_tree *nb_optim_tree_scale(nb_graph *g, const nb_tree *t, nb_val *s);   /* s: any float scalar */

@@ -1,5 +1,6 @@
 /* Schedules: functions of the step written once over a two-mode scalar (a
- * host double, or a traced f32 value), so the value logged on the host and
+ * host double, or a traced value in the step's float dtype: f64 for f64
+ * parameters), so the value logged on the host and
  * the value used inside the traced step come from the same code. Optax's
  * formulas. Not here: the transformations that consume schedules. */
 #include <math.h>
@@ -29,16 +30,17 @@ typedef struct sx {
   nb_graph *g; /* NULL: host */
   double d;
   nb_val *v;
+  nb_dtype t;  /* traced: v's dtype */
 } sx;
 
 static sx K(sx r, double c) {
-  if (!r.g) return (sx){NULL, c, NULL};
-  return (sx){r.g, 0, nb_scalar(r.g, NB_F32, c)};
+  if (!r.g) return (sx){NULL, c, NULL, r.t};
+  return (sx){r.g, 0, nb_scalar(r.g, r.t, c), r.t};
 }
 #define BIN(name, hostexpr, op)                                                \
   static sx name(sx a, sx b) {                                                 \
-    if (!a.g) return (sx){NULL, hostexpr, NULL};                               \
-    return (sx){a.g, 0, op(a.v, b.v)};                                         \
+    if (!a.g) return (sx){NULL, hostexpr, NULL, a.t};                          \
+    return (sx){a.g, 0, op(a.v, b.v), a.t};                                    \
   }
 BIN(add, a.d + b.d, nb_add)
 BIN(sub, a.d - b.d, nb_sub)
@@ -47,15 +49,15 @@ BIN(dv, a.d / b.d, nb_div)
 BIN(pw, pow(a.d, b.d), nb_pow)
 BIN(mn, fmin(a.d, b.d), nb_min)
 BIN(mx, fmax(a.d, b.d), nb_max)
-static sx cosx(sx a) { return a.g ? (sx){a.g, 0, nb_cos(a.v)} : (sx){NULL, cos(a.d), NULL}; }
-static sx floorx(sx a) { return a.g ? (sx){a.g, 0, nb_floor(a.v)} : (sx){NULL, floor(a.d), NULL}; }
+static sx cosx(sx a) { return a.g ? (sx){a.g, 0, nb_cos(a.v), a.t} : (sx){NULL, cos(a.d), NULL, a.t}; }
+static sx floorx(sx a) { return a.g ? (sx){a.g, 0, nb_floor(a.v), a.t} : (sx){NULL, floor(a.d), NULL, a.t}; }
 static sx signx(sx a) {
-  return a.g ? (sx){a.g, 0, nb_sign(a.v)} : (sx){NULL, (double)((a.d > 0) - (a.d < 0)), NULL};
+  return a.g ? (sx){a.g, 0, nb_sign(a.v), a.t} : (sx){NULL, (double)((a.d > 0) - (a.d < 0)), NULL, a.t};
 }
 /* a < b ? x : y (or a <= b with le) */
 static sx sel(sx a, sx b, bool le, sx x, sx y) {
-  if (!a.g) return (sx){NULL, (le ? a.d <= b.d : a.d < b.d) ? x.d : y.d, NULL};
-  return (sx){a.g, 0, nb_select(le ? nb_le(a.v, b.v) : nb_lt(a.v, b.v), x.v, y.v)};
+  if (!a.g) return (sx){NULL, (le ? a.d <= b.d : a.d < b.d) ? x.d : y.d, NULL, a.t};
+  return (sx){a.g, 0, nb_select(le ? nb_le(a.v, b.v) : nb_lt(a.v, b.v), x.v, y.v), a.t};
 }
 static sx clipx(sx x, double lo, double hi) { return mn(mx(x, K(x, lo)), K(x, hi)); }
 
@@ -136,7 +138,7 @@ static sx eval(const nb_optim_schedule *s, sx t) {
   case K_INTERP_COS: return eval_interp(s, t);
   case K_JOIN: return eval_join(s, t);
   case K_SLOT:
-    if (t.g && *s->cell) return (sx){t.g, 0, nb_convert(*s->cell, NB_F32)};
+    if (t.g && *s->cell) return (sx){t.g, 0, nb_convert(*s->cell, t.t), t.t};
     return K(t, s->a[0]);
   }
   return K(t, NAN);
@@ -144,7 +146,7 @@ static sx eval(const nb_optim_schedule *s, sx t) {
 
 double nb_optim_schedule_eval(const nb_optim_schedule *s, double step) {
   if (!s) return NAN;
-  return eval(s, (sx){NULL, step, NULL}).d;
+  return eval(s, (sx){NULL, step, NULL, NB_F64}).d;
 }
 
 nb_val *nb_optim_schedule_trace(const nb_optim_schedule *s, nb_val *step) {
@@ -154,7 +156,8 @@ nb_val *nb_optim_schedule_trace(const nb_optim_schedule *s, nb_val *step) {
     nb_errorf(nb_graph_ctx(g), NB_ERR_SHAPE, "schedule: the step must be a numeric scalar");
     return NULL;
   }
-  return eval(s, (sx){g, 0, nb_convert(step, NB_F32)}).v;
+  nb_dtype t = nb_val_dtype(step) == NB_F64 ? NB_F64 : NB_F32;
+  return eval(s, (sx){g, 0, nb_convert(step, t), t}).v;
 }
 
 bool nb_optim_schedule_is_constant(const nb_optim_schedule *s) { return s && s->kind == K_CONST; }
