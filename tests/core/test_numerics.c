@@ -168,8 +168,50 @@ static void test_erf_inv(void) {
   nb_array_release(ys);
 }
 
+/* ---------------------------------------------------------------- sort of nothing */
+
+/* grad of sum(sort(x) * w) for an empty x (along an empty axis, or an empty
+ * batch of lanes): an empty gradient, as JAX; top_k(k = 0) too. */
+static void test_sort_grad_empty(void) {
+  const int64_t shapes[][2] = {{0, 0}, {3, 0}, {0, 4}};
+  for (int sh = 0; sh < 3; sh++)
+    for (int op = 0; op < 3; op++) {
+      nb_graph *g = nb_graph_create(ctx);
+      int rank = sh == 0 ? 1 : 2;
+      const int64_t *d = sh == 0 ? shapes[0] : shapes[sh];
+      nb_val *x = nb_graph_input(g, "x", nb_aval_make(NB_F64, rank, d));
+      nb_val *y = op == 0 ? nb_sort(x, -1, false, NULL) : op == 1 ? nb_sort(x, 0, true, NULL) : nb_top_k(x, 0, NULL);
+      nb_graph_output(g, "loss", nb_reduce_sum(nb_mul(y, y), 0, NULL));
+      char what[64], av[32];
+      nb_aval a = nb_aval_make(NB_F64, rank, d);
+      snprintf(what, sizeof what, "%s of %s", op == 0 ? "sort" : op == 1 ? "sort descending on axis 0" : "top_k 0",
+               nb_aval_str(&a, av, sizeof av));
+      CHECK_MSG(nb_graph_status(g) == NB_OK, "%s: %s", what, nb_graph_error(g));
+      nb_graph *dg = nb_graph_status(g) ? NULL : nb_value_and_grad(ctx, g, &(nb_grad_opts){NULL, false});
+      CHECK_MSG(dg != NULL, "%s: grad: %s", what, nb_ctx_error(ctx));
+      nb_tree *in = nb_tree_create(ctx), *out = nb_tree_create(ctx);
+      nb_array *xa = nb_array_zeros(ctx, NB_F64, rank, d);
+      nb_tree_set_array(in, "x", xa);
+      nb_array_release(xa);
+      if (dg) {
+        CHECK_MSG(nb_graph_run(ctx, dg, in, out) == NB_OK, "%s: run: %s", what, nb_ctx_error(ctx));
+        nb_array *gx = nb_tree_get_array(out, "grad/x"), *l = nb_tree_get_array(out, "loss");
+        CHECK_MSG(gx && nb_array_size(gx) == 0 && nb_array_rank(gx) == rank, "%s: grad/x is not empty", what);
+        CHECK_MSG(l && nb_array_get(l, 0) == 0, "%s: loss", what);
+        nb_jit_opts o = nb_test_jit_opts(NULL);
+        CHECK(nb_test_jit_matches(ctx, dg, in, &o, what, NULL));
+      }
+      nb_ctx_clear_error(ctx);
+      nb_tree_destroy(in);
+      nb_tree_destroy(out);
+      nb_graph_destroy(dg);
+      nb_graph_destroy(g);
+    }
+}
+
 int main(void) {
   ctx = nb_ctx_create();
+  test_sort_grad_empty();
   test_logsumexp();
   test_erf_inv();
   nb_ctx_destroy(ctx);
