@@ -209,8 +209,58 @@ static void test_sort_grad_empty(void) {
     }
 }
 
+/* ---------------------------------------------------------------- JAX's derivative conventions */
+
+static nb_status abs_max_min(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
+  (void)g, (void)u;
+  nb_val *a = nb_tree_get_val(in, "a"), *b = nb_tree_get_val(in, "b");
+  nb_val *w = nb_tree_get_val(in, "w"); /* distinct weights tell the three terms apart */
+  nb_val *s = nb_add(nb_add(nb_abs(a), nb_mul(w, nb_max(a, b))), nb_mul(nb_mul(w, w), nb_min(a, b)));
+  return nb_tree_set_val(out, "loss", nb_reduce_sum(s, 0, NULL));
+}
+
+/* d|x|/dx = 1 at 0 and -1 at NaN; max/min split ties evenly and pass no
+ * gradient through a NaN operand (jax.lax's rules). */
+static void test_jax_derivative_rules(void) {
+  double a[5] = {0, -1, 2, NAN, 1}, b[5] = {0, 3, 2, 1, NAN}, w[5] = {3, 3, 3, 3, 3};
+  nb_tree *in = nb_tree_create(ctx);
+  nb_array *aa = nb_array_from_f64(ctx, NB_F64, 1, (int64_t[]){5}, a), *ba = nb_array_from_f64(ctx, NB_F64, 1, (int64_t[]){5}, b),
+           *wa = nb_array_from_f64(ctx, NB_F64, 1, (int64_t[]){5}, w);
+  nb_tree_set_array(in, "a", aa);
+  nb_tree_set_array(in, "b", ba);
+  nb_tree_set_array(in, "w", wa);
+  nb_graph *g = nb_graph_create(ctx);
+  nb_tree *gin = nb_tree_create(ctx), *gout = nb_tree_create(ctx);
+  const char *names[] = {"a", "b", "w"};
+  for (int i = 0; i < 3; i++) nb_tree_set_val(gin, names[i], nb_graph_input(g, names[i], nb_array_aval(aa)));
+  CHECK_OK(ctx, abs_max_min(g, gin, gout, NULL));
+  nb_graph_output(g, "loss", nb_tree_get_val(gout, "loss"));
+  nb_graph *dg = nb_grad(ctx, g, &(nb_grad_opts){NULL, false});
+  nb_tree *res = nb_tree_create(ctx);
+  CHECK_MSG(dg && nb_graph_run(ctx, dg, in, res) == NB_OK, "grad: %s", nb_ctx_error(ctx));
+  /* da = sign_jax(a) + 3 [a is the max] + 9 [a is the min], halves at ties */
+  double want_a[5] = {1 + 1.5 + 4.5, -1 + 0 + 9, 1 + 1.5 + 4.5, -1, 1 + 0 + 0};
+  double want_b[5] = {1.5 + 4.5, 3, 1.5 + 4.5, 0, 0};
+  nb_array *da = nb_tree_get_array(res, "grad/a"), *db = nb_tree_get_array(res, "grad/b");
+  for (int i = 0; da && db && i < 5; i++) {
+    CHECK_MSG(same(nb_array_get(da, i), want_a[i]), "d/da at (%g, %g): %g, want %g", a[i], b[i], nb_array_get(da, i), want_a[i]);
+    CHECK_MSG(same(nb_array_get(db, i), want_b[i]), "d/db at (%g, %g): %g, want %g", a[i], b[i], nb_array_get(db, i), want_b[i]);
+  }
+  nb_jit_opts o = nb_test_jit_opts(NULL);
+  if (dg) CHECK(nb_test_jit_matches(ctx, dg, in, &o, "abs/max/min grads", NULL));
+  nb_ctx_clear_error(ctx);
+  nb_tree *trees[] = {in, gin, gout, res};
+  for (int i = 0; i < 4; i++) nb_tree_destroy(trees[i]);
+  nb_array_release(aa);
+  nb_array_release(ba);
+  nb_array_release(wa);
+  nb_graph_destroy(dg);
+  nb_graph_destroy(g);
+}
+
 int main(void) {
   ctx = nb_ctx_create();
+  test_jax_derivative_rules();
   test_sort_grad_empty();
   test_logsumexp();
   test_erf_inv();

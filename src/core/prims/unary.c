@@ -31,7 +31,10 @@ static int64_t i_not(int64_t x) { return ~x; }
 
 /* Derivative factors, emitted with the equation's location. */
 static nb_val *d_neg(nb_loc l, nb_val *x, nb_val *y) { return nb_full_like_at(l, x, -1); }
-static nb_val *d_abs(nb_loc l, nb_val *x, nb_val *y) { return nb_sign_at(l, x); }
+/* 1 for x >= 0 (0 included), else -1 (NaN too): JAX's rule */
+static nb_val *d_abs(nb_loc l, nb_val *x, nb_val *y) {
+  return nb_select_at(l, nb_ge_at(l, x, nb_full_like_at(l, x, 0)), nb_full_like_at(l, x, 1), nb_full_like_at(l, x, -1));
+}
 static nb_val *d_exp(nb_loc l, nb_val *x, nb_val *y) { return y; }
 static nb_val *d_exp2(nb_loc l, nb_val *x, nb_val *y) { return nb_mul_at(l, y, nb_full_like_at(l, y, M_LN2)); }
 static nb_val *d_log(nb_loc l, nb_val *x, nb_val *y) { return nb_div_at(l, nb_full_like_at(l, x, 1), x); }
