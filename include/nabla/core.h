@@ -101,6 +101,19 @@ int nb_ctx_debug_level(const nb_ctx *ctx);
 /* Debug-nans mode: the interpreter checks every primitive's floating outputs
  * for NaN/Inf and fails with NB_ERR_NUMERIC naming the first one. */
 void nb_ctx_set_debug_nans(nb_ctx *ctx, bool on);
+/* How the random ops (nb_random_*, nb_key_*) turn a key into streams, read
+ * when an op is traced. Both are JAX's threefry2x32 streams bit for bit:
+ *  - NB_PRNG_THREEFRY (the default): jax_threefry_partitionable=False, JAX's
+ *    default before 0.5 (counters 0..n-1 split in two halves);
+ *  - NB_PRNG_THREEFRY_PARTITIONABLE: jax_threefry_partitionable=True, JAX's
+ *    default since 0.5 (element i from the counter pair (0, i); 32-bit
+ *    values are the two output words xor-ed; split and random bits no
+ *    longer share a layout).
+ * keys and fold_in are the same in both. The environment variable
+ * NABLA_PRNG=threefry|threefry_partitionable sets a new context's choice. */
+typedef enum nb_prng_impl { NB_PRNG_THREEFRY, NB_PRNG_THREEFRY_PARTITIONABLE } nb_prng_impl;
+void nb_ctx_set_prng_impl(nb_ctx *ctx, nb_prng_impl impl);
+nb_prng_impl nb_ctx_prng_impl(const nb_ctx *ctx);
 
 /* Host allocations, through the context's hook, with exact byte counts. */
 void *nb_alloc(nb_ctx *ctx, size_t bytes);  /* 64-byte aligned; NULL (+ error) on failure */
@@ -536,8 +549,10 @@ nb_val *nb_rev_at(nb_loc loc, nb_val *x, int naxes, const int *axes);
 /* The threefry2x32 block function (20 rounds), elementwise over four u32
  * values (broadcast to one shape, NumPy rules); two outputs. The only random
  * primitive: everything below is built on it, so any stream depends only on
- * (key, shape, dtype). The streams are JAX's default (non-partitionable)
- * threefry ones bit for bit: keys, split, fold_in, bits and uniform (f64
+ * (key, shape, dtype) and the context's nb_prng_impl. The streams are JAX's
+ * threefry ones bit for bit (jax_threefry_partitionable=False by default,
+ * True with NB_PRNG_THREEFRY_PARTITIONABLE; see nb_ctx_set_prng_impl):
+ * keys, split, fold_in, bits and uniform (f64
  * uniform over a range within an ulp: XLA fuses its multiply-add); normal
  * within XLA's erf_inv error (nabla's f64 erf_inv is within an ulp of the
  * correctly rounded value over all of (-1, 1), compiled and interpreted
