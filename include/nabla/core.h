@@ -655,7 +655,7 @@ nb_graph *nb_vjp(nb_ctx *ctx, const nb_graph *g);
 
 /* vmap: g is traced on unbatched shapes; the result takes every input with a
  * batch axis of size axis_size (> 0, required) inserted at in_axis (or no
- * batch axis: -1) and returns outputs with it at out_axis. Per-path overrides
+ * batch axis: -1, JAX's None; unlike JAX's in_axes=-1, never the last axis) and returns outputs with it at out_axis. Per-path overrides
  * go in in_axes / out_axes: trees whose leaves are integer scalar arrays keyed
  * by path prefix (the longest matching prefix wins). */
 typedef struct nb_vmap_opts {

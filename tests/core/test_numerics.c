@@ -2,7 +2,9 @@
  * rows that are all -inf or hold +inf (core, nn and optim share one
  * implementation), with its gradient; f64 erf_inv within an ulp or two of
  * the correctly rounded value over its whole domain (goldens from mpmath:
- * tests/core/golden/make_erf_inv.py), compiled and interpreted alike. */
+ * tests/core/golden/make_erf_inv.py), compiled and interpreted alike; the
+ * derivatives of abs, max and min (JAX's rules); grad of sort and top_k on
+ * empty arrays; and the differences docs/jax-differences.md documents. */
 #include "json_golden.h"
 #include "jitcheck.h"
 
@@ -258,8 +260,55 @@ static void test_jax_derivative_rules(void) {
   nb_graph_destroy(g);
 }
 
+/* The deliberate differences docs/jax-differences.md lists, pinned: a
+ * change here is a change to document. */
+static nb_status documented(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
+  (void)u;
+  nb_val *x = nb_tree_get_val(in, "x"); /* [1, 1, 1, 1] */
+  int64_t size = 2;
+  nb_val *start = nb_scalar(g, NB_I32, -1);
+  nb_val *cm = nb_reduce_sum(nb_cummax(x, 0, false), 0, NULL);
+  nb_val *lo = nb_full_like(x, 1), *hi = nb_full_like(x, 2);
+  nb_val *cl = nb_reduce_sum(nb_clamp(lo, x, hi), 0, NULL); /* x sits on lo */
+  nb_status s = nb_tree_set_val(out, "loss", nb_add(cm, cl));
+  if (!s) s = nb_tree_set_val(out, "slice", nb_dynamic_slice(nb_iota(g, NB_F64, 1, (int64_t[]){5}, 0), &start, &size));
+  if (!s) s = nb_tree_set_val(out, "clamp_inverted", nb_clamp(nb_full_like(x, 2), nb_mul(x, nb_iota(g, NB_F64, 1, (int64_t[]){4}, 0)), lo));
+  return s;
+}
+
+static void test_documented_differences(void) {
+  nb_graph *g = nb_graph_create(ctx);
+  nb_tree *gin = nb_tree_create(ctx), *gout = nb_tree_create(ctx), *in = nb_tree_create(ctx), *res = nb_tree_create(ctx);
+  nb_tree_set_val(gin, "x", nb_graph_input(g, "x", nb_aval_make(NB_F64, 1, (int64_t[]){4})));
+  CHECK_OK(ctx, documented(g, gin, gout, NULL));
+  for (size_t i = 0; i < nb_tree_size(gout); i++) nb_graph_output(g, nb_tree_path(gout, i), nb_tree_leaf(gout, i)->val);
+  nb_graph *dg = nb_value_and_grad(ctx, g, &(nb_grad_opts){NULL, true});
+  nb_array *x = nb_array_full(ctx, NB_F64, 1, (int64_t[]){4}, 1);
+  nb_tree_set_array(in, "x", x);
+  nb_array_release(x);
+  CHECK_MSG(dg && nb_graph_run(ctx, dg, in, res) == NB_OK, "%s", nb_ctx_error(ctx));
+  /* d/dx [sum(cummax(x)) + sum(clamp(1, x, 2))] at x = 1: cummax's ties all to
+   * the first position (JAX: [2, 1, 0.75, 0.25]) plus clamp's 1 at its bound (JAX: 0) */
+  double want[4] = {5, 1, 1, 1};
+  nb_array *d = nb_tree_get_array(res, "grad/x");
+  for (int i = 0; d && i < 4; i++) CHECK_MSG(nb_array_get(d, i) == want[i], "grad[%d] = %g, want %g", i, nb_array_get(d, i), want[i]);
+  /* dynamic_slice start -1 clamps to 0 (JAX: wraps to 4, clamps to 3) */
+  nb_array *sl = nb_tree_get_array(res, "aux/slice");
+  CHECK_MSG(sl && nb_array_get(sl, 0) == 0 && nb_array_get(sl, 1) == 1, "dynamic_slice at -1");
+  /* clamp(2, x, 1): lo below lo, hi above hi (JAX: 1 everywhere) */
+  nb_array *ci = nb_tree_get_array(res, "aux/clamp_inverted");
+  double wci[4] = {2, 2, 1, 1};
+  for (int i = 0; ci && i < 4; i++) CHECK_MSG(nb_array_get(ci, i) == wci[i], "clamp(2, %d, 1) = %g", i, nb_array_get(ci, i));
+  nb_ctx_clear_error(ctx);
+  nb_tree *trees[] = {gin, gout, in, res};
+  for (int i = 0; i < 4; i++) nb_tree_destroy(trees[i]);
+  nb_graph_destroy(dg);
+  nb_graph_destroy(g);
+}
+
 int main(void) {
   ctx = nb_ctx_create();
+  test_documented_differences();
   test_jax_derivative_rules();
   test_sort_grad_empty();
   test_logsumexp();
