@@ -594,8 +594,27 @@ static void test_misuse(nb_ctx *ctx) {
   nb_array_release(k);
 }
 
+/* NABLA_PRNG picks a new context's layout; an unknown value keeps the
+ * default (with a warning on the log). */
+static void test_prng_env(void) {
+  const char *old = getenv("NABLA_PRNG");
+  char *saved = old ? strdup(old) : NULL;
+  const char *vals[] = {"threefry_partitionable", "threefry", "philox", ""};
+  const nb_prng_impl want[] = {NB_PRNG_THREEFRY_PARTITIONABLE, NB_PRNG_THREEFRY, NB_PRNG_THREEFRY, NB_PRNG_THREEFRY};
+  for (int i = 0; i < 4; i++) {
+    setenv("NABLA_PRNG", vals[i], 1);
+    nb_ctx *c = nb_ctx_create();
+    CHECK_MSG(nb_ctx_prng_impl(c) == want[i], "NABLA_PRNG=%s", vals[i]);
+    nb_ctx_destroy(c);
+  }
+  if (saved) setenv("NABLA_PRNG", saved, 1);
+  else unsetenv("NABLA_PRNG");
+  free(saved);
+}
+
 int main(void) {
   nb_ctx *ctx = nb_ctx_create();
+  test_prng_env();
   test_known_answers(ctx);
   test_jax_goldens(ctx, NB_PRNG_THREEFRY);
   test_jax_goldens(ctx, NB_PRNG_THREEFRY_PARTITIONABLE);
