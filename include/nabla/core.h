@@ -103,6 +103,19 @@ int nb_ctx_debug_level(const nb_ctx *ctx);
 /* Debug-nans mode: the interpreter checks every primitive's floating outputs
  * for NaN/Inf and fails with NB_ERR_NUMERIC naming the first one. */
 void nb_ctx_set_debug_nans(nb_ctx *ctx, bool on);
+/* How the random ops (nb_random_*, nb_key_*) turn a key into streams, read
+ * when an op is traced. Both are JAX's threefry2x32 streams bit for bit:
+ *  - NB_PRNG_THREEFRY (the default): jax_threefry_partitionable=False, JAX's
+ *    default before 0.5 (counters 0..n-1 split in two halves);
+ *  - NB_PRNG_THREEFRY_PARTITIONABLE: jax_threefry_partitionable=True, JAX's
+ *    default since 0.5 (element i from the counter pair (0, i); 32-bit
+ *    values are the two output words xor-ed; split and random bits no
+ *    longer share a layout).
+ * keys and fold_in are the same in both. The environment variable
+ * NABLA_PRNG=threefry|threefry_partitionable sets a new context's choice. */
+typedef enum nb_prng_impl { NB_PRNG_THREEFRY, NB_PRNG_THREEFRY_PARTITIONABLE } nb_prng_impl;
+void nb_ctx_set_prng_impl(nb_ctx *ctx, nb_prng_impl impl);
+nb_prng_impl nb_ctx_prng_impl(const nb_ctx *ctx);
 
 /* Host allocations, through the context's hook, with exact byte counts. */
 void *nb_alloc(nb_ctx *ctx, size_t bytes);  /* 64-byte aligned; NULL (+ error) on failure */
@@ -422,6 +435,9 @@ nb_val *nb_argmax_at(nb_loc loc, nb_val *x, int axis, nb_dtype index_dtype);
 nb_val *nb_argmin_at(nb_loc loc, nb_val *x, int axis, nb_dtype index_dtype);
 nb_val *nb_cumsum_at(nb_loc loc, nb_val *x, int axis, bool reverse);
 nb_val *nb_cummax_at(nb_loc loc, nb_val *x, int axis, bool reverse);
+/* log(sum(exp(x))) along axis (removed), float x, as jax.nn.logsumexp:
+ * max-shifted; an all -inf row gives -inf, a row holding +inf gives +inf. */
+nb_val *nb_logsumexp_at(nb_loc loc, nb_val *x, int axis);
 
 /* Shape ops. */
 nb_val *nb_reshape_at(nb_loc loc, nb_val *x, int rank, const int64_t *dims); /* one dim may be -1 */
@@ -544,10 +560,14 @@ nb_val *nb_rev_at(nb_loc loc, nb_val *x, int naxes, const int *axes);
 /* The threefry2x32 block function (20 rounds), elementwise over four u32
  * values (broadcast to one shape, NumPy rules); two outputs. The only random
  * primitive: everything below is built on it, so any stream depends only on
- * (key, shape, dtype). The streams are JAX's default (non-partitionable)
- * threefry ones bit for bit: keys, split, fold_in, bits and uniform (f64
+ * (key, shape, dtype) and the context's nb_prng_impl. The streams are JAX's
+ * threefry ones bit for bit (jax_threefry_partitionable=False by default,
+ * True with NB_PRNG_THREEFRY_PARTITIONABLE; see nb_ctx_set_prng_impl):
+ * keys, split, fold_in, bits and uniform (f64
  * uniform over a range within an ulp: XLA fuses its multiply-add); normal
- * within XLA's erf_inv error (nabla's is within 1-2 ulps of exact). */
+ * within XLA's erf_inv error (nabla's f64 erf_inv is within an ulp of the
+ * correctly rounded value over all of (-1, 1), compiled and interpreted
+ * alike). */
 void nb_threefry2x32_at(nb_loc loc, nb_val *k0, nb_val *k1, nb_val *x0, nb_val *x1, nb_val **y0, nb_val **y1);
 /* jax.random.PRNGKey(seed): u32[2] = (seed >> 32, seed & 0xffffffff). */
 nb_val *nb_random_key_at(nb_loc loc, nb_graph *g, uint64_t seed);
@@ -646,7 +666,7 @@ nb_graph *nb_vjp(nb_ctx *ctx, const nb_graph *g);
 
 /* vmap: g is traced on unbatched shapes; the result takes every input with a
  * batch axis of size axis_size (> 0, required) inserted at in_axis (or no
- * batch axis: -1) and returns outputs with it at out_axis. Per-path overrides
+ * batch axis: -1, JAX's None; unlike JAX's in_axes=-1, never the last axis) and returns outputs with it at out_axis. Per-path overrides
  * go in in_axes / out_axes: trees whose leaves are integer scalar arrays keyed
  * by path prefix (the longest matching prefix wins). */
 typedef struct nb_vmap_opts {
@@ -728,6 +748,7 @@ nb_status nb_custom_vjp_call(nb_graph *g, const nb_graph *fwd_primal, const nb_g
 #define nb_argmin(x, ax, t) nb_argmin_at(NB_HERE, x, ax, t)
 #define nb_cumsum(x, ax, rev) nb_cumsum_at(NB_HERE, x, ax, rev)
 #define nb_cummax(x, ax, rev) nb_cummax_at(NB_HERE, x, ax, rev)
+#define nb_logsumexp(x, ax) nb_logsumexp_at(NB_HERE, x, ax)
 #define nb_reshape(x, r, d) nb_reshape_at(NB_HERE, x, r, d)
 #define nb_broadcast_in_dim(x, r, d, b) nb_broadcast_in_dim_at(NB_HERE, x, r, d, b)
 #define nb_broadcast_to(x, r, d) nb_broadcast_to_at(NB_HERE, x, r, d)

@@ -125,7 +125,7 @@ nb_val *nb_nn_activation(nb_val *x, nb_nn_act act);
 /* Along `axis` (negative counts from the end); bf16/f16 computed in f32. */
 nb_val *nb_nn_softmax(nb_val *x, int axis);
 nb_val *nb_nn_log_softmax(nb_val *x, int axis);
-nb_val *nb_nn_logsumexp(nb_val *x, int axis); /* the axis is removed */
+nb_val *nb_nn_logsumexp(nb_val *x, int axis); /* nb_logsumexp of x upcast to f32 (bf16/f16); the axis is removed */
 /* Cross-entropy of logits [..., V] against integer targets [...]:
  * sum(mask * -log softmax(logits)[target]) / max(sum(mask), 1) with `mask`
  * [...] bool or float (NULL: the plain mean). An f32 (or f64) scalar; 0 when

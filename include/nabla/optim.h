@@ -95,8 +95,10 @@ nb_optim_schedule *nb_optim_sgdr(nb_ctx *ctx, int n, const nb_optim_sgdr_cycle *
 
 /* The value at `step` on the host, in double precision. */
 double nb_optim_schedule_eval(const nb_optim_schedule *s, double step);
-/* The value at a traced step (an integer or float scalar) as a traced f32
- * scalar in step's graph. */
+/* The value at a traced step (an integer or float scalar) as a traced scalar
+ * in step's graph: f64 for an f64 step, else f32. The transformations pass
+ * their step in f64 when a gradient leaf is f64, so schedules follow the
+ * parameters' precision. */
 nb_val *nb_optim_schedule_trace(const nb_optim_schedule *s, nb_val *step);
 /* Hyper-parameters as runtime inputs. A schedule traced in the graph of
  * *cell (set *cell before tracing: a 1-D f64 input of that graph) takes
@@ -303,14 +305,15 @@ nb_val *nb_optim_cosine_distance(nb_val *predictions, nb_val *targets, double ep
 /* sum(targets * (log targets - log_predictions)) over the last axis (0 log 0 = 0). */
 nb_val *nb_optim_kl_divergence(nb_val *log_predictions, nb_val *targets);
 nb_val *nb_optim_log_softmax(nb_val *logits);                          /* last axis */
-nb_val *nb_optim_logsumexp(nb_val *x);                                 /* last axis, removed */
+nb_val *nb_optim_logsumexp(nb_val *x);                                 /* nb_logsumexp over the last axis */
 
 /* ------------------------------------------------------------------------ */
 /* Tree utilities (traced; trees of nb_val; results are new trees)           */
 /* ------------------------------------------------------------------------ */
 
-nb_val *nb_optim_global_norm(nb_graph *g, const nb_tree *t);   /* f32 scalar; 0 for an empty tree */
-nb_val *nb_optim_tree_vdot(nb_graph *g, const nb_tree *a, const nb_tree *b); /* f32 scalar */
+/* Scalars in f64 when a leaf is f64, else f32; 0 for an empty tree. */
+nb_val *nb_optim_global_norm(nb_graph *g, const nb_tree *t);
+nb_val *nb_optim_tree_vdot(nb_graph *g, const nb_tree *a, const nb_tree *b);
 nb_tree *nb_optim_tree_add(nb_graph *g, const nb_tree *a, const nb_tree *b);
 nb_tree *nb_optim_tree_sub(nb_graph *g, const nb_tree *a, const nb_tree *b);
 nb_tree *nb_optim_tree_scale(nb_graph *g, const nb_tree *t, nb_val *s);   /* s: any float scalar */

@@ -174,7 +174,10 @@ static nb_status assign_arena(nb_ctx *ctx, nb_jplan *p, bool reuse) {
 static bool same_map(const nb_kaffine *a, const nb_kaffine *b) { return memcmp(a, b, sizeof *a) == 0; }
 
 /* In the kernel that stores output `out`, is input `in` read only at the
- * element being written (so writing in place is safe)? */
+ * element being written (so writing in place is safe)? Safe because code
+ * generation computes every stored value of a loop iteration (all roots'
+ * cones) before the iteration's first store, and the phases of a row
+ * kernel before its stores (codegen_c.c emit_body, emit_tiled). */
 static bool in_place_ok(const nb_jplan *p, const nb_jstep *st, uint32_t in, uint32_t out) {
   if (st->kind != NB_EXE_STEP_KERNEL) return false;
   const nb_kernel *k = &p->kernels[st->kernel];

@@ -62,6 +62,10 @@ nb_ctx *nb_ctx_create_with_allocator(nb_alloc_fn fn, void *ud) {
   if (dbg) ctx->debug_level = atoi(dbg);
   const char *nans = getenv("NABLA_DEBUG_NANS");
   if (nans && *nans && strcmp(nans, "0") != 0) ctx->debug_nans = true;
+  const char *prng = getenv("NABLA_PRNG");
+  if (prng && !strcmp(prng, "threefry_partitionable")) ctx->prng = NB_PRNG_THREEFRY_PARTITIONABLE;
+  else if (prng && *prng && strcmp(prng, "threefry") != 0)
+    nb_logf(ctx, NB_LOG_WARN, "NABLA_PRNG='%s' is not 'threefry' or 'threefry_partitionable': using threefry", prng);
   return ctx;
 }
 
@@ -127,6 +131,8 @@ void nb_logf(nb_ctx *ctx, nb_log_level level, const char *fmt, ...) {
 void nb_ctx_set_debug_level(nb_ctx *ctx, int level) { ctx->debug_level = level; }
 int nb_ctx_debug_level(const nb_ctx *ctx) { return ctx->debug_level; }
 void nb_ctx_set_debug_nans(nb_ctx *ctx, bool on) { ctx->debug_nans = on; }
+void nb_ctx_set_prng_impl(nb_ctx *ctx, nb_prng_impl impl) { ctx->prng = impl; }
+nb_prng_impl nb_ctx_prng_impl(const nb_ctx *ctx) { return ctx->prng; }
 
 void *nb_alloc(nb_ctx *ctx, size_t bytes) {
   if (bytes == 0) bytes = 1;

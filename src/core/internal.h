@@ -22,6 +22,7 @@ struct nb_ctx {
   void *log_ud;
   int debug_level;
   bool debug_nans;
+  nb_prng_impl prng;
   pthread_mutex_t err_lock;
   nb_status status;
   char errmsg[NB_ERRMSG_CAP];

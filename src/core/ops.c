@@ -170,3 +170,19 @@ nb_val *nb_expand_dims_at(nb_loc loc, nb_val *x, int axis) {
   for (int i = 0, k = 0; i <= r; i++) dims[i] = i == a ? 1 : x->aval.shape.dims[k++];
   return nb_reshape_at(loc, x, r + 1, dims);
 }
+
+/* log(sum(exp(x))) along axis, shifted by the row max for range; a row
+ * whose max is not finite is not shifted, so an all -inf row gives -inf
+ * and a row holding +inf gives +inf (as JAX). The shift is a constant of
+ * the gradient (the gradient is softmax). */
+nb_val *nb_logsumexp_at(nb_loc loc, nb_val *x, int axis) {
+  if (!x || nb__is_poison(x)) return x;
+  int r = x->aval.shape.rank, a = nb__norm_axis(axis, r);
+  if (!nb_dtype_is_float(x->aval.dtype))
+    return nb__fail(x->g, loc, NB_ERR_DTYPE, "logsumexp: needs a float array, got %s", nb_dtype_name(x->aval.dtype));
+  if (a < 0) return nb__fail(x->g, loc, NB_ERR_INVALID_ARG, "logsumexp: axis %d out of range for rank %d", axis, r);
+  nb_val *m = nb_stop_gradient_at(loc, nb_reduce_max_at(loc, x, 1, &a));
+  m = nb_select_at(loc, nb_is_finite_at(loc, m), m, nb_full_like_at(loc, m, 0));
+  nb_val *e = nb_exp_at(loc, nb_sub_at(loc, x, nb_expand_dims_at(loc, m, a)));
+  return nb_add_at(loc, nb_log_at(loc, nb_reduce_sum_at(loc, e, 1, &a)), m);
+}

@@ -32,13 +32,7 @@ nb_val *nb_nn_activation(nb_val *x, nb_nn_act act) {
 
 static int norm_axis(nb_val *x, int axis) { return axis < 0 ? axis + nb_val_rank(x) : axis; }
 
-nb_val *nb_nn_logsumexp(nb_val *x, int axis) {
-  nb_val *xf = nb_nn__upcast(x);
-  int ax[1] = {norm_axis(x, axis)};
-  nb_val *m = nb_stop_gradient(nb_reduce_max(xf, 1, ax));
-  nb_val *e = nb_exp(nb_sub(xf, nb_expand_dims(m, ax[0])));
-  return nb_add(nb_log(nb_reduce_sum(e, 1, ax)), m);
-}
+nb_val *nb_nn_logsumexp(nb_val *x, int axis) { return nb_logsumexp(nb_nn__upcast(x), axis); }
 
 nb_val *nb_nn_softmax(nb_val *x, int axis) {
   nb_val *xf = nb_nn__upcast(x);

@@ -77,7 +77,11 @@ nb_val *nb__count_inc(nb_val *count);              /* saturating + 1 */
 nb_val *nb__moment(nb_val *g, nb_val *m, double decay, int order);
 /* m / (1 - decay^count) */
 nb_val *nb__bias_correct(nb_val *m, double decay, nb_val *count);
-nb_val *nb__sum_sq(nb_val *x);                     /* f32 scalar sum of squares */
+/* The dtype of a tree's scalars (norms, schedules, step counts as floats):
+ * f64 when a float leaf is f64, else f32 (bf16/f16 leaves too). */
+nb_dtype nb__scalar_dtype(const nb_tree *t);
+nb_dtype nb__scalar_dtype_of(nb_dtype leaf);       /* the same for one leaf dtype */
+nb_val *nb__sum_sq(nb_val *x);                     /* scalar sum of squares in x's scalar dtype */
 /* A scalar as dtype t. */
 nb_val *nb__as(nb_val *s, nb_dtype t);
 

@@ -29,11 +29,7 @@ static bool ranked(nb_val *x, const char *fn) {
 }
 
 nb_val *nb_optim_logsumexp(nb_val *x) {
-  if (!ranked(x, "logsumexp")) return NULL;
-  int ax = last(x);
-  nb_val *m = nb_stop_gradient(nb_reduce_max(x, 1, &ax));
-  m = nb_select(nb_is_finite(m), m, nb_full_like(m, 0)); /* all -inf rows stay -inf */
-  return nb_add(nb_log(sum_last(nb_exp(nb_sub(x, keep(m, x))))), m);
+  return ranked(x, "logsumexp") ? nb_logsumexp(x, -1) : NULL;
 }
 
 nb_val *nb_optim_log_softmax(nb_val *logits) {

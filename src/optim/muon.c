@@ -65,7 +65,7 @@ static nb_status muon_update(void *ud, nb_graph *g, const nb_tree *grads, const 
   nb_status s = wd != 0 ? nb__optim_need_params(c->ctx, "muon", params) : NB_OK;
   nb_val *count = s ? NULL : nb__optim_state(c->ctx, state, "muon/count", NULL);
   if (!count) return s ? s : nb_ctx_status(c->ctx);
-  nb_val *lr = nb_optim_schedule_trace(c->sched, count);
+  nb_val *lr = nb_optim_schedule_trace(c->sched, nb_convert(count, nb__scalar_dtype(grads)));
   nb_val *cinc = nb__count_inc(count);
   for (size_t i = 0; !s && i < nb_tree_size(grads); i++) {
     const char *p = nb_tree_path(grads, i);

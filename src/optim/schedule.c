@@ -1,5 +1,6 @@
 /* Schedules: functions of the step written once over a two-mode scalar (a
- * host double, or a traced f32 value), so the value logged on the host and
+ * host double, or a traced value in the step's float dtype: f64 for f64
+ * parameters), so the value logged on the host and
  * the value used inside the traced step come from the same code. Optax's
  * formulas. An input-bound schedule (nb_optim_schedule_from_input) takes
  * every number of its formula from a vector input of the graph instead of
@@ -44,6 +45,7 @@ typedef struct sx {
   double d;
   nb_val *v;
   numbers *num; /* NULL: numbers are constants */
+  nb_dtype t;   /* traced: v's dtype */
 } sx;
 
 static sx K(sx r, double c) {
@@ -51,19 +53,19 @@ static sx K(sx r, double c) {
     int i = r.num->n++;
     if (!r.g) {
       if (i < r.num->cap) r.num->rec[i] = c;
-      return (sx){NULL, c, NULL, r.num};
+      return (sx){NULL, c, NULL, r.num, r.t};
     }
     int64_t lo[1] = {i}, hi[1] = {i + 1}; /* f64 rounded as the constant would be */
     nb_val *x = nb_reshape(nb_slice(r.num->vec, lo, hi, NULL), 0, NULL);
-    return (sx){r.g, 0, nb_convert(x, nb_val_dtype(r.v)), r.num};
+    return (sx){r.g, 0, nb_convert(x, r.t), r.num, r.t};
   }
-  if (!r.g) return (sx){NULL, c, NULL, NULL};
-  return (sx){r.g, 0, nb_scalar(r.g, NB_F32, c), NULL};
+  if (!r.g) return (sx){NULL, c, NULL, NULL, r.t};
+  return (sx){r.g, 0, nb_scalar(r.g, r.t, c), NULL, r.t};
 }
 #define BIN(name, hostexpr, op)                                                \
   static sx name(sx a, sx b) {                                                 \
-    if (!a.g) return (sx){NULL, hostexpr, NULL, a.num};                        \
-    return (sx){a.g, 0, op(a.v, b.v), a.num};                                  \
+    if (!a.g) return (sx){NULL, hostexpr, NULL, a.num, a.t};                   \
+    return (sx){a.g, 0, op(a.v, b.v), a.num, a.t};                             \
   }
 BIN(add, a.d + b.d, nb_add)
 BIN(sub, a.d - b.d, nb_sub)
@@ -72,15 +74,15 @@ BIN(dv, a.d / b.d, nb_div)
 BIN(pw, pow(a.d, b.d), nb_pow)
 BIN(mn, fmin(a.d, b.d), nb_min)
 BIN(mx, fmax(a.d, b.d), nb_max)
-static sx cosx(sx a) { return a.g ? (sx){a.g, 0, nb_cos(a.v), a.num} : (sx){NULL, cos(a.d), NULL, a.num}; }
-static sx floorx(sx a) { return a.g ? (sx){a.g, 0, nb_floor(a.v), a.num} : (sx){NULL, floor(a.d), NULL, a.num}; }
+static sx cosx(sx a) { return a.g ? (sx){a.g, 0, nb_cos(a.v), a.num, a.t} : (sx){NULL, cos(a.d), NULL, a.num, a.t}; }
+static sx floorx(sx a) { return a.g ? (sx){a.g, 0, nb_floor(a.v), a.num, a.t} : (sx){NULL, floor(a.d), NULL, a.num, a.t}; }
 static sx signx(sx a) {
-  return a.g ? (sx){a.g, 0, nb_sign(a.v), a.num} : (sx){NULL, (double)((a.d > 0) - (a.d < 0)), NULL, a.num};
+  return a.g ? (sx){a.g, 0, nb_sign(a.v), a.num, a.t} : (sx){NULL, (double)((a.d > 0) - (a.d < 0)), NULL, a.num, a.t};
 }
 /* a < b ? x : y (or a <= b with le) */
 static sx sel(sx a, sx b, bool le, sx x, sx y) {
-  if (!a.g) return (sx){NULL, (le ? a.d <= b.d : a.d < b.d) ? x.d : y.d, NULL, a.num};
-  return (sx){a.g, 0, nb_select(le ? nb_le(a.v, b.v) : nb_lt(a.v, b.v), x.v, y.v), a.num};
+  if (!a.g) return (sx){NULL, (le ? a.d <= b.d : a.d < b.d) ? x.d : y.d, NULL, a.num, a.t};
+  return (sx){a.g, 0, nb_select(le ? nb_le(a.v, b.v) : nb_lt(a.v, b.v), x.v, y.v), a.num, a.t};
 }
 static sx clipx(sx x, double lo, double hi) { return mn(mx(x, K(x, lo)), K(x, hi)); }
 
@@ -153,7 +155,7 @@ static sx eval_join(const nb_optim_schedule *s, sx t) {
 /* The number of values the formula of s takes (its K calls). */
 static int count_numbers(const nb_optim_schedule *s) {
   numbers num = {0};
-  eval(s, (sx){NULL, 0, NULL, &num});
+  eval(s, (sx){NULL, 0, NULL, &num, NB_F64});
   return num.n;
 }
 
@@ -163,9 +165,9 @@ static sx eval_input(const nb_optim_schedule *s, sx t) {
   int n = count_numbers(s->kids[0]);
   if (nb_val_rank(vec) != 1 || nb_val_dim(vec, 0) != n || nb_val_dtype(vec) != NB_F64)
     return (sx){t.g, 0, nb__fail(t.g, NB_HERE, NB_ERR_SHAPE, "schedule: its input must be an f64 vector of %d numbers "
-                                 "(nb_optim_schedule_inputs)", n), NULL};
+                                 "(nb_optim_schedule_inputs)", n), NULL, t.t};
   numbers num = {.vec = vec};
-  sx r = eval(s->kids[0], (sx){t.g, 0, t.v, &num});
+  sx r = eval(s->kids[0], (sx){t.g, 0, t.v, &num, t.t});
   r.num = NULL;
   return r;
 }
@@ -181,8 +183,8 @@ static sx eval(const nb_optim_schedule *s, sx t) {
   case K_INTERP_COS: return eval_interp(s, t);
   case K_JOIN: return eval_join(s, t);
   case K_SLOT:
-    if (t.g && *s->cell) return (sx){t.g, 0, nb_convert(*s->cell, NB_F32), t.num};
-    return K((sx){t.g, t.d, t.v, NULL}, s->a[0]);
+    if (t.g && *s->cell) return (sx){t.g, 0, nb_convert(*s->cell, t.t), t.num, t.t};
+    return K((sx){t.g, t.d, t.v, NULL, t.t}, s->a[0]);
   case K_INPUT: return eval_input(s, t);
   }
   return K(t, NAN);
@@ -190,7 +192,7 @@ static sx eval(const nb_optim_schedule *s, sx t) {
 
 double nb_optim_schedule_eval(const nb_optim_schedule *s, double step) {
   if (!s) return NAN;
-  return eval(s, (sx){NULL, step, NULL, NULL}).d;
+  return eval(s, (sx){NULL, step, NULL, NULL, NB_F64}).d;
 }
 
 nb_array *nb_optim_schedule_inputs(nb_ctx *ctx, const nb_optim_schedule *s) {
@@ -200,7 +202,7 @@ nb_array *nb_optim_schedule_inputs(nb_ctx *ctx, const nb_optim_schedule *s) {
   double *vals = nb_alloc(ctx, sizeof(double) * (size_t)(n + 1));
   if (!vals) return NULL;
   numbers num = {.rec = vals, .cap = (int)n};
-  eval(s, (sx){NULL, 0, NULL, &num});
+  eval(s, (sx){NULL, 0, NULL, &num, NB_F64});
   nb_array *a = nb_array_empty(ctx, NB_F64, 1, &n);
   double *f = a ? nb_array_data_mut(a) : NULL;
   for (int64_t i = 0; f && i < n; i++) f[i] = vals[i];
@@ -215,7 +217,8 @@ nb_val *nb_optim_schedule_trace(const nb_optim_schedule *s, nb_val *step) {
     nb_errorf(nb_graph_ctx(g), NB_ERR_SHAPE, "schedule: the step must be a numeric scalar");
     return NULL;
   }
-  return eval(s, (sx){g, 0, nb_convert(step, NB_F32), NULL}).v;
+  nb_dtype t = nb_val_dtype(step) == NB_F64 ? NB_F64 : NB_F32;
+  return eval(s, (sx){g, 0, nb_convert(step, t), NULL, t}).v;
 }
 
 /* An input-bound constant stays constant: transformations fold it into a

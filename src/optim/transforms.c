@@ -70,9 +70,10 @@ static nb_status sched_update(void *ud, nb_graph *g, const nb_tree *grads, const
   CFG(ud);
   nb_val *count;
   GET(count, "count", NULL);
-  nb_val *step = nb_optim_schedule_trace(c->sched, count);
+  nb_dtype d = nb__scalar_dtype(grads);
+  nb_val *step = nb_optim_schedule_trace(c->sched, nb_convert(count, d));
   if (!step) return nb_ctx_status(c->ctx) ? nb_ctx_status(c->ctx) : nb__optim_graph_status(c->ctx, g);
-  if (c->h[0] != 1) step = nb_mul(step, nb_scalar(g, NB_F32, c->h[0]));
+  if (c->h[0] != 1) step = nb_mul(step, nb_scalar(g, d, c->h[0]));
   for (size_t i = 0; i < NLEAF(grads); i++) {
     nb_val *x = LEAF(grads, i);
     PUT(updates, PATH(grads, i), NULL, nb_mul(nb__as(step, nb_val_dtype(x)), x));
@@ -218,15 +219,13 @@ static nb_status radam_update(void *ud, nb_graph *g, const nb_tree *grads, const
   double ro_inf = 2.0 / (1.0 - b2) - 1.0;
   nb_val *count;
   GET(count, "count", NULL);
-  nb_val *cinc = nb__count_inc(count), *cf = nb_convert(cinc, NB_F32);
-  nb_val *b2t = nb_pow(nb_scalar(g, NB_F32, b2), cf);
-  nb_val *ro = nb_sub(nb_scalar(g, NB_F32, ro_inf),
-                      nb_div(nb_mul(nb_mul(nb_scalar(g, NB_F32, 2), cf), b2t), nb_sub(nb_scalar(g, NB_F32, 1), b2t)));
+  nb_val *cinc = nb__count_inc(count), *cf = nb_convert(cinc, nb__scalar_dtype(grads));
+  nb_val *b2t = nb_pow(nb__k(cf, b2), cf);
+  nb_val *ro = nb_sub(nb__k(cf, ro_inf), nb_div(nb_mul(nb_mul(nb__k(cf, 2), cf), b2t), nb_sub(nb__k(cf, 1), b2t)));
   /* r = sqrt((ro-4)(ro-2) ro_inf / ((ro_inf-4)(ro_inf-2) ro)), NaN below 4: masked by the select */
-  nb_val *r = nb_sqrt(nb_div(nb_mul(nb_mul(nb_sub(ro, nb_scalar(g, NB_F32, 4)), nb_sub(ro, nb_scalar(g, NB_F32, 2))),
-                                    nb_scalar(g, NB_F32, ro_inf)),
-                             nb_mul(nb_scalar(g, NB_F32, (ro_inf - 4) * (ro_inf - 2)), ro)));
-  nb_val *use = nb_ge(ro, nb_scalar(g, NB_F32, thr));
+  nb_val *r = nb_sqrt(nb_div(nb_mul(nb_mul(nb_sub(ro, nb__k(cf, 4)), nb_sub(ro, nb__k(cf, 2))), nb__k(cf, ro_inf)),
+                             nb_mul(nb__k(cf, (ro_inf - 4) * (ro_inf - 2)), ro)));
+  nb_val *use = nb_ge(ro, nb__k(cf, thr));
   for (size_t i = 0; i < NLEAF(grads); i++) {
     const char *p = PATH(grads, i);
     nb_val *gr = LEAF(grads, i), *m0, *v0;
@@ -531,8 +530,9 @@ static nb_status factored_update(void *ud, nb_graph *g, const nb_tree *grads, co
   nb_val *count;
   GET(count, "count", NULL);
   /* decay_t = 1 - (count - offset + 1)^-decay_rate */
-  nb_val *t = nb_add(nb_sub(nb_convert(count, NB_F32), nb_scalar(g, NB_F32, c->h[1])), nb_scalar(g, NB_F32, 1));
-  nb_val *dec = nb_sub(nb_scalar(g, NB_F32, 1), nb_pow(t, nb_scalar(g, NB_F32, -c->h[0])));
+  nb_val *cf = nb_convert(count, nb__scalar_dtype(grads));
+  nb_val *t = nb_add(nb_sub(cf, nb__k(cf, c->h[1])), nb__k(cf, 1));
+  nb_val *dec = nb_sub(nb__k(t, 1), nb_pow(t, nb__k(t, -c->h[0])));
   double eps = c->h[2];
   for (size_t i = 0; i < NLEAF(grads); i++) {
     const char *p = PATH(grads, i);
@@ -632,7 +632,7 @@ static nb_status gnorm_update(void *ud, nb_graph *g, const nb_tree *grads, const
                               const nb_tree *params, nb_tree *updates, nb_tree *new_state) {
   CFG(ud);
   nb_val *norm = nb_optim_global_norm(g, grads);
-  nb_val *keep = nb_lt(norm, nb_scalar(g, NB_F32, c->h[0]));
+  nb_val *keep = nb_lt(norm, nb__k(norm, c->h[0]));
   for (size_t i = 0; i < NLEAF(grads); i++) {
     nb_val *u = LEAF(grads, i);
     nb_val *clipped = nb_mul(nb_div(u, nb__as(norm, nb_val_dtype(u))), nb__k(u, c->h[0]));

@@ -197,9 +197,18 @@ nb_val *nb__bias_correct(nb_val *m, double decay, nb_val *count) {
   return nb_div(m, nb_sub(nb__k(m, 1), pw));
 }
 
+nb_dtype nb__scalar_dtype_of(nb_dtype leaf) { return leaf == NB_F64 ? NB_F64 : NB_F32; }
+
+nb_dtype nb__scalar_dtype(const nb_tree *t) {
+  for (size_t i = 0; t && i < nb_tree_size(t); i++) {
+    if (nb_leaf_get_aval(nb_tree_leaf(t, i)).dtype == NB_F64) return NB_F64;
+  }
+  return NB_F32;
+}
+
 nb_val *nb__sum_sq(nb_val *x) {
   if (!x) return NULL;
-  nb_val *xf = nb_convert(x, NB_F32);
+  nb_val *xf = nb_convert(x, nb__scalar_dtype_of(nb_val_dtype(x)));
   return nb_reduce_sum(nb_mul(xf, xf), 0, NULL);
 }
 
@@ -481,17 +490,19 @@ nb_status nb_optim_state_set_scalar(nb_ctx *ctx, nb_tree *state, const char *pat
 /* ---- tree utilities ------------------------------------------------------- */
 
 nb_val *nb_optim_global_norm(nb_graph *g, const nb_tree *t) {
-  nb_val *acc = nb_scalar(g, NB_F32, 0);
-  for (size_t i = 0; t && i < nb_tree_size(t); i++) acc = nb_add(acc, nb__sum_sq(nb_tree_leaf(t, i)->val));
+  nb_dtype d = nb__scalar_dtype(t);
+  nb_val *acc = nb_scalar(g, d, 0);
+  for (size_t i = 0; t && i < nb_tree_size(t); i++) acc = nb_add(acc, nb_convert(nb__sum_sq(nb_tree_leaf(t, i)->val), d));
   return nb_sqrt(acc);
 }
 
 nb_val *nb_optim_tree_vdot(nb_graph *g, const nb_tree *a, const nb_tree *b) {
   nb_ctx *ctx = nb_graph_ctx(g);
   if (!a || !b || nb_tree_check_same(ctx, a, b, true, "tree_vdot")) return NULL;
-  nb_val *acc = nb_scalar(g, NB_F32, 0);
+  nb_dtype d = nb__scalar_dtype(a);
+  nb_val *acc = nb_scalar(g, d, 0);
   for (size_t i = 0; i < nb_tree_size(a); i++) {
-    nb_val *x = nb_convert(nb_tree_leaf(a, i)->val, NB_F32), *y = nb_convert(nb_tree_leaf(b, i)->val, NB_F32);
+    nb_val *x = nb_convert(nb_tree_leaf(a, i)->val, d), *y = nb_convert(nb_tree_leaf(b, i)->val, d);
     acc = nb_add(acc, nb_reduce_sum(nb_mul(x, y), 0, NULL));
   }
   return acc;

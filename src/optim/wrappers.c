@@ -252,7 +252,7 @@ static nb_status msteps_init(void *ud, nb_graph *g, const nb_tree *params, nb_tr
   if (!s) s = nb__optim_put(state, "gradient_step", NULL, nb__count_zero(g));
   for (size_t i = 0; !s && i < NLEAF(params); i++) {
     nb_aval a = nb_val_aval(LEAF(params, i));
-    s = nb__optim_put(state, "acc_grads", PATH(params, i), nb_full(g, NB_F32, a.shape.rank, a.shape.dims, 0));
+    s = nb__optim_put(state, "acc_grads", PATH(params, i), nb_full(g, nb__scalar_dtype_of(a.dtype), a.shape.rank, a.shape.dims, 0));
   }
   if (!s) s = inner_init(c->kids[0], g, params, state, "inner");
   return s;
@@ -269,12 +269,12 @@ static nb_status msteps_update(void *ud, nb_graph *g, const nb_tree *grads, cons
   if (!mini || !gstep) TRY(nb_ctx_status(c->ctx));
   nb_val *k = nb_scalar(g, NB_I32, (double)c->k[0]);
   nb_val *emit = nb_eq(mini, nb_sub(k, nb_scalar(g, NB_I32, 1)));
-  nb_val *n1 = nb_convert(nb_add(mini, nb_scalar(g, NB_I32, 1)), NB_F32);
+  nb_val *n1 = nb_convert(nb_add(mini, nb_scalar(g, NB_I32, 1)), nb__scalar_dtype(grads));
   for (size_t i = 0; i < NLEAF(grads); i++) {
     const char *p = PATH(grads, i);
     nb_val *a0 = nb__optim_state(c->ctx, state, "acc_grads", p), *gr = LEAF(grads, i);
     if (!a0) TRY(nb_ctx_status(c->ctx));
-    nb_val *a = nb_add(a0, nb_div(nb_sub(nb_convert(gr, NB_F32), a0), n1)); /* running mean */
+    nb_val *a = nb_add(a0, nb_div(nb_sub(nb_convert(gr, nb_val_dtype(a0)), a0), nb_convert(n1, nb_val_dtype(a0)))); /* running mean */
     TRY(nb_tree_set_val(acc, p, a));
     TRY(nb_tree_set_val(accg, p, nb_convert(a, nb_val_dtype(gr))));
     TRY(nb__optim_put(new_state, "acc_grads", p, nb_select(emit, nb_full_like(a, 0), a)));

@@ -175,8 +175,224 @@ static void test_adamw_many_leaves(void) {
   nb_tree_destroy(params);
 }
 
+/* An output written into a donated input must not overwrite it while any
+ * root of the kernel still reads it: loss = sum(softmax(x) * c), also
+ * returning softmax(x) with c donated (same shape as softmax(x)). The
+ * softmax store and the loss's read of c sit in one loop of one kernel. */
+static void test_donated_read_by_other_root(int rank) {
+  nb_graph *g = nb_graph_create(ctx);
+  int64_t d[3] = {13, 13, 13};
+  nb_val *x = nb_graph_input(g, "x", nb_aval_make(NB_F64, rank, d));
+  nb_val *c = nb_graph_input(g, "c", nb_aval_make(NB_F64, rank, d));
+  nb_val *p = nb_nn_softmax(x, -1);
+  nb_graph_output(g, "loss", nb_reduce_sum(nb_mul(p, c), 0, NULL));
+  nb_graph_output(g, "p", p);
+  CHECK_MSG(nb_graph_status(g) == NB_OK, "%s", nb_graph_error(g));
+  static const char *const donate[] = {"c", NULL};
+  for (int off = 0; off < 2; off++) {
+    nb_tree *in = nb_tree_create(ctx);
+    nb_test_set_randn(in, &rng, "x", NB_F64, rank, d);
+    nb_test_set_randn(in, &rng, "c", NB_F64, rank, d);
+    nb_jit_opts o = nb_test_jit_opts(off ? "fuse" : NULL);
+    o.donate = donate;
+    char what[64];
+    snprintf(what, sizeof what, "softmax with c donated, rank %d%s", rank, off ? ", fuse off" : "");
+    CHECK(nb_test_jit_matches(ctx, g, in, &o, what, NULL));
+    nb_tree_destroy(in);
+  }
+  nb_graph_destroy(g);
+}
+
+/* Optimizers whose updates read their state more than once (amsgrad's
+ * running max, centered rmsprop's mean gradient with nesterov momentum):
+ * params and state donated, three steps fed back, each equal to the
+ * interpreter's. */
+static void test_optimizers_donated(nb_dtype dt) {
+#define lr nb_optim_constant(ctx, 1e-2) /* each optimizer takes its own */
+  struct {
+    const char *name;
+    nb_optim_tx *tx;
+  } cases[] = {
+      {"amsgrad", nb_optim_amsgrad(ctx, lr, 0.9, 0.99, 1e-8)},
+      {"rmsprop centered nesterov", nb_optim_rmsprop(ctx, lr, 0.9, 1e-8, 0.0, true, 0.9, true)},
+      {"rmsprop centered", nb_optim_rmsprop(ctx, lr, 0.9, 1e-8, 0.1, true, 0.0, false)},
+      {"nadamw", nb_optim_nadamw(ctx, lr, 0.9, 0.99, 1e-8, 0.1, NULL)},
+      {"radam", nb_optim_radam(ctx, lr, 0.9, 0.99, 1e-8, 5.0)},
+      {"lamb", nb_optim_lamb(ctx, lr, 0.9, 0.99, 1e-6, 0.1, NULL)},
+      {"lion", nb_optim_lion(ctx, lr, 0.9, 0.99, 0.1, NULL)},
+      {"sgd nesterov", nb_optim_sgd(ctx, lr, 0.9, true)},
+      {"adafactor", nb_optim_adafactor(ctx, lr, 4, 0.8, 1.0, 0.9, true, 1e-30, 0.0)},
+      {"muon", nb_optim_muon(ctx, lr, 0.95, 5, 1e-7, 0.9, 0.99, 0.1)},
+  };
+#undef lr
+  nb_tree *params = nb_tree_create(ctx), *grads = nb_tree_create(ctx);
+  nb_test_set_randn(params, &rng, "w", dt, 2, (int64_t[]){33, 17});
+  nb_test_set_randn(params, &rng, "b", dt, 1, (int64_t[]){17});
+  nb_test_set_randn(params, &rng, "e", dt, 3, (int64_t[]){3, 5, 7});
+  nb_test_set_randn(grads, &rng, "w", dt, 2, (int64_t[]){33, 17});
+  nb_test_set_randn(grads, &rng, "b", dt, 1, (int64_t[]){17});
+  nb_test_set_randn(grads, &rng, "e", dt, 3, (int64_t[]){3, 5, 7});
+  for (int i = 0; i < 12; i++) { /* more roots of one domain than a kernel holds */
+    char path[16];
+    snprintf(path, sizeof path, "v%02d", i);
+    nb_test_set_randn(params, &rng, path, dt, 2, (int64_t[]){8, 24});
+    nb_test_set_randn(grads, &rng, path, dt, 2, (int64_t[]){8, 24});
+  }
+  static const char *const donate[] = {"params", "state", NULL};
+  nb_jit_opts o = nb_test_jit_opts(NULL);
+  o.donate = donate;
+  o.cc = getenv("NABLA_CC") ? NULL : "cc -O0 -fPIC -shared"; /* many small shared objects */
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    nb_tree *state = nb_optim_init_arrays(ctx, cases[c].tx, params);
+    nb_graph *g = state ? nb_optim_step_graph(ctx, cases[c].tx, params, state) : NULL;
+    nb_exe *e = g ? nb_jit(ctx, g, &o) : NULL;
+    CHECK_MSG(e != NULL, "%s: %s", cases[c].name, nb_ctx_error(ctx));
+    nb_tree *jin = nb_tree_create(ctx), *ref = nb_tree_create(ctx);
+    if (e) {
+      nb_tree *pc = deep_copy(params), *sc = deep_copy(state);
+      nb_tree_merge(jin, "params", pc);
+      nb_tree_merge(jin, "state", sc);
+      nb_tree_merge(jin, "grads", grads);
+      nb_tree_destroy(pc);
+      nb_tree_destroy(sc);
+      nb_tree_merge(ref, "params", params);
+      nb_tree_merge(ref, "state", state);
+      nb_tree_merge(ref, "grads", grads);
+    }
+    for (int step = 0; e && step < 3; step++) {
+      nb_tree *got = nb_tree_create(ctx), *want = nb_tree_create(ctx);
+      CHECK_OK(ctx, nb_exe_run(e, jin, got));
+      CHECK_OK(ctx, nb_graph_run(ctx, g, ref, want));
+      for (size_t i = 0; i < nb_tree_size(want); i++) {
+        const char *p = nb_tree_path(want, i);
+        nb_array *a = nb_tree_get_array(got, p), *b = nb_tree_leaf(want, i)->array;
+        double d = a ? nb_test_max_rel_diff(a, b) : INFINITY;
+        CHECK_MSG(d <= nb_test_jit_tol(dt), "%s (%s), step %d: %s differs by %g", cases[c].name, nb_dtype_name(dt), step, p, d);
+      }
+      for (size_t i = 0; i < nb_tree_size(got); i++) nb_tree_set_array(jin, nb_tree_path(got, i), nb_tree_leaf(got, i)->array);
+      for (size_t i = 0; i < nb_tree_size(want); i++) nb_tree_set_array(ref, nb_tree_path(want, i), nb_tree_leaf(want, i)->array);
+      nb_tree_destroy(got);
+      nb_tree_destroy(want);
+    }
+    nb_ctx_clear_error(ctx);
+    nb_tree_destroy(jin);
+    nb_tree_destroy(ref);
+    nb_exe_destroy(e);
+    nb_graph_destroy(g);
+    nb_tree_destroy(state);
+    nb_optim_tx_destroy(cases[c].tx);
+  }
+  nb_tree_destroy(params);
+  nb_tree_destroy(grads);
+}
+
+/* A training step as the trainer jits it: loss = sum(softmax(w) * c), its
+ * gradient and the optimizer's update in one graph, params and state
+ * donated (the backward's row kernels read w next to the update's store). */
+static nb_graph *train_step_graph(const nb_optim_tx *tx, const int64_t *d, const nb_tree *state_arrays) {
+  nb_graph *f = nb_graph_create(ctx);
+  nb_val *w = nb_graph_input(f, "params/w", nb_aval_make(NB_F64, 2, d));
+  nb_val *c = nb_graph_input(f, "c", nb_aval_make(NB_F64, 2, d));
+  nb_graph_output(f, "loss", nb_reduce_sum(nb_mul(nb_nn_softmax(w, -1), c), 0, NULL));
+  nb_graph *vg = nb_value_and_grad(ctx, f, &(nb_grad_opts){"params", false});
+  nb_graph_destroy(f);
+  if (!vg) return NULL;
+  nb_graph *g = nb_graph_create(ctx);
+  nb_tree *in = nb_tree_create(ctx), *out = nb_tree_create(ctx), *params = nb_tree_create(ctx), *state = nb_tree_create(ctx);
+  nb_val *pw = nb_graph_input(g, "params/w", nb_aval_make(NB_F64, 2, d));
+  nb_tree_set_val(in, "params/w", pw);
+  nb_tree_set_val(in, "c", nb_graph_input(g, "c", nb_aval_make(NB_F64, 2, d)));
+  nb_tree_set_val(params, "w", pw);
+  for (size_t i = 0; i < nb_tree_size(state_arrays); i++) {
+    char path[128];
+    snprintf(path, sizeof path, "state/%s", nb_tree_path(state_arrays, i));
+    nb_tree_set_val(state, nb_tree_path(state_arrays, i), nb_graph_input(g, path, nb_array_aval(nb_tree_leaf(state_arrays, i)->array)));
+  }
+  nb_graph_call(g, vg, in, out);
+  nb_tree *grads = nb_tree_select_prefix(out, "grad/params", true), *upd = nb_tree_create(ctx), *ns = nb_tree_create(ctx),
+          *np = nb_tree_create(ctx);
+  CHECK_OK(ctx, nb_optim_update(tx, g, grads, state, params, upd, ns));
+  CHECK_OK(ctx, nb_optim_apply_updates(g, params, upd, np));
+  nb_graph_output(g, "loss", nb_tree_get_val(out, "loss"));
+  for (size_t i = 0; i < nb_tree_size(np); i++) {
+    char path[128];
+    snprintf(path, sizeof path, "params/%s", nb_tree_path(np, i));
+    nb_graph_output(g, path, nb_tree_leaf(np, i)->val);
+  }
+  for (size_t i = 0; i < nb_tree_size(ns); i++) {
+    char path[128];
+    snprintf(path, sizeof path, "state/%s", nb_tree_path(ns, i));
+    nb_graph_output(g, path, nb_tree_leaf(ns, i)->val);
+  }
+  nb_tree *trees[] = {in, out, params, state, grads, upd, ns, np};
+  for (size_t i = 0; i < sizeof trees / sizeof trees[0]; i++) nb_tree_destroy(trees[i]);
+  nb_graph_destroy(vg);
+  return g;
+}
+
+static void test_train_step_donated(void) {
+  int64_t d[2] = {13, 13};
+  struct {
+    const char *name;
+    nb_optim_tx *tx;
+  } cases[] = {
+      {"amsgrad", nb_optim_amsgrad(ctx, nb_optim_constant(ctx, 1e-2), 0.9, 0.99, 1e-8)},
+      {"rmsprop centered nesterov", nb_optim_rmsprop(ctx, nb_optim_constant(ctx, 1e-2), 0.9, 1e-8, 0.0, true, 0.9, true)},
+      {"adamw", nb_optim_adamw(ctx, nb_optim_constant(ctx, 1e-2), 0.9, 0.99, 1e-8, 0.1, NULL)},
+  };
+  static const char *const donate[] = {"params", "state", NULL};
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    nb_tree *params = nb_tree_create(ctx);
+    nb_test_set_randn(params, &rng, "w", NB_F64, 2, d);
+    nb_tree *state = nb_optim_init_arrays(ctx, cases[k].tx, params);
+    nb_graph *g = state ? train_step_graph(cases[k].tx, d, state) : NULL;
+    CHECK_MSG(g && nb_graph_status(g) == NB_OK, "%s: %s", cases[k].name, g ? nb_graph_error(g) : nb_ctx_error(ctx));
+    nb_jit_opts o = nb_test_jit_opts(NULL);
+    o.donate = donate;
+    nb_exe *e = g ? nb_jit(ctx, g, &o) : NULL;
+    CHECK_MSG(e != NULL, "%s: nb_jit: %s", cases[k].name, nb_ctx_error(ctx));
+    nb_tree *jin = nb_tree_create(ctx), *ref = nb_tree_create(ctx), *c = nb_tree_create(ctx);
+    nb_test_set_randn(c, &rng, "c", NB_F64, 2, d);
+    nb_tree *pc = deep_copy(params), *sc = deep_copy(state);
+    nb_tree_merge(jin, "params", pc);
+    nb_tree_merge(jin, "state", sc);
+    nb_tree_merge(jin, NULL, c);
+    nb_tree_merge(ref, "params", params);
+    nb_tree_merge(ref, "state", state);
+    nb_tree_merge(ref, NULL, c);
+    for (int step = 0; e && step < 3; step++) {
+      nb_tree *got = nb_tree_create(ctx), *want = nb_tree_create(ctx);
+      CHECK_OK(ctx, nb_exe_run(e, jin, got));
+      CHECK_OK(ctx, nb_graph_run(ctx, g, ref, want));
+      for (size_t i = 0; i < nb_tree_size(want); i++) {
+        const char *p = nb_tree_path(want, i);
+        nb_array *a = nb_tree_get_array(got, p), *b = nb_tree_leaf(want, i)->array;
+        double diff = a ? nb_test_max_rel_diff(a, b) : INFINITY;
+        CHECK_MSG(diff <= 1e-9, "train step %s, step %d: %s differs by %g", cases[k].name, step, p, diff);
+      }
+      for (size_t i = 0; i < nb_tree_size(got); i++)
+        if (strcmp(nb_tree_path(got, i), "loss")) nb_tree_set_array(jin, nb_tree_path(got, i), nb_tree_leaf(got, i)->array);
+      for (size_t i = 0; i < nb_tree_size(want); i++)
+        if (strcmp(nb_tree_path(want, i), "loss")) nb_tree_set_array(ref, nb_tree_path(want, i), nb_tree_leaf(want, i)->array);
+      nb_tree_destroy(got);
+      nb_tree_destroy(want);
+    }
+    nb_tree *trees[] = {jin, ref, c, pc, sc, params, state};
+    for (size_t i = 0; i < sizeof trees / sizeof trees[0]; i++) nb_tree_destroy(trees[i]);
+    nb_exe_destroy(e);
+    nb_graph_destroy(g);
+    nb_optim_tx_destroy(cases[k].tx);
+    nb_ctx_clear_error(ctx);
+  }
+}
+
 int main(void) {
   ctx = nb_ctx_create();
+  test_train_step_donated();
+  test_optimizers_donated(NB_F32);
+  test_optimizers_donated(NB_F64);
+  test_donated_read_by_other_root(2);
+  test_donated_read_by_other_root(3);
   test_scalar_cone();
   test_adamw_in_place(NULL);
   test_adamw_in_place("all");

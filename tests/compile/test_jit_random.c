@@ -2,7 +2,8 @@
  * well-typed graphs over the elementwise, select, convert, broadcast,
  * reshape, transpose, iota and reduction primitives (fixed seeds), their
  * gradients (nb_grad) and their vmaps, with all optimizations on and all
- * off; then graphs from fresh seeds for a few seconds. Many graphs are
+ * off, and with each input donated in turn (outputs may be written into
+ * it) and all at once; then graphs from fresh seeds for a few seconds. Many graphs are
  * inlined into one graph per jit so that one shared object holds all
  * their kernels (the test stays fast and the disk cache keeps reruns
  * cheap). A failure names the seed; NABLA_JIT_SEED=<n> replays one graph. */
@@ -161,11 +162,24 @@ static nb_val *reduction(gen *r, nb_val *x) {
   for (int i = 0; i < rank; i++)
     if (pick(r, 2)) axes[n++] = i;
   if (n == 0) axes[n++] = pick(r, rank);
+  nb_val *y;
   switch (pick(r, 3)) {
-  case 0: return nb_reduce_max(x, n, axes);
-  case 1: return nb_reduce_min(x, n, axes);
-  default: return nb_reduce_sum(x, n, axes);
+  case 0: y = nb_reduce_max(x, n, axes); break;
+  case 1: y = nb_reduce_min(x, n, axes); break;
+  default: y = nb_reduce_sum(x, n, axes); break;
   }
+  if (pick(r, 2)) return y;
+  /* broadcast back and combined with x, as a softmax's row max and sum are:
+   * row kernels that read x again after their reductions */
+  int kept[NB_MAX_RANK], nk = 0;
+  int64_t dims[NB_MAX_RANK];
+  for (int i = 0, a = 0; i < rank; i++) {
+    dims[i] = nb_val_dim(x, i);
+    if (a < n && axes[a] == i) a++;
+    else kept[nk++] = i;
+  }
+  nb_val *b = nb_broadcast_in_dim(y, rank, dims, kept);
+  return pick(r, 2) ? nb_sub(x, b) : nb_mul(x, b);
 }
 
 static nb_val *misc(gen *r, nb_val *x) {
@@ -312,19 +326,63 @@ static nb_graph *make_variant(uint64_t seed, variant v) {
   return t;
 }
 
-/* Seeds [first, first+n) of one variant in one executable, both ways. */
-static bool run_batch(uint64_t first, int n, variant v, const char *disable, const char *cc) {
-  nb_graph **gs = calloc((size_t)n, sizeof *gs);
-  for (int i = 0; i < n; i++) gs[i] = make_variant(first + (uint64_t)i, v);
-  nb_graph *c = combine(gs, n);
+/* Which inputs a run donates: none, every input, or input "in<k>" of every
+ * graph (each input in turn: the planner gives it to the first output that
+ * may take it). */
+enum { DONATE_NONE = -1, DONATE_ALL = -2 };
+
+/* The NULL-terminated donate list of a combined graph of n graphs. */
+static const char **donate_list(nb_graph **gs, int n, int donate) {
+  if (donate == DONATE_NONE) return NULL;
+  const char **list = calloc((size_t)n + 2, sizeof *list);
+  int m = 0;
+  for (int k = 0; k < n; k++)
+    if (gs[k] && (donate == DONATE_ALL || (size_t)donate < nb_graph_num_inputs(gs[k]))) {
+      char *path = malloc(32);
+      if (donate == DONATE_ALL) snprintf(path, 32, "g%d", k);
+      else snprintf(path, 32, "g%d/in%d", k, donate);
+      list[m++] = path;
+    }
+  return list;
+}
+
+static void free_donate_list(const char **list) {
+  for (int i = 0; list && list[i]; i++) free((char *)list[i]);
+  free(list);
+}
+
+static bool run_one(nb_graph **gs, nb_graph *c, int n, uint64_t first, variant v, const char *disable, const char *cc, int donate) {
   nb_tree *in = random_inputs(c, first);
   nb_jit_opts o = nb_test_jit_opts(disable);
   o.cc = cc;
-  char what[128];
-  snprintf(what, sizeof what, "seeds %llu..%llu %s [off: %s]", (unsigned long long)first, (unsigned long long)(first + (uint64_t)n - 1),
-           v == PLAIN ? "plain" : v == GRAD ? "grad" : "vmap", disable ? disable : "none");
+  const char **list = donate_list(gs, n, donate);
+  o.donate = list;
+  char what[160], dn[32] = "";
+  if (donate == DONATE_ALL) snprintf(dn, sizeof dn, ", all donated");
+  else if (donate >= 0) snprintf(dn, sizeof dn, ", in%d donated", donate);
+  snprintf(what, sizeof what, "seeds %llu..%llu %s [off: %s]%s", (unsigned long long)first, (unsigned long long)(first + (uint64_t)n - 1),
+           v == PLAIN ? "plain" : v == GRAD ? "grad" : "vmap", disable ? disable : "none", dn);
+  /* the interpreter runs first; the jit then may overwrite donated inputs */
   bool ok = nb_graph_status(c) == NB_OK && nb_test_jit_matches(ctx, c, in, &o, what, NULL);
   if (!ok && nb_graph_status(c)) fprintf(stderr, "%s: combined graph failed: %s\n", what, nb_graph_error(c));
+  free_donate_list(list);
+  nb_tree_destroy(in);
+  return ok;
+}
+
+/* Seeds [first, first+n) of one variant in one executable: with
+ * `disable` and nothing donated, then (donations) each input donated in
+ * turn and all of them at once. */
+static bool run_batch(uint64_t first, int n, variant v, const char *disable, const char *cc, bool donations) {
+  nb_graph **gs = calloc((size_t)n, sizeof *gs);
+  for (int i = 0; i < n; i++) gs[i] = make_variant(first + (uint64_t)i, v);
+  nb_graph *c = combine(gs, n);
+  int most = 0;
+  for (int i = 0; i < n; i++)
+    if (gs[i] && (int)nb_graph_num_inputs(gs[i]) > most) most = (int)nb_graph_num_inputs(gs[i]);
+  bool ok = run_one(gs, c, n, first, v, disable, cc, DONATE_NONE);
+  for (int d = DONATE_ALL; donations && d < most; d++)
+    if (d != DONATE_NONE) ok &= run_one(gs, c, n, first, v, disable, cc, d);
   if (!ok && getenv("NABLA_TEST_VERBOSE"))
     for (int i = 0; i < n; i++)
       if (gs[i]) {
@@ -334,7 +392,6 @@ static bool run_batch(uint64_t first, int n, variant v, const char *disable, con
   for (int i = 0; i < n; i++) nb_graph_destroy(gs[i]);
   free(gs);
   nb_graph_destroy(c);
-  nb_tree_destroy(in);
   return ok;
 }
 
@@ -344,8 +401,8 @@ int main(void) {
   if (one) {
     uint64_t s = strtoull(one, NULL, 10);
     for (int v = 0; v < 3; v++) {
-      CHECK(run_batch(s, 1, (variant)v, NULL, NULL));
-      CHECK(run_batch(s, 1, (variant)v, "all", NULL));
+      CHECK(run_batch(s, 1, (variant)v, NULL, NULL, true));
+      CHECK(run_batch(s, 1, (variant)v, "all", NULL, false));
     }
     nb_ctx_destroy(ctx);
     return nb_test_summary("compile/test_jit_random");
@@ -357,8 +414,8 @@ int main(void) {
   const char *quick = getenv("NABLA_CC") ? NULL : "cc -O0 -fPIC -shared";
   for (int v = 0; v < 3; v++) {
     int n = v == PLAIN ? 300 : 100;
-    CHECK_MSG(run_batch(1000u * (unsigned)(v + 1), n, (variant)v, NULL, quick), "variant %d", v);
-    CHECK_MSG(run_batch(1000u * (unsigned)(v + 1), n, (variant)v, "all", quick), "variant %d, all off", v);
+    CHECK_MSG(run_batch(1000u * (unsigned)(v + 1), n, (variant)v, NULL, quick, true), "variant %d", v);
+    CHECK_MSG(run_batch(1000u * (unsigned)(v + 1), n, (variant)v, "all", quick, false), "variant %d, all off", v);
   }
   /* fresh seeds for a few seconds */
   uint64_t base = (uint64_t)time(NULL) * 1000003u;
@@ -366,7 +423,7 @@ int main(void) {
   int batches = 0;
   while (wall() - start < budget || batches == 0) {
     uint64_t first = base + (uint64_t)batches * 10;
-    bool ok = run_batch(first, 10, (variant)(batches % 3), NULL, NULL);
+    bool ok = run_batch(first, 10, (variant)(batches % 3), NULL, NULL, true);
     CHECK_MSG(ok, "fresh seeds from %llu (replay one with NABLA_JIT_SEED=<seed>)", (unsigned long long)first);
     batches++;
   }

@@ -108,11 +108,12 @@ static nb_status binary_eval(nb_ctx *ctx, const nb_eqn *e, nb_array *const *in, 
 static nb_val *one_like(nb_loc l, nb_val *x) { return nb_full_like_at(l, x, 1); }
 static nb_val *scale(nb_loc l, nb_val *t, nb_val *factor) { return t ? nb_mul_at(l, t, factor) : NULL; }
 
-/* weight of a in max/min: 1 where a wins, 0.5 at ties, 0 where b wins */
-static nb_val *pick_weight(nb_loc l, nb_val *a, nb_val *b, bool is_max) {
-  nb_val *wins = is_max ? nb_gt_at(l, a, b) : nb_lt_at(l, a, b);
+/* weight of a in y = max/min(a, b): 1 where y is a alone, 0.5 where it is
+ * both (ties), 0 where it is b alone or NaN (a NaN operand passes no
+ * gradient to either side), as JAX's */
+static nb_val *pick_weight(nb_loc l, nb_val *a, nb_val *b, nb_val *y) {
   nb_val *half = nb_full_like_at(l, a, 0.5), *zero = nb_full_like_at(l, a, 0);
-  return nb_select_at(l, wins, one_like(l, a), nb_select_at(l, nb_eq_at(l, a, b), half, zero));
+  return nb_select_at(l, nb_eq_at(l, a, y), nb_select_at(l, nb_eq_at(l, b, y), half, one_like(l, a)), zero);
 }
 
 static nb_status binary_jvp(nb_graph *g, const nb_eqn *e, nb_val *const *p, nb_val *const *t, nb_val *const *outs,
@@ -141,8 +142,7 @@ static nb_status binary_jvp(nb_graph *g, const nb_eqn *e, nb_val *const *p, nb_v
   }
   case NB_PRIM_max:
   case NB_PRIM_min: {
-    nb_val *wa = pick_weight(l, a, b, e->prim == NB_PRIM_max);
-    ot[0] = nb__add_tangents(l, scale(l, ta, wa), scale(l, tb, nb_sub_at(l, one_like(l, wa), wa)));
+    ot[0] = nb__add_tangents(l, ta ? scale(l, ta, pick_weight(l, a, b, y)) : NULL, tb ? scale(l, tb, pick_weight(l, b, a, y)) : NULL);
     break;
   }
   case NB_PRIM_atan2: { /* d/da = b / (a^2 + b^2), d/db = -a / (a^2 + b^2) */

@@ -1,9 +1,9 @@
 /* Random numbers: the threefry2x32 primitive (the Threefry-2x32 block cipher,
  * 20 rounds, as JAX's) and the samplers built on it as ordinary traced ops,
- * so jit, vmap and grad see plain equations. Streams match JAX's default
- * (non-partitionable, jax_threefry_partitionable=False) threefry
- * implementation: keys, split, fold_in, random_bits and uniform bit for bit;
- * normal up to erf_inv's rounding. Not here: stateful generators (keys are
+ * so jit, vmap and grad see plain equations. Streams match JAX's threefry
+ * implementation in either layout (the context's nb_prng_impl:
+ * jax_threefry_partitionable False or True): keys, split, fold_in,
+ * random_bits and uniform bit for bit; normal up to erf_inv's rounding. Not here: stateful generators (keys are
  * values, passed explicitly) and other bit generators (rbg, philox). */
 #include <float.h>
 #include <math.h>
@@ -141,6 +141,26 @@ static nb_val *stream(nb_loc l, nb_val *k0, nb_val *k1, int64_t n) {
   return head(l, nb_concatenate_at(l, 2, y, 0), n);
 }
 
+/* ---- the partitionable layout: element i of a call encrypts the counter
+ * pair (0, i) (the 64-bit index i as hi, lo words) */
+
+static bool partitionable(nb_graph *g) { return nb_ctx_prng_impl(nb_graph_ctx(g)) == NB_PRNG_THREEFRY_PARTITIONABLE; }
+
+/* The output words (y0[i], y1[i]) of the counters (0, i), i < n. */
+static void index_pairs(nb_loc l, nb_val *k0, nb_val *k1, int64_t n, nb_val **y0, nb_val **y1) {
+  nb_graph *g = k0->g;
+  nb_threefry2x32_at(l, k0, k1, nb_full_at(l, g, NB_U32, 1, &n, 0), iota1(l, g, n), y0, y1);
+}
+
+/* n random words of `width` bits (32, 16 or 8) as u32: y0 ^ y1, its low bits
+ * for narrower widths. */
+static nb_val *index_words(nb_loc l, nb_val *k0, nb_val *k1, int64_t n, int width) {
+  nb_val *y0, *y1;
+  index_pairs(l, k0, k1, n, &y0, &y1);
+  nb_val *w = nb_xor_at(l, y0, y1);
+  return width == 32 ? w : nb_rem_at(l, w, u32c(l, k0->g, 1ull << width));
+}
+
 /* n words of 32/per bits each, `per` per stream word, lowest bits first (JAX's
  * view of the u32 stream as u16/u8). */
 static nb_val *narrow_words(nb_loc l, nb_val *k0, nb_val *k1, int64_t n, int per) {
@@ -164,20 +184,24 @@ static int64_t max_count(nb_dtype t) { return t == NB_F64 ? 0x7FFFFFFF : 0xFFFFF
 /* Uniform values in [0, 1) as f64, flat: the top mantissa bits of each random
  * word times 2^-nmant. This is exactly JAX's
  * bitcast((bits >> (width - nmant)) | bits(1.0)) - 1, computed without
- * shifts. f64 takes the 64-bit words hi = y0, lo = y1 of the pairs
- * (i, i + n); f32 the u32 stream; f16/bf16 its 16/8-bit pieces. */
+ * shifts. f64 takes the 64-bit words hi = y0, lo = y1 of the counter pairs
+ * (i, i + n) (partitionable: (0, i)); f32 the u32 stream; f16/bf16 its
+ * 16/8-bit pieces (partitionable: one word per value, its low bits). */
 static nb_val *unit_floats(nb_loc l, nb_val *k0, nb_val *k1, nb_dtype t, int64_t n) {
   nb_graph *g = k0->g;
   int nmant = mantissa_bits(t);
   if (t == NB_F64) {
     nb_val *x0 = iota1(l, g, n), *hi, *lo;
-    nb_threefry2x32_at(l, k0, k1, x0, nb_add_at(l, x0, u32c(l, g, (uint64_t)n)), &hi, &lo);
+    if (partitionable(g)) index_pairs(l, k0, k1, n, &hi, &lo);
+    else nb_threefry2x32_at(l, k0, k1, x0, nb_add_at(l, x0, u32c(l, g, (uint64_t)n)), &hi, &lo);
     nb_val *top = nb_mul_at(l, nb_convert_at(l, hi, NB_F64), nb_scalar_at(l, g, NB_F64, ldexp(1, -32)));
     nb_val *rest = nb_convert_at(l, nb_div_at(l, lo, u32c(l, g, 1u << 12)), NB_F64);
     return nb_add_at(l, top, nb_mul_at(l, rest, nb_scalar_at(l, g, NB_F64, ldexp(1, -52))));
   }
   int width = t == NB_F32 ? 32 : t == NB_F16 ? 16 : 8;
-  nb_val *words = width == 32 ? stream(l, k0, k1, n) : narrow_words(l, k0, k1, n, 32 / width);
+  nb_val *words = partitionable(g) ? index_words(l, k0, k1, n, width)
+                  : width == 32    ? stream(l, k0, k1, n)
+                                   : narrow_words(l, k0, k1, n, 32 / width);
   nb_val *m = nb_div_at(l, words, u32c(l, g, 1ull << (width - nmant)));
   return nb_mul_at(l, nb_convert_at(l, m, NB_F64), nb_scalar_at(l, g, NB_F64, ldexp(1, -nmant)));
 }
@@ -259,8 +283,14 @@ nb_val *nb_random_split_at(nb_loc loc, nb_val *key, int64_t n) {
   if (!key || !check_key(loc, key, "random_split")) return key ? nb__poison(key->g) : NULL;
   if (n < 1 || n > 0x7FFFFFFF)
     return nb__fail(key->g, loc, NB_ERR_INVALID_ARG, "random_split: n must be in [1, 2^31), got %lld", (long long)n);
-  int64_t d[2] = {n, 2};
-  return nb_reshape_at(loc, stream(loc, key_word(loc, key, 0), key_word(loc, key, 1), 2 * n), 2, d);
+  int64_t d[2] = {n, 2}, col[2] = {n, 1};
+  nb_val *k0 = key_word(loc, key, 0), *k1 = key_word(loc, key, 1);
+  if (!partitionable(key->g)) return nb_reshape_at(loc, stream(loc, k0, k1, 2 * n), 2, d);
+  nb_val *y[2]; /* row i: the words of the counters (0, i) */
+  index_pairs(loc, k0, k1, n, &y[0], &y[1]);
+  y[0] = nb_reshape_at(loc, y[0], 2, col);
+  y[1] = nb_reshape_at(loc, y[1], 2, col);
+  return nb_concatenate_at(loc, 2, y, 1);
 }
 
 nb_val *nb_random_fold_in_at(nb_loc loc, nb_val *key, nb_val *data) {
@@ -289,7 +319,8 @@ nb_val *nb_random_bits_at(nb_loc loc, nb_val *key, int rank, const int64_t *dims
   if (!key || !check_key(loc, key, "random_bits")) return key ? nb__poison(key->g) : NULL;
   if (!check_dims(loc, key->g, rank, dims, max_count(NB_U32), "random_bits", &n)) return nb__poison(key->g);
   if (n == 0) return nb_full_at(loc, key->g, NB_U32, rank, dims, 0);
-  return nb_reshape_at(loc, stream(loc, key_word(loc, key, 0), key_word(loc, key, 1), n), rank, dims);
+  nb_val *k0 = key_word(loc, key, 0), *k1 = key_word(loc, key, 1);
+  return nb_reshape_at(loc, partitionable(key->g) ? index_words(loc, k0, k1, n, 32) : stream(loc, k0, k1, n), rank, dims);
 }
 
 /* ---------------------------------------------------------------- samplers */

@@ -99,9 +99,12 @@ static nb_status sort_lanes(nb_ctx *ctx, nb_array *x, int axis, bool descending,
 
 /* y[..., j, ...] = t[..., idx[..., j, ...], ...] along axis, where idx has
  * t's shape but possibly a shorter `axis`: a gather with every other dim a
- * batching dim. */
+ * batching dim. With an empty dim no slice of size 1 fits (the gather would
+ * be invalid) and nothing is taken: y is empty, as JAX's. */
 static nb_val *take_lane(nb_loc l, nb_val *t, nb_val *idx, int axis) {
   int r = t->aval.shape.rank;
+  if (nb_shape_size(&t->aval.shape) == 0 || nb_shape_size(&idx->aval.shape) == 0)
+    return nb_full_at(l, t->g, t->aval.dtype, r, idx->aval.shape.dims, 0);
   nb_gather_dims dn;
   memset(&dn, 0, sizeof dn);
   int64_t ss[NB_MAX_RANK];

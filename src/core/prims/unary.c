@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/prims/elementwise.h"
+#include "core/prims/erf_inv.h"
 
 typedef nb_val *(*deriv_fn)(nb_loc loc, nb_val *x, nb_val *y);
 
@@ -16,45 +17,7 @@ typedef struct unary_def {
   deriv_fn deriv;           /* NULL: zero derivative */
 } unary_def;
 
-/* erf^-1 by an initial rational guess refined with Newton steps. */
-static double erf_inv(double y) {
-  if (y <= -1) return y == -1 ? -INFINITY : NAN;
-  if (y >= 1) return y == 1 ? INFINITY : NAN;
-  double w = -log((1.0 - y) * (1.0 + y)), x;
-  if (w < 5) {
-    w -= 2.5;
-    x = 2.81022636e-08;
-    x = 3.43273939e-07 + x * w;
-    x = -3.5233877e-06 + x * w;
-    x = -4.39150654e-06 + x * w;
-    x = 0.00021858087 + x * w;
-    x = -0.00125372503 + x * w;
-    x = -0.00417768164 + x * w;
-    x = 0.246640727 + x * w;
-    x = 1.50140941 + x * w;
-  } else {
-    w = sqrt(w) - 3;
-    x = -0.000200214257;
-    x = 0.000100950558 + x * w;
-    x = 0.00134934322 + x * w;
-    x = -0.00367342844 + x * w;
-    x = 0.00573950773 + x * w;
-    x = -0.0076224613 + x * w;
-    x = 0.00943887047 + x * w;
-    x = 1.00167406 + x * w;
-    x = 2.83297682 + x * w;
-  }
-  x *= y;
-  /* Newton steps: on erf near 0, on erfc in the tails, where 1 - |y| is
-   * exact but erf(x) - y would cancel */
-  double a = fabs(y), s = y < 0 ? -1 : 1;
-  for (int i = 0; i < 3; i++) {
-    double d = 1.1283791670955126 * exp(-x * x);
-    if (a < 0.5) x -= (erf(x) - y) / d;
-    else x += s * (erfc(s * x) - (1 - a)) / d;
-  }
-  return x;
-}
+NB__ERF_INV_DEF(erf_inv)
 
 static double f_neg(double x) { return -x; }
 static double f_sign(double x) { return x > 0 ? 1 : x < 0 ? -1 : x; }
@@ -68,7 +31,10 @@ static int64_t i_not(int64_t x) { return ~x; }
 
 /* Derivative factors, emitted with the equation's location. */
 static nb_val *d_neg(nb_loc l, nb_val *x, nb_val *y) { return nb_full_like_at(l, x, -1); }
-static nb_val *d_abs(nb_loc l, nb_val *x, nb_val *y) { return nb_sign_at(l, x); }
+/* 1 for x >= 0 (0 included), else -1 (NaN too): JAX's rule */
+static nb_val *d_abs(nb_loc l, nb_val *x, nb_val *y) {
+  return nb_select_at(l, nb_ge_at(l, x, nb_full_like_at(l, x, 0)), nb_full_like_at(l, x, 1), nb_full_like_at(l, x, -1));
+}
 static nb_val *d_exp(nb_loc l, nb_val *x, nb_val *y) { return y; }
 static nb_val *d_exp2(nb_loc l, nb_val *x, nb_val *y) { return nb_mul_at(l, y, nb_full_like_at(l, y, M_LN2)); }
 static nb_val *d_log(nb_loc l, nb_val *x, nb_val *y) { return nb_div_at(l, nb_full_like_at(l, x, 1), x); }

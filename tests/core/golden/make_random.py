@@ -3,19 +3,25 @@
 tests/core/test_random.c (keys, split, fold_in, bits, uniform, normal,
 truncated_normal, bernoulli, categorical) over a few seeds, shapes and dtypes.
 
-JAX's *default* threefry implementation before jax_threefry_partitionable
-became the default is the reference, so the flag is set to False here. Values
-are stored as hex bit patterns so the C side compares them exactly.
+Two layouts, one file each: jax_threefry_partitionable=False (JAX's default
+before 0.5, nabla's NB_PRNG_THREEFRY) in random.json, and with
+--partitionable, jax_threefry_partitionable=True (JAX's default since 0.5,
+NB_PRNG_THREEFRY_PARTITIONABLE) in random_partitionable.json. Values are
+stored as hex bit patterns so the C side compares them exactly.
 
-Run: pip install jax mpmath; python3 tests/core/golden/make_random.py
+Run: pip install jax mpmath
+     python3 tests/core/golden/make_random.py
+     python3 tests/core/golden/make_random.py --partitionable
 """
 import json
 import os
+import sys
 
 import jax
 
+PARTITIONABLE = "--partitionable" in sys.argv[1:]
 jax.config.update("jax_enable_x64", True)
-jax.config.update("jax_threefry_partitionable", False)
+jax.config.update("jax_threefry_partitionable", PARTITIONABLE)
 jax.config.update("jax_platforms", "cpu")
 
 import jax.numpy as jnp  # noqa: E402
@@ -100,9 +106,11 @@ def main():
         logits = (np.arange(40) % 7 * 0.5 - 1.0).astype(np.float32).reshape(5, 8)
         add("categorical", k, jax.random.categorical(k, jnp.asarray(logits), axis=-1), "i32", logits="(j % 7) * 0.5 - 1 [5,8] f32")
 
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "random.json")
+    name = "random_partitionable.json" if PARTITIONABLE else "random.json"
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
     with open(path, "w") as f:
-        f.write('{"jax_version": "%s", "records": [\n' % jax.__version__)
+        f.write('{"jax_version": "%s", "threefry_partitionable": %s, "records": [\n'
+                % (jax.__version__, "true" if PARTITIONABLE else "false"))
         f.write(",\n".join(json.dumps(r, separators=(",", ":")) for r in records))
         f.write("\n]}\n")
     print("wrote %d records to %s" % (len(records), path))
