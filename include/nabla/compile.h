@@ -110,8 +110,11 @@ nb_status nb_jit_cache_clear(nb_ctx *ctx, const char *cache_dir, nb_jit_cache_in
  * than the CPU has (an OpenBLAS older than the CPU model falls back to SSE3
  * kernels), OpenBLAS's selection is re-run for the best core it knows for
  * the ISA. $OPENBLAS_CORETYPE set, or $NABLA_BLAS_CORETYPE=keep, leaves
- * OpenBLAS's choice alone; $NABLA_BLAS_CORETYPE=NAME forces one. This is
- * process-wide: call this before other
+ * OpenBLAS's choice alone; $NABLA_BLAS_CORETYPE=NAME forces one. Unless
+ * $OPENBLAS_THREAD_TIMEOUT is set, OpenBLAS's idle threads are also told to
+ * sleep at once instead of spinning (after a threaded call of the program's
+ * own they took the cores from nabla's pool; nabla itself calls OpenBLAS on
+ * one thread). Both are process-wide: call this before other
  * threads of the program use OpenBLAS, and before calling cblas directly to
  * get the same kernels. */
 const char *nb_jit_blas_core(void);

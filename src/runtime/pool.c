@@ -8,11 +8,14 @@
  * region that waited for every worker to check in ran a tiny model's decode
  * 5x slower at two threads than at one (2 cores, load 3-4). A worker that
  * comes late finds the claim word moved on and claims nothing, so the
- * caller alone still finishes the region. And a worker descheduled while it
- * holds a task still makes the caller wait; when that happens (the wait
- * outlasts two of the caller's own tasks and STRAGGLE_MS), or when the
- * workers ran no task in IDLE_RUN regions in a row (they are not getting
- * the CPU, and waking them costs a system call a region), the pool backs off:
+ * caller alone still finishes the region. But a worker descheduled while it
+ * holds a task makes the caller wait. The pool keeps a running balance of
+ * what the workers bring (the caller's time their tasks would have taken)
+ * against what they cost (the caller's wait for them), decaying by DECAY
+ * a region; when it falls below -BALANCE_MIN_MS (parallel work lost more than
+ * it gained), or when the workers ran no task in IDLE_RUN regions in a row
+ * (they are not getting the CPU, and waking them costs a system call a
+ * region), the pool backs off:
  * fewer workers take part (none for a 2-thread pool: the caller runs the
  * tasks inline, as one thread would) until a probe with all of them, after
  * BACKOFF_MIN_MS, doubling while probes fail, up to BACKOFF_MAX_MS. Which
@@ -31,7 +34,8 @@
 #include "compile/jit.h"
 
 #define SPIN_ITERS 2000
-#define STRAGGLE_MS 0.3     /* a descheduled thread costs a time slice, 1 ms or more */
+#define DECAY 0.95
+#define BALANCE_MIN_MS 2.0  /* a descheduled thread costs a time slice, 1 ms or more */
 #define BACKOFF_MIN_MS 20.0
 #define BACKOFF_MAX_MS 1000.0
 #define CLEAN_RESET 256     /* clean regions with every worker after which backoff is BACKOFF_MIN_MS again */
@@ -67,6 +71,7 @@ struct nb_pool {
   int participants;      /* workers that take part from now on */
   double probe_at_ms, backoff_ms;
   int clean, idle;
+  double balance;        /* ms the workers saved the caller lately, less its waits for them */
   int sleepers;        /* workers waiting on work_cv (under mu) */
   _Atomic bool stop;
   nb_pool *link;
@@ -212,15 +217,15 @@ void nb_rt__pool_put(nb_pool *p) {
 
 int nb_rt__pool_threads(const nb_pool *p) { return p ? p->nthreads : 1; }
 
-/* After a region of ntasks: back off when a worker held a task long after
- * the caller ran out of its own (longer than STRAGGLE_MS and than two of the
- * caller's tasks took on average), or when the workers have run nothing for
- * IDLE_RUN regions (see the top of the file). Under run_mu. */
+/* After a region of ntasks, of which the caller ran own_tasks in own_ms and
+ * then waited wait_ms: back off when the balance of the workers' help is
+ * too negative or they sat idle (see the top of the file). Under run_mu. */
 static void adapt(nb_pool *p, int ntasks, double own_ms, int own_tasks, double wait_ms, double end_ms) {
   p->idle = own_tasks == ntasks ? p->idle + 1 : 0;
-  bool straggled = wait_ms > STRAGGLE_MS && wait_ms > 2 * own_ms / (own_tasks > 0 ? own_tasks : 1);
-  if (straggled || p->idle >= IDLE_RUN) {
+  if (own_tasks > 0) p->balance = p->balance * DECAY + (ntasks - own_tasks) * (own_ms / own_tasks) - wait_ms;
+  if (p->balance < -BALANCE_MIN_MS || p->idle >= IDLE_RUN) {
     p->idle = 0;
+    p->balance = 0;
     p->participants /= 2;
     p->probe_at_ms = end_ms + p->backoff_ms;
     p->backoff_ms = p->backoff_ms * 2 < BACKOFF_MAX_MS ? p->backoff_ms * 2 : BACKOFF_MAX_MS;

@@ -4,7 +4,9 @@
  * AVX-512 CPU must not run on SSE3 kernels, as Debian's OpenBLAS 0.3.21
  * picks on Emerald Rapids); NABLA_BLAS_CORETYPE=Haswell forces a core,
  * =keep and OPENBLAS_CORETYPE leave OpenBLAS's own choice, an unknown
- * name is reported and ignored. Every mode's matmul must still match the interpreter. */
+ * name is reported and ignored. Unless OPENBLAS_THREAD_TIMEOUT is set,
+ * OpenBLAS's idle threads are told to sleep at once instead of spinning.
+ * Every mode's matmul must still match the interpreter. */
 #include <strings.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -47,6 +49,10 @@ static int child(const char *mode, const char *openblas_env) {
   if (!mode && !openblas_env && avx512 && !contains(core, "SkylakeX") && !contains(core, "Cooperlake") &&
       !contains(core, "SapphireRapids")) {
     printf("  an AVX-512 CPU runs on weaker kernels: %s\n", core);
+    ok = false;
+  }
+  if (!getenv("OPENBLAS_THREAD_TIMEOUT") && !contains(core, "idle threads sleep at once")) {
+    printf("  OpenBLAS's idle threads still spin after a threaded call\n");
     ok = false;
   }
   if (mode && strcmp(mode, "Haswell") == 0 && !contains(core, "OpenBLAS Haswell")) ok = false;

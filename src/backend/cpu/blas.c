@@ -10,7 +10,7 @@
  * Every product is cut into tiles by its shape alone, run on the runtime's
  * pool with OpenBLAS on one thread inside each (set process-wide), so that
  * results do not depend on the thread count (OpenBLAS's own threads are
- * never used). Which OpenBLAS kernels: nb_jit_blas_core. Not here: integer dots (the reference
+ * never used). Which OpenBLAS kernels, and its idle threads: nb_jit_blas_core. Not here: integer dots (the reference
  * implementation), epilogues (fused kernels after the step). */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -55,6 +55,8 @@ int nb_cpu__dot_prim(void) {
 char *openblas_get_corename(void);
 void gotoblas_dynamic_init(void) __attribute__((weak));
 void gotoblas_dynamic_quit(void) __attribute__((weak));
+void openblas_read_env(void) __attribute__((weak));
+void blas_thread_shutdown_(void) __attribute__((weak));
 
 /* Vector ISA level of an OpenBLAS 0.3.x x86-64 core name; -1 when unknown
  * (a newer name: trust OpenBLAS). */
@@ -86,6 +88,25 @@ static const char *best_core_for_cpu(void) {
 
 static char blas_core_note[200] = "OpenBLAS";
 
+/* nabla runs OpenBLAS on one thread per call, but a program that also calls
+ * it threaded (a benchmark's direct sgemm, a peer library in the same
+ * process) leaves OpenBLAS's idle threads spinning for 2^28 cycles (a tenth
+ * of a second) after each such call, taking the cores from our pool (the
+ * matmul bench's products ran at half speed after its direct sgemm runs).
+ * OPENBLAS_THREAD_TIMEOUT=4 (2^4 cycles) makes them sleep at once; OpenBLAS
+ * reads it with the environment at load and applies it when its threads
+ * start, so read it again and stop the threads (the next threaded call
+ * starts them). Not when the user set it. */
+static void quiet_blas_threads(void) {
+  if (getenv("OPENBLAS_THREAD_TIMEOUT") || !openblas_read_env || !blas_thread_shutdown_) return;
+  setenv("OPENBLAS_THREAD_TIMEOUT", "4", 1);
+  openblas_read_env();
+  unsetenv("OPENBLAS_THREAD_TIMEOUT");
+  blas_thread_shutdown_();
+  size_t n = strlen(blas_core_note);
+  snprintf(blas_core_note + n, sizeof blas_core_note - n, "; idle threads sleep at once");
+}
+
 static void select_blas_core(void) {
   const char *picked = openblas_get_corename();
   snprintf(blas_core_note, sizeof blas_core_note, "OpenBLAS %s", picked ? picked : "?");
@@ -113,9 +134,14 @@ static void select_blas_core(void) {
            picked ? picked : "?");
 }
 
+static void configure_blas(void) {
+  select_blas_core();
+  quiet_blas_threads();
+}
+
 const char *nb_jit_blas_core(void) {
   static pthread_once_t once = PTHREAD_ONCE_INIT;
-  pthread_once(&once, select_blas_core);
+  pthread_once(&once, configure_blas);
   return blas_core_note;
 }
 
@@ -335,13 +361,14 @@ static void pack(const dot_plan *p, operand *o, nb_dtype ct, char *dst, int64_t 
  * (its edge kernels sum in another order; its threaded path splits by the
  * thread count), which made a 2-thread training run differ from a 1-thread
  * one in the last bits (OpenBLAS Haswell kernels; tests/compile/test_jit_dot.c).
- * Tiles are at most TILE_MAX on a side (each tile packs its rows of A and its
- * columns of B: packing per flop falls as 1 / side), then split further
- * along their longer side, while tiles keep TILE_MIN_SIDE and TILE_MIN_MNK of
- * work, until a product (with its batch) has TARGET_TASKS tasks: enough to
- * share out over the threads of most machines, with some left to even out
- * a core that other work slows. */
-#define TILE_MAX 512
+ * Each tile packs its rows of A and its columns of B again, so tiles are as
+ * large as the parallelism allows: a product is halved along the longer side
+ * of its tiles, while they keep TILE_MIN_SIDE and TILE_MIN_MNK of work, until
+ * it (with its batch) has TARGET_TASKS tasks: enough to share out over the
+ * threads of most machines, with some left to even out a core that other
+ * work slows (a 4096x3072 result: 4 x 4 tiles of 1024 x 768; with tiles of
+ * at most 512 on a side the MLP products ran at 91-95% of a direct 2-thread
+ * sgemm, bench/matmul_vs_sgemm.c). */
 #define TILE_MIN_SIDE 128
 #define TILE_MIN_MNK (1 << 16)
 #define TARGET_TASKS 16
@@ -367,7 +394,7 @@ static int64_t tile_side(int64_t side, int64_t tiles) {
 
 /* Sets j's tiling from the product's shape (see above). */
 static void plan_tiles(const dot_plan *p, gemm_job *j) {
-  int64_t tm = cdiv(p->m, TILE_MAX), tn = cdiv(p->n, TILE_MAX);
+  int64_t tm = 1, tn = 1;
   while (p->batch * tm * tn < TARGET_TASKS) {
     int64_t bm = cdiv(p->m, tm), bn = cdiv(p->n, tn);
     bool can_m = bm >= 2 * TILE_MIN_SIDE, can_n = bn >= 2 * TILE_MIN_SIDE;
