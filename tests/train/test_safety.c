@@ -38,16 +38,6 @@ static nb_status run_with(nb_ctx *ctx, const char *dir, int n_extra, const char 
   return run_recorded(ctx, &cfg, dir, r ? r : &local, false, res);
 }
 
-static int64_t latest_ckpt(nb_ctx *ctx, const char *dir) {
-  char p[600];
-  snprintf(p, sizeof p, "%s/checkpoints", dir);
-  nb_ckpt_manager *m = nb_ckpt_manager_create(ctx, &(nb_ckpt_options){.directory = p, .read_only = true});
-  int64_t step = -2;
-  if (m) nb_ckpt_latest_step(m, &step);
-  nb_ckpt_manager_destroy(m);
-  return step;
-}
-
 static int count(const char *hay, const char *needle) {
   int n = 0;
   for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle)) n++;

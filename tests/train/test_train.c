@@ -23,16 +23,6 @@ static bool same_losses(const recorder *a, const recorder *b, int64_t from, int6
   return ok;
 }
 
-static int64_t latest_ckpt(nb_ctx *ctx, const char *dir) {
-  char p[600];
-  snprintf(p, sizeof p, "%s/checkpoints", dir);
-  nb_ckpt_manager *m = nb_ckpt_manager_create(ctx, &(nb_ckpt_options){.directory = p, .read_only = true});
-  int64_t step = -2;
-  if (m) nb_ckpt_latest_step(m, &step);
-  nb_ckpt_manager_destroy(m);
-  return step;
-}
-
 /* The "step" of every metrics.jsonl record in order ("eval" records as -step). */
 static int read_metric_steps(const char *dir, int64_t *steps, int cap) {
   char p[600], line[4096];

@@ -91,4 +91,15 @@ static inline nb_status run_recorded(nb_ctx *ctx, const nb_model_run_config *cfg
   return nb_train_run(ctx, cfg, &o, res);
 }
 
+/* The newest committed checkpoint step of a run dir (-1: none, -2: no manager). */
+static inline int64_t latest_ckpt(nb_ctx *ctx, const char *dir) {
+  char p[1100];
+  snprintf(p, sizeof p, "%s/checkpoints", dir);
+  nb_ckpt_manager *m = nb_ckpt_manager_create(ctx, &(nb_ckpt_options){.directory = p, .read_only = true});
+  int64_t step = -2;
+  if (m) nb_ckpt_latest_step(m, &step);
+  nb_ckpt_manager_destroy(m);
+  return step;
+}
+
 #endif
