@@ -60,7 +60,8 @@ static nb_status scale_update(void *ud, nb_graph *g, const nb_tree *grads, const
                               const nb_tree *params, nb_tree *updates, nb_tree *new_state) {
   CFG(ud);
   nb__hp factor = nb__hp_get(c, g, 0);
-  for (size_t i = 0; i < NLEAF(grads); i++) PUT(updates, PATH(grads, i), NULL, nb_mul(nb__hk(LEAF(grads, i), factor), LEAF(grads, i)));
+  for (size_t i = 0; i < NLEAF(grads); i++)
+    PUT(updates, PATH(grads, i), NULL, nb_mul(nb__hk(LEAF(grads, i), factor), LEAF(grads, i)));
   return NB_OK;
 }
 

@@ -220,8 +220,10 @@ static void set_grads(nb_tree *cur, int t) {
  * same bits as their constants, interpreted and compiled. The numbers are
  * ones whose 1 - b rounds differently in f32 than in f64. */
 static void test_optimizers(void) {
-  const char *a0[] = {"optim.b1=0.9", "optim.b2=0.95", "optim.eps=1e-7", "optim.weight_decay=0.1", "optim.grad_clip=0.7"};
-  const char *a1[] = {"optim.name=adam", "optim.b1=0.8", "optim.b2=0.99", "optim.weight_decay=0.03", "optim.grad_clip=1.3"};
+  const char *a0[] = {"optim.b1=0.9", "optim.b2=0.95", "optim.eps=1e-7", "optim.weight_decay=0.1",
+                      "optim.grad_clip=0.7"};
+  const char *a1[] = {"optim.name=adam", "optim.b1=0.8", "optim.b2=0.99", "optim.weight_decay=0.03",
+                      "optim.grad_clip=1.3"};
   const char *a2[] = {"optim.name=sgd", "optim.momentum=0.9", "optim.weight_decay=0.01", "optim.lr=0.1"};
   const char *a3[] = {"schedule.kind=constant", "schedule.warmup_steps=0", "optim.lr=3e-3", "optim.b1=0.7"};
   const char *const *args[4] = {a0, a1, a2, a3};
@@ -376,10 +378,11 @@ static void test_step_shared(void) {
   size_t n = step_graphs(e0, 2, e1, 4, cache, &same);
   CHECK_MSG(same && n == 1, "runs that differ in lr and steps: same graph %d, %zu compiled steps (want 1)", same, n);
   /* the optimizer's own numbers (defaults: b1 0.9, b2 0.95, eps 1e-8, weight_decay 0.1, grad_clip 1) */
-  const char *o1[] = {"optim.b1=0.8", "optim.b2=0.99", "optim.eps=1e-6", "optim.weight_decay=0.02", "optim.grad_clip=0.5"};
+  const char *o1[] = {"optim.b1=0.8", "optim.b2=0.99", "optim.eps=1e-6", "optim.weight_decay=0.02",
+                      "optim.grad_clip=0.5"};
   n = step_graphs(e0, 2, o1, 5, cache, &same);
-  CHECK_MSG(same && n == 1, "runs that differ in b1, b2, eps, weight_decay, grad_clip: same graph %d, %zu compiled steps "
-            "(want 1)", same, n);
+  CHECK_MSG(same && n == 1, "runs that differ in b1, b2, eps, weight_decay, grad_clip: same graph %d, "
+                            "%zu compiled steps (want 1)", same, n);
   const char *l0[] = {"schedule.kind=linear", "steps=8", "optim.lr=3e-3", "optim.name=sgd"};
   const char *l1[] = {"schedule.kind=linear", "steps=80", "optim.lr=1e-3", "optim.name=sgd", "schedule.decay_steps=30",
                       "optim.momentum=0.5", "optim.weight_decay=0.3"};
