@@ -157,6 +157,25 @@ nb_graph *nb_optim_step_graph(nb_ctx *ctx, const nb_optim_tx *tx, const nb_tree 
  * prefix), keeping its dtype. Reads are nb_tree_get_array + nb_array_get. */
 nb_status nb_optim_state_set_scalar(nb_ctx *ctx, nb_tree *state, const char *path, double value);
 
+/* Input-bound hyperparameters: binds tx (taken and returned) so that the
+ * numbers of its built-in blocks listed below are read from the f64 vector
+ * at *cell when that is a value of the graph being traced (a graph input),
+ * instead of being constants: graphs that differ only in those numbers are
+ * one graph (one compile). Each number (and 1 - b of a decay) is computed
+ * in f64 and rounded once to the leaf's dtype, as the constant is:
+ * bit-identical results. Anywhere else (another graph, *cell NULL) the
+ * numbers are the constants. The blocks: scale (and so a constant learning
+ * rate, folded into one: u = -lr g), scale_by_adam (b1, b2, eps, eps_root;
+ * adam, adamw, amsgrad, nadam(w), lamb), add_decayed_weights, trace
+ * (momentum), clip_by_global_norm; every other block keeps constants.
+ * Whether a weight decay or momentum is 0, and which blocks there are,
+ * still shape the graph. The state is the same as unbound. */
+nb_optim_tx *nb_optim_tx_from_input(nb_ctx *ctx, nb_optim_tx *tx, nb_val *const *cell);
+/* The vector a bound tx reads (new f64 [n]: the listed blocks' numbers, each
+ * block before its kids, in chain order): feed it as the input *cell names.
+ * The values are the constructors' (already validated). */
+nb_array *nb_optim_tx_inputs(nb_ctx *ctx, const nb_optim_tx *tx);
+
 /* Composition. chain applies txs in order (n >= 1); takes them. */
 nb_optim_tx *nb_optim_chain(nb_ctx *ctx, int n, nb_optim_tx *const *txs);
 

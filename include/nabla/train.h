@@ -11,18 +11,19 @@
  * run updates them in place. Inputs "params/<p>", "opt_state/<s>",
  * "batch/inputs", "batch/targets" (i32 [batch_size, seq_len]), "step"
  * (i32 scalar: updates done before this one), "hparams/schedule" (the
- * learning-rate schedule's numbers) and "hparams/key" (the seed's PRNG key),
- * both set by nb_train_set_hparams: a run that differs only in optim.lr,
- * steps, the schedule's lengths and ratio or the seed runs the same
- * compiled step; outputs the same
+ * learning-rate schedule's numbers), "hparams/optim" (the optimizer's:
+ * b1, b2, eps, weight_decay, momentum, grad_clip, a constant lr) and
+ * "hparams/key" (the seed's PRNG key), all set by nb_train_set_hparams: a
+ * run that differs only in those numbers, steps, the schedule's lengths and
+ * ratio or the seed runs the same compiled step; outputs the same
  * "params/<p>", "opt_state/<s>" plus "loss", "grad_norm", "lr" and
  * "metrics/<name>" (the model's). Dropout draws from
  * fold_in(PRNGKey(seed), step) (and the micro-batch index), so a resumed run
  * repeats an uninterrupted one bit for bit. Nothing in the step is host
  * code: only batches, the step scalar and the hparams come from the host.
- * Still constants of the step (a change compiles a new one): the optimizer's
- * b1, b2, eps, weight_decay, momentum, grad_clip, and the lr of a constant
- * schedule without warmup (folded into a plain scale).
+ * Still part of the step (a change compiles a new one): optim.name, the
+ * schedule's kind, whether there is a warmup, and whether grad_clip,
+ * weight_decay or momentum is 0.
  *
  * Run directory (docs/train.md has the full contract):
  *   DIR/config.yaml     the resolved config (nb_model_run_config_write),

@@ -38,6 +38,11 @@ typedef struct nb__optim_cfg {
   int nnames;
   nb_optim_schedule **values;  /* taken (inject_hyperparams) */
   nb_val **cells;              /* traced values read by slot schedules */
+  /* Input-bound numbers (nb_optim_tx_from_input): h[0..nh) are read through
+   * nb__hp, from elements at..at+nh of the f64 vector *hcell (hlen long)
+   * when that is a value of the graph being traced. nh = 0: h is constant. */
+  int nh, at, hlen;
+  nb_val *const *hcell;
 } nb__optim_cfg;
 
 nb__optim_cfg *nb__optim_cfg_new(nb_ctx *ctx);
@@ -77,6 +82,21 @@ nb_val *nb__count_inc(nb_val *count);              /* saturating + 1 */
 nb_val *nb__moment(nb_val *g, nb_val *m, double decay, int order);
 /* m / (1 - decay^count) */
 nb_val *nb__bias_correct(nb_val *m, double decay, nb_val *count);
+/* A hyperparameter, two ways: the host double d, and when its cfg is bound
+ * to an input of the graph being traced, v, the same number as a traced f64
+ * scalar. Arithmetic on it (1 - b) is done in f64 either way, and
+ * nb__hk rounds the result once to the leaf's dtype: the constant's bits. */
+typedef struct nb__hp {
+  double d;
+  nb_val *v; /* NULL: a constant */
+} nb__hp;
+nb__hp nb__hp_get(const nb__optim_cfg *c, nb_graph *g, int i); /* h[i] */
+nb__hp nb__hp_rsub(double a, nb__hp x);                        /* a - x */
+nb_val *nb__hk(nb_val *like, nb__hp x);                        /* x as a scalar of like's dtype */
+/* nb__moment and nb__bias_correct with a two-way decay */
+nb_val *nb__moment_hp(nb_val *g, nb_val *m, nb__hp decay, int order);
+nb_val *nb__bias_correct_hp(nb_val *m, nb__hp decay, nb_val *count);
+
 /* The dtype of a tree's scalars (norms, schedules, step counts as floats):
  * f64 when a float leaf is f64, else f32 (bf16/f16 leaves too). */
 nb_dtype nb__scalar_dtype(const nb_tree *t);

@@ -36,12 +36,20 @@ static nb_status init_count(nb_graph *g, nb_tree *state) { return nb__optim_put(
     if (s_) return s_;                                                             \
   } while (0)
 
-static nb_optim_tx *make(nb_ctx *ctx, const char *name, nb_optim_init_fn init, nb_optim_update_fn update,
-                         const double *h, int nh) {
+/* nbound: how many of h[0..nh) the update reads through nb__hp (and so an
+ * input may supply: nb_optim_tx_from_input) */
+static nb_optim_tx *make_bound(nb_ctx *ctx, const char *name, nb_optim_init_fn init, nb_optim_update_fn update,
+                               const double *h, int nh, int nbound) {
   nb__optim_cfg *c = nb__optim_cfg_new(ctx);
   if (!c) return NULL;
   for (int i = 0; i < nh; i++) c->h[i] = h[i];
+  c->nh = nbound;
   return nb__optim_make(ctx, name, init, update, c);
+}
+
+static nb_optim_tx *make(nb_ctx *ctx, const char *name, nb_optim_init_fn init, nb_optim_update_fn update,
+                         const double *h, int nh) {
+  return make_bound(ctx, name, init, update, h, nh, 0);
 }
 
 static nb_status no_state(void *ud, nb_graph *g, const nb_tree *params, nb_tree *state) { return NB_OK; }
@@ -51,7 +59,9 @@ static nb_status no_state(void *ud, nb_graph *g, const nb_tree *params, nb_tree 
 static nb_status scale_update(void *ud, nb_graph *g, const nb_tree *grads, const nb_tree *state,
                               const nb_tree *params, nb_tree *updates, nb_tree *new_state) {
   CFG(ud);
-  for (size_t i = 0; i < NLEAF(grads); i++) PUT(updates, PATH(grads, i), NULL, nb_mul(nb__k(LEAF(grads, i), c->h[0]), LEAF(grads, i)));
+  nb__hp factor = nb__hp_get(c, g, 0);
+  for (size_t i = 0; i < NLEAF(grads); i++)
+    PUT(updates, PATH(grads, i), NULL, nb_mul(nb__hk(LEAF(grads, i), factor), LEAF(grads, i)));
   return NB_OK;
 }
 
@@ -60,7 +70,7 @@ nb_optim_tx *nb_optim_scale(nb_ctx *ctx, double factor) {
     nb_errorf(ctx, NB_ERR_INVALID_ARG, "scale: factor must be finite, got %g", factor);
     return NULL;
   }
-  return make(ctx, "scale", no_state, scale_update, &factor, 1);
+  return make_bound(ctx, "scale", no_state, scale_update, &factor, 1, 1);
 }
 
 static nb_status sched_init(void *ud, nb_graph *g, const nb_tree *params, nb_tree *state) { return init_count(g, state); }
@@ -127,7 +137,7 @@ static nb_status adam_init(void *ud, nb_graph *g, const nb_tree *params, nb_tree
 static nb_status adam_update(void *ud, nb_graph *g, const nb_tree *grads, const nb_tree *state,
                              const nb_tree *params, nb_tree *updates, nb_tree *new_state) {
   CFG(ud);
-  double b1 = c->h[0], b2 = c->h[1], eps = c->h[2], eps_root = c->h[3];
+  nb__hp b1 = nb__hp_get(c, g, 0), b2 = nb__hp_get(c, g, 1), eps = nb__hp_get(c, g, 2), eps_root = nb__hp_get(c, g, 3);
   nb_val *count;
   GET(count, "count", NULL);
   nb_val *cinc = nb__count_inc(count);
@@ -137,16 +147,16 @@ static nb_status adam_update(void *ud, nb_graph *g, const nb_tree *grads, const 
     GET(m0, "mu", p);
     GET(v0, "nu", p);
     if (c->f[1]) GET(vmax, "nu_max", p);
-    nb_val *mu = nb__moment(gr, m0, b1, 1), *nu = nb__moment(gr, v0, b2, 2);
-    nb_val *mhat = c->f[0] ? nb_add(nb_mul(nb__k(gr, b1), nb__bias_correct(mu, b1, nb__count_inc(cinc))),
-                                    nb_mul(nb__k(gr, 1 - b1), nb__bias_correct(gr, b1, cinc)))
-                           : nb__bias_correct(mu, b1, cinc);
-    nb_val *nhat = nb__bias_correct(nu, b2, cinc);
+    nb_val *mu = nb__moment_hp(gr, m0, b1, 1), *nu = nb__moment_hp(gr, v0, b2, 2);
+    nb_val *mhat = c->f[0] ? nb_add(nb_mul(nb__hk(gr, b1), nb__bias_correct_hp(mu, b1, nb__count_inc(cinc))),
+                                    nb_mul(nb__hk(gr, nb__hp_rsub(1, b1)), nb__bias_correct_hp(gr, b1, cinc)))
+                           : nb__bias_correct_hp(mu, b1, cinc);
+    nb_val *nhat = nb__bias_correct_hp(nu, b2, cinc);
     if (c->f[1]) {
       nhat = nb_max(vmax, nhat);
       PUT(new_state, "nu_max", p, nhat);
     }
-    nb_val *u = nb_div(mhat, nb_add(nb_sqrt(nb_add(nhat, nb__k(nhat, eps_root))), nb__k(nhat, eps)));
+    nb_val *u = nb_div(mhat, nb_add(nb_sqrt(nb_add(nhat, nb__hk(nhat, eps_root))), nb__hk(nhat, eps)));
     PUT(updates, p, NULL, u);
     PUT(new_state, "mu", p, mu);
     PUT(new_state, "nu", p, nu);
@@ -174,6 +184,7 @@ nb_optim_tx *nb_optim_scale_by_adam(nb_ctx *ctx, double b1, double b2, double ep
   nb__optim_cfg *c = nb__optim_cfg_new(ctx);
   if (!c) return NULL;
   memcpy(c->h, (double[]){b1, b2, eps, eps_root}, 4 * sizeof(double));
+  c->nh = 4;
   c->f[0] = nesterov;
   c->f[1] = amsgrad;
   return nb__optim_make(ctx, amsgrad ? "scale_by_amsgrad" : "scale_by_adam", adam_init, adam_update, c);
@@ -312,12 +323,13 @@ static nb_status trace_init(void *ud, nb_graph *g, const nb_tree *params, nb_tre
 static nb_status trace_update(void *ud, nb_graph *g, const nb_tree *grads, const nb_tree *state,
                               const nb_tree *params, nb_tree *updates, nb_tree *new_state) {
   CFG(ud);
+  nb__hp decay = nb__hp_get(c, g, 0);
   for (size_t i = 0; i < NLEAF(grads); i++) {
     const char *p = PATH(grads, i);
     nb_val *gr = LEAF(grads, i), *t0;
     GET(t0, "trace", p);
-    nb_val *t = nb_add(gr, nb_mul(nb__k(t0, c->h[0]), t0));
-    PUT(updates, p, NULL, c->f[0] ? nb_add(gr, nb_mul(nb__k(t, c->h[0]), t)) : t);
+    nb_val *t = nb_add(gr, nb_mul(nb__hk(t0, decay), t0));
+    PUT(updates, p, NULL, c->f[0] ? nb_add(gr, nb_mul(nb__hk(t, decay), t)) : t);
     PUT(new_state, "trace", p, t);
   }
   return NB_OK;
@@ -328,6 +340,7 @@ nb_optim_tx *nb_optim_trace(nb_ctx *ctx, double decay, bool nesterov) {
   nb__optim_cfg *c = nb__optim_cfg_new(ctx);
   if (!c) return NULL;
   c->h[0] = decay;
+  c->nh = 1;
   c->f[0] = nesterov;
   return nb__optim_make(ctx, "trace", trace_init, trace_update, c);
 }
@@ -591,12 +604,13 @@ static nb_status decay_update(void *ud, nb_graph *g, const nb_tree *grads, const
   CFG(ud);
   nb_status s = nb__optim_need_params(c->ctx, "add_decayed_weights", params);
   if (s) return s;
+  nb__hp wd = nb__hp_get(c, g, 0);
   for (size_t i = 0; i < NLEAF(grads); i++) {
     const char *p = PATH(grads, i);
     nb_val *u = LEAF(grads, i);
-    bool on = c->h[0] != 0 && (c->nregex == 0 || nb__optim_cfg_match(c, 0, p));
+    bool on = c->h[0] != 0 && (c->nregex == 0 || nb__optim_cfg_match(c, 0, p)); /* 0 vs not: a graph of its own */
     nb_val *pv = nb_tree_get_val(params, p);
-    PUT(updates, p, NULL, on ? nb_add(u, nb_mul(nb__k(pv, c->h[0]), pv)) : u);
+    PUT(updates, p, NULL, on ? nb_add(u, nb_mul(nb__hk(pv, wd), pv)) : u);
   }
   return NB_OK;
 }
@@ -606,6 +620,7 @@ nb_optim_tx *nb_optim_add_decayed_weights(nb_ctx *ctx, double weight_decay, cons
   nb__optim_cfg *c = nb__optim_cfg_new(ctx);
   if (!c) return NULL;
   c->h[0] = weight_decay;
+  c->nh = 1;
   if (mask_regex && !nb__optim_cfg_add_regex(c, mask_regex, "add_decayed_weights")) {
     nb__optim_cfg_free(c);
     return NULL;
@@ -631,11 +646,12 @@ nb_optim_tx *nb_optim_clip(nb_ctx *ctx, double max_delta) {
 static nb_status gnorm_update(void *ud, nb_graph *g, const nb_tree *grads, const nb_tree *state,
                               const nb_tree *params, nb_tree *updates, nb_tree *new_state) {
   CFG(ud);
+  nb__hp max_norm = nb__hp_get(c, g, 0);
   nb_val *norm = nb_optim_global_norm(g, grads);
-  nb_val *keep = nb_lt(norm, nb__k(norm, c->h[0]));
+  nb_val *keep = nb_lt(norm, nb__hk(norm, max_norm));
   for (size_t i = 0; i < NLEAF(grads); i++) {
     nb_val *u = LEAF(grads, i);
-    nb_val *clipped = nb_mul(nb_div(u, nb__as(norm, nb_val_dtype(u))), nb__k(u, c->h[0]));
+    nb_val *clipped = nb_mul(nb_div(u, nb__as(norm, nb_val_dtype(u))), nb__hk(u, max_norm));
     nb_val *k = nb_broadcast_to(keep, nb_val_rank(u), nb_val_aval(u).shape.dims);
     PUT(updates, PATH(grads, i), NULL, nb_select(k, u, clipped));
   }
@@ -644,7 +660,7 @@ static nb_status gnorm_update(void *ud, nb_graph *g, const nb_tree *grads, const
 
 nb_optim_tx *nb_optim_clip_by_global_norm(nb_ctx *ctx, double max_norm) {
   if (!nb__optim_check(ctx, "clip_by_global_norm", "max_norm", max_norm, 0, true)) return NULL;
-  return make(ctx, "clip_by_global_norm", no_state, gnorm_update, &max_norm, 1);
+  return make_bound(ctx, "clip_by_global_norm", no_state, gnorm_update, &max_norm, 1, 1);
 }
 
 static nb_status block_rms_update(void *ud, nb_graph *g, const nb_tree *grads, const nb_tree *state,

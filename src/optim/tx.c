@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <string.h>
 
+#include "core/ir.h"
 #include "optim/internal.h"
 
 /* ---- objects -------------------------------------------------------------- */
@@ -71,6 +72,42 @@ nb_optim_tx *nb__optim_make(nb_ctx *ctx, const char *name, nb_optim_init_fn init
                             nb__optim_cfg *cfg) {
   if (!cfg) return NULL;
   return nb_optim_tx_create(ctx, name, init, update, cfg, nb__optim_cfg_free);
+}
+
+/* ---- input-bound hyperparameters ----------------------------------------- */
+
+/* The built-in blocks of tx, each before its kids, in chain order: each is
+ * given its first element of the vector (and, with cell, bound to it; with
+ * rec, its numbers recorded). Returns the next free element. */
+static int walk_numbers(const nb_optim_tx *tx, int at, nb_val *const *cell, int hlen, double *rec) {
+  if (!tx || tx->free_ud != nb__optim_cfg_free) return at; /* a user's transformation keeps its numbers */
+  nb__optim_cfg *c = tx->ud;
+  if (cell) {
+    c->hcell = cell;
+    c->at = at;
+    c->hlen = hlen;
+  }
+  for (int i = 0; rec && i < c->nh; i++) rec[at + i] = c->h[i];
+  at += c->nh;
+  for (int k = 0; k < c->nkids; k++) at = walk_numbers(c->kids[k], at, cell, hlen, rec);
+  return at;
+}
+
+nb_optim_tx *nb_optim_tx_from_input(nb_ctx *ctx, nb_optim_tx *tx, nb_val *const *cell) {
+  if (!tx || !cell) {
+    nb_optim_tx_destroy(tx);
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "tx_from_input: NULL transformation or cell"), NULL;
+  }
+  walk_numbers(tx, 0, cell, walk_numbers(tx, 0, NULL, 0, NULL), NULL);
+  return tx;
+}
+
+nb_array *nb_optim_tx_inputs(nb_ctx *ctx, const nb_optim_tx *tx) {
+  if (!tx) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "tx inputs: NULL transformation"), NULL;
+  int64_t n = walk_numbers(tx, 0, NULL, 0, NULL);
+  nb_array *a = nb_array_empty(ctx, NB_F64, 1, &n);
+  if (a) walk_numbers(tx, 0, NULL, 0, nb_array_data_mut(a));
+  return a;
 }
 
 bool nb__optim_cfg_take_kids(nb__optim_cfg *c, int n, nb_optim_tx *const *kids) {
@@ -185,16 +222,47 @@ nb_val *nb__count_inc(nb_val *c) {
   return nb_select(nb_lt(c, top), nb_add(c, nb__k(c, 1)), c);
 }
 
-nb_val *nb__moment(nb_val *g, nb_val *m, double decay, int order) {
+nb__hp nb__hp_get(const nb__optim_cfg *c, nb_graph *g, int i) {
+  nb__hp x = {c->h[i], NULL};
+  nb_val *vec = c->hcell ? *c->hcell : NULL;
+  if (i >= c->nh || !vec || nb_val_graph(vec) != g) return x; /* not bound here: the constant */
+  if (nb_val_rank(vec) != 1 || nb_val_dim(vec, 0) != c->hlen || nb_val_dtype(vec) != NB_F64) {
+    x.v = nb__fail(g, NB_HERE, NB_ERR_SHAPE, "optim: the hyperparameter input must be an f64 vector of %d numbers "
+                   "(nb_optim_tx_inputs)", c->hlen);
+    return x;
+  }
+  int64_t lo[1] = {c->at + i}, hi[1] = {c->at + i + 1};
+  x.v = nb_reshape(nb_slice(vec, lo, hi, NULL), 0, NULL);
+  return x;
+}
+
+nb__hp nb__hp_rsub(double a, nb__hp x) {
+  return (nb__hp){a - x.d, x.v ? nb_sub(nb_scalar(nb_val_graph(x.v), NB_F64, a), x.v) : NULL};
+}
+
+nb_val *nb__hk(nb_val *like, nb__hp x) {
+  if (!like) return NULL;
+  return x.v ? nb_convert(x.v, nb_val_dtype(like)) : nb__k(like, x.d);
+}
+
+nb_val *nb__moment_hp(nb_val *g, nb_val *m, nb__hp decay, int order) {
   nb_val *gp = order == 1 ? g : nb_mul(g, g);
-  return nb_add(nb_mul(nb__k(gp, 1 - decay), gp), nb_mul(nb__k(m, decay), m));
+  return nb_add(nb_mul(nb__hk(gp, nb__hp_rsub(1, decay)), gp), nb_mul(nb__hk(m, decay), m));
+}
+
+nb_val *nb__moment(nb_val *g, nb_val *m, double decay, int order) {
+  return nb__moment_hp(g, m, (nb__hp){decay, NULL}, order);
+}
+
+nb_val *nb__bias_correct_hp(nb_val *m, nb__hp decay, nb_val *count) {
+  if (!m || !count) return NULL;
+  nb_dtype t = nb_val_dtype(m);
+  nb_val *pw = nb_pow(nb__hk(m, decay), nb_convert(count, t));
+  return nb_div(m, nb_sub(nb__k(m, 1), pw));
 }
 
 nb_val *nb__bias_correct(nb_val *m, double decay, nb_val *count) {
-  if (!m || !count) return NULL;
-  nb_dtype t = nb_val_dtype(m);
-  nb_val *pw = nb_pow(nb__k(m, decay), nb_convert(count, t));
-  return nb_div(m, nb_sub(nb__k(m, 1), pw));
+  return nb__bias_correct_hp(m, (nb__hp){decay, NULL}, count);
 }
 
 nb_dtype nb__scalar_dtype_of(nb_dtype leaf) { return leaf == NB_F64 ? NB_F64 : NB_F32; }

@@ -549,6 +549,7 @@ static nb_status one_step(trainer *t, nb_train_step_info *si, double *exe_ms, do
   if (!s) s = nb_tree_remove(t->st, "batch/targets");
   if (!s) s = nb_tree_remove(t->st, "step");
   if (!s) s = nb_tree_remove(t->st, "hparams/schedule");
+  if (!s) s = nb_tree_remove(t->st, "hparams/optim");
   if (!s) s = nb_tree_remove(t->st, "hparams/key");
   if (!s) {
     si->loss = scalar_out(out, "loss");

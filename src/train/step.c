@@ -1,10 +1,12 @@
 /* The trainer's graphs: the learning-rate schedule and optimizer built from
  * a run config, the training step (value_and_grad over grad_accum
  * micro-batches + clipping + optimizer update, one graph) and the eval loss.
- * The schedule's numbers (lr, warmup, decay length from steps, min_lr_ratio)
- * and the dropout key of the seed are inputs of the step ("hparams/..."),
- * not constants: runs that differ only in them share one compiled step. No host work here: the loop
- * that runs these lives in run.c. */
+ * The schedule's numbers (lr, warmup, decay length from steps, min_lr_ratio),
+ * the optimizer's (b1, b2, eps, weight_decay, momentum, grad_clip, a
+ * constant lr) and the dropout key of the seed are inputs of the step
+ * ("hparams/..."), not constants: runs that differ only in them share one
+ * compiled step. No host work here: the loop that runs these lives in
+ * run.c. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -44,17 +46,28 @@ static nb_optim_schedule *bound_schedule(nb_ctx *ctx, const nb_model_run_config 
 
 nb_optim_schedule *nb_train_schedule(nb_ctx *ctx, const nb_model_run_config *c) { return schedule(ctx, c); }
 
+static nb_optim_tx *optimizer(nb_ctx *ctx, const nb_model_run_config *c, nb_val *const *hp);
+
 nb_status nb_train_set_hparams(nb_ctx *ctx, const nb_model_run_config *c, nb_tree *inputs) {
+  static nb_val *const unbound = NULL;
   nb_optim_schedule *s = schedule(ctx, c);
-  nb_array *v = s ? nb_optim_schedule_inputs(ctx, s) : NULL, *key = v ? nb_key(ctx, (uint64_t)c->seed) : NULL;
-  nb_status st = v ? nb_tree_set_array(inputs, "hparams/schedule", v) : nb_ctx_status(ctx);
-  if (!st) st = key ? nb_tree_set_array(inputs, "hparams/key", key) : nb_ctx_status(ctx);
+  nb_optim_tx *tx = s ? optimizer(ctx, c, &unbound) : NULL;
+  nb_array *v = tx ? nb_optim_schedule_inputs(ctx, s) : NULL, *o = v ? nb_optim_tx_inputs(ctx, tx) : NULL;
+  nb_array *key = o ? nb_key(ctx, (uint64_t)c->seed) : NULL;
+  nb_status st = key ? nb_tree_set_array(inputs, "hparams/schedule", v) : nb_ctx_status(ctx);
+  if (!st) st = nb_tree_set_array(inputs, "hparams/optim", o);
+  if (!st) st = nb_tree_set_array(inputs, "hparams/key", key);
   nb_array_release(v);
+  nb_array_release(o);
   nb_array_release(key);
   nb_optim_schedule_destroy(s);
+  nb_optim_tx_destroy(tx);
   return st;
 }
 
+/* hp: where the "hparams/schedule" input will be while tracing (its
+ * schedule's numbers); the optimizer's own numbers are bound by the caller
+ * (nb_optim_tx_from_input) to "hparams/optim". */
 static nb_optim_tx *optimizer(nb_ctx *ctx, const nb_model_run_config *c, nb_val *const *hp) {
   nb_optim_schedule *lr = bound_schedule(ctx, c, hp);
   if (!lr) return NULL;
@@ -100,6 +113,7 @@ typedef struct step_job {
   const nb_optim_tx *tx;
   const nb_optim_schedule *lr;
   nb_val **hp;                 /* what tx's and lr's schedules read: the "hparams/schedule" input */
+  nb_val **hpo;                /* what tx's own numbers read: the "hparams/optim" input */
   bool rng;                    /* vg takes "rng" (dropout) */
 } step_job;
 
@@ -126,6 +140,7 @@ static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
   int64_t A = c->grad_accum, mb = c->batch_size / A, T = c->data.seq_len;
   nb_val *step = nb_tree_get_val(in, "step");
   *job->hp = nb_tree_get_val(in, "hparams/schedule");
+  *job->hpo = nb_tree_get_val(in, "hparams/optim");
   nb_val *inputs = nb_tree_get_val(in, "batch/inputs"), *targets = nb_tree_get_val(in, "batch/targets");
   nb_tree *params = nb_tree_select_prefix(in, "params", true), *state = nb_tree_select_prefix(in, "opt_state", true);
   nb_tree *grads = nb_tree_create(ctx), *metrics = nb_tree_create(ctx);
@@ -229,8 +244,9 @@ nb_graph *nb_train_trace_step(nb_ctx *ctx, const nb_model_run_config *c, const n
   nb_tree *bs = batch_spec(ctx, c->batch_size / c->grad_accum, c->data.seq_len);
   nb_graph *loss = bs ? nb_model_trace_loss(ctx, &c->model, &mo, param_spec, bs) : NULL;
   nb_graph *vg = loss ? nb_value_and_grad(ctx, loss, &(nb_grad_opts){.wrt = "params", .has_aux = true}) : NULL;
-  nb_val *hp = NULL;
+  nb_val *hp = NULL, *hpo = NULL;
   nb_optim_tx *tx = vg ? optimizer(ctx, c, &hp) : NULL;
+  if (tx) tx = nb_optim_tx_from_input(ctx, tx, &hpo);
   nb_optim_schedule *lr = tx ? bound_schedule(ctx, c, &hp) : NULL;
   nb_tree *hparams = lr ? nb_tree_create(ctx) : NULL;
   nb_graph *g = NULL;
@@ -240,7 +256,7 @@ nb_graph *nb_train_trace_step(nb_ctx *ctx, const nb_model_run_config *c, const n
     nb_tree_destroy(bs);
     bs = batch_spec(ctx, c->batch_size, c->data.seq_len);
     if (bs && !nb_tree_merge(spec, "batch", bs)) {
-      step_job job = {.cfg = c, .vg = vg, .tx = tx, .lr = lr, .hp = &hp, .rng = dropout};
+      step_job job = {.cfg = c, .vg = vg, .tx = tx, .lr = lr, .hp = &hp, .hpo = &hpo, .rng = dropout};
       g = nb_trace(ctx, step_fn, &job, spec);
     }
   }
