@@ -106,7 +106,9 @@ nb_val *nb_optim_schedule_trace(const nb_optim_schedule *s, nb_val *step);
  * ...) from that vector instead of baking them in as constants, so graphs
  * for different numbers are the same graph (one compile, one disk cache
  * entry); anywhere else, and on the host, it is `inner`. The values are
- * those the constants would have had (bit-identical results). Takes inner. */
+ * those the constants would have had (bit-identical results). Takes inner.
+ * Borrows cell: it must outlive the schedule, and *cell must be NULL or a
+ * value of a live graph whenever the schedule is traced or evaluated. */
 nb_optim_schedule *nb_optim_schedule_from_input(nb_ctx *ctx, nb_optim_schedule *inner, nb_val *const *cell);
 /* The vector an input-bound schedule (or s itself, bound) reads (new f64
  * [n], converted where used as the constants would be): feed it as the
@@ -169,7 +171,8 @@ nb_status nb_optim_state_set_scalar(nb_ctx *ctx, nb_tree *state, const char *pat
  * adam, adamw, amsgrad, nadam(w), lamb), add_decayed_weights, trace
  * (momentum), clip_by_global_norm; every other block keeps constants.
  * Whether a weight decay or momentum is 0, and which blocks there are,
- * still shape the graph. The state is the same as unbound. */
+ * still shape the graph. The state is the same as unbound. Borrows cell, as
+ * nb_optim_schedule_from_input does (same lifetime rule). */
 nb_optim_tx *nb_optim_tx_from_input(nb_ctx *ctx, nb_optim_tx *tx, nb_val *const *cell);
 /* The vector a bound tx reads (new f64 [n]: the listed blocks' numbers, each
  * block before its kids, in chain order): feed it as the input *cell names.
