@@ -107,7 +107,7 @@ typedef struct nb_prof_peak {
 /* The f32 FMA peak of this machine with `threads` threads (<= 0:
  * $NABLA_THREADS, else the CPU count): $NABLA_PEAK_GFLOPS x 1e9 when set
  * (a positive number); else the value cached for this CPU model, ISA and
- * thread count in $XDG_CACHE_HOME/nabla/peak_flops (or ~/.cache/nabla/);
+ * thread count in $XDG_CACHE_HOME/nabla/peak_flops.v2 (or ~/.cache/nabla/);
  * else measured by a short FMA-throughput loop (about 0.3 s: independent
  * fused multiply-adds at the vector width of nb_prof_isa, on every thread at
  * once) and cached there. The measurement counts the FMA units a core really
