@@ -76,7 +76,8 @@ typedef struct nb_tok_gpt2_opts {
   int n_special;               /* with n_special == 0, "<|endoftext|>" if present */
 } nb_tok_gpt2_opts;
 
-/* Loads `path`: a tokenizer.json or *.model file, or a directory holding
+/* Loads `path`: a tokenizer.json or SentencePiece model file (told apart by
+ * their first bytes, whatever the file's name), or a directory holding
  * tokenizer.json, vocab.json + merges.txt, or tokenizer.model. Returns a new tokenizer (destroy it), or NULL
  * with an error on ctx naming the file and field that was wrong. */
 nb_tok *nb_tok_load(nb_ctx *ctx, const char *path);

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "test.h"
+#include "testfs.h"
 
 #define GOLD "tests/tokenizer/golden/"
 
@@ -193,6 +194,32 @@ static void test_bad_files(nb_ctx *ctx) {
   CHECK_ERR(ctx, NB_ERR_NOT_FOUND, "tests/tokenizer/no-such-dir");
   CHECK(!nb_tok_load(ctx, "tests/tokenizer"));
   CHECK_ERR(ctx, NB_ERR_NOT_FOUND, "holds no tokenizer.json");
+  /* files are told apart by their bytes, not their names: a SentencePiece
+   * model named .json and a tokenizer.json named .model load as what they are */
+  {
+    char dir[512], p[600];
+    nb_test_scratch_dir(dir, sizeof dir, "tokenizer", "names");
+    const char *pairs[][2] = {{GOLD "spm/tokenizer.model", "spm.json"}, {GOLD "cl100k/tokenizer.json", "hf.model"}};
+    for (int k = 0; k < 2; k++) {
+      size_t n = 0;
+      char *bytes = nb_test_read_file(pairs[k][0], &n);
+      snprintf(p, sizeof p, "%s/%s", dir, pairs[k][1]);
+      FILE *f = fopen(p, "wb");
+      if (f && bytes) fwrite(bytes, 1, n, f);
+      if (f) fclose(f);
+      free(bytes);
+      nb_tok *a = nb_tok_load(ctx, pairs[k][0]), *b = nb_tok_load(ctx, p);
+      CHECK_MSG(a && b && nb_tok_vocab_size(a) == nb_tok_vocab_size(b), "%s renamed %s: %s", pairs[k][0], pairs[k][1],
+                nb_ctx_error(ctx));
+      nb_tok_destroy(a);
+      nb_tok_destroy(b);
+    }
+    snprintf(p, sizeof p, "%s/text.json", dir);
+    nb_test_write_text(p, "hello");
+    CHECK(!nb_tok_load(ctx, p));
+    CHECK_ERR(ctx, NB_ERR_FORMAT, "neither a tokenizer.json (a JSON object) nor a SentencePiece model");
+    nb_test_rm_rf(dir);
+  }
   /* SentencePiece */
   CHECK(!nb_tok_load_sentencepiece_bytes(ctx, "\x0a\x05\x0a\x01", 4, "m.model"));
   CHECK_ERR(ctx, NB_ERR_FORMAT, "m.model: not a SentencePiece model");

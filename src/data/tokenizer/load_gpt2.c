@@ -154,15 +154,30 @@ static bool exists(const char *dir, const char *file, char *out, size_t cap) {
   return stat(out, &st) == 0 && S_ISREG(st.st_mode);
 }
 
+/* A file's kind by its first bytes, whatever its name: a tokenizer.json is
+ * a JSON object ('{' after white space or a UTF-8 BOM); a SentencePiece
+ * model is a protobuf ModelProto, which opens with its first piece (field 1,
+ * length-delimited: byte 0x0a). */
+static nb_tok *load_file(nb_ctx *ctx, const char *path) {
+  unsigned char head[64];
+  FILE *f = fopen(path, "rb");
+  if (!f) return nb_errorf(ctx, NB_ERR_IO, "%s: cannot open: %s", path, strerror(errno)), NULL;
+  size_t n = fread(head, 1, sizeof head, f);
+  fclose(f);
+  size_t i = n >= 3 && head[0] == 0xef && head[1] == 0xbb && head[2] == 0xbf ? 3 : 0;
+  while (i < n && (head[i] == ' ' || head[i] == '\t' || head[i] == '\n' || head[i] == '\r')) i++;
+  if (i < n && head[i] == '{') return nb_tok_load_hf(ctx, path);
+  if (n > 0 && head[0] == 0x0a) return nb_tok_load_sentencepiece(ctx, path);
+  return nb_errorf(ctx, NB_ERR_FORMAT, "%s: neither a tokenizer.json (a JSON object) nor a SentencePiece model (a protobuf)%s",
+                   path, n ? "" : ": the file is empty"),
+         NULL;
+}
+
 nb_tok *nb_tok_load(nb_ctx *ctx, const char *path) {
   if (!path) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "nb_tok_load: NULL path"), NULL;
   struct stat st;
   if (stat(path, &st) != 0) return nb_errorf(ctx, NB_ERR_NOT_FOUND, "%s: no such file or directory", path), NULL;
-  if (!S_ISDIR(st.st_mode)) {
-    size_t n = strlen(path);
-    if (n >= 6 && !strcmp(path + n - 6, ".model")) return nb_tok_load_sentencepiece(ctx, path);
-    return nb_tok_load_hf(ctx, path);
-  }
+  if (!S_ISDIR(st.st_mode)) return load_file(ctx, path);
   char a[4096], b[4096];
   if (exists(path, "tokenizer.json", a, sizeof a)) return nb_tok_load_hf(ctx, a);
   if (exists(path, "vocab.json", a, sizeof a) && exists(path, "merges.txt", b, sizeof b))
