@@ -380,9 +380,26 @@ static nb_tree *load_index(nb_ctx *ctx, const char *path, const nb_ckpt_st_opts 
   return out;
 }
 
-static bool ends_with(const char *s, const char *suffix) {
-  size_t n = strlen(s), k = strlen(suffix);
-  return n >= k && !strcmp(s + n - k, suffix);
+/* A file's kind by its bytes, whatever its name: an index
+ * (model.safetensors.index.json) is a JSON object, '{' after white space; a
+ * safetensors file opens with its header's length, 8 bytes little-endian,
+ * whose first byte can be '{' too (a length of 123 + 256 k), but then that
+ * length fits in the file, where JSON text read as one does not. */
+static bool is_index(const char *path) {
+  unsigned char head[8];
+  FILE *f = fopen(path, "rb");
+  if (!f) return false;
+  size_t n = fread(head, 1, sizeof head, f);
+  fseek(f, 0, SEEK_END);
+  long size = ftell(f);
+  fclose(f);
+  size_t i = 0;
+  while (i < n && (head[i] == ' ' || head[i] == '\t' || head[i] == '\n' || head[i] == '\r')) i++;
+  if (i == n || head[i] != '{') return false;
+  if (n < 8) return true;
+  uint64_t len = 0;
+  for (int k = 7; k >= 0; k--) len = len << 8 | head[k];
+  return size < 8 || len > (uint64_t)size - 8;
 }
 
 nb_tree *nb_ckpt_safetensors_load(nb_ctx *ctx, const char *path, const nb_ckpt_st_opts *opts, char **metadata_json) {
@@ -401,7 +418,7 @@ nb_tree *nb_ckpt_safetensors_load(nb_ctx *ctx, const char *path, const nb_ckpt_s
     return nb_errorf(ctx, NB_ERR_NOT_FOUND, "'%s' holds neither model.safetensors.index.json nor model.safetensors",
                      path), NULL;
   }
-  if (ends_with(path, ".json")) return load_index(ctx, path, o, metadata_json);
+  if (is_index(path)) return load_index(ctx, path, o, metadata_json); /* by its bytes, not its name */
   return load_file(ctx, path, o, metadata_json);
 }
 

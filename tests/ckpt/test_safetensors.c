@@ -116,6 +116,22 @@ static void test_goldens(nb_ctx *ctx, const char *src, const char *tmp) {
   nb_tree *s = nb_ckpt_safetensors_load(ctx, out, &hf, NULL);
   CHECK_MSG(s && trees_equal(s, t), "%s", nb_ctx_error(ctx));
   nb_tree_destroy(s);
+  /* told by their bytes, not their names: the index as index.txt, a shard as shard.json */
+  const char *renamed[][2] = {{"model.safetensors.index.json", "index.txt"}, {"model-00004-of-00004.safetensors", "shard.json"}};
+  for (int k = 0; k < 2; k++) {
+    char from[4400], to[4400];
+    snprintf(from, sizeof from, "%s/%s", out, renamed[k][0]);
+    snprintf(to, sizeof to, "%s/%s", out, renamed[k][1]);
+    size_t len = 0;
+    char *bytes = nb_test_read_file(from, &len);
+    if (bytes) nb_test_write_file(to, bytes, len);
+    free(bytes);
+    nb_tree *a = nb_ckpt_safetensors_load(ctx, from, &hf, NULL), *b = nb_ckpt_safetensors_load(ctx, to, &hf, NULL);
+    CHECK_MSG(a && b && trees_equal(a, b), "%s loaded as %s: %s", renamed[k][0], renamed[k][1], nb_ctx_error(ctx));
+    nb_tree_destroy(a);
+    nb_tree_destroy(b);
+    unlink(to);
+  }
   /* an index naming a tensor its file lacks */
   snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", out);
   const char *bad_index = "{\"weight_map\": {\"w.f32\": \"model-00002-of-00004.safetensors\"}}";
