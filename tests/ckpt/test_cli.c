@@ -38,6 +38,9 @@ int main(void) {
   CHECK(nb_test_run(cmd, out, sizeof out) == 0);
   snprintf(cmd, sizeof cmd, "%s ckpt show %s/p.safetensors", bin, dir);
   CHECK(nb_test_run(cmd, out, sizeof out) == 0 && strstr(out, "layers.0.w") && strstr(out, "2 tensors"));
+  /* the same file under another name is still shown as safetensors (told by its bytes) */
+  snprintf(cmd, sizeof cmd, "cp %s/p.safetensors %s/p.bin && %s ckpt show %s/p.bin", dir, dir, bin, dir);
+  CHECK_MSG(nb_test_run(cmd, out, sizeof out) == 0 && strstr(out, "layers.0.w") && strstr(out, "2 tensors"), "%s", out);
   snprintf(cmd, sizeof cmd, "%s ckpt export %s 10 %s/sharded --shard-size 40", bin, ck, dir);
   CHECK(nb_test_run(cmd, out, sizeof out) == 0);
   snprintf(cmd, sizeof cmd, "%s ckpt import %s/sharded %s/ck2 --step 7 --item imported", bin, dir, dir);

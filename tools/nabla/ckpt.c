@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -40,14 +41,13 @@ static bool file_exists(const char *dir, const char *name) {
   return access(p, F_OK) == 0;
 }
 
-static bool ends_with(const char *s, const char *suffix) {
-  size_t n = strlen(s), k = strlen(suffix);
-  return n >= k && !strcmp(s + n - k, suffix);
-}
-
+/* A checkpoint is a directory, so a file (whatever its name) is safetensors
+ * or an index (the loader tells them apart by their bytes); a directory is
+ * when it holds model.safetensors(.index.json). */
 static bool is_safetensors(const char *path) {
-  return ends_with(path, ".safetensors") || ends_with(path, ".json") || file_exists(path, "model.safetensors") ||
-         file_exists(path, "model.safetensors.index.json");
+  struct stat st;
+  if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) return true;
+  return file_exists(path, "model.safetensors") || file_exists(path, "model.safetensors.index.json");
 }
 
 /* STEP or "latest"; prints why a bad one is bad */
