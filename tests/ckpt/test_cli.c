@@ -39,7 +39,14 @@ int main(void) {
   snprintf(cmd, sizeof cmd, "%s ckpt show %s/p.safetensors", bin, dir);
   CHECK(nb_test_run(cmd, out, sizeof out) == 0 && strstr(out, "layers.0.w") && strstr(out, "2 tensors"));
   /* the same file under another name is still shown as safetensors (told by its bytes) */
-  snprintf(cmd, sizeof cmd, "cp %s/p.safetensors %s/p.bin && %s ckpt show %s/p.bin", dir, dir, bin, dir);
+  char from[4200], to[4200];
+  snprintf(from, sizeof from, "%s/p.safetensors", dir);
+  snprintf(to, sizeof to, "%s/p.bin", dir);
+  size_t len = 0;
+  char *bytes = nb_test_read_file(from, &len);
+  if (bytes) nb_test_write_file(to, bytes, len);
+  free(bytes);
+  snprintf(cmd, sizeof cmd, "%s ckpt show %s", bin, to);
   CHECK_MSG(nb_test_run(cmd, out, sizeof out) == 0 && strstr(out, "layers.0.w") && strstr(out, "2 tensors"), "%s", out);
   snprintf(cmd, sizeof cmd, "%s ckpt export %s 10 %s/sharded --shard-size 40", bin, ck, dir);
   CHECK(nb_test_run(cmd, out, sizeof out) == 0);
