@@ -118,13 +118,6 @@ static const char *ctype(nb_dtype t) {
 /* The C type a value is stored in. */
 static const char *stype(nb_dtype t) { return t == NB_BF16 || t == NB_F16 ? "uint16_t" : ctype(t); }
 
-/* Suffix of the libm function for the compute type: none, the double
- * functions, whatever the dtype, so that results round like the
- * interpreter's (which computes in double). */
-static const char *fsuf(nb_dtype t) {
-  (void)t;
-  return "";
-}
 
 /* Rounds a float expression to the value's dtype (bf16/f16 are computed in
  * float and rounded after every operation, as the interpreter stores them). */
@@ -186,86 +179,27 @@ static void convert_expr(nb_jit_text *t, const char *x, nb_dtype from, nb_dtype 
   }
 }
 
-static const char *cmp_op(nb_prim p) {
-  switch (p) {
-  case NB_PRIM_eq: return "==";
-  case NB_PRIM_ne: return "!=";
-  case NB_PRIM_lt: return "<";
-  case NB_PRIM_le: return "<=";
-  case NB_PRIM_gt: return ">";
-  case NB_PRIM_ge: return ">=";
-  default: return NULL;
+/* Writes a primitive's C template (ir.h's nb_c_expr): $0..$2 are the
+ * operands, $T the result's C type. */
+static void expand(nb_jit_text *t, const char *tmpl, const char *T, const char *const *x, int nx) {
+  for (const char *p = tmpl; *p;) {
+    const char *d = strchr(p, '$');
+    if (!d) {
+      nb_jit__printf(t, "%s", p);
+      return;
+    }
+    nb_jit__printf(t, "%.*s", (int)(d - p), p);
+    if (d[1] == 'T') nb_jit__printf(t, "%s", T);
+    else if (d[1] >= '0' && d[1] < '0' + nx) nb_jit__printf(t, "%s", x[d[1] - '0']);
+    else nb_jit__printf(t, "%.2s", d);
+    p = d[1] ? d + 2 : d + 1;
   }
 }
 
-static bool float_op(nb_jit_text *t, const nb_knode *n, const char *a, const char *b, const char *c) {
-  nb_dtype d = n->dtype;
-  const char *s = fsuf(d);
-  round_open(t, d);
-  switch (n->prim) {
-  case NB_PRIM_neg: nb_jit__printf(t, "-%s", a); break;
-  case NB_PRIM_abs: nb_jit__printf(t, "fabs%s(%s)", s, a); break;
-  case NB_PRIM_sign: nb_jit__printf(t, "nbx_sign(%s)", a); break;
-  case NB_PRIM_exp: nb_jit__printf(t, d == NB_F64 ? "exp(%s)" : "nbx_expf(%s)", a); break;
-  case NB_PRIM_exp2: nb_jit__printf(t, "exp2%s(%s)", s, a); break;
-  case NB_PRIM_log: nb_jit__printf(t, "log%s(%s)", s, a); break;
-  case NB_PRIM_log1p: nb_jit__printf(t, "log1p%s(%s)", s, a); break;
-  case NB_PRIM_expm1: nb_jit__printf(t, "expm1%s(%s)", s, a); break;
-  case NB_PRIM_sqrt: nb_jit__printf(t, "sqrt%s(%s)", s, a); break;
-  case NB_PRIM_rsqrt: nb_jit__printf(t, "1 / sqrt%s(%s)", s, a); break;
-  case NB_PRIM_tanh: nb_jit__printf(t, d == NB_F64 ? "tanh(%s)" : "nbx_tanhd(%s)", a); break;
-  case NB_PRIM_logistic: nb_jit__printf(t, d == NB_F64 ? "nbx_logistic(%s)" : "nbx_logisticd(%s)", a); break;
-  case NB_PRIM_erf: nb_jit__printf(t, "erf%s(%s)", s, a); break;
-  case NB_PRIM_erf_inv: nb_jit__printf(t, "nbx_erf_inv((double)%s)", a); break;
-  case NB_PRIM_sin: nb_jit__printf(t, "sin%s(%s)", s, a); break;
-  case NB_PRIM_cos: nb_jit__printf(t, "cos%s(%s)", s, a); break;
-  case NB_PRIM_floor: nb_jit__printf(t, "floor%s(%s)", s, a); break;
-  case NB_PRIM_ceil: nb_jit__printf(t, "ceil%s(%s)", s, a); break;
-  case NB_PRIM_round: nb_jit__printf(t, "round%s(%s)", s, a); break;
-  case NB_PRIM_add: nb_jit__printf(t, "%s + %s", a, b); break;
-  case NB_PRIM_sub: nb_jit__printf(t, "%s - %s", a, b); break;
-  case NB_PRIM_mul: nb_jit__printf(t, "%s * %s", a, b); break;
-  case NB_PRIM_div: nb_jit__printf(t, "%s / %s", a, b); break;
-  case NB_PRIM_rem: nb_jit__printf(t, "fmod%s(%s, %s)", s, a, b); break;
-  case NB_PRIM_pow: nb_jit__printf(t, "pow%s(%s, %s)", s, a, b); break;
-  case NB_PRIM_atan2: nb_jit__printf(t, "atan2%s(%s, %s)", s, a, b); break;
-  case NB_PRIM_max: nb_jit__printf(t, "nbx_max%s(%s, %s)", s, a, b); break;
-  case NB_PRIM_min: nb_jit__printf(t, "nbx_min%s(%s, %s)", s, a, b); break;
-  case NB_PRIM_clamp: nb_jit__printf(t, "nbx_clamp%s(%s, %s, %s)", s, a, b, c); break;
-  default: return false;
-  }
-  nb_jit__printf(t, ")");
-  return true;
-}
-
-static bool int_op(nb_jit_text *t, const nb_knode *n, const char *a, const char *b, const char *c) {
-  const char *T = ctype(n->dtype);
-  bool is_bool = n->dtype == NB_BOOL;
-  switch (n->prim) {
-  case NB_PRIM_neg: nb_jit__printf(t, "(%s)(0 - (uint64_t)(int64_t)%s)", T, a); break;
-  case NB_PRIM_abs: nb_jit__printf(t, "(%s)((int64_t)%s < 0 ? 0 - (uint64_t)(int64_t)%s : (uint64_t)(int64_t)%s)", T, a, a, a); break;
-  case NB_PRIM_sign: nb_jit__printf(t, "(%s)(((int64_t)%s > 0) - ((int64_t)%s < 0))", T, a, a); break;
-  case NB_PRIM_not:
-    if (is_bool) nb_jit__printf(t, "(uint8_t)!%s", a);
-    else nb_jit__printf(t, "(%s)~(int64_t)%s", T, a);
-    break;
-  case NB_PRIM_add: nb_jit__printf(t, "(%s)((uint64_t)(int64_t)%s + (uint64_t)(int64_t)%s)", T, a, b); break;
-  case NB_PRIM_sub: nb_jit__printf(t, "(%s)((uint64_t)(int64_t)%s - (uint64_t)(int64_t)%s)", T, a, b); break;
-  case NB_PRIM_mul: nb_jit__printf(t, "(%s)((uint64_t)(int64_t)%s * (uint64_t)(int64_t)%s)", T, a, b); break;
-  case NB_PRIM_div: nb_jit__printf(t, "(%s)nbx_idiv((int64_t)%s, (int64_t)%s)", T, a, b); break;
-  case NB_PRIM_rem: nb_jit__printf(t, "(%s)nbx_irem((int64_t)%s, (int64_t)%s)", T, a, b); break;
-  case NB_PRIM_pow: nb_jit__printf(t, "(%s)nbx_ipow((int64_t)%s, (int64_t)%s)", T, a, b); break;
-  case NB_PRIM_max: nb_jit__printf(t, "(%s)((int64_t)%s > (int64_t)%s ? %s : %s)", T, a, b, a, b); break;
-  case NB_PRIM_min: nb_jit__printf(t, "(%s)((int64_t)%s < (int64_t)%s ? %s : %s)", T, a, b, a, b); break;
-  case NB_PRIM_and: nb_jit__printf(t, "(%s)(%s & %s)", T, a, b); break;
-  case NB_PRIM_or: nb_jit__printf(t, "(%s)(%s | %s)", T, a, b); break;
-  case NB_PRIM_xor: nb_jit__printf(t, "(%s)(%s ^ %s)", T, a, b); break;
-  case NB_PRIM_clamp:
-    nb_jit__printf(t, "(%s)((int64_t)%s < (int64_t)%s ? %s : (int64_t)%s > (int64_t)%s ? %s : %s)", T, b, a, a, b, c, c, b);
-    break;
-  default: return false;
-  }
-  return true;
+/* The template of an elementwise primitive for operands of dtype src. */
+static const char *expr_template(const nb_c_expr *c, nb_dtype src) {
+  if (is_float(src)) return src != NB_F64 && c->f32 ? c->f32 : c->f;
+  return src == NB_BOOL && c->b ? c->b : c->i;
 }
 
 /* ---------------------------------------------------------------- schedules */
@@ -370,20 +304,19 @@ static bool op_expr(const cg *g, const nb_knode *n) {
   if (n->nin > 1) ref(g, n->in[1], b, sizeof b);
   if (n->nin > 2) ref(g, n->in[2], c, sizeof c);
   nb_dtype src = n->nin ? k->nodes[n->in[0]].dtype : n->dtype;
-  const char *cmp = cmp_op(n->prim);
-  if (cmp) {
-    if (is_float(src)) nb_jit__printf(t, "(uint8_t)(%s %s %s)", a, cmp, b);
-    else nb_jit__printf(t, "(uint8_t)((int64_t)%s %s (int64_t)%s)", a, cmp, b);
+  const nb_prim_rules *r = nb__rules(n->prim);
+  if (r->fusion == NB_FUSE_CONVERT) {
+    convert_expr(t, a, src, n->dtype);
     return true;
   }
-  switch (n->prim) {
-  case NB_PRIM_select: nb_jit__printf(t, "(%s ? %s : %s)", a, b, c); return true;
-  case NB_PRIM_stop_gradient: nb_jit__printf(t, "%s", a); return true;
-  case NB_PRIM_convert: convert_expr(t, a, src, n->dtype); return true;
-  case NB_PRIM_is_finite: nb_jit__printf(t, "(uint8_t)(isfinite(%s) != 0)", a); return true;
-  default: break;
-  }
-  return is_float(n->dtype) ? float_op(t, n, a, b, c) : int_op(t, n, a, b, c);
+  const char *tmpl = r->fusion == NB_FUSE_EXPR && r->c ? expr_template(r->c, src) : NULL;
+  if (!tmpl) return false;
+  const char *x[3] = {a, b, c};
+  bool round = is_float(n->dtype) && !r->c->exact;
+  if (round) round_open(t, n->dtype);
+  expand(t, tmpl, ctype(n->dtype), x, n->nin < 3 ? n->nin : 3);
+  if (round) nb_jit__printf(t, ")");
+  return true;
 }
 
 static void emit_node(cg *g, int i, int depth) {
@@ -432,13 +365,16 @@ static void emit_inner(cg *g, int i, int depth) {
 
 /* Float max/min under a simd reduction track NaNs in a flag, so that the
  * comparison itself is a plain max/min that vectorizes. */
+static const nb_reduce_lowering *lowering(const nb_knode *r) { return nb__rules(r->prim)->reduce; }
+
 static bool nan_flag(const cg *g, const nb_knode *r) {
-  return g->simd && is_float(r->dtype) && (r->prim == NB_PRIM_reduce_max || r->prim == NB_PRIM_reduce_min);
+  return g->simd && is_float(r->dtype) && lowering(r)->extremum;
 }
 
+/* Sums and products accumulate wide; extrema in the operand's dtype. */
 static const char *acc_type(const nb_knode *r) {
-  if (is_float(r->dtype)) return r->prim == NB_PRIM_reduce_sum || r->prim == NB_PRIM_reduce_prod ? "double" : ctype(r->dtype);
-  return r->prim == NB_PRIM_reduce_sum || r->prim == NB_PRIM_reduce_prod ? "uint64_t" : "int64_t";
+  if (is_float(r->dtype)) return lowering(r)->extremum ? ctype(r->dtype) : "double";
+  return lowering(r)->extremum ? "int64_t" : "uint64_t";
 }
 
 static void acc_init(cg *g, int i, int depth) {
@@ -446,14 +382,7 @@ static void acc_init(cg *g, int i, int depth) {
   indent(g, depth);
   if (g->strip) nb_jit__printf(g->t, "acc%d[j_] = ", i);
   else nb_jit__printf(g->t, "%s acc%d = ", acc_type(r), i);
-  bool f = is_float(r->dtype);
-  switch (r->prim) {
-  case NB_PRIM_reduce_sum: nb_jit__printf(g->t, "0"); break;
-  case NB_PRIM_reduce_prod: nb_jit__printf(g->t, "1"); break;
-  case NB_PRIM_reduce_max: nb_jit__printf(g->t, f ? "-INFINITY" : "INT64_MIN"); break;
-  default: nb_jit__printf(g->t, f ? "INFINITY" : "INT64_MAX"); break;
-  }
-  nb_jit__printf(g->t, ";\n");
+  nb_jit__printf(g->t, "%s;\n", is_float(r->dtype) ? lowering(r)->id_f : lowering(r)->id_i);
   if (nan_flag(g, r)) {
     indent(g, depth);
     nb_jit__printf(g->t, "int acc%d_n = 0;\n", i);
@@ -462,26 +391,19 @@ static void acc_init(cg *g, int i, int depth) {
 
 static void acc_update(cg *g, int i, int depth) {
   const nb_knode *r = &g->k->nodes[i];
+  const nb_reduce_lowering *l = lowering(r);
   bool f = is_float(r->dtype);
   char x[32], a[32];
   ref(g, r->in[0], x, sizeof x);
   snprintf(a, sizeof a, g->strip ? "acc%d[j_]" : "acc%d", i);
   indent(g, depth);
-  switch (r->prim) {
-  case NB_PRIM_reduce_sum:
-    nb_jit__printf(g->t, f ? "%s += (double)%s;\n" : "%s += (uint64_t)(int64_t)%s;\n", a, x);
-    break;
-  case NB_PRIM_reduce_prod:
-    nb_jit__printf(g->t, f ? "%s *= (double)%s;\n" : "%s *= (uint64_t)(int64_t)%s;\n", a, x);
-    break;
-  default: {
-    const char *op = r->prim == NB_PRIM_reduce_max ? ">" : "<";
-    if (nan_flag(g, r))
-      nb_jit__printf(g->t, "%s = %s %s %s ? %s : %s;\n%*sacc%d_n |= %s != %s;\n", a, x, op, a, x, a, 2 * depth, "", i, x, x);
-    else if (f) nb_jit__printf(g->t, "%s = (%s != %s || %s != %s) ? NAN : (%s %s %s ? %s : %s);\n", a, x, x, a, a, x, op, a, x, a);
-    else nb_jit__printf(g->t, "%s = (int64_t)%s %s %s ? (int64_t)%s : %s;\n", a, x, op, a, x, a);
-  }
-  }
+  const char *op = l->op;
+  if (!l->extremum)
+    nb_jit__printf(g->t, f ? "%s %s= (double)%s;\n" : "%s %s= (uint64_t)(int64_t)%s;\n", a, op, x);
+  else if (nan_flag(g, r))
+    nb_jit__printf(g->t, "%s = %s %s %s ? %s : %s;\n%*sacc%d_n |= %s != %s;\n", a, x, op, a, x, a, 2 * depth, "", i, x, x);
+  else if (f) nb_jit__printf(g->t, "%s = (%s != %s || %s != %s) ? NAN : (%s %s %s ? %s : %s);\n", a, x, x, a, a, x, op, a, x, a);
+  else nb_jit__printf(g->t, "%s = (int64_t)%s %s %s ? (int64_t)%s : %s;\n", a, x, op, a, x, a);
 }
 
 static void acc_final(cg *g, int i, int depth) {
@@ -583,8 +505,7 @@ static void simd_clause(cg *g, int p, char *buf, size_t cap) {
   for (int i = 0; i < g->k->nnodes && n < cap; i++) {
     const nb_knode *r = &g->k->nodes[i];
     if (r->kind != NB_KN_REDUCE || r->phase != p) continue;
-    const char *op = r->prim == NB_PRIM_reduce_sum ? "+" : r->prim == NB_PRIM_reduce_prod ? "*" : r->prim == NB_PRIM_reduce_max ? "max" : "min";
-    n += (size_t)snprintf(buf + n, cap - n, " reduction(%s:acc%d)", op, i);
+    n += (size_t)snprintf(buf + n, cap - n, " reduction(%s:acc%d)", lowering(r)->omp, i);
     if (nan_flag(g, r) && n < cap) n += (size_t)snprintf(buf + n, cap - n, " reduction(|:acc%d_n)", i);
   }
 }

@@ -83,28 +83,17 @@ enum { OK = 0, RETRY = 1, ERR = 2 };
 bool nb_jit__fusable(const nb_eqn *e) {
   const nb_prim_rules *r = nb__rules(e->prim);
   if (e->nout != 1 || r->impure) return false;
-  switch (e->prim) {
-  case NB_PRIM_constant: return e->out[0]->aval.shape.rank == 0;
-  case NB_PRIM_bitcast: return false;
-  case NB_PRIM_reshape:
-  case NB_PRIM_broadcast_in_dim:
-  case NB_PRIM_transpose:
-  case NB_PRIM_reduce_sum:
-  case NB_PRIM_reduce_max:
-  case NB_PRIM_reduce_min:
-  case NB_PRIM_reduce_prod:
-  case NB_PRIM_iota: return true;
-  default: break;
+  switch (r->fusion) {
+  case NB_FUSE_NONE: return false;
+  case NB_FUSE_EXPR: return r->c != NULL;
+  case NB_FUSE_INDEX: return e->prim != NB_PRIM_constant || e->out[0]->aval.shape.rank == 0;
+  case NB_FUSE_CONVERT:
+  case NB_FUSE_REDUCE: return true;
   }
-  if (r->kind != NB_KIND_ELEMENTWISE) return false;
-  /* only the elementwise primitives of the core families are known to codegen */
-  return e->prim <= NB_PRIM_stop_gradient;
+  return false;
 }
 
-static bool is_reduce(const nb_eqn *e) {
-  return e && (e->prim == NB_PRIM_reduce_sum || e->prim == NB_PRIM_reduce_max || e->prim == NB_PRIM_reduce_min ||
-               e->prim == NB_PRIM_reduce_prod);
-}
+static bool is_reduce(const nb_eqn *e) { return e && nb__rules(e->prim)->fusion == NB_FUSE_REDUCE; }
 
 static bool is_scalar_const(const nb_val *v) { return v->def && v->def->prim == NB_PRIM_constant && v->aval.shape.rank == 0; }
 
@@ -827,7 +816,7 @@ static int build_steps(fz *f) {
     const nb_eqn *e = nb__graph_eqn(f->g, k);
     if (e->prim == NB_PRIM_constant) continue;
     if (!nb_jit__fusable(e)) {
-      bool blas = (int)e->prim == nb_cpu__dot_prim() && !f->cfg->off[NB_SW_blas] && nb_cpu__blas_supported(e);
+      bool blas = nb__rules(e->prim)->gemm && !f->cfg->off[NB_SW_blas] && nb_cpu__blas_supported(e);
       int st = new_step(f, blas ? NB_EXE_STEP_BLAS : NB_EXE_STEP_EVAL, -1, e);
       if (st < 0) return ERR;
       for (int i = 0; i < e->nin; i++)

@@ -183,7 +183,6 @@ nb_status nb_cpu__cache_usage(nb_ctx *ctx, const nb_jit_config *cfg, bool clear,
 void *nb_cpu__sym(void *handle, const char *name);
 
 /* backend/cpu/blas.c: dot_general through cblas when the layout allows. */
-int nb_cpu__dot_prim(void); /* the dot_general primitive's index, or -1 */
 typedef struct nb_pool nb_pool;
 bool nb_cpu__blas_supported(const nb_eqn *e);
 /* Runs e on the buffers: batch items and tiles of each item's result, cut

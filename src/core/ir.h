@@ -54,6 +54,39 @@ typedef enum nb_prim_kind {
   NB_KIND_COUNT
 } nb_prim_kind;
 
+/* What the compiler may do with a primitive beyond running its eval rule. */
+typedef enum nb_fusion {
+  NB_FUSE_NONE,   /* a step of its own (eval, or a backend routine: see gemm) */
+  NB_FUSE_EXPR,   /* elementwise, inlined into loop kernels as its `c` templates */
+  NB_FUSE_CONVERT,/* elementwise dtype conversion, written by the compiler */
+  NB_FUSE_INDEX,  /* an index map or literal the compiler knows: reshape,
+                     broadcast_in_dim, transpose, iota, scalar constants */
+  NB_FUSE_REDUCE, /* a reduction over axes (nb_reduce_params), by its `reduce` rule */
+} nb_fusion;
+
+/* An elementwise primitive's C expression, as templates where $0, $1, $2 are
+ * the operands and $T the C type of the result. The template is picked by
+ * the first operand's dtype: `f` for floats (`f32` instead, when set, for
+ * f32/bf16/f16, which are computed in float), `i` for integers, `b` (when
+ * set, else `i`) for bool; NULL: no code for that dtype. Floating results are
+ * rounded to their dtype after the expression, unless `exact` (the result is
+ * one of the operands). Use the double libm functions (exp, not expf) for
+ * every float dtype, so that results round like the interpreter's. */
+typedef struct nb_c_expr {
+  const char *f, *f32, *i, *b;
+  bool exact;
+} nb_c_expr;
+
+/* A fusable reduction: an accumulator starting at the identity (`id_f` for
+ * floats, `id_i` for integers). Sums and products (`extremum` false)
+ * accumulate `acc op= x` in double / uint64_t; extrema keep x when
+ * `x op acc` ("<" or ">"), propagating NaN, in the operand's dtype. `omp` is
+ * the OpenMP reduction identifier of the combiner. */
+typedef struct nb_reduce_lowering {
+  bool extremum;
+  const char *op, *omp, *id_f, *id_i;
+} nb_reduce_lowering;
+
 /* The rules of one primitive. Only name, kind, infer and eval are required.
  * Rules that emit ops emit them into `g` (the graph being built); vals passed
  * in belong to g; `e` is the source equation (for params and avals).
@@ -91,6 +124,13 @@ typedef struct nb_prim_rules {
    * (an update of a dead or donated operand): eval must then find their data
    * pointers equal and write only what changes, instead of copying in[0]. */
   bool in_place;
+  /* Lowering, read by the compiler (default: NB_FUSE_NONE, not a gemm). */
+  nb_fusion fusion;
+  const nb_c_expr *c;                /* NB_FUSE_EXPR */
+  const nb_reduce_lowering *reduce;  /* NB_FUSE_REDUCE */
+  /* A contraction with nb_dot_params that a backend may run as matrix
+   * products (BLAS). */
+  bool gemm;
 } nb_prim_rules;
 
 extern const nb_prim_rules *const nb__prim_table[NB_PRIM_COUNT];

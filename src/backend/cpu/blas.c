@@ -28,17 +28,6 @@
 #define TASKS_PER_THREAD 4 /* more packing tasks than threads even out a core that other work slows */
 #define PACK_TASK_ELEMS 32768 /* elements per packing task below which splitting does not pay */
 
-int nb_cpu__dot_prim(void) {
-  static _Atomic int cached = -2;
-  int c = atomic_load(&cached);
-  if (c != -2) return c;
-  c = -1;
-  for (int p = 0; p < NB_PRIM_COUNT; p++)
-    if (nb__prim_table[p] && strcmp(nb__prim_table[p]->name, "dot_general") == 0) c = p;
-  atomic_store(&cached, c);
-  return c;
-}
-
 #ifdef NABLA_HAVE_CBLAS
 
 /* OpenBLAS's kernels for this CPU. A DYNAMIC_ARCH OpenBLAS picks its kernels
@@ -453,7 +442,7 @@ const char *nb_jit_blas_core(void) { return "none (built without BLAS)"; }
 
 bool nb_cpu__blas_supported(const nb_eqn *e) {
 #ifdef NABLA_HAVE_CBLAS
-  if ((int)e->prim != nb_cpu__dot_prim() || e->nin != 2 || e->nout != 1 || !e->params) return false;
+  if (!nb__rules(e->prim)->gemm || e->nin != 2 || e->nout != 1 || !e->params) return false;
   nb_dtype t = e->in[0]->aval.dtype;
   if (!is_float(t) || e->in[1]->aval.dtype != t || !is_float(e->out[0]->aval.dtype)) return false;
   dot_plan p;

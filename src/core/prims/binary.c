@@ -1,5 +1,6 @@
 /* Elementwise binary primitives: one row per primitive in `binary_defs`
- * (dtype class, bool result, float and integer functions); JVPs and the
+ * (dtype class, bool result, float and integer functions, C expression for
+ * the compiler); JVPs and the
  * transposes of the linear ones (add, sub, mul, div) follow. Integer
  * arithmetic wraps; integer x/0 is -1 and x%0 is x, as XLA defines them. */
 #include <math.h>
@@ -12,6 +13,7 @@ typedef struct binary_def {
   bool bool_out;
   double (*f)(double, double);
   int64_t (*fi)(int64_t, int64_t);
+  nb_c_expr c; /* the compiler's C expression (ir.h) */
 } binary_def;
 
 static double f_add(double a, double b) { return a + b; }
@@ -54,24 +56,24 @@ static int64_t i_or(int64_t a, int64_t b) { return a | b; }
 static int64_t i_xor(int64_t a, int64_t b) { return a ^ b; }
 
 static const binary_def binary_defs[NB_PRIM_COUNT] = {
-    [NB_PRIM_add] = {NB_CLASS_NUMERIC, false, f_add, i_add},
-    [NB_PRIM_sub] = {NB_CLASS_NUMERIC, false, f_sub, i_sub},
-    [NB_PRIM_mul] = {NB_CLASS_NUMERIC, false, f_mul, i_mul},
-    [NB_PRIM_div] = {NB_CLASS_NUMERIC, false, f_div, i_div},
-    [NB_PRIM_rem] = {NB_CLASS_NUMERIC, false, fmod, i_rem},
-    [NB_PRIM_pow] = {NB_CLASS_NUMERIC, false, pow, i_pow},
-    [NB_PRIM_max] = {NB_CLASS_NUMERIC, false, f_max, i_max},
-    [NB_PRIM_min] = {NB_CLASS_NUMERIC, false, f_min, i_min},
-    [NB_PRIM_atan2] = {NB_CLASS_FLOAT, false, atan2, NULL},
-    [NB_PRIM_eq] = {NB_CLASS_ANY, true, f_eq, i_eq},
-    [NB_PRIM_ne] = {NB_CLASS_ANY, true, f_ne, i_ne},
-    [NB_PRIM_lt] = {NB_CLASS_ANY, true, f_lt, i_lt},
-    [NB_PRIM_le] = {NB_CLASS_ANY, true, f_le, i_le},
-    [NB_PRIM_gt] = {NB_CLASS_ANY, true, f_gt, i_gt},
-    [NB_PRIM_ge] = {NB_CLASS_ANY, true, f_ge, i_ge},
-    [NB_PRIM_and] = {NB_CLASS_INTBOOL, false, NULL, i_and},
-    [NB_PRIM_or] = {NB_CLASS_INTBOOL, false, NULL, i_or},
-    [NB_PRIM_xor] = {NB_CLASS_INTBOOL, false, NULL, i_xor},
+    [NB_PRIM_add] = {NB_CLASS_NUMERIC, false, f_add, i_add, {.f = "$0 + $1", .i = "($T)((uint64_t)(int64_t)$0 + (uint64_t)(int64_t)$1)"}},
+    [NB_PRIM_sub] = {NB_CLASS_NUMERIC, false, f_sub, i_sub, {.f = "$0 - $1", .i = "($T)((uint64_t)(int64_t)$0 - (uint64_t)(int64_t)$1)"}},
+    [NB_PRIM_mul] = {NB_CLASS_NUMERIC, false, f_mul, i_mul, {.f = "$0 * $1", .i = "($T)((uint64_t)(int64_t)$0 * (uint64_t)(int64_t)$1)"}},
+    [NB_PRIM_div] = {NB_CLASS_NUMERIC, false, f_div, i_div, {.f = "$0 / $1", .i = "($T)nbx_idiv((int64_t)$0, (int64_t)$1)"}},
+    [NB_PRIM_rem] = {NB_CLASS_NUMERIC, false, fmod, i_rem, {.f = "fmod($0, $1)", .i = "($T)nbx_irem((int64_t)$0, (int64_t)$1)"}},
+    [NB_PRIM_pow] = {NB_CLASS_NUMERIC, false, pow, i_pow, {.f = "pow($0, $1)", .i = "($T)nbx_ipow((int64_t)$0, (int64_t)$1)"}},
+    [NB_PRIM_max] = {NB_CLASS_NUMERIC, false, f_max, i_max, {.f = "nbx_max($0, $1)", .i = "($T)((int64_t)$0 > (int64_t)$1 ? $0 : $1)"}},
+    [NB_PRIM_min] = {NB_CLASS_NUMERIC, false, f_min, i_min, {.f = "nbx_min($0, $1)", .i = "($T)((int64_t)$0 < (int64_t)$1 ? $0 : $1)"}},
+    [NB_PRIM_atan2] = {NB_CLASS_FLOAT, false, atan2, NULL, {.f = "atan2($0, $1)", .i = NULL}},
+    [NB_PRIM_eq] = {NB_CLASS_ANY, true, f_eq, i_eq, {.f = "(uint8_t)($0 == $1)", .i = "(uint8_t)((int64_t)$0 == (int64_t)$1)"}},
+    [NB_PRIM_ne] = {NB_CLASS_ANY, true, f_ne, i_ne, {.f = "(uint8_t)($0 != $1)", .i = "(uint8_t)((int64_t)$0 != (int64_t)$1)"}},
+    [NB_PRIM_lt] = {NB_CLASS_ANY, true, f_lt, i_lt, {.f = "(uint8_t)($0 < $1)", .i = "(uint8_t)((int64_t)$0 < (int64_t)$1)"}},
+    [NB_PRIM_le] = {NB_CLASS_ANY, true, f_le, i_le, {.f = "(uint8_t)($0 <= $1)", .i = "(uint8_t)((int64_t)$0 <= (int64_t)$1)"}},
+    [NB_PRIM_gt] = {NB_CLASS_ANY, true, f_gt, i_gt, {.f = "(uint8_t)($0 > $1)", .i = "(uint8_t)((int64_t)$0 > (int64_t)$1)"}},
+    [NB_PRIM_ge] = {NB_CLASS_ANY, true, f_ge, i_ge, {.f = "(uint8_t)($0 >= $1)", .i = "(uint8_t)((int64_t)$0 >= (int64_t)$1)"}},
+    [NB_PRIM_and] = {NB_CLASS_INTBOOL, false, NULL, i_and, {.f = NULL, .i = "($T)($0 & $1)"}},
+    [NB_PRIM_or] = {NB_CLASS_INTBOOL, false, NULL, i_or, {.f = NULL, .i = "($T)($0 | $1)"}},
+    [NB_PRIM_xor] = {NB_CLASS_INTBOOL, false, NULL, i_xor, {.f = NULL, .i = "($T)($0 ^ $1)"}},
 };
 
 static nb_status infer_for(nb_prim p, int nin, const nb_aval *in, int *nout, nb_aval *out, char *why, size_t cap) {
@@ -199,6 +201,8 @@ static nb_status binary_transpose(nb_graph *g, const nb_eqn *e, nb_val *const *i
       .jvp = binary_jvp,                                                                              \
       .transpose = IS_LINEAR(NB_PRIM_##op) ? binary_transpose : NULL,                               \
       .batch = nb__ew_batch,                                                                          \
+      .fusion = NB_FUSE_EXPR,                                                                         \
+      .c = &binary_defs[NB_PRIM_##op].c,                                                              \
   };                                                                                                  \
   nb_val *nb_##op##_at(nb_loc loc, nb_val *a, nb_val *b) {                                          \
     nb_val *ops[2] = {a, b};                                                                          \

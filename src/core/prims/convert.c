@@ -48,6 +48,7 @@ const nb_prim_rules nb__prim_convert = {
     .transpose = convert_transpose,
     .batch = nb__ew_batch,
     .print_params = convert_print,
+    .fusion = NB_FUSE_CONVERT,
 };
 
 static nb_status bitcast_infer(const void *params, int nin, const nb_aval *in, int *nout, nb_aval *out, char *why,
@@ -95,6 +96,8 @@ const nb_prim_rules nb__prim_stop_gradient = {
     .eval = copy_eval,
     .jvp = zero_jvp,
     .batch = nb__ew_batch,
+    .fusion = NB_FUSE_EXPR,
+    .c = &(const nb_c_expr){.f = "$0", .i = "$0", .exact = true},
 };
 
 nb_val *nb_convert_at(nb_loc loc, nb_val *x, nb_dtype t) {

@@ -310,6 +310,7 @@ static void dot_print(const nb_eqn *e, char *buf, size_t cap) {
 
 const nb_prim_rules nb__prim_dot_general = {
     .name = "dot_general",
+    .gemm = true,
     .kind = NB_KIND_CONTRACTION,
     .params_size = sizeof(nb_dot_params),
     .infer = dot_infer,

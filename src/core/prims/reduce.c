@@ -161,7 +161,13 @@ static void reduce_cost(const nb_eqn *e, double *flops, double *bytes) {
   *bytes = n * s + (double)nb_shape_size(&e->out[0]->aval.shape) * s;
 }
 
-#define REDUCE_RULES(op, transpose_rule)                        \
+/* How the compiler accumulates each reduction (ir.h). */
+static const nb_reduce_lowering lower_sum = {.op = "+", .omp = "+", .id_f = "0", .id_i = "0"};
+static const nb_reduce_lowering lower_prod = {.op = "*", .omp = "*", .id_f = "1", .id_i = "1"};
+static const nb_reduce_lowering lower_max = {.extremum = true, .op = ">", .omp = "max", .id_f = "-INFINITY", .id_i = "INT64_MIN"};
+static const nb_reduce_lowering lower_min = {.extremum = true, .op = "<", .omp = "min", .id_f = "INFINITY", .id_i = "INT64_MAX"};
+
+#define REDUCE_RULES(op, transpose_rule, lowering)              \
   const nb_prim_rules nb__prim_##op = {                         \
       .name = #op,                                              \
       .kind = NB_KIND_REDUCE,                                     \
@@ -173,11 +179,13 @@ static void reduce_cost(const nb_eqn *e, double *flops, double *bytes) {
       .batch = reduce_batch,                                      \
       .cost = reduce_cost,                                        \
       .print_params = reduce_print,                               \
+      .fusion = NB_FUSE_REDUCE,                                   \
+      .reduce = &lowering,                                        \
   };
-REDUCE_RULES(reduce_sum, sum_transpose)
-REDUCE_RULES(reduce_max, NULL)
-REDUCE_RULES(reduce_min, NULL)
-REDUCE_RULES(reduce_prod, NULL)
+REDUCE_RULES(reduce_sum, sum_transpose, lower_sum)
+REDUCE_RULES(reduce_max, NULL, lower_max)
+REDUCE_RULES(reduce_min, NULL, lower_min)
+REDUCE_RULES(reduce_prod, NULL, lower_prod)
 
 static nb_val *reduce_op(nb_loc loc, nb_prim prim, nb_val *x, int naxes, const int *axes) {
   if (!x || nb__is_poison(x)) return x;

@@ -51,6 +51,8 @@ const nb_prim_rules nb__prim_select = {
     .jvp = select_jvp,
     .transpose = select_transpose,
     .batch = nb__ew_batch,
+    .fusion = NB_FUSE_EXPR,
+    .c = &(const nb_c_expr){.f = "($0 ? $1 : $2)", .i = "($0 ? $1 : $2)", .exact = true},
 };
 
 static nb_status clamp_infer(const void *params, int nin, const nb_aval *in, int *nout, nb_aval *out, char *why,
@@ -94,6 +96,9 @@ const nb_prim_rules nb__prim_clamp = {
     .eval = clamp_eval,
     .jvp = clamp_jvp,
     .batch = nb__ew_batch,
+    .fusion = NB_FUSE_EXPR,
+    .c = &(const nb_c_expr){.f = "nbx_clamp($0, $1, $2)",
+                            .i = "($T)((int64_t)$1 < (int64_t)$0 ? $0 : (int64_t)$1 > (int64_t)$2 ? $2 : $1)"},
 };
 
 nb_val *nb_select_at(nb_loc loc, nb_val *pred, nb_val *on_true, nb_val *on_false) {

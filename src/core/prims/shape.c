@@ -68,6 +68,7 @@ static void reshape_print(const nb_eqn *e, char *buf, size_t cap) {
 
 const nb_prim_rules nb__prim_reshape = {
     .name = "reshape",
+    .fusion = NB_FUSE_INDEX,
     .kind = NB_KIND_LAYOUT,
     .params_size = sizeof(nb_reshape_params),
     .infer = reshape_infer,
@@ -192,6 +193,7 @@ static void bcast_print(const nb_eqn *e, char *buf, size_t cap) {
 
 const nb_prim_rules nb__prim_broadcast_in_dim = {
     .name = "broadcast_in_dim",
+    .fusion = NB_FUSE_INDEX,
     .kind = NB_KIND_LAYOUT,
     .params_size = sizeof(nb_broadcast_params),
     .infer = bcast_infer,
@@ -281,6 +283,7 @@ static void transpose_print(const nb_eqn *e, char *buf, size_t cap) {
 
 const nb_prim_rules nb__prim_transpose = {
     .name = "transpose",
+    .fusion = NB_FUSE_INDEX,
     .kind = NB_KIND_LAYOUT,
     .params_size = sizeof(nb_transpose_params),
     .infer = transpose_infer,

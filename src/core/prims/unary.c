@@ -1,6 +1,6 @@
 /* Elementwise unary primitives: one row per primitive in `unary_defs`
- * (dtype class, the float and integer functions, and the derivative factor
- * d y / d x built from x and y); the rules are derived from the row. */
+ * (dtype class, the float and integer functions, the derivative factor
+ * d y / d x built from x and y, and the C expression for the compiler); the rules are derived from the row. */
 #include <math.h>
 #include <string.h>
 
@@ -15,6 +15,7 @@ typedef struct unary_def {
   double (*f)(double);
   int64_t (*fi)(int64_t);   /* integer/bool version, NULL: computed through f */
   deriv_fn deriv;           /* NULL: zero derivative */
+  nb_c_expr c;              /* the compiler's C expression (ir.h) */
 } unary_def;
 
 NB__ERF_INV_DEF(erf_inv)
@@ -60,27 +61,27 @@ static nb_val *d_sin(nb_loc l, nb_val *x, nb_val *y) { return nb_cos_at(l, x); }
 static nb_val *d_cos(nb_loc l, nb_val *x, nb_val *y) { return nb_neg_at(l, nb_sin_at(l, x)); }
 
 static const unary_def unary_defs[NB_PRIM_COUNT] = {
-    [NB_PRIM_neg] = {NB_CLASS_NUMERIC, false, f_neg, i_neg, d_neg},
-    [NB_PRIM_abs] = {NB_CLASS_NUMERIC, false, fabs, i_abs, d_abs},
-    [NB_PRIM_sign] = {NB_CLASS_NUMERIC, false, f_sign, i_sign, NULL},
-    [NB_PRIM_exp] = {NB_CLASS_FLOAT, false, exp, NULL, d_exp},
-    [NB_PRIM_exp2] = {NB_CLASS_FLOAT, false, exp2, NULL, d_exp2},
-    [NB_PRIM_log] = {NB_CLASS_FLOAT, false, log, NULL, d_log},
-    [NB_PRIM_log1p] = {NB_CLASS_FLOAT, false, log1p, NULL, d_log1p},
-    [NB_PRIM_expm1] = {NB_CLASS_FLOAT, false, expm1, NULL, d_expm1},
-    [NB_PRIM_sqrt] = {NB_CLASS_FLOAT, false, sqrt, NULL, d_sqrt},
-    [NB_PRIM_rsqrt] = {NB_CLASS_FLOAT, false, f_rsqrt, NULL, d_rsqrt},
-    [NB_PRIM_tanh] = {NB_CLASS_FLOAT, false, tanh, NULL, d_tanh},
-    [NB_PRIM_logistic] = {NB_CLASS_FLOAT, false, f_logistic, NULL, d_logistic},
-    [NB_PRIM_erf] = {NB_CLASS_FLOAT, false, erf, NULL, d_erf},
-    [NB_PRIM_erf_inv] = {NB_CLASS_FLOAT, false, erf_inv, NULL, d_erf_inv},
-    [NB_PRIM_sin] = {NB_CLASS_FLOAT, false, sin, NULL, d_sin},
-    [NB_PRIM_cos] = {NB_CLASS_FLOAT, false, cos, NULL, d_cos},
-    [NB_PRIM_floor] = {NB_CLASS_FLOAT, false, floor, NULL, NULL},
-    [NB_PRIM_ceil] = {NB_CLASS_FLOAT, false, ceil, NULL, NULL},
-    [NB_PRIM_round] = {NB_CLASS_FLOAT, false, round, NULL, NULL}, /* half away from zero, as lax.round */
-    [NB_PRIM_is_finite] = {NB_CLASS_FLOAT, true, f_is_finite, NULL, NULL},
-    [NB_PRIM_not] = {NB_CLASS_INTBOOL, false, NULL, i_not, NULL},
+    [NB_PRIM_neg] = {NB_CLASS_NUMERIC, false, f_neg, i_neg, d_neg, {.f = "-$0", .i = "($T)(0 - (uint64_t)(int64_t)$0)"}},
+    [NB_PRIM_abs] = {NB_CLASS_NUMERIC, false, fabs, i_abs, d_abs, {.f = "fabs($0)", .i = "($T)((int64_t)$0 < 0 ? 0 - (uint64_t)(int64_t)$0 : (uint64_t)(int64_t)$0)"}},
+    [NB_PRIM_sign] = {NB_CLASS_NUMERIC, false, f_sign, i_sign, NULL, {.f = "nbx_sign($0)", .i = "($T)(((int64_t)$0 > 0) - ((int64_t)$0 < 0))"}},
+    [NB_PRIM_exp] = {NB_CLASS_FLOAT, false, exp, NULL, d_exp, {.f = "exp($0)", .f32 = "nbx_expf($0)"}},
+    [NB_PRIM_exp2] = {NB_CLASS_FLOAT, false, exp2, NULL, d_exp2, {.f = "exp2($0)"}},
+    [NB_PRIM_log] = {NB_CLASS_FLOAT, false, log, NULL, d_log, {.f = "log($0)"}},
+    [NB_PRIM_log1p] = {NB_CLASS_FLOAT, false, log1p, NULL, d_log1p, {.f = "log1p($0)"}},
+    [NB_PRIM_expm1] = {NB_CLASS_FLOAT, false, expm1, NULL, d_expm1, {.f = "expm1($0)"}},
+    [NB_PRIM_sqrt] = {NB_CLASS_FLOAT, false, sqrt, NULL, d_sqrt, {.f = "sqrt($0)"}},
+    [NB_PRIM_rsqrt] = {NB_CLASS_FLOAT, false, f_rsqrt, NULL, d_rsqrt, {.f = "1 / sqrt($0)"}},
+    [NB_PRIM_tanh] = {NB_CLASS_FLOAT, false, tanh, NULL, d_tanh, {.f = "tanh($0)", .f32 = "nbx_tanhd($0)"}},
+    [NB_PRIM_logistic] = {NB_CLASS_FLOAT, false, f_logistic, NULL, d_logistic, {.f = "nbx_logistic($0)", .f32 = "nbx_logisticd($0)"}},
+    [NB_PRIM_erf] = {NB_CLASS_FLOAT, false, erf, NULL, d_erf, {.f = "erf($0)"}},
+    [NB_PRIM_erf_inv] = {NB_CLASS_FLOAT, false, erf_inv, NULL, d_erf_inv, {.f = "nbx_erf_inv((double)$0)"}},
+    [NB_PRIM_sin] = {NB_CLASS_FLOAT, false, sin, NULL, d_sin, {.f = "sin($0)"}},
+    [NB_PRIM_cos] = {NB_CLASS_FLOAT, false, cos, NULL, d_cos, {.f = "cos($0)"}},
+    [NB_PRIM_floor] = {NB_CLASS_FLOAT, false, floor, NULL, NULL, {.f = "floor($0)"}},
+    [NB_PRIM_ceil] = {NB_CLASS_FLOAT, false, ceil, NULL, NULL, {.f = "ceil($0)"}},
+    [NB_PRIM_round] = {NB_CLASS_FLOAT, false, round, NULL, NULL, {.f = "round($0)"}}, /* half away from zero, as lax.round */
+    [NB_PRIM_is_finite] = {NB_CLASS_FLOAT, true, f_is_finite, NULL, NULL, {.f = "(uint8_t)(isfinite($0) != 0)"}},
+    [NB_PRIM_not] = {NB_CLASS_INTBOOL, false, NULL, i_not, NULL, {.i = "($T)~(int64_t)$0", .b = "(uint8_t)!$0"}},
 };
 
 
@@ -136,6 +137,8 @@ static nb_status neg_transpose(nb_graph *g, const nb_eqn *e, nb_val *const *in, 
       .jvp = unary_jvp,                                                                              \
       .transpose = NB_PRIM_##op == NB_PRIM_neg ? neg_transpose : NULL,                             \
       .batch = nb__ew_batch,                                                                         \
+      .fusion = NB_FUSE_EXPR,                                                                        \
+      .c = &unary_defs[NB_PRIM_##op].c,                                                              \
   };                                                                                                 \
   nb_val *nb_##op##_at(nb_loc loc, nb_val *x) {                                                    \
     if (!x) return NULL;                                                                             \
