@@ -399,10 +399,8 @@ nb_val *nb_full_at(nb_loc loc, nb_graph *g, nb_dtype t, int rank, const int64_t 
 nb_val *nb_full_like_at(nb_loc loc, nb_val *x, double value);
 nb_val *nb_iota_at(nb_loc loc, nb_graph *g, nb_dtype t, int rank, const int64_t *dims, int axis);
 
-/* Elementwise unary. */
-#define NB_UNARY_OPS(X) \
-  X(neg) X(abs) X(sign) X(exp) X(exp2) X(log) X(log1p) X(expm1) X(sqrt) X(rsqrt) X(tanh) \
-  X(logistic) X(erf) X(erf_inv) X(sin) X(cos) X(floor) X(ceil) X(round) X(is_finite) X(not)
+/* Elementwise unary: nb_<op>_at for each op listed in nabla/unary.h. */
+#include "nabla/unary.h"
 #define NB_DECLARE_UNARY(name) nb_val *nb_##name##_at(nb_loc loc, nb_val *x);
 NB_UNARY_OPS(NB_DECLARE_UNARY)
 #undef NB_DECLARE_UNARY
@@ -689,29 +687,9 @@ nb_status nb_custom_vjp_call(nb_graph *g, const nb_graph *fwd_primal, const nb_g
 
 /* ------------------------------------------------------------------------ */
 /* Location-capturing macros: the ops above, called as nb_add(a, b).         */
+/* (the unary ones are in nabla/unary.h)                                      */
 /* ------------------------------------------------------------------------ */
 
-#define nb_neg(x) nb_neg_at(NB_HERE, x)
-#define nb_abs(x) nb_abs_at(NB_HERE, x)
-#define nb_sign(x) nb_sign_at(NB_HERE, x)
-#define nb_exp(x) nb_exp_at(NB_HERE, x)
-#define nb_exp2(x) nb_exp2_at(NB_HERE, x)
-#define nb_log(x) nb_log_at(NB_HERE, x)
-#define nb_log1p(x) nb_log1p_at(NB_HERE, x)
-#define nb_expm1(x) nb_expm1_at(NB_HERE, x)
-#define nb_sqrt(x) nb_sqrt_at(NB_HERE, x)
-#define nb_rsqrt(x) nb_rsqrt_at(NB_HERE, x)
-#define nb_tanh(x) nb_tanh_at(NB_HERE, x)
-#define nb_logistic(x) nb_logistic_at(NB_HERE, x)
-#define nb_erf(x) nb_erf_at(NB_HERE, x)
-#define nb_erf_inv(x) nb_erf_inv_at(NB_HERE, x)
-#define nb_sin(x) nb_sin_at(NB_HERE, x)
-#define nb_cos(x) nb_cos_at(NB_HERE, x)
-#define nb_floor(x) nb_floor_at(NB_HERE, x)
-#define nb_ceil(x) nb_ceil_at(NB_HERE, x)
-#define nb_round(x) nb_round_at(NB_HERE, x)
-#define nb_is_finite(x) nb_is_finite_at(NB_HERE, x)
-#define nb_not(x) nb_not_at(NB_HERE, x)
 #define nb_add(a, b) nb_add_at(NB_HERE, a, b)
 #define nb_sub(a, b) nb_sub_at(NB_HERE, a, b)
 #define nb_mul(a, b) nb_mul_at(NB_HERE, a, b)
