@@ -9,7 +9,8 @@
 
 #define NB_UNARY_OPS(X) \
   X(neg) X(abs) X(sign) X(exp) X(exp2) X(log) X(log1p) X(expm1) X(sqrt) X(rsqrt) X(tanh) \
-  X(logistic) X(erf) X(erf_inv) X(sin) X(cos) X(floor) X(ceil) X(round) X(is_finite) X(not)
+  X(logistic) X(erf) X(erf_inv) X(sin) X(cos) X(floor) X(ceil) X(round) X(is_finite) X(not) \
+  X(cbrt) X(erfc)
 
 /* Location-capturing forms, called as nb_exp(x). */
 #define nb_neg(x) nb_neg_at(NB_HERE, x)
@@ -33,5 +34,7 @@
 #define nb_round(x) nb_round_at(NB_HERE, x)
 #define nb_is_finite(x) nb_is_finite_at(NB_HERE, x)
 #define nb_not(x) nb_not_at(NB_HERE, x)
+#define nb_cbrt(x) nb_cbrt_at(NB_HERE, x)
+#define nb_erfc(x) nb_erfc_at(NB_HERE, x)
 
 #endif

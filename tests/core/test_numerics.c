@@ -4,7 +4,8 @@
  * the correctly rounded value over its whole domain (goldens from mpmath:
  * tests/core/golden/make_erf_inv.py), compiled and interpreted alike; the
  * derivatives of abs, max and min (JAX's rules); grad of sort and top_k on
- * empty arrays; and the differences docs/jax-differences.md documents. */
+ * empty arrays; cbrt and erfc; and the differences docs/jax-differences.md
+ * documents. */
 #include "json_golden.h"
 #include "jitcheck.h"
 
@@ -306,8 +307,83 @@ static void test_documented_differences(void) {
   nb_graph_destroy(g);
 }
 
+/* ---------------------------------------------------------------- cbrt, erfc */
+
+static nb_status cbrt_erfc(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
+  (void)g, (void)u;
+  nb_val *x = nb_tree_get_val(in, "x");
+  nb_status s = nb_tree_set_val(out, "cbrt", nb_cbrt(x));
+  return s ? s : nb_tree_set_val(out, "erfc", nb_erfc(x));
+}
+
+static nb_status cbrt_erfc_loss(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
+  nb_val *x = nb_tree_get_val(in, "x");
+  return nb_tree_set_val(out, "loss", nb_reduce_sum(nb_add(nb_cbrt(x), nb_erfc(x)), 0, NULL));
+}
+
+/* Values JAX (and libm) give, cbrt of negatives and erfc's tail (where
+ * 1 - erf(x) would be 0) included; the gradients 1/(3 cbrt(x)^2) and
+ * -2/sqrt(pi) exp(-x^2); compiled like interpreted in f64 and f32. */
+static void test_cbrt_erfc(void) {
+  const double inf = INFINITY;
+  double xs[7] = {-8, 0.125, 0, 1, -1, 10, -inf};
+  double want_cbrt[7] = {-2, 0.5, 0, 1, -1, 2.1544346900318834, -inf};
+  double want_erfc[7] = {2, 0.8596837951986662, 1, 0.15729920705028513, 1.842700792949715, 2.088487583762545e-45, 2};
+  for (int f32 = 0; f32 < 2; f32++) {
+    nb_dtype t = f32 ? NB_F32 : NB_F64;
+    nb_array *x = nb_array_from_f64(ctx, t, 1, (int64_t[]){7}, xs);
+    nb_tree *in = nb_tree_create(ctx);
+    nb_tree_set_array(in, "x", x);
+    nb_array *c = nb_test_eval_output(ctx, cbrt_erfc, NULL, in, "cbrt"), *e = nb_test_eval_output(ctx, cbrt_erfc, NULL, in, "erfc");
+    CHECK_MSG(c && e, "%s", nb_ctx_error(ctx));
+    for (int i = 0; c && e && i < 7; i++) {
+      double wc = f32 ? (double)(float)want_cbrt[i] : want_cbrt[i], we = f32 ? (double)(float)want_erfc[i] : want_erfc[i];
+      CHECK_MSG(same(nb_array_get(c, i), wc), "%s cbrt(%g): %.17g, want %.17g", nb_dtype_name(t), xs[i], nb_array_get(c, i), wc);
+      CHECK_MSG(same(nb_array_get(e, i), we), "%s erfc(%g): %.17g, want %.17g", nb_dtype_name(t), xs[i], nb_array_get(e, i), we);
+    }
+    nb_array_release(c);
+    nb_array_release(e);
+    nb_graph *g = nb_graph_create(ctx);
+    nb_tree *gin = nb_tree_create(ctx), *gout = nb_tree_create(ctx);
+    nb_tree_set_val(gin, "x", nb_graph_input(g, "x", nb_array_aval(x)));
+    CHECK_OK(ctx, cbrt_erfc(g, gin, gout, NULL));
+    nb_graph_output(g, "cbrt", nb_tree_get_val(gout, "cbrt"));
+    nb_graph_output(g, "erfc", nb_tree_get_val(gout, "erfc"));
+    nb_jit_opts o = nb_test_jit_opts(NULL);
+    CHECK(nb_test_jit_matches(ctx, g, in, &o, f32 ? "cbrt/erfc f32" : "cbrt/erfc f64", NULL));
+    nb_ctx_clear_error(ctx);
+    nb_tree_destroy(gin);
+    nb_tree_destroy(gout);
+    nb_graph_destroy(g);
+    nb_tree_destroy(in);
+    nb_array_release(x);
+  }
+  /* d/dx (cbrt x + erfc x) at 8 and 0.5: 1/12 - 2/sqrt(pi) e^-64, 1/(3 * 0.5^(2/3)) - 2/sqrt(pi) e^-0.25 */
+  double gx[2] = {8, 0.5};
+  double want[2] = {1.0 / 12 - 1.1283791670955126 * exp(-64.0), 1 / (3 * cbrt(0.25)) - 0.8787825789354448};
+  nb_array *x = nb_array_from_f64(ctx, NB_F64, 1, (int64_t[]){2}, gx);
+  nb_graph *g = nb_graph_create(ctx);
+  nb_tree *gin = nb_tree_create(ctx), *gout = nb_tree_create(ctx), *in = nb_tree_create(ctx), *res = nb_tree_create(ctx);
+  nb_tree_set_array(in, "x", x);
+  nb_tree_set_val(gin, "x", nb_graph_input(g, "x", nb_array_aval(x)));
+  CHECK_OK(ctx, cbrt_erfc_loss(g, gin, gout, NULL));
+  nb_graph_output(g, "loss", nb_tree_get_val(gout, "loss"));
+  nb_graph *dg = nb_grad(ctx, g, &(nb_grad_opts){NULL, false});
+  CHECK_MSG(dg && nb_graph_run(ctx, dg, in, res) == NB_OK, "grad: %s", nb_ctx_error(ctx));
+  nb_array *dx = nb_tree_get_array(res, "grad/x");
+  for (int i = 0; dx && i < 2; i++)
+    CHECK_MSG(fabs(nb_array_get(dx, i) - want[i]) <= 1e-15, "d/dx at %g: %.17g, want %.17g", gx[i], nb_array_get(dx, i), want[i]);
+  nb_ctx_clear_error(ctx);
+  nb_tree *trees[] = {in, gin, gout, res};
+  for (int i = 0; i < 4; i++) nb_tree_destroy(trees[i]);
+  nb_array_release(x);
+  nb_graph_destroy(dg);
+  nb_graph_destroy(g);
+}
+
 int main(void) {
   ctx = nb_ctx_create();
+  test_cbrt_erfc();
   test_documented_differences();
   test_jax_derivative_rules();
   test_sort_grad_empty();

@@ -26,6 +26,12 @@ static nb_status in_unit(nb_ctx *c, nb_test_rng *r, nb_tree *in) { /* (-0.9, 0.9
   for (int i = 0; i < 12; i++) d[i] = 0.9 * tanh(d[i]);
   return put(in, "a", a);
 }
+static nb_status in_nonzero(nb_ctx *c, nb_test_rng *r, nb_tree *in) { /* both signs, |a| >= 0.5 */
+  nb_array *a = nb_test_randn(c, r, NB_F64, 2, D34);
+  double *d = nb_array_data_mut(a);
+  for (int i = 0; i < 12; i++) d[i] = (d[i] < 0 ? -0.5 : 0.5) + d[i];
+  return put(in, "a", a);
+}
 static nb_status in_two(nb_ctx *c, nb_test_rng *r, nb_tree *in) {
   nb_status s = put(in, "a", nb_test_randn(c, r, NB_F64, 2, D34));
   return s ? s : put(in, "b", nb_test_randn(c, r, NB_F64, 2, D34));
@@ -167,6 +173,8 @@ static const nb_prim_case cases[] = {
     {"ceil", "ceil", apply_unary, (void *)nb_ceil_at, in_any, 0, 0},
     {"round", "round", apply_unary, (void *)nb_round_at, in_any, 0, 0},
     {"is_finite", "is_finite", apply_unary, (void *)nb_is_finite_at, in_any, NG, 0},
+    {"cbrt", "cbrt of both signs, away from 0", apply_unary, (void *)nb_cbrt_at, in_nonzero, 0, 0},
+    {"erfc", "erfc", apply_unary, (void *)nb_erfc_at, in_any, 0, 0},
     {"not", "not of bools", apply_unary, (void *)nb_not_at, in_bools, NG, 0},
     {"add", "add with broadcasting [3,4]+[4]", apply_binary, (void *)nb_add_at, in_two_bcast, 0, 0},
     {"add", "add [3,1]+[3,4]", apply_binary, (void *)nb_add_at, in_two_col, 0, 0},

@@ -57,6 +57,14 @@ static nb_val *d_erf(nb_loc l, nb_val *x, nb_val *y) {
 static nb_val *d_erf_inv(nb_loc l, nb_val *x, nb_val *y) {
   return nb_mul_at(l, nb_full_like_at(l, y, 0.88622692545275801), nb_exp_at(l, nb_mul_at(l, y, y)));
 }
+/* 1 / (3 y^2), infinite at 0 as JAX's */
+static nb_val *d_cbrt(nb_loc l, nb_val *x, nb_val *y) {
+  return nb_div_at(l, nb_full_like_at(l, y, 1.0 / 3), nb_mul_at(l, y, y));
+}
+/* -2 / sqrt(pi) exp(-x^2) */
+static nb_val *d_erfc(nb_loc l, nb_val *x, nb_val *y) {
+  return nb_mul_at(l, nb_full_like_at(l, x, -1.1283791670955126), nb_exp_at(l, nb_neg_at(l, nb_mul_at(l, x, x))));
+}
 static nb_val *d_sin(nb_loc l, nb_val *x, nb_val *y) { return nb_cos_at(l, x); }
 static nb_val *d_cos(nb_loc l, nb_val *x, nb_val *y) { return nb_neg_at(l, nb_sin_at(l, x)); }
 
@@ -81,6 +89,8 @@ static const unary_def unary_defs[NB_PRIM_COUNT] = {
     [NB_PRIM_ceil] = {NB_CLASS_FLOAT, false, ceil, NULL, NULL, {.f = "ceil($0)"}},
     [NB_PRIM_round] = {NB_CLASS_FLOAT, false, round, NULL, NULL, {.f = "round($0)"}}, /* half away from zero, as lax.round */
     [NB_PRIM_is_finite] = {NB_CLASS_FLOAT, true, f_is_finite, NULL, NULL, {.f = "(uint8_t)(isfinite($0) != 0)"}},
+    [NB_PRIM_cbrt] = {NB_CLASS_FLOAT, false, cbrt, NULL, d_cbrt, {.f = "cbrt($0)"}},
+    [NB_PRIM_erfc] = {NB_CLASS_FLOAT, false, erfc, NULL, d_erfc, {.f = "erfc($0)"}},
     [NB_PRIM_not] = {NB_CLASS_INTBOOL, false, NULL, i_not, NULL, {.i = "($T)~(int64_t)$0", .b = "(uint8_t)!$0"}},
 };
 
