@@ -196,12 +196,6 @@ static void expand(nb_jit_text *t, const char *tmpl, const char *T, const char *
   }
 }
 
-/* The template of an elementwise primitive for operands of dtype src. */
-static const char *expr_template(const nb_c_expr *c, nb_dtype src) {
-  if (is_float(src)) return src != NB_F64 && c->f32 ? c->f32 : c->f;
-  return src == NB_BOOL && c->b ? c->b : c->i;
-}
-
 /* ---------------------------------------------------------------- schedules */
 
 /* How a kernel's loops are ordered in C (the IR leaves it open):
@@ -309,7 +303,7 @@ static bool op_expr(const cg *g, const nb_knode *n) {
     convert_expr(t, a, src, n->dtype);
     return true;
   }
-  const char *tmpl = r->fusion == NB_FUSE_EXPR && r->c ? expr_template(r->c, src) : NULL;
+  const char *tmpl = r->fusion == NB_FUSE_EXPR && r->c ? nb__c_template(r->c, src) : NULL;
   if (!tmpl) return false;
   const char *x[3] = {a, b, c};
   bool round = is_float(n->dtype) && !r->c->exact;

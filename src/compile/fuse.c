@@ -85,7 +85,7 @@ bool nb_jit__fusable(const nb_eqn *e) {
   if (e->nout != 1 || r->impure) return false;
   switch (r->fusion) {
   case NB_FUSE_NONE: return false;
-  case NB_FUSE_EXPR: return r->c != NULL;
+  case NB_FUSE_EXPR: return r->c && nb__c_template(r->c, e->nin ? e->in[0]->aval.dtype : e->out[0]->aval.dtype);
   case NB_FUSE_INDEX: return e->prim != NB_PRIM_constant || e->out[0]->aval.shape.rank == 0;
   case NB_FUSE_CONVERT:
   case NB_FUSE_REDUCE: return true;

@@ -68,7 +68,7 @@ typedef enum nb_fusion {
  * the operands and $T the C type of the result. The template is picked by
  * the first operand's dtype: `f` for floats (`f32` instead, when set, for
  * f32/bf16/f16, which are computed in float), `i` for integers, `b` (when
- * set, else `i`) for bool; NULL: no code for that dtype. Floating results are
+ * set, else `i`) for bool; NULL: not fused for that dtype (eval runs it). Floating results are
  * rounded to their dtype after the expression, unless `exact` (the result is
  * one of the operands). Use the double libm functions (exp, not expf) for
  * every float dtype, so that results round like the interpreter's. */
@@ -76,6 +76,11 @@ typedef struct nb_c_expr {
   const char *f, *f32, *i, *b;
   bool exact;
 } nb_c_expr;
+
+static inline const char *nb__c_template(const nb_c_expr *c, nb_dtype operand) {
+  if (nb_dtype_is_float(operand)) return operand != NB_F64 && c->f32 ? c->f32 : c->f;
+  return operand == NB_BOOL && c->b ? c->b : c->i;
+}
 
 /* A fusable reduction: an accumulator starting at the identity (`id_f` for
  * floats, `id_i` for integers). Sums and products (`extremum` false)
