@@ -408,9 +408,7 @@ NB_UNARY_OPS(NB_DECLARE_UNARY)
 /* Elementwise binary, with NumPy broadcasting of ranks and size-1 dims
  * (the primitives themselves take equal shapes). Dtypes must match, except
  * that the shift/compare results are bool. */
-#define NB_BINARY_OPS(X) \
-  X(add) X(sub) X(mul) X(div) X(rem) X(pow) X(max) X(min) X(atan2) \
-  X(eq) X(ne) X(lt) X(le) X(gt) X(ge) X(and) X(or) X(xor)
+#include "nabla/binary.h"
 #define NB_DECLARE_BINARY(name) nb_val *nb_##name##_at(nb_loc loc, nb_val *a, nb_val *b);
 NB_BINARY_OPS(NB_DECLARE_BINARY)
 #undef NB_DECLARE_BINARY
@@ -687,27 +685,9 @@ nb_status nb_custom_vjp_call(nb_graph *g, const nb_graph *fwd_primal, const nb_g
 
 /* ------------------------------------------------------------------------ */
 /* Location-capturing macros: the ops above, called as nb_add(a, b).         */
-/* (the unary ones are in nabla/unary.h)                                      */
+/* (the unary and binary ones are in nabla/unary.h, nabla/binary.h)           */
 /* ------------------------------------------------------------------------ */
 
-#define nb_add(a, b) nb_add_at(NB_HERE, a, b)
-#define nb_sub(a, b) nb_sub_at(NB_HERE, a, b)
-#define nb_mul(a, b) nb_mul_at(NB_HERE, a, b)
-#define nb_div(a, b) nb_div_at(NB_HERE, a, b)
-#define nb_rem(a, b) nb_rem_at(NB_HERE, a, b)
-#define nb_pow(a, b) nb_pow_at(NB_HERE, a, b)
-#define nb_max(a, b) nb_max_at(NB_HERE, a, b)
-#define nb_min(a, b) nb_min_at(NB_HERE, a, b)
-#define nb_atan2(a, b) nb_atan2_at(NB_HERE, a, b)
-#define nb_eq(a, b) nb_eq_at(NB_HERE, a, b)
-#define nb_ne(a, b) nb_ne_at(NB_HERE, a, b)
-#define nb_lt(a, b) nb_lt_at(NB_HERE, a, b)
-#define nb_le(a, b) nb_le_at(NB_HERE, a, b)
-#define nb_gt(a, b) nb_gt_at(NB_HERE, a, b)
-#define nb_ge(a, b) nb_ge_at(NB_HERE, a, b)
-#define nb_and(a, b) nb_and_at(NB_HERE, a, b)
-#define nb_or(a, b) nb_or_at(NB_HERE, a, b)
-#define nb_xor(a, b) nb_xor_at(NB_HERE, a, b)
 #define nb_const(g, a) nb_const_at(NB_HERE, g, a)
 #define nb_scalar(g, t, v) nb_scalar_at(NB_HERE, g, t, v)
 #define nb_full(g, t, r, d, v) nb_full_at(NB_HERE, g, t, r, d, v)
