@@ -44,7 +44,8 @@ struct nb_eqn {
   nb_eqn *hnext;  /* hash-cons chain */
 };
 
-/* Lowering classes, read by the compiler's fusion pass. */
+/* Classes of primitives, for cost estimates (graph.c) and constant folding
+ * (simplify.c); what the compiler fuses is `fusion` below. */
 typedef enum nb_prim_kind {
   NB_KIND_ELEMENTWISE, /* out[i] = f(in[i]...) over equal shapes */
   NB_KIND_REDUCE,      /* reduction over axes */
