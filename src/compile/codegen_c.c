@@ -118,7 +118,6 @@ static const char *ctype(nb_dtype t) {
 /* The C type a value is stored in. */
 static const char *stype(nb_dtype t) { return t == NB_BF16 || t == NB_F16 ? "uint16_t" : ctype(t); }
 
-
 /* Rounds a float expression to the value's dtype (bf16/f16 are computed in
  * float and rounded after every operation, as the interpreter stores them). */
 static void round_open(nb_jit_text *t, nb_dtype d) {
