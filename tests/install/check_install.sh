@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Installs nabla into a temporary prefix and builds examples/mlp.c against it
 # the ways a C project would, then runs each program:
-#   1. pkg-config: libnabla.so, and libnabla.a with --static;
+#   1. pkg-config: libnabla.so, and libnabla.a with --static; a C++ program
+#      built with -fvisibility=hidden against libnabla.so;
 #   2. find_package(nabla): nabla::nabla and nabla::nabla_static;
 #   3. add_subdirectory(nabla) from a parent project (built from source).
 # It also checks the installed tree: headers, the versioned SONAME, and that
 # libnabla.so exports exactly the functions the public headers declare.
-#   check_install.sh SOURCE_DIR BUILD_DIR C_COMPILER [EXTRA_FLAGS]
+#   check_install.sh SOURCE_DIR BUILD_DIR C_COMPILER CXX_COMPILER [EXTRA_FLAGS]
 # EXTRA_FLAGS (compile and link) carries the sanitizer flags of a sanitized
 # build to the consumers. Needs no network; removes its temporary files.
 set -euo pipefail
-src=$1 build=$2 cc=$3 flags=${4:-}
+src=$1 build=$2 cc=$3 cxx=$4 flags=${5:-}
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/nabla-install.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 prefix=$tmp/prefix
@@ -58,6 +59,21 @@ quiet "$cc" $flags -o "$tmp/pc_shared" "$src/examples/mlp.c" $(pkg-config --cfla
 # shellcheck disable=SC2046,SC2086
 quiet "$cc" $flags -o "$tmp/pc_static" "$src/examples/mlp.c" $(pkg-config --cflags nabla) \
   -Wl,-Bstatic -lnabla -Wl,-Bdynamic $(pkg-config --static --libs nabla) -lm
+# the headers' C linkage and default visibility hold for C++ callers that
+# hide their own symbols
+cat >"$tmp/uses_nabla.cc" <<'CXX'
+#include "nabla/nabla.h"
+int main() {
+  nb_ctx *ctx = nb_ctx_create();
+  if (!ctx) return 1;
+  nb_ctx_destroy(ctx);
+  return 0;
+}
+CXX
+# shellcheck disable=SC2046,SC2086
+quiet "$cxx" $flags -fvisibility=hidden -o "$tmp/pc_cxx" "$tmp/uses_nabla.cc" $(pkg-config --cflags --libs nabla) \
+  -Wl,-rpath,"$prefix/lib"
+quiet "$tmp/pc_cxx"
 readelf -d "$tmp/pc_shared" | grep -q "NEEDED.*\[$soname\]" || fail "pkg-config build does not use $soname"
 readelf -d "$tmp/pc_static" | grep -q "NEEDED.*libnabla" && fail "pkg-config --static build needs libnabla.so"
 run "$tmp/pc_shared"
