@@ -1,6 +1,7 @@
 # Install rules (included by CMakeLists.txt when NABLA_INSTALL is on):
 #   include/nabla/*.h, lib/libnabla.so.X.Y.Z (+ SONAME link), lib/libnabla.a,
-#   bin/nabla, lib/pkgconfig/nabla.pc and lib/cmake/nabla/ (find_package).
+#   bin/nabla, lib/pkgconfig/nabla.pc and nabla-static.pc,
+#   lib/cmake/nabla/ (find_package).
 # Everything is relative to the prefix given at install time
 # (cmake --install build --prefix P), so the tree can be moved.
 include(CMakePackageConfigHelpers)
@@ -34,14 +35,18 @@ install(FILES ${PROJECT_BINARY_DIR}/nablaConfig.cmake ${PROJECT_BINARY_DIR}/nabl
               ${PROJECT_SOURCE_DIR}/cmake/nablaDeps.cmake
         DESTINATION ${NABLA_CMAKE_DIR})
 
-# pkg-config: `pkg-config --cflags --libs nabla` links libnabla.so; --static
-# adds the dependencies libnabla.a needs. The prefix is found from the .pc
-# file's own place (${pcfiledir}), so it holds for any install prefix.
+# pkg-config: `pkg-config --cflags --libs nabla` links libnabla.so (--static
+# adds the dependencies libnabla.a needs, for a fully static link);
+# nabla-static links libnabla.a by path, beside an installed libnabla.so.
+# The prefix is found from the .pc file's own place (${pcfiledir}), so it
+# holds for any install prefix.
 file(RELATIVE_PATH NABLA_PC_TO_PREFIX /prefix/${CMAKE_INSTALL_LIBDIR}/pkgconfig /prefix)
 string(REGEX REPLACE "/$" "" NABLA_PC_TO_PREFIX "${NABLA_PC_TO_PREFIX}")
 set(NABLA_PC_REQUIRES_PRIVATE "libzstd libpcre2-8 libcjson yaml-0.1 libutf8proc")
 if(NABLA_WITH_OPENBLAS)
   string(APPEND NABLA_PC_REQUIRES_PRIVATE " openblas")
 endif()
-configure_file(${PROJECT_SOURCE_DIR}/cmake/nabla.pc.in ${PROJECT_BINARY_DIR}/nabla.pc @ONLY)
-install(FILES ${PROJECT_BINARY_DIR}/nabla.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+foreach(pc nabla nabla-static)
+  configure_file(${PROJECT_SOURCE_DIR}/cmake/${pc}.pc.in ${PROJECT_BINARY_DIR}/${pc}.pc @ONLY)
+  install(FILES ${PROJECT_BINARY_DIR}/${pc}.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+endforeach()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs nabla into a temporary prefix and builds examples/mlp.c against it
 # the ways a C project would, then runs each program:
-#   1. pkg-config: libnabla.so, and libnabla.a with --static; a C++ program
+#   1. pkg-config: libnabla.so (nabla), libnabla.a (nabla-static); a C++ program
 #      built with -fvisibility=hidden against libnabla.so;
 #   2. find_package(nabla): nabla::nabla and nabla::nabla_static;
 #   3. add_subdirectory(nabla) from a parent project (built from source).
@@ -24,7 +24,7 @@ IFS=. read -r major minor _ <<<"$version"
 soversion=$major; [ "$major" = 0 ] && soversion=0.$minor
 
 # the installed tree
-for f in bin/nabla lib/libnabla.a "lib/libnabla.so.$version" lib/pkgconfig/nabla.pc \
+for f in bin/nabla lib/libnabla.a "lib/libnabla.so.$version" lib/pkgconfig/nabla.pc lib/pkgconfig/nabla-static.pc \
          lib/cmake/nabla/nablaConfig.cmake lib/cmake/nabla/nablaConfigVersion.cmake; do
   [ -e "$prefix/$f" ] || fail "missing $prefix/$f"
 done
@@ -57,8 +57,12 @@ export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
 quiet "$cc" $flags -o "$tmp/pc_shared" "$src/examples/mlp.c" $(pkg-config --cflags --libs nabla) -lm \
   -Wl,-rpath,"$prefix/lib"
 # shellcheck disable=SC2046,SC2086
-quiet "$cc" $flags -o "$tmp/pc_static" "$src/examples/mlp.c" $(pkg-config --cflags nabla) \
-  -Wl,-Bstatic -lnabla -Wl,-Bdynamic $(pkg-config --static --libs nabla) -lm
+quiet "$cc" $flags -o "$tmp/pc_static" "$src/examples/mlp.c" $(pkg-config --cflags --libs nabla-static) -lm
+# nabla.pc's private part names what libnabla.a needs
+static_libs=" $(pkg-config --static --libs nabla) "
+for l in -lzstd -lpcre2-8 -lcjson -lyaml -lutf8proc -lxxhash; do
+  [[ $static_libs == *" $l "* ]] || fail "pkg-config --static --libs nabla lacks $l"
+done
 # the headers' C linkage and default visibility hold for C++ callers that
 # hide their own symbols
 cat >"$tmp/uses_nabla.cc" <<'CXX'
@@ -75,7 +79,7 @@ quiet "$cxx" $flags -fvisibility=hidden -o "$tmp/pc_cxx" "$tmp/uses_nabla.cc" $(
   -Wl,-rpath,"$prefix/lib"
 quiet "$tmp/pc_cxx"
 readelf -d "$tmp/pc_shared" | grep -q "NEEDED.*\[$soname\]" || fail "pkg-config build does not use $soname"
-readelf -d "$tmp/pc_static" | grep -q "NEEDED.*libnabla" && fail "pkg-config --static build needs libnabla.so"
+readelf -d "$tmp/pc_static" | grep -q "NEEDED.*libnabla" && fail "pkg-config nabla-static build needs libnabla.so"
 run "$tmp/pc_shared"
 run "$tmp/pc_static"
 
