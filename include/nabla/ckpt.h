@@ -38,11 +38,10 @@
 #ifndef NABLA_CKPT_H
 #define NABLA_CKPT_H
 
+#include "nabla/export.h"
 #include "nabla/core.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+NB_BEGIN_DECLS
 
 /* ------------------------------------------------------------------------ */
 /* Items, options                                                            */
@@ -241,7 +240,5 @@ nb_status nb_ckpt_safetensors_save_sharded(nb_ctx *ctx, const char *dir, const c
 /* Frees a string returned by this library. NULL ok. */
 void nb_ckpt_string_free(nb_ctx *ctx, char *s);
 
-#ifdef __cplusplus
-}
-#endif
+NB_END_DECLS
 #endif /* NABLA_CKPT_H */

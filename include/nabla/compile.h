@@ -35,11 +35,10 @@
 #ifndef NABLA_COMPILE_H
 #define NABLA_COMPILE_H
 
+#include "nabla/export.h"
 #include "nabla/core.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+NB_BEGIN_DECLS
 
 typedef struct nb_exe nb_exe;
 
@@ -157,7 +156,5 @@ const nb_graph *nb_exe_graph(const nb_exe *e);
  * per-step statistics of the last run. */
 void nb_exe_print(const nb_exe *e, FILE *f);
 
-#ifdef __cplusplus
-}
-#endif
+NB_END_DECLS
 #endif /* NABLA_COMPILE_H */

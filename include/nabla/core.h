@@ -32,14 +32,13 @@
 #ifndef NABLA_CORE_H
 #define NABLA_CORE_H
 
+#include "nabla/export.h"
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+NB_BEGIN_DECLS
 
 #define NB_VERSION_MAJOR 0
 #define NB_VERSION_MINOR 1
@@ -740,7 +739,5 @@ nb_status nb_custom_vjp_call(nb_graph *g, const nb_graph *fwd_primal, const nb_g
 #define nb_random_categorical(k, l, ax) nb_random_categorical_at(NB_HERE, k, l, ax)
 #define nb_custom_call(g, name, nin, in, attrs, sz, nout, out) nb_custom_call_at(NB_HERE, g, name, nin, in, attrs, sz, nout, out)
 
-#ifdef __cplusplus
-}
-#endif
+NB_END_DECLS
 #endif /* NABLA_CORE_H */

@@ -51,11 +51,10 @@
 #ifndef NABLA_DATA_H
 #define NABLA_DATA_H
 
+#include "nabla/export.h"
 #include "nabla/core.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+NB_BEGIN_DECLS
 
 /* ------------------------------------------------------------------------ */
 /* Elements                                                                  */
@@ -379,7 +378,5 @@ void nb_data_state_free(nb_ctx *ctx, char *state);
 void nb_data_iter_print_stats(const nb_data_iter *it, FILE *f);
 void nb_data_iter_destroy(nb_data_iter *it); /* stops threads; NULL ok */
 
-#ifdef __cplusplus
-}
-#endif
+NB_END_DECLS
 #endif /* NABLA_DATA_H */

@@ -34,13 +34,12 @@
 #ifndef NABLA_MODELS_H
 #define NABLA_MODELS_H
 
+#include "nabla/export.h"
 #include "nabla/core.h"
 #include "nabla/nn.h"
 #include "nabla/tokenizer.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+NB_BEGIN_DECLS
 
 /* ------------------------------------------------------------------------ */
 /* Model configuration                                                       */
@@ -374,7 +373,5 @@ nb_status nb_model_load_checkpoint(nb_ctx *ctx, const char *step_dir, const char
 nb_status nb_model_load_hf(nb_ctx *ctx, const char *dir, nb_model_loaded *out);
 void nb_model_loaded_free(nb_model_loaded *m); /* zeroes *m; NULL ok */
 
-#ifdef __cplusplus
-}
-#endif
+NB_END_DECLS
 #endif /* NABLA_MODELS_H */

@@ -45,11 +45,10 @@
 #ifndef NABLA_NN_H
 #define NABLA_NN_H
 
+#include "nabla/export.h"
 #include "nabla/core.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+NB_BEGIN_DECLS
 
 /* Longest parameter path, NUL included. */
 #define NB_NN_PATH_MAX 256
@@ -327,7 +326,5 @@ nb_status nb_nn_params_replace(nb_tree *params, const char *prefix, const nb_tre
  * overflows 64 bits. */
 int64_t nb_nn_params_count(const nb_tree *params);
 
-#ifdef __cplusplus
-}
-#endif
+NB_END_DECLS
 #endif /* NABLA_NN_H */

@@ -39,11 +39,10 @@
 #ifndef NABLA_OPTIM_H
 #define NABLA_OPTIM_H
 
+#include "nabla/export.h"
 #include "nabla/core.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+NB_BEGIN_DECLS
 
 typedef struct nb_optim_tx nb_optim_tx;
 typedef struct nb_optim_schedule nb_optim_schedule;
@@ -341,7 +340,5 @@ nb_tree *nb_optim_tree_sub(nb_graph *g, const nb_tree *a, const nb_tree *b);
 nb_tree *nb_optim_tree_scale(nb_graph *g, const nb_tree *t, nb_val *s);   /* s: any float scalar */
 nb_tree *nb_optim_tree_zeros_like(nb_graph *g, const nb_tree *t);
 
-#ifdef __cplusplus
-}
-#endif
+NB_END_DECLS
 #endif /* NABLA_OPTIM_H */

@@ -29,11 +29,10 @@
 #ifndef NABLA_PROF_H
 #define NABLA_PROF_H
 
+#include "nabla/export.h"
 #include "nabla/core.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+NB_BEGIN_DECLS
 
 /* ------------------------------------------------------------------------ */
 /* TensorBoard event files                                                   */
@@ -115,8 +114,6 @@ typedef struct nb_prof_peak {
  * cache that cannot be read or written only costs a new measurement. */
 nb_prof_peak nb_prof_peak_flops(int threads);
 
-#ifdef __cplusplus
-}
-#endif
+NB_END_DECLS
 
 #endif

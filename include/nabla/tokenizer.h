@@ -43,11 +43,10 @@
 #ifndef NABLA_TOKENIZER_H
 #define NABLA_TOKENIZER_H
 
+#include "nabla/export.h"
 #include "nabla/core.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+NB_BEGIN_DECLS
 
 /* Pre-tokenizer patterns (PCRE2 syntax, run with UTF + UCP). */
 #define NB_TOK_PATTERN_GPT2 \
@@ -214,7 +213,5 @@ void nb_tok_trainer_destroy(nb_tok_trainer *tr); /* NULL is allowed */
  * with NB_ERR_UNIMPLEMENTED. Written to path.tmp and renamed. */
 nb_status nb_tok_save_hf(const nb_tok *t, const char *path);
 
-#ifdef __cplusplus
-}
-#endif
+NB_END_DECLS
 #endif /* NABLA_TOKENIZER_H */

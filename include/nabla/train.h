@@ -54,13 +54,12 @@
 #ifndef NABLA_TRAIN_H
 #define NABLA_TRAIN_H
 
+#include "nabla/export.h"
 #include "nabla/core.h"
 #include "nabla/models.h"
 #include "nabla/optim.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+NB_BEGIN_DECLS
 
 /* ------------------------------------------------------------------------ */
 /* Building blocks                                                           */
@@ -162,7 +161,5 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_model_run_config *cfg, const nb_tra
  * $NABLA_PEAK_GFLOPS or a measured (and cached) f32 FMA peak. */
 double nb_train_peak_flops_estimate(int threads);
 
-#ifdef __cplusplus
-}
-#endif
+NB_END_DECLS
 #endif /* NABLA_TRAIN_H */
