@@ -335,7 +335,7 @@ static nb_status check_save(nb_ckpt_manager *m, int64_t step, bool *exists) {
 nb_status nb_ckpt_save(nb_ckpt_manager *m, int64_t step, const nb_ckpt_item *items, int n_items,
                        const nb_ckpt_save_opts *opts, bool *saved) {
   if (saved) *saved = false;
-  bool exists;
+  bool exists = false;
   nb_status s = check_save(m, step, &exists);
   if (s != NB_OK) return s;
   if (!(opts && opts->force) && !nb_ckpt_should_save(m, step)) return surface(m);
@@ -508,7 +508,7 @@ nb_status nb_ckpt_emergency_save(nb_ckpt_manager *m, int64_t step, const nb_ckpt
   char earlier_msg[sizeof m->pending_msg];
   snprintf(earlier_msg, sizeof earlier_msg, "%s", m->pending_msg);
   m->pending = NB_OK;
-  bool exists;
+  bool exists = false;
   nb_status s = check_save(m, step, &exists);
   if (s == NB_OK && !exists) {
     nb_ckpt__snapshot *snap = nb_ckpt__snapshot_take(m->ctx, step, items, n_items, opts);

@@ -234,7 +234,7 @@ static nb_tree *tensors_to_tree(nb_ctx *ctx, const char *what, const st_header *
 nb_tree *nb_ckpt_safetensors_parse(nb_ctx *ctx, const void *data, size_t size, const nb_ckpt_st_opts *opts,
                                    char **metadata_json) {
   const uint8_t *p = data;
-  size_t len;
+  size_t len = 0;
   if (metadata_json) *metadata_json = NULL;
   if (!p && size) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "nb_ckpt_safetensors_parse: data is NULL"), NULL;
   if (check_prefix(ctx, "(memory)", p, size, &len) != NB_OK) return NULL;

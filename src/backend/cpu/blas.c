@@ -481,7 +481,7 @@ nb_status nb_cpu__blas_run(nb_ctx *ctx, nb_pool *pool, const nb_eqn *e, const vo
   if (pa) pack(&p, &p.a, p.ct, scratch + st, tab, pool);
   if (pb) pack(&p, &p.b, p.ct, scratch + st + sa, tab + p.m + p.k, pool);
   gemm_job j = {.p = &p, .c = pc ? scratch + st + sa + sb : out};
-  bool t;
+  bool t = false; /* as_blas sets it whenever it succeeds, and it does here (both operands are direct now) */
   as_blas(p.m, p.k, p.a.rs, p.a.cs, &j.ta, &j.lda);
   as_blas(p.n, p.k, p.b.rs, p.b.cs, &t, &j.ldb);
   j.tb = !t; /* b is N x K; BLAS wants K x N */
