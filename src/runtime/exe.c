@@ -10,7 +10,11 @@
 
 #include "compile/jit.h"
 
-#define MIN_TASK_WORK 32768 /* elements per task below which splitting does not pay */
+/* elements of work per task below which splitting does not pay: at 32768 a
+ * tiny model's decode ran at 0.87x its one-thread speed at two threads (the
+ * split kernels' data moved between the cores), at 65536 1.00x, with the
+ * tiny training step 0.5-2% slower (bench/pool_oversubscribed.sh) */
+#define MIN_TASK_WORK 65536
 
 static double now_ms(void) {
   struct timespec ts;
