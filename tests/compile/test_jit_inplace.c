@@ -37,6 +37,23 @@ static nb_tree *deep_copy(const nb_tree *t) {
   return c;
 }
 
+/* The inputs of a jit run that donates params and state (copies: the run
+ * takes their memory) and of the interpreter run beside it (the originals),
+ * both with `extra` merged under `extra_at` (NULL: at the root). */
+static void paired_inputs(const nb_tree *params, const nb_tree *state, const char *extra_at, const nb_tree *extra, nb_tree **jin,
+                          nb_tree **ref) {
+  *jin = nb_tree_create(ctx), *ref = nb_tree_create(ctx);
+  nb_tree *pc = deep_copy(params), *sc = deep_copy(state);
+  nb_tree_merge(*jin, "params", pc);
+  nb_tree_merge(*jin, "state", sc);
+  nb_tree_merge(*jin, extra_at, extra);
+  nb_tree_destroy(pc);
+  nb_tree_destroy(sc);
+  nb_tree_merge(*ref, "params", params);
+  nb_tree_merge(*ref, "state", state);
+  nb_tree_merge(*ref, extra_at, extra);
+}
+
 static void test_adamw_in_place(const char *disable) {
   nb_tree *params = nb_tree_create(ctx), *grads = nb_tree_create(ctx);
   add(params, "w", 2, (int64_t[]){33, 17});
@@ -73,16 +90,8 @@ static void test_adamw_in_place(const char *disable) {
     CHECK_MSG(file_has(nb_exe_source_path(e), "GCC ivdep"), "no ivdep in %s", nb_exe_source_path(e));
   }
   /* jit state (held once, donated) and interpreter state step side by side */
-  nb_tree *jin = nb_tree_create(ctx), *ref = nb_tree_create(ctx);
-  nb_tree *pc = deep_copy(params), *sc = deep_copy(state);
-  nb_tree_merge(jin, "params", pc);
-  nb_tree_merge(jin, "state", sc);
-  nb_tree_merge(jin, "grads", grads);
-  nb_tree_destroy(pc);
-  nb_tree_destroy(sc);
-  nb_tree_merge(ref, "params", params);
-  nb_tree_merge(ref, "state", state);
-  nb_tree_merge(ref, "grads", grads);
+  nb_tree *jin, *ref;
+  paired_inputs(params, state, "grads", grads, &jin, &ref);
   for (int step = 0; step < 3; step++) {
     const void *before = nb_array_data(nb_tree_get_array(jin, "params/w"));
     nb_tree *got = nb_tree_create(ctx), *want = nb_tree_create(ctx);
@@ -247,18 +256,8 @@ static void test_optimizers_donated(nb_dtype dt) {
     nb_graph *g = state ? nb_optim_step_graph(ctx, cases[c].tx, params, state) : NULL;
     nb_exe *e = g ? nb_jit(ctx, g, &o) : NULL;
     CHECK_MSG(e != NULL, "%s: %s", cases[c].name, nb_ctx_error(ctx));
-    nb_tree *jin = nb_tree_create(ctx), *ref = nb_tree_create(ctx);
-    if (e) {
-      nb_tree *pc = deep_copy(params), *sc = deep_copy(state);
-      nb_tree_merge(jin, "params", pc);
-      nb_tree_merge(jin, "state", sc);
-      nb_tree_merge(jin, "grads", grads);
-      nb_tree_destroy(pc);
-      nb_tree_destroy(sc);
-      nb_tree_merge(ref, "params", params);
-      nb_tree_merge(ref, "state", state);
-      nb_tree_merge(ref, "grads", grads);
-    }
+    nb_tree *jin = NULL, *ref = NULL;
+    if (e) paired_inputs(params, state, "grads", grads, &jin, &ref);
     for (int step = 0; e && step < 3; step++) {
       nb_tree *got = nb_tree_create(ctx), *want = nb_tree_create(ctx);
       CHECK_OK(ctx, nb_exe_run(e, jin, got));
@@ -351,15 +350,9 @@ static void test_train_step_donated(void) {
     o.donate = donate;
     nb_exe *e = g ? nb_jit(ctx, g, &o) : NULL;
     CHECK_MSG(e != NULL, "%s: nb_jit: %s", cases[k].name, nb_ctx_error(ctx));
-    nb_tree *jin = nb_tree_create(ctx), *ref = nb_tree_create(ctx), *c = nb_tree_create(ctx);
+    nb_tree *jin, *ref, *c = nb_tree_create(ctx);
     nb_test_set_randn(c, &rng, "c", NB_F64, 2, d);
-    nb_tree *pc = deep_copy(params), *sc = deep_copy(state);
-    nb_tree_merge(jin, "params", pc);
-    nb_tree_merge(jin, "state", sc);
-    nb_tree_merge(jin, NULL, c);
-    nb_tree_merge(ref, "params", params);
-    nb_tree_merge(ref, "state", state);
-    nb_tree_merge(ref, NULL, c);
+    paired_inputs(params, state, NULL, c, &jin, &ref);
     for (int step = 0; e && step < 3; step++) {
       nb_tree *got = nb_tree_create(ctx), *want = nb_tree_create(ctx);
       CHECK_OK(ctx, nb_exe_run(e, jin, got));
@@ -377,7 +370,7 @@ static void test_train_step_donated(void) {
       nb_tree_destroy(got);
       nb_tree_destroy(want);
     }
-    nb_tree *trees[] = {jin, ref, c, pc, sc, params, state};
+    nb_tree *trees[] = {jin, ref, c, params, state};
     for (size_t i = 0; i < sizeof trees / sizeof trees[0]; i++) nb_tree_destroy(trees[i]);
     nb_exe_destroy(e);
     nb_graph_destroy(g);
