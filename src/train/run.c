@@ -454,6 +454,8 @@ static nb_status setup(trainer *t, nb_train_start_info *info) {
   if (interrupted(t)) return NB_OK;
   /* the run is accepted (locked, data checked, restored, compiled): only now does config.yaml change */
   if ((s = write_config(ctx, t->dir, t->config))) return s;
+  /* the step's "hparams" inputs come from the config: set once, kept in the state (not saved) */
+  if ((s = nb_train_set_hparams(ctx, c, t->st))) return s;
   char mp[NB_TRAIN_PATH_MAX + 16];
   snprintf(mp, sizeof mp, "%s/metrics.jsonl", t->dir);
   if ((s = truncate_metrics(ctx, mp, t->step))) return s;
@@ -536,7 +538,6 @@ static nb_status one_step(trainer *t, nb_train_step_info *si, double *exe_ms, do
   if (!s && !step) s = nb_ctx_status(ctx);
   if (!s) s = nb_tree_merge(t->st, "batch", b.tree);
   if (!s) s = nb_tree_set_array(t->st, "step", step);
-  if (!s) s = nb_train_set_hparams(ctx, t->cfg, t->st);
   nb_array_release(step);
   nb_data_elem_clear(ctx, &b);
   double m = now_s();
@@ -548,9 +549,6 @@ static nb_status one_step(trainer *t, nb_train_step_info *si, double *exe_ms, do
   if (!s) s = nb_tree_remove(t->st, "batch/inputs");
   if (!s) s = nb_tree_remove(t->st, "batch/targets");
   if (!s) s = nb_tree_remove(t->st, "step");
-  if (!s) s = nb_tree_remove(t->st, "hparams/schedule");
-  if (!s) s = nb_tree_remove(t->st, "hparams/optim");
-  if (!s) s = nb_tree_remove(t->st, "hparams/key");
   if (!s) {
     si->loss = scalar_out(out, "loss");
     si->lr = scalar_out(out, "lr");
