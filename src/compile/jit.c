@@ -67,14 +67,10 @@ static nb_status cache_config(nb_ctx *ctx, const char *dir, nb_jit_config *cfg) 
     return nb_errorf(ctx, NB_ERR_INVALID_ARG, "jit: cache directory path is empty or too long");
   if (strchr(cfg->cache_dir, '\'')) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "jit: cache directory may not contain a quote: %s", cfg->cache_dir);
   const char *max = getenv("NABLA_CACHE_MAX_MB");
-  long long mb = DEFAULT_CACHE_MAX_MB;
-  if (max) {
-    char *end;
-    errno = 0;
-    mb = strtoll(max, &end, 10);
-    if (end == max || *end || errno || mb < 1 || mb > (1ll << 40))
-      return nb_errorf(ctx, NB_ERR_INVALID_ARG, "jit: NABLA_CACHE_MAX_MB must be a whole number of megabytes >= 1, got '%s'", max);
-  }
+  int64_t mb = DEFAULT_CACHE_MAX_MB;
+  char why[160];
+  if (max && !nb_parse_int(max, 1, INT64_C(1) << 40, &mb, why, sizeof why))
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "jit: NABLA_CACHE_MAX_MB must be a whole number of megabytes >= 1: %s", why);
   cfg->cache_max_bytes = (uint64_t)mb << 20;
   return NB_OK;
 }

@@ -23,14 +23,12 @@
 #include "train/internal.h"
 
 nb_status nb__train_wrapf(nb_ctx *ctx, nb_status s, const char *fmt, ...) {
-  /* copy the cause first: formatting into the buffer nb_ctx_error points at is undefined */
-  char cause[2048], prefix[1024];
-  snprintf(cause, sizeof cause, "%s", nb_ctx_error(ctx));
+  char prefix[1024];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(prefix, sizeof prefix, fmt, ap);
   va_end(ap);
-  return nb_errorf(ctx, s ? s : NB_ERR_INTERNAL, "%s: %s", prefix, cause);
+  return nb_errorf(ctx, s ? s : NB_ERR_INTERNAL, "%s: %s", prefix, nb_ctx_error(ctx)); /* nb_errorf may read its own message */
 }
 
 nb_status nb__train_mkdir_p(nb_ctx *ctx, const char *path) {

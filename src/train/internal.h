@@ -27,8 +27,8 @@ typedef struct nb__train_data {
  * run_dir/data/), opens the windows and splits off the eval part. */
 nb_status nb__train_data_open(nb_ctx *ctx, const nb_model_run_config *cfg, const char *run_dir, nb__train_data *d);
 void nb__train_data_close(nb__train_data *d);
-/* Wraps the error on ctx as "<formatted prefix>: <cause>", copying the
- * cause first (never format into the buffer nb_ctx_error returns). */
+/* Wraps the error on ctx as "<formatted prefix>: <cause>" (status s, or
+ * INTERNAL when s is OK). */
 nb_status nb__train_wrapf(nb_ctx *ctx, nb_status s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* mkdir -p */
 nb_status nb__train_mkdir_p(nb_ctx *ctx, const char *path);

@@ -355,9 +355,9 @@ static void pack(const dot_plan *p, operand *o, nb_dtype ct, char *dst, int64_t 
  * of its tiles, while they keep TILE_MIN_SIDE and TILE_MIN_MNK of work, until
  * it (with its batch) has TARGET_TASKS tasks: enough to share out over the
  * threads of most machines, with some left to even out a core that other
- * work slows (a 4096x3072 result: 4 x 4 tiles of 1024 x 768; with tiles of
- * at most 512 on a side the MLP products ran at 91-95% of a direct 2-thread
- * sgemm, bench/matmul_vs_sgemm.c). */
+ * work slows (a 4096x3072 result: 4 x 4 tiles of 1024 x 768). The MLP
+ * products run at 95.5-99.5% of one direct 2-thread sgemm (91-95% with tiles
+ * of at most 512 a side; bench/matmul_vs_sgemm.c, bench/RESULTS.md session 4). */
 #define TILE_MIN_SIDE 128
 #define TILE_MIN_MNK (1 << 16)
 #define TARGET_TASKS 16

@@ -159,18 +159,20 @@ static bool exists(const char *dir, const char *file, char *out, size_t cap) {
  * model is a protobuf ModelProto, which opens with its first piece (field 1,
  * length-delimited: byte 0x0a). */
 static nb_tok *load_file(nb_ctx *ctx, const char *path) {
-  unsigned char head[64];
-  FILE *f = fopen(path, "rb");
-  if (!f) return nb_errorf(ctx, NB_ERR_IO, "%s: cannot open: %s", path, strerror(errno)), NULL;
-  size_t n = fread(head, 1, sizeof head, f);
-  fclose(f);
+  char *data = NULL;
+  size_t n = 0;
+  if (nb_tok__read_file(ctx, path, &data, &n)) return NULL;
+  const unsigned char *head = (const unsigned char *)data;
   size_t i = n >= 3 && head[0] == 0xef && head[1] == 0xbb && head[2] == 0xbf ? 3 : 0;
   while (i < n && (head[i] == ' ' || head[i] == '\t' || head[i] == '\n' || head[i] == '\r')) i++;
-  if (i < n && head[i] == '{') return nb_tok_load_hf(ctx, path);
-  if (n > 0 && head[0] == 0x0a) return nb_tok_load_sentencepiece(ctx, path);
-  return nb_errorf(ctx, NB_ERR_FORMAT, "%s: neither a tokenizer.json (a JSON object) nor a SentencePiece model (a protobuf)%s",
-                   path, n ? "" : ": the file is empty"),
-         NULL;
+  nb_tok *t = NULL;
+  if (i < n && head[i] == '{') t = nb_tok_load_hf_string(ctx, data, n, path);
+  else if (n > 0 && head[0] == 0x0a) t = nb_tok_load_sentencepiece_bytes(ctx, data, n, path);
+  else
+    nb_errorf(ctx, NB_ERR_FORMAT, "%s: neither a tokenizer.json (a JSON object) nor a SentencePiece model (a protobuf)%s", path,
+              n ? "" : ": the file is empty");
+  nb_dealloc(ctx, data, n + 1);
+  return t;
 }
 
 nb_tok *nb_tok_load(nb_ctx *ctx, const char *path) {
