@@ -121,12 +121,6 @@ static nb_status jsonl_doc(doc_walk *w, const char *path, int64_t line, const ch
 }
 
 static nb_status file_docs(doc_walk *w, const char *path) {
-  nb_data_format fmt;
-  nb_status fs = nb_data_detect_format(w->ctx, path, &fmt);
-  if (fs) return fs;
-  if (fmt == NB_DATA_FORMAT_TOKENS || fmt == NB_DATA_FORMAT_RECORDS) /* by magic, whatever its name */
-    return nb_data__err(w->ctx, NB_ERR_INVALID_ARG, "build: '%s' is %s, not text: give the text it was built from",
-                        path, nb_data_format_name(fmt));
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   struct stat st;
   if (fd < 0 || fstat(fd, &st) != 0) {
@@ -137,6 +131,12 @@ static nb_status file_docs(doc_walk *w, const char *path) {
   const char *base = size ? mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0) : "";
   close(fd);
   if (base == MAP_FAILED) return nb_data__err(w->ctx, NB_ERR_IO, "build: cannot map '%s': %s", path, strerror(errno));
+  nb_data_format fmt = nb_data__format_of(base, size);
+  if (fmt == NB_DATA_FORMAT_TOKENS || fmt == NB_DATA_FORMAT_RECORDS) { /* by magic, whatever its name */
+    if (size) munmap((void *)base, size);
+    return nb_data__err(w->ctx, NB_ERR_INVALID_ARG, "build: '%s' is %s, not text: give the text it was built from", path,
+                        nb_data_format_name(fmt));
+  }
   size_t plen = strlen(path);
   bool jsonl = plen > 6 && !strcmp(path + plen - 6, ".jsonl");
   uint64_t start = w->done;

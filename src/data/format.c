@@ -10,9 +10,8 @@
 
 #include "data/internal.h"
 
-/* The magics of docs/token-shard-format.md and docs/record-format.md. */
-static const char TOKENS_MAGIC[8] = "NBTOKENS", RECORDS_MAGIC[8] = "NBRECORD";
-#define SNIFF_BYTES 65536
+/* Bytes read to tell text from binary (a NUL among them), as git does. */
+#define SNIFF_BYTES 8192
 
 const char *nb_data_format_name(nb_data_format f) {
   switch (f) {
@@ -32,7 +31,7 @@ nb_status nb_data_detect_format(nb_ctx *ctx, const char *path, nb_data_format *o
   if (S_ISDIR(st.st_mode)) return *out = NB_DATA_FORMAT_DIR, NB_OK;
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return nb_data__err(ctx, errno == ENOENT ? NB_ERR_NOT_FOUND : NB_ERR_IO, "'%s': %s", path, strerror(errno));
-  static _Thread_local char head[SNIFF_BYTES];
+  char head[SNIFF_BYTES];
   size_t n = 0;
   while (n < sizeof head) {
     ssize_t k = read(fd, head + n, sizeof head - n);
@@ -46,9 +45,13 @@ nb_status nb_data_detect_format(nb_ctx *ctx, const char *path, nb_data_format *o
     n += (size_t)k;
   }
   close(fd);
-  if (n >= 8 && !memcmp(head, TOKENS_MAGIC, 8)) *out = NB_DATA_FORMAT_TOKENS;
-  else if (n >= 8 && !memcmp(head, RECORDS_MAGIC, 8)) *out = NB_DATA_FORMAT_RECORDS;
-  else if (memchr(head, 0, n)) *out = NB_DATA_FORMAT_BINARY;
-  else *out = NB_DATA_FORMAT_TEXT;
+  *out = nb_data__format_of(head, n);
   return NB_OK;
+}
+
+nb_data_format nb_data__format_of(const void *head, size_t n) {
+  if (n >= 8 && !memcmp(head, NB_DATA__SHARD_MAGIC, 8)) return NB_DATA_FORMAT_TOKENS;
+  if (n >= 8 && !memcmp(head, NB_DATA__RECORD_MAGIC, 8)) return NB_DATA_FORMAT_RECORDS;
+  if (memchr(head, 0, n < SNIFF_BYTES ? n : SNIFF_BYTES)) return NB_DATA_FORMAT_BINARY;
+  return NB_DATA_FORMAT_TEXT;
 }

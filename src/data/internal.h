@@ -18,6 +18,13 @@ typedef struct nb_data__errslot {
 } nb_data__errslot;
 extern _Thread_local nb_data__errslot *nb_data__tls_err;
 nb_status nb_data__err(nb_ctx *ctx, nb_status s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* The first 8 bytes of a token shard and of a record file
+ * (docs/token-shard-format.md, docs/record-format.md). */
+#define NB_DATA__SHARD_MAGIC "NBTOKENS"
+#define NB_DATA__RECORD_MAGIC "NBRECORD"
+/* What a file's first n bytes say it is (format.c; never a directory). */
+nb_data_format nb_data__format_of(const void *head, size_t n);
 /* In a worker: the error of a failed call (the slot's, else the context's). */
 void nb_data__capture(nb_ctx *ctx, nb_status s, nb_data__errslot *slot);
 

@@ -24,7 +24,7 @@
 #define FLAG_ZSTD 1u
 #define CACHE_SLOTS 4
 #define MAX_CHUNK_RAW (1ull << 30) /* 1 GiB: bounds what a reader allocates for one chunk */
-static const char REC_MAGIC[8] = "NBRECORD", END_MAGIC[8] = "NBRECEND", INDEX_MAGIC[8] = "NBINDEX";
+static const char REC_MAGIC[8] = NB_DATA__RECORD_MAGIC, END_MAGIC[8] = "NBRECEND", INDEX_MAGIC[8] = "NBINDEX";
 static const char CHUNK_MAGIC[4] = "NBCK";
 
 typedef struct chunk_entry {

@@ -14,7 +14,7 @@
 #define SHARD_VERSION 1u
 #define SHARD_HEADER 64
 #define WBUF 65536
-static const char SHARD_MAGIC[8] = "NBTOKENS";
+static const char SHARD_MAGIC[8] = NB_DATA__SHARD_MAGIC;
 
 struct nb_data_shard_writer {
   nb_ctx *ctx;
