@@ -118,11 +118,11 @@ static int work(nb_pool *p) {
   return ran;
 }
 
-/* Waits until a region other than `seen` is published (or stop): spins,
- * then sleeps. Returns the new generation. */
-static uint32_t wait_work(nb_pool *p, uint32_t seen) {
+/* Waits until a region other than `seen` is published (or stop): spins
+ * (when `spin`), then sleeps. Returns the new generation. */
+static uint32_t wait_work(nb_pool *p, uint32_t seen, bool spin) {
   uint32_t g = gen_of(atomic_load_explicit(&p->claim, memory_order_acquire));
-  for (int i = 0; i < SPIN_ITERS && g == seen && !atomic_load(&p->stop); i++) {
+  for (int i = 0; spin && i < SPIN_ITERS && g == seen && !atomic_load(&p->stop); i++) {
     cpu_relax();
     g = gen_of(atomic_load_explicit(&p->claim, memory_order_acquire));
   }
@@ -139,10 +139,14 @@ static void *worker(void *arg) {
   const worker_arg *w = arg;
   nb_pool *p = w->p;
   uint32_t seen = 0;
+  bool taking_part = true;
   for (;;) {
-    seen = wait_work(p, seen);
+    /* a worker left out while the pool backs off sleeps at once: its spin
+     * would take the CPU the back-off gives back */
+    seen = wait_work(p, seen, taking_part);
     if (atomic_load(&p->stop)) break;
-    if (w->index < atomic_load_explicit(&p->allowed, memory_order_acquire)) work(p);
+    taking_part = w->index < atomic_load_explicit(&p->allowed, memory_order_acquire);
+    if (taking_part) work(p);
   }
   return NULL;
 }
