@@ -104,8 +104,11 @@ nb_val *nb_optim_schedule_trace(const nb_optim_schedule *s, nb_val *step);
  * every number of its formula (the learning rate, warmup and decay lengths,
  * ...) from that vector instead of baking them in as constants, so graphs
  * for different numbers are the same graph (one compile, one disk cache
- * entry); anywhere else, and on the host, it is `inner`. The values are
- * those the constants would have had (bit-identical results). Takes inner.
+ * entry), except where a number picks the formula (a zero warmup, steps <= 0
+ * or a decay rate of 0 or 1 in exponential decay); anywhere else, and on the
+ * host, it is `inner`. The values are those the constants would have had:
+ * bit-identical results for f32 and f64 steps (tests/train/test_hparams.c;
+ * bf16/f16 leaves are not tested). Takes inner.
  * Borrows cell: it must outlive the schedule, and *cell must be NULL or a
  * value of a live graph whenever the schedule is traced or evaluated. */
 nb_optim_schedule *nb_optim_schedule_from_input(nb_ctx *ctx, nb_optim_schedule *inner, nb_val *const *cell);
@@ -164,7 +167,8 @@ nb_status nb_optim_state_set_scalar(nb_ctx *ctx, nb_tree *state, const char *pat
  * instead of being constants: graphs that differ only in those numbers are
  * one graph (one compile). Each number (and 1 - b of a decay) is computed
  * in f64 and rounded once to the leaf's dtype, as the constant is:
- * bit-identical results. Anywhere else (another graph, *cell NULL) the
+ * bit-identical results for f32 and f64 leaves (tests/train/test_hparams.c;
+ * bf16/f16 leaves, where a constant rounds through f32 first, are not tested). Anywhere else (another graph, *cell NULL) the
  * numbers are the constants. The blocks: scale (and so a constant learning
  * rate, folded into one: u = -lr g), scale_by_adam (b1, b2, eps, eps_root;
  * adam, adamw, amsgrad, nadam(w), lamb), add_decayed_weights, trace
