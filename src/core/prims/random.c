@@ -191,9 +191,13 @@ static nb_val *unit_floats(nb_loc l, nb_val *k0, nb_val *k1, nb_dtype t, int64_t
   nb_graph *g = k0->g;
   int nmant = mantissa_bits(t);
   if (t == NB_F64) {
-    nb_val *x0 = iota1(l, g, n), *hi, *lo;
-    if (partitionable(g)) index_pairs(l, k0, k1, n, &hi, &lo);
-    else nb_threefry2x32_at(l, k0, k1, x0, nb_add_at(l, x0, u32c(l, g, (uint64_t)n)), &hi, &lo);
+    nb_val *hi, *lo;
+    if (partitionable(g)) {
+      index_pairs(l, k0, k1, n, &hi, &lo);
+    } else {
+      nb_val *x0 = iota1(l, g, n);
+      nb_threefry2x32_at(l, k0, k1, x0, nb_add_at(l, x0, u32c(l, g, (uint64_t)n)), &hi, &lo);
+    }
     nb_val *top = nb_mul_at(l, nb_convert_at(l, hi, NB_F64), nb_scalar_at(l, g, NB_F64, ldexp(1, -32)));
     nb_val *rest = nb_convert_at(l, nb_div_at(l, lo, u32c(l, g, 1u << 12)), NB_F64);
     return nb_add_at(l, top, nb_mul_at(l, rest, nb_scalar_at(l, g, NB_F64, ldexp(1, -52))));
