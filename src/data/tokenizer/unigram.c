@@ -67,7 +67,8 @@ nb_status nb_tok__unigram_encode(const nb_tok *t, const uint8_t *s, size_t n, nb
   }
   /* backtrack: the best path's token ends, last first */
   size_t k = 0;
-  int32_t *ends = nb_alloc(ctx, (n + 1) * sizeof *ends);
+  int32_t small_ends[65];
+  int32_t *ends = n < 65 ? small_ends : nb_alloc(ctx, (n + 1) * sizeof *ends);
   nb_status r = ends ? NB_OK : NB_ERR_NOMEM;
   for (size_t end = n; !r && end > 0; end = (size_t)node[end].start) ends[k++] = (int32_t)end;
   /* then forward along the path, fusing runs of unknowns */
@@ -86,7 +87,7 @@ nb_status nb_tok__unigram_encode(const nb_tok *t, const uint8_t *s, size_t n, nb
     prev = end;
   }
   if (!r && unk_from != SIZE_MAX) r = emit_unknown(t, s, unk_from, prev, out);
-  if (ends) nb_dealloc(ctx, ends, (n + 1) * sizeof *ends);
+  if (ends && ends != small_ends) nb_dealloc(ctx, ends, (n + 1) * sizeof *ends);
   if (node != small) nb_dealloc(ctx, node, (n + 1) * sizeof *node);
   return r;
 }
