@@ -166,8 +166,7 @@ static size_t initial_symbols(const nb_tok *t, const uint8_t *s, size_t n, int32
     return k;
   }
   for (size_t i = 0; i < n;) {
-    int l = nb_tok__utf8_len(s + i, n - i);
-    size_t len = l ? (size_t)l : 1;
+    size_t len = (size_t)nb_tok__char_len(s + i, n - i);
     int32_t id = nb_tok__lookup(t, s + i, len);
     if (id >= 0) {
       sym[k++] = id;

@@ -22,7 +22,6 @@ typedef struct split_state {
   size_t cap;
 } split_state;
 
-static const uint8_t META[3] = {0xE2, 0x96, 0x81}; /* "▁" U+2581 */
 
 static nb_status regex_run(split_state *st, const uint8_t *s, size_t n) {
   const nb_tok *t = st->t;
@@ -80,8 +79,8 @@ static nb_status meta_split(split_state *st, const uint8_t *s, size_t n) {
   const nb_tok *t = st->t;
   size_t start = 0;
   for (size_t i = 1; i + 3 <= n; i++) {
-    if (s[i] == META[0] && s[i + 1] == META[1] && s[i + 2] == META[2]) {
-      if (!t->ms_split_runs && i >= 3 && !memcmp(s + i - 3, META, 3)) {
+    if (s[i] == NB_TOK__META[0] && s[i + 1] == NB_TOK__META[1] && s[i + 2] == NB_TOK__META[2]) {
+      if (!t->ms_split_runs && i >= 3 && !memcmp(s + i - 3, NB_TOK__META, 3)) {
         i += 2;
         continue;
       }
@@ -109,17 +108,17 @@ static nb_status normalize_char(split_state *st, const uint8_t *s, size_t n, boo
   memcpy(st->buf, t->norm_prepend, pre);
   o = pre;
   if (t->spm_dummy_prefix && at_start) {
-    memcpy(st->buf + o, META, 3);
+    memcpy(st->buf + o, NB_TOK__META, 3);
     o += 3;
   }
   bool replace = t->norm_replace_space || t->metaspace;
-  if (meta_prepend && !(n >= 1 && (s[0] == ' ' || (n >= 3 && !memcmp(s, META, 3))))) {
-    memcpy(st->buf + o, META, 3);
+  if (meta_prepend && !(n >= 1 && (s[0] == ' ' || (n >= 3 && !memcmp(s, NB_TOK__META, 3))))) {
+    memcpy(st->buf + o, NB_TOK__META, 3);
     o += 3;
   }
   for (size_t i = 0; i < n; i++) {
     if (replace && s[i] == ' ') {
-      memcpy(st->buf + o, META, 3);
+      memcpy(st->buf + o, NB_TOK__META, 3);
       o += 3;
     } else {
       st->buf[o++] = s[i];

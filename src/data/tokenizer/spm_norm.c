@@ -13,7 +13,6 @@
 
 #include "data/tokenizer/tok_internal.h"
 
-static const uint8_t META[3] = {0xE2, 0x96, 0x81};
 
 /* Darts-clone unit fields. */
 static bool has_leaf(uint32_t u) { return (u >> 8) & 1; }
@@ -57,9 +56,8 @@ static size_t next_prefix(const nb_tok *t, const uint8_t *s, size_t n, const uin
     *rep_n = strlen(t->spm_strs + v);
     return len;
   }
-  int l = nb_tok__utf8_len(s, n);
   *rep = s;
-  *rep_n = l ? (size_t)l : 1;
+  *rep_n = (size_t)nb_tok__char_len(s, n);
   return *rep_n;
 }
 
@@ -80,7 +78,7 @@ nb_status nb_tok__spm_normalize(const nb_tok *t, const uint8_t *s, size_t n, boo
   /* each input byte becomes at most 3 output bytes per replacement byte; grow as we go */
   if (nb_tok__grow(t->ctx, (void **)buf, cap, 3 + 3 * (n - i) + 1, 1)) return NB_ERR_NOMEM;
   if (t->spm_dummy_prefix && at_start) {
-    memcpy(*buf, META, 3);
+    memcpy(*buf, NB_TOK__META, 3);
     o = 3;
   }
   while (i < n) {
@@ -91,7 +89,7 @@ nb_status nb_tok__spm_normalize(const nb_tok *t, const uint8_t *s, size_t n, boo
       if (nb_tok__grow(t->ctx, (void **)buf, cap, o + 3 * rep_n + 1, 1)) return NB_ERR_NOMEM;
       for (size_t k = 0; k < rep_n; k++) {
         if (rep[k] == ' ') {
-          memcpy(*buf + o, META, 3);
+          memcpy(*buf + o, NB_TOK__META, 3);
           o += 3;
         } else {
           (*buf)[o++] = rep[k];
@@ -103,7 +101,7 @@ nb_status nb_tok__spm_normalize(const nb_tok *t, const uint8_t *s, size_t n, boo
     if (!extra) prev_space = false;
   }
   if (extra) /* trailing whitespace */
-    while (o >= 3 && !memcmp(*buf + o - 3, META, 3)) o -= 3;
+    while (o >= 3 && !memcmp(*buf + o - 3, NB_TOK__META, 3)) o -= 3;
   *out_n = o;
   return NB_OK;
 }

@@ -187,6 +187,13 @@ size_t nb_tok__map_bytes(const uint8_t *b, size_t n, char *out);
 /* ---- utf8 ---- */
 /* Length of the valid UTF-8 sequence at s (1..4), or 0 when invalid. */
 int nb_tok__utf8_len(const uint8_t *s, size_t n);
+/* The bytes of one character at s: an invalid byte is a character of its own. */
+static inline int nb_tok__char_len(const uint8_t *s, size_t n) {
+  int l = nb_tok__utf8_len(s, n);
+  return l ? l : 1;
+}
+/* SentencePiece's word boundary "▁" (U+2581) in UTF-8. */
+static const uint8_t NB_TOK__META[3] = {0xE2, 0x96, 0x81};
 /* Writes cp (<= U+10FFFF) as UTF-8, up to 4 bytes; returns the length. */
 size_t nb_tok__put_utf8(uint32_t cp, uint8_t *out);
 /* Length of the longest valid UTF-8 prefix of s. */

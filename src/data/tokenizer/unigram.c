@@ -20,11 +20,6 @@ typedef struct uni_node {
   int32_t id;    /* its last token (unk_id for an unknown character) */
 } uni_node;
 
-static int char_len(const uint8_t *s, size_t n) {
-  int l = nb_tok__utf8_len(s, n);
-  return l ? l : 1; /* an invalid byte is a character of its own (an unknown one) */
-}
-
 /* sentencepiece (0.2) adds, compares and stores path scores in float. */
 static void relax(const nb_tok *t, uni_node *node, double base, double score, int32_t start, int32_t id) {
   double cand = t->uni_f32 ? (double)((float)score + (float)base) : score + base;
@@ -52,7 +47,7 @@ nb_status nb_tok__unigram_encode(const nb_tok *t, const uint8_t *s, size_t n, nb
   if (!node) return NB_ERR_NOMEM;
   for (size_t i = 0; i <= n; i++) node[i] = (uni_node){0, -1, -1};
   for (size_t start = 0; start < n;) {
-    int mblen = char_len(s + start, n - start);
+    int mblen = nb_tok__char_len(s + start, n - start); /* an invalid byte: an unknown character */
     double base = node[start].score;
     bool single = false;
     nb_tok__range rg = nb_tok__range_all(t);

@@ -8,11 +8,6 @@
 
 #include "data/tokenizer/tok_internal.h"
 
-static int char_len(const uint8_t *s, size_t n) {
-  int l = nb_tok__utf8_len(s, n);
-  return l ? l : 1;
-}
-
 static nb_status unk(const nb_tok *t, const uint8_t *s, size_t n, nb_tok_ids *out) {
   if (t->unk_id < 0)
     return nb_errorf(t->ctx, NB_ERR_INVALID_ARG, "tokenizer: WordPiece model has no unk token for '%.*s'", (int)(n < 64 ? n : 64), (const char *)s);
@@ -36,7 +31,7 @@ static int32_t longest(const nb_tok *t, const uint8_t *s, size_t n, size_t start
 
 nb_status nb_tok__wordpiece_encode(const nb_tok *t, const uint8_t *s, size_t n, nb_tok_ids *out) {
   size_t chars = 0;
-  for (size_t i = 0; i < n; i += (size_t)char_len(s + i, n - i)) chars++;
+  for (size_t i = 0; i < n; i += (size_t)nb_tok__char_len(s + i, n - i)) chars++;
   if (chars > (size_t)t->wp_max_chars) return unk(t, s, n, out);
   size_t before = out->len;
   for (size_t start = 0; start < n;) {
