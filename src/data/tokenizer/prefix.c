@@ -29,7 +29,6 @@ nb_status nb_tok__prefix_index(nb_tok *t, bool skip_bytes) {
       else n++;
     }
     if (!pass && n && !(t->sorted = nb_alloc(t->ctx, (size_t)n * sizeof *t->sorted))) return NB_ERR_NOMEM;
-    if (!pass) t->cap_sorted = n;
   }
   if (t->n_sorted > 1) qsort_r(t->sorted, (size_t)t->n_sorted, sizeof *t->sorted, cmp_bytes, t);
   return NB_OK;

@@ -80,16 +80,15 @@ struct nb_tok {
   /* model options */
   nb_tok__model model;
   int32_t unk_id;          /* -1 none */
-  /* Unigram: per-id scores, the score of an unknown character, the longest
-   * token in characters, float sums (SentencePiece), <0xNN> not matched in
-   * text (SentencePiece) */
+  /* Unigram: per-id scores, the score of an unknown character, float sums
+   * (SentencePiece) */
   double *scores;
   double uni_unk_score;
   bool uni_f32;
   /* Unigram and WordPiece: the ids of the tokens they match, sorted by
    * bytes (prefix.c) */
   int32_t *sorted;
-  int32_t n_sorted, cap_sorted;
+  int32_t n_sorted;
   /* WordPiece: continuing_subword_prefix, max_input_chars_per_word */
   char wp_prefix[16];
   int wp_max_chars;

@@ -360,7 +360,7 @@ void nb_tok_destroy(nb_tok *t) {
   if (t->re) pcre2_code_free(t->re);
   nb_dealloc(ctx, t->added, (size_t)t->n_added * sizeof *t->added);
   if (t->scores) nb_dealloc(ctx, t->scores, (size_t)t->n_tokens * sizeof *t->scores);
-  if (t->sorted) nb_dealloc(ctx, t->sorted, (size_t)t->cap_sorted * sizeof *t->sorted);
+  if (t->sorted) nb_dealloc(ctx, t->sorted, (size_t)t->n_sorted * sizeof *t->sorted);
   if (t->spm_trie) nb_dealloc(ctx, t->spm_trie, t->spm_trie_n * 4);
   if (t->spm_strs) nb_dealloc(ctx, t->spm_strs, t->spm_strs_len);
   nb_dealloc(ctx, t, sizeof *t);
