@@ -222,7 +222,8 @@ nb_prof_peak nb_prof_peak_flops(int threads) {
   if (threads <= 0) {
     int64_t t;
     const char *e = getenv("NABLA_THREADS");
-    threads = e && nb_parse_int(e, 1, 1 << 16, &t, why, sizeof why) ? (int)t : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    /* the bounds nb_jit takes from $NABLA_THREADS (src/compile/jit.c), which refuses a bad value */
+    threads = e && nb_parse_int(e, 1, 1024, &t, why, sizeof why) ? (int)t : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (threads <= 0) threads = 1;
   }
   p.threads = threads;
