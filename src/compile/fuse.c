@@ -816,7 +816,7 @@ static int build_steps(fz *f) {
     const nb_eqn *e = nb__graph_eqn(f->g, k);
     if (e->prim == NB_PRIM_constant) continue;
     if (!nb_jit__fusable(e)) {
-      bool blas = nb__rules(e->prim)->gemm && !f->cfg->off[NB_SW_blas] && nb_cpu__blas_supported(e);
+      bool blas = !f->cfg->off[NB_SW_blas] && nb_cpu__blas_supported(e); /* supported: a gemm primitive, float operands */
       int st = new_step(f, blas ? NB_EXE_STEP_BLAS : NB_EXE_STEP_EVAL, -1, e);
       if (st < 0) return ERR;
       for (int i = 0; i < e->nin; i++)

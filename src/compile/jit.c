@@ -100,23 +100,22 @@ static nb_status make_config(nb_ctx *ctx, const nb_jit_opts *o, nb_jit_config *c
   return NB_OK;
 }
 
-nb_status nb_jit_cache_stat(nb_ctx *ctx, const char *cache_dir, nb_jit_cache_info *out) {
-  if (!out) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "nb_jit_cache_stat: NULL out");
+static nb_status cache_usage(nb_ctx *ctx, const char *cache_dir, bool clear, nb_jit_cache_info *out) {
   memset(out, 0, sizeof *out);
   nb_jit_config cfg;
   memset(&cfg, 0, sizeof cfg);
-  if (cache_config(ctx, cache_dir, &cfg) != NB_OK) return nb_ctx_status(ctx);
-  return nb_cpu__cache_usage(ctx, &cfg, false, out);
+  nb_status st = cache_config(ctx, cache_dir, &cfg);
+  return st ? st : nb_cpu__cache_usage(ctx, &cfg, clear, out);
+}
+
+nb_status nb_jit_cache_stat(nb_ctx *ctx, const char *cache_dir, nb_jit_cache_info *out) {
+  if (!out) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "nb_jit_cache_stat: NULL out");
+  return cache_usage(ctx, cache_dir, false, out);
 }
 
 nb_status nb_jit_cache_clear(nb_ctx *ctx, const char *cache_dir, nb_jit_cache_info *out) {
   nb_jit_cache_info scratch;
-  if (!out) out = &scratch;
-  memset(out, 0, sizeof *out);
-  nb_jit_config cfg;
-  memset(&cfg, 0, sizeof cfg);
-  if (cache_config(ctx, cache_dir, &cfg) != NB_OK) return nb_ctx_status(ctx);
-  return nb_cpu__cache_usage(ctx, &cfg, true, out);
+  return cache_usage(ctx, cache_dir, true, out ? out : &scratch);
 }
 
 static uint64_t config_key(const nb_ctx *ctx, const nb_graph *g, const nb_jit_config *cfg, const nb_jit_opts *o) {
