@@ -345,8 +345,9 @@ static int by_use(const void *a, const void *b) {
 }
 
 /* Lists the entries of dir (an .so and its .c are one entry) into *out
- * (sorted by key), removing stale temporary files. Returns the count, or -1. */
-static long scan(const char *dir, entry **out) {
+ * (sorted by key); with tidy, stale temporary files are removed on the way
+ * (not when only looking: nabla cache info). Returns the count, or -1. */
+static long scan(const char *dir, bool tidy, entry **out) {
   DIR *d = opendir(dir);
   if (!d) return -1;
   entry *v = NULL;
@@ -358,7 +359,7 @@ static long scan(const char *dir, entry **out) {
     struct stat st;
     if (!rest || snprintf(path, sizeof path, "%s/%s", dir, de->d_name) >= (int)sizeof path || lstat(path, &st) != 0) continue;
     if (stale_temp(rest, &st)) {
-      unlink(path);
+      if (tidy) unlink(path);
       continue;
     }
     bool so = !strcmp(rest, ".so");
@@ -400,7 +401,7 @@ static void remove_entry(const char *dir, const char *key) {
  * (never `keep`) until the cache holds at most max_bytes. */
 static void upkeep(const char *dir, const char *keep, uint64_t max_bytes) {
   entry *v = NULL;
-  long n = scan(dir, &v);
+  long n = scan(dir, true, &v);
   uint64_t total = 0;
   for (long i = 0; i < n; i++) total += v[i].bytes;
   if (n > 0) qsort(v, (size_t)n, sizeof *v, by_use);
@@ -423,10 +424,10 @@ nb_status nb_cpu__cache_usage(nb_ctx *ctx, const nb_jit_config *cfg, bool clear,
   if (private_dir(dir, real, why, sizeof why)) snprintf(out->dir, sizeof out->dir, "%s", real);
   else snprintf(out->problem, sizeof out->problem, "%.500s", why);
   entry *v = NULL;
-  long n = scan(out->dir, &v);
+  long n = scan(out->dir, clear, &v);
   if (n < 0) return nb_errorf(ctx, NB_ERR_IO, "jit cache: cannot read %s: %s", out->dir, strerror(errno));
   for (long i = 0; i < n; i++) {
-    if (clear) remove_entry(dir, v[i].key);
+    if (clear) remove_entry(out->dir, v[i].key);
     out->entries++;
     out->bytes += v[i].bytes;
   }
