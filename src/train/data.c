@@ -166,15 +166,15 @@ static nb_status check_shard(nb_ctx *ctx, const char *key_name, const char *path
     nb_data_shard_close(sh);
     return nb__train_wrapf(ctx, s, "train: %s", key_name);
   }
-  id->vocab = nb_data_shard_vocab(sh);
+  int64_t vocab = nb_data_shard_vocab(sh);
   id->tokens = nb_data_shard_count(sh);
   id->xxh3 = nb_data_shard_checksum(sh);
   nb_data_shard_close(sh);
-  if (id->vocab > c->model.vocab_size)
+  if (vocab > c->model.vocab_size)
     return nb_errorf(ctx, NB_ERR_INVALID_ARG,
                      "train: %s '%s' has vocabulary %lld, more than model.vocab_size %lld (use a matching "
                      "data.tokenizer or model.vocab_size)",
-                     key_name, path, (long long)id->vocab, (long long)c->model.vocab_size);
+                     key_name, path, (long long)vocab, (long long)c->model.vocab_size);
   return NB_OK;
 }
 

@@ -10,7 +10,7 @@
 
 /* What a checkpoint's data position depends on, of a shard. */
 typedef struct nb__train_shard_id {
-  int64_t vocab, tokens;
+  int64_t tokens;
   uint64_t xxh3;              /* of the token data (the shard header's) */
 } nb__train_shard_id;
 
