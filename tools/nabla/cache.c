@@ -6,20 +6,19 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cli.h"
 #include "nabla/nabla.h"
 
-static int usage(FILE *f) {
-  fprintf(f, "usage: nabla cache info|clear\n"
-             "  info   print the JIT cache directory, its entries, their size and the size limit\n"
-             "  clear  remove every compiled program from the JIT cache\n"
-             "the directory: $NABLA_CACHE_DIR, else ~/.cache/nabla/jit, else /tmp/nabla-jit-<uid>;\n"
-             "the limit: $NABLA_CACHE_MAX_MB megabytes (default 1024), least recently used evicted first\n");
-  return f == stdout ? 0 : 2;
-}
+static const char usage_text[] =
+    "usage: nabla cache info|clear\n"
+    "  info   print the JIT cache directory, its entries, their size and the size limit\n"
+    "  clear  remove every compiled program from the JIT cache\n"
+    "the directory: $NABLA_CACHE_DIR, else ~/.cache/nabla/jit, else /tmp/nabla-jit-<uid>;\n"
+    "the limit: $NABLA_CACHE_MAX_MB megabytes (default 1024), least recently used evicted first\n";
 
 int nb_cmd_cache(int argc, char **argv) {
-  if (argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) return usage(stdout);
-  if (argc != 2 || (strcmp(argv[1], "info") && strcmp(argv[1], "clear"))) return usage(stderr);
+  if (nb_cli_help_asked(argc, argv)) return nb_cli_usage(usage_text, true);
+  if (argc != 2 || (strcmp(argv[1], "info") && strcmp(argv[1], "clear"))) return nb_cli_usage(usage_text, false);
   bool clear = !strcmp(argv[1], "clear");
   nb_ctx *ctx = nb_ctx_create();
   if (!ctx) return 1;
