@@ -496,7 +496,7 @@ static bool build(const nb_jit_config *cfg, const char *src, size_t len, uint64_
 void *nb_cpu__load(nb_ctx *ctx, const nb_jit_config *cfg, const char *src, size_t len, char *src_path, size_t path_cap,
                    bool *from_cache, char *why, size_t whycap) {
   static atomic_uint serial;
-  static atomic_bool tidied; /* stale temporary files are looked for once per process, and after each compile */
+  static atomic_bool tidied; /* stale temporary files and the size limit: after each compile, or once per process on hits */
   XXH64_state_t *st = XXH64_createState();
   if (!st) return snprintf(why, whycap, "out of memory"), NULL;
   XXH64_reset(st, 0x6e61626c61ull);
@@ -511,13 +511,13 @@ void *nb_cpu__load(nb_ctx *ctx, const nb_jit_config *cfg, const char *src, size_
   snprintf(keyhex, sizeof keyhex, "%016llx", key);
   snprintf(src_path, path_cap, "%s/nb_%s.c", dir, keyhex);
   snprintf(so, sizeof so, "%s/nb_%s.so", dir, keyhex);
-  if (!fresh && !atomic_exchange(&tidied, true)) upkeep(dir, keyhex, cfg->cache_max_bytes);
   char bad[600];
   entry_state es = fresh ? ENTRY_MISSING : check_seal(so, key, bad, sizeof bad);
   if (es == ENTRY_OK) {
     void *h = open_checked(so, key, bad, sizeof bad);
     if (h) {
       utimensat(AT_FDCWD, so, NULL, 0); /* last use, for eviction */
+      if (!atomic_exchange(&tidied, true)) upkeep(dir, keyhex, cfg->cache_max_bytes);
       *from_cache = true;
       return h;
     }
@@ -543,6 +543,7 @@ void *nb_cpu__load(nb_ctx *ctx, const nb_jit_config *cfg, const char *src, size_
     rmdir(dir);
   } else if (ok) {
     upkeep(dir, keyhex, cfg->cache_max_bytes);
+    atomic_store(&tidied, true);
   }
   return h;
 }
