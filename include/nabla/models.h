@@ -158,6 +158,9 @@ void nb_model_run_config_write(const nb_model_run_config *cfg, FILE *f);
  * none; cut at cap). */
 void nb_model_run_config_diff(const nb_model_run_config *a, const nb_model_run_config *b, const char *prefix, char *buf,
                               size_t cap);
+/* The same with both values: "model.d_model: 32 <a_name>, 64 <b_name>; ...". */
+void nb_model_run_config_diff_values(const nb_model_run_config *a, const nb_model_run_config *b, const char *prefix,
+                                     const char *a_name, const char *b_name, char *buf, size_t cap);
 
 /* ------------------------------------------------------------------------ */
 /* Parameters                                                                */

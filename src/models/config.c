@@ -423,6 +423,33 @@ static void write_str(FILE *f, const char *s) {
   fputc('"', f);
 }
 
+/* A key's value as the YAML nb_model_run_config_write writes. */
+static void write_value(FILE *f, const key_def *d, const nb_model_run_config *c) {
+  const char *p = (const char *)c + d->off;
+  int iv;
+  int64_t lv;
+  double dv;
+  bool bv;
+  switch (d->k) {
+    case K_PRESET: write_str(f, c->preset); break;
+    case K_INT: memcpy(&lv, p, sizeof lv); fprintf(f, "%lld", (long long)lv); break;
+    case K_FLOAT: {
+      char buf[40];
+      memcpy(&dv, p, sizeof dv);
+      for (int prec = 6; prec <= 17; prec++) { /* the shortest text that reads back exactly */
+        snprintf(buf, sizeof buf, "%.*g", prec, dv);
+        if (strtod(buf, NULL) == dv) break;
+      }
+      fputs(buf, f);
+      break;
+    }
+    case K_BOOL: memcpy(&bv, p, sizeof bv); fputs(bv ? "true" : "false", f); break;
+    case K_STR: write_str(f, p); break;
+    case K_ENUM: memcpy(&iv, p, sizeof iv); fputs(d->choices[iv], f); break;
+    case K_DTYPE: memcpy(&iv, p, sizeof iv); fputs(nb_dtype_name((nb_dtype)iv), f); break;
+  }
+}
+
 void nb_model_run_config_write(const nb_model_run_config *c, FILE *f) {
   char section[64] = "";
   for (size_t i = 0; i < NKEYS; i++) {
@@ -435,45 +462,42 @@ void nb_model_run_config_write(const nb_model_run_config *c, FILE *f) {
       snprintf(section, sizeof section, "%s", sec);
     }
     fprintf(f, "%s%s: ", sec[0] ? "  " : "", name);
-    const char *p = (const char *)c + d->off;
-    int iv;
-    int64_t lv;
-    double dv;
-    bool bv;
-    switch (d->k) {
-      case K_PRESET: write_str(f, c->preset); break;
-      case K_INT: memcpy(&lv, p, sizeof lv); fprintf(f, "%lld", (long long)lv); break;
-      case K_FLOAT: {
-        char buf[40];
-        memcpy(&dv, p, sizeof dv);
-        for (int prec = 6; prec <= 17; prec++) { /* the shortest text that reads back exactly */
-          snprintf(buf, sizeof buf, "%.*g", prec, dv);
-          if (strtod(buf, NULL) == dv) break;
-        }
-        fputs(buf, f);
-        break;
-      }
-      case K_BOOL: memcpy(&bv, p, sizeof bv); fputs(bv ? "true" : "false", f); break;
-      case K_STR: write_str(f, p); break;
-      case K_ENUM: memcpy(&iv, p, sizeof iv); fputs(d->choices[iv], f); break;
-      case K_DTYPE: memcpy(&iv, p, sizeof iv); fputs(nb_dtype_name((nb_dtype)iv), f); break;
-    }
+    write_value(f, d, c);
     fputc('\n', f);
   }
 }
 
 void nb_model_run_config_diff(const nb_model_run_config *a, const nb_model_run_config *b, const char *prefix, char *buf,
                               size_t cap) {
+  nb_model_run_config_diff_values(a, b, prefix, NULL, NULL, buf, cap);
+}
+
+void nb_model_run_config_diff_values(const nb_model_run_config *a, const nb_model_run_config *b, const char *prefix,
+                                     const char *a_name, const char *b_name, char *buf, size_t cap) {
   static const size_t size[] = {[K_INT] = sizeof(int64_t), [K_FLOAT] = sizeof(double), [K_BOOL] = sizeof(bool),
                                 [K_STR] = NB_MODEL_STR_MAX, [K_ENUM] = sizeof(int), [K_DTYPE] = sizeof(int),
                                 [K_PRESET] = 0};
-  size_t n = 0, pl = strlen(prefix);
+  size_t pl = strlen(prefix), len = 0;
+  char *text = NULL;
+  FILE *f = open_memstream(&text, &len);
   if (cap) buf[0] = 0;
+  if (!f) return;
+  bool first = true;
   for (size_t i = 0; i < NKEYS; i++) {
     const key_def *d = &keys[i];
     const char *pa = (const char *)a + d->off, *pb = (const char *)b + d->off;
     if (strncmp(d->key, prefix, pl) || !size[d->k]) continue; /* the preset is a name, its values are compared */
-    bool differ = d->k == K_STR ? strcmp(pa, pb) != 0 : memcmp(pa, pb, size[d->k]) != 0;
-    if (differ && n < cap) n += (size_t)snprintf(buf + n, cap - n, "%s%s", n ? ", " : "", d->key);
+    if (d->k == K_STR ? !strcmp(pa, pb) : !memcmp(pa, pb, size[d->k])) continue;
+    fprintf(f, "%s%s", first ? "" : a_name ? "; " : ", ", d->key);
+    if (a_name) {
+      fputs(": ", f);
+      write_value(f, d, a);
+      fprintf(f, " %s, ", a_name);
+      write_value(f, d, b);
+      fprintf(f, " %s", b_name);
+    }
+    first = false;
   }
+  if (fclose(f) == 0 && cap) snprintf(buf, cap, "%s", text); /* cut at cap */
+  free(text);
 }

@@ -210,43 +210,14 @@ static nb_status save(trainer *t, bool emergency) {
 
 /* ---------------------------------------------------------------- resume */
 
-/* The "model:" section of a config written by nb_model_run_config_write
- * (one "  key: value" line per key), as [*begin, *end), or false. */
-static bool model_section(const char *yaml, const char **begin, const char **end) {
-  const char *m = !strncmp(yaml, "model:\n", 7) ? yaml : strstr(yaml, "\nmodel:\n");
-  if (!m) return false;
-  *begin = m + (m == yaml ? 6 : 7); /* at the '\n' before the first key */
-  const char *e = *begin;
-  while (e[0] == '\n' && e[1] == ' ') e = strchr(e + 1, '\n') ? strchr(e + 1, '\n') : e + strlen(e);
-  *end = e;
-  return true;
-}
-
 /* "model.d_model: 32 in the checkpoint, 64 now; ..." for the model keys
- * whose values differ between the saved config and this one (matched by
- * key, so configs of other nabla versions compare too). */
-static void model_diff(const char *saved, const char *now, char *out, size_t cap) {
+ * that differ between the config stored in a checkpoint and this run's ("":
+ * none, or no stored config that parses). */
+static void model_diff(nb_ctx *ctx, const char *saved, const nb_model_run_config *now, char *out, size_t cap) {
+  nb_model_run_config stored;
   out[0] = 0;
-  const char *sb, *se, *nb, *ne;
-  if (!model_section(saved, &sb, &se) || !model_section(now, &nb, &ne)) return;
-  for (const char *l = nb; l < ne && l[0] == '\n';) {
-    const char *key = l + 1 + strspn(l + 1, " "), *colon = strchr(key, ':'), *eol = strchr(key, '\n');
-    if (!eol || eol > ne) eol = ne;
-    if (colon && colon < eol) {
-      char pat[128];
-      snprintf(pat, sizeof pat, "\n  %.*s:", (int)(colon - key), key);
-      const char *o = strstr(sb, pat);
-      if (o && o < se) {
-        const char *ov = o + strlen(pat), *oe = strchr(ov, '\n');
-        if (!oe || oe > se) oe = se;
-        size_t used = strlen(out);
-        if (((size_t)(oe - ov) != (size_t)(eol - colon - 1) || memcmp(ov, colon + 1, (size_t)(oe - ov))) && used + 8 < cap)
-          snprintf(out + used, cap - used, "%smodel.%.*s:%.*s in the checkpoint,%.*s now", used ? "; " : "",
-                   (int)(colon - key), key, (int)(oe - ov), ov, (int)(eol - colon - 1), colon + 1);
-      }
-    }
-    l = eol;
-  }
+  if (saved && nb_model_run_config_parse(ctx, "the checkpoint's config", saved, strlen(saved), 0, NULL, &stored) == NB_OK)
+    nb_model_run_config_diff_values(&stored, now, "model.", "in the checkpoint", "now", out, cap);
 }
 
 /* Refuses (unless resume.allow_data_change) a resume whose data position
@@ -322,8 +293,11 @@ static nb_status restore_step(trainer *t, int64_t step, bool *damaged) {
   nb_tree_destroy(target);
   if (!s && !r) {
     *damaged = nb_ctx_status(ctx) == NB_ERR_FORMAT;
-    char diff[1024];
-    model_diff(cJSON_IsString(cf) ? cf->valuestring : "", t->config, diff, sizeof diff);
+    char diff[1024], cause[2048];
+    snprintf(cause, sizeof cause, "%s", nb_ctx_error(ctx)); /* parsing the stored config may set another error */
+    nb_status why = nb_ctx_status(ctx);
+    model_diff(ctx, cJSON_IsString(cf) ? cf->valuestring : NULL, t->cfg, diff, sizeof diff);
+    nb_errorf(ctx, why, "%s", cause);
     s = nb__train_wrapf(ctx, nb_ctx_status(ctx), "train: restoring step %lld from %s/checkpoints (%s%s)", (long long)step,
                         t->dir, diff[0] ? "the model config differs: " : "delete it to start over, or check that the "
                         "model config matches", diff);
