@@ -5,6 +5,8 @@
 #ifndef NABLA_COMPILE_JIT_H
 #define NABLA_COMPILE_JIT_H
 
+#include <pthread.h>
+
 #include "core/prims/params.h"
 #include "nabla/compile.h"
 

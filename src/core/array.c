@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/internal.h"
+#include "core/ir.h"
 
 static bool check_shape(nb_ctx *ctx, nb_dtype t, int rank, const int64_t *dims, const char *what) {
   if (t < 0 || t >= NB_DTYPE_COUNT) return nb_errorf(ctx, NB_ERR_DTYPE, "%s: invalid dtype %d", what, (int)t), false;
@@ -136,6 +137,10 @@ nb_array *nb_array_astype(nb_ctx *ctx, nb_array *a, nb_dtype t) {
 
 void nb_array_retain(nb_array *a) {
   if (a) atomic_fetch_add(&a->refcount, 1);
+}
+
+bool nb__array_is_sole_owner(const nb_array *a) {
+  return atomic_load(&a->refcount) == 1 && !a->release && a->device.kind == NB_DEVICE_CPU;
 }
 
 void nb_array_release(nb_array *a) {

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/internal.h"
+#include "core/ir.h"
 
 static const char *const status_names[NB_STATUS_COUNT] = {
     [NB_OK] = "ok",

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/internal.h"
+#include "core/ir.h"
 
 typedef struct dtype_info {
   const char *name;

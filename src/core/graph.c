@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/internal.h"
 #include "core/ir.h"
 
 const nb_prim_rules *const nb__prim_table[NB_PRIM_COUNT] = {

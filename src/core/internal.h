@@ -1,5 +1,6 @@
-/* Private to the core: struct layouts of the context, arrays and trees, and
- * the helpers the core's files share. Other libraries use include/nabla only. */
+/* Private to the core: struct layouts of the context and arrays, and the
+ * helpers only the core's files share. Other libraries use include/nabla, and
+ * the compiler and the transformations the IR contract, core/ir.h. */
 #ifndef NABLA_CORE_INTERNAL_H
 #define NABLA_CORE_INTERNAL_H
 
@@ -52,16 +53,5 @@ const nb_custom_call_entry *nb__custom_call_find(const nb_ctx *ctx, const char *
 /* An owned copy of s (free with nb__strfree), or NULL on OOM. */
 char *nb__strdup(nb_ctx *ctx, const char *s);
 void nb__strfree(nb_ctx *ctx, char *s);
-
-/* Element access by dtype, used by the interpreter and printing. */
-double nb__load_f64(nb_dtype t, const void *base, int64_t i);
-void nb__store_f64(nb_dtype t, void *base, int64_t i, double v);
-int64_t nb__load_i64(nb_dtype t, const void *base, int64_t i);
-void nb__store_i64(nb_dtype t, void *base, int64_t i, int64_t v);
-
-/* Row-major strides in elements for shape s. */
-void nb__strides(const nb_shape *s, int64_t *strides);
-uint64_t nb__hash_bytes(const void *p, size_t n, uint64_t seed);
-uint64_t nb__hash_combine(uint64_t h, uint64_t v);
 
 #endif

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "core/internal.h"
 #include "core/ir.h"
 
 static bool has_nonfinite(const nb_array *a) {

@@ -11,7 +11,7 @@
 #ifndef NABLA_CORE_IR_H
 #define NABLA_CORE_IR_H
 
-#include "core/internal.h"
+#include "nabla/core.h"
 
 typedef enum nb_prim {
 #define NB_PRIM(name, family) NB_PRIM_##name,
@@ -146,6 +146,21 @@ static inline const nb_prim_rules *nb__rules(nb_prim p) { return nb__prim_table[
 #include "core/prims/prims.def"
 #undef NB_PRIM
 
+/* Element access by dtype (rules' eval, constant folding, BLAS glue). */
+double nb__load_f64(nb_dtype t, const void *base, int64_t i);
+void nb__store_f64(nb_dtype t, void *base, int64_t i, double v);
+int64_t nb__load_i64(nb_dtype t, const void *base, int64_t i);
+void nb__store_i64(nb_dtype t, void *base, int64_t i, int64_t v);
+
+/* Row-major strides in elements for shape s. */
+void nb__strides(const nb_shape *s, int64_t *strides);
+uint64_t nb__hash_bytes(const void *p, size_t n, uint64_t seed);
+uint64_t nb__hash_combine(uint64_t h, uint64_t v);
+
+/* True when a is the only reference to host memory its context allocated
+ * (not wrapped memory): a compiled step may then write an output into it. */
+bool nb__array_is_sole_owner(const nb_array *a);
+
 /* Emits an equation into g: checks operands (same graph, not poisoned), runs
  * the infer rule (reporting primitive, avals and loc on error), hash-conses,
  * and writes the outputs to outs[*nout] (outs may be NULL when only the first
@@ -215,10 +230,26 @@ nb_val *nb__bcast_batch(nb_loc loc, nb_val *x, int64_t n);
 /* x with its batch axis at `bdim` (or -1) moved/broadcast to axis 0. */
 nb_val *nb__batch_to_front(nb_loc loc, nb_val *x, int bdim, int64_t n);
 
-/* Transformations used by the higher-order primitives (remat, custom_vjp). */
+/* Transformations used by the higher-order primitives (remat, custom_vjp,
+ * custom calls). They are the core library's too, in src/transform/; the
+ * primitives reach them through these declarations only. */
 nb_graph *nb__vjp_graph(nb_ctx *ctx, const nb_graph *g);
 nb_graph *nb__jvp_graph(nb_ctx *ctx, const nb_graph *g);
 nb_graph *nb__vmap_graph(nb_ctx *ctx, const nb_graph *g, const int *in_bdims, int64_t axis_size, int out_axis);
 nb_graph *nb__vmap_graph_axes(nb_ctx *ctx, const nb_graph *g, const int *in_bdims, int64_t axis_size, const int *out_axes);
+
+/* Emits src into dst with forward-mode tangents: primal_in[i] / tangent_in[i]
+ * (NULL tangent: zero; tangent_in NULL: all zero) for src's inputs; writes
+ * src's outputs and their tangents (NULL: zero). */
+nb_status nb__jvp_into(nb_graph *dst, const nb_graph *src, nb_val *const *primal_in, nb_val *const *tangent_in,
+                       nb_val **primal_out, nb_val **tangent_out);
+
+/* Reverse mode into dst: emits src's primal computation on primal_in, writes
+ * its outputs to primal_out, then back-propagates the output cotangents
+ * ct_out[i] (NULL: zero) and writes input cotangents to ct_in[i] for the
+ * inputs with wrt[i] (others NULL). ct_out may be NULL: all zero but for
+ * seed_first, a cotangent of one for output 0. */
+nb_status nb__vjp_into(nb_graph *dst, const nb_graph *src, const bool *wrt, nb_val *const *primal_in,
+                       nb_val *const *ct_out, bool seed_first, nb_val **primal_out, nb_val **ct_in);
 
 #endif

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/internal.h"
+#include "core/ir.h"
 
 typedef struct entry {
   char *path;

@@ -4,7 +4,7 @@
  * through their reference implementation, dot_general through BLAS) and
  * records per-step times. Without native code it runs the optimized graph
  * on the interpreter. Not here: deciding any of the plan (src/compile/). */
-#include <stdatomic.h>
+#include <pthread.h>
 #include <string.h>
 #include <time.h>
 
@@ -113,7 +113,7 @@ static nb_status check_inputs(nb_exe *e, nb_array *const *in) {
  * a wrapped view of its memory). */
 static bool can_take(const nb_exe *e, nb_array *const *in, int d) {
   nb_array *x = in[d];
-  if (atomic_load(&x->refcount) != 1 || x->release || x->device.kind != NB_DEVICE_CPU) return false;
+  if (!nb__array_is_sole_owner(x)) return false;
   uintptr_t lo = (uintptr_t)nb_array_data(x), hi = lo + nb_array_nbytes(x);
   for (size_t i = 0; i < nb_graph_num_inputs(e->graph); i++) {
     uintptr_t a = (uintptr_t)nb_array_data(in[i]), b = a + nb_array_nbytes(in[i]);

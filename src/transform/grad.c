@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "transform/transform.h"
+#include "core/ir.h"
 
 typedef struct vjp_work {
   nb_ctx *ctx;

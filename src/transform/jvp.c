@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "transform/transform.h"
+#include "core/ir.h"
 
 static bool any_float_output(const nb_eqn *e) {
   for (int i = 0; i < e->nout; i++)

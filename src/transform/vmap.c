@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "transform/transform.h"
+#include "core/ir.h"
 
 nb_graph *nb__vmap_graph(nb_ctx *ctx, const nb_graph *g, const int *in_bdims, int64_t n, int out_axis) {
   int *outs_axis = NULL;

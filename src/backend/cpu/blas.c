@@ -20,7 +20,6 @@
 #include <strings.h>
 
 #include "compile/jit.h"
-#include "core/internal.h"
 #ifdef NABLA_HAVE_CBLAS
 #include <cblas.h>
 #endif

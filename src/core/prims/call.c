@@ -8,7 +8,6 @@
 #include <string.h>
 
 #include "core/prims/elementwise.h"
-#include "transform/transform.h"
 
 /* ---------------------------------------------------------------- barrier */
 

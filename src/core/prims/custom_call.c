@@ -6,9 +6,9 @@
  * kernels (eval is host code). */
 #include <string.h>
 
+#include "core/internal.h"
 #include "core/prims/custom_call.h"
 #include "core/prims/elementwise.h"
-#include "transform/transform.h"
 
 #define MAX_IO 64 /* operands and outputs of one kernel */
 

@@ -104,6 +104,7 @@ typedef struct nb_rev_params { /* rev: axes sorted ascending, no repeats, none o
  * once per item (vmap of a kernel that has no batching rule of its own). The
  * attributes are a u8 array, not arena memory, so that a copied equation in
  * another graph (inlining, transformations) keeps them alive by holding it. */
+typedef struct nb_custom_call_entry nb_custom_call_entry; /* opaque here: core/internal.h */
 typedef struct nb_custom_call_params {
   const nb_custom_call_entry *entry; /* registry entry on the context (outlives the graphs) */
   nb_array *attrs;                   /* u8[attrs_size] copy of the attributes, NULL when empty */
