@@ -120,6 +120,10 @@ nb_prng_impl nb_ctx_prng_impl(const nb_ctx *ctx);
 void *nb_alloc(nb_ctx *ctx, size_t bytes);  /* 64-byte aligned; NULL (+ error) on failure */
 void *nb_calloc(nb_ctx *ctx, size_t bytes); /* zeroed */
 void nb_dealloc(nb_ctx *ctx, void *ptr, size_t bytes);
+/* An owned copy of s in the context's memory (free with nb_strfree), or NULL
+ * (+ error) on failure. nb_strfree(ctx, NULL) does nothing. */
+char *nb_strdup(nb_ctx *ctx, const char *s);
+void nb_strfree(nb_ctx *ctx, char *s);
 size_t nb_ctx_bytes_in_use(const nb_ctx *ctx);
 size_t nb_ctx_peak_bytes(const nb_ctx *ctx);
 /* Fault injection for tests: the n-th allocation from now fails (n >= 1);

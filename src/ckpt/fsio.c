@@ -15,6 +15,7 @@
 #include <xxhash.h>
 
 #include "ckpt/internal.h"
+#include "util/util.h"
 
 /* ---- fault injection ---------------------------------------------------- */
 
@@ -61,20 +62,10 @@ static nb_status io_error(nb_ctx *ctx, const char *what, const char *path) {
 nb_status nb_ckpt__mkdirs(nb_ctx *ctx, const char *path) {
   char buf[NB_CKPT__PATH_CAP];
   if (nb_ckpt__pathf(ctx, buf, "%s", path) != NB_OK) return NB_ERR_INVALID_ARG;
-  size_t n = strlen(buf);
-  for (size_t i = 1; i <= n; i++) {
-    if (buf[i] != '/' && buf[i] != 0) continue;
-    char c = buf[i];
-    buf[i] = 0;
-    struct stat st;
-    if (stat(buf, &st) != 0) {
-      if (nb_ckpt__io_tick() != 0 || (mkdir(buf, 0755) != 0 && errno != EEXIST))
-        return io_error(ctx, "cannot create directory", buf);
-    } else if (!S_ISDIR(st.st_mode)) {
-      return nb_errorf(ctx, NB_ERR_IO, "'%s' exists and is not a directory", buf);
-    }
-    buf[i] = c;
-  }
+  char failed[NB_CKPT__PATH_CAP];
+  int err = nb_util__mkdir_p(buf, 0755, nb_ckpt__io_tick, failed, sizeof failed);
+  if (err == ENOTDIR) return nb_errorf(ctx, NB_ERR_IO, "'%s' exists and is not a directory", failed);
+  if (err) return nb_errorf(ctx, NB_ERR_IO, "cannot create directory '%s': %s", failed, strerror(err));
   return NB_OK;
 }
 
@@ -307,16 +298,7 @@ bool nb_ckpt__valid_tree_path(const char *s) {
   return true;
 }
 
-char *nb_ckpt__strdup(nb_ctx *ctx, const char *s) {
-  size_t n = strlen(s) + 1;
-  char *p = nb_alloc(ctx, n);
-  if (p) memcpy(p, s, n);
-  return p;
-}
-
-void nb_ckpt_string_free(nb_ctx *ctx, char *s) {
-  if (s) nb_dealloc(ctx, s, strlen(s) + 1);
-}
+void nb_ckpt_string_free(nb_ctx *ctx, char *s) { nb_strfree(ctx, s); }
 
 void nb_ckpt__hex64(uint64_t v, char out[17]) { snprintf(out, 17, "%016llx", (unsigned long long)v); }
 

@@ -70,7 +70,6 @@ nb_array *nb_ckpt__map_array(nb_ctx *ctx, nb_ckpt__map *m, uint64_t offset, nb_d
 bool nb_ckpt__valid_item_name(const char *s);
 bool nb_ckpt__valid_file_name(const char *s);
 bool nb_ckpt__valid_tree_path(const char *s);
-char *nb_ckpt__strdup(nb_ctx *ctx, const char *s);  /* free with nb_ckpt_string_free */
 void nb_ckpt__hex64(uint64_t v, char out[17]);
 bool nb_ckpt__parse_hex64(const char *s, uint64_t *v);
 /* XXH3-64 of a buffer, in chunks (any size). */

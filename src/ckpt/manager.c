@@ -289,7 +289,7 @@ nb_ckpt_manager *nb_ckpt_manager_create(nb_ctx *ctx, const nb_ckpt_options *opts
   m->opts = *opts;
   m->lock_fd = -1;
   pthread_mutex_init(&m->mu, NULL);
-  m->dir = nb_ckpt__strdup(ctx, opts->directory);
+  m->dir = nb_strdup(ctx, opts->directory);
   m->opts.directory = m->dir;
   nb_status s = m->dir ? NB_OK : NB_ERR_NOMEM;
   if (s == NB_OK && !(m->wctx = nb_ctx_create_with_allocator(forward_alloc, ctx))) s = NB_ERR_NOMEM;

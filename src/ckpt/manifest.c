@@ -43,7 +43,7 @@ static nb_array *host_snapshot(nb_ctx *ctx, nb_array *a) {
 static nb_status snap_item(nb_ctx *ctx, const nb_ckpt_item *in, nb_ckpt__snap_item *out) {
   if (!in->tree) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "checkpoint item '%s': tree is NULL", in->name);
   size_t n = nb_tree_size(in->tree);
-  if (!(out->name = nb_ckpt__strdup(ctx, in->name))) return NB_ERR_NOMEM;
+  if (!(out->name = nb_strdup(ctx, in->name))) return NB_ERR_NOMEM;
   if (n && !(out->arrays = nb_calloc(ctx, n * sizeof *out->arrays))) return NB_ERR_NOMEM;
   out->n = n; /* entries not yet filled stay NULL */
   for (size_t j = 0; j < n; j++) {
@@ -52,7 +52,7 @@ static nb_status snap_item(nb_ctx *ctx, const nb_ckpt_item *in, nb_ckpt__snap_it
     if (l->kind != NB_LEAF_ARRAY)
       return nb_errorf(ctx, NB_ERR_INVALID_ARG, "checkpoint item '%s': leaf '%s' is not an array", in->name, path);
     nb_ckpt__snap_array *sa = &out->arrays[j];
-    if (!(sa->path = nb_ckpt__strdup(ctx, path))) return NB_ERR_NOMEM;
+    if (!(sa->path = nb_strdup(ctx, path))) return NB_ERR_NOMEM;
     if (!(sa->array = host_snapshot(ctx, l->array))) return nb_ctx_status(ctx);
   }
   return NB_OK;
@@ -66,7 +66,7 @@ static nb_status check_metadata(nb_ctx *ctx, const char *json, char **compact) {
   char *txt = cJSON_PrintUnformatted(j);
   cJSON_Delete(j);
   if (!txt) return nb_errorf(ctx, NB_ERR_NOMEM, "out of memory printing checkpoint metadata");
-  *compact = nb_ckpt__strdup(ctx, txt);
+  *compact = nb_strdup(ctx, txt);
   cJSON_free(txt);
   return *compact ? NB_OK : NB_ERR_NOMEM;
 }
@@ -154,7 +154,7 @@ char *nb_ckpt__manifest_build(nb_ctx *ctx, const nb_ckpt__snapshot *s) {
   cJSON_Delete(root);
   if (!txt) return nb_errorf(ctx, NB_ERR_NOMEM, "out of memory building the manifest of step %lld",
                              (long long)s->step), NULL;
-  char *out = nb_ckpt__strdup(ctx, txt);
+  char *out = nb_strdup(ctx, txt);
   cJSON_free(txt);
   return out;
 }
@@ -210,7 +210,7 @@ static nb_status parse_shard(parser *p, const cJSON *j, nb_ckpt__array *a, nb_ck
   const cJSON *file = cJSON_GetObjectItemCaseSensitive(j, "file");
   if (!cJSON_IsString(file) || !nb_ckpt__valid_file_name(file->valuestring))
     return bad(p, where, "shard 'file' must be a plain file name");
-  if (!(sh->file = nb_ckpt__strdup(p->ctx, file->valuestring))) return NB_ERR_NOMEM;
+  if (!(sh->file = nb_strdup(p->ctx, file->valuestring))) return NB_ERR_NOMEM;
   int64_t off, nbytes;
   int rs, re;
   nb_status s = get_int(p, j, "offset", where, &off);
@@ -259,7 +259,7 @@ static nb_status parse_array(parser *p, const cJSON *j, const char *item, nb_ckp
   const cJSON *path = cJSON_GetObjectItemCaseSensitive(j, "path"), *dt = cJSON_GetObjectItemCaseSensitive(j, "dtype");
   if (!cJSON_IsString(path) || !nb_ckpt__valid_tree_path(path->valuestring))
     return bad(p, where, "'path' must be a tree path (non-empty, no empty component)");
-  if (!(a->e.path = nb_ckpt__strdup(p->ctx, path->valuestring))) return NB_ERR_NOMEM;
+  if (!(a->e.path = nb_strdup(p->ctx, path->valuestring))) return NB_ERR_NOMEM;
   char w[256];
   snprintf(w, sizeof w, "array '%s/%s'", item, a->e.path);
   if (!cJSON_IsString(dt) || !nb_dtype_from_name(dt->valuestring, &a->e.dtype))
@@ -308,7 +308,7 @@ static nb_status parse_items(parser *p, const cJSON *items) {
     }
     for (size_t q = 0; q < i && s == NB_OK; q++)
       if (!strcmp(info->items[q], name->valuestring)) s = bad(p, name->valuestring, "item given twice");
-    if (s != NB_OK || !(info->items[i] = nb_ckpt__strdup(p->ctx, name->valuestring))) {
+    if (s != NB_OK || !(info->items[i] = nb_strdup(p->ctx, name->valuestring))) {
       s = s != NB_OK ? s : NB_ERR_NOMEM;
       break;
     }
@@ -354,7 +354,7 @@ static nb_status parse_root(parser *p, const cJSON *root) {
   if (meta) {
     char *txt = cJSON_PrintUnformatted(meta);
     if (!txt) return nb_errorf(p->ctx, NB_ERR_NOMEM, "out of memory reading manifest metadata");
-    info->metadata = nb_ckpt__strdup(p->ctx, txt);
+    info->metadata = nb_strdup(p->ctx, txt);
     cJSON_free(txt);
     if (!info->metadata) return NB_ERR_NOMEM;
   }

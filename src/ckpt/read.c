@@ -38,7 +38,7 @@ nb_ckpt_info *nb_ckpt_info_open(nb_ctx *ctx, const char *step_dir) {
     nb_ckpt_info_destroy(info);
     return NULL;
   }
-  if (!(info->dir = nb_ckpt__strdup(ctx, step_dir))) {
+  if (!(info->dir = nb_strdup(ctx, step_dir))) {
     nb_ckpt_info_destroy(info);
     return NULL;
   }

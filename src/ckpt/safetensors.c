@@ -198,7 +198,7 @@ static char *metadata_text(nb_ctx *ctx, const cJSON *m) {
   if (!m) return NULL;
   char *txt = cJSON_PrintUnformatted(m);
   if (!txt) return nb_errorf(ctx, NB_ERR_NOMEM, "out of memory printing metadata"), NULL;
-  char *out = nb_ckpt__strdup(ctx, txt);
+  char *out = nb_strdup(ctx, txt);
   cJSON_free(txt);
   return out;
 }

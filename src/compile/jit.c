@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "compile/jit.h"
+#include "util/util.h"
 
 static const char *const switch_names[NB_SW_COUNT] = {
 #define NB_JIT_SW(n) #n,
@@ -18,12 +19,6 @@ static const char *const switch_names[NB_SW_COUNT] = {
 
 static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
 static nb_exe *cache_list;
-
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 /* ---------------------------------------------------------------- options */
 
@@ -196,11 +191,11 @@ void nb_exe_print(const nb_exe *e, FILE *f) {
 static nb_status build_native(nb_exe *e) {
   nb_ctx *ctx = e->ctx;
   nb_jit_text src = {ctx, NULL, 0, 0, false};
-  double t0 = now_ms();
+  double t0 = nb_util__now_ms();
   nb_status st = nb_jit__codegen_c(ctx, &e->plan, &src);
-  e->phase_ms[3] = now_ms() - t0;
+  e->phase_ms[3] = nb_util__now_ms() - t0;
   if (st != NB_OK) return st;
-  t0 = now_ms();
+  t0 = nb_util__now_ms();
   char why[1600] = "";
   if (!e->cfg.off[NB_SW_native] && e->plan.nkernels > 0) {
     e->dl = nb_cpu__load(ctx, &e->cfg, src.s, src.n, e->src_path, sizeof e->src_path, &e->from_cache, why, sizeof why);
@@ -222,16 +217,16 @@ static nb_status build_native(nb_exe *e) {
     if (!e->dl) nb_logf(ctx, NB_LOG_WARN, "jit: no native code (%s); this executable runs on the interpreter", why);
   }
   e->native = e->cfg.off[NB_SW_native] ? false : e->plan.nkernels == 0 || e->dl != NULL;
-  e->phase_ms[4] = now_ms() - t0;
+  e->phase_ms[4] = nb_util__now_ms() - t0;
   nb_jit__text_free(&src);
   return NB_OK;
 }
 
 static nb_status compile(nb_exe *e, const nb_graph *g, const nb_jit_opts *o) {
   nb_ctx *ctx = e->ctx;
-  double t0 = now_ms();
+  double t0 = nb_util__now_ms();
   e->graph = nb_jit__simplify(ctx, g, &e->cfg);
-  e->phase_ms[0] = now_ms() - t0;
+  e->phase_ms[0] = nb_util__now_ms() - t0;
   if (!e->graph) return nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_NOMEM;
   if (e->cfg.debug >= 4) {
     char *text = nb_graph_to_string(e->graph);
@@ -245,12 +240,12 @@ static nb_status compile(nb_exe *e, const nb_graph *g, const nb_jit_opts *o) {
   e->plan.donated = nb_jit__alloc(&e->ar, nin + 1);
   if (!e->plan.donated) return nb_errorf(ctx, NB_ERR_NOMEM, "jit: out of memory");
   for (size_t i = 0; i < nin; i++) e->plan.donated[i] = donated(nb_graph_input_path(e->graph, i), o ? o->donate : NULL);
-  double t1 = now_ms();
+  double t1 = nb_util__now_ms();
   nb_status st = nb_jit__fuse(ctx, &e->plan, &e->cfg);
-  double t2 = now_ms();
+  double t2 = nb_util__now_ms();
   if (st == NB_OK) st = nb_jit__assign_buffers(ctx, &e->plan, &e->cfg);
   e->phase_ms[1] = t2 - t1;
-  e->phase_ms[2] = now_ms() - t2;
+  e->phase_ms[2] = nb_util__now_ms() - t2;
   if (st == NB_OK) st = build_native(e);
   if (st != NB_OK) return st;
   for (int k = 0; k < e->plan.nkernels; k++)
@@ -261,7 +256,7 @@ static nb_status compile(nb_exe *e, const nb_graph *g, const nb_jit_opts *o) {
     e->pool = nb_rt__pool_get(e->cfg.threads);
     if (!e->pool) return nb_errorf(ctx, NB_ERR_NOMEM, "jit: cannot start the thread pool");
   }
-  e->compile_ms = now_ms() - t0;
+  e->compile_ms = nb_util__now_ms() - t0;
   return NB_OK;
 }
 

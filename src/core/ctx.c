@@ -77,7 +77,7 @@ void nb_ctx_destroy(nb_ctx *ctx) {
   nb_custom_call_entry *e = ctx->custom_calls;
   while (e) {
     nb_custom_call_entry *next = e->next;
-    nb__strfree(ctx, e->name);
+    nb_strfree(ctx, e->name);
     nb_dealloc(ctx, e, sizeof *e);
     e = next;
   }
@@ -171,14 +171,14 @@ size_t nb_ctx_bytes_in_use(const nb_ctx *ctx) { return atomic_load(&ctx->bytes_i
 size_t nb_ctx_peak_bytes(const nb_ctx *ctx) { return atomic_load(&ctx->peak_bytes); }
 void nb_ctx_fail_alloc_after(nb_ctx *ctx, int64_t n) { atomic_store(&ctx->fail_alloc_countdown, n); }
 
-char *nb__strdup(nb_ctx *ctx, const char *s) {
+char *nb_strdup(nb_ctx *ctx, const char *s) {
   size_t n = strlen(s) + 1;
   char *p = nb_alloc(ctx, n);
   if (p) memcpy(p, s, n);
   return p;
 }
 
-void nb__strfree(nb_ctx *ctx, char *s) {
+void nb_strfree(nb_ctx *ctx, char *s) {
   if (s) nb_dealloc(ctx, s, strlen(s) + 1);
 }
 

@@ -124,7 +124,7 @@ void nb_graph_destroy(nb_graph *g) {
   nb_dealloc(ctx, g->inputs, g->cap_in * sizeof(port));
   nb_dealloc(ctx, g->outputs, g->cap_out * sizeof(port));
   nb_dealloc(ctx, g->buckets, g->nbuckets * sizeof(nb_eqn *));
-  nb__strfree(ctx, g->errmsg);
+  nb_strfree(ctx, g->errmsg);
   arena_block *b = g->arena;
   while (b) {
     arena_block *next = b->next;
@@ -165,7 +165,7 @@ nb_val *nb__fail(nb_graph *g, nb_loc loc, nb_status s, const char *fmt, ...) {
   if (loc.file && n >= 0 && (size_t)n < sizeof msg)
     snprintf(msg + n, sizeof msg - (size_t)n, " (at %s:%d)", loc.file, loc.line);
   g->err = s;
-  g->errmsg = nb__strdup(g->ctx, msg);
+  g->errmsg = nb_strdup(g->ctx, msg);
   nb_errorf(g->ctx, s, "%s", msg);
   return &g->poison;
 }

@@ -50,8 +50,4 @@ struct nb_custom_call_entry {
 };
 const nb_custom_call_entry *nb__custom_call_find(const nb_ctx *ctx, const char *name);
 
-/* An owned copy of s (free with nb__strfree), or NULL on OOM. */
-char *nb__strdup(nb_ctx *ctx, const char *s);
-void nb__strfree(nb_ctx *ctx, char *s);
-
 #endif

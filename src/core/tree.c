@@ -49,7 +49,7 @@ void nb_tree_destroy(nb_tree *t) {
   if (!t) return;
   for (size_t i = 0; i < t->n; i++) {
     leaf_drop(&t->entries[i].leaf);
-    nb__strfree(t->ctx, t->entries[i].path);
+    nb_strfree(t->ctx, t->entries[i].path);
   }
   nb_dealloc(t->ctx, t->entries, t->cap * sizeof(entry));
   nb_dealloc(t->ctx, t->index, t->cap_index * sizeof(int64_t));
@@ -116,10 +116,10 @@ nb_status nb_tree_set(nb_tree *t, const char *path, nb_leaf leaf) {
     t->entries = e;
     t->cap = cap;
   }
-  char *p = nb__strdup(t->ctx, path);
+  char *p = nb_strdup(t->ctx, path);
   if (!p) goto oom;
   if (2 * (t->n + 1) >= t->cap_index && rebuild_index(t, t->cap_index ? t->cap_index * 2 : 16) != NB_OK) {
-    nb__strfree(t->ctx, p);
+    nb_strfree(t->ctx, p);
     goto oom;
   }
   t->entries[t->n] = (entry){p, leaf};
@@ -145,7 +145,7 @@ nb_status nb_tree_remove(nb_tree *t, const char *path) {
   int64_t at = nb_tree_find(t, path);
   if (at < 0) return nb_errorf(t->ctx, NB_ERR_NOT_FOUND, "tree has no path '%s'", path ? path : "(null)");
   leaf_drop(&t->entries[at].leaf);
-  nb__strfree(t->ctx, t->entries[at].path);
+  nb_strfree(t->ctx, t->entries[at].path);
   memmove(t->entries + at, t->entries + at + 1, (t->n - (size_t)at - 1) * sizeof(entry));
   t->n--;
   return rebuild_index(t, t->cap_index);

@@ -34,14 +34,14 @@ static nb_status list_add(path_list *l, const char *path, uint64_t size) {
     l->items = p;
     l->cap = cap;
   }
-  if (!(l->items[l->n] = nb_data__strdup(l->ctx, path))) return NB_ERR_NOMEM;
+  if (!(l->items[l->n] = nb_strdup(l->ctx, path))) return NB_ERR_NOMEM;
   l->n++;
   l->bytes += size;
   return NB_OK;
 }
 
 static void list_free(path_list *l) {
-  for (size_t i = 0; i < l->n; i++) nb_data__strfree(l->ctx, l->items[i]);
+  for (size_t i = 0; i < l->n; i++) nb_strfree(l->ctx, l->items[i]);
   nb_dealloc(l->ctx, l->items, l->cap * sizeof *l->items);
 }
 

@@ -35,23 +35,6 @@ void nb_data__capture(nb_ctx *ctx, nb_status s, nb_data__errslot *slot) {
   snprintf(slot->msg, sizeof slot->msg, "%s", nb_ctx_error(ctx));
 }
 
-int64_t nb_data__now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-char *nb_data__strdup(nb_ctx *ctx, const char *s) {
-  size_t n = strlen(s) + 1;
-  char *p = nb_alloc(ctx, n);
-  if (p) memcpy(p, s, n);
-  return p;
-}
-
-void nb_data__strfree(nb_ctx *ctx, char *s) {
-  if (s) nb_dealloc(ctx, s, strlen(s) + 1);
-}
-
 uint64_t nb_data__mix64(uint64_t x) { /* splitmix64's finalizer */
   x += 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -60,35 +43,6 @@ uint64_t nb_data__mix64(uint64_t x) { /* splitmix64's finalizer */
 }
 
 /* ---- checksums ---------------------------------------------------------- */
-
-static uint32_t crc_table[8][256];
-static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
-
-static void crc_init(void) {
-  for (uint32_t i = 0; i < 256; i++) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; k++) c = (c >> 1) ^ (0x82f63b78u & (0u - (c & 1)));
-    crc_table[0][i] = c;
-  }
-  for (int t = 1; t < 8; t++)
-    for (int i = 0; i < 256; i++) crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xff];
-}
-
-uint32_t nb_data__crc32c(const void *p, size_t n) { /* slicing by 8 */
-  pthread_once(&crc_once, crc_init);
-  const uint8_t *b = p;
-  uint32_t c = 0xffffffffu;
-  while (n >= 8) {
-    uint32_t lo = c ^ nb_data__get32(b), hi = nb_data__get32(b + 4);
-    c = crc_table[7][lo & 0xff] ^ crc_table[6][(lo >> 8) & 0xff] ^ crc_table[5][(lo >> 16) & 0xff] ^
-        crc_table[4][lo >> 24] ^ crc_table[3][hi & 0xff] ^ crc_table[2][(hi >> 8) & 0xff] ^
-        crc_table[1][(hi >> 16) & 0xff] ^ crc_table[0][hi >> 24];
-    b += 8;
-    n -= 8;
-  }
-  while (n--) c = (c >> 8) ^ crc_table[0][(c ^ *b++) & 0xff];
-  return c ^ 0xffffffffu;
-}
 
 const char *nb_data_checksum_name(nb_data_checksum c) {
   return c == NB_DATA_XXH3 ? "xxh3" : c == NB_DATA_CRC32C ? "crc32c" : "unknown";
@@ -101,7 +55,7 @@ bool nb_data_checksum_from_name(const char *name, nb_data_checksum *out) {
 }
 
 uint64_t nb_data_checksum_bytes(nb_data_checksum c, const void *p, size_t n) {
-  if (c == NB_DATA_CRC32C) return nb_data__crc32c(p, n);
+  if (c == NB_DATA_CRC32C) return nb_util__crc32c(p, n);
   return XXH3_64bits(p, n);
 }
 

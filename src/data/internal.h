@@ -7,6 +7,7 @@
 #include <stdatomic.h>
 
 #include "nabla/data.h"
+#include "util/util.h"
 
 /* ---- errors --------------------------------------------------------------
  * Worker threads set nb_data__tls_err to a slot of their own; nb_data__err
@@ -28,11 +29,7 @@ nb_data_format nb_data__format_of(const void *head, size_t n);
 /* In a worker: the error of a failed call (the slot's, else the context's). */
 void nb_data__capture(nb_ctx *ctx, nb_status s, nb_data__errslot *slot);
 
-int64_t nb_data__now_ns(void);
-char *nb_data__strdup(nb_ctx *ctx, const char *s);
-void nb_data__strfree(nb_ctx *ctx, char *s);
 uint64_t nb_data__mix64(uint64_t x);
-uint32_t nb_data__crc32c(const void *p, size_t n);
 
 /* Little-endian fixed-width loads and stores for the file formats. */
 static inline void nb_data__put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }

@@ -36,7 +36,7 @@ void nb_data_iter_destroy(nb_data_iter *it) {
 void nb_data__stats_add(nb_data__stats *st, int64_t n_out, int64_t ns_self) {
   if (!atomic_load(&st->t_first)) {
     int64_t zero = 0;
-    atomic_compare_exchange_strong(&st->t_first, &zero, nb_data__now_ns());
+    atomic_compare_exchange_strong(&st->t_first, &zero, nb_util__now_ns());
   }
   atomic_fetch_add(&st->n_out, n_out);
   atomic_fetch_add(&st->ns_self, ns_self);
@@ -44,21 +44,21 @@ void nb_data__stats_add(nb_data__stats *st, int64_t n_out, int64_t ns_self) {
 
 nb_status nb_data_iter_next(nb_data_iter *it, nb_data_elem *out) {
   nb_data_elem_clear(it->ctx, out);
-  int64_t t0 = nb_data__now_ns();
+  int64_t t0 = nb_util__now_ns();
   if (!atomic_load(&it->stats.t_first)) atomic_store(&it->stats.t_first, t0);
   int64_t saved_child = it->ns_child; /* next() may nest (pack's load reads ahead) */
   it->ns_child = 0;
   nb_status s = it->ops->next(it, out);
   if (s) nb_data_elem_clear(it->ctx, out);
-  nb_data__stats_add(&it->stats, out->kind != NB_DATA_NONE, nb_data__now_ns() - t0 - it->ns_child);
+  nb_data__stats_add(&it->stats, out->kind != NB_DATA_NONE, nb_util__now_ns() - t0 - it->ns_child);
   it->ns_child = saved_child;
   return s;
 }
 
 nb_status nb_data__child_next(nb_data_iter *it, nb_data_elem *out) {
-  int64_t t0 = nb_data__now_ns();
+  int64_t t0 = nb_util__now_ns();
   nb_status s = nb_data_iter_next(it->child, out);
-  it->ns_child += nb_data__now_ns() - t0;
+  it->ns_child += nb_util__now_ns() - t0;
   return s;
 }
 
@@ -236,13 +236,13 @@ char *nb_data_iter_get_state(nb_data_iter *it) {
   nb_dealloc(ctx, st, (size_t)(it->n_state + 1) * sizeof *st);
   char *txt = root && stages && vals ? cJSON_PrintUnformatted(root) : NULL;
   cJSON_Delete(root);
-  char *out = txt ? nb_data__strdup(ctx, txt) : NULL;
+  char *out = txt ? nb_strdup(ctx, txt) : NULL;
   cJSON_free(txt);
   if (!out) nb_data__err(ctx, NB_ERR_NOMEM, "get_state: out of memory");
   return out;
 }
 
-void nb_data_state_free(nb_ctx *ctx, char *state) { nb_data__strfree(ctx, state); }
+void nb_data_state_free(nb_ctx *ctx, char *state) { nb_strfree(ctx, state); }
 
 static nb_status parse_state(nb_data_iter *it, const cJSON *root, int64_t *st) {
   nb_ctx *ctx = it->ctx;
@@ -292,7 +292,7 @@ nb_status nb_data_iter_set_state(nb_data_iter *it, const char *json) {
 /* ---- statistics --------------------------------------------------------------- */
 
 void nb_data_iter_print_stats(const nb_data_iter *it, FILE *f) {
-  int64_t now = nb_data__now_ns();
+  int64_t now = nb_util__now_ns();
   fprintf(f, "%-10s %12s %14s %12s %12s %8s\n", "stage", "elements", "elements/s", "self ms", "wait ms", "buffer");
   for (const nb_data_iter *n = it; n; n = n->child) {
     const nb_data__stats *s = &n->stats;

@@ -158,8 +158,8 @@ static nb_status lines_get(nb_data_map *ds, int64_t i, nb_data_elem *out) {
 static void lines_destroy(nb_data_map *ds) {
   lines_impl *l = ds->impl;
   if (l->base) munmap((void *)l->base, l->size);
-  nb_data__strfree(ds->ctx, l->path);
-  nb_data__strfree(ds->ctx, l->field);
+  nb_strfree(ds->ctx, l->path);
+  nb_strfree(ds->ctx, l->field);
   nb_dealloc(ds->ctx, l->start, (size_t)(ds->len + 1) * sizeof *l->start);
   nb_dealloc(ds->ctx, l->line_no, (size_t)(ds->len + 1) * sizeof *l->line_no);
 }
@@ -204,8 +204,8 @@ nb_data_map *nb_data_map_lines(nb_ctx *ctx, const char *path, const char *jsonl_
   nb_data_map *ds = nb_data__map_new(ctx, &lines_ops, NULL, 0, sizeof(lines_impl));
   if (!ds) return NULL;
   lines_impl *l = ds->impl;
-  l->path = nb_data__strdup(ctx, path);
-  l->field = jsonl_field ? nb_data__strdup(ctx, jsonl_field) : NULL;
+  l->path = nb_strdup(ctx, path);
+  l->field = jsonl_field ? nb_strdup(ctx, jsonl_field) : NULL;
   if (!l->path || (jsonl_field && !l->field)) return nb_data_map_release(ds), NULL;
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   struct stat st;

@@ -63,15 +63,15 @@ static void *parallel_worker(void *arg) {
     nb_data_elem e = NB_DATA_ELEM_INIT;
     nb_data__errslot err = {NB_OK, ""};
     nb_data__tls_err = &err;
-    int64_t t0 = nb_data__now_ns();
+    int64_t t0 = nb_util__now_ns();
     nb_status s = nb_data_map_get(p->ds, i, &e);
-    nb_data__stats_add(&source->stats, !s && e.kind != NB_DATA_NONE, nb_data__now_ns() - t0);
+    nb_data__stats_add(&source->stats, !s && e.kind != NB_DATA_NONE, nb_util__now_ns() - t0);
     for (int k = 0; !s && k < p->n_chain && e.kind != NB_DATA_NONE; k++) {
       bool keep = true;
-      t0 = nb_data__now_ns();
+      t0 = nb_util__now_ns();
       s = p->chain[k]->ops->apply(p->chain[k], &e, &keep);
       if (!s && !keep) nb_data_elem_clear(it->ctx, &e);
-      nb_data__stats_add(&p->chain[k]->stats, !s && keep, nb_data__now_ns() - t0);
+      nb_data__stats_add(&p->chain[k]->stats, !s && keep, nb_util__now_ns() - t0);
     }
     if (s) {
       nb_data__capture(it->ctx, s, &err);
@@ -99,9 +99,9 @@ static nb_status parallel_next(nb_data_iter *it, nb_data_elem *out) {
     slot *sl = &p->slots[p->next_deliver % p->buffer];
     atomic_fetch_add(&it->stats.occ_sum, p->next_claim - p->next_deliver);
     atomic_fetch_add(&it->stats.occ_n, 1);
-    int64_t t0 = nb_data__now_ns();
+    int64_t t0 = nb_util__now_ns();
     while (!(sl->state == READY && sl->index == p->next_deliver)) pthread_cond_wait(&p->cv_ready, &p->mu);
-    atomic_fetch_add(&it->stats.ns_wait, nb_data__now_ns() - t0);
+    atomic_fetch_add(&it->stats.ns_wait, nb_util__now_ns() - t0);
     *out = sl->e;
     sl->e = (nb_data_elem)NB_DATA_ELEM_INIT;
     nb_data__errslot err = sl->err;
@@ -157,9 +157,9 @@ static nb_status sequential_next(nb_data_iter *it, nb_data_elem *out) {
   pthread_mutex_lock(&p->mu);
   atomic_fetch_add(&it->stats.occ_sum, p->tail - p->head);
   atomic_fetch_add(&it->stats.occ_n, 1);
-  int64_t t0 = nb_data__now_ns();
+  int64_t t0 = nb_util__now_ns();
   while (p->head == p->tail) pthread_cond_wait(&p->cv_ready, &p->mu);
-  atomic_fetch_add(&it->stats.ns_wait, nb_data__now_ns() - t0);
+  atomic_fetch_add(&it->stats.ns_wait, nb_util__now_ns() - t0);
   slot *sl = &p->slots[p->head % p->buffer];
   *out = sl->e;
   sl->e = (nb_data_elem)NB_DATA_ELEM_INIT;

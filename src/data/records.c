@@ -95,7 +95,7 @@ nb_data_rec_writer *nb_data_rec_create(nb_ctx *ctx, const char *path, const nb_d
   w->ctx = ctx;
   w->opts = o;
   w->fd = -1;
-  w->path = nb_data__strdup(ctx, path);
+  w->path = nb_strdup(ctx, path);
   if (!w->path) return nb_data_rec_abandon(w), NULL;
   w->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (w->fd < 0) {
@@ -219,7 +219,7 @@ void nb_data_rec_abandon(nb_data_rec_writer *w) {
   if (!w) return;
   nb_ctx *ctx = w->ctx;
   if (w->fd >= 0) close(w->fd);
-  nb_data__strfree(ctx, w->path);
+  nb_strfree(ctx, w->path);
   nb_dealloc(ctx, w->data, w->data_cap);
   nb_dealloc(ctx, w->ends, w->ends_cap * sizeof *w->ends);
   nb_dealloc(ctx, w->chunks, w->chunks_cap * sizeof *w->chunks);
@@ -309,7 +309,7 @@ nb_data_rec_reader *nb_data_rec_open(nb_ctx *ctx, const char *path) {
   r->ctx = ctx;
   pthread_mutex_init(&r->lock, NULL);
   for (int i = 0; i < CACHE_SLOTS; i++) r->cache[i].chunk = -1;
-  r->path = nb_data__strdup(ctx, path);
+  r->path = nb_strdup(ctx, path);
   if (!r->path) return open_fail(r);
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   struct stat st;
@@ -352,7 +352,7 @@ void nb_data_rec_close(nb_data_rec_reader *r) {
   size_t n = (size_t)r->n_chunks ? (size_t)r->n_chunks : 1;
   nb_dealloc(ctx, r->chunks, n * sizeof *r->chunks);
   nb_dealloc(ctx, (void *)r->verified, n);
-  nb_data__strfree(ctx, r->path);
+  nb_strfree(ctx, r->path);
   pthread_mutex_destroy(&r->lock);
   nb_dealloc(ctx, r, sizeof *r);
 }

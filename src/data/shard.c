@@ -74,7 +74,7 @@ nb_data_shard_writer *nb_data_shard_create(nb_ctx *ctx, const char *path, int to
   w->fd = -1;
   w->token_bytes = token_bytes;
   w->vocab = vocab_size;
-  w->path = nb_data__strdup(ctx, path);
+  w->path = nb_strdup(ctx, path);
   w->hash = XXH3_createState();
   if (!w->path || !w->hash) {
     nb_data__err(ctx, NB_ERR_NOMEM, "token shard '%s': out of memory", path);
@@ -147,7 +147,7 @@ void nb_data_shard_abandon(nb_data_shard_writer *w) {
     close(w->fd);
   }
   if (w->hash) XXH3_freeState(w->hash);
-  nb_data__strfree(w->ctx, w->path);
+  nb_strfree(w->ctx, w->path);
   nb_dealloc(w->ctx, w, sizeof *w);
 }
 
@@ -162,7 +162,7 @@ nb_data_shard *nb_data_shard_open(nb_ctx *ctx, const char *path) {
   nb_data_shard *s = nb_calloc(ctx, sizeof *s);
   if (!s) return NULL;
   s->ctx = ctx;
-  s->path = nb_data__strdup(ctx, path);
+  s->path = nb_strdup(ctx, path);
   if (!s->path) return shard_fail(s);
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   struct stat st;
@@ -216,7 +216,7 @@ nb_data_shard *nb_data_shard_open(nb_ctx *ctx, const char *path) {
 void nb_data_shard_close(nb_data_shard *s) {
   if (!s) return;
   if (s->base) munmap((void *)s->base, s->size);
-  nb_data__strfree(s->ctx, s->path);
+  nb_strfree(s->ctx, s->path);
   nb_dealloc(s->ctx, s, sizeof *s);
 }
 

@@ -10,6 +10,7 @@
 
 #include "models/internal.h"
 #include "nabla/compile.h"
+#include "util/util.h"
 
 /* ---------------------------------------------------------------- sampling */
 
@@ -112,12 +113,6 @@ struct nb_model_generator {
   step_exe **exes;              /* each allocated alone: pointers to them stay valid as the list grows */
   int n_exes, cap_exes;
 };
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 nb_model_generator *nb_model_generator_create(nb_ctx *ctx, const nb_model_config *cfg, const nb_tree *params,
                                               const nb_model_gen_opts *opts) {
@@ -240,7 +235,7 @@ static step_exe *get_exe(nb_model_generator *gen, int64_t T, const nb_model_samp
     gen->exes = grown;
     gen->cap_exes = cap;
   }
-  double t0 = now_s();
+  double t0 = nb_util__now_s();
   step_exe *e = nb_calloc(ctx, sizeof *e);
   if (!e) return NULL;
   e->T = T;
@@ -273,7 +268,7 @@ static step_exe *get_exe(nb_model_generator *gen, int64_t T, const nb_model_samp
     return NULL;
   }
   gen->exes[gen->n_exes++] = e;
-  *compile_s += now_s() - t0;
+  *compile_s += nb_util__now_s() - t0;
   return e;
 }
 
@@ -366,13 +361,13 @@ nb_status nb_model_generate(nb_model_generator *gen, const nb_model_gen_request 
   if ((full && !chunk_exe) || !tail_exe || (r->max_tokens > 1 && !dec_exe)) return nb_ctx_status(gen->ctx);
   nb_array *key = nb_key(gen->ctx, r->seed);
   if (!key) return NB_ERR_NOMEM;
-  double t0 = now_s();
+  double t0 = nb_util__now_s();
   int32_t tok = 0;
   for (int64_t c = 0; !s && c < full; c++) s = run_step(gen, chunk_exe, r->prompt + c * C, C, c * C, key, &tok);
   if (!s) s = run_step(gen, tail_exe, r->prompt + full * C, tail, full * C, key, &tok);
   res->prefill_tokens = s ? 0 : n;
-  res->prefill_s = now_s() - t0;
-  double t1 = now_s();
+  res->prefill_s = nb_util__now_s() - t0;
+  double t1 = nb_util__now_s();
   while (!s) {
     if (r->out) r->out[res->n_tokens] = tok;
     res->n_tokens++;
@@ -390,7 +385,7 @@ nb_status nb_model_generate(nb_model_generator *gen, const nb_model_gen_request 
     }
     s = run_step(gen, dec_exe, &tok, 1, n + res->n_tokens - 1, key, &tok);
   }
-  res->decode_s = now_s() - t1;
+  res->decode_s = nb_util__now_s() - t1;
   nb_array_release(key);
   return s;
 }

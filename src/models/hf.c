@@ -5,6 +5,7 @@
  * tokenizer.json. Other architectures (biases, other activations, other
  * RoPE scalings) are refused by name rather than loaded wrongly. */
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -14,6 +15,7 @@
 
 #include "models/internal.h"
 #include "nabla/ckpt.h"
+#include "util/util.h"
 
 typedef struct hf_load {
   nb_ctx *ctx;
@@ -139,17 +141,11 @@ static nb_status parse_rope(hf_load *L, const cJSON *j, nb_nn_rope_cfg *r) {
 /* a whole file (at most 16 MB; a config or an index) into a new malloc'ed
  * string, or NULL with an error */
 static char *read_text(hf_load *L, const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return nb_errorf(L->ctx, NB_ERR_NOT_FOUND, "%s: cannot open", path), NULL;
-  long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
-  char *buf = n >= 0 && n < (1L << 24) && fseek(f, 0, SEEK_SET) == 0 ? malloc((size_t)n + 1) : NULL;
-  if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-    free(buf);
-    buf = NULL;
-  }
-  fclose(f);
-  if (!buf) return nb_errorf(L->ctx, NB_ERR_IO, "%s: cannot read it (or it is larger than 16 MB)", path), NULL;
-  *len = (size_t)n;
+  char *buf = NULL;
+  int err = nb_util__read_file(path, (size_t)1 << 24, &buf, len);
+  if (err == ENOENT) return nb_errorf(L->ctx, NB_ERR_NOT_FOUND, "%s: cannot open", path), NULL;
+  if (err == EFBIG) return nb_errorf(L->ctx, NB_ERR_IO, "%s: larger than 16 MB", path), NULL;
+  if (err) return nb_errorf(L->ctx, NB_ERR_IO, "%s: cannot read it: %s", path, strerror(err)), NULL;
   return buf;
 }
 

@@ -8,26 +8,16 @@
 #include <unistd.h>
 
 #include "prof/internal.h"
+#include "util/util.h"
 
 nb_status nb_prof__mkdirs(nb_ctx *ctx, const char *path) {
-  char buf[NB_PROF__PATH_CAP];
   size_t n = strlen(path);
-  if (n == 0 || n >= sizeof buf)
-    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "directory path of %zu bytes (1 to %zu allowed)", n, sizeof buf - 1);
-  memcpy(buf, path, n + 1);
-  for (size_t i = 1; i <= n; i++) {
-    if (buf[i] != '/' && buf[i] != 0) continue;
-    char c = buf[i];
-    buf[i] = 0;
-    struct stat st;
-    if (stat(buf, &st) != 0) {
-      if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-        return nb_errorf(ctx, NB_ERR_IO, "cannot create directory '%s': %s", buf, strerror(errno));
-    } else if (!S_ISDIR(st.st_mode)) {
-      return nb_errorf(ctx, NB_ERR_IO, "cannot create directory '%s': a file of that name exists", buf);
-    }
-    buf[i] = c;
-  }
+  if (n == 0 || n >= NB_PROF__PATH_CAP)
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "directory path of %zu bytes (1 to %d allowed)", n, NB_PROF__PATH_CAP - 1);
+  char failed[NB_PROF__PATH_CAP];
+  int err = nb_util__mkdir_p(path, 0755, NULL, failed, sizeof failed);
+  if (err == ENOTDIR) return nb_errorf(ctx, NB_ERR_IO, "cannot create directory '%s': a file of that name exists", failed);
+  if (err) return nb_errorf(ctx, NB_ERR_IO, "cannot create directory '%s': %s", failed, strerror(err));
   return NB_OK;
 }
 

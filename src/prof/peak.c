@@ -17,6 +17,7 @@
 #endif
 
 #include "prof/internal.h"
+#include "util/util.h"
 
 const char *nb_prof_isa(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -29,12 +30,6 @@ const char *nb_prof_isa(void) {
 #else
   return "scalar";
 #endif
-}
-
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
 /* ---------------------------------------------------------------- the loop */
@@ -124,9 +119,9 @@ static double measure(int threads, double seconds) {
   int64_t iters = 1 << 10;
   double dt;
   for (;; iters *= 2) {
-    double t0 = now_s();
+    double t0 = nb_util__now_s();
     run_kernel(iters);
-    if ((dt = now_s() - t0) > 0.01) break;
+    if ((dt = nb_util__now_s() - t0) > 0.01) break;
   }
   iters = (int64_t)(seconds / 3 * (double)iters / dt) + 1;
   worker *ws = calloc((size_t)threads, sizeof *ws);
@@ -140,10 +135,10 @@ static double measure(int threads, double seconds) {
       if (pthread_create(&ts[started], NULL, work, &ws[started]) != 0) break;
       started++;
     }
-    double t0 = now_s(), flops = 0;
+    double t0 = nb_util__now_s(), flops = 0;
     atomic_store(&go, 1);
     for (int i = 0; i < started; i++) pthread_join(ts[i], NULL), flops += ws[i].flops;
-    double rate = flops / (now_s() - t0);
+    double rate = flops / (nb_util__now_s() - t0);
     best = rate > best ? rate : best;
   }
   free(ws);
@@ -195,16 +190,8 @@ static bool cache_lookup(const char *file, const char *key, double *gflops) {
 static void cache_store(nb_ctx *ctx, const char *dir, const char *file, const char *key, double gflops) {
   if (nb_prof__mkdirs(ctx, dir)) return;
   size_t n = 0;
-  FILE *f = fopen(file, "r");
-  char *old = NULL;
-  if (f) { /* keep the other machines' and thread counts' lines */
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    rewind(f);
-    old = len > 0 && len < (1 << 20) ? malloc((size_t)len + 1) : NULL;
-    n = old ? fread(old, 1, (size_t)len, f) : 0;
-    fclose(f);
-  }
+  char *old = NULL; /* keep the other machines' and thread counts' lines */
+  if (nb_util__read_file(file, 1 << 20, &old, &n) != 0) old = NULL, n = 0;
   size_t cap = n + strlen(key) + 64;
   char *text = malloc(cap);
   if (text) {

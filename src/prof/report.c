@@ -105,7 +105,7 @@ typedef struct metrics {
 static void metrics_free(nb_ctx *ctx, metrics *m) {
   for (size_t i = 0; i < m->ns; i++) {
     series *s = &m->s[i];
-    nb_dealloc(ctx, s->name, strlen(s->name) + 1);
+    nb_strfree(ctx, s->name);
     if (s->x) nb_dealloc(ctx, s->x, s->xcap * sizeof(double));
     if (s->y) nb_dealloc(ctx, s->y, s->ycap * sizeof(double));
   }
@@ -124,9 +124,7 @@ static nb_status add_point(nb_ctx *ctx, metrics *m, const char *name, double x, 
     if (grow(ctx, (void **)&m->s, &m->cap, sizeof(series), m->ns + 1) != NB_OK) return NB_ERR_NOMEM;
     s = &m->s[m->ns];
     memset(s, 0, sizeof *s);
-    size_t len = strlen(name) + 1;
-    if (!(s->name = nb_alloc(ctx, len))) return NB_ERR_NOMEM;
-    memcpy(s->name, name, len);
+    if (!(s->name = nb_strdup(ctx, name))) return NB_ERR_NOMEM;
     m->ns++;
   }
   if (grow(ctx, (void **)&s->x, &s->xcap, sizeof(double), s->n + 1) != NB_OK ||

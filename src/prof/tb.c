@@ -10,8 +10,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "nabla/data.h"
 #include "prof/internal.h"
+#include "util/util.h"
 
 struct nb_prof_tb {
   nb_ctx *ctx;
@@ -45,7 +45,7 @@ static uint8_t *put_le(uint8_t *p, uint64_t v, int bytes) {
 }
 
 static uint32_t masked_crc(const uint8_t *p, size_t n) {
-  uint32_t c = (uint32_t)nb_data_checksum_bytes(NB_DATA_CRC32C, p, n);
+  uint32_t c = nb_util__crc32c(p, n);
   return ((c >> 15) | (c << 17)) + 0xa282ead8u;
 }
 
@@ -119,12 +119,6 @@ static bool valid_utf8(const unsigned char *s) {
 }
 
 /* ---- writing ------------------------------------------------------------ */
-
-static double now_seconds(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static nb_status sticky_error(nb_prof_tb *w) {
   return nb_errorf(w->ctx, w->err, "event file '%s' failed earlier and takes no more records", w->path);
@@ -206,7 +200,7 @@ nb_prof_tb *nb_prof_tb_create(nb_ctx *ctx, const char *logdir) {
     nb_dealloc(ctx, w, sizeof *w);
     return NULL;
   }
-  event e = {.wall_time = now_seconds(), .file_version = "brain.Event:2"};
+  event e = {.wall_time = nb_util__wall_s(), .file_version = "brain.Event:2"};
   if (write_event(w, &e) != NB_OK || nb_prof_tb_flush(w) != NB_OK) {
     fclose(w->f);
     unlink(w->path);
@@ -223,7 +217,7 @@ nb_status nb_prof_tb_scalar(nb_prof_tb *w, const char *tag, int64_t step, double
     return nb_errorf(w->ctx, NB_ERR_INVALID_ARG, "nb_prof_tb_scalar: tag is %s", tag ? "empty" : "NULL");
   if (!valid_utf8((const unsigned char *)tag))
     return nb_errorf(w->ctx, NB_ERR_INVALID_ARG, "nb_prof_tb_scalar: tag is not valid UTF-8");
-  event e = {.wall_time = now_seconds(), .has_step = true, .step = step, .tag = tag, .value = (float)value};
+  event e = {.wall_time = nb_util__wall_s(), .has_step = true, .step = step, .tag = tag, .value = (float)value};
   return write_event(w, &e);
 }
 

@@ -9,18 +9,13 @@
 #include <time.h>
 
 #include "compile/jit.h"
+#include "util/util.h"
 
 /* elements of work per task below which splitting does not pay: at 32768 a
  * tiny model's decode ran at 0.87x its one-thread speed at two threads (the
  * split kernels' data moved between the cores), at 65536 1.00x, with the
  * tiny training step 0.5-2% slower (bench/pool_oversubscribed.sh) */
 #define MIN_TASK_WORK 65536
-
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 static void noop_release(void *ud) { (void)ud; }
 
@@ -164,7 +159,7 @@ static nb_status run_steps(nb_exe *e, char **ptr, char **args, nb_array *const *
   nb_status st = NB_OK;
   for (int s = 0; s < e->plan.nsteps && st == NB_OK; s++) {
     const nb_jstep *step = &e->plan.steps[s];
-    double t0 = now_ms();
+    double t0 = nb_util__now_ms();
     switch (step->kind) {
     case NB_EXE_STEP_KERNEL:
       run_kernel(e, &e->plan.kernels[step->kernel], e->fns[step->kernel], ptr, args);
@@ -175,7 +170,7 @@ static nb_status run_steps(nb_exe *e, char **ptr, char **args, nb_array *const *
       break;
     default: st = run_eval(e, step->eqn, ptr, in, out); break;
     }
-    ms[s] = now_ms() - t0;
+    ms[s] = nb_util__now_ms() - t0;
   }
   return st;
 }

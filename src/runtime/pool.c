@@ -32,6 +32,7 @@
 #include <time.h>
 
 #include "compile/jit.h"
+#include "util/util.h"
 
 #define SPIN_ITERS 2000
 #define DECAY 0.95
@@ -240,12 +241,6 @@ static void adapt(nb_pool *p, int ntasks, double own_ms, int own_tasks, double w
   }
 }
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
-
 int nb_rt__pool_participants(nb_pool *p) {
   if (!p) return 0;
   pthread_mutex_lock(&p->run_mu);
@@ -260,7 +255,7 @@ void nb_rt__pool_run(nb_pool *p, int ntasks, void (*fn)(void *arg, int task), vo
     return;
   }
   pthread_mutex_lock(&p->run_mu);
-  double t0 = now_ms();
+  double t0 = nb_util__now_ms();
   if (p->participants < p->nworkers && t0 >= p->probe_at_ms) p->participants = p->nworkers; /* probe */
   if (p->participants == 0) { /* backed off: as one thread */
     for (int t = 0; t < ntasks; t++) fn(arg, t);
@@ -281,7 +276,7 @@ void nb_rt__pool_run(nb_pool *p, int ntasks, void (*fn)(void *arg, int task), vo
   if (p->sleepers) pthread_cond_broadcast(&p->work_cv);
   pthread_mutex_unlock(&p->mu);
   int own_tasks = work(p);
-  double t1 = now_ms();
+  double t1 = nb_util__now_ms();
   /* only tasks a worker claimed and is still running are left */
   for (int i = 0; i < SPIN_ITERS && atomic_load_explicit(&p->done, memory_order_acquire) < (uint32_t)ntasks; i++) cpu_relax();
   if (atomic_load_explicit(&p->done, memory_order_acquire) < (uint32_t)ntasks) {
@@ -289,7 +284,7 @@ void nb_rt__pool_run(nb_pool *p, int ntasks, void (*fn)(void *arg, int task), vo
     while (atomic_load(&p->done) < (uint32_t)ntasks) pthread_cond_wait(&p->done_cv, &p->mu);
     pthread_mutex_unlock(&p->mu);
   }
-  double t2 = now_ms();
+  double t2 = nb_util__now_ms();
   adapt(p, ntasks, t1 - t0, own_tasks, t2 - t1, t2);
   pthread_mutex_unlock(&p->run_mu);
 }

@@ -21,6 +21,7 @@
 
 #include "nabla/tokenizer.h"
 #include "train/internal.h"
+#include "util/util.h"
 
 nb_status nb__train_wrapf(nb_ctx *ctx, nb_status s, const char *fmt, ...) {
   char prefix[1024];
@@ -32,16 +33,10 @@ nb_status nb__train_wrapf(nb_ctx *ctx, nb_status s, const char *fmt, ...) {
 }
 
 nb_status nb__train_mkdir_p(nb_ctx *ctx, const char *path) {
-  char buf[NB_TRAIN_PATH_MAX];
-  if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
-    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train: path too long: %s", path);
-  for (char *p = buf + 1; *p; p++)
-    if (*p == '/') {
-      *p = 0;
-      if (mkdir(buf, 0777) && errno != EEXIST) return nb_errorf(ctx, NB_ERR_IO, "train: mkdir %s: %s", buf, strerror(errno));
-      *p = '/';
-    }
-  if (mkdir(buf, 0777) && errno != EEXIST) return nb_errorf(ctx, NB_ERR_IO, "train: mkdir %s: %s", buf, strerror(errno));
+  if (strlen(path) >= NB_TRAIN_PATH_MAX) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train: path too long: %s", path);
+  char failed[NB_TRAIN_PATH_MAX];
+  int err = nb_util__mkdir_p(path, 0777, NULL, failed, sizeof failed);
+  if (err) return nb_errorf(ctx, NB_ERR_IO, "train: mkdir %s: %s", failed, strerror(err));
   return NB_OK;
 }
 

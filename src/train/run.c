@@ -20,12 +20,7 @@
 #include "nabla/compile.h"
 #include "nabla/prof.h"
 #include "train/internal.h"
-
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
+#include "util/util.h"
 
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
@@ -159,7 +154,7 @@ static char *build_metadata(trainer *t, const char *ds) {
   cJSON *j = cJSON_CreateObject(), *d = cJSON_CreateObject();
   cJSON_AddNumberToObject(j, "step", (double)t->step);
   cJSON_AddNumberToObject(j, "seed", (double)c->seed);
-  cJSON_AddNumberToObject(j, "elapsed_s", round((t->elapsed_before + now_s() - t->t0) * 1e3) / 1e3);
+  cJSON_AddNumberToObject(j, "elapsed_s", round((t->elapsed_before + nb_util__now_s() - t->t0) * 1e3) / 1e3);
   cJSON *dsj = cJSON_Parse(ds);
   if (dsj) cJSON_AddItemToObject(j, "data_state", dsj);
   cJSON_AddStringToObject(d, "train_xxh3", hex);
@@ -381,7 +376,7 @@ static bool interrupted(trainer *t) {
 static nb_status setup(trainer *t, nb_train_start_info *info) {
   nb_ctx *ctx = t->ctx;
   const nb_model_run_config *c = t->cfg;
-  double t_setup = now_s();
+  double t_setup = nb_util__now_s();
   /* the checkpoint directory's lock first: a second trainer on a live run is refused before it touches anything */
   char ck[NB_TRAIN_PATH_MAX + 16];
   snprintf(ck, sizeof ck, "%s/checkpoints", t->dir);
@@ -448,7 +443,7 @@ static nb_status setup(trainer *t, nb_train_start_info *info) {
                          12.0 * (double)(c->model.n_layers * c->model.n_heads * nb_model_head_dim(&c->model)) *
                              (double)c->data.seq_len * tokens;
   info->peak_flops = t->opts->peak_flops;
-  info->compile_s = now_s() - t_setup;
+  info->compile_s = nb_util__now_s() - t_setup;
   info->train_shard = t->data.train_shard;
   info->eval_shard = t->data.eval_shard[0] ? t->data.eval_shard : t->data.train_shard;
   return NB_OK;
@@ -504,7 +499,7 @@ static nb_status check_finite(trainer *t, const nb_train_step_info *si, const nb
 /* One step: next batch, the compiled step, the state swapped for the outputs. */
 static nb_status one_step(trainer *t, nb_train_step_info *si, double *exe_ms, double *data_ms) {
   nb_ctx *ctx = t->ctx;
-  double a = now_s();
+  double a = nb_util__now_s();
   nb_data_elem b = NB_DATA_ELEM_INIT;
   nb_status s = nb_data_iter_next(t->it, &b);
   if (!s && b.kind != NB_DATA_TREE) s = nb_errorf(ctx, NB_ERR_INTERNAL, "train: the training data ended");
@@ -514,10 +509,10 @@ static nb_status one_step(trainer *t, nb_train_step_info *si, double *exe_ms, do
   if (!s) s = nb_tree_set_array(t->st, "step", step);
   nb_array_release(step);
   nb_data_elem_clear(ctx, &b);
-  double m = now_s();
+  double m = nb_util__now_s();
   nb_tree *out = nb_tree_create(ctx);
   if (!s) s = out ? nb_exe_run(t->step_exe, t->st, out) : NB_ERR_NOMEM;
-  *exe_ms = (now_s() - m) * 1e3;
+  *exe_ms = (nb_util__now_s() - m) * 1e3;
   *data_ms = (m - a) * 1e3;
   /* the batch and step leave the state; check_finite puts the outputs in */
   if (!s) s = nb_tree_remove(t->st, "batch/inputs");
@@ -592,7 +587,7 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_model_run_config *cfg, const nb_tra
     return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train: need a config and options with a run_dir");
   nb_status s = nb_model_run_config_validate(ctx, cfg);
   if (s) return s;
-  trainer t = {.ctx = ctx, .cfg = cfg, .opts = opts, .t0 = now_s()};
+  trainer t = {.ctx = ctx, .cfg = cfg, .opts = opts, .t0 = nb_util__now_s()};
   if (snprintf(t.dir, sizeof t.dir, "%s", opts->run_dir) >= (int)sizeof t.dir)
     return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train: run_dir too long");
   if ((s = nb__train_mkdir_p(ctx, t.dir))) return s;
@@ -625,11 +620,11 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_model_run_config *cfg, const nb_tra
   int64_t n = cfg->steps > t.step ? cfg->steps - t.step : 0;
   double *exe_ms = calloc((size_t)n + 1, sizeof *exe_ms), *iter_ms = calloc((size_t)n + 1, sizeof *iter_ms);
   if (!exe_ms || !iter_ms) s = nb_errorf(ctx, NB_ERR_NOMEM, "train: out of memory");
-  double tokens = (double)(cfg->batch_size * cfg->data.seq_len), t_log = now_s();
+  double tokens = (double)(cfg->batch_size * cfg->data.seq_len), t_log = nb_util__now_s();
   int64_t since_log = 0;
-  double t_loop = now_s();
+  double t_loop = nb_util__now_s();
   while (!s && t.step < cfg->steps) {
-    double a = now_s(), ems = 0, dms = 0, eval_t = 0;
+    double a = nb_util__now_s(), ems = 0, dms = 0, eval_t = 0;
     nb_train_step_info si = {.total_steps = cfg->steps, .tokens_per_s = NAN, .mfu = NAN, .eval_loss = NAN};
     if ((s = one_step(&t, &si, &ems, &dms))) break;
     si.step = t.step;
@@ -637,40 +632,40 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_model_run_config *cfg, const nb_tra
     res.final_loss = si.loss;
     si.logged = t.step % cfg->log_every == 0 || t.step == cfg->steps;
     if (si.logged) {
-      double dt = now_s() - t_log;
+      double dt = nb_util__now_s() - t_log;
       si.tokens_per_s = dt > 0 ? tokens * (double)since_log / dt : NAN;
       if (opts->peak_flops > 0 && dt > 0) si.mfu = info.flops_per_step * (double)since_log / dt / opts->peak_flops;
-      si.elapsed_s = t.elapsed_before + now_s() - t.t0;
+      si.elapsed_s = t.elapsed_before + nb_util__now_s() - t.t0;
       write_record(&t, &si);
       tb_train(&t, &si);
     }
     if (cfg->eval_every > 0 && cfg->eval_steps > 0 && (t.step % cfg->eval_every == 0 || t.step == cfg->steps)) {
-      double e0 = now_s();
+      double e0 = nb_util__now_s();
       if ((s = run_eval(&t, &si.eval_loss))) break;
       si.has_eval = true;
       res.last_eval_loss = si.eval_loss;
       write_eval(&t, t.step, si.eval_loss);
       tb_eval(&t, t.step, si.eval_loss);
-      eval_t = now_s() - e0;
+      eval_t = nb_util__now_s() - e0;
       res.eval_s += eval_t;
     }
     bool stop = opts->should_stop && opts->should_stop(opts->ud, t.step);
     bool preempt = opts->handle_signals && nb_ckpt_preemption_requested();
     bool ckpt = (cfg->checkpoint_every > 0 && t.step % cfg->checkpoint_every == 0) || t.step == cfg->steps;
-    double c0 = now_s();
+    double c0 = nb_util__now_s();
     if (preempt) s = save(&t, true);
     else if (ckpt || stop) s = save(&t, false);
     if (!s && (ckpt || stop || preempt || si.has_eval)) report(&t);
-    res.ckpt_s += now_s() - c0;
-    si.elapsed_s = t.elapsed_before + now_s() - t.t0;
-    si.step_ms = (now_s() - a - eval_t) * 1e3;
+    res.ckpt_s += nb_util__now_s() - c0;
+    si.elapsed_s = t.elapsed_before + nb_util__now_s() - t.t0;
+    si.step_ms = (nb_util__now_s() - a - eval_t) * 1e3;
     exe_ms[res.steps_run] = ems;
     iter_ms[res.steps_run] = si.step_ms;
     res.steps_run++;
     res.exe_s += ems * 1e-3;
     res.data_s += dms * 1e-3;
     if (si.logged) {
-      t_log = now_s();
+      t_log = nb_util__now_s();
       since_log = 0;
     }
     if (opts->on_step) opts->on_step(opts->ud, &si);
@@ -680,7 +675,7 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_model_run_config *cfg, const nb_tra
       break;
     }
   }
-  res.wall_s = now_s() - t_loop;
+  res.wall_s = nb_util__now_s() - t_loop;
   res.final_step = t.step;
   res.exe_ms_median = median(exe_ms, res.steps_run);
   res.iter_ms_median = median(iter_ms, res.steps_run);

@@ -11,6 +11,7 @@
 
 #include "cli.h"
 #include "nabla/nabla.h"
+#include "util/util.h"
 
 static const char usage_text[] =
           "usage: nabla data build -o OUT [options] INPUT...   files or directories (.jsonl: one JSON object a line)\n"
@@ -38,16 +39,10 @@ typedef struct bar {
   bool on;
 } bar;
 
-static int64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 static void bar_update(void *ud, uint64_t done, uint64_t total) {
   bar *b = ud;
   if (!b->on) return;
-  double frac = total ? (double)done / (double)total : 1, secs = (double)(now_ns() - b->t0) * 1e-9;
+  double frac = total ? (double)done / (double)total : 1, secs = (double)(nb_util__now_ns() - b->t0) * 1e-9;
   char cells[31];
   int full = (int)(frac * 30);
   for (int i = 0; i < 30; i++) cells[i] = i < full ? '#' : '.';
@@ -57,7 +52,7 @@ static void bar_update(void *ud, uint64_t done, uint64_t total) {
   if (done >= total) fputc('\n', stderr);
 }
 
-static bar bar_make(const char *label) { return (bar){label, now_ns(), isatty(2) != 0}; }
+static bar bar_make(const char *label) { return (bar){label, nb_util__now_ns(), isatty(2) != 0}; }
 
 /* ---- tokenizers -------------------------------------------------------------- */
 

@@ -12,6 +12,7 @@
 
 #include "cli.h"
 #include "nabla/nabla.h"
+#include "util/util.h"
 
 static const char usage_text[] =
           "usage: nabla tok train --vocab-size N --out DIR [--pattern gpt2|cl100k|REGEX] [--special TOK]...\n"
@@ -80,7 +81,7 @@ static int cmd_train(int argc, char **argv) {
   nb_tok *t = nb_tok_trainer_finish(tr);
   nb_tok_trainer_destroy(tr);
   if (!t) return fail(ctx);
-  mkdir(out, 0777);
+  nb_util__mkdir_p(out, 0777, NULL, NULL, 0); /* nb_tok_save_hf reports what fails */
   if (nb_tok_save_hf(t, path)) {
     nb_tok_destroy(t);
     return fail(ctx);

@@ -12,6 +12,7 @@
 
 #include "cli.h"
 #include "nabla/nabla.h"
+#include "util/util.h"
 
 /* The default run: gpt2-tiny (byte-level vocabulary) on the default corpus,
  * about two minutes on a 2-core CPU (bench/RESULTS.md has the numbers). */
@@ -61,15 +62,9 @@ typedef struct cli {
   int64_t start_step;
 } cli;
 
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
 static void on_start(void *ud, const nb_train_start_info *in) {
   cli *c = ud;
-  c->t_start = now_s();
+  c->t_start = nb_util__now_s();
   c->entropy = in->unigram_entropy;
   c->start_step = in->start_step;
   if (in->start_step > 0) printf("resumed from the checkpoint at step %lld\n", (long long)in->start_step);
@@ -103,7 +98,7 @@ static void on_step(void *ud, const nb_train_step_info *si) {
     double done = (double)(si->step - c->start_step);
     hms(si->elapsed_s, el, sizeof el);
     /* the rate of this process's steps (elapsed_s also counts earlier runs) */
-    hms(done > 0 ? (double)(si->total_steps - si->step) * (now_s() - c->t_start) / done : 0, eta, sizeof eta);
+    hms(done > 0 ? (double)(si->total_steps - si->step) * (nb_util__now_s() - c->t_start) / done : 0, eta, sizeof eta);
     printf("step %6lld/%lld [%s] loss %.4f  lr %.2e  gnorm %.3f | %7.0f tok/s  MFU %5.2f%% | %s elapsed, ETA %s\n",
            (long long)si->step, (long long)si->total_steps, bar, si->loss, si->lr, si->grad_norm, si->tokens_per_s,
            100 * si->mfu, el, eta);

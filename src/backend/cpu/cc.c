@@ -39,6 +39,7 @@
 #include <xxhash.h>
 
 #include "compile/jit.h"
+#include "util/util.h"
 
 extern char **environ;
 
@@ -51,17 +52,7 @@ extern char **environ;
 /* ---------------------------------------------------------------- the directory */
 
 /* Creates path and missing parents, private (0700). */
-static bool mkdirs(const char *path) {
-  char buf[1024];
-  if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) return false;
-  for (char *p = buf + 1; *p; p++) {
-    if (*p != '/') continue;
-    *p = 0;
-    if (mkdir(buf, 0700) != 0 && errno != EEXIST) return false;
-    *p = '/';
-  }
-  return mkdir(buf, 0700) == 0 || errno == EEXIST;
-}
+static bool mkdirs(const char *path) { return nb_util__mkdir_p(path, 0700, NULL, NULL, 0) == 0; }
 
 /* Resolves dir (symbolic links and all) into real, and checks that nobody
  * else can put files there: the directory itself owned by us and not

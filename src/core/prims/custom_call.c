@@ -29,7 +29,7 @@ nb_status nb_custom_call_register(nb_ctx *ctx, const nb_custom_call_rules *rules
   if (nb__custom_call_find(ctx, rules->name))
     return nb_errorf(ctx, NB_ERR_INVALID_ARG, "nb_custom_call_register: custom call '%s' is already registered", rules->name);
   nb_custom_call_entry *e = nb_calloc(ctx, sizeof *e);
-  char *name = e ? nb__strdup(ctx, rules->name) : NULL;
+  char *name = e ? nb_strdup(ctx, rules->name) : NULL;
   if (!name) {
     nb_dealloc(ctx, e, sizeof *e);
     return NB_ERR_NOMEM;
