@@ -342,6 +342,10 @@ nb_status nb_graph_output(nb_graph *g, const char *path, nb_val *v);
 /* NB_OK, or the first error recorded while building g. */
 nb_status nb_graph_status(const nb_graph *g);
 const char *nb_graph_error(const nb_graph *g);
+/* Records an error in g (the first one is kept, and reported through the
+ * context) and returns the poison value: for code above the core that checks
+ * its own arguments while tracing. */
+nb_val *nb_graph_fail_at(nb_loc loc, nb_graph *g, nb_status s, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 /* Checks the graph's invariants (SSA order, avals against shape rules). */
 nb_status nb_graph_verify(const nb_graph *g);
 

@@ -155,19 +155,33 @@ nb_status nb__graph_hold_graph(nb_graph *g, const nb_graph *sub) {
 nb_val *nb__poison(nb_graph *g) { return &g->poison; }
 bool nb__is_poison(const nb_val *v) { return v->id == UINT32_MAX; }
 
-nb_val *nb__fail(nb_graph *g, nb_loc loc, nb_status s, const char *fmt, ...) {
+static nb_val *fail_v(nb_graph *g, nb_loc loc, nb_status s, const char *fmt, va_list ap) {
   if (g->err != NB_OK) return &g->poison; /* sticky: keep the first error */
   char msg[NB_ERRMSG_CAP];
-  va_list ap;
-  va_start(ap, fmt);
   int n = vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
   if (loc.file && n >= 0 && (size_t)n < sizeof msg)
     snprintf(msg + n, sizeof msg - (size_t)n, " (at %s:%d)", loc.file, loc.line);
   g->err = s;
   g->errmsg = nb_strdup(g->ctx, msg);
   nb_errorf(g->ctx, s, "%s", msg);
   return &g->poison;
+}
+
+nb_val *nb__fail(nb_graph *g, nb_loc loc, nb_status s, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  nb_val *v = fail_v(g, loc, s, fmt, ap);
+  va_end(ap);
+  return v;
+}
+
+nb_val *nb_graph_fail_at(nb_loc loc, nb_graph *g, nb_status s, const char *fmt, ...) {
+  if (!g) return NULL;
+  va_list ap;
+  va_start(ap, fmt);
+  nb_val *v = fail_v(g, loc, s, fmt, ap);
+  va_end(ap);
+  return v;
 }
 
 nb_status nb_graph_status(const nb_graph *g) { return g ? g->err : NB_ERR_INVALID_ARG; }

@@ -10,7 +10,7 @@
 static nb_optim_tx *with_lr(nb_ctx *ctx, const char *fn, nb_optim_schedule *lr, int n, nb_optim_tx **txs) {
   nb_optim_tx *all[8];
   for (int i = 0; i < n; i++) all[i] = txs[i];
-  if (!nb__optim_args_ok(ctx, fn, n, all, 1, &lr)) return NULL;
+  if (!nb_optim__args_ok(ctx, fn, n, all, 1, &lr)) return NULL;
   all[n] = nb_optim_scale_by_learning_rate(ctx, lr);
   return nb_optim_chain(ctx, n + 1, all);
 }
@@ -69,7 +69,7 @@ nb_optim_tx *nb_optim_rmsprop(nb_ctx *ctx, nb_optim_schedule *lr, double decay, 
                             : nb_optim_scale_by_rms(ctx, decay, eps, initial_scale);
   nb_optim_tx *all[3] = {t, NULL, NULL};
   nb_optim_tx *m = momentum != 0 || nesterov ? nb_optim_trace(ctx, momentum, nesterov) : nb_optim_identity(ctx);
-  if (!nb__optim_args_ok(ctx, "rmsprop", 2, (nb_optim_tx *[]){t, m}, 1, &lr)) return NULL;
+  if (!nb_optim__args_ok(ctx, "rmsprop", 2, (nb_optim_tx *[]){t, m}, 1, &lr)) return NULL;
   all[1] = nb_optim_scale_by_learning_rate(ctx, lr);
   all[2] = m;
   return nb_optim_chain(ctx, 3, all);
@@ -91,17 +91,17 @@ nb_optim_tx *nb_optim_adafactor(nb_ctx *ctx, nb_optim_schedule *lr, int64_t min_
   nb_optim_tx *t[7];
   int n = 0;
   if (!lr) {
-    nb__optim_args_ok(ctx, "adafactor", 0, NULL, 1, &lr);
+    nb_optim__args_ok(ctx, "adafactor", 0, NULL, 1, &lr);
     return NULL;
   }
   t[n++] = nb_optim_scale_by_factored_rms(ctx, true, decay_rate, 0, min_dim_size_to_factor, eps);
   if (!isnan(clipping_threshold)) t[n++] = nb_optim_clip_by_block_rms(ctx, clipping_threshold);
   t[n++] = nb_optim_scale_by_schedule(ctx, lr); /* Optax: scale_by_learning_rate without the sign flip */
-  if (multiply_by_parameter_scale) t[n++] = nb__optim_scale_by_param_block_rms(ctx, 1e-3);
+  if (multiply_by_parameter_scale) t[n++] = nb_optim__scale_by_param_block_rms(ctx, 1e-3);
   if (!isnan(momentum)) t[n++] = nb_optim_ema(ctx, momentum, false);
   if (weight_decay_rate != 0) t[n++] = nb_optim_add_decayed_weights(ctx, weight_decay_rate, NULL);
   t[n++] = nb_optim_scale(ctx, -1);
-  if (!nb__optim_args_ok(ctx, "adafactor", n, t, 0, NULL)) return NULL;
+  if (!nb_optim__args_ok(ctx, "adafactor", n, t, 0, NULL)) return NULL;
   return nb_optim_chain(ctx, n, t);
 }
 
@@ -119,7 +119,7 @@ nb_optim_tx *nb_optim_lars(nb_ctx *ctx, nb_optim_schedule *lr, double weight_dec
                        nb_optim_scale_by_trust_ratio(ctx, 0, trust_coefficient, eps), NULL,
                        nb_optim_trace(ctx, momentum, nesterov)};
   nb_optim_tx *chk[3] = {t[0], t[1], t[3]};
-  if (!nb__optim_args_ok(ctx, "lars", 3, chk, 1, &lr)) return NULL;
+  if (!nb_optim__args_ok(ctx, "lars", 3, chk, 1, &lr)) return NULL;
   t[2] = nb_optim_scale_by_learning_rate(ctx, lr);
   return nb_optim_chain(ctx, 4, t);
 }

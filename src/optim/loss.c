@@ -72,10 +72,10 @@ nb_val *nb_optim_softmax_cross_entropy_int(nb_val *logits, nb_val *labels, nb_va
   nb_val *onehot = nb_convert(nb_eq(ids, keep(nb_convert(labels, NB_I32), logits)), a.dtype);
   nb_val *target = label_smoothing == 0
                        ? onehot
-                       : nb_add(nb_mul(onehot, nb__k(logits, 1 - label_smoothing)), nb__k(logits, label_smoothing / C));
+                       : nb_add(nb_mul(onehot, nb_optim__k(logits, 1 - label_smoothing)), nb_optim__k(logits, label_smoothing / C));
   nb_val *lse = nb_optim_logsumexp(logits);
   nb_val *loss = nb_sub(lse, sum_last(nb_mul(target, logits)));
-  if (z_loss != 0) loss = nb_add(loss, nb_mul(nb__k(lse, z_loss), nb_mul(lse, lse)));
+  if (z_loss != 0) loss = nb_add(loss, nb_mul(nb_optim__k(lse, z_loss), nb_mul(lse, lse)));
   if (weights) loss = nb_mul(loss, nb_convert(weights, a.dtype));
   return loss;
 }
@@ -108,9 +108,9 @@ nb_val *nb_optim_sigmoid_focal_loss(nb_val *logits, nb_val *labels, double alpha
   /* log(1 - p_t) = log((1 - l) p + l (1 - p)), in log space */
   nb_val *lm = logaddexp(nb_add(nb_log(nb_sub(one, l)), log_sigmoid(logits)),
                          nb_add(nb_log(l), log_sigmoid(nb_neg(logits))));
-  nb_val *loss = nb_mul(ce, nb_exp(nb_mul(nb__k(lm, gamma), lm)));
+  nb_val *loss = nb_mul(ce, nb_exp(nb_mul(nb_optim__k(lm, gamma), lm)));
   if (alpha < 0) return loss;
-  nb_val *w = nb_add(nb_mul(nb__k(l, alpha), l), nb_mul(nb__k(l, 1 - alpha), nb_sub(one, l)));
+  nb_val *w = nb_add(nb_mul(nb_optim__k(l, alpha), l), nb_mul(nb_optim__k(l, 1 - alpha), nb_sub(one, l)));
   return nb_mul(w, loss);
 }
 
@@ -121,36 +121,36 @@ nb_val *nb_optim_squared_error(nb_val *predictions, nb_val *targets) {
 
 nb_val *nb_optim_l2_loss(nb_val *predictions, nb_val *targets) {
   nb_val *s = nb_optim_squared_error(predictions, targets);
-  return nb_mul(nb__k(s, 0.5), s);
+  return nb_mul(nb_optim__k(s, 0.5), s);
 }
 
 nb_val *nb_optim_huber_loss(nb_val *predictions, nb_val *targets, double delta) {
   nb_val *e = nb_abs(nb_sub(predictions, targets));
-  nb_val *q = nb_min(e, nb__k(e, delta));
-  return nb_add(nb_mul(nb__k(q, 0.5), nb_mul(q, q)), nb_mul(nb__k(e, delta), nb_sub(e, q)));
+  nb_val *q = nb_min(e, nb_optim__k(e, delta));
+  return nb_add(nb_mul(nb_optim__k(q, 0.5), nb_mul(q, q)), nb_mul(nb_optim__k(e, delta), nb_sub(e, q)));
 }
 
 nb_val *nb_optim_log_cosh(nb_val *predictions, nb_val *targets) {
   nb_val *e = nb_sub(predictions, targets), *a = nb_abs(e);
   /* logaddexp(e, -e) - log 2 = |e| + log1p(exp(-2|e|)) - log 2 */
-  return nb_sub(nb_add(a, nb_log1p(nb_exp(nb_mul(nb__k(a, -2), a)))), nb__k(a, M_LN2));
+  return nb_sub(nb_add(a, nb_log1p(nb_exp(nb_mul(nb_optim__k(a, -2), a)))), nb_optim__k(a, M_LN2));
 }
 
 nb_val *nb_optim_hinge_loss(nb_val *scores, nb_val *labels) {
-  nb_val *m = nb_sub(nb__k(scores, 1), nb_mul(scores, nb_convert(labels, nb_val_dtype(scores))));
+  nb_val *m = nb_sub(nb_optim__k(scores, 1), nb_mul(scores, nb_convert(labels, nb_val_dtype(scores))));
   return nb_max(m, nb_full_like(m, 0));
 }
 
 nb_val *nb_optim_cosine_similarity(nb_val *predictions, nb_val *targets, double eps) {
   if (!ranked(predictions, "cosine_similarity") || !targets) return NULL;
-  nb_val *an = nb_sqrt(nb_max(sum_last(nb_mul(predictions, predictions)), nb__k(predictions, eps)));
-  nb_val *bn = nb_sqrt(nb_max(sum_last(nb_mul(targets, targets)), nb__k(targets, eps)));
+  nb_val *an = nb_sqrt(nb_max(sum_last(nb_mul(predictions, predictions)), nb_optim__k(predictions, eps)));
+  nb_val *bn = nb_sqrt(nb_max(sum_last(nb_mul(targets, targets)), nb_optim__k(targets, eps)));
   return sum_last(nb_mul(nb_div(predictions, keep(an, predictions)), nb_div(targets, keep(bn, targets))));
 }
 
 nb_val *nb_optim_cosine_distance(nb_val *predictions, nb_val *targets, double eps) {
   nb_val *s = nb_optim_cosine_similarity(predictions, targets, eps);
-  return s ? nb_sub(nb__k(s, 1), s) : NULL;
+  return s ? nb_sub(nb_optim__k(s, 1), s) : NULL;
 }
 
 nb_val *nb_optim_kl_divergence(nb_val *log_predictions, nb_val *targets) {

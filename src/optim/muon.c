@@ -25,12 +25,12 @@ static nb_tree *subset(nb_ctx *ctx, const nb_tree *t, bool two_d) {
 }
 
 static nb_status muon_init(void *ud, nb_graph *g, const nb_tree *params, nb_tree *state) {
-  nb__optim_cfg *c = ud;
+  nb_optim__cfg *c = ud;
   nb_tree *rest = subset(c->ctx, params, false), *sub = nb_tree_create(c->ctx);
-  nb_status s = rest && sub ? nb__optim_put(state, "muon/count", NULL, nb__count_zero(g)) : NB_ERR_NOMEM;
+  nb_status s = rest && sub ? nb_optim__put(state, "muon/count", NULL, nb_optim__count_zero(g)) : NB_ERR_NOMEM;
   for (size_t i = 0; !s && i < nb_tree_size(params); i++)
     if (is_2d(nb_tree_leaf(params, i)))
-      s = nb__optim_put(state, "muon/mu", nb_tree_path(params, i), nb_full_like(nb_tree_leaf(params, i)->val, 0));
+      s = nb_optim__put(state, "muon/mu", nb_tree_path(params, i), nb_full_like(nb_tree_leaf(params, i)->val, 0));
   if (!s) s = c->kids[0]->init(c->kids[0]->ud, g, rest, sub);
   if (!s) s = nb_tree_merge(state, "adam", sub);
   nb_tree_destroy(rest);
@@ -43,11 +43,11 @@ static nb_status muon_init(void *ud, nb_graph *g, const nb_tree *params, nb_tree
 static nb_val *newton_schulz(nb_val *x, int steps, double eps) {
   int perm[2] = {1, 0};
   nb_val *norm = nb_sqrt(nb_reduce_sum(nb_mul(x, x), 0, NULL));
-  x = nb_div(x, nb_add(norm, nb__k(norm, eps)));
+  x = nb_div(x, nb_add(norm, nb_optim__k(norm, eps)));
   for (int i = 0; i < steps; i++) {
     nb_val *a = nb_matmul(x, nb_transpose(x, perm));
-    nb_val *b = nb_add(nb_mul(nb__k(a, ns_coeffs[1]), a), nb_mul(nb__k(a, ns_coeffs[2]), nb_matmul(a, a)));
-    x = nb_add(nb_mul(nb__k(x, ns_coeffs[0]), x), nb_matmul(b, x));
+    nb_val *b = nb_add(nb_mul(nb_optim__k(a, ns_coeffs[1]), a), nb_mul(nb_optim__k(a, ns_coeffs[2]), nb_matmul(a, a)));
+    x = nb_add(nb_mul(nb_optim__k(x, ns_coeffs[0]), x), nb_matmul(b, x));
   }
   return x;
 }
@@ -60,33 +60,33 @@ static nb_val *orthogonalize(nb_val *x, int steps, double eps) {
 
 static nb_status muon_update(void *ud, nb_graph *g, const nb_tree *grads, const nb_tree *state,
                              const nb_tree *params, nb_tree *updates, nb_tree *new_state) {
-  nb__optim_cfg *c = ud;
+  nb_optim__cfg *c = ud;
   double beta = c->h[0], eps = c->h[1], wd = c->h[2];
-  nb_status s = wd != 0 ? nb__optim_need_params(c->ctx, "muon", params) : NB_OK;
-  nb_val *count = s ? NULL : nb__optim_state(c->ctx, state, "muon/count", NULL);
+  nb_status s = wd != 0 ? nb_optim__need_params(c->ctx, "muon", params) : NB_OK;
+  nb_val *count = s ? NULL : nb_optim__state(c->ctx, state, "muon/count", NULL);
   if (!count) return s ? s : nb_ctx_status(c->ctx);
-  nb_val *lr = nb_optim_schedule_trace(c->sched, nb_convert(count, nb__scalar_dtype(grads)));
-  nb_val *cinc = nb__count_inc(count);
+  nb_val *lr = nb_optim_schedule_trace(c->sched, nb_convert(count, nb_optim__scalar_dtype(grads)));
+  nb_val *cinc = nb_optim__count_inc(count);
   for (size_t i = 0; !s && i < nb_tree_size(grads); i++) {
     const char *p = nb_tree_path(grads, i);
     nb_val *gr = nb_tree_leaf(grads, i)->val;
     if (nb_val_rank(gr) != 2) continue;
-    nb_val *m0 = nb__optim_state(c->ctx, state, "muon/mu", p);
+    nb_val *m0 = nb_optim__state(c->ctx, state, "muon/mu", p);
     if (!m0) return nb_ctx_status(c->ctx);
-    nb_val *mu = nb__moment(gr, m0, beta, 1);
-    nb_val *mhat = nb_add(nb_mul(nb__k(gr, beta), nb__bias_correct(mu, beta, nb__count_inc(cinc))),
-                          nb_mul(nb__k(gr, 1 - beta), nb__bias_correct(gr, beta, cinc)));
+    nb_val *mu = nb_optim__moment(gr, m0, beta, 1);
+    nb_val *mhat = nb_add(nb_mul(nb_optim__k(gr, beta), nb_optim__bias_correct(mu, beta, nb_optim__count_inc(cinc))),
+                          nb_mul(nb_optim__k(gr, 1 - beta), nb_optim__bias_correct(gr, beta, cinc)));
     nb_val *o = orthogonalize(mhat, (int)c->k[0], eps);
     double rows = (double)nb_val_dim(gr, 0), cols = (double)nb_val_dim(gr, 1);
-    o = nb_mul(o, nb__k(o, sqrt(fmax(1.0, cols / rows))));
+    o = nb_mul(o, nb_optim__k(o, sqrt(fmax(1.0, cols / rows))));
     if (wd != 0) {
       nb_val *pv = nb_tree_get_val(params, p);
-      o = nb_add(o, nb_mul(nb__k(pv, wd), pv));
+      o = nb_add(o, nb_mul(nb_optim__k(pv, wd), pv));
     }
-    s = nb_tree_set_val(updates, p, nb_mul(nb_neg(nb__as(lr, nb_val_dtype(o))), o));
-    if (!s) s = nb__optim_put(new_state, "muon/mu", p, mu);
+    s = nb_tree_set_val(updates, p, nb_mul(nb_neg(nb_optim__as(lr, nb_val_dtype(o))), o));
+    if (!s) s = nb_optim__put(new_state, "muon/mu", p, mu);
   }
-  if (!s) s = nb__optim_put(new_state, "muon/count", NULL, cinc);
+  if (!s) s = nb_optim__put(new_state, "muon/count", NULL, cinc);
   /* the rest: NAdam, its lr read from the cell */
   nb_tree *rg = subset(c->ctx, grads, false), *rp = params ? subset(c->ctx, params, false) : NULL;
   nb_tree *rs = nb_tree_select_prefix(state, "adam", true), *u = nb_tree_create(c->ctx), *ns = nb_tree_create(c->ctx);
@@ -112,15 +112,15 @@ static nb_status muon_update(void *ud, nb_graph *g, const nb_tree *grads, const 
 nb_optim_tx *nb_optim_muon(nb_ctx *ctx, nb_optim_schedule *lr, double beta, int ns_steps, double eps,
                            double adam_b1, double adam_b2, double weight_decay) {
   const char *fn = "muon";
-  if (!nb__optim_args_ok(ctx, fn, 0, NULL, 1, &lr)) return NULL;
+  if (!nb_optim__args_ok(ctx, fn, 0, NULL, 1, &lr)) return NULL;
   bool ok = beta >= 0 && beta < 1 && ns_steps >= 0 && ns_steps <= 100;
   if (!ok) nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: beta must be in [0, 1) and ns_steps in [0, 100] (got %g, %d)", fn, beta, ns_steps);
-  ok = ok && nb__optim_check(ctx, fn, "eps", eps, 0, false) && nb__optim_check(ctx, fn, "weight_decay", weight_decay, 0, false);
+  ok = ok && nb_optim__check(ctx, fn, "eps", eps, 0, false) && nb_optim__check(ctx, fn, "weight_decay", weight_decay, 0, false);
   if (ok && nb_optim_schedule_is_constant(lr) && !(nb_optim_schedule_eval(lr, 0) >= 0)) {
     nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: learning rate must be >= 0", fn);
     ok = false;
   }
-  nb__optim_cfg *c = ok ? nb__optim_cfg_new(ctx) : NULL;
+  nb_optim__cfg *c = ok ? nb_optim__cfg_new(ctx) : NULL;
   if (c) {
     c->sched = lr;
     lr = NULL;
@@ -128,7 +128,7 @@ nb_optim_tx *nb_optim_muon(nb_ctx *ctx, nb_optim_schedule *lr, double beta, int 
   }
   if (!c || !c->cells) {
     nb_optim_schedule_destroy(lr);
-    nb__optim_cfg_free(c);
+    nb_optim__cfg_free(c);
     return NULL;
   }
   c->nnames = 1; /* cells has one entry; names/values stay NULL */
@@ -136,11 +136,11 @@ nb_optim_tx *nb_optim_muon(nb_ctx *ctx, nb_optim_schedule *lr, double beta, int 
   c->h[1] = eps;
   c->h[2] = weight_decay;
   c->k[0] = ns_steps;
-  nb_optim_tx *adam = nb_optim_nadam(ctx, nb__optim_slot(ctx, &c->cells[0], nb_optim_schedule_eval(c->sched, 0)),
+  nb_optim_tx *adam = nb_optim_nadam(ctx, nb_optim__slot(ctx, &c->cells[0], nb_optim_schedule_eval(c->sched, 0)),
                                      adam_b1, adam_b2, eps);
-  if (!adam || !nb__optim_cfg_take_kids(c, 1, &adam)) {
-    nb__optim_cfg_free(c);
+  if (!adam || !nb_optim__cfg_take_kids(c, 1, &adam)) {
+    nb_optim__cfg_free(c);
     return NULL;
   }
-  return nb__optim_make(ctx, fn, muon_init, muon_update, c);
+  return nb_optim__make(ctx, fn, muon_init, muon_update, c);
 }

@@ -9,7 +9,6 @@
 #include <math.h>
 #include <string.h>
 
-#include "core/ir.h"
 #include "optim/internal.h"
 
 typedef enum kind { K_CONST, K_POLY, K_EXP, K_COS, K_PIECEWISE, K_INTERP_LIN, K_INTERP_COS, K_JOIN, K_SLOT, K_INPUT } kind;
@@ -164,7 +163,7 @@ static sx eval_input(const nb_optim_schedule *s, sx t) {
   if (!t.g || t.num || !vec || nb_val_graph(vec) != t.g) return eval(s->kids[0], t); /* not bound here: constants */
   int n = count_numbers(s->kids[0]);
   if (nb_val_rank(vec) != 1 || nb_val_dim(vec, 0) != n || nb_val_dtype(vec) != NB_F64)
-    return (sx){t.g, 0, nb__fail(t.g, NB_HERE, NB_ERR_SHAPE, "schedule: its input must be an f64 vector of %d numbers "
+    return (sx){t.g, 0, nb_graph_fail_at(NB_HERE, t.g, NB_ERR_SHAPE, "schedule: its input must be an f64 vector of %d numbers "
                                  "(nb_optim_schedule_inputs)", n), NULL, t.t};
   numbers num = {.vec = vec};
   sx r = eval(s->kids[0], (sx){t.g, 0, t.v, &num, t.t});
@@ -298,7 +297,7 @@ nb_optim_schedule *nb_optim_exponential_decay(nb_ctx *ctx, double init, int64_t 
                                               int64_t transition_begin, bool staircase, double end_value) {
   const char *fn = "exponential_decay";
   if (!fin(ctx, fn, "init", init) || !nonneg_steps(ctx, fn, "transition_steps", transition_steps) ||
-      !nb__optim_check(ctx, fn, "decay_rate", decay_rate, 0, false) ||
+      !nb_optim__check(ctx, fn, "decay_rate", decay_rate, 0, false) ||
       !nonneg_steps(ctx, fn, "transition_begin", transition_begin) ||
       (!isnan(end_value) && !fin(ctx, fn, "end_value", end_value)))
     return NULL;
@@ -329,7 +328,7 @@ nb_optim_schedule *nb_optim_join_schedules(nb_ctx *ctx, int n, nb_optim_schedule
     nb_errorf(ctx, NB_ERR_INVALID_ARG, "join_schedules: needs at least one schedule (got %d)", n);
     return NULL;
   }
-  if (!nb__optim_args_ok(ctx, "join_schedules", 0, NULL, n, schedules)) return NULL;
+  if (!nb_optim__args_ok(ctx, "join_schedules", 0, NULL, n, schedules)) return NULL;
   for (int i = 0; i + 1 < n; i++)
     if (!boundaries || boundaries[i] < 0 || (i && boundaries[i] < boundaries[i - 1])) {
       nb_errorf(ctx, NB_ERR_INVALID_ARG, "join_schedules: boundaries must be >= 0 and non-decreasing (index %d)", i);
@@ -378,7 +377,7 @@ nb_optim_schedule *nb_optim_piecewise_constant(nb_ctx *ctx, double init, int n, 
     return NULL;
   }
   for (int i = 0; i < n; i++)
-    if (!nb__optim_check(ctx, fn, "scale", scales[i], 0, false) || (i && boundaries[i] <= boundaries[i - 1])) {
+    if (!nb_optim__check(ctx, fn, "scale", scales[i], 0, false) || (i && boundaries[i] <= boundaries[i - 1])) {
       if (nb_ctx_status(ctx) == NB_OK)
         nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: boundaries must increase (index %d)", fn, i);
       return NULL;
@@ -411,16 +410,16 @@ static bool onecycle_ok(nb_ctx *ctx, const char *fn, int64_t steps, double peak,
     nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: transition_steps must be > 0, got %lld", fn, (long long)steps);
     return false;
   }
-  return fin(ctx, fn, "peak", peak) && nb__optim_check(ctx, fn, "div_factor", div, 0, true) &&
-         nb__optim_check(ctx, fn, "final_div_factor", fdiv, 0, true);
+  return fin(ctx, fn, "peak", peak) && nb_optim__check(ctx, fn, "div_factor", div, 0, true) &&
+         nb_optim__check(ctx, fn, "final_div_factor", fdiv, 0, true);
 }
 
 nb_optim_schedule *nb_optim_linear_onecycle(nb_ctx *ctx, int64_t transition_steps, double peak, double pct_start,
                                             double pct_final, double div_factor, double final_div_factor) {
   const char *fn = "linear_onecycle";
   if (!onecycle_ok(ctx, fn, transition_steps, peak, div_factor, final_div_factor) ||
-      !nb__optim_check(ctx, fn, "pct_start", pct_start, 0, false) ||
-      !nb__optim_check(ctx, fn, "pct_final", pct_final, pct_start, true))
+      !nb_optim__check(ctx, fn, "pct_start", pct_start, 0, false) ||
+      !nb_optim__check(ctx, fn, "pct_final", pct_final, pct_start, true))
     return NULL;
   int64_t b[3] = {(int64_t)(pct_start * (double)transition_steps), (int64_t)(pct_final * (double)transition_steps),
                   transition_steps};
@@ -432,7 +431,7 @@ nb_optim_schedule *nb_optim_cosine_onecycle(nb_ctx *ctx, int64_t transition_step
                                             double div_factor, double final_div_factor) {
   const char *fn = "cosine_onecycle";
   if (!onecycle_ok(ctx, fn, transition_steps, peak, div_factor, final_div_factor) ||
-      !nb__optim_check(ctx, fn, "pct_start", pct_start, 0, false))
+      !nb_optim__check(ctx, fn, "pct_start", pct_start, 0, false))
     return NULL;
   int64_t b[2] = {(int64_t)(pct_start * (double)transition_steps), transition_steps};
   double sc[2] = {div_factor, 1 / (div_factor * final_div_factor)};
@@ -462,7 +461,7 @@ nb_optim_schedule *nb_optim_sgdr(nb_ctx *ctx, int n, const nb_optim_sgdr_cycle *
   return s;
 }
 
-nb_optim_schedule *nb__optim_slot(nb_ctx *ctx, nb_val **cell, double host_value) {
+nb_optim_schedule *nb_optim__slot(nb_ctx *ctx, nb_val **cell, double host_value) {
   nb_optim_schedule *s = mk(ctx, K_SLOT, 0, false);
   if (s) {
     s->cell = cell;

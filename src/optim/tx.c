@@ -7,7 +7,6 @@
 #include <stdarg.h>
 #include <string.h>
 
-#include "core/ir.h"
 #include "optim/internal.h"
 
 /* ---- objects -------------------------------------------------------------- */
@@ -43,14 +42,14 @@ void nb_optim_tx_destroy(nb_optim_tx *tx) {
 
 const char *nb_optim_tx_name(const nb_optim_tx *tx) { return tx ? tx->name : ""; }
 
-nb__optim_cfg *nb__optim_cfg_new(nb_ctx *ctx) {
-  nb__optim_cfg *c = nb_calloc(ctx, sizeof *c);
+nb_optim__cfg *nb_optim__cfg_new(nb_ctx *ctx) {
+  nb_optim__cfg *c = nb_calloc(ctx, sizeof *c);
   if (c) c->ctx = ctx;
   return c;
 }
 
-void nb__optim_cfg_free(void *p) {
-  nb__optim_cfg *c = p;
+void nb_optim__cfg_free(void *p) {
+  nb_optim__cfg *c = p;
   if (!c) return;
   nb_ctx *ctx = c->ctx;
   nb_optim_schedule_destroy(c->sched);
@@ -68,10 +67,10 @@ void nb__optim_cfg_free(void *p) {
   nb_dealloc(ctx, c, sizeof *c);
 }
 
-nb_optim_tx *nb__optim_make(nb_ctx *ctx, const char *name, nb_optim_init_fn init, nb_optim_update_fn update,
-                            nb__optim_cfg *cfg) {
+nb_optim_tx *nb_optim__make(nb_ctx *ctx, const char *name, nb_optim_init_fn init, nb_optim_update_fn update,
+                            nb_optim__cfg *cfg) {
   if (!cfg) return NULL;
-  return nb_optim_tx_create(ctx, name, init, update, cfg, nb__optim_cfg_free);
+  return nb_optim_tx_create(ctx, name, init, update, cfg, nb_optim__cfg_free);
 }
 
 /* ---- input-bound hyperparameters ----------------------------------------- */
@@ -80,8 +79,8 @@ nb_optim_tx *nb__optim_make(nb_ctx *ctx, const char *name, nb_optim_init_fn init
  * given its first element of the vector (and, with cell, bound to it; with
  * rec, its numbers recorded). Returns the next free element. */
 static int walk_numbers(const nb_optim_tx *tx, int at, nb_val *const *cell, int hlen, double *rec) {
-  if (!tx || tx->free_ud != nb__optim_cfg_free) return at; /* a user's transformation keeps its numbers */
-  nb__optim_cfg *c = tx->ud;
+  if (!tx || tx->free_ud != nb_optim__cfg_free) return at; /* a user's transformation keeps its numbers */
+  nb_optim__cfg *c = tx->ud;
   if (cell) {
     c->hcell = cell;
     c->at = at;
@@ -110,7 +109,7 @@ nb_array *nb_optim_tx_inputs(nb_ctx *ctx, const nb_optim_tx *tx) {
   return a;
 }
 
-bool nb__optim_cfg_take_kids(nb__optim_cfg *c, int n, nb_optim_tx *const *kids) {
+bool nb_optim__cfg_take_kids(nb_optim__cfg *c, int n, nb_optim_tx *const *kids) {
   c->kids = nb_calloc(c->ctx, sizeof(nb_optim_tx *) * (size_t)n);
   if (!c->kids) {
     for (int i = 0; i < n; i++) nb_optim_tx_destroy(kids[i]);
@@ -121,7 +120,7 @@ bool nb__optim_cfg_take_kids(nb__optim_cfg *c, int n, nb_optim_tx *const *kids) 
   return true;
 }
 
-bool nb__optim_cfg_add_regex(nb__optim_cfg *c, const char *regex, const char *what) {
+bool nb_optim__cfg_add_regex(nb_optim__cfg *c, const char *regex, const char *what) {
   regex_t re;
   int rc = regcomp(&re, regex ? regex : "", REG_EXTENDED | REG_NOSUB);
   if (rc != 0) {
@@ -144,17 +143,17 @@ bool nb__optim_cfg_add_regex(nb__optim_cfg *c, const char *regex, const char *wh
   return true;
 }
 
-bool nb__optim_cfg_match(const nb__optim_cfg *c, int i, const char *path) {
+bool nb_optim__cfg_match(const nb_optim__cfg *c, int i, const char *path) {
   return regexec(&c->regexes[i], path, 0, NULL, 0) == 0;
 }
 
-bool nb__optim_check(nb_ctx *ctx, const char *fn, const char *name, double v, double lo, bool strict) {
+bool nb_optim__check(nb_ctx *ctx, const char *fn, const char *name, double v, double lo, bool strict) {
   if (isfinite(v) && (strict ? v > lo : v >= lo)) return true;
   nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: %s must be %s %g, got %g", fn, name, strict ? ">" : ">=", lo, v);
   return false;
 }
 
-bool nb__optim_args_ok(nb_ctx *ctx, const char *fn, int ntx, nb_optim_tx *const *txs, int nsched,
+bool nb_optim__args_ok(nb_ctx *ctx, const char *fn, int ntx, nb_optim_tx *const *txs, int nsched,
                        nb_optim_schedule *const *scheds) {
   bool ok = true;
   for (int i = 0; i < ntx; i++) ok = ok && txs[i];
@@ -169,14 +168,14 @@ bool nb__optim_args_ok(nb_ctx *ctx, const char *fn, int ntx, nb_optim_tx *const 
 
 /* ---- traced helpers ------------------------------------------------------- */
 
-bool nb__optim_join(char *buf, const char *a, const char *b) {
+bool nb_optim__join(char *buf, const char *a, const char *b) {
   int n = b ? snprintf(buf, NB_OPTIM_PATH_MAX, "%s/%s", a, b) : snprintf(buf, NB_OPTIM_PATH_MAX, "%s", a);
   return n > 0 && n < NB_OPTIM_PATH_MAX;
 }
 
-nb_val *nb__optim_state(nb_ctx *ctx, const nb_tree *state, const char *prefix, const char *path) {
+nb_val *nb_optim__state(nb_ctx *ctx, const nb_tree *state, const char *prefix, const char *path) {
   char p[NB_OPTIM_PATH_MAX];
-  if (!nb__optim_join(p, prefix, path)) {
+  if (!nb_optim__join(p, prefix, path)) {
     nb_errorf(ctx, NB_ERR_INVALID_ARG, "optim: state path '%s/%s' is too long", prefix, path ? path : "");
     return NULL;
   }
@@ -189,45 +188,45 @@ nb_val *nb__optim_state(nb_ctx *ctx, const nb_tree *state, const char *prefix, c
   return v;
 }
 
-nb_status nb__optim_put(nb_tree *t, const char *prefix, const char *path, nb_val *v) {
+nb_status nb_optim__put(nb_tree *t, const char *prefix, const char *path, nb_val *v) {
   char p[NB_OPTIM_PATH_MAX];
   nb_ctx *ctx = nb_tree_ctx(t);
-  if (!nb__optim_join(p, prefix, path))
+  if (!nb_optim__join(p, prefix, path))
     return nb_errorf(ctx, NB_ERR_INVALID_ARG, "optim: state path '%s/%s' is too long", prefix, path ? path : "");
   if (!v) return nb_ctx_status(ctx) ? nb_ctx_status(ctx) : nb_errorf(ctx, NB_ERR_INTERNAL, "optim: NULL at %s", p);
   return nb_tree_set_val(t, p, v);
 }
 
-nb_status nb__optim_need_params(nb_ctx *ctx, const char *name, const nb_tree *params) {
+nb_status nb_optim__need_params(nb_ctx *ctx, const char *name, const nb_tree *params) {
   if (params) return NB_OK;
   return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: needs params (pass the parameter tree to update)", name);
 }
 
-nb_status nb__optim_graph_status(nb_ctx *ctx, nb_graph *g) {
+nb_status nb_optim__graph_status(nb_ctx *ctx, nb_graph *g) {
   nb_status s = nb_graph_status(g);
   if (s == NB_OK || nb_ctx_status(ctx) == s) return s;
   return nb_errorf(ctx, s, "%s", nb_graph_error(g));
 }
 
-nb_val *nb__k(nb_val *x, double c) {
+nb_val *nb_optim__k(nb_val *x, double c) {
   if (!x) return NULL;
   return nb_scalar(nb_val_graph(x), nb_val_dtype(x), c);
 }
 
-nb_val *nb__count_zero(nb_graph *g) { return nb_scalar(g, NB_I32, 0); }
+nb_val *nb_optim__count_zero(nb_graph *g) { return nb_scalar(g, NB_I32, 0); }
 
-nb_val *nb__count_inc(nb_val *c) {
+nb_val *nb_optim__count_inc(nb_val *c) {
   if (!c) return NULL;
-  nb_val *top = nb__k(c, 2147483647.0);
-  return nb_select(nb_lt(c, top), nb_add(c, nb__k(c, 1)), c);
+  nb_val *top = nb_optim__k(c, 2147483647.0);
+  return nb_select(nb_lt(c, top), nb_add(c, nb_optim__k(c, 1)), c);
 }
 
-nb__hp nb__hp_get(const nb__optim_cfg *c, nb_graph *g, int i) {
-  nb__hp x = {c->h[i], NULL};
+nb_optim__hp nb_optim__hp_get(const nb_optim__cfg *c, nb_graph *g, int i) {
+  nb_optim__hp x = {c->h[i], NULL};
   nb_val *vec = c->hcell ? *c->hcell : NULL;
   if (i >= c->nh || !vec || nb_val_graph(vec) != g) return x; /* not bound here: the constant */
   if (nb_val_rank(vec) != 1 || nb_val_dim(vec, 0) != c->hlen || nb_val_dtype(vec) != NB_F64) {
-    x.v = nb__fail(g, NB_HERE, NB_ERR_SHAPE, "optim: the hyperparameter input must be an f64 vector of %d numbers "
+    x.v = nb_graph_fail_at(NB_HERE, g, NB_ERR_SHAPE, "optim: the hyperparameter input must be an f64 vector of %d numbers "
                    "(nb_optim_tx_inputs)", c->hlen);
     return x;
   }
@@ -236,51 +235,51 @@ nb__hp nb__hp_get(const nb__optim_cfg *c, nb_graph *g, int i) {
   return x;
 }
 
-nb__hp nb__hp_rsub(double a, nb__hp x) {
-  return (nb__hp){a - x.d, x.v ? nb_sub(nb_scalar(nb_val_graph(x.v), NB_F64, a), x.v) : NULL};
+nb_optim__hp nb_optim__hp_rsub(double a, nb_optim__hp x) {
+  return (nb_optim__hp){a - x.d, x.v ? nb_sub(nb_scalar(nb_val_graph(x.v), NB_F64, a), x.v) : NULL};
 }
 
-nb_val *nb__hk(nb_val *like, nb__hp x) {
+nb_val *nb_optim__hk(nb_val *like, nb_optim__hp x) {
   if (!like) return NULL;
-  return x.v ? nb_convert(x.v, nb_val_dtype(like)) : nb__k(like, x.d);
+  return x.v ? nb_convert(x.v, nb_val_dtype(like)) : nb_optim__k(like, x.d);
 }
 
-nb_val *nb__moment_hp(nb_val *g, nb_val *m, nb__hp decay, int order) {
+nb_val *nb_optim__moment_hp(nb_val *g, nb_val *m, nb_optim__hp decay, int order) {
   nb_val *gp = order == 1 ? g : nb_mul(g, g);
-  return nb_add(nb_mul(nb__hk(gp, nb__hp_rsub(1, decay)), gp), nb_mul(nb__hk(m, decay), m));
+  return nb_add(nb_mul(nb_optim__hk(gp, nb_optim__hp_rsub(1, decay)), gp), nb_mul(nb_optim__hk(m, decay), m));
 }
 
-nb_val *nb__moment(nb_val *g, nb_val *m, double decay, int order) {
-  return nb__moment_hp(g, m, (nb__hp){decay, NULL}, order);
+nb_val *nb_optim__moment(nb_val *g, nb_val *m, double decay, int order) {
+  return nb_optim__moment_hp(g, m, (nb_optim__hp){decay, NULL}, order);
 }
 
-nb_val *nb__bias_correct_hp(nb_val *m, nb__hp decay, nb_val *count) {
+nb_val *nb_optim__bias_correct_hp(nb_val *m, nb_optim__hp decay, nb_val *count) {
   if (!m || !count) return NULL;
   nb_dtype t = nb_val_dtype(m);
-  nb_val *pw = nb_pow(nb__hk(m, decay), nb_convert(count, t));
-  return nb_div(m, nb_sub(nb__k(m, 1), pw));
+  nb_val *pw = nb_pow(nb_optim__hk(m, decay), nb_convert(count, t));
+  return nb_div(m, nb_sub(nb_optim__k(m, 1), pw));
 }
 
-nb_val *nb__bias_correct(nb_val *m, double decay, nb_val *count) {
-  return nb__bias_correct_hp(m, (nb__hp){decay, NULL}, count);
+nb_val *nb_optim__bias_correct(nb_val *m, double decay, nb_val *count) {
+  return nb_optim__bias_correct_hp(m, (nb_optim__hp){decay, NULL}, count);
 }
 
-nb_dtype nb__scalar_dtype_of(nb_dtype leaf) { return leaf == NB_F64 ? NB_F64 : NB_F32; }
+nb_dtype nb_optim__scalar_dtype_of(nb_dtype leaf) { return leaf == NB_F64 ? NB_F64 : NB_F32; }
 
-nb_dtype nb__scalar_dtype(const nb_tree *t) {
+nb_dtype nb_optim__scalar_dtype(const nb_tree *t) {
   for (size_t i = 0; t && i < nb_tree_size(t); i++) {
     if (nb_leaf_get_aval(nb_tree_leaf(t, i)).dtype == NB_F64) return NB_F64;
   }
   return NB_F32;
 }
 
-nb_val *nb__sum_sq(nb_val *x) {
+nb_val *nb_optim__sum_sq(nb_val *x) {
   if (!x) return NULL;
-  nb_val *xf = nb_convert(x, nb__scalar_dtype_of(nb_val_dtype(x)));
+  nb_val *xf = nb_convert(x, nb_optim__scalar_dtype_of(nb_val_dtype(x)));
   return nb_reduce_sum(nb_mul(xf, xf), 0, NULL);
 }
 
-nb_val *nb__as(nb_val *s, nb_dtype t) { return nb_convert(s, t); }
+nb_val *nb_optim__as(nb_val *s, nb_dtype t) { return nb_convert(s, t); }
 
 /* ---- entry points --------------------------------------------------------- */
 
@@ -300,7 +299,7 @@ nb_status nb_optim_init(const nb_optim_tx *tx, nb_graph *g, const nb_tree *param
   nb_status s = need_vals(ctx, params, "params");
   if (s) return s;
   s = tx->init(tx->ud, g, params, state);
-  return s ? s : nb__optim_graph_status(ctx, g);
+  return s ? s : nb_optim__graph_status(ctx, g);
 }
 
 /* The state paths and avals init would give for these params, checked
@@ -314,7 +313,7 @@ static nb_status check_state(const nb_optim_tx *tx, nb_ctx *ctx, const nb_tree *
     s = nb_tree_set_val(pin, p, nb_graph_input(g, p, nb_leaf_get_aval(nb_tree_leaf(params, i))));
   }
   if (s == NB_OK) s = tx->init(tx->ud, g, pin, want);
-  if (s == NB_OK) s = nb__optim_graph_status(ctx, g);
+  if (s == NB_OK) s = nb_optim__graph_status(ctx, g);
   if (s == NB_OK) {
     for (size_t i = 0; s == NB_OK && i < nb_tree_size(want); i++) {
       const char *p = nb_tree_path(want, i);
@@ -358,7 +357,7 @@ nb_status nb_optim_update(const nb_optim_tx *tx, nb_graph *g, const nb_tree *gra
                     nb_dtype_name(nb_val_dtype(nb_tree_leaf(grads, i)->val)));
   if (!s) s = check_state(tx, ctx, params ? params : grads, state);
   if (!s) s = tx->update(tx->ud, g, grads, state, params, updates, new_state);
-  return s ? s : nb__optim_graph_status(ctx, g);
+  return s ? s : nb_optim__graph_status(ctx, g);
 }
 
 nb_status nb_optim_apply_updates(nb_graph *g, const nb_tree *params, const nb_tree *updates, nb_tree *new_params) {
@@ -373,13 +372,13 @@ nb_status nb_optim_apply_updates(nb_graph *g, const nb_tree *params, const nb_tr
                                    nb_tree_path(params, i));
     s = nb_tree_set_val(new_params, nb_tree_path(params, i), nb_add(p, nb_convert(u, nb_val_dtype(p))));
   }
-  return s ? s : nb__optim_graph_status(ctx, g);
+  return s ? s : nb_optim__graph_status(ctx, g);
 }
 
 /* ---- chain and identity --------------------------------------------------- */
 
 static nb_status chain_init(void *ud, nb_graph *g, const nb_tree *params, nb_tree *state) {
-  nb__optim_cfg *c = ud;
+  nb_optim__cfg *c = ud;
   nb_status s = NB_OK;
   for (int i = 0; s == NB_OK && i < c->nkids; i++) {
     nb_tree *sub = nb_tree_create(c->ctx);
@@ -394,7 +393,7 @@ static nb_status chain_init(void *ud, nb_graph *g, const nb_tree *params, nb_tre
 
 static nb_status chain_update(void *ud, nb_graph *g, const nb_tree *grads, const nb_tree *state,
                               const nb_tree *params, nb_tree *updates, nb_tree *new_state) {
-  nb__optim_cfg *c = ud;
+  nb_optim__cfg *c = ud;
   nb_tree *cur = nb_tree_copy(grads);
   nb_status s = cur ? NB_OK : NB_ERR_NOMEM;
   for (int i = 0; s == NB_OK && i < c->nkids; i++) {
@@ -419,15 +418,15 @@ nb_optim_tx *nb_optim_chain(nb_ctx *ctx, int n, nb_optim_tx *const *txs) {
     nb_errorf(ctx, NB_ERR_INVALID_ARG, "chain: needs at least one transformation (got %d)", n);
     return NULL;
   }
-  if (!nb__optim_args_ok(ctx, "chain", n, txs, 0, NULL)) return NULL;
-  nb__optim_cfg *c = nb__optim_cfg_new(ctx);
-  if (!c || !nb__optim_cfg_take_kids(c, n, txs)) {
+  if (!nb_optim__args_ok(ctx, "chain", n, txs, 0, NULL)) return NULL;
+  nb_optim__cfg *c = nb_optim__cfg_new(ctx);
+  if (!c || !nb_optim__cfg_take_kids(c, n, txs)) {
     if (!c)
       for (int i = 0; i < n; i++) nb_optim_tx_destroy(txs[i]);
-    nb__optim_cfg_free(c);
+    nb_optim__cfg_free(c);
     return NULL;
   }
-  return nb__optim_make(ctx, "chain", chain_init, chain_update, c);
+  return nb_optim__make(ctx, "chain", chain_init, chain_update, c);
 }
 
 static nb_status empty_init(void *ud, nb_graph *g, const nb_tree *params, nb_tree *state) { return NB_OK; }
@@ -439,7 +438,7 @@ static nb_status identity_update(void *ud, nb_graph *g, const nb_tree *grads, co
 }
 
 nb_optim_tx *nb_optim_identity(nb_ctx *ctx) {
-  return nb__optim_make(ctx, "identity", empty_init, identity_update, nb__optim_cfg_new(ctx));
+  return nb_optim__make(ctx, "identity", empty_init, identity_update, nb_optim__cfg_new(ctx));
 }
 
 /* ---- host conveniences ---------------------------------------------------- */
@@ -487,7 +486,7 @@ static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
 static nb_status spec_merge(nb_tree *dst, const char *prefix, const nb_tree *src) {
   char p[NB_OPTIM_PATH_MAX];
   for (size_t i = 0; i < nb_tree_size(src); i++) {
-    if (!nb__optim_join(p, prefix, nb_tree_path(src, i)))
+    if (!nb_optim__join(p, prefix, nb_tree_path(src, i)))
       return nb_errorf(nb_tree_ctx(dst), NB_ERR_INVALID_ARG, "optim: path '%s' too long", nb_tree_path(src, i));
     nb_status s = nb_tree_set(dst, p, nb_leaf_aval(nb_leaf_get_aval(nb_tree_leaf(src, i))));
     if (s) return s;
@@ -558,16 +557,16 @@ nb_status nb_optim_state_set_scalar(nb_ctx *ctx, nb_tree *state, const char *pat
 /* ---- tree utilities ------------------------------------------------------- */
 
 nb_val *nb_optim_global_norm(nb_graph *g, const nb_tree *t) {
-  nb_dtype d = nb__scalar_dtype(t);
+  nb_dtype d = nb_optim__scalar_dtype(t);
   nb_val *acc = nb_scalar(g, d, 0);
-  for (size_t i = 0; t && i < nb_tree_size(t); i++) acc = nb_add(acc, nb_convert(nb__sum_sq(nb_tree_leaf(t, i)->val), d));
+  for (size_t i = 0; t && i < nb_tree_size(t); i++) acc = nb_add(acc, nb_convert(nb_optim__sum_sq(nb_tree_leaf(t, i)->val), d));
   return nb_sqrt(acc);
 }
 
 nb_val *nb_optim_tree_vdot(nb_graph *g, const nb_tree *a, const nb_tree *b) {
   nb_ctx *ctx = nb_graph_ctx(g);
   if (!a || !b || nb_tree_check_same(ctx, a, b, true, "tree_vdot")) return NULL;
-  nb_dtype d = nb__scalar_dtype(a);
+  nb_dtype d = nb_optim__scalar_dtype(a);
   nb_val *acc = nb_scalar(g, d, 0);
   for (size_t i = 0; i < nb_tree_size(a); i++) {
     nb_val *x = nb_convert(nb_tree_leaf(a, i)->val, d), *y = nb_convert(nb_tree_leaf(b, i)->val, d);

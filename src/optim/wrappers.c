@@ -7,7 +7,7 @@
 
 #include "optim/internal.h"
 
-#define CFG(ud) nb__optim_cfg *c = (nb__optim_cfg *)(ud)
+#define CFG(ud) nb_optim__cfg *c = (nb_optim__cfg *)(ud)
 #define NLEAF(t) nb_tree_size(t)
 #define PATH(t, i) nb_tree_path(t, i)
 #define LEAF(t, i) (nb_tree_leaf(t, i)->val)
@@ -46,35 +46,35 @@ static nb_status select_trees(nb_val *pred, const nb_tree *a, const nb_tree *b, 
   for (size_t i = 0; i < NLEAF(a); i++) {
     nb_val *y = nb_tree_get_val(b, PATH(a, i));
     if (!y) return nb_errorf(nb_tree_ctx(out), NB_ERR_INTERNAL, "optim: '%s' missing in select", PATH(a, i));
-    nb_status s = nb__optim_put(out, prefix, PATH(a, i), nb_select(pred, LEAF(a, i), y));
+    nb_status s = nb_optim__put(out, prefix, PATH(a, i), nb_select(pred, LEAF(a, i), y));
     if (s) return s;
   }
   return NB_OK;
 }
 
 static nb_optim_tx *wrap(nb_ctx *ctx, const char *name, nb_optim_tx *inner, nb_optim_init_fn init,
-                         nb_optim_update_fn update, nb__optim_cfg **out) {
-  if (!nb__optim_args_ok(ctx, name, 1, &inner, 0, NULL)) return NULL;
-  nb__optim_cfg *c = nb__optim_cfg_new(ctx);
+                         nb_optim_update_fn update, nb_optim__cfg **out) {
+  if (!nb_optim__args_ok(ctx, name, 1, &inner, 0, NULL)) return NULL;
+  nb_optim__cfg *c = nb_optim__cfg_new(ctx);
   if (!c) {
     nb_optim_tx_destroy(inner);
     return NULL;
   }
-  if (!nb__optim_cfg_take_kids(c, 1, &inner)) {
-    nb__optim_cfg_free(c);
+  if (!nb_optim__cfg_take_kids(c, 1, &inner)) {
+    nb_optim__cfg_free(c);
     return NULL;
   }
   *out = c;
-  return nb__optim_make(ctx, name, init, update, c);
+  return nb_optim__make(ctx, name, init, update, c);
 }
 
 /* ---- masked ------------------------------------------------------------------- */
 
-static bool mask_has(const nb__optim_cfg *c, const char *path) {
-  return c->nregex ? nb__optim_cfg_match(c, 0, path) : c->pred(c->pred_ud, path);
+static bool mask_has(const nb_optim__cfg *c, const char *path) {
+  return c->nregex ? nb_optim__cfg_match(c, 0, path) : c->pred(c->pred_ud, path);
 }
 
-static nb_tree *mask_tree(const nb__optim_cfg *c, const nb_tree *t) {
+static nb_tree *mask_tree(const nb_optim__cfg *c, const nb_tree *t) {
   nb_tree *out = nb_tree_create(c->ctx);
   for (size_t i = 0; out && i < NLEAF(t); i++)
     if (mask_has(c, PATH(t, i)) && nb_tree_set(out, PATH(t, i), *nb_tree_leaf(t, i))) {
@@ -118,12 +118,12 @@ nb_optim_tx *nb_optim_masked(nb_ctx *ctx, nb_optim_tx *inner, const char *regex,
     nb_errorf(ctx, NB_ERR_INVALID_ARG, "masked: needs a regex or a predicate");
     return NULL;
   }
-  nb__optim_cfg *c = NULL;
+  nb_optim__cfg *c = NULL;
   nb_optim_tx *tx = wrap(ctx, "masked", inner, masked_init, masked_update, &c);
   if (!tx) return NULL;
   c->pred = pred;
   c->pred_ud = ud;
-  if (regex && !nb__optim_cfg_add_regex(c, regex, "masked")) {
+  if (regex && !nb_optim__cfg_add_regex(c, regex, "masked")) {
     nb_optim_tx_destroy(tx);
     return NULL;
   }
@@ -132,15 +132,15 @@ nb_optim_tx *nb_optim_masked(nb_ctx *ctx, nb_optim_tx *inner, const char *regex,
 
 /* ---- multi_transform ---------------------------------------------------------- */
 
-static int label_of(const nb__optim_cfg *c, const char *path) {
+static int label_of(const nb_optim__cfg *c, const char *path) {
   if (c->label) return c->label(c->pred_ud, path);
   for (int i = 0; i < c->nregex; i++)
-    if (nb__optim_cfg_match(c, i, path)) return i;
+    if (nb_optim__cfg_match(c, i, path)) return i;
   return -1;
 }
 
 /* The leaves of t labelled k (an error for labels out of range). */
-static nb_status group(const nb__optim_cfg *c, const nb_tree *t, int k, nb_tree **out) {
+static nb_status group(const nb_optim__cfg *c, const nb_tree *t, int k, nb_tree **out) {
   *out = nb_tree_create(c->ctx);
   for (size_t i = 0; *out && i < NLEAF(t); i++) {
     int l = label_of(c, PATH(t, i));
@@ -192,23 +192,23 @@ static nb_status multi_update(void *ud, nb_graph *g, const nb_tree *grads, const
   return st;
 }
 
-static nb_optim_tx *multi_make(nb_ctx *ctx, int n, nb_optim_tx *const *txs, nb__optim_cfg **out) {
+static nb_optim_tx *multi_make(nb_ctx *ctx, int n, nb_optim_tx *const *txs, nb_optim__cfg **out) {
   if (n <= 0 || !txs) {
     nb_errorf(ctx, NB_ERR_INVALID_ARG, "multi_transform: needs at least one transformation (got %d)", n);
     return NULL;
   }
-  if (!nb__optim_args_ok(ctx, "multi_transform", n, txs, 0, NULL)) return NULL;
-  nb__optim_cfg *c = nb__optim_cfg_new(ctx);
+  if (!nb_optim__args_ok(ctx, "multi_transform", n, txs, 0, NULL)) return NULL;
+  nb_optim__cfg *c = nb_optim__cfg_new(ctx);
   if (!c) {
     for (int i = 0; i < n; i++) nb_optim_tx_destroy(txs[i]);
     return NULL;
   }
-  if (!nb__optim_cfg_take_kids(c, n, txs)) {
-    nb__optim_cfg_free(c);
+  if (!nb_optim__cfg_take_kids(c, n, txs)) {
+    nb_optim__cfg_free(c);
     return NULL;
   }
   *out = c;
-  return nb__optim_make(ctx, "multi_transform", multi_init, multi_update, c);
+  return nb_optim__make(ctx, "multi_transform", multi_init, multi_update, c);
 }
 
 nb_optim_tx *nb_optim_multi_transform(nb_ctx *ctx, int n, nb_optim_tx *const *txs, nb_optim_label_fn label,
@@ -218,7 +218,7 @@ nb_optim_tx *nb_optim_multi_transform(nb_ctx *ctx, int n, nb_optim_tx *const *tx
     nb_errorf(ctx, NB_ERR_INVALID_ARG, "multi_transform: needs a label function");
     return NULL;
   }
-  nb__optim_cfg *c = NULL;
+  nb_optim__cfg *c = NULL;
   nb_optim_tx *tx = multi_make(ctx, n, txs, &c);
   if (tx) {
     c->label = label;
@@ -234,10 +234,10 @@ nb_optim_tx *nb_optim_multi_transform_regex(nb_ctx *ctx, int n, nb_optim_tx *con
     nb_errorf(ctx, NB_ERR_INVALID_ARG, "multi_transform: needs n regexes");
     return NULL;
   }
-  nb__optim_cfg *c = NULL;
+  nb_optim__cfg *c = NULL;
   nb_optim_tx *tx = multi_make(ctx, n, txs, &c);
   for (int i = 0; tx && i < n; i++)
-    if (!nb__optim_cfg_add_regex(c, regexes[i], "multi_transform")) {
+    if (!nb_optim__cfg_add_regex(c, regexes[i], "multi_transform")) {
       nb_optim_tx_destroy(tx);
       return NULL;
     }
@@ -248,11 +248,11 @@ nb_optim_tx *nb_optim_multi_transform_regex(nb_ctx *ctx, int n, nb_optim_tx *con
 
 static nb_status msteps_init(void *ud, nb_graph *g, const nb_tree *params, nb_tree *state) {
   CFG(ud);
-  nb_status s = nb__optim_put(state, "mini_step", NULL, nb__count_zero(g));
-  if (!s) s = nb__optim_put(state, "gradient_step", NULL, nb__count_zero(g));
+  nb_status s = nb_optim__put(state, "mini_step", NULL, nb_optim__count_zero(g));
+  if (!s) s = nb_optim__put(state, "gradient_step", NULL, nb_optim__count_zero(g));
   for (size_t i = 0; !s && i < NLEAF(params); i++) {
     nb_aval a = nb_val_aval(LEAF(params, i));
-    s = nb__optim_put(state, "acc_grads", PATH(params, i), nb_full(g, nb__scalar_dtype_of(a.dtype), a.shape.rank, a.shape.dims, 0));
+    s = nb_optim__put(state, "acc_grads", PATH(params, i), nb_full(g, nb_optim__scalar_dtype_of(a.dtype), a.shape.rank, a.shape.dims, 0));
   }
   if (!s) s = inner_init(c->kids[0], g, params, state, "inner");
   return s;
@@ -263,21 +263,21 @@ static nb_status msteps_update(void *ud, nb_graph *g, const nb_tree *grads, cons
   CFG(ud);
   nb_status st = NB_OK;
   nb_tree *acc = nb_tree_create(c->ctx), *accg = nb_tree_create(c->ctx), *u = NULL, *ns = NULL, *old = NULL;
-  nb_val *mini = nb__optim_state(c->ctx, state, "mini_step", NULL);
-  nb_val *gstep = nb__optim_state(c->ctx, state, "gradient_step", NULL);
+  nb_val *mini = nb_optim__state(c->ctx, state, "mini_step", NULL);
+  nb_val *gstep = nb_optim__state(c->ctx, state, "gradient_step", NULL);
   if (!acc || !accg) TRY(NB_ERR_NOMEM);
   if (!mini || !gstep) TRY(nb_ctx_status(c->ctx));
   nb_val *k = nb_scalar(g, NB_I32, (double)c->k[0]);
   nb_val *emit = nb_eq(mini, nb_sub(k, nb_scalar(g, NB_I32, 1)));
-  nb_val *n1 = nb_convert(nb_add(mini, nb_scalar(g, NB_I32, 1)), nb__scalar_dtype(grads));
+  nb_val *n1 = nb_convert(nb_add(mini, nb_scalar(g, NB_I32, 1)), nb_optim__scalar_dtype(grads));
   for (size_t i = 0; i < NLEAF(grads); i++) {
     const char *p = PATH(grads, i);
-    nb_val *a0 = nb__optim_state(c->ctx, state, "acc_grads", p), *gr = LEAF(grads, i);
+    nb_val *a0 = nb_optim__state(c->ctx, state, "acc_grads", p), *gr = LEAF(grads, i);
     if (!a0) TRY(nb_ctx_status(c->ctx));
     nb_val *a = nb_add(a0, nb_div(nb_sub(nb_convert(gr, nb_val_dtype(a0)), a0), nb_convert(n1, nb_val_dtype(a0)))); /* running mean */
     TRY(nb_tree_set_val(acc, p, a));
     TRY(nb_tree_set_val(accg, p, nb_convert(a, nb_val_dtype(gr))));
-    TRY(nb__optim_put(new_state, "acc_grads", p, nb_select(emit, nb_full_like(a, 0), a)));
+    TRY(nb_optim__put(new_state, "acc_grads", p, nb_select(emit, nb_full_like(a, 0), a)));
   }
   TRY(inner_update(c->kids[0], g, accg, state, "inner", params, &u, &ns));
   for (size_t i = 0; i < NLEAF(grads); i++) {
@@ -287,8 +287,8 @@ static nb_status msteps_update(void *ud, nb_graph *g, const nb_tree *grads, cons
   old = nb_tree_select_prefix(state, "inner", true);
   if (!old) TRY(NB_ERR_NOMEM);
   TRY(select_trees(emit, ns, old, new_state, "inner"));
-  TRY(nb__optim_put(new_state, "mini_step", NULL, nb_rem(nb__count_inc(mini), k)));
-  TRY(nb__optim_put(new_state, "gradient_step", NULL, nb_select(emit, nb__count_inc(gstep), gstep)));
+  TRY(nb_optim__put(new_state, "mini_step", NULL, nb_rem(nb_optim__count_inc(mini), k)));
+  TRY(nb_optim__put(new_state, "gradient_step", NULL, nb_select(emit, nb_optim__count_inc(gstep), gstep)));
 done:
   nb_tree_destroy(acc);
   nb_tree_destroy(accg);
@@ -304,7 +304,7 @@ nb_optim_tx *nb_optim_multi_steps(nb_ctx *ctx, nb_optim_tx *inner, int64_t every
     nb_errorf(ctx, NB_ERR_INVALID_ARG, "multi_steps: every_k must be in [1, 2^31), got %lld", (long long)every_k);
     return NULL;
   }
-  nb__optim_cfg *c = NULL;
+  nb_optim__cfg *c = NULL;
   nb_optim_tx *tx = wrap(ctx, "multi_steps", inner, msteps_init, msteps_update, &c);
   if (tx) c->k[0] = every_k;
   return tx;
@@ -314,9 +314,9 @@ nb_optim_tx *nb_optim_multi_steps(nb_ctx *ctx, nb_optim_tx *inner, int64_t every
 
 static nb_status finite_init(void *ud, nb_graph *g, const nb_tree *params, nb_tree *state) {
   CFG(ud);
-  nb_status s = nb__optim_put(state, "notfinite_count", NULL, nb__count_zero(g));
-  if (!s) s = nb__optim_put(state, "last_finite", NULL, nb_scalar(g, NB_BOOL, 1));
-  if (!s) s = nb__optim_put(state, "total_notfinite", NULL, nb__count_zero(g));
+  nb_status s = nb_optim__put(state, "notfinite_count", NULL, nb_optim__count_zero(g));
+  if (!s) s = nb_optim__put(state, "last_finite", NULL, nb_scalar(g, NB_BOOL, 1));
+  if (!s) s = nb_optim__put(state, "total_notfinite", NULL, nb_optim__count_zero(g));
   if (!s) s = inner_init(c->kids[0], g, params, state, "inner");
   return s;
 }
@@ -326,14 +326,14 @@ static nb_status finite_update(void *ud, nb_graph *g, const nb_tree *grads, cons
   CFG(ud);
   nb_status st = NB_OK;
   nb_tree *u = NULL, *ns = NULL, *old = NULL;
-  nb_val *nfc = nb__optim_state(c->ctx, state, "notfinite_count", NULL);
-  nb_val *tot = nb__optim_state(c->ctx, state, "total_notfinite", NULL);
+  nb_val *nfc = nb_optim__state(c->ctx, state, "notfinite_count", NULL);
+  nb_val *tot = nb_optim__state(c->ctx, state, "total_notfinite", NULL);
   if (!nfc || !tot) TRY(nb_ctx_status(c->ctx));
   nb_val *bad = nb_scalar(g, NB_I32, 0);
   for (size_t i = 0; i < NLEAF(grads); i++)
     bad = nb_max(bad, nb_reduce_max(nb_convert(nb_not(nb_is_finite(LEAF(grads, i))), NB_I32), 0, NULL));
   nb_val *finite = nb_eq(bad, nb_scalar(g, NB_I32, 0));
-  nb_val *nfc1 = nb_select(finite, nb_scalar(g, NB_I32, 0), nb__count_inc(nfc));
+  nb_val *nfc1 = nb_select(finite, nb_scalar(g, NB_I32, 0), nb_optim__count_inc(nfc));
   nb_val *apply = nb_or(finite, nb_gt(nfc1, nb_scalar(g, NB_I32, (double)c->k[0])));
   TRY(inner_update(c->kids[0], g, grads, state, "inner", params, &u, &ns));
   for (size_t i = 0; i < NLEAF(grads); i++) {
@@ -343,9 +343,9 @@ static nb_status finite_update(void *ud, nb_graph *g, const nb_tree *grads, cons
   old = nb_tree_select_prefix(state, "inner", true);
   if (!old) TRY(NB_ERR_NOMEM);
   TRY(select_trees(apply, ns, old, new_state, "inner"));
-  TRY(nb__optim_put(new_state, "notfinite_count", NULL, nfc1));
-  TRY(nb__optim_put(new_state, "last_finite", NULL, finite));
-  TRY(nb__optim_put(new_state, "total_notfinite", NULL, nb_select(finite, tot, nb__count_inc(tot))));
+  TRY(nb_optim__put(new_state, "notfinite_count", NULL, nfc1));
+  TRY(nb_optim__put(new_state, "last_finite", NULL, finite));
+  TRY(nb_optim__put(new_state, "total_notfinite", NULL, nb_select(finite, tot, nb_optim__count_inc(tot))));
 done:
   nb_tree_destroy(u);
   nb_tree_destroy(ns);
@@ -360,7 +360,7 @@ nb_optim_tx *nb_optim_apply_if_finite(nb_ctx *ctx, nb_optim_tx *inner, int64_t m
               (long long)max_consecutive_errors);
     return NULL;
   }
-  nb__optim_cfg *c = NULL;
+  nb_optim__cfg *c = NULL;
   nb_optim_tx *tx = wrap(ctx, "apply_if_finite", inner, finite_init, finite_update, &c);
   if (tx) c->k[0] = max_consecutive_errors;
   return tx;
@@ -370,7 +370,7 @@ nb_optim_tx *nb_optim_apply_if_finite(nb_ctx *ctx, nb_optim_tx *inner, int64_t m
 
 static nb_status look_init(void *ud, nb_graph *g, const nb_tree *params, nb_tree *state) {
   CFG(ud);
-  nb_status s = nb__optim_put(state, "steps", NULL, nb__count_zero(g));
+  nb_status s = nb_optim__put(state, "steps", NULL, nb_optim__count_zero(g));
   if (!s) s = nb_tree_merge(state, "slow", params);
   if (!s) s = inner_init(c->kids[0], g, params, state, "inner");
   return s;
@@ -379,10 +379,10 @@ static nb_status look_init(void *ud, nb_graph *g, const nb_tree *params, nb_tree
 static nb_status look_update(void *ud, nb_graph *g, const nb_tree *grads, const nb_tree *state,
                              const nb_tree *params, nb_tree *updates, nb_tree *new_state) {
   CFG(ud);
-  nb_status st = nb__optim_need_params(c->ctx, "lookahead", params);
+  nb_status st = nb_optim__need_params(c->ctx, "lookahead", params);
   nb_tree *u = NULL, *ns = NULL;
   if (st) return st;
-  nb_val *steps = nb__optim_state(c->ctx, state, "steps", NULL);
+  nb_val *steps = nb_optim__state(c->ctx, state, "steps", NULL);
   if (!steps) return nb_ctx_status(c->ctx);
   nb_val *k = nb_scalar(g, NB_I32, (double)c->k[0]);
   nb_val *sync = nb_eq(steps, nb_sub(k, nb_scalar(g, NB_I32, 1)));
@@ -390,15 +390,15 @@ static nb_status look_update(void *ud, nb_graph *g, const nb_tree *grads, const 
   for (size_t i = 0; i < NLEAF(grads); i++) {
     const char *p = PATH(grads, i);
     nb_val *fu = nb_tree_get_val(u, p), *pv = nb_tree_get_val(params, p);
-    nb_val *slow = nb__optim_state(c->ctx, state, "slow", p);
+    nb_val *slow = nb_optim__state(c->ctx, state, "slow", p);
     if (!slow) TRY(nb_ctx_status(c->ctx));
     nb_val *fast = nb_add(pv, fu);
-    nb_val *ns_slow = nb_add(slow, nb_mul(nb__k(slow, c->h[0]), nb_sub(fast, slow)));
+    nb_val *ns_slow = nb_add(slow, nb_mul(nb_optim__k(slow, c->h[0]), nb_sub(fast, slow)));
     TRY(nb_tree_set_val(updates, p, nb_select(sync, nb_sub(ns_slow, pv), fu)));
-    TRY(nb__optim_put(new_state, "slow", p, nb_select(sync, ns_slow, slow)));
+    TRY(nb_optim__put(new_state, "slow", p, nb_select(sync, ns_slow, slow)));
   }
   TRY(nb_tree_merge(new_state, "inner", ns));
-  TRY(nb__optim_put(new_state, "steps", NULL, nb_rem(nb__count_inc(steps), k)));
+  TRY(nb_optim__put(new_state, "steps", NULL, nb_rem(nb_optim__count_inc(steps), k)));
 done:
   nb_tree_destroy(u);
   nb_tree_destroy(ns);
@@ -412,7 +412,7 @@ nb_optim_tx *nb_optim_lookahead(nb_ctx *ctx, nb_optim_tx *inner, int64_t sync_pe
               (long long)sync_period, slow_step_size);
     return NULL;
   }
-  nb__optim_cfg *c = NULL;
+  nb_optim__cfg *c = NULL;
   nb_optim_tx *tx = wrap(ctx, "lookahead", inner, look_init, look_update, &c);
   if (tx) {
     c->k[0] = sync_period;
@@ -425,10 +425,10 @@ nb_optim_tx *nb_optim_lookahead(nb_ctx *ctx, nb_optim_tx *inner, int64_t sync_pe
 
 static nb_status inject_init(void *ud, nb_graph *g, const nb_tree *params, nb_tree *state) {
   CFG(ud);
-  nb_status s = nb__optim_put(state, "count", NULL, nb__count_zero(g));
+  nb_status s = nb_optim__put(state, "count", NULL, nb_optim__count_zero(g));
   for (int i = 0; !s && i < c->nnames; i++)
-    s = nb__optim_put(state, "hyperparams", c->names[i],
-                      nb_optim_schedule_trace(c->values[i], nb__count_zero(g)));
+    s = nb_optim__put(state, "hyperparams", c->names[i],
+                      nb_optim_schedule_trace(c->values[i], nb_optim__count_zero(g)));
   if (!s) s = inner_init(c->kids[0], g, params, state, "inner");
   return s;
 }
@@ -438,20 +438,20 @@ static nb_status inject_update(void *ud, nb_graph *g, const nb_tree *grads, cons
   CFG(ud);
   nb_status st = NB_OK;
   nb_tree *u = NULL, *ns = NULL;
-  nb_val *count = nb__optim_state(c->ctx, state, "count", NULL);
+  nb_val *count = nb_optim__state(c->ctx, state, "count", NULL);
   if (!count) return nb_ctx_status(c->ctx);
   for (int i = 0; i < c->nnames; i++) {
     nb_val *v = nb_optim_schedule_is_constant(c->values[i])
-                    ? nb__optim_state(c->ctx, state, "hyperparams", c->names[i])
+                    ? nb_optim__state(c->ctx, state, "hyperparams", c->names[i])
                     : nb_optim_schedule_trace(c->values[i], count);
     if (!v) TRY(nb_ctx_status(c->ctx) ? nb_ctx_status(c->ctx) : NB_ERR_INTERNAL);
     c->cells[i] = v;
-    TRY(nb__optim_put(new_state, "hyperparams", c->names[i], v));
+    TRY(nb_optim__put(new_state, "hyperparams", c->names[i], v));
   }
   TRY(inner_update(c->kids[0], g, grads, state, "inner", params, &u, &ns));
   TRY(nb_tree_merge(updates, NULL, u));
   TRY(nb_tree_merge(new_state, "inner", ns));
-  TRY(nb__optim_put(new_state, "count", NULL, nb__count_inc(count)));
+  TRY(nb_optim__put(new_state, "count", NULL, nb_optim__count_inc(count)));
 done:
   for (int i = 0; i < c->nnames; i++) c->cells[i] = NULL;
   nb_tree_destroy(u);
@@ -466,8 +466,8 @@ nb_optim_tx *nb_optim_inject_hyperparams(nb_ctx *ctx, nb_optim_factory make, voi
     nb_errorf(ctx, NB_ERR_INVALID_ARG, "inject_hyperparams: needs a factory and 1..64 named values (got %d)", n);
     return NULL;
   }
-  if (!nb__optim_args_ok(ctx, "inject_hyperparams", 0, NULL, n, values)) return NULL;
-  nb__optim_cfg *c = nb__optim_cfg_new(ctx);
+  if (!nb_optim__args_ok(ctx, "inject_hyperparams", 0, NULL, n, values)) return NULL;
+  nb_optim__cfg *c = nb_optim__cfg_new(ctx);
   nb_optim_schedule *slots[64] = {0};
   if (c) {
     c->names = nb_calloc(ctx, sizeof(char *) * (size_t)n);
@@ -477,7 +477,7 @@ nb_optim_tx *nb_optim_inject_hyperparams(nb_ctx *ctx, nb_optim_factory make, voi
   if (!c || !c->names || !c->values || !c->cells) {
     for (int i = 0; i < n; i++) nb_optim_schedule_destroy(values[i]);
     if (c) c->nnames = 0;
-    nb__optim_cfg_free(c);
+    nb_optim__cfg_free(c);
     return NULL;
   }
   c->nnames = n;
@@ -496,7 +496,7 @@ nb_optim_tx *nb_optim_inject_hyperparams(nb_ctx *ctx, nb_optim_factory make, voi
       continue;
     }
     memcpy(c->names[i], names[i], len + 1);
-    slots[i] = nb__optim_slot(ctx, &c->cells[i], nb_optim_schedule_eval(values[i], 0));
+    slots[i] = nb_optim__slot(ctx, &c->cells[i], nb_optim_schedule_eval(values[i], 0));
     ok = ok && slots[i];
   }
   nb_optim_tx *inner = NULL;
@@ -507,9 +507,9 @@ nb_optim_tx *nb_optim_inject_hyperparams(nb_ctx *ctx, nb_optim_factory make, voi
   } else {
     for (int i = 0; i < n; i++) nb_optim_schedule_destroy(slots[i]);
   }
-  if (!inner || !nb__optim_cfg_take_kids(c, 1, &inner)) {
-    nb__optim_cfg_free(c);
+  if (!inner || !nb_optim__cfg_take_kids(c, 1, &inner)) {
+    nb_optim__cfg_free(c);
     return NULL;
   }
-  return nb__optim_make(ctx, "inject_hyperparams", inject_init, inject_update, c);
+  return nb_optim__make(ctx, "inject_hyperparams", inject_init, inject_update, c);
 }
