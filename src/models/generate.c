@@ -137,7 +137,7 @@ nb_model_generator *nb_model_generator_create(nb_ctx *ctx, const nb_model_config
   g->cache_len = (max_len + g->chunk - 1) / g->chunk * g->chunk;
   g->interpret = o.interpret;
   g->threads = o.threads;
-  g->params = nb_models__params_f32(ctx, cfg, params, "generator");
+  g->params = nb_model__params_f32(ctx, cfg, params, "generator");
   nb_tree *cache = g->params ? nb_model_cache_create(ctx, cfg, 1, g->cache_len, NB_F32) : NULL;
   size_t n = (size_t)(2 * cfg->n_layers);
   g->cache = cache ? nb_calloc(ctx, n * sizeof *g->cache) : NULL;

@@ -346,7 +346,7 @@ static nb_status load_weights(hf_load *L, nb_model_loaded *m) {
   return s;
 }
 
-nb_status nb_models__hf_config_parse(nb_ctx *ctx, const char *name, const char *text, size_t len, nb_model_loaded *out) {
+nb_status nb_model__hf_config_parse(nb_ctx *ctx, const char *name, const char *text, size_t len, nb_model_loaded *out) {
   memset(out, 0, sizeof *out);
   out->bos_id = -1;
   hf_load L = {.ctx = ctx};
@@ -371,7 +371,7 @@ nb_status nb_model_load_hf(nb_ctx *ctx, const char *dir, nb_model_loaded *out) {
   char tj[4200];
   snprintf(tj, sizeof tj, "%s/tokenizer.json", dir);
   if (!s && access(tj, F_OK) == 0 && !(out->tok = nb_tok_load_hf(ctx, tj))) s = nb_ctx_status(ctx);
-  if (!s && out->n_eos == 0) nb_models__tok_stops(out);
+  if (!s && out->n_eos == 0) nb_model__tok_stops(out);
   if (s) nb_model_loaded_free(out);
   return s;
 }

@@ -8,7 +8,7 @@
 #include "models/internal.h"
 #include "nabla/ckpt.h"
 
-nb_tree *nb_models__params_f32(nb_ctx *ctx, const nb_model_config *cfg, const nb_tree *loaded, const char *where) {
+nb_tree *nb_model__params_f32(nb_ctx *ctx, const nb_model_config *cfg, const nb_tree *loaded, const char *where) {
   nb_tree *spec = nb_model_param_spec(ctx, cfg, NB_F32);
   nb_tree *out = spec ? nb_tree_create(ctx) : NULL;
   nb_status s = out ? NB_OK : NB_ERR_NOMEM;
@@ -49,7 +49,7 @@ nb_tree *nb_models__params_f32(nb_ctx *ctx, const nb_model_config *cfg, const nb
   return NULL;
 }
 
-void nb_models__tok_stops(nb_model_loaded *m) {
+void nb_model__tok_stops(nb_model_loaded *m) {
   static const char *const names[] = {"<|endoftext|>", "<|end_of_text|>", "<|eot_id|>", "</s>", "<eos>", NULL};
   for (int i = 0; m->tok && names[i] && m->n_eos < 8; i++) {
     int32_t id = nb_tok_added_id(m->tok, names[i]);
@@ -83,7 +83,7 @@ static nb_status load_tokenizer(nb_ctx *ctx, const nb_model_run_config *rc, cons
                      rel);
   m->tok = nb_tok_load(ctx, use);
   if (!m->tok) return nb_ctx_status(ctx);
-  nb_models__tok_stops(m);
+  nb_model__tok_stops(m);
   return NB_OK;
 }
 
@@ -126,7 +126,7 @@ static nb_status finish(nb_ctx *ctx, const char *cfg_path, const char *run_dir, 
   if (!s && nb_tree_size(p) == 0) s = nb_errorf(ctx, NB_ERR_NOT_FOUND, "%s: the checkpoint has no item 'params'", where);
   if (!s) {
     out->cfg = rc.model;
-    out->params = nb_models__params_f32(ctx, &rc.model, p, where);
+    out->params = nb_model__params_f32(ctx, &rc.model, p, where);
     if (!out->params) s = nb_ctx_status(ctx);
   }
   if (!s) s = load_tokenizer(ctx, &rc, run_dir, cfg_path, out);

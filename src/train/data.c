@@ -23,7 +23,7 @@
 #include "train/internal.h"
 #include "util/util.h"
 
-nb_status nb__train_wrapf(nb_ctx *ctx, nb_status s, const char *fmt, ...) {
+nb_status nb_train__wrapf(nb_ctx *ctx, nb_status s, const char *fmt, ...) {
   char prefix[1024];
   va_list ap;
   va_start(ap, fmt);
@@ -32,7 +32,7 @@ nb_status nb__train_wrapf(nb_ctx *ctx, nb_status s, const char *fmt, ...) {
   return nb_errorf(ctx, s ? s : NB_ERR_INTERNAL, "%s: %s", prefix, nb_ctx_error(ctx)); /* nb_errorf may read its own message */
 }
 
-nb_status nb__train_mkdir_p(nb_ctx *ctx, const char *path) {
+nb_status nb_train__mkdir_p(nb_ctx *ctx, const char *path) {
   if (strlen(path) >= NB_TRAIN_PATH_MAX) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train: path too long: %s", path);
   char failed[NB_TRAIN_PATH_MAX];
   int err = nb_util__mkdir_p(path, 0777, NULL, failed, sizeof failed);
@@ -66,7 +66,7 @@ static nb_status tokenizer_hash(nb_ctx *ctx, const char *path, uint64_t *h) {
   struct stat st;
   if (stat(path, &st)) return nb_errorf(ctx, NB_ERR_NOT_FOUND, "train: data.tokenizer '%s': %s", path, strerror(errno));
   if (!S_ISDIR(st.st_mode))
-    return hash_file(ctx, path, h) ? nb__train_wrapf(ctx, nb_ctx_status(ctx), "train: data.tokenizer") : NB_OK;
+    return hash_file(ctx, path, h) ? nb_train__wrapf(ctx, nb_ctx_status(ctx), "train: data.tokenizer") : NB_OK;
   DIR *d = opendir(path);
   if (!d) return nb_errorf(ctx, NB_ERR_IO, "train: data.tokenizer '%s': %s", path, strerror(errno));
   nb_status s = NB_OK;
@@ -75,7 +75,7 @@ static nb_status tokenizer_hash(nb_ctx *ctx, const char *path, uint64_t *h) {
     uint64_t fh;
     if (e->d_name[0] == '.' || snprintf(f, sizeof f, "%s/%s", path, e->d_name) >= (int)sizeof f) continue;
     if (stat(f, &st) || !S_ISREG(st.st_mode)) continue;
-    if ((s = hash_file(ctx, f, &fh))) s = nb__train_wrapf(ctx, s, "train: data.tokenizer");
+    if ((s = hash_file(ctx, f, &fh))) s = nb_train__wrapf(ctx, s, "train: data.tokenizer");
     else /* a sum: the same whatever order readdir gives */
       *h += fh ^ nb_data_checksum_bytes(NB_DATA_XXH3, e->d_name, strlen(e->d_name));
   }
@@ -119,14 +119,14 @@ static nb_status text_to_shard(nb_ctx *ctx, const char *key_name, const char *in
   if (!realpath(input, real)) snprintf(real, sizeof real, "%s", input);
   uint64_t ih = 0, th = 0;
   nb_status s = input_hash(ctx, real, &ih);
-  if (s) return nb__train_wrapf(ctx, s, "train: %s", key_name);
+  if (s) return nb_train__wrapf(ctx, s, "train: %s", key_name);
   if ((s = tokenizer_hash(ctx, tokenizer, &th))) return s;
   snprintf(desc, sizeof desc, "v2|%016llx|%016llx", (unsigned long long)ih, (unsigned long long)th);
   uint64_t h = nb_data_checksum_bytes(NB_DATA_XXH3, desc, strlen(desc));
   const char *base = strrchr(real, '/') ? strrchr(real, '/') + 1 : real;
   char dir[NB_TRAIN_PATH_MAX];
   snprintf(dir, sizeof dir, "%s/data", run_dir);
-  if ((s = nb__train_mkdir_p(ctx, dir))) return s;
+  if ((s = nb_train__mkdir_p(ctx, dir))) return s;
   if (snprintf(out, cap, "%s/%.100s-%016llx.tshard", dir, base, (unsigned long long)h) >= (int)cap)
     return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train: run dir path too long: %s", run_dir);
   *cached = !access(out, R_OK);
@@ -135,7 +135,7 @@ static nb_status text_to_shard(nb_ctx *ctx, const char *key_name, const char *in
   nb_data_tokenizer tok = nb_data_tokenizer_bytes();
   if (tokenizer[0]) {
     bpe = nb_tok_load(ctx, tokenizer);
-    if (!bpe) return nb__train_wrapf(ctx, nb_ctx_status(ctx), "train: data.tokenizer '%s'", tokenizer);
+    if (!bpe) return nb_train__wrapf(ctx, nb_ctx_status(ctx), "train: data.tokenizer '%s'", tokenizer);
     tok = nb_data_tokenizer_bpe(bpe);
   }
   char tmp[NB_TRAIN_PATH_MAX + 8];
@@ -145,7 +145,7 @@ static nb_status text_to_shard(nb_ctx *ctx, const char *key_name, const char *in
   const char *inputs[1] = {input};
   s = nb_data_build_shard(ctx, tmp, 1, inputs, &bo, &tok, 0, NULL);
   nb_tok_destroy(bpe);
-  if (s) return nb__train_wrapf(ctx, s, "train: %s: tokenizing '%s'", key_name, input);
+  if (s) return nb_train__wrapf(ctx, s, "train: %s: tokenizing '%s'", key_name, input);
   if (rename(tmp, out)) return nb_errorf(ctx, NB_ERR_IO, "train: rename %s: %s", tmp, strerror(errno));
   return NB_OK;
 }
@@ -154,12 +154,12 @@ static nb_status text_to_shard(nb_ctx *ctx, const char *key_name, const char *in
  * (checksum, every id below the shard's vocabulary), the vocabulary within
  * the model's. Fills the identity a checkpoint records. */
 static nb_status check_shard(nb_ctx *ctx, const char *key_name, const char *path, const nb_model_run_config *c,
-                             nb__train_shard_id *id) {
+                             nb_train__shard_id *id) {
   nb_data_shard *sh = nb_data_shard_open(ctx, path);
   nb_status s = sh ? nb_data_shard_verify(sh, NULL, NULL) : nb_ctx_status(ctx);
   if (s) {
     nb_data_shard_close(sh);
-    return nb__train_wrapf(ctx, s, "train: %s", key_name);
+    return nb_train__wrapf(ctx, s, "train: %s", key_name);
   }
   int64_t vocab = nb_data_shard_vocab(sh);
   id->tokens = nb_data_shard_count(sh);
@@ -176,11 +176,11 @@ static nb_status check_shard(nb_ctx *ctx, const char *key_name, const char *path
 /* A data path to a verified token shard: a shard as it is, text (a file or
  * a directory) through the cache. What the file holds decides, not its name. */
 static nb_status resolve(nb_ctx *ctx, const char *key_name, const char *path, const nb_model_run_config *c,
-                         const char *run_dir, char *out, size_t cap, nb__train_shard_id *id) {
+                         const char *run_dir, char *out, size_t cap, nb_train__shard_id *id) {
   if (!path[0]) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train: %s is empty: give a token shard or a text file/dir", key_name);
   nb_data_format fmt;
   nb_status s = nb_data_detect_format(ctx, path, &fmt);
-  if (s) return nb__train_wrapf(ctx, s, "train: %s", key_name);
+  if (s) return nb_train__wrapf(ctx, s, "train: %s", key_name);
   if (fmt == NB_DATA_FORMAT_TOKENS) {
     if (snprintf(out, cap, "%s", path) >= (int)cap) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train: %s: path too long", key_name);
     return check_shard(ctx, key_name, out, c, id);
@@ -229,10 +229,10 @@ static nb_status shard_stats(nb_ctx *ctx, const char *path, int64_t *vocab, doub
   return s;
 }
 
-nb_status nb__train_data_open(nb_ctx *ctx, const nb_model_run_config *c, const char *run_dir, nb__train_data *d) {
+nb_status nb_train__data_open(nb_ctx *ctx, const nb_model_run_config *c, const char *run_dir, nb_train__data *d) {
   memset(d, 0, sizeof *d);
   int64_t T = c->data.seq_len;
-  nb__train_shard_id eval_id;
+  nb_train__shard_id eval_id;
   nb_status s = resolve(ctx, "data.train", c->data.train, c, run_dir, d->train_shard, sizeof d->train_shard, &d->train_id);
   if (!s && c->data.eval[0])
     s = resolve(ctx, "data.eval", c->data.eval, c, run_dir, d->eval_shard, sizeof d->eval_shard, &eval_id);
@@ -246,11 +246,11 @@ nb_status nb__train_data_open(nb_ctx *ctx, const nb_model_run_config *c, const c
     const char *ep[1] = {d->eval_shard};
     d->train_windows = all;
     d->eval_windows = nb_data_map_tokens(ctx, 1, ep, T);
-    if (!d->eval_windows) return nb__train_data_close(d), nb_ctx_status(ctx);
+    if (!d->eval_windows) return nb_train__data_close(d), nb_ctx_status(ctx);
     d->n_train = N;
     d->n_eval = nb_data_map_len(d->eval_windows);
     if (d->n_eval < 1) {
-      nb__train_data_close(d);
+      nb_train__data_close(d);
       return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train: data.eval '%s' holds no window of seq_len+1 = %lld tokens",
                        c->data.eval, (long long)(T + 1));
     }
@@ -268,19 +268,19 @@ nb_status nb__train_data_open(nb_ctx *ctx, const nb_model_run_config *c, const c
     nb_data_map_retain(all);
     d->train_windows = nb_data_map_slice(all, 0, N - n_eval - 1, 1);
     d->eval_windows = nb_data_map_slice(all, N - n_eval, N, 1);
-    if (!d->train_windows || !d->eval_windows) return nb__train_data_close(d), nb_ctx_status(ctx);
+    if (!d->train_windows || !d->eval_windows) return nb_train__data_close(d), nb_ctx_status(ctx);
     d->n_train = N - n_eval - 1;
     d->n_eval = n_eval;
   }
   if (d->n_train < 1) {
-    nb__train_data_close(d);
+    nb_train__data_close(d);
     return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train: data.train '%s' holds no window of seq_len+1 = %lld tokens",
                      c->data.train, (long long)(T + 1));
   }
   /* eval batches beyond the eval set would wrap around and count windows twice */
   int64_t eval_batches = d->n_eval / c->batch_size;
   if (c->eval_every > 0 && c->eval_steps > eval_batches) {
-    nb__train_data_close(d);
+    nb_train__data_close(d);
     return nb_errorf(ctx, NB_ERR_INVALID_ARG,
                      "train: eval_steps = %lld, but the eval data (%s: %lld windows of seq_len+1 = %lld tokens) holds "
                      "only %lld batches of batch_size %lld: lower eval_steps, give more eval data, or set eval_every=0",
@@ -290,13 +290,13 @@ nb_status nb__train_data_open(nb_ctx *ctx, const nb_model_run_config *c, const c
   return NB_OK;
 }
 
-void nb__train_data_close(nb__train_data *d) {
+void nb_train__data_close(nb_train__data *d) {
   nb_data_map_release(d->train_windows);
   nb_data_map_release(d->eval_windows);
   d->train_windows = d->eval_windows = NULL;
 }
 
-nb_data_iter *nb__train_data_iter(nb_ctx *ctx, const nb__train_data *d, const nb_model_run_config *c) {
+nb_data_iter *nb_train__data_iter(nb_ctx *ctx, const nb_train__data *d, const nb_model_run_config *c) {
   nb_data_map_retain(d->train_windows);
   nb_data_map *ds = nb_data_map_shuffle(d->train_windows, (uint64_t)c->seed);
   ds = nb_data_map_batch(nb_data_map_repeat(ds, 0), c->batch_size, true);
@@ -306,7 +306,7 @@ nb_data_iter *nb__train_data_iter(nb_ctx *ctx, const nb__train_data *d, const nb
   return it;
 }
 
-nb_data_map *nb__train_eval_batches(nb_ctx *ctx, const nb__train_data *d, const nb_model_run_config *c) {
+nb_data_map *nb_train__eval_batches(nb_ctx *ctx, const nb_train__data *d, const nb_model_run_config *c) {
   nb_data_map_retain(d->eval_windows);
   nb_data_map *ds = nb_data_map_batch(nb_data_map_repeat(d->eval_windows, 0), c->batch_size, true);
   return nb_data_map_map(ds, nb_data_fn_lm_targets, NULL);

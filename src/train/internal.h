@@ -9,32 +9,32 @@
 #define NB_TRAIN_PATH_MAX 1024
 
 /* What a checkpoint's data position depends on, of a shard. */
-typedef struct nb__train_shard_id {
+typedef struct nb_train__shard_id {
   int64_t tokens;
   uint64_t xxh3;              /* of the token data (the shard header's) */
-} nb__train_shard_id;
+} nb_train__shard_id;
 
-typedef struct nb__train_data {
+typedef struct nb_train__data {
   char train_shard[NB_TRAIN_PATH_MAX], eval_shard[NB_TRAIN_PATH_MAX];
-  nb__train_shard_id train_id;
+  nb_train__shard_id train_id;
   nb_data_map *train_windows; /* {"tokens": i32[T+1]}, the train part (one reference) */
   nb_data_map *eval_windows;  /* the eval part: the eval shard, or the held-out tail */
   int64_t vocab, n_train, n_eval;
   double entropy;             /* unigram entropy (nats/token) of the training shard */
-} nb__train_data;
+} nb_train__data;
 
 /* Resolves cfg's data (text inputs tokenized into shards cached under
  * run_dir/data/), opens the windows and splits off the eval part. */
-nb_status nb__train_data_open(nb_ctx *ctx, const nb_model_run_config *cfg, const char *run_dir, nb__train_data *d);
-void nb__train_data_close(nb__train_data *d);
+nb_status nb_train__data_open(nb_ctx *ctx, const nb_model_run_config *cfg, const char *run_dir, nb_train__data *d);
+void nb_train__data_close(nb_train__data *d);
 /* Wraps the error on ctx as "<formatted prefix>: <cause>" (status s, or
  * INTERNAL when s is OK). */
-nb_status nb__train_wrapf(nb_ctx *ctx, nb_status s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+nb_status nb_train__wrapf(nb_ctx *ctx, nb_status s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* mkdir -p */
-nb_status nb__train_mkdir_p(nb_ctx *ctx, const char *path);
+nb_status nb_train__mkdir_p(nb_ctx *ctx, const char *path);
 /* windows -> shuffle(seed) -> repeat -> batch -> {inputs, targets} -> prefetch */
-nb_data_iter *nb__train_data_iter(nb_ctx *ctx, const nb__train_data *d, const nb_model_run_config *cfg);
+nb_data_iter *nb_train__data_iter(nb_ctx *ctx, const nb_train__data *d, const nb_model_run_config *cfg);
 /* Eval batches: element i is the i-th batch of eval windows (wrapping). */
-nb_data_map *nb__train_eval_batches(nb_ctx *ctx, const nb__train_data *d, const nb_model_run_config *cfg);
+nb_data_map *nb_train__eval_batches(nb_ctx *ctx, const nb_train__data *d, const nb_model_run_config *cfg);
 
 #endif

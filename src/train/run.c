@@ -96,7 +96,7 @@ typedef struct trainer {
   nb_ctx *ctx;
   const nb_model_run_config *cfg;
   const nb_train_opts *opts;
-  nb__train_data data;
+  nb_train__data data;
   nb_tree *st;                 /* "params/<p>", "opt_state/<s>" (sole holder: donation runs in place) */
   nb_exe *step_exe, *eval_exe;
   nb_data_iter *it;
@@ -268,7 +268,7 @@ static nb_status restore_step(trainer *t, int64_t step, bool *damaged) {
   nb_ctx *ctx = t->ctx;
   nb_ckpt_info *info = nb_ckpt_info_load(t->ckpt, step);
   *damaged = !info && nb_ctx_status(ctx) == NB_ERR_FORMAT;
-  if (!info) return nb__train_wrapf(ctx, nb_ctx_status(ctx), "train: checkpoint step %lld", (long long)step);
+  if (!info) return nb_train__wrapf(ctx, nb_ctx_status(ctx), "train: checkpoint step %lld", (long long)step);
   const char *meta = nb_ckpt_info_metadata(info);
   cJSON *j = meta ? cJSON_Parse(meta) : NULL;
   const cJSON *ds = cJSON_GetObjectItemCaseSensitive(j, "data_state");
@@ -293,12 +293,12 @@ static nb_status restore_step(trainer *t, int64_t step, bool *damaged) {
     nb_status why = nb_ctx_status(ctx);
     model_diff(ctx, cJSON_IsString(cf) ? cf->valuestring : NULL, t->cfg, diff, sizeof diff);
     nb_errorf(ctx, why, "%s", cause);
-    s = nb__train_wrapf(ctx, nb_ctx_status(ctx), "train: restoring step %lld from %s/checkpoints (%s%s)", (long long)step,
+    s = nb_train__wrapf(ctx, nb_ctx_status(ctx), "train: restoring step %lld from %s/checkpoints (%s%s)", (long long)step,
                         t->dir, diff[0] ? "the model config differs: " : "delete it to start over, or check that the "
                         "model config matches", diff);
   }
   if (!s && (s = nb_data_iter_set_state(t->it, dstxt)))
-    s = nb__train_wrapf(ctx, s, "train: the data position saved in step %lld does not fit this data pipeline (was "
+    s = nb_train__wrapf(ctx, s, "train: the data position saved in step %lld does not fit this data pipeline (was "
                         "data.workers changed between 0 and more?)", (long long)step);
   if (!s) {
     nb_tree_destroy(t->st);
@@ -333,7 +333,7 @@ static nb_status restore(trainer *t) {
     char cause[2048], aside[NB_TRAIN_PATH_MAX + 64];
     snprintf(cause, sizeof cause, "%s", nb_ctx_error(ctx));
     if (nb_ckpt_set_aside(t->ckpt, latest, aside, sizeof aside))
-      return nb__train_wrapf(ctx, NB_ERR_FORMAT, "train: checkpoint step %lld is damaged (%s), and setting it aside failed",
+      return nb_train__wrapf(ctx, NB_ERR_FORMAT, "train: checkpoint step %lld is damaged (%s), and setting it aside failed",
                              (long long)latest, cause);
     nb_logf(ctx, NB_LOG_WARN, "train: checkpoint step %lld is damaged (%s); set aside as %s, falling back to the "
             "previous checkpoint", (long long)latest, cause, aside);
@@ -384,7 +384,7 @@ static nb_status setup(trainer *t, nb_train_start_info *info) {
   t->ckpt = nb_ckpt_manager_create(ctx, &co);
   if (!t->ckpt) return nb_ctx_status(ctx);
   t->last_saved = -1;
-  nb_status s = nb__train_data_open(ctx, c, t->dir, &t->data);
+  nb_status s = nb_train__data_open(ctx, c, t->dir, &t->data);
   if (s || interrupted(t)) return s;
   nb_array *key = nb_key(ctx, (uint64_t)c->seed);
   nb_tree *params = key ? nb_model_init(ctx, &c->model, key) : NULL;
@@ -398,8 +398,8 @@ static nb_status setup(trainer *t, nb_train_start_info *info) {
   nb_tree_destroy(params);
   nb_tree_destroy(opt);
   if (s) return s;
-  t->it = nb__train_data_iter(ctx, &t->data, c);
-  t->eval_ds = t->it ? nb__train_eval_batches(ctx, &t->data, c) : NULL;
+  t->it = nb_train__data_iter(ctx, &t->data, c);
+  t->eval_ds = t->it ? nb_train__eval_batches(ctx, &t->data, c) : NULL;
   if (!t->eval_ds) return nb_ctx_status(ctx);
   /* restore before compiling: a resume refused (other data, other model shape) is refused at once */
   if ((s = restore(t)) || interrupted(t)) return s;
@@ -462,7 +462,7 @@ static void teardown(trainer *t) {
   nb_exe_destroy(t->step_exe);
   nb_exe_destroy(t->eval_exe);
   nb_tree_destroy(t->st);
-  nb__train_data_close(&t->data);
+  nb_train__data_close(&t->data);
   free(t->config);
 }
 
@@ -590,7 +590,7 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_model_run_config *cfg, const nb_tra
   trainer t = {.ctx = ctx, .cfg = cfg, .opts = opts, .t0 = nb_util__now_s()};
   if (snprintf(t.dir, sizeof t.dir, "%s", opts->run_dir) >= (int)sizeof t.dir)
     return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train: run_dir too long");
-  if ((s = nb__train_mkdir_p(ctx, t.dir))) return s;
+  if ((s = nb_train__mkdir_p(ctx, t.dir))) return s;
   if (!(t.config = config_text(ctx, cfg))) return nb_ctx_status(ctx);
   /* handlers before set-up: a signal there ends the run cleanly, not the process */
   if (opts->handle_signals && (s = nb_ckpt_preemption_install(ctx))) {

@@ -12,7 +12,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   nb_ctx *ctx = nb_ctx_create();
   if (!ctx) return 0;
   nb_model_loaded m;
-  nb_status s = nb_models__hf_config_parse(ctx, "fuzz/config.json", (const char *)data, size, &m);
+  nb_status s = nb_model__hf_config_parse(ctx, "fuzz/config.json", (const char *)data, size, &m);
   if (s == NB_OK) {
     if (nb_model_config_validate(ctx, &m.cfg) != NB_OK) abort();
     /* sizes are untrusted: only build the spec of a config that is small */
