@@ -24,7 +24,7 @@
   } while (0)
 
 /* n runs of the bare step on one batch; per-run ms into ms[] */
-static int bare_steps(nb_ctx *ctx, const nb_model_run_config *c, int n, double *ms) {
+static int bare_steps(nb_ctx *ctx, const nb_train_config *c, int n, double *ms) {
   nb_array *key = nb_key(ctx, (uint64_t)c->seed);
   nb_tree *params = nb_model_init(ctx, &c->model, key);
   TRY(params);
@@ -90,8 +90,8 @@ int main(int argc, char **argv) {
   snprintf(o[7], sizeof o[7], "eval_every=0");
   const char *ov[8];
   for (int i = 0; i < 8; i++) ov[i] = o[i];
-  nb_model_run_config c;
-  TRY(nb_model_run_config_parse(ctx, "<bench>", "", 0, 8, ov, &c) == NB_OK);
+  nb_train_config c;
+  TRY(nb_train_config_parse(ctx, "<bench>", "", 0, 8, ov, &c) == NB_OK);
   double *bare = calloc((size_t)(2 * n), sizeof *bare);
   if (bare_steps(ctx, &c, n, bare)) return 1;
   char dir[] = "/tmp/nabla_bench_train_XXXXXX";

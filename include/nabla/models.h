@@ -87,82 +87,6 @@ int64_t nb_model_head_dim(const nb_model_config *cfg);
 nb_nn_block_cfg nb_model_block_cfg(const nb_model_config *cfg, int64_t layer);
 
 /* ------------------------------------------------------------------------ */
-/* Run configuration: the YAML file the trainer reads                        */
-/* ------------------------------------------------------------------------ */
-
-typedef enum nb_model_optim { NB_OPTIM_ADAMW, NB_OPTIM_ADAM, NB_OPTIM_SGD, NB_OPTIM_COUNT } nb_model_optim;
-typedef enum nb_model_schedule { NB_SCHEDULE_CONSTANT, NB_SCHEDULE_LINEAR, NB_SCHEDULE_COSINE, NB_SCHEDULE_COUNT } nb_model_schedule;
-typedef enum nb_model_remat { NB_REMAT_NONE, NB_REMAT_BLOCK, NB_REMAT_COUNT } nb_model_remat;
-/* What the trainer does after a step with a non-finite loss or gradient norm:
- * stop with an error (nothing of it saved), skip (the update is not applied),
- * or continue (logged; a non-finite state is still never checkpointed). */
-typedef enum nb_model_on_nonfinite { NB_NONFINITE_STOP, NB_NONFINITE_SKIP, NB_NONFINITE_CONTINUE, NB_NONFINITE_COUNT } nb_model_on_nonfinite;
-
-#define NB_MODEL_STR_MAX 512
-
-typedef struct nb_model_run_config {
-  char preset[64];         /* the model preset the file started from */
-  nb_model_config model;
-  struct {
-    char train[NB_MODEL_STR_MAX], eval[NB_MODEL_STR_MAX]; /* token shard / record paths */
-    char tokenizer[NB_MODEL_STR_MAX];                      /* "" : byte level */
-    int64_t seq_len;
-    bool pack;
-    int64_t workers;
-  } data;
-  struct {
-    nb_model_optim name;
-    double lr, b1, b2, eps, weight_decay, grad_clip, momentum; /* grad_clip 0: none */
-  } optim;
-  struct {
-    nb_model_schedule kind;
-    int64_t warmup_steps, decay_steps; /* decay_steps 0: steps - warmup_steps */
-    double min_lr_ratio;
-  } schedule;
-  struct {
-    nb_dtype params, compute; /* f32 or bf16 */
-  } precision;
-  nb_model_remat remat;
-  int64_t batch_size, grad_accum, steps, eval_every, eval_steps, log_every;
-  int64_t checkpoint_every, checkpoint_keep;
-  char checkpoint_dir[NB_MODEL_STR_MAX];
-  int64_t seed;
-  nb_model_on_nonfinite on_nonfinite;
-  struct {
-    /* resume although data.train's content, batch_size, data.seq_len or
-     * seed differ from the checkpoint's (its data position then means other batches) */
-    bool allow_data_change;
-  } resume;
-} nb_model_run_config;
-
-/* Defaults: the llama-tiny model and small training settings. */
-void nb_model_run_config_defaults(nb_model_run_config *cfg);
-/* Loads a YAML file (path NULL: defaults only), applies the overrides
- * ("key=value" with dotted keys: "steps=10", "model.n_layers=2",
- * "optim.lr=1e-3") and validates. In the file, model.preset (applied before
- * the other model keys) picks the starting model. Unknown keys, values of
- * the wrong type or outside their range, and unknown enum values are
- * errors naming the file:line, the key path and the allowed keys/values. */
-nb_status nb_model_run_config_load(nb_ctx *ctx, const char *path, int n_overrides, const char *const *overrides,
-                                   nb_model_run_config *out);
-/* Same from YAML text in memory (`name` for messages). */
-nb_status nb_model_run_config_parse(nb_ctx *ctx, const char *name, const char *text, size_t len, int n_overrides,
-                                    const char *const *overrides, nb_model_run_config *out);
-/* One "key=value" override on a loaded config (not validated again). */
-nb_status nb_model_run_config_set(nb_ctx *ctx, nb_model_run_config *cfg, const char *assignment);
-nb_status nb_model_run_config_validate(nb_ctx *ctx, const nb_model_run_config *cfg);
-/* Writes every key as YAML (loads back to the same config). */
-void nb_model_run_config_write(const nb_model_run_config *cfg, FILE *f);
-/* The keys starting with prefix ("model." for the model; "" for all) whose
- * values differ between a and b, comma-separated into buf[cap] ("" when
- * none; cut at cap). */
-void nb_model_run_config_diff(const nb_model_run_config *a, const nb_model_run_config *b, const char *prefix, char *buf,
-                              size_t cap);
-/* The same with both values: "model.d_model: 32 <a_name>, 64 <b_name>; ...". */
-void nb_model_run_config_diff_values(const nb_model_run_config *a, const nb_model_run_config *b, const char *prefix,
-                                     const char *a_name, const char *b_name, char *buf, size_t cap);
-
-/* ------------------------------------------------------------------------ */
 /* Parameters                                                                */
 /* ------------------------------------------------------------------------ */
 
@@ -355,16 +279,14 @@ typedef struct nb_model_loaded {
   char what[512];         /* where it came from, for messages */
 } nb_model_loaded;
 
-/* A nabla run directory: DIR/config.yaml (nb_model_run_config_load), the
- * latest step of the checkpoint manager at DIR/checkpoints (item "params"),
- * and the tokenizer named by data.tokenizer (as given, else relative to DIR;
- * "" is byte-level). config_path, when not NULL, replaces DIR/config.yaml.
- * Fills *out (free with nb_model_loaded_free) or returns an error naming the
- * file and what was wrong. */
-nb_status nb_model_load_run_dir(nb_ctx *ctx, const char *dir, const char *config_path, nb_model_loaded *out);
-/* One checkpoint step directory (DIR/checkpoints/step_N): the config is
- * config_path or, when NULL, config.yaml two levels up. */
-nb_status nb_model_load_checkpoint(nb_ctx *ctx, const char *step_dir, const char *config_path, nb_model_loaded *out);
+/* A loaded model from its config, a tree of weights (any float dtype: f32
+ * copies are made) with exactly the paths of nb_model_param_spec, and a
+ * tokenizer file (NULL or "": byte-level ids; its end-of-text special tokens
+ * become the stop ids). A missing, mis-shaped or extra weight is an error
+ * naming `where` and the path. Fills *out, out->what left empty (free with
+ * nb_model_loaded_free). Trained runs: nb_train_load_run_dir (train.h). */
+nb_status nb_model_loaded_make(nb_ctx *ctx, const nb_model_config *cfg, const nb_tree *params, const char *tokenizer_path,
+                               const char *where, nb_model_loaded *out);
 /* A Hugging Face Llama-architecture directory: config.json, model.safetensors
  * or model.safetensors.index.json with its shards, tokenizer.json (optional:
  * without it, ids only). Weights are renamed to nabla's paths, PyTorch

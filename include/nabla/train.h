@@ -1,6 +1,6 @@
 /* nabla train: the trainer (the analogue of MaxText's train loop). One call
  * runs a whole training from a validated run configuration
- * (nb_model_run_config, include/nabla/models.h) into a run directory.
+ * (nb_train_config, below) into a run directory.
  *
  * The step is one traced graph: the model loss (nb_model_trace_loss) under
  * value_and_grad w.r.t. the parameters, summed over grad_accum micro-batches
@@ -26,7 +26,7 @@
  * weight_decay or momentum is 0.
  *
  * Run directory (docs/train.md has the full contract):
- *   DIR/config.yaml     the resolved config (nb_model_run_config_write),
+ *   DIR/config.yaml     the resolved config (nb_train_config_write),
  *                       written once the run is accepted (never by a refused one)
  *   DIR/metrics.jsonl   one JSON object per logged step, eval records
  *   DIR/checkpoints/    nb_ckpt manager: items "params", "opt_state";
@@ -45,8 +45,8 @@
  *
  * Example:
  *
- *   nb_model_run_config cfg;
- *   nb_model_run_config_load(ctx, "configs/gpt2_tiny.yaml", 0, NULL, &cfg);
+ *   nb_train_config cfg;
+ *   nb_train_config_load(ctx, "configs/gpt2_tiny.yaml", 0, NULL, &cfg);
  *   nb_train_opts o = {.run_dir = "runs/tiny", .handle_signals = true};
  *   nb_train_result r;
  *   if (nb_train_run(ctx, &cfg, &o, &r) != NB_OK) fprintf(stderr, "%s\n", nb_ctx_error(ctx));
@@ -62,26 +62,103 @@
 NB_BEGIN_DECLS
 
 /* ------------------------------------------------------------------------ */
+/* Run configuration: the YAML file the trainer reads                        */
+/* (model: the architecture, nb_model_config in models.h; the rest: the run)  */
+/* ------------------------------------------------------------------------ */
+
+typedef enum nb_train_optim { NB_TRAIN_OPTIM_ADAMW, NB_TRAIN_OPTIM_ADAM, NB_TRAIN_OPTIM_SGD, NB_TRAIN_OPTIM_COUNT } nb_train_optim;
+typedef enum nb_train_schedule_kind { NB_TRAIN_SCHEDULE_CONSTANT, NB_TRAIN_SCHEDULE_LINEAR, NB_TRAIN_SCHEDULE_COSINE, NB_TRAIN_SCHEDULE_COUNT } nb_train_schedule_kind;
+typedef enum nb_train_remat { NB_TRAIN_REMAT_NONE, NB_TRAIN_REMAT_BLOCK, NB_TRAIN_REMAT_COUNT } nb_train_remat;
+/* What the trainer does after a step with a non-finite loss or gradient norm:
+ * stop with an error (nothing of it saved), skip (the update is not applied),
+ * or continue (logged; a non-finite state is still never checkpointed). */
+typedef enum nb_train_on_nonfinite { NB_TRAIN_NONFINITE_STOP, NB_TRAIN_NONFINITE_SKIP, NB_TRAIN_NONFINITE_CONTINUE, NB_TRAIN_NONFINITE_COUNT } nb_train_on_nonfinite;
+
+#define NB_TRAIN_STR_MAX 512
+
+typedef struct nb_train_config {
+  char preset[64];         /* the model preset the file started from */
+  nb_model_config model;
+  struct {
+    char train[NB_TRAIN_STR_MAX], eval[NB_TRAIN_STR_MAX]; /* token shard / record paths */
+    char tokenizer[NB_TRAIN_STR_MAX];                      /* "" : byte level */
+    int64_t seq_len;
+    bool pack;
+    int64_t workers;
+  } data;
+  struct {
+    nb_train_optim name;
+    double lr, b1, b2, eps, weight_decay, grad_clip, momentum; /* grad_clip 0: none */
+  } optim;
+  struct {
+    nb_train_schedule_kind kind;
+    int64_t warmup_steps, decay_steps; /* decay_steps 0: steps - warmup_steps */
+    double min_lr_ratio;
+  } schedule;
+  struct {
+    nb_dtype params, compute; /* f32 or bf16 */
+  } precision;
+  nb_train_remat remat;
+  int64_t batch_size, grad_accum, steps, eval_every, eval_steps, log_every;
+  int64_t checkpoint_every, checkpoint_keep;
+  char checkpoint_dir[NB_TRAIN_STR_MAX];
+  int64_t seed;
+  nb_train_on_nonfinite on_nonfinite;
+  struct {
+    /* resume although data.train's content, batch_size, data.seq_len or
+     * seed differ from the checkpoint's (its data position then means other batches) */
+    bool allow_data_change;
+  } resume;
+} nb_train_config;
+
+/* Defaults: the llama-tiny model and small training settings. */
+void nb_train_config_defaults(nb_train_config *cfg);
+/* Loads a YAML file (path NULL: defaults only), applies the overrides
+ * ("key=value" with dotted keys: "steps=10", "model.n_layers=2",
+ * "optim.lr=1e-3") and validates. In the file, model.preset (applied before
+ * the other model keys) picks the starting model. Unknown keys, values of
+ * the wrong type or outside their range, and unknown enum values are
+ * errors naming the file:line, the key path and the allowed keys/values. */
+nb_status nb_train_config_load(nb_ctx *ctx, const char *path, int n_overrides, const char *const *overrides,
+                                   nb_train_config *out);
+/* Same from YAML text in memory (`name` for messages). */
+nb_status nb_train_config_parse(nb_ctx *ctx, const char *name, const char *text, size_t len, int n_overrides,
+                                    const char *const *overrides, nb_train_config *out);
+/* One "key=value" override on a loaded config (not validated again). */
+nb_status nb_train_config_set(nb_ctx *ctx, nb_train_config *cfg, const char *assignment);
+nb_status nb_train_config_validate(nb_ctx *ctx, const nb_train_config *cfg);
+/* Writes every key as YAML (loads back to the same config). */
+void nb_train_config_write(const nb_train_config *cfg, FILE *f);
+/* The keys starting with prefix ("model." for the model; "" for all) whose
+ * values differ between a and b, comma-separated into buf[cap] ("" when
+ * none; cut at cap). */
+void nb_train_config_diff(const nb_train_config *a, const nb_train_config *b, const char *prefix, char *buf,
+                              size_t cap);
+/* The same with both values: "model.d_model: 32 <a_name>, 64 <b_name>; ...". */
+void nb_train_config_diff_values(const nb_train_config *a, const nb_train_config *b, const char *prefix,
+                                     const char *a_name, const char *b_name, char *buf, size_t cap);
+
+/* ------------------------------------------------------------------------ */
 /* Building blocks                                                           */
 /* ------------------------------------------------------------------------ */
 
 /* The learning-rate schedule of cfg (new object): linear warmup from 0 to
  * optim.lr over schedule.warmup_steps, then constant, linear or cosine decay
  * to lr * min_lr_ratio over decay_steps (0: steps - warmup_steps). */
-nb_optim_schedule *nb_train_schedule(nb_ctx *ctx, const nb_model_run_config *cfg);
+nb_optim_schedule *nb_train_schedule(nb_ctx *ctx, const nb_train_config *cfg);
 /* The optimizer of cfg (new object): clip_by_global_norm(grad_clip) when
  * grad_clip > 0, then adamw / adam / sgd (momentum) with nb_train_schedule. */
-nb_optim_tx *nb_train_optimizer(nb_ctx *ctx, const nb_model_run_config *cfg);
+nb_optim_tx *nb_train_optimizer(nb_ctx *ctx, const nb_train_config *cfg);
 /* Sets the step graph's "hparams/..." inputs of cfg into `inputs`. */
-nb_status nb_train_set_hparams(nb_ctx *ctx, const nb_model_run_config *cfg, nb_tree *inputs);
+nb_status nb_train_set_hparams(nb_ctx *ctx, const nb_train_config *cfg, nb_tree *inputs);
 /* The step graph described above (new; destroy it). param_spec and
  * opt_state_spec: trees of arrays or avals (borrowed). NB_ERR_UNIMPLEMENTED
  * for configs the trainer does not support (precision other than f32). */
-nb_graph *nb_train_trace_step(nb_ctx *ctx, const nb_model_run_config *cfg, const nb_tree *param_spec,
+nb_graph *nb_train_trace_step(nb_ctx *ctx, const nb_train_config *cfg, const nb_tree *param_spec,
                               const nb_tree *opt_state_spec);
 /* The eval graph: inputs "params/<p>", "batch/inputs", "batch/targets"
  * [batch_size, seq_len]; outputs "loss", "metrics/<name>" (no dropout). */
-nb_graph *nb_train_trace_eval(nb_ctx *ctx, const nb_model_run_config *cfg, const nb_tree *param_spec);
+nb_graph *nb_train_trace_eval(nb_ctx *ctx, const nb_train_config *cfg, const nb_tree *param_spec);
 
 /* ------------------------------------------------------------------------ */
 /* The training loop                                                         */
@@ -154,12 +231,27 @@ typedef struct nb_train_result {
  * than the model's, eval_steps beyond the eval data, a changed data on
  * resume, divergence, unsupported config) return a status with the message
  * on ctx; out (may be NULL) is filled either way. */
-nb_status nb_train_run(nb_ctx *ctx, const nb_model_run_config *cfg, const nb_train_opts *opts, nb_train_result *out);
+nb_status nb_train_run(nb_ctx *ctx, const nb_train_config *cfg, const nb_train_opts *opts, nb_train_result *out);
 
 /* The peak FLOP/s of this CPU to give as opts.peak_flops (what `nabla
  * train` uses without --peak-gflops): nb_prof_peak_flops(threads).flops,
  * $NABLA_PEAK_GFLOPS or a measured (and cached) f32 FMA peak. */
 double nb_train_peak_flops_estimate(int threads);
+
+/* ------------------------------------------------------------------------ */
+/* Loading a trained model                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* A nabla run directory: DIR/config.yaml (nb_train_config_load), the
+ * latest step of the checkpoint manager at DIR/checkpoints (item "params"),
+ * and the tokenizer named by data.tokenizer (as given, else relative to DIR;
+ * "" is byte-level). config_path, when not NULL, replaces DIR/config.yaml.
+ * Fills *out (free with nb_model_loaded_free) or returns an error naming the
+ * file and what was wrong. */
+nb_status nb_train_load_run_dir(nb_ctx *ctx, const char *dir, const char *config_path, nb_model_loaded *out);
+/* One checkpoint step directory (DIR/checkpoints/step_N): the config is
+ * config_path or, when NULL, config.yaml two levels up. */
+nb_status nb_train_load_checkpoint(nb_ctx *ctx, const char *step_dir, const char *config_path, nb_model_loaded *out);
 
 NB_END_DECLS
 #endif /* NABLA_TRAIN_H */

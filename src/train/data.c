@@ -153,7 +153,7 @@ static nb_status text_to_shard(nb_ctx *ctx, const char *key_name, const char *in
 /* Opens a shard for training: the header, then a full pass over the data
  * (checksum, every id below the shard's vocabulary), the vocabulary within
  * the model's. Fills the identity a checkpoint records. */
-static nb_status check_shard(nb_ctx *ctx, const char *key_name, const char *path, const nb_model_run_config *c,
+static nb_status check_shard(nb_ctx *ctx, const char *key_name, const char *path, const nb_train_config *c,
                              nb_train__shard_id *id) {
   nb_data_shard *sh = nb_data_shard_open(ctx, path);
   nb_status s = sh ? nb_data_shard_verify(sh, NULL, NULL) : nb_ctx_status(ctx);
@@ -175,7 +175,7 @@ static nb_status check_shard(nb_ctx *ctx, const char *key_name, const char *path
 
 /* A data path to a verified token shard: a shard as it is, text (a file or
  * a directory) through the cache. What the file holds decides, not its name. */
-static nb_status resolve(nb_ctx *ctx, const char *key_name, const char *path, const nb_model_run_config *c,
+static nb_status resolve(nb_ctx *ctx, const char *key_name, const char *path, const nb_train_config *c,
                          const char *run_dir, char *out, size_t cap, nb_train__shard_id *id) {
   if (!path[0]) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train: %s is empty: give a token shard or a text file/dir", key_name);
   nb_data_format fmt;
@@ -229,7 +229,7 @@ static nb_status shard_stats(nb_ctx *ctx, const char *path, int64_t *vocab, doub
   return s;
 }
 
-nb_status nb_train__data_open(nb_ctx *ctx, const nb_model_run_config *c, const char *run_dir, nb_train__data *d) {
+nb_status nb_train__data_open(nb_ctx *ctx, const nb_train_config *c, const char *run_dir, nb_train__data *d) {
   memset(d, 0, sizeof *d);
   int64_t T = c->data.seq_len;
   nb_train__shard_id eval_id;
@@ -296,7 +296,7 @@ void nb_train__data_close(nb_train__data *d) {
   d->train_windows = d->eval_windows = NULL;
 }
 
-nb_data_iter *nb_train__data_iter(nb_ctx *ctx, const nb_train__data *d, const nb_model_run_config *c) {
+nb_data_iter *nb_train__data_iter(nb_ctx *ctx, const nb_train__data *d, const nb_train_config *c) {
   nb_data_map_retain(d->train_windows);
   nb_data_map *ds = nb_data_map_shuffle(d->train_windows, (uint64_t)c->seed);
   ds = nb_data_map_batch(nb_data_map_repeat(ds, 0), c->batch_size, true);
@@ -306,7 +306,7 @@ nb_data_iter *nb_train__data_iter(nb_ctx *ctx, const nb_train__data *d, const nb
   return it;
 }
 
-nb_data_map *nb_train__eval_batches(nb_ctx *ctx, const nb_train__data *d, const nb_model_run_config *c) {
+nb_data_map *nb_train__eval_batches(nb_ctx *ctx, const nb_train__data *d, const nb_train_config *c) {
   nb_data_map_retain(d->eval_windows);
   nb_data_map *ds = nb_data_map_batch(nb_data_map_repeat(d->eval_windows, 0), c->batch_size, true);
   return nb_data_map_map(ds, nb_data_fn_lm_targets, NULL);

@@ -25,7 +25,7 @@ typedef struct nb_train__data {
 
 /* Resolves cfg's data (text inputs tokenized into shards cached under
  * run_dir/data/), opens the windows and splits off the eval part. */
-nb_status nb_train__data_open(nb_ctx *ctx, const nb_model_run_config *cfg, const char *run_dir, nb_train__data *d);
+nb_status nb_train__data_open(nb_ctx *ctx, const nb_train_config *cfg, const char *run_dir, nb_train__data *d);
 void nb_train__data_close(nb_train__data *d);
 /* Wraps the error on ctx as "<formatted prefix>: <cause>" (status s, or
  * INTERNAL when s is OK). */
@@ -33,8 +33,8 @@ nb_status nb_train__wrapf(nb_ctx *ctx, nb_status s, const char *fmt, ...) __attr
 /* mkdir -p */
 nb_status nb_train__mkdir_p(nb_ctx *ctx, const char *path);
 /* windows -> shuffle(seed) -> repeat -> batch -> {inputs, targets} -> prefetch */
-nb_data_iter *nb_train__data_iter(nb_ctx *ctx, const nb_train__data *d, const nb_model_run_config *cfg);
+nb_data_iter *nb_train__data_iter(nb_ctx *ctx, const nb_train__data *d, const nb_train_config *cfg);
 /* Eval batches: element i is the i-th batch of eval windows (wrapping). */
-nb_data_map *nb_train__eval_batches(nb_ctx *ctx, const nb_train__data *d, const nb_model_run_config *cfg);
+nb_data_map *nb_train__eval_batches(nb_ctx *ctx, const nb_train__data *d, const nb_train_config *cfg);
 
 #endif

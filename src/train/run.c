@@ -42,12 +42,12 @@ static void jnum(FILE *f, const char *key, double v) {
 /* ---------------------------------------------------------------- run-dir files */
 
 /* The resolved config as YAML text (new string; free it). */
-static char *config_text(nb_ctx *ctx, const nb_model_run_config *c) {
+static char *config_text(nb_ctx *ctx, const nb_train_config *c) {
   char *buf = NULL;
   size_t n = 0;
   FILE *f = open_memstream(&buf, &n);
   if (!f) return nb_errorf(ctx, NB_ERR_NOMEM, "train: out of memory writing the config"), NULL;
-  nb_model_run_config_write(c, f);
+  nb_train_config_write(c, f);
   if (fclose(f)) return free(buf), nb_errorf(ctx, NB_ERR_NOMEM, "train: out of memory writing the config"), NULL;
   return buf;
 }
@@ -94,7 +94,7 @@ static nb_status truncate_metrics(nb_ctx *ctx, const char *path, int64_t last) {
 
 typedef struct trainer {
   nb_ctx *ctx;
-  const nb_model_run_config *cfg;
+  const nb_train_config *cfg;
   const nb_train_opts *opts;
   nb_train__data data;
   nb_tree *st;                 /* "params/<p>", "opt_state/<s>" (sole holder: donation runs in place) */
@@ -147,7 +147,7 @@ static void hex64(uint64_t v, char out[17]) { snprintf(out, 17, "%016llx", (unsi
 /* The checkpoint metadata: step, seed, elapsed time, the data position and
  * what it depends on (so a resume with other data is caught), the config. */
 static char *build_metadata(trainer *t, const char *ds) {
-  const nb_model_run_config *c = t->cfg;
+  const nb_train_config *c = t->cfg;
   char hex[17], seed[32];
   hex64(t->data.train_id.xxh3, hex);
   snprintf(seed, sizeof seed, "%lld", (long long)c->seed);
@@ -175,7 +175,7 @@ static nb_status save(trainer *t, bool emergency) {
   nb_ctx *ctx = t->ctx;
   const char *bad = nonfinite_leaf(t->st);
   if (bad) {
-    if (t->cfg->on_nonfinite == NB_NONFINITE_STOP)
+    if (t->cfg->on_nonfinite == NB_TRAIN_NONFINITE_STOP)
       return nb_errorf(ctx, NB_ERR_NUMERIC,
                        "train: the state after step %lld holds non-finite values ('%s'): not checkpointed, stopped "
                        "(%s); lower optim.lr, or set on_nonfinite=skip",
@@ -208,11 +208,11 @@ static nb_status save(trainer *t, bool emergency) {
 /* "model.d_model: 32 in the checkpoint, 64 now; ..." for the model keys
  * that differ between the config stored in a checkpoint and this run's ("":
  * none, or no stored config that parses). */
-static void model_diff(nb_ctx *ctx, const char *saved, const nb_model_run_config *now, char *out, size_t cap) {
-  nb_model_run_config stored;
+static void model_diff(nb_ctx *ctx, const char *saved, const nb_train_config *now, char *out, size_t cap) {
+  nb_train_config stored;
   out[0] = 0;
-  if (saved && nb_model_run_config_parse(ctx, "the checkpoint's config", saved, strlen(saved), 0, NULL, &stored) == NB_OK)
-    nb_model_run_config_diff_values(&stored, now, "model.", "in the checkpoint", "now", out, cap);
+  if (saved && nb_train_config_parse(ctx, "the checkpoint's config", saved, strlen(saved), 0, NULL, &stored) == NB_OK)
+    nb_train_config_diff_values(&stored, now, "model.", "in the checkpoint", "now", out, cap);
 }
 
 /* Refuses (unless resume.allow_data_change) a resume whose data position
@@ -220,7 +220,7 @@ static void model_diff(nb_ctx *ctx, const char *saved, const nb_model_run_config
  * size, sequence length or seed than the checkpoint's. */
 static nb_status check_data(trainer *t, int64_t step, const cJSON *d) {
   nb_ctx *ctx = t->ctx;
-  const nb_model_run_config *c = t->cfg;
+  const nb_train_config *c = t->cfg;
   if (!cJSON_IsObject(d)) {
     nb_logf(ctx, NB_LOG_WARN, "train: checkpoint step %lld does not record its data (an older nabla): the data, "
             "batch_size, data.seq_len and seed are not checked against it", (long long)step);
@@ -375,7 +375,7 @@ static bool interrupted(trainer *t) {
 
 static nb_status setup(trainer *t, nb_train_start_info *info) {
   nb_ctx *ctx = t->ctx;
-  const nb_model_run_config *c = t->cfg;
+  const nb_train_config *c = t->cfg;
   double t_setup = nb_util__now_s();
   /* the checkpoint directory's lock first: a second trainer on a live run is refused before it touches anything */
   char ck[NB_TRAIN_PATH_MAX + 16];
@@ -475,7 +475,7 @@ static void teardown(trainer *t) {
 static nb_status check_finite(trainer *t, const nb_train_step_info *si, const nb_tree *out) {
   nb_ctx *ctx = t->ctx;
   bool finite = isfinite(si->loss) && isfinite(si->grad_norm);
-  if (!finite && t->cfg->on_nonfinite == NB_NONFINITE_STOP)
+  if (!finite && t->cfg->on_nonfinite == NB_TRAIN_NONFINITE_STOP)
     return nb_errorf(ctx, NB_ERR_NUMERIC,
                      "train: step %lld: loss %g, gradient norm %g (not finite: the training diverged); stopped "
                      "without saving it (%s). Lower optim.lr, or set on_nonfinite=skip (drop such updates) or "
@@ -485,7 +485,7 @@ static nb_status check_finite(trainer *t, const nb_train_step_info *si, const nb
   if (!finite) {
     if (t->nonfinite_steps++ < 10)
       nb_logf(ctx, NB_LOG_WARN, "train: step %lld: loss %g, gradient norm %g: %s", (long long)t->step, si->loss,
-              si->grad_norm, t->cfg->on_nonfinite == NB_NONFINITE_SKIP ? "update skipped (on_nonfinite=skip)"
+              si->grad_norm, t->cfg->on_nonfinite == NB_TRAIN_NONFINITE_SKIP ? "update skipped (on_nonfinite=skip)"
                                                                          : "applied (on_nonfinite=continue)");
   }
   nb_status s = NB_OK;
@@ -580,12 +580,12 @@ static void report(trainer *t) {
   diag(t, nb_prof_report_html(t->ctx, mp, rp, t->dir));
 }
 
-nb_status nb_train_run(nb_ctx *ctx, const nb_model_run_config *cfg, const nb_train_opts *opts, nb_train_result *out) {
+nb_status nb_train_run(nb_ctx *ctx, const nb_train_config *cfg, const nb_train_opts *opts, nb_train_result *out) {
   nb_train_result res = {.final_loss = NAN, .last_eval_loss = NAN, .exe_ms_median = NAN, .iter_ms_median = NAN};
   if (out) *out = res;
   if (!cfg || !opts || !opts->run_dir || !opts->run_dir[0])
     return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train: need a config and options with a run_dir");
-  nb_status s = nb_model_run_config_validate(ctx, cfg);
+  nb_status s = nb_train_config_validate(ctx, cfg);
   if (s) return s;
   trainer t = {.ctx = ctx, .cfg = cfg, .opts = opts, .t0 = nb_util__now_s()};
   if (snprintf(t.dir, sizeof t.dir, "%s", opts->run_dir) >= (int)sizeof t.dir)

@@ -16,7 +16,7 @@
 /* Weight decay only on matrices (kernels, embeddings), not biases or norms. */
 #define DECAY_MASK "(kernel|embedding)$"
 
-static nb_optim_schedule *schedule(nb_ctx *ctx, const nb_model_run_config *c) {
+static nb_optim_schedule *schedule(nb_ctx *ctx, const nb_train_config *c) {
   if (!c) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train schedule: NULL config"), NULL;
   double lr = c->optim.lr, end = lr * c->schedule.min_lr_ratio;
   int64_t warm = c->schedule.warmup_steps;
@@ -24,9 +24,9 @@ static nb_optim_schedule *schedule(nb_ctx *ctx, const nb_model_run_config *c) {
   if (decay < 1) decay = 1; /* the run ends inside the warmup: any decay length will do */
   nb_optim_schedule *after = NULL;
   switch (c->schedule.kind) {
-  case NB_SCHEDULE_CONSTANT: after = nb_optim_constant(ctx, lr); break;
-  case NB_SCHEDULE_LINEAR: after = nb_optim_linear(ctx, lr, end, decay, 0); break;
-  case NB_SCHEDULE_COSINE: after = nb_optim_cosine_decay(ctx, lr, decay, c->schedule.min_lr_ratio, 1); break;
+  case NB_TRAIN_SCHEDULE_CONSTANT: after = nb_optim_constant(ctx, lr); break;
+  case NB_TRAIN_SCHEDULE_LINEAR: after = nb_optim_linear(ctx, lr, end, decay, 0); break;
+  case NB_TRAIN_SCHEDULE_COSINE: after = nb_optim_cosine_decay(ctx, lr, decay, c->schedule.min_lr_ratio, 1); break;
   default: return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train schedule: schedule.kind %d unknown", c->schedule.kind), NULL;
   }
   if (!after || warm == 0) return after;
@@ -39,16 +39,16 @@ static nb_optim_schedule *schedule(nb_ctx *ctx, const nb_model_run_config *c) {
 }
 
 /* hp: where the step's "hparams/schedule" input will be while tracing */
-static nb_optim_schedule *bound_schedule(nb_ctx *ctx, const nb_model_run_config *c, nb_val *const *hp) {
+static nb_optim_schedule *bound_schedule(nb_ctx *ctx, const nb_train_config *c, nb_val *const *hp) {
   nb_optim_schedule *s = schedule(ctx, c);
   return s ? nb_optim_schedule_from_input(ctx, s, hp) : NULL;
 }
 
-nb_optim_schedule *nb_train_schedule(nb_ctx *ctx, const nb_model_run_config *c) { return schedule(ctx, c); }
+nb_optim_schedule *nb_train_schedule(nb_ctx *ctx, const nb_train_config *c) { return schedule(ctx, c); }
 
-static nb_optim_tx *optimizer(nb_ctx *ctx, const nb_model_run_config *c, nb_val *const *hp);
+static nb_optim_tx *optimizer(nb_ctx *ctx, const nb_train_config *c, nb_val *const *hp);
 
-nb_status nb_train_set_hparams(nb_ctx *ctx, const nb_model_run_config *c, nb_tree *inputs) {
+nb_status nb_train_set_hparams(nb_ctx *ctx, const nb_train_config *c, nb_tree *inputs) {
   static nb_val *const unbound = NULL;
   nb_optim_schedule *s = schedule(ctx, c);
   nb_optim_tx *tx = s ? optimizer(ctx, c, &unbound) : NULL;
@@ -68,7 +68,7 @@ nb_status nb_train_set_hparams(nb_ctx *ctx, const nb_model_run_config *c, nb_tre
 /* hp: where the "hparams/schedule" input will be while tracing (its
  * schedule's numbers); the optimizer's own numbers are bound by the caller
  * (nb_optim_tx_from_input) to "hparams/optim". */
-static nb_optim_tx *optimizer(nb_ctx *ctx, const nb_model_run_config *c, nb_val *const *hp) {
+static nb_optim_tx *optimizer(nb_ctx *ctx, const nb_train_config *c, nb_val *const *hp) {
   nb_optim_schedule *lr = bound_schedule(ctx, c, hp);
   if (!lr) return NULL;
   nb_optim_tx *txs[3];
@@ -76,14 +76,14 @@ static nb_optim_tx *optimizer(nb_ctx *ctx, const nb_model_run_config *c, nb_val 
   if (c->optim.grad_clip > 0) txs[n++] = nb_optim_clip_by_global_norm(ctx, c->optim.grad_clip);
   double wd = c->optim.weight_decay;
   switch (c->optim.name) {
-  case NB_OPTIM_ADAMW:
+  case NB_TRAIN_OPTIM_ADAMW:
     txs[n++] = nb_optim_adamw(ctx, lr, c->optim.b1, c->optim.b2, c->optim.eps, wd, DECAY_MASK);
     break;
-  case NB_OPTIM_ADAM: /* weight_decay as an L2 term on the gradient (PyTorch's Adam) */
+  case NB_TRAIN_OPTIM_ADAM: /* weight_decay as an L2 term on the gradient (PyTorch's Adam) */
     if (wd > 0) txs[n++] = nb_optim_add_decayed_weights(ctx, wd, DECAY_MASK);
     txs[n++] = nb_optim_adam(ctx, lr, c->optim.b1, c->optim.b2, c->optim.eps);
     break;
-  case NB_OPTIM_SGD:
+  case NB_TRAIN_OPTIM_SGD:
     if (wd > 0) txs[n++] = nb_optim_add_decayed_weights(ctx, wd, DECAY_MASK);
     txs[n++] = nb_optim_sgd(ctx, lr, c->optim.momentum, false);
     break;
@@ -100,7 +100,7 @@ static nb_optim_tx *optimizer(nb_ctx *ctx, const nb_model_run_config *c, nb_val 
   return n == 1 ? txs[0] : nb_optim_chain(ctx, n, txs);
 }
 
-nb_optim_tx *nb_train_optimizer(nb_ctx *ctx, const nb_model_run_config *c) {
+nb_optim_tx *nb_train_optimizer(nb_ctx *ctx, const nb_train_config *c) {
   static nb_val *const unbound = NULL;
   return optimizer(ctx, c, &unbound);
 }
@@ -108,7 +108,7 @@ nb_optim_tx *nb_train_optimizer(nb_ctx *ctx, const nb_model_run_config *c) {
 /* ---------------------------------------------------------------- the step */
 
 typedef struct step_job {
-  const nb_model_run_config *cfg;
+  const nb_train_config *cfg;
   const nb_graph *vg;          /* value_and_grad of the micro-batch loss */
   const nb_optim_tx *tx;
   const nb_optim_schedule *lr;
@@ -136,7 +136,7 @@ static nb_status keep_old_unless(nb_graph *g, nb_val *ok, const nb_tree *old, nb
 static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
   const step_job *job = u;
   nb_ctx *ctx = nb_graph_ctx(g);
-  const nb_model_run_config *c = job->cfg;
+  const nb_train_config *c = job->cfg;
   int64_t A = c->grad_accum, mb = c->batch_size / A, T = c->data.seq_len;
   nb_val *step = nb_tree_get_val(in, "step");
   *job->hp = nb_tree_get_val(in, "hparams/schedule");
@@ -194,7 +194,7 @@ static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
   if (!s) s = nb_tree_merge(out, "metrics", metrics);
   if (!s) s = nb_optim_update(job->tx, g, grads, state, params, updates, new_state);
   if (!s) s = nb_optim_apply_updates(g, params, updates, new_params);
-  if (!s && c->on_nonfinite == NB_NONFINITE_SKIP) {
+  if (!s && c->on_nonfinite == NB_TRAIN_NONFINITE_SKIP) {
     nb_val *ok = nb_and(nb_is_finite(loss), nb_is_finite(grad_norm));
     s = keep_old_unless(g, ok, params, new_params);
     if (!s) s = keep_old_unless(g, ok, state, new_state);
@@ -222,7 +222,7 @@ static nb_tree *batch_spec(nb_ctx *ctx, int64_t rows, int64_t T) {
   return b;
 }
 
-static nb_status check_supported(nb_ctx *ctx, const nb_model_run_config *c) {
+static nb_status check_supported(nb_ctx *ctx, const nb_train_config *c) {
   if (c->precision.params != NB_F32 || c->precision.compute != NB_F32)
     return nb_errorf(ctx, NB_ERR_UNIMPLEMENTED,
                      "train: precision.params=%s, precision.compute=%s: the trainer supports only f32 for both "
@@ -234,13 +234,13 @@ static nb_status check_supported(nb_ctx *ctx, const nb_model_run_config *c) {
   return NB_OK;
 }
 
-nb_graph *nb_train_trace_step(nb_ctx *ctx, const nb_model_run_config *c, const nb_tree *param_spec,
+nb_graph *nb_train_trace_step(nb_ctx *ctx, const nb_train_config *c, const nb_tree *param_spec,
                               const nb_tree *opt_state_spec) {
   if (!c || !param_spec || !opt_state_spec)
     return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train step: NULL config or spec"), NULL;
-  if (nb_model_run_config_validate(ctx, c) || check_supported(ctx, c)) return NULL;
+  if (nb_train_config_validate(ctx, c) || check_supported(ctx, c)) return NULL;
   bool dropout = c->model.dropout > 0 || c->model.attn_dropout > 0;
-  nb_model_trace_opts mo = {.train = dropout, .remat = c->remat == NB_REMAT_BLOCK, .dtype = NB_F32};
+  nb_model_trace_opts mo = {.train = dropout, .remat = c->remat == NB_TRAIN_REMAT_BLOCK, .dtype = NB_F32};
   nb_tree *bs = batch_spec(ctx, c->batch_size / c->grad_accum, c->data.seq_len);
   nb_graph *loss = bs ? nb_model_trace_loss(ctx, &c->model, &mo, param_spec, bs) : NULL;
   nb_graph *vg = loss ? nb_value_and_grad(ctx, loss, &(nb_grad_opts){.wrt = "params", .has_aux = true}) : NULL;
@@ -270,9 +270,9 @@ nb_graph *nb_train_trace_step(nb_ctx *ctx, const nb_model_run_config *c, const n
   return g;
 }
 
-nb_graph *nb_train_trace_eval(nb_ctx *ctx, const nb_model_run_config *c, const nb_tree *param_spec) {
+nb_graph *nb_train_trace_eval(nb_ctx *ctx, const nb_train_config *c, const nb_tree *param_spec) {
   if (!c || !param_spec) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train eval: NULL config or spec"), NULL;
-  if (nb_model_run_config_validate(ctx, c) || check_supported(ctx, c)) return NULL;
+  if (nb_train_config_validate(ctx, c) || check_supported(ctx, c)) return NULL;
   nb_model_trace_opts mo = {.train = false, .dtype = NB_F32};
   nb_tree *bs = batch_spec(ctx, c->batch_size, c->data.seq_len);
   nb_graph *g = bs ? nb_model_trace_loss(ctx, &c->model, &mo, param_spec, bs) : NULL;

@@ -12,7 +12,7 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   nb_ctx *ctx = nb_ctx_create();
   if (!ctx) return 0;
-  nb_model_run_config c;
+  nb_train_config c;
   char *text = malloc(size + 1);
   if (!text) {
     nb_ctx_destroy(ctx);
@@ -30,15 +30,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
   const char *yaml = n_ov ? nl + 1 : text;
   size_t len = n_ov ? size - (size_t)(nl + 1 - text) : size;
-  if (nb_model_run_config_parse(ctx, "fuzz", yaml, len, n_ov, ov, &c) == NB_OK) {
+  if (nb_train_config_parse(ctx, "fuzz", yaml, len, n_ov, ov, &c) == NB_OK) {
     char *out = NULL;
     size_t n = 0;
     FILE *f = open_memstream(&out, &n);
     if (f) {
-      nb_model_run_config_write(&c, f);
+      nb_train_config_write(&c, f);
       fclose(f);
-      nb_model_run_config d;
-      if (nb_model_run_config_parse(ctx, "written", out, n, 0, NULL, &d) != NB_OK) abort();
+      nb_train_config d;
+      if (nb_train_config_parse(ctx, "written", out, n, 0, NULL, &d) != NB_OK) abort();
       free(out);
     }
   }

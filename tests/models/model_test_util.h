@@ -30,13 +30,13 @@ static inline nb_model_config tiny_config(const char *preset, int64_t max_seq_le
 }
 
 /* Writes rc to path (a run dir's config.yaml); exits when it cannot. */
-static inline void write_run_config(const char *path, const nb_model_run_config *rc) {
+static inline void write_run_config(const char *path, const nb_train_config *rc) {
   FILE *f = fopen(path, "w");
   if (!f) {
     perror(path);
     exit(1);
   }
-  nb_model_run_config_write(rc, f);
+  nb_train_config_write(rc, f);
   fclose(f);
 }
 

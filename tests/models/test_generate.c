@@ -316,9 +316,9 @@ static void test_seeds_and_bounds(nb_ctx *ctx) {
 static void test_run_dir(nb_ctx *ctx) {
   char dir[256];
   nb_test_scratch_dir(dir, sizeof dir, "models", "gen");
-  nb_model_run_config rc;
-  nb_model_run_config_defaults(&rc);
-  CHECK_OK(ctx, nb_model_run_config_set(ctx, &rc, "model.preset=gpt2-tiny"));
+  nb_train_config rc;
+  nb_train_config_defaults(&rc);
+  CHECK_OK(ctx, nb_train_config_set(ctx, &rc, "model.preset=gpt2-tiny"));
   rc.model = tiny("gpt2-tiny");
   rc.data.seq_len = 32;
   char p[400];
@@ -332,7 +332,7 @@ static void test_run_dir(nb_ctx *ctx) {
   nb_ckpt_options o = {.directory = p};
   nb_ckpt_manager *mgr = nb_ckpt_manager_create(ctx, &o);
   nb_ckpt_manager_destroy(mgr);
-  CHECK(nb_model_load_run_dir(ctx, dir, NULL, &m) == NB_ERR_NOT_FOUND);
+  CHECK(nb_train_load_run_dir(ctx, dir, NULL, &m) == NB_ERR_NOT_FOUND);
   CHECK_ERR(ctx, NB_ERR_NOT_FOUND, "holds no committed checkpoint step");
   mgr = nb_ckpt_manager_create(ctx, &o);
   nb_ckpt_item items[1] = {{"params", params}};
@@ -342,41 +342,41 @@ static void test_run_dir(nb_ctx *ctx) {
   char step[400];
   CHECK_OK(ctx, nb_ckpt_step_path(mgr, 5, step, sizeof step));
   nb_ckpt_manager_destroy(mgr);
-  CHECK_OK(ctx, nb_model_load_run_dir(ctx, dir, NULL, &m));
+  CHECK_OK(ctx, nb_train_load_run_dir(ctx, dir, NULL, &m));
   CHECK(m.params && !m.tok && m.cfg.family == NB_MODEL_GPT2 && m.cfg.d_model == 16 && strstr(m.what, "step 5"));
   CHECK(m.params && nb_tree_size(m.params) == nb_tree_size(params));
   for (size_t i = 0; m.params && i < nb_tree_size(params); i++)
     CHECK(nb_array_equal(nb_tree_get_array(m.params, nb_tree_path(params, i)), nb_tree_leaf(params, i)->array));
   nb_model_loaded_free(&m);
-  CHECK_OK(ctx, nb_model_load_checkpoint(ctx, step, NULL, &m));
+  CHECK_OK(ctx, nb_train_load_checkpoint(ctx, step, NULL, &m));
   CHECK(m.params && nb_tree_size(m.params) == nb_tree_size(params));
   nb_model_loaded_free(&m);
   /* errors name what is missing */
-  CHECK(nb_model_load_run_dir(ctx, "/nonexistent/run", NULL, &m) == NB_ERR_NOT_FOUND);
+  CHECK(nb_train_load_run_dir(ctx, "/nonexistent/run", NULL, &m) == NB_ERR_NOT_FOUND);
   CHECK_ERR(ctx, NB_ERR_NOT_FOUND, "run dir '/nonexistent/run' does not exist");
   snprintf(p, sizeof p, "%s/config.yaml", dir);
   FILE *f = fopen(p, "w");
   fprintf(f, "model:\n  preset: gpt2-tiny\n  d_model: 32\n");
   fclose(f);
-  CHECK(nb_model_load_run_dir(ctx, dir, NULL, &m) == NB_ERR_SHAPE);
+  CHECK(nb_train_load_run_dir(ctx, dir, NULL, &m) == NB_ERR_SHAPE);
   CHECK_ERR(ctx, NB_ERR_SHAPE, "parameter 'embed/embedding' is f32[32,16], the model config wants f32[256,32]");
   /* one layer fewer than the weights (and no config stored with them): layer n-1's weights have no place */
-  nb_model_run_config less = rc;
+  nb_train_config less = rc;
   less.model.n_layers = rc.model.n_layers - 1;
   write_run_config(p, &less);
-  CHECK(nb_model_load_run_dir(ctx, dir, NULL, &m) == NB_ERR_SHAPE);
+  CHECK(nb_train_load_run_dir(ctx, dir, NULL, &m) == NB_ERR_SHAPE);
   char layer[64];
   snprintf(layer, sizeof layer, "parameter 'layers/%lld/", (long long)less.model.n_layers);
   CHECK_MSG(strstr(nb_ctx_error(ctx), "does not match the weights"), "%s", nb_ctx_error(ctx));
   CHECK_ERR(ctx, NB_ERR_SHAPE, layer);
   snprintf(rc.data.tokenizer, sizeof rc.data.tokenizer, "no_such_tokenizer.json");
   write_run_config(p, &rc);
-  CHECK(nb_model_load_checkpoint(ctx, step, NULL, &m) == NB_ERR_NOT_FOUND);
+  CHECK(nb_train_load_checkpoint(ctx, step, NULL, &m) == NB_ERR_NOT_FOUND);
   CHECK_ERR(ctx, NB_ERR_NOT_FOUND, "data.tokenizer 'no_such_tokenizer.json' not found");
   unlink(p);
-  CHECK(nb_model_load_run_dir(ctx, dir, NULL, &m) == NB_ERR_NOT_FOUND);
+  CHECK(nb_train_load_run_dir(ctx, dir, NULL, &m) == NB_ERR_NOT_FOUND);
   CHECK_ERR(ctx, NB_ERR_NOT_FOUND, "no config.yaml");
-  CHECK(nb_model_load_checkpoint(ctx, step, NULL, &m) == NB_ERR_NOT_FOUND);
+  CHECK(nb_train_load_checkpoint(ctx, step, NULL, &m) == NB_ERR_NOT_FOUND);
   CHECK_ERR(ctx, NB_ERR_NOT_FOUND, "give one with --config");
   CHECK(nb_test_rm_rf(dir) == 0);
   nb_tree_destroy(params);
@@ -389,9 +389,9 @@ static void test_run_dir(nb_ctx *ctx) {
 static void test_stored_config(nb_ctx *ctx) {
   char dir[256], p[400], step[400];
   nb_test_scratch_dir(dir, sizeof dir, "models", "stored");
-  nb_model_run_config rc;
-  nb_model_run_config_defaults(&rc);
-  CHECK_OK(ctx, nb_model_run_config_set(ctx, &rc, "model.preset=gpt2-tiny"));
+  nb_train_config rc;
+  nb_train_config_defaults(&rc);
+  CHECK_OK(ctx, nb_train_config_set(ctx, &rc, "model.preset=gpt2-tiny"));
   rc.model = tiny("gpt2-tiny");
   rc.data.seq_len = 32;
   snprintf(p, sizeof p, "%s/config.yaml", dir);
@@ -399,7 +399,7 @@ static void test_stored_config(nb_ctx *ctx) {
   char *yaml = NULL;
   size_t len = 0;
   FILE *mem = open_memstream(&yaml, &len);
-  nb_model_run_config_write(&rc, mem);
+  nb_train_config_write(&rc, mem);
   fclose(mem);
   cJSON *meta = cJSON_CreateObject();
   cJSON_AddStringToObject(meta, "config", yaml);
@@ -414,16 +414,16 @@ static void test_stored_config(nb_ctx *ctx) {
   CHECK_OK(ctx, nb_ckpt_step_path(mgr, 7, step, sizeof step));
   nb_ckpt_manager_destroy(mgr);
   nb_model_loaded m;
-  CHECK_OK(ctx, nb_model_load_run_dir(ctx, dir, NULL, &m));
+  CHECK_OK(ctx, nb_train_load_run_dir(ctx, dir, NULL, &m));
   nb_model_loaded_free(&m);
   /* two heads instead of four, GELU's exact form: every shape the same */
   rc.model.n_heads = rc.model.n_kv_heads = 2;
   rc.model.act = rc.model.act == NB_NN_GELU ? NB_NN_GELU_TANH : NB_NN_GELU;
   snprintf(p, sizeof p, "%s/other.yaml", dir);
   write_run_config(p, &rc);
-  CHECK(nb_model_load_run_dir(ctx, dir, p, &m) == NB_ERR_INVALID_ARG);
+  CHECK(nb_train_load_run_dir(ctx, dir, p, &m) == NB_ERR_INVALID_ARG);
   CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "model.n_heads, model.n_kv_heads, model.act differ");
-  CHECK(nb_model_load_checkpoint(ctx, step, p, &m) == NB_ERR_INVALID_ARG);
+  CHECK(nb_train_load_checkpoint(ctx, step, p, &m) == NB_ERR_INVALID_ARG);
   CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "describes another model than the one these weights were trained as");
   free(meta_text);
   cJSON_Delete(meta);

@@ -48,9 +48,9 @@ static void test_hf(nb_ctx *ctx, const char *bin) {
 
 static void test_run_dir(nb_ctx *ctx, const char *bin) {
   static char out[1 << 16], err[1 << 16], out2[1 << 16];
-  nb_model_run_config rc;
-  nb_model_run_config_defaults(&rc);
-  CHECK_OK(ctx, nb_model_run_config_set(ctx, &rc, "model.preset=gpt2-tiny"));
+  nb_train_config rc;
+  nb_train_config_defaults(&rc);
+  CHECK_OK(ctx, nb_train_config_set(ctx, &rc, "model.preset=gpt2-tiny"));
   rc.model.n_layers = 2;
   rc.model.d_model = 32;
   rc.model.d_ff = 64;

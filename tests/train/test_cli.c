@@ -83,10 +83,10 @@ static void test_run_and_sigterm(nb_ctx *ctx, const char *bin) {
   snprintf(cmd, sizeof cmd, "ls %s/events.out.tfevents.* >/dev/null && grep -q 'train/loss' %s/events.out.tfevents.* && "
            "grep -q '<svg' %s/report.html", ref, ref, ref);
   CHECK_MSG(system(cmd) == 0, "%s", cmd);
-  nb_model_run_config back;
+  nb_train_config back;
   snprintf(cmd, sizeof cmd, "%s/config.yaml", ref);
-  CHECK_OK(ctx, nb_model_run_config_load(ctx, cmd, 0, NULL, &back));
-  CHECK(back.steps == 200 && back.model.d_model == 32 && back.schedule.kind == NB_SCHEDULE_CONSTANT);
+  CHECK_OK(ctx, nb_train_config_load(ctx, cmd, 0, NULL, &back));
+  CHECK(back.steps == 200 && back.model.d_model == 32 && back.schedule.kind == NB_TRAIN_SCHEDULE_CONSTANT);
 
   /* a long run in a child, SIGTERM'd once it has logged 3 steps */
   pid_t pid = fork();

@@ -230,7 +230,7 @@ static void test_optimizers(void) {
   int nargs[4] = {5, 5, 4, 4};
   nb_optim_tx *tx[NO];
   for (int k = 0; k < 4; k++) {
-    nb_model_run_config c;
+    nb_train_config c;
     CHECK_OK(ctx, tiny_config(ctx, "/nonexistent", nargs[k], args[k], &c));
     tx[k] = nb_train_optimizer(ctx, &c);
   }
@@ -335,7 +335,7 @@ static void test_optim_wrong_length(void) {
 /* The step graphs of two configs. With `cache`, both are compiled into it
  * (emptied first), and the number of its entries after both is returned. */
 static size_t step_graphs(const char *const *e0, int n0, const char *const *e1, int n1, const char *cache, bool *same) {
-  nb_model_run_config c0, c1;
+  nb_train_config c0, c1;
   CHECK_OK(ctx, tiny_config(ctx, "/nonexistent", n0, e0, &c0));
   CHECK_OK(ctx, tiny_config(ctx, "/nonexistent", n1, e1, &c1));
   nb_optim_tx *tx = nb_train_optimizer(ctx, &c0);

@@ -31,7 +31,7 @@ static nb_status run_with(nb_ctx *ctx, const char *dir, int n_extra, const char 
                           nb_train_result *res) {
   const char *all[32] = {"schedule.kind=constant"};
   for (int i = 0; i < n_extra && i < 31; i++) all[i + 1] = extra[i];
-  nb_model_run_config cfg;
+  nb_train_config cfg;
   nb_status s = tiny_config(ctx, work, n_extra + 1, all, &cfg);
   if (s) return s;
   recorder local = {0};
@@ -367,7 +367,7 @@ static void on_start_raise(void *ud, const nb_train_start_info *in) {
 }
 
 static void test_signals(nb_ctx *ctx) {
-  nb_model_run_config cfg;
+  nb_train_config cfg;
   const char *e4[] = {"steps=4", "eval_every=0", "schedule.kind=constant"};
   CHECK_OK(ctx, tiny_config(ctx, work, 3, e4, &cfg));
   char d[600];

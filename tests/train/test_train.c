@@ -44,7 +44,7 @@ static double first_loss[2]; /* without, with dropout */
 
 static void test_determinism_and_resume(nb_ctx *ctx, bool dropout) {
   const char *extra[] = {"model.dropout=0.1", "model.attn_dropout=0.1"};
-  nb_model_run_config cfg;
+  nb_train_config cfg;
   CHECK_OK(ctx, tiny_config(ctx, work, dropout ? 2 : 0, extra, &cfg));
   char d1[600], d2[600], d3[600];
   run_dir(d1, sizeof d1, dropout ? "drop_a" : "a");
@@ -95,7 +95,7 @@ static void test_determinism_and_resume(nb_ctx *ctx, bool dropout) {
 /* (f) SIGINT during step 3: the trainer checkpoints the step it is at and
  * returns; resuming continues bit-identically. */
 static void test_sigint(nb_ctx *ctx) {
-  nb_model_run_config cfg;
+  nb_train_config cfg;
   CHECK_OK(ctx, tiny_config(ctx, work, 0, NULL, &cfg));
   char d[600];
   run_dir(d, sizeof d, "sigint");
@@ -119,7 +119,7 @@ static void test_sigint(nb_ctx *ctx) {
  * drops metrics records after 3 and writes them again. */
 static void test_metrics_truncated(nb_ctx *ctx) {
   const char *extra[] = {"log_every=1", "checkpoint_keep=0"};
-  nb_model_run_config cfg;
+  nb_train_config cfg;
   CHECK_OK(ctx, tiny_config(ctx, work, 2, extra, &cfg));
   char d[600], cmd[1400];
   run_dir(d, sizeof d, "trunc");
@@ -141,7 +141,7 @@ static void test_metrics_truncated(nb_ctx *ctx) {
 /* (c) the loss goes down on the tiny corpus */
 static void test_learns(nb_ctx *ctx) {
   const char *extra[] = {"steps=40", "eval_every=20", "checkpoint_every=0", "optim.lr=1e-2", "schedule.warmup_steps=4"};
-  nb_model_run_config cfg;
+  nb_train_config cfg;
   CHECK_OK(ctx, tiny_config(ctx, work, 5, extra, &cfg));
   char d[600];
   run_dir(d, sizeof d, "learn");
@@ -160,7 +160,7 @@ static void test_grad_accum(nb_ctx *ctx) {
   const char *e1[] = {"steps=4", "checkpoint_every=0", "batch_size=8", "eval_steps=1"};
   const char *e2[] = {"steps=4", "checkpoint_every=0", "batch_size=8", "eval_steps=1", "grad_accum=2"};
   const char *e4[] = {"steps=4", "checkpoint_every=0", "batch_size=8", "eval_steps=1", "grad_accum=4"};
-  nb_model_run_config c1, c2, c4;
+  nb_train_config c1, c2, c4;
   CHECK_OK(ctx, tiny_config(ctx, work, 4, e1, &c1));
   CHECK_OK(ctx, tiny_config(ctx, work, 5, e2, &c2));
   CHECK_OK(ctx, tiny_config(ctx, work, 5, e4, &c4));
@@ -190,10 +190,10 @@ static void test_grad_accum(nb_ctx *ctx) {
 static void test_remat(nb_ctx *ctx) {
   const char *e0[] = {"steps=3", "checkpoint_every=0", "model.n_layers=2"};
   const char *e1[] = {"steps=3", "checkpoint_every=0", "model.n_layers=2", "remat=block"};
-  nb_model_run_config c0, c1;
+  nb_train_config c0, c1;
   CHECK_OK(ctx, tiny_config(ctx, work, 3, e0, &c0));
   CHECK_OK(ctx, tiny_config(ctx, work, 4, e1, &c1));
-  CHECK(c1.remat == NB_REMAT_BLOCK);
+  CHECK(c1.remat == NB_TRAIN_REMAT_BLOCK);
   char d0[600], d1[600];
   run_dir(d0, sizeof d0, "remat0");
   run_dir(d1, sizeof d1, "remat1");
@@ -231,7 +231,7 @@ static void test_shard_inputs(nb_ctx *ctx) {
   snprintf(tr, sizeof tr, "data.train=%s", shard);
   snprintf(ev, sizeof ev, "data.eval=%s", shard);
   const char *extra[] = {tr, ev, "steps=4", "data.workers=0"};
-  nb_model_run_config cfg;
+  nb_train_config cfg;
   CHECK_OK(ctx, tiny_config(ctx, work, 4, extra, &cfg));
   run_dir(d, sizeof d, "shard");
   recorder r = {0};
@@ -243,7 +243,7 @@ static void test_shard_inputs(nb_ctx *ctx) {
 }
 
 static void test_errors(nb_ctx *ctx) {
-  nb_model_run_config cfg;
+  nb_train_config cfg;
   char d[600];
   run_dir(d, sizeof d, "err");
   nb_train_opts o = {.run_dir = d, .threads = 1};

@@ -69,7 +69,7 @@ static inline void make_workdir(char *dir, size_t cap) {
 
 /* The tiny config: a 1-layer GPT, d=32, T=16, B=4, byte-level data. */
 static inline nb_status tiny_config(nb_ctx *ctx, const char *workdir, int n_extra, const char *const *extra,
-                             nb_model_run_config *cfg) {
+                             nb_train_config *cfg) {
   char train[600];
   snprintf(train, sizeof train, "data.train=%s/corpus.txt", workdir);
   const char *base[] = {train, "model.preset=gpt2-tiny", "model.n_layers=1", "model.d_model=32",
@@ -81,10 +81,10 @@ static inline nb_status tiny_config(nb_ctx *ctx, const char *workdir, int n_extr
   const char *all[64];
   for (int i = 0; i < nb; i++) all[i] = base[i];
   for (int i = 0; i < n_extra; i++) all[nb + i] = extra[i];
-  return nb_model_run_config_parse(ctx, "<tiny>", "", 0, nb + n_extra, all, cfg);
+  return nb_train_config_parse(ctx, "<tiny>", "", 0, nb + n_extra, all, cfg);
 }
 
-static inline nb_status run_recorded(nb_ctx *ctx, const nb_model_run_config *cfg, const char *run_dir, recorder *r,
+static inline nb_status run_recorded(nb_ctx *ctx, const nb_train_config *cfg, const char *run_dir, recorder *r,
                               bool signals, nb_train_result *res) {
   nb_train_opts o = {.run_dir = run_dir, .threads = r->threads ? r->threads : 1, .handle_signals = signals, .should_stop = rec_stop,
                      .on_start = rec_start, .on_step = rec_step, .ud = r};

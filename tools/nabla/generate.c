@@ -150,8 +150,8 @@ static void print_ids(const char *what, const int32_t *ids, int64_t n) {
 static int run(nb_ctx *ctx, const options *o) {
   nb_model_loaded m;
   nb_status s = o->hf           ? nb_model_load_hf(ctx, o->hf, &m)
-                : o->checkpoint ? nb_model_load_checkpoint(ctx, o->checkpoint, o->config, &m)
-                                : nb_model_load_run_dir(ctx, o->run_dir, o->config, &m);
+                : o->checkpoint ? nb_train_load_checkpoint(ctx, o->checkpoint, o->config, &m)
+                                : nb_train_load_run_dir(ctx, o->run_dir, o->config, &m);
   if (s) return fprintf(stderr, "nabla generate: %s\n", nb_ctx_error(ctx)), 1;
   /* the prompt's ids: [bos] + the tokenizer's, or its bytes */
   size_t plen = strlen(o->prompt), n_ids = 0;

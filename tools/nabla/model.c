@@ -18,14 +18,14 @@ int nb_cmd_model(int argc, char **argv) {
   if (argc < 3 || (strcmp(argv[1], "config") && strcmp(argv[1], "params"))) return nb_cli_usage(usage_text, false);
   nb_ctx *ctx = nb_ctx_create();
   if (!ctx) return 1;
-  nb_model_run_config cfg;
+  nb_train_config cfg;
   const char *path = strcmp(argv[2], "-") ? argv[2] : NULL;
   int rc = 0;
-  if (nb_model_run_config_load(ctx, path, argc - 3, (const char *const *)argv + 3, &cfg) != NB_OK) {
+  if (nb_train_config_load(ctx, path, argc - 3, (const char *const *)argv + 3, &cfg) != NB_OK) {
     fprintf(stderr, "nabla model: %s\n", nb_ctx_error(ctx));
     rc = 1;
   } else if (!strcmp(argv[1], "config")) {
-    nb_model_run_config_write(&cfg, stdout);
+    nb_train_config_write(&cfg, stdout);
   } else {
     nb_tree *spec = nb_model_param_spec(ctx, &cfg.model, cfg.precision.params);
     if (!spec) {

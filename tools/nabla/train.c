@@ -138,9 +138,9 @@ int nb_cmd_train(int argc, char **argv) {
   }
   nb_ctx *ctx = nb_ctx_create();
   if (!ctx) return free(over), 1;
-  nb_model_run_config cfg;
-  nb_status s = config ? nb_model_run_config_load(ctx, config, n_over, over, &cfg)
-                       : nb_model_run_config_parse(ctx, "<default config>", default_yaml, sizeof default_yaml - 1, n_over,
+  nb_train_config cfg;
+  nb_status s = config ? nb_train_config_load(ctx, config, n_over, over, &cfg)
+                       : nb_train_config_parse(ctx, "<default config>", default_yaml, sizeof default_yaml - 1, n_over,
                                                    over, &cfg);
   free(over);
   if (s) {

@@ -7,8 +7,8 @@
 
 #include "test.h"
 
-static nb_status parse(nb_ctx *ctx, const char *text, int n, const char *const *ov, nb_model_run_config *c) {
-  return nb_model_run_config_parse(ctx, "t.yaml", text, strlen(text), n, ov, c);
+static nb_status parse(nb_ctx *ctx, const char *text, int n, const char *const *ov, nb_train_config *c) {
+  return nb_train_config_parse(ctx, "t.yaml", text, strlen(text), n, ov, c);
 }
 
 static void test_checked_in_configs(nb_ctx *ctx) {
@@ -22,13 +22,13 @@ static void test_checked_in_configs(nb_ctx *ctx) {
     if (len < 6 || strcmp(e->d_name + len - 5, ".yaml")) continue;
     char path[512];
     snprintf(path, sizeof path, "configs/%s", e->d_name);
-    nb_model_run_config c;
-    nb_status s = nb_model_run_config_load(ctx, path, 0, NULL, &c);
+    nb_train_config c;
+    nb_status s = nb_train_config_load(ctx, path, 0, NULL, &c);
     CHECK_MSG(s == NB_OK, "%s: %s", path, nb_ctx_error(ctx));
     /* the overrides every config must take */
     const char *ov[3] = {"steps=3", "seed=11", "checkpoint_every=2"};
-    nb_model_run_config o;
-    CHECK_MSG(nb_model_run_config_load(ctx, path, 3, ov, &o) == NB_OK && o.steps == 3 && o.seed == 11 &&
+    nb_train_config o;
+    CHECK_MSG(nb_train_config_load(ctx, path, 3, ov, &o) == NB_OK && o.steps == 3 && o.seed == 11 &&
                   o.checkpoint_every == 2,
               "%s with overrides: %s", path, nb_ctx_error(ctx));
     /* the model named by the file is the preset's, and it can be traced */
@@ -42,21 +42,21 @@ static void test_checked_in_configs(nb_ctx *ctx) {
   }
   closedir(d);
   CHECK(n >= 8);
-  nb_model_run_config c;
-  CHECK_OK(ctx, nb_model_run_config_load(ctx, "configs/mixtral_tiny.yaml", 0, NULL, &c));
+  nb_train_config c;
+  CHECK_OK(ctx, nb_train_config_load(ctx, "configs/mixtral_tiny.yaml", 0, NULL, &c));
   CHECK(c.model.n_experts == 8 && c.model.top_k == 2 && c.model.z_loss_coef == 0.001 && c.model.capacity_factor == 0);
-  CHECK(!strcmp(c.checkpoint_dir, "checkpoints/mixtral_tiny") && c.optim.name == NB_OPTIM_ADAMW);
+  CHECK(!strcmp(c.checkpoint_dir, "checkpoints/mixtral_tiny") && c.optim.name == NB_TRAIN_OPTIM_ADAMW);
 }
 
 static void test_overrides_and_defaults(nb_ctx *ctx) {
-  nb_model_run_config c;
+  nb_train_config c;
   const char *ov[] = {"steps=5", "seed=3", "checkpoint_every=7", "model.n_layers=2", "optim.lr=1e-2",
                       "model.act=gelu", "precision.compute=bf16", "remat=block", "data.train=x y.bin"};
-  CHECK_OK(ctx, nb_model_run_config_load(ctx, "configs/llama_tiny.yaml", 9, ov, &c));
+  CHECK_OK(ctx, nb_train_config_load(ctx, "configs/llama_tiny.yaml", 9, ov, &c));
   CHECK(c.steps == 5 && c.seed == 3 && c.checkpoint_every == 7 && c.model.n_layers == 2 && c.optim.lr == 1e-2);
-  CHECK(c.model.act == NB_NN_GELU && c.precision.compute == NB_BF16 && c.remat == NB_REMAT_BLOCK);
+  CHECK(c.model.act == NB_NN_GELU && c.precision.compute == NB_BF16 && c.remat == NB_TRAIN_REMAT_BLOCK);
   CHECK(!strcmp(c.data.train, "x y.bin"));
-  CHECK_OK(ctx, nb_model_run_config_load(ctx, NULL, 0, NULL, &c));
+  CHECK_OK(ctx, nb_train_config_load(ctx, NULL, 0, NULL, &c));
   CHECK(!strcmp(c.preset, "llama-tiny") && c.model.family == NB_MODEL_LLAMA);
   /* model.preset applies first wherever it is written */
   CHECK_OK(ctx, parse(ctx, "model:\n  n_layers: 3\n  preset: gpt2-tiny\n", 0, NULL, &c));
@@ -67,16 +67,16 @@ static void test_overrides_and_defaults(nb_ctx *ctx) {
 }
 
 static void test_round_trip(nb_ctx *ctx) {
-  nb_model_run_config c, d;
-  CHECK_OK(ctx, nb_model_run_config_load(ctx, "configs/deepseek_tiny.yaml", 1, (const char *const[]){"data.eval=a\"b\\c"}, &c));
+  nb_train_config c, d;
+  CHECK_OK(ctx, nb_train_config_load(ctx, "configs/deepseek_tiny.yaml", 1, (const char *const[]){"data.eval=a\"b\\c"}, &c));
   char *t1 = NULL, *t2 = NULL;
   size_t n1 = 0, n2 = 0;
   FILE *f = open_memstream(&t1, &n1);
-  nb_model_run_config_write(&c, f);
+  nb_train_config_write(&c, f);
   fclose(f);
   CHECK_OK(ctx, parse(ctx, t1, 0, NULL, &d));
   f = open_memstream(&t2, &n2);
-  nb_model_run_config_write(&d, f);
+  nb_train_config_write(&d, f);
   fclose(f);
   CHECK_MSG(n1 == n2 && !memcmp(t1, t2, n1), "written config does not load back:\n%s\n---\n%s", t1, t2);
   CHECK(!strcmp(d.data.eval, "a\"b\\c") && d.model.n_shared_experts == 2 && d.model.router_score == NB_NN_SCORE_SIGMOID);
@@ -85,7 +85,7 @@ static void test_round_trip(nb_ctx *ctx) {
 }
 
 static void expect(nb_ctx *ctx, const char *text, const char *override, nb_status st, const char *needle) {
-  nb_model_run_config c;
+  nb_train_config c;
   const char *ov[1] = {override};
   nb_status s = parse(ctx, text, override ? 1 : 0, ov, &c);
   CHECK_MSG(s == st, "'%s' gave %s (%s)", text, nb_status_name(s), nb_ctx_error(ctx));
@@ -120,8 +120,8 @@ static void test_errors(nb_ctx *ctx) {
   expect(ctx, "", "steps", A, "override 'steps': expected key=value");
   expect(ctx, "", "model.heads=4", A, "override 'model.heads=4': unknown key 'model.heads'");
   expect(ctx, "", "schedule.kind=exp", A, "schedule.kind: 'exp' is not one of: constant, linear, cosine");
-  nb_model_run_config c;
-  CHECK(nb_model_run_config_load(ctx, "configs/no_such.yaml", 0, NULL, &c) == NB_ERR_IO);
+  nb_train_config c;
+  CHECK(nb_train_config_load(ctx, "configs/no_such.yaml", 0, NULL, &c) == NB_ERR_IO);
   CHECK_ERR(ctx, NB_ERR_IO, "configs/no_such.yaml: cannot open");
 }
 
@@ -133,5 +133,5 @@ int main(void) {
   test_errors(ctx);
   CHECK_MSG(nb_ctx_bytes_in_use(ctx) == 0, "%zu bytes leaked", nb_ctx_bytes_in_use(ctx));
   nb_ctx_destroy(ctx);
-  return nb_test_summary("models/config");
+  return nb_test_summary("train/config");
 }

@@ -1,7 +1,7 @@
 /* The run configuration file: one table of keys (dotted path, type, place
- * in nb_model_run_config, range or allowed values) drives the YAML loader
+ * in nb_train_config, range or allowed values) drives the YAML loader
  * (libyaml's document API), the key=value overrides, the writer and the
- * error messages. Cross-key rules are in nb_model_run_config_validate.
+ * error messages. Cross-key rules are in nb_train_config_validate.
  * This file does not know what the trainer does with the values. */
 #include <errno.h>
 #include <math.h>
@@ -10,9 +10,10 @@
 #include <string.h>
 #include <yaml.h>
 
-#include "nabla/models.h"
+#include "nabla/train.h"
+#include "util/util.h"
 
-_Static_assert(sizeof(nb_nn_act) == sizeof(int) && sizeof(nb_model_optim) == sizeof(int), "enums are ints");
+_Static_assert(sizeof(nb_nn_act) == sizeof(int) && sizeof(nb_train_optim) == sizeof(int), "enums are ints");
 
 typedef enum kind { K_INT, K_FLOAT, K_BOOL, K_STR, K_ENUM, K_DTYPE, K_PRESET } kind;
 
@@ -35,7 +36,7 @@ static const char *const remats[] = {"none", "block", NULL};
 static const char *const nonfinites[] = {"stop", "skip", "continue", NULL};
 static const char *const dtypes[] = {"f32", "bf16", NULL};
 
-#define O(field) offsetof(nb_model_run_config, field)
+#define O(field) offsetof(nb_train_config, field)
 #define BIG 1e15
 static const key_def keys[] = {
     {"model.preset", K_PRESET, O(preset), 0, 0, NULL},
@@ -115,17 +116,17 @@ static const key_def keys[] = {
 };
 #define NKEYS (sizeof keys / sizeof keys[0])
 
-void nb_model_run_config_defaults(nb_model_run_config *c) {
+void nb_train_config_defaults(nb_train_config *c) {
   memset(c, 0, sizeof *c);
   snprintf(c->preset, sizeof c->preset, "llama-tiny");
   nb_model_config_preset(NULL, "llama-tiny", &c->model);
   c->data.seq_len = 128;
   c->data.workers = 1;
-  c->optim = (__typeof__(c->optim)){.name = NB_OPTIM_ADAMW, .lr = 3e-4, .b1 = 0.9, .b2 = 0.95, .eps = 1e-8,
+  c->optim = (__typeof__(c->optim)){.name = NB_TRAIN_OPTIM_ADAMW, .lr = 3e-4, .b1 = 0.9, .b2 = 0.95, .eps = 1e-8,
                                     .weight_decay = 0.1, .grad_clip = 1.0, .momentum = 0.9};
-  c->schedule = (__typeof__(c->schedule)){.kind = NB_SCHEDULE_COSINE, .warmup_steps = 10, .min_lr_ratio = 0.1};
+  c->schedule = (__typeof__(c->schedule)){.kind = NB_TRAIN_SCHEDULE_COSINE, .warmup_steps = 10, .min_lr_ratio = 0.1};
   c->precision.params = c->precision.compute = NB_F32;
-  c->remat = NB_REMAT_NONE;
+  c->remat = NB_TRAIN_REMAT_NONE;
   c->batch_size = 8;
   c->grad_accum = 1;
   c->steps = 100;
@@ -178,7 +179,7 @@ static bool is_section(const char *key) {
 }
 
 /* `where` prefixes messages ("file.yaml:12" or "override 'a=b'"). */
-static nb_status set_value(nb_ctx *ctx, nb_model_run_config *c, const char *where, const char *key, const char *val) {
+static nb_status set_value(nb_ctx *ctx, nb_train_config *c, const char *where, const char *key, const char *val) {
   const key_def *d = find_key(key);
   if (!d) {
     char list[1024], section[128];
@@ -229,9 +230,9 @@ static nb_status set_value(nb_ctx *ctx, nb_model_run_config *c, const char *wher
       return NB_OK;
     }
     case K_STR: {
-      if (strlen(val) >= NB_MODEL_STR_MAX)
-        return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: %s: longer than %d bytes", where, key, NB_MODEL_STR_MAX - 1);
-      snprintf(p, NB_MODEL_STR_MAX, "%s", val);
+      if (strlen(val) >= NB_TRAIN_STR_MAX)
+        return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: %s: longer than %d bytes", where, key, NB_TRAIN_STR_MAX - 1);
+      snprintf(p, NB_TRAIN_STR_MAX, "%s", val);
       return NB_OK;
     }
     case K_ENUM:
@@ -249,7 +250,7 @@ static nb_status set_value(nb_ctx *ctx, nb_model_run_config *c, const char *wher
   return NB_ERR_INTERNAL;
 }
 
-nb_status nb_model_run_config_set(nb_ctx *ctx, nb_model_run_config *c, const char *assignment) {
+nb_status nb_train_config_set(nb_ctx *ctx, nb_train_config *c, const char *assignment) {
   const char *eq = assignment ? strchr(assignment, '=') : NULL;
   char where[600];
   snprintf(where, sizeof where, "override '%s'", assignment ? assignment : "(null)");
@@ -265,7 +266,7 @@ typedef struct walk {
   nb_ctx *ctx;
   const char *name;
   yaml_document_t *doc;
-  nb_model_run_config *cfg;
+  nb_train_config *cfg;
 } walk;
 
 static nb_status walk_mapping(walk *w, yaml_node_t *map, const char *prefix);
@@ -310,10 +311,10 @@ static nb_status walk_mapping(walk *w, yaml_node_t *map, const char *prefix) {
   return NB_OK;
 }
 
-nb_status nb_model_run_config_parse(nb_ctx *ctx, const char *name, const char *text, size_t len, int n_overrides,
-                                    const char *const *overrides, nb_model_run_config *out) {
-  nb_model_run_config c;
-  nb_model_run_config_defaults(&c);
+nb_status nb_train_config_parse(nb_ctx *ctx, const char *name, const char *text, size_t len, int n_overrides,
+                                    const char *const *overrides, nb_train_config *out) {
+  nb_train_config c;
+  nb_train_config_defaults(&c);
   if (!name) name = "<config>";
   nb_status s = NB_OK;
   if (text) {
@@ -347,41 +348,23 @@ nb_status nb_model_run_config_parse(nb_ctx *ctx, const char *name, const char *t
     }
     yaml_parser_delete(&parser);
   }
-  for (int i = 0; !s && i < n_overrides; i++) s = nb_model_run_config_set(ctx, &c, overrides[i]);
-  if (!s) s = nb_model_run_config_validate(ctx, &c);
+  for (int i = 0; !s && i < n_overrides; i++) s = nb_train_config_set(ctx, &c, overrides[i]);
+  if (!s) s = nb_train_config_validate(ctx, &c);
   if (!s) *out = c;
   return s;
 }
 
-nb_status nb_model_run_config_load(nb_ctx *ctx, const char *path, int n_overrides, const char *const *overrides,
-                                   nb_model_run_config *out) {
-  if (!path) return nb_model_run_config_parse(ctx, NULL, NULL, 0, n_overrides, overrides, out);
-  FILE *f = fopen(path, "rb");
-  if (!f) return nb_errorf(ctx, NB_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+nb_status nb_train_config_load(nb_ctx *ctx, const char *path, int n_overrides, const char *const *overrides,
+                                   nb_train_config *out) {
+  if (!path) return nb_train_config_parse(ctx, NULL, NULL, 0, n_overrides, overrides, out);
   char *buf = NULL;
-  size_t len = 0, cap = 0;
+  size_t len = 0;
+  int err = nb_util__read_file(path, (size_t)64 << 20, &buf, &len);
   nb_status s = NB_OK;
-  for (;;) {
-    if (len + 4096 > cap) {
-      cap = cap ? cap * 2 : 8192;
-      if (cap > (64u << 20)) {
-        s = nb_errorf(ctx, NB_ERR_FORMAT, "%s: larger than 64 MiB: not a config file", path);
-        break;
-      }
-      char *nb = realloc(buf, cap);
-      if (!nb) {
-        s = nb_errorf(ctx, NB_ERR_NOMEM, "%s: out of memory", path);
-        break;
-      }
-      buf = nb;
-    }
-    size_t got = fread(buf + len, 1, cap - len, f);
-    len += got;
-    if (got == 0) break;
-  }
-  if (!s && ferror(f)) s = nb_errorf(ctx, NB_ERR_IO, "%s: read error", path);
-  fclose(f);
-  if (!s) s = nb_model_run_config_parse(ctx, path, buf ? buf : "", len, n_overrides, overrides, out);
+  if (err == EFBIG) s = nb_errorf(ctx, NB_ERR_FORMAT, "%s: larger than 64 MiB: not a config file", path);
+  else if (err == ENOMEM) s = nb_errorf(ctx, NB_ERR_NOMEM, "%s: out of memory", path);
+  else if (err) s = nb_errorf(ctx, NB_ERR_IO, "%s: cannot open: %s", path, strerror(err));
+  if (!s) s = nb_train_config_parse(ctx, path, buf ? buf : "", len, n_overrides, overrides, out);
   free(buf);
   return s;
 }
@@ -393,7 +376,7 @@ nb_status nb_model_run_config_load(nb_ctx *ctx, const char *path, int n_override
     if (!(cond)) return nb_errorf(ctx, NB_ERR_INVALID_ARG, __VA_ARGS__); \
   } while (0)
 
-nb_status nb_model_run_config_validate(nb_ctx *ctx, const nb_model_run_config *c) {
+nb_status nb_train_config_validate(nb_ctx *ctx, const nb_train_config *c) {
   nb_status s = nb_model_config_validate(ctx, &c->model);
   if (s) return s;
   RULE(c->data.seq_len <= c->model.max_seq_len, "data.seq_len (%lld) exceeds model.max_seq_len (%lld)",
@@ -406,10 +389,10 @@ nb_status nb_model_run_config_validate(nb_ctx *ctx, const nb_model_run_config *c
   RULE(c->optim.eps > 0, "optim.eps must be > 0");
   RULE(c->precision.params == NB_F32 || c->precision.params == NB_BF16, "precision.params must be f32 or bf16");
   RULE(c->precision.compute == NB_F32 || c->precision.compute == NB_BF16, "precision.compute must be f32 or bf16");
-  RULE(c->remat >= 0 && c->remat < NB_REMAT_COUNT, "remat: invalid value");
-  RULE(c->optim.name >= 0 && c->optim.name < NB_OPTIM_COUNT, "optim.name: invalid value");
-  RULE(c->schedule.kind >= 0 && c->schedule.kind < NB_SCHEDULE_COUNT, "schedule.kind: invalid value");
-  RULE(c->on_nonfinite >= 0 && c->on_nonfinite < NB_NONFINITE_COUNT, "on_nonfinite: invalid value");
+  RULE(c->remat >= 0 && c->remat < NB_TRAIN_REMAT_COUNT, "remat: invalid value");
+  RULE(c->optim.name >= 0 && c->optim.name < NB_TRAIN_OPTIM_COUNT, "optim.name: invalid value");
+  RULE(c->schedule.kind >= 0 && c->schedule.kind < NB_TRAIN_SCHEDULE_COUNT, "schedule.kind: invalid value");
+  RULE(c->on_nonfinite >= 0 && c->on_nonfinite < NB_TRAIN_NONFINITE_COUNT, "on_nonfinite: invalid value");
   return NB_OK;
 }
 
@@ -423,8 +406,8 @@ static void write_str(FILE *f, const char *s) {
   fputc('"', f);
 }
 
-/* A key's value as the YAML nb_model_run_config_write writes. */
-static void write_value(FILE *f, const key_def *d, const nb_model_run_config *c) {
+/* A key's value as the YAML nb_train_config_write writes. */
+static void write_value(FILE *f, const key_def *d, const nb_train_config *c) {
   const char *p = (const char *)c + d->off;
   int iv;
   int64_t lv;
@@ -450,7 +433,7 @@ static void write_value(FILE *f, const key_def *d, const nb_model_run_config *c)
   }
 }
 
-void nb_model_run_config_write(const nb_model_run_config *c, FILE *f) {
+void nb_train_config_write(const nb_train_config *c, FILE *f) {
   char section[64] = "";
   for (size_t i = 0; i < NKEYS; i++) {
     const key_def *d = &keys[i];
@@ -467,15 +450,15 @@ void nb_model_run_config_write(const nb_model_run_config *c, FILE *f) {
   }
 }
 
-void nb_model_run_config_diff(const nb_model_run_config *a, const nb_model_run_config *b, const char *prefix, char *buf,
+void nb_train_config_diff(const nb_train_config *a, const nb_train_config *b, const char *prefix, char *buf,
                               size_t cap) {
-  nb_model_run_config_diff_values(a, b, prefix, NULL, NULL, buf, cap);
+  nb_train_config_diff_values(a, b, prefix, NULL, NULL, buf, cap);
 }
 
-void nb_model_run_config_diff_values(const nb_model_run_config *a, const nb_model_run_config *b, const char *prefix,
+void nb_train_config_diff_values(const nb_train_config *a, const nb_train_config *b, const char *prefix,
                                      const char *a_name, const char *b_name, char *buf, size_t cap) {
   static const size_t size[] = {[K_INT] = sizeof(int64_t), [K_FLOAT] = sizeof(double), [K_BOOL] = sizeof(bool),
-                                [K_STR] = NB_MODEL_STR_MAX, [K_ENUM] = sizeof(int), [K_DTYPE] = sizeof(int),
+                                [K_STR] = NB_TRAIN_STR_MAX, [K_ENUM] = sizeof(int), [K_DTYPE] = sizeof(int),
                                 [K_PRESET] = 0};
   size_t pl = strlen(prefix), len = 0;
   char *text = NULL;
