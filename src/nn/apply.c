@@ -59,20 +59,12 @@ const char *nb_nn__init_path(nb_nn_init *in, char *buf, const char *prefix, cons
 /* ---------------------------------------------------------------- errors, params */
 
 nb_val *nb_nn_fail(nb_nn_apply *a, nb_status s, const char *fmt, ...) {
-  nb_graph *g = a->g;
-  bool fresh = nb_graph_status(g) == NB_OK;
-  /* poison the graph with a NULL operand (the only public way), then put
-   * our message in the context, where nb_trace reports it from */
-  nb_val *poison = nb_add(nb_scalar(g, NB_F32, 0), NULL);
-  if (fresh) {
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    nb_errorf(nb_graph_ctx(g), s, "%s", msg);
-  }
-  return poison;
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  return nb_graph_fail_at((nb_loc){NULL, 0}, a->g, s, "%s", msg); /* the message as given, no location */
 }
 
 nb_val *nb_nn__poison(nb_nn_apply *a) { return nb_nn_fail(a, NB_ERR_INTERNAL, "nn: internal error"); }
