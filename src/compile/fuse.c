@@ -9,7 +9,7 @@
  * offsets (buffers.c) or any target code (codegen_c.c). */
 #include <string.h>
 
-#include "compile/jit.h"
+#include "backend/cpu/cpu.h"
 
 #define INLINE_COST_LIMIT 12 /* a value with several users is recomputed when its cone is this cheap */
 #define MAX_DEPTH 1500       /* recursion guard: longer inlined chains are cut */

@@ -8,7 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "compile/jit.h"
+#include "runtime/exe.h"
 
 static const char *const switch_names[NB_SW_COUNT] = {
 #define NB_JIT_SW(n) #n,
@@ -197,7 +197,7 @@ static nb_status build_native(nb_exe *e) {
   nb_ctx *ctx = e->ctx;
   nb_jit_text src = {ctx, NULL, 0, 0, false};
   double t0 = now_ms();
-  nb_status st = nb_jit__codegen_c(ctx, &e->plan, &src);
+  nb_status st = nb_cpu__codegen_c(ctx, &e->plan, &src);
   e->phase_ms[3] = now_ms() - t0;
   if (st != NB_OK) return st;
   t0 = now_ms();
@@ -258,7 +258,7 @@ static nb_status compile(nb_exe *e, const nb_graph *g, const nb_jit_opts *o) {
   bool blas = false;
   for (int s = 0; s < e->plan.nsteps; s++) blas |= e->plan.steps[s].kind == NB_EXE_STEP_BLAS;
   if (e->native && (e->plan.nkernels || blas)) { /* BLAS steps split batches over the pool */
-    e->pool = nb_rt__pool_get(e->cfg.threads);
+    e->pool = nb_cpu__pool_get(e->cfg.threads);
     if (!e->pool) return nb_errorf(ctx, NB_ERR_NOMEM, "jit: cannot start the thread pool");
   }
   e->compile_ms = now_ms() - t0;

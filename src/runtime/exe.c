@@ -8,7 +8,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "compile/jit.h"
+#include "runtime/exe.h"
 
 /* elements of work per task below which splitting does not pay: at 32768 a
  * tiny model's decode ran at 0.87x its one-thread speed at two threads (the
@@ -46,7 +46,7 @@ static void run_kernel(nb_exe *e, const nb_kernel *k, nb_kernel_fn fn, char **pt
   for (int v = 0; v < k->ro; v++) total *= k->dims[v];
   for (int v = k->ro; v < k->ro + k->rr; v++) work *= k->dims[v];
   if (total == 0) return;
-  int threads = nb_rt__pool_threads(e->pool);
+  int threads = nb_cpu__pool_threads(e->pool);
   int64_t by_work = total * (work ? work : 1) / MIN_TASK_WORK;
   int64_t n = threads > 1 ? (by_work < 4 * (int64_t)threads ? by_work : 4 * (int64_t)threads) : 1;
   if (n > total) n = total;
@@ -55,7 +55,7 @@ static void run_kernel(nb_exe *e, const nb_kernel *k, nb_kernel_fn fn, char **pt
     return;
   }
   launch l = {fn, args, total, (int)n};
-  nb_rt__pool_run(e->pool, (int)n, run_task, &l);
+  nb_cpu__pool_run(e->pool, (int)n, run_task, &l);
 }
 
 /* ---------------------------------------------------------------- reference steps */
@@ -314,7 +314,7 @@ void nb_rt__log_steps(const nb_exe *e) {
 
 void nb_rt__exe_free(nb_exe *e) {
   nb_ctx *ctx = e->ctx;
-  nb_rt__pool_put(e->pool);
+  nb_cpu__pool_put(e->pool);
   nb_cpu__unload(e->dl);
   nb_graph_destroy(e->graph);
   nb_dealloc(ctx, e->arena, e->arena_cap);

@@ -38,7 +38,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "compile/jit.h"
+#include "backend/cpu/cpu.h"
 
 extern char **environ;
 

@@ -31,7 +31,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "compile/jit.h"
+#include "backend/cpu/cpu.h"
 
 #define SPIN_ITERS 2000
 #define DECAY 0.95
@@ -59,7 +59,7 @@ struct nb_pool {
   /* The current region: its generation in the high 32 bits, the next
    * unclaimed task in the low 32 (CLOSED between regions). A task is claimed
    * by a compare-and-swap of this word, so only while the region that fn,
-   * arg and ntasks were read for is open: see nb_rt__pool_run and work. */
+   * arg and ntasks were read for is open: see nb_cpu__pool_run and work. */
   _Atomic uint64_t claim;
   uint32_t gen;        /* generations published so far (under run_mu) */
   _Atomic task_fn fn;
@@ -191,7 +191,7 @@ static nb_pool *pool_new(int threads) {
   return p;
 }
 
-nb_pool *nb_rt__pool_get(int threads) {
+nb_pool *nb_cpu__pool_get(int threads) {
   if (threads < 1) threads = 1;
   pthread_mutex_lock(&registry_mu);
   nb_pool *p = registry;
@@ -205,7 +205,7 @@ nb_pool *nb_rt__pool_get(int threads) {
   return p;
 }
 
-void nb_rt__pool_put(nb_pool *p) {
+void nb_cpu__pool_put(nb_pool *p) {
   if (!p) return;
   pthread_mutex_lock(&registry_mu);
   bool last = --p->refs == 0;
@@ -219,7 +219,7 @@ void nb_rt__pool_put(nb_pool *p) {
   if (last) pool_free(p);
 }
 
-int nb_rt__pool_threads(const nb_pool *p) { return p ? p->nthreads : 1; }
+int nb_cpu__pool_threads(const nb_pool *p) { return p ? p->nthreads : 1; }
 
 /* After a region of ntasks, of which the caller ran own_tasks in own_ms and
  * then waited wait_ms: back off when the balance of the workers' help is
@@ -246,7 +246,7 @@ static double now_ms(void) {
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
-int nb_rt__pool_participants(nb_pool *p) {
+int nb_cpu__pool_participants(nb_pool *p) {
   if (!p) return 0;
   pthread_mutex_lock(&p->run_mu);
   int n = p->participants;
@@ -254,7 +254,7 @@ int nb_rt__pool_participants(nb_pool *p) {
   return n;
 }
 
-void nb_rt__pool_run(nb_pool *p, int ntasks, void (*fn)(void *arg, int task), void *arg) {
+void nb_cpu__pool_run(nb_pool *p, int ntasks, void (*fn)(void *arg, int task), void *arg) {
   if (!p || p->nworkers == 0 || ntasks <= 1) {
     for (int t = 0; t < ntasks; t++) fn(arg, t);
     return;
