@@ -21,6 +21,7 @@ typedef enum nb_jit_switch {
 } nb_jit_switch;
 
 typedef struct nb_jit_config {
+  const struct nb_backend *backend; /* the target (backend/backend.h) */
   bool off[NB_SW_COUNT];
   int threads;
   int debug;

@@ -1,12 +1,12 @@
 /* The executable, private to the compiler driver (compile/jit.c) and the
- * runtime (runtime/exe.c): the plan nb_jit built, and what running it
- * needs. */
+ * runtime (runtime/exe.c): the plan nb_jit built, the backend module it was
+ * compiled into, and what running it needs. */
 #ifndef NABLA_RUNTIME_EXE_H
 #define NABLA_RUNTIME_EXE_H
 
 #include <pthread.h>
 
-#include "backend/cpu/cpu.h"
+#include "backend/backend.h"
 #include "compile/jit.h"
 
 struct nb_exe {
@@ -18,14 +18,12 @@ struct nb_exe {
   nb_jit_arena ar;
   nb_jplan plan;
   nb_graph *graph;        /* the simplified graph (owned) */
-  void *dl;               /* shared object, NULL when interpreted */
-  nb_kernel_fn *fns;      /* per kernel */
-  bool native, from_cache, warned;
-  char src_path[1200];
-  nb_pool *pool;
+  nb_backend_module *mod; /* the plan compiled by cfg.backend; NULL: the graph runs on the interpreter */
+  nb_backend_build build;
+  bool native;            /* mod != NULL */
   double compile_ms;
   double phase_ms[5];     /* simplify, fuse, buffers, codegen, C compiler or disk cache + load */
-  int max_args;
+  int max_args;           /* the most device pointers one step takes */
   pthread_mutex_t mu;     /* guards the arena, the stats and `runs` */
   void *arena;
   size_t arena_cap;

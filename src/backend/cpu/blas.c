@@ -7,7 +7,7 @@
  * batch dim) or when BLAS has no routine for the dtype (f16, bf16) the
  * operand is packed once into a contiguous f32/f64 scratch, converting as
  * it goes. A result of another dtype is computed in f32/f64 and converted.
- * Every product is cut into tiles by its shape alone, run on the runtime's
+ * Every product is cut into tiles by its shape alone, run on the thread
  * pool with OpenBLAS on one thread inside each (set process-wide), so that
  * results do not depend on the thread count (OpenBLAS's own threads are
  * never used). Which OpenBLAS kernels, and its idle threads: nb_jit_blas_core. Not here: integer dots (the reference
@@ -344,7 +344,7 @@ static void pack(const dot_plan *p, operand *o, nb_dtype ct, char *dst, int64_t 
 
 /* Every product is cut into tiles of its result by its shape alone, never by
  * the number of threads, and each tile is one sgemm/dgemm on one OpenBLAS
- * thread, run on the runtime's pool. A tile's elements are then computed by
+ * thread, run on the thread pool. A tile's elements are then computed by
  * the same call whatever the thread count, so results are bit-identical at
  * 1, 2 or N threads: OpenBLAS's own results depend on how a product is split
  * (its edge kernels sum in another order; its threaded path splits by the

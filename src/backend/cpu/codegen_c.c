@@ -1,6 +1,5 @@
-/* Pass 4, C code generation: one C function per kernel of the plan, from
- * the loop-nest IR (the only CPU-specific part of the compiler besides
- * backend/cpu). Each function walks a range of the flattened outer space,
+/* The CPU backend's code generation: one C function per kernel of the plan,
+ * from the loop-nest IR. Each function walks a range of the flattened outer space,
  * one contiguous run of the innermost outer loop at a time (the loop the C
  * compiler vectorizes), with the phase loops of row kernels nested inside.
  * Arithmetic follows the interpreter's rules (integer wrap-around, x/0, NaN

@@ -7,6 +7,9 @@
 
 #include "compile/jit.h"
 
+/* cpu.c: the backend (backend/backend.h) */
+extern const struct nb_backend nb_cpu__backend;
+
 typedef void (*nb_kernel_fn)(int64_t lo, int64_t hi, char *const *bufs);
 
 /* codegen_c.c: C source for every kernel of the plan (kernel i is the

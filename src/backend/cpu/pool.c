@@ -25,7 +25,7 @@
  * condition variable: waking a sleeping thread costs tens of microseconds on
  * a VM (the idle vCPU is descheduled), which dominated small steps, while a
  * short spin does not compete with other work for long. Not here: how work
- * is split into tasks (runtime/exe.c). */
+ * is split into tasks (backend/cpu/cpu.c, blas.c). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
