@@ -24,7 +24,7 @@
  *   dce, fold, algebra   simplification passes
  *   fuse                 fusion (off: one kernel per equation)
  *   reuse, donate        buffer reuse between intermediates; donated inputs
- *   parallel, blas       the thread pool; OpenBLAS for dot_general
+ *   parallel, blas       the thread pool; library calls (OpenBLAS) for dot_general
  *   native               generated code (off: run on the interpreter)
  * Environment: NABLA_BACKEND (the default of nb_jit_opts.backend),
  * NABLA_CC (compiler command), NABLA_CACHE_DIR (disk cache),
@@ -139,7 +139,7 @@ void nb_exe_get_stats(const nb_exe *e, nb_exe_stats *out);
 typedef enum nb_exe_step_kind {
   NB_EXE_STEP_KERNEL, /* a generated loop kernel */
   NB_EXE_STEP_EVAL,   /* one equation through its reference implementation */
-  NB_EXE_STEP_BLAS,   /* dot_general through cblas_?gemm */
+  NB_EXE_STEP_BLAS,   /* dot_general as one library call of the backend (cpu: cblas_?gemm) */
   NB_EXE_STEP_KIND_COUNT
 } nb_exe_step_kind;
 

@@ -157,13 +157,13 @@ static void report(nb_exe *e) {
   if (e->cfg.debug < 1) return;
   nb_exe_stats s;
   nb_exe_get_stats(e, &s);
-  nb_logf(ctx, NB_LOG_INFO, "jit: %zu equations -> %zu steps (%zu kernels, %zu eval, %zu blas); arena %zu bytes, peak %zu bytes; %s%s (%.1f ms)",
-          nb_graph_num_eqns(e->graph), s.nsteps, s.nkernels, s.neval, s.nblas, s.arena_bytes, s.peak_bytes,
+  nb_logf(ctx, NB_LOG_INFO, "jit: %zu equations -> %zu steps (%zu kernels, %zu eval, %zu blas) for backend %s; arena %zu bytes, peak %zu bytes; %s%s (%.1f ms)",
+          nb_graph_num_eqns(e->graph), s.nsteps, s.nkernels, s.neval, s.nblas, s.backend, s.arena_bytes, s.peak_bytes,
           e->native ? e->build.source : "interpreter", e->native && e->build.from_cache ? " (from the disk cache)" : "", e->compile_ms);
   nb_logf(ctx, NB_LOG_INFO, "jit: compile phases: simplify %.1f ms, fuse %.1f ms (%d attempts), buffers %.1f ms, codegen %.1f ms, %s %.1f ms",
           e->phase_ms[0], e->phase_ms[1], e->plan.fuse_attempts, e->phase_ms[2], e->phase_ms[3], e->build.from_cache ? "disk cache + load" : "C compiler + load",
           e->phase_ms[4]);
-  if (s.nblas) nb_logf(ctx, NB_LOG_INFO, "jit: dot_general on %s", nb_jit_blas_core());
+  if (s.nblas && e->cfg.backend == nb_backend__find("cpu")) nb_logf(ctx, NB_LOG_INFO, "jit: dot_general on %s", nb_jit_blas_core());
   if (e->cfg.debug >= 3) {
     char *buf = NULL;
     size_t len = 0;
