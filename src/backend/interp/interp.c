@@ -196,7 +196,7 @@ static nb_status interp_launch(nb_ctx *ctx, nb_backend_module *m, int kernel, ch
     if (k->arg_written[a]) {
       const nb_array *x = have[k->args[a]];
       if (!x) st = nb_errorf(ctx, NB_ERR_INTERNAL, "interp backend: kernel %d writes %%v%u, which is not its root", kernel, k->args[a]);
-      else memcpy(args[a], nb_array_data(x), nb_array_nbytes(x));
+      else if (nb_array_nbytes(x)) memcpy(args[a], nb_array_data(x), nb_array_nbytes(x));
     }
   for (size_t i = 0; i < m->plan->nvals; i++) nb_array_release(have[i]);
   free(have);
