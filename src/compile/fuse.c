@@ -6,7 +6,7 @@
  * value cannot be expressed in its consumer's kernel (a reshape that is not
  * affine, a reduction seen through a different index map, conflicting
  * reductions) it is materialized and fusion starts again. Not here: memory
- * offsets (buffers.c) or any target code (codegen_c.c). */
+ * offsets (buffers.c) or any target code (src/backend/). */
 #include <string.h>
 
 #include "backend/backend.h"

@@ -170,5 +170,5 @@ int main(void) {
   }
   test_stalled_worker();
   test_backoff();
-  return nb_test_summary("runtime/test_pool");
+  return nb_test_summary("backend/test_pool");
 }
