@@ -202,6 +202,11 @@ nb_graph *nb__checked(nb_graph *g);
  * with the error on g's context). */
 nb_graph *nb__graph_dce(const nb_graph *g);
 
+/* print_params of a carried graph: "name=#<structural hash>", so that graphs
+ * calling different graphs print, hash and compare differently. Returns the
+ * snprintf count. */
+int nb__print_graph_param(char *buf, size_t cap, const char *name, const nb_graph *callee);
+
 /* Shape helpers for rules. */
 int nb__norm_axis(int axis, int rank); /* -1 when out of range */
 char *nb__avals_str(int n, const nb_aval *a, char *buf, size_t cap);

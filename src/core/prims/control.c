@@ -70,12 +70,6 @@ static void copy_into(nb_array *dst, const nb_array *src) {
   memcpy(nb_array_data_mut(dst), nb_array_data(src), nb_array_nbytes(dst));
 }
 
-/* The print form of a carried graph: its structural hash, so that graphs with
- * different bodies print (and hash, nb_graph_hash) differently. */
-static int print_graph(char *buf, size_t cap, const char *name, const nb_graph *callee) {
-  return snprintf(buf, cap, "%s=#%016llx", name, (unsigned long long)nb_graph_hash(callee));
-}
-
 /* ---------------------------------------------------------------- cond */
 
 static nb_status cond_infer(const void *params, int nin, const nb_aval *in, int *nout, nb_aval *out, char *why, size_t cap) {
@@ -152,7 +146,7 @@ static void cond_print(const nb_eqn *e, char *buf, size_t cap) {
   for (int k = 0; k < p->nbranches && n < cap; k++) {
     char name[32];
     snprintf(name, sizeof name, " branch%d", k);
-    n += (size_t)print_graph(buf + n, cap - n, name, p->branches[k]);
+    n += (size_t)nb__print_graph_param(buf + n, cap - n, name, p->branches[k]);
   }
 }
 
@@ -255,9 +249,9 @@ static void while_cost(const nb_eqn *e, double *flops, double *bytes) {
 static void while_print(const nb_eqn *e, char *buf, size_t cap) {
   const nb_while_params *p = e->params;
   size_t n = (size_t)snprintf(buf, cap, "ncond_consts=%d nbody_consts=%d ", p->ncond_consts, p->nbody_consts);
-  if (n < cap) n += (size_t)print_graph(buf + n, cap - n, "cond", p->cond);
+  if (n < cap) n += (size_t)nb__print_graph_param(buf + n, cap - n, "cond", p->cond);
   if (n < cap) n += (size_t)snprintf(buf + n, cap - n, " ");
-  if (n < cap) print_graph(buf + n, cap - n, "body", p->body);
+  if (n < cap) nb__print_graph_param(buf + n, cap - n, "body", p->body);
 }
 
 /* ---------------------------------------------------------------- scan */
@@ -365,7 +359,7 @@ static void scan_print(const nb_eqn *e, char *buf, size_t cap) {
   const nb_scan_params *p = e->params;
   size_t n = (size_t)snprintf(buf, cap, "length=%lld nconsts=%d ncarry=%d reverse=%d unroll=%d ", (long long)p->length, p->nconsts,
                               p->ncarry, (int)p->reverse, p->unroll);
-  if (n < cap) print_graph(buf + n, cap - n, "body", p->body);
+  if (n < cap) nb__print_graph_param(buf + n, cap - n, "body", p->body);
 }
 
 /* ---------------------------------------------------------------- building carried graphs */
