@@ -453,7 +453,7 @@ static nb_status carry_fixpoint(nb_ctx *ctx, const nb_graph *body, int first, in
   bool want[256] = {false}, nz[256];
   for (int round = 0; round <= ncarry; round++) {
     nb__partial pe;
-    nb_status st = nb__partial_eval(ctx, body, tan, fwd, want, nz, &pe);
+    nb_status st = nb__partial_eval(ctx, body, tan, fwd, NULL, want, nz, &pe);
     if (st) return st;
     nb__partial_free(ctx, &pe);
     bool changed = false;
@@ -475,22 +475,23 @@ static nb_status scan_linearize(nb_graph *g, const nb_eqn *e, nb_val *const *p, 
   if (nin > 256 || nout > 256)
     return nb__fail(g, e->loc, NB_ERR_UNIMPLEMENTED, "scan: differentiating a scan with more than 256 operands or outputs"),
            NB_ERR_UNIMPLEMENTED;
-  bool tan[256], fwd[256], want[256], nz[256];
+  bool tan[256], fwd[256], inv[256], want[256], nz[256];
   for (int i = 0; i < nin; i++) {
     tan[i] = t[i] && nb_dtype_is_float(e->in[i]->aval.dtype);
     fwd[i] = i < nc || i >= nc + nk;
+    inv[i] = i < nc;
   }
   nb__partial pe = {0};
   memset(want, 0, sizeof want);
   nb_status st = carry_fixpoint(ctx, sp->body, nc, nk, tan, fwd);
-  if (!st) st = nb__partial_eval(ctx, sp->body, tan, fwd, want, nz, &pe), nb__partial_free(ctx, &pe);
+  if (!st) st = nb__partial_eval(ctx, sp->body, tan, fwd, NULL, want, nz, &pe), nb__partial_free(ctx, &pe);
   for (int i = 0; i < nout; i++) want[i] = i < nk ? tan[nc + i] : nz[i];
-  if (!st) st = nb__partial_eval(ctx, sp->body, tan, fwd, want, NULL, &pe);
+  if (!st) st = nb__partial_eval(ctx, sp->body, tan, fwd, inv, want, NULL, &pe);
   if (st) return fail_from_ctx(g, e, "scan: linearizing the body");
 
   /* the forward scan: outputs, then the stacked computed residuals */
   int ncomp = 0;
-  for (int r = 0; r < pe.nres; r++) ncomp += pe.res_input[r] < 0;
+  for (int r = 0; r < pe.nres; r++) ncomp += pe.res_input[r] == NB__RES_COMPUTED;
   nb_scan_params kp = *sp;
   kp.body = pe.known;
   nb_val *kout[512];
@@ -500,6 +501,11 @@ static nb_status scan_linearize(nb_graph *g, const nb_eqn *e, nb_val *const *p, 
            NB_ERR_UNIMPLEMENTED;
   }
   nb__emit(g, e->loc, NB_PRIM_scan, nin, p, &kp, sizeof kp, NULL, kout);
+  /* the loop-invariant residuals, computed once from the consts */
+  nb_val *hout[256];
+  if (!nb_graph_status(g) && nb_graph_num_outputs(pe.hoisted) > 256)
+    nb__fail(g, e->loc, NB_ERR_UNIMPLEMENTED, "scan: the body needs %zu loop-invariant residuals (at most 256)", nb_graph_num_outputs(pe.hoisted));
+  if (!nb_graph_status(g)) nb__graph_inline(g, pe.hoisted, p, hout);
 
   /* the linear scan: consts (residual consts, tangent consts), carry
    * (tangent carry), xs (residual xs, tangent xs, stacked residuals) */
@@ -512,6 +518,8 @@ static nb_status scan_linearize(nb_graph *g, const nb_eqn *e, nb_val *const *p, 
   nb_val *ops[768];
   for (int r = 0; r < pe.nres; r++)
     if (pe.res_input[r] >= 0 && pe.res_input[r] < nc) from[n] = r, ops[n++] = p[pe.res_input[r]];
+  for (int r = 0, h = 0; r < pe.nres && !nb_graph_status(g); r++)
+    if (pe.res_input[r] == NB__RES_HOISTED) from[n] = r, ops[n++] = hout[h++];
   for (int i = 0; i < nc; i++)
     if (tan[i]) from[n] = pe.nres + ntan_before[i], ops[n++] = t[i];
   lnc = n;
@@ -521,8 +529,8 @@ static nb_status scan_linearize(nb_graph *g, const nb_eqn *e, nb_val *const *p, 
     if (pe.res_input[r] >= nc + nk) from[n] = r, ops[n++] = p[pe.res_input[r]];
   for (int i = nc + nk; i < nin; i++)
     if (tan[i]) from[n] = pe.nres + ntan_before[i], ops[n++] = t[i];
-  for (int r = 0; r < pe.nres; r++)
-    if (pe.res_input[r] < 0) from[n] = r, ops[n++] = kout[nout + comp++];
+  for (int r = 0; r < pe.nres && !nb_graph_status(g); r++)
+    if (pe.res_input[r] == NB__RES_COMPUTED) from[n] = r, ops[n++] = kout[nout + comp++];
   nb_graph *lbody = nb_graph_status(g) ? NULL : reorder_inputs(ctx, pe.lin, from);
   nb__partial_free(ctx, &pe);
   if (!lbody) return nb_graph_status(g) ? nb_graph_status(g) : fail_from_ctx(g, e, "scan: the linear body");
@@ -681,7 +689,7 @@ static nb_status cond_linearize(nb_graph *g, const nb_eqn *e, nb_val *const *p, 
   nb_status st = NB_OK;
   int slot0[NB_COND_MAX_BRANCHES + 1], nslots = 0;
   for (int b = 0; st == NB_OK && b < nb; b++) {
-    st = nb__partial_eval(ctx, cp->branches[b], tan, fwd, want, NULL, &pe[b]);
+    st = nb__partial_eval(ctx, cp->branches[b], tan, fwd, NULL, want, NULL, &pe[b]);
     slot0[b] = nslots;
     for (int r = 0; st == NB_OK && r < pe[b].nres; r++) {
       if (pe[b].res_input[r] >= 0) used[pe[b].res_input[r]] = true;
