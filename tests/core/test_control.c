@@ -82,6 +82,32 @@ static void test_scan_length_only(void) {
   nb_graph_destroy(g);
 }
 
+/* Zero trips: the carry passes through, ys are empty; grad too. */
+static void test_scan_zero_length(void) {
+  nb_graph *body = sum_body(NB_F64), *g = nb_graph_create(ctx);
+  const int64_t d02[2] = {0, 2};
+  nb_val *c0 = nb_graph_input(g, "c0", av(NB_F64, 1, D2)), *xs = nb_graph_input(g, "xs", av(NB_F64, 2, d02)), *c, *ys;
+  CHECK_OK(ctx, nb_scan(g, body, 0, NULL, 1, &c0, 1, &xs, NULL, &c, &ys));
+  nb_graph_output(g, "loss", nb_reduce_sum(nb_mul(c, c), 0, NULL));
+  nb_graph_output(g, "ys", ys);
+  nb_grad_opts aux = {.has_aux = true};
+  nb_graph *dg = nb_grad(ctx, g, &aux);
+  CHECK_MSG(dg, "%s", nb_ctx_error(ctx));
+  nb_array *in[2] = {nb_array_from_f64(ctx, NB_F64, 1, D2, (double[]){1, 2}), nb_array_zeros(ctx, NB_F64, 2, d02)};
+  nb_array *out[3] = {NULL, NULL, NULL};
+  if (dg && run(dg, in, out) == NB_OK) {
+    /* outputs: aux/ys, grad/c0, grad/xs */
+    CHECK(nb_array_size(out[0]) == 0 && nb_array_size(out[2]) == 0);
+    nb_test_check_values(ctx, "grad through zero trips", out[1], NB_F64, 1, D2, (double[]){2, 4});
+    nb_array_release(out[0]);
+    nb_array_release(out[2]);
+  }
+  for (int i = 0; i < 2; i++) nb_array_release(in[i]);
+  nb_graph_destroy(dg);
+  nb_graph_destroy(body);
+  nb_graph_destroy(g);
+}
+
 static nb_graph *scale_branch(double k) {
   nb_graph *b = nb_graph_create(ctx);
   nb_val *x = nb_graph_input(b, "x", av(NB_F32, 1, D3));
@@ -657,6 +683,7 @@ int main(void) {
   size_t base = nb_ctx_bytes_in_use(ctx);
   test_scan_values();
   test_scan_length_only();
+  test_scan_zero_length();
   test_switch_values();
   test_while_values();
   test_fori_values();

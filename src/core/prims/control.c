@@ -66,9 +66,12 @@ static void release_all(int n, nb_array **a) {
   }
 }
 
-static void copy_into(nb_array *dst, const nb_array *src) {
-  memcpy(nb_array_data_mut(dst), nb_array_data(src), nb_array_nbytes(dst));
+/* memcpy that accepts empty (possibly NULL) buffers. */
+static void copy_bytes(void *dst, const void *src, size_t n) {
+  if (n) memcpy(dst, src, n);
 }
+
+static void copy_into(nb_array *dst, const nb_array *src) { copy_bytes(nb_array_data_mut(dst), nb_array_data(src), nb_array_nbytes(dst)); }
 
 /* ---------------------------------------------------------------- cond */
 
@@ -320,7 +323,7 @@ static nb_status scan_eval(nb_ctx *ctx, const nb_eqn *e, nb_array *const *in, nb
     int64_t t = p->reverse ? p->length - 1 - it : it;
     for (int j = 0; j < nx; j++) {
       size_t rb = nb_array_nbytes(rows[j]);
-      memcpy(nb_array_data_mut(rows[j]), (const char *)nb_array_data(in[nc + nk + j]) + (size_t)t * rb, rb);
+      if (rb) memcpy(nb_array_data_mut(rows[j]), (const char *)nb_array_data(in[nc + nk + j]) + (size_t)t * rb, rb);
     }
     for (int i = 0; i < nc; i++) bin[i] = in[i];
     for (int i = 0; i < nk; i++) bin[nc + i] = carry[i];
@@ -331,7 +334,7 @@ static nb_status scan_eval(nb_ctx *ctx, const nb_eqn *e, nb_array *const *in, nb
     memcpy(carry, res, sizeof(nb_array *) * (size_t)nk);
     for (int j = 0; j < ny; j++) {
       size_t yb = nb_array_nbytes(res[nk + j]);
-      memcpy((char *)nb_array_data_mut(out[nk + j]) + (size_t)t * yb, nb_array_data(res[nk + j]), yb);
+      if (yb) memcpy((char *)nb_array_data_mut(out[nk + j]) + (size_t)t * yb, nb_array_data(res[nk + j]), yb);
     }
     release_all(ny, res + nk);
   }
@@ -1100,7 +1103,7 @@ nb_status nb_switch_at(nb_loc loc, nb_graph *g, nb_val *index, int nbranches, co
   for (int k = 0; k < nbranches; k++) p.branches[k] = branches[k];
   nb_val *all[512];
   all[0] = nb_val_dtype(index) == NB_I32 ? index : nb_convert_at(loc, index, NB_I32);
-  memcpy(all + 1, ops, sizeof(nb_val *) * (size_t)nops);
+  copy_bytes(all + 1, ops, sizeof(nb_val *) * (size_t)nops);
   nb__emit(g, loc, NB_PRIM_cond, nops + 1, all, &p, sizeof p, NULL, outs);
   return finish(g, nout, outs);
 }
@@ -1204,7 +1207,7 @@ static nb_graph *fori_step(nb_ctx *ctx, const nb_graph *body, int nconsts, int n
   int nr = 0;
   if (w && nb__graph_inline(w, body, ins, outs) == NB_OK) {
     next[0] = nb_add_at((nb_loc){0}, ins[nconsts], nb_scalar_at((nb_loc){0}, w, NB_I32, 1));
-    memcpy(next + 1, outs, sizeof(nb_val *) * (size_t)ncarry);
+    copy_bytes(next + 1, outs, sizeof(nb_val *) * (size_t)ncarry);
     nr = ncarry + 1;
   }
   return finish_graph(w, nr, next, "out");
@@ -1252,7 +1255,7 @@ nb_status nb_fori_loop_at(nb_loc loc, nb_graph *g, nb_val *lower, nb_val *upper,
   nb_val *lo = nb_convert_at(loc, lower, NB_I32), *hi = nb_convert_at(loc, upper, NB_I32);
   nb_val *carry[256], *res[256];
   carry[0] = lo;
-  memcpy(carry + 1, init, sizeof(nb_val *) * (size_t)ncarry);
+  copy_bytes(carry + 1, init, sizeof(nb_val *) * (size_t)ncarry);
   int64_t a, b;
   if (const_int(lower, &a) && const_int(upper, &b)) {
     nb_scan_opts o = {.length = b > a ? b - a : 0};
