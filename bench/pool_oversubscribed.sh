@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Claim: on a machine that other processes load, the default thread count
-# (all CPUs) decodes no slower than one thread (runtime/pool.c backs off).
+# (all CPUs) decodes no slower than one thread (backend/cpu/pool.c backs off).
 # Starts LOAD busy-loop processes of its own (default: one per CPU), then
 # interleaves ROUNDS runs of bench_generate_decode at --threads 1 and at the
 # default, for each build dir given (to compare two builds in one run), and

@@ -24,9 +24,10 @@
  *   dce, fold, algebra   simplification passes
  *   fuse                 fusion (off: one kernel per equation)
  *   reuse, donate        buffer reuse between intermediates; donated inputs
- *   parallel, blas       the thread pool; OpenBLAS for dot_general
+ *   parallel, blas       the thread pool; library calls (OpenBLAS) for dot_general
  *   native               generated code (off: run on the interpreter)
- * Environment: NABLA_CC (compiler command), NABLA_CACHE_DIR (disk cache),
+ * Environment: NABLA_BACKEND (the default of nb_jit_opts.backend),
+ * NABLA_CC (compiler command), NABLA_CACHE_DIR (disk cache),
  * NABLA_CACHE_MAX_MB (its size limit, nb_jit_cache_stat),
  * NABLA_THREADS, NABLA_DEBUG (1: summary, 2: per-kernel timings of the first
  * run, 3: fusion groups and source path, 4: the optimized graph), all logged
@@ -57,6 +58,10 @@ typedef struct nb_jit_opts {
   const char *cc;             /* NULL: $NABLA_CC or "cc -O3 -march=native -fno-math-errno -fopenmp-simd -fPIC -shared" */
   int debug;                  /* 0: the context's debug level */
   nb_device device;           /* only the CPU for now */
+  const char *backend;        /* NULL: $NABLA_BACKEND or "cpu" (generated C, BLAS). "interp": the
+                                 plan's steps run by the reference rules behind the backend
+                                 interface, in memory kept apart from the host's (for tests of
+                                 the compiler; slow). Unknown names are errors */
 } nb_jit_opts;
 
 /* Compiles g (borrowed; the executable keeps what it needs) for inputs with
@@ -123,8 +128,9 @@ typedef struct nb_exe_stats {
   size_t arena_bytes;      /* intermediates after liveness-based reuse */
   size_t output_bytes;
   size_t nsteps, nkernels, neval, nblas;
-  bool native;             /* false: runs on the interpreter */
+  bool native;             /* false: the whole graph runs on the interpreter (no compiled plan) */
   bool from_disk_cache;    /* the shared object existed: nothing was compiled */
+  const char *backend;     /* the backend's name ("cpu", "interp"); static storage */
   double compile_ms;       /* nb_jit wall time of the first compile */
   uint64_t runs;
 } nb_exe_stats;
@@ -133,7 +139,7 @@ void nb_exe_get_stats(const nb_exe *e, nb_exe_stats *out);
 typedef enum nb_exe_step_kind {
   NB_EXE_STEP_KERNEL, /* a generated loop kernel */
   NB_EXE_STEP_EVAL,   /* one equation through its reference implementation */
-  NB_EXE_STEP_BLAS,   /* dot_general through cblas_?gemm */
+  NB_EXE_STEP_BLAS,   /* dot_general as one library call of the backend (cpu: cblas_?gemm) */
   NB_EXE_STEP_KIND_COUNT
 } nb_exe_step_kind;
 

@@ -1,5 +1,6 @@
-/* nabla core: contexts, dtypes, arrays, trees, traced graphs, primitives and
- * the transformations over graphs (grad, jvp, vjp, vmap, remat, custom_vjp).
+/* nabla core: contexts, dtypes, arrays, trees, traced graphs, primitives,
+ * control flow (cond, switch, while_loop, scan, fori_loop) and the
+ * transformations over graphs (grad, jvp, vjp, vmap, remat, custom_vjp).
  *
  * A program is an ordinary C function over symbolic values (nb_val). Tracing
  * it records a typed SSA graph; transformations map graphs to graphs, so they
@@ -690,6 +691,51 @@ nb_status nb_remat_call(nb_graph *g, const nb_graph *callee, const nb_tree *in, 
 nb_status nb_custom_vjp_call(nb_graph *g, const nb_graph *fwd_primal, const nb_graph *bwd,
                              const nb_tree *in, nb_tree *out);
 
+/* Control flow, as lax.cond / switch / while_loop / scan / fori_loop. The
+ * functions called are graphs (nb_trace or nb_graph_create) whose inputs are
+ * taken by position: consts first, then the carry, then the per-iteration
+ * slices, as in JAX. The primitives hold the graphs (the caller keeps its own
+ * reference). Results are written to the output arrays (the poison value
+ * after an error, which is also recorded in g and returned).
+ *
+ * switch: outs = branches[clamp(index, 0, nbranches - 1)](ops); index is an
+ * integer scalar; every branch takes ops and returns outputs of the same
+ * avals. At most NB_COND_MAX_BRANCHES branches. Under vmap with a batched
+ * index, every branch runs and the results are selected. */
+#define NB_COND_MAX_BRANCHES 32
+nb_status nb_switch_at(nb_loc loc, nb_graph *g, nb_val *index, int nbranches, const nb_graph *const *branches, int nops,
+                       nb_val *const *ops, nb_val **outs);
+/* cond: on_true(ops) when pred (a bool scalar) holds, else on_false(ops). */
+nb_status nb_cond_at(nb_loc loc, nb_graph *g, nb_val *pred, const nb_graph *on_true, const nb_graph *on_false, int nops,
+                     nb_val *const *ops, nb_val **outs);
+/* while_loop: carry = init; while cond(cond_consts, carry): carry =
+ * body(body_consts, carry); outs = carry. cond returns a bool scalar; body
+ * returns the carry with the same avals. Forward mode and vmap work; reverse
+ * mode does not (the trip count is unknown): use nb_fori_loop with constant
+ * bounds, or nb_scan. */
+nb_status nb_while_loop_at(nb_loc loc, nb_graph *g, const nb_graph *cond, const nb_graph *body, int ncond_consts,
+                           nb_val *const *cond_consts, int nbody_consts, nb_val *const *body_consts, int ncarry,
+                           nb_val *const *init, nb_val **outs);
+/* scan: body(consts, carry, x) -> (carry, y) over the leading axis of xs:
+ *   carry = init; for t in 0..length-1 (length-1..0 when reverse):
+ *     (carry, y[t]) = body(consts, carry, xs[t])
+ * carry_out receives ncarry values, ys the stacked y (one per body output
+ * after the carry, with a leading axis of `length`). opts may be NULL. */
+typedef struct nb_scan_opts {
+  int64_t length; /* trip count; 0: the leading dimension of xs (then xs are required) */
+  bool reverse;
+  int unroll;     /* iterations per trip in compiled code (a hint; 0 means 1) */
+} nb_scan_opts;
+nb_status nb_scan_at(nb_loc loc, nb_graph *g, const nb_graph *body, int nconsts, nb_val *const *consts, int ncarry,
+                     nb_val *const *init, int nxs, nb_val *const *xs, const nb_scan_opts *opts, nb_val **carry_out,
+                     nb_val **ys);
+/* fori_loop: carry = init; for i in [lower, upper): carry = body(consts, i,
+ * carry). lower and upper are integer scalars; body's i is an i32 scalar. As
+ * in JAX, constant bounds (nb_scalar) make a scan of upper - lower steps, which
+ * reverse mode can differentiate; other bounds make a while_loop. */
+nb_status nb_fori_loop_at(nb_loc loc, nb_graph *g, nb_val *lower, nb_val *upper, const nb_graph *body, int nconsts,
+                          nb_val *const *consts, int ncarry, nb_val *const *init, nb_val **outs);
+
 /* ------------------------------------------------------------------------ */
 /* Location-capturing macros: the ops above, called as nb_add(a, b).         */
 /* (the unary and binary ones are in nabla/unary.h, nabla/binary.h)           */
@@ -700,6 +746,11 @@ nb_status nb_custom_vjp_call(nb_graph *g, const nb_graph *fwd_primal, const nb_g
 #define nb_full(g, t, r, d, v) nb_full_at(NB_HERE, g, t, r, d, v)
 #define nb_full_like(x, v) nb_full_like_at(NB_HERE, x, v)
 #define nb_iota(g, t, r, d, ax) nb_iota_at(NB_HERE, g, t, r, d, ax)
+#define nb_switch(g, ...) nb_switch_at(NB_HERE, g, __VA_ARGS__)
+#define nb_cond(g, ...) nb_cond_at(NB_HERE, g, __VA_ARGS__)
+#define nb_while_loop(g, ...) nb_while_loop_at(NB_HERE, g, __VA_ARGS__)
+#define nb_scan(g, ...) nb_scan_at(NB_HERE, g, __VA_ARGS__)
+#define nb_fori_loop(g, ...) nb_fori_loop_at(NB_HERE, g, __VA_ARGS__)
 #define nb_select(p, a, b) nb_select_at(NB_HERE, p, a, b)
 #define nb_clamp(lo, x, hi) nb_clamp_at(NB_HERE, lo, x, hi)
 #define nb_convert(x, t) nb_convert_at(NB_HERE, x, t)

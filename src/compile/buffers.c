@@ -177,7 +177,7 @@ static bool same_map(const nb_kaffine *a, const nb_kaffine *b) { return memcmp(a
  * element being written (so writing in place is safe)? Safe because code
  * generation computes every stored value of a loop iteration (all roots'
  * cones) before the iteration's first store, and the phases of a row
- * kernel before its stores (codegen_c.c emit_body, emit_tiled). */
+ * kernel before its stores (backend/cpu/codegen_c.c emit_body, emit_tiled). */
 static bool in_place_ok(const nb_jplan *p, const nb_jstep *st, uint32_t in, uint32_t out) {
   if (st->kind != NB_EXE_STEP_KERNEL) return false;
   const nb_kernel *k = &p->kernels[st->kernel];

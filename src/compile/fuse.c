@@ -6,10 +6,10 @@
  * value cannot be expressed in its consumer's kernel (a reshape that is not
  * affine, a reduction seen through a different index map, conflicting
  * reductions) it is materialized and fusion starts again. Not here: memory
- * offsets (buffers.c) or any target code (codegen_c.c). */
+ * offsets (buffers.c) or any target code (src/backend/). */
 #include <string.h>
 
-#include "compile/jit.h"
+#include "backend/backend.h"
 
 #define INLINE_COST_LIMIT 12 /* a value with several users is recomputed when its cone is this cheap */
 #define MAX_DEPTH 1500       /* recursion guard: longer inlined chains are cut */
@@ -816,7 +816,7 @@ static int build_steps(fz *f) {
     const nb_eqn *e = nb__graph_eqn(f->g, k);
     if (e->prim == NB_PRIM_constant) continue;
     if (!nb_jit__fusable(e)) {
-      bool blas = !f->cfg->off[NB_SW_blas] && nb_cpu__blas_supported(e); /* supported: a gemm primitive, float operands */
+      bool blas = !f->cfg->off[NB_SW_blas] && f->cfg->backend->library_supported(e); /* the backend runs it as a library call */
       int st = new_step(f, blas ? NB_EXE_STEP_BLAS : NB_EXE_STEP_EVAL, -1, e);
       if (st < 0) return ERR;
       for (int i = 0; i < e->nin; i++)

@@ -1,14 +1,16 @@
-/* nb_jit: reads the options, runs the passes in pipeline order (simplify,
- * fuse, assign buffers, generate C, build and load), keeps live executables
- * in a memory cache keyed by graph hash, options and context, and reports
- * what it did at the debug levels. Not here: running (runtime/exe.c). */
+/* nb_jit: reads the options (the backend among them), runs the passes in
+ * pipeline order (simplify, fuse, assign buffers) and has the backend compile
+ * the plan, keeps live executables in a memory cache keyed by graph hash,
+ * options and context, and reports what it did at the debug levels. Not
+ * here: generating or building code (src/backend/), running
+ * (runtime/exe.c). */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "compile/jit.h"
+#include "runtime/exe.h"
 #include "util/util.h"
 
 static const char *const switch_names[NB_SW_COUNT] = {
@@ -74,6 +76,12 @@ static nb_status make_config(nb_ctx *ctx, const nb_jit_opts *o, nb_jit_config *c
   memset(cfg, 0, sizeof *cfg);
   if (o && o->device.kind != NB_DEVICE_CPU)
     return nb_errorf(ctx, NB_ERR_UNIMPLEMENTED, "jit: only the CPU device is supported (got device kind %d)", (int)o->device.kind);
+  const char *env_backend = getenv("NABLA_BACKEND");
+  bool from_env = !(o && o->backend) && env_backend && *env_backend;
+  const char *backend = o && o->backend ? o->backend : from_env ? env_backend : "cpu";
+  if (!(cfg->backend = nb_backend__find(backend)))
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "jit: unknown backend '%s' in %s (known: %s)", backend,
+                     from_env ? "$NABLA_BACKEND" : "nb_jit_opts.backend", nb_backend__names());
   nb_status st = parse_switches(ctx, getenv("NABLA_JIT_DISABLE"), "NABLA_JIT_DISABLE", cfg);
   if (st == NB_OK && o) st = parse_switches(ctx, o->disable, "nb_jit_opts.disable", cfg);
   if (st != NB_OK) return st;
@@ -100,7 +108,7 @@ static nb_status cache_usage(nb_ctx *ctx, const char *cache_dir, bool clear, nb_
   nb_jit_config cfg;
   memset(&cfg, 0, sizeof cfg);
   nb_status st = cache_config(ctx, cache_dir, &cfg);
-  return st ? st : nb_cpu__cache_usage(ctx, &cfg, clear, out);
+  return st ? st : nb_backend__find("cpu")->cache_usage(ctx, &cfg, clear, out); /* the one backend with a disk cache */
 }
 
 nb_status nb_jit_cache_stat(nb_ctx *ctx, const char *cache_dir, nb_jit_cache_info *out) {
@@ -144,13 +152,13 @@ static void report(nb_exe *e) {
   if (e->cfg.debug < 1) return;
   nb_exe_stats s;
   nb_exe_get_stats(e, &s);
-  nb_logf(ctx, NB_LOG_INFO, "jit: %zu equations -> %zu steps (%zu kernels, %zu eval, %zu blas); arena %zu bytes, peak %zu bytes; %s%s (%.1f ms)",
-          nb_graph_num_eqns(e->graph), s.nsteps, s.nkernels, s.neval, s.nblas, s.arena_bytes, s.peak_bytes,
-          e->native ? e->src_path : "interpreter", e->native && e->from_cache ? " (from the disk cache)" : "", e->compile_ms);
+  nb_logf(ctx, NB_LOG_INFO, "jit: %zu equations -> %zu steps (%zu kernels, %zu eval, %zu blas) for backend %s; arena %zu bytes, peak %zu bytes; %s%s (%.1f ms)",
+          nb_graph_num_eqns(e->graph), s.nsteps, s.nkernels, s.neval, s.nblas, s.backend, s.arena_bytes, s.peak_bytes,
+          e->native ? e->build.source : "interpreter", e->native && e->build.from_cache ? " (from the disk cache)" : "", e->compile_ms);
   nb_logf(ctx, NB_LOG_INFO, "jit: compile phases: simplify %.1f ms, fuse %.1f ms (%d attempts), buffers %.1f ms, codegen %.1f ms, %s %.1f ms",
-          e->phase_ms[0], e->phase_ms[1], e->plan.fuse_attempts, e->phase_ms[2], e->phase_ms[3], e->from_cache ? "disk cache + load" : "C compiler + load",
+          e->phase_ms[0], e->phase_ms[1], e->plan.fuse_attempts, e->phase_ms[2], e->phase_ms[3], e->build.from_cache ? "disk cache + load" : "C compiler + load",
           e->phase_ms[4]);
-  if (s.nblas) nb_logf(ctx, NB_LOG_INFO, "jit: dot_general on %s", nb_jit_blas_core());
+  if (s.nblas && e->cfg.backend == nb_backend__find("cpu")) nb_logf(ctx, NB_LOG_INFO, "jit: dot_general on %s", nb_jit_blas_core());
   if (e->cfg.debug >= 3) {
     char *buf = NULL;
     size_t len = 0;
@@ -169,7 +177,8 @@ void nb_exe_print(const nb_exe *e, FILE *f) {
   const nb_jplan *p = &e->plan;
   fprintf(f, "optimized graph:\n");
   nb_graph_print(e->graph, f);
-  fprintf(f, "source: %s\n", e->native ? e->src_path : "(none: interpreter)");
+  fprintf(f, "backend: %s\n", e->cfg.backend->name);
+  fprintf(f, "source: %s\n", e->native ? e->build.source : "(none: interpreter)");
   for (int s = 0; s < p->nsteps; s++) {
     const nb_jstep *st = &p->steps[s];
     fprintf(f, "step %d %s: %zu eqns, %.3g flops, %.3g bytes, last %.3f ms", s, st->name, st->neqns, st->flops, st->bytes, st->last_ms);
@@ -188,38 +197,13 @@ void nb_exe_print(const nb_exe *e, FILE *f) {
 
 /* ---------------------------------------------------------------- pipeline */
 
-static nb_status build_native(nb_exe *e) {
-  nb_ctx *ctx = e->ctx;
-  nb_jit_text src = {ctx, NULL, 0, 0, false};
-  double t0 = nb_util__now_ms();
-  nb_status st = nb_jit__codegen_c(ctx, &e->plan, &src);
-  e->phase_ms[3] = nb_util__now_ms() - t0;
-  if (st != NB_OK) return st;
-  t0 = nb_util__now_ms();
-  char why[1600] = "";
-  if (!e->cfg.off[NB_SW_native] && e->plan.nkernels > 0) {
-    e->dl = nb_cpu__load(ctx, &e->cfg, src.s, src.n, e->src_path, sizeof e->src_path, &e->from_cache, why, sizeof why);
-    e->fns = e->dl ? nb_jit__alloc(&e->ar, sizeof(nb_kernel_fn) * (size_t)e->plan.nkernels) : NULL;
-    for (int k = 0; e->fns && k < e->plan.nkernels; k++) {
-      char name[32];
-      snprintf(name, sizeof name, "nbk_%d", k);
-      void *sym = nb_cpu__sym(e->dl, name);
-      memcpy(&e->fns[k], &sym, sizeof sym);
-      if (!sym) {
-        snprintf(why, sizeof why, "symbol %s missing from %s", name, e->src_path);
-        e->fns = NULL;
-      }
-    }
-    if (e->dl && !e->fns) {
-      nb_cpu__unload(e->dl);
-      e->dl = NULL;
-    }
-    if (!e->dl) nb_logf(ctx, NB_LOG_WARN, "jit: no native code (%s); this executable runs on the interpreter", why);
-  }
-  e->native = e->cfg.off[NB_SW_native] ? false : e->plan.nkernels == 0 || e->dl != NULL;
-  e->phase_ms[4] = nb_util__now_ms() - t0;
-  nb_jit__text_free(&src);
-  return NB_OK;
+/* The backend turns the plan into a module (NULL: run on the interpreter). */
+static nb_status build(nb_exe *e) {
+  nb_status st = e->cfg.backend->compile(e->ctx, &e->cfg, &e->plan, &e->mod, &e->build);
+  e->phase_ms[3] = e->build.codegen_ms;
+  e->phase_ms[4] = e->build.build_ms;
+  e->native = e->mod != NULL;
+  return st;
 }
 
 static nb_status compile(nb_exe *e, const nb_graph *g, const nb_jit_opts *o) {
@@ -246,15 +230,13 @@ static nb_status compile(nb_exe *e, const nb_graph *g, const nb_jit_opts *o) {
   if (st == NB_OK) st = nb_jit__assign_buffers(ctx, &e->plan, &e->cfg);
   e->phase_ms[1] = t2 - t1;
   e->phase_ms[2] = nb_util__now_ms() - t2;
-  if (st == NB_OK) st = build_native(e);
+  if (st == NB_OK) st = build(e);
   if (st != NB_OK) return st;
   for (int k = 0; k < e->plan.nkernels; k++)
     if (e->plan.kernels[k].nargs > e->max_args) e->max_args = e->plan.kernels[k].nargs;
-  bool blas = false;
-  for (int s = 0; s < e->plan.nsteps; s++) blas |= e->plan.steps[s].kind == NB_EXE_STEP_BLAS;
-  if (e->native && (e->plan.nkernels || blas)) { /* BLAS steps split batches over the pool */
-    e->pool = nb_rt__pool_get(e->cfg.threads);
-    if (!e->pool) return nb_errorf(ctx, NB_ERR_NOMEM, "jit: cannot start the thread pool");
+  for (int s = 0; s < e->plan.nsteps; s++) {
+    const nb_jstep *step = &e->plan.steps[s];
+    if (step->kind == NB_EXE_STEP_BLAS && step->eqn->nin + step->eqn->nout > e->max_args) e->max_args = step->eqn->nin + step->eqn->nout;
   }
   e->compile_ms = nb_util__now_ms() - t0;
   return NB_OK;

@@ -1,7 +1,9 @@
-/* Private to the compiler and runtime: the compile configuration, the
- * backend-neutral loop-nest IR of fused kernels, the plan (steps and
- * buffers) that the passes build in pipeline order, and the entry points of
- * each pass (simplify -> fuse -> buffers -> codegen) and of the runtime. */
+/* The plan, private to the compiler, its backends and the runtime: the
+ * compile configuration, the backend-neutral loop-nest IR of fused kernels,
+ * the plan (steps and buffers) that the passes build in pipeline order, and
+ * the entry points of each pass (simplify -> fuse -> buffers). A backend
+ * (backend/backend.h) turns a plan into code; the runtime (runtime/exe.h)
+ * runs its steps. */
 #ifndef NABLA_COMPILE_JIT_H
 #define NABLA_COMPILE_JIT_H
 
@@ -21,6 +23,7 @@ typedef enum nb_jit_switch {
 } nb_jit_switch;
 
 typedef struct nb_jit_config {
+  const struct nb_backend *backend; /* the target (backend/backend.h) */
   bool off[NB_SW_COUNT];
   int threads;
   int debug;
@@ -162,76 +165,5 @@ nb_status nb_jit__fuse(nb_ctx *ctx, nb_jplan *plan, const nb_jit_config *cfg);
 bool nb_jit__fusable(const nb_eqn *e);
 /* buffers.c: liveness, arena offsets, donation, the peak estimate. */
 nb_status nb_jit__assign_buffers(nb_ctx *ctx, nb_jplan *plan, const nb_jit_config *cfg);
-/* codegen_c.c: C source for every kernel of the plan (kernel i is the
- * function nbk_<i>(int64_t lo, int64_t hi, char *const *bufs) iterating
- * the flattened outer indices [lo, hi)). */
-nb_status nb_jit__codegen_c(nb_ctx *ctx, const nb_jplan *plan, nb_jit_text *out);
-
-/* ---------------------------------------------------------------- backend, runtime */
-
-typedef void (*nb_kernel_fn)(int64_t lo, int64_t hi, char *const *bufs);
-
-/* backend/cpu/cc.c: builds (or finds in the disk cache) the shared object
- * for `src` and loads it. Returns the dlopen handle or NULL with a reason in
- * why (not an error on ctx: the caller falls back). */
-void *nb_cpu__load(nb_ctx *ctx, const nb_jit_config *cfg, const char *src, size_t len, char *src_path, size_t path_cap,
-                   bool *from_cache, char *why, size_t whycap);
-void nb_cpu__unload(void *handle);
-/* Appends the disk cache's seal for key to the object file at path (what
- * nb_cpu__load checks before loading an entry). */
-bool nb_cpu__seal(const char *path, uint64_t key);
-/* What cfg's cache directory holds (and with clear, removes it). */
-nb_status nb_cpu__cache_usage(nb_ctx *ctx, const nb_jit_config *cfg, bool clear, nb_jit_cache_info *out);
-void *nb_cpu__sym(void *handle, const char *name);
-
-/* backend/cpu/blas.c: dot_general through cblas when the layout allows. */
-typedef struct nb_pool nb_pool;
-bool nb_cpu__blas_supported(const nb_eqn *e);
-/* Runs e on the buffers: batch items and tiles of each item's result, cut
- * by the shape alone (bit-identical at any thread count), on the pool with
- * OpenBLAS on one thread, so the two never oversubscribe the cores. NOMEM (+ error)
- * when the packing scratch cannot be allocated. */
-nb_status nb_cpu__blas_run(nb_ctx *ctx, nb_pool *pool, const nb_eqn *e, const void *lhs, const void *rhs, void *out);
-
-/* runtime/pool.c: a persistent thread pool shared by executables. */
-nb_pool *nb_rt__pool_get(int threads); /* a reference to the shared pool of that size; NULL on failure */
-void nb_rt__pool_put(nb_pool *p);
-/* Runs fn(arg, t) for t in [0, ntasks) on the pool and the calling thread;
- * returns when all are done. */
-void nb_rt__pool_run(nb_pool *p, int ntasks, void (*fn)(void *arg, int task), void *arg);
-int nb_rt__pool_threads(const nb_pool *p);
-int nb_rt__pool_participants(nb_pool *p); /* workers taking part now (fewer while it backs off) */
-
-/* ---------------------------------------------------------------- the executable */
-
-struct nb_exe {
-  nb_ctx *ctx;
-  int refs;               /* guarded by the memory cache's lock (compile/jit.c) */
-  uint64_t key;
-  nb_exe *link;           /* memory cache list */
-  nb_jit_config cfg;
-  nb_jit_arena ar;
-  nb_jplan plan;
-  nb_graph *graph;        /* the simplified graph (owned) */
-  void *dl;               /* shared object, NULL when interpreted */
-  nb_kernel_fn *fns;      /* per kernel */
-  bool native, from_cache, warned;
-  char src_path[1200];
-  nb_pool *pool;
-  double compile_ms;
-  double phase_ms[5];     /* simplify, fuse, buffers, codegen, C compiler or disk cache + load */
-  int max_args;
-  pthread_mutex_t mu;     /* guards the arena, the stats and `runs` */
-  void *arena;
-  size_t arena_cap;
-  uint64_t runs;
-};
-
-/* runtime/exe.c */
-nb_status nb_rt__run(nb_exe *e, nb_array *const *in, nb_array **out);
-/* Frees what nb_jit built (not the memory-cache entry). */
-void nb_rt__exe_free(nb_exe *e);
-/* Logs the per-step table of the last run at NB_LOG_INFO. */
-void nb_rt__log_steps(const nb_exe *e);
 
 #endif

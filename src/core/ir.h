@@ -110,6 +110,14 @@ typedef struct nb_prim_rules {
   nb_status (*eval)(nb_ctx *ctx, const nb_eqn *e, nb_array *const *in, nb_array **out);
   nb_status (*jvp)(nb_graph *g, const nb_eqn *e, nb_val *const *primals, nb_val *const *tangents,
                    nb_val *const *outs, nb_val **out_tangents);
+  /* Optional, used instead of jvp when some tangent is non-zero: emits the
+   * primal outputs too (into outs), for primitives whose linearization
+   * computes them anyway (scan and cond: a primal part that also returns the
+   * residuals, and a linear part over them), so that the primal equation is
+   * not emitted a second time. The primal outputs must not depend on the
+   * tangents (reverse mode splits the two parts). */
+  nb_status (*linearize)(nb_graph *g, const nb_eqn *e, nb_val *const *primals, nb_val *const *tangents, nb_val **outs,
+                         nb_val **out_tangents);
   /* For primitives linear in some operands: linear[i] marks them (their
    * entries in `in` are NULL); writes ct_in[i] for the linear ones. */
   nb_status (*transpose)(nb_graph *g, const nb_eqn *e, nb_val *const *in, const bool *linear,
@@ -209,6 +217,11 @@ nb_graph *nb__checked(nb_graph *g);
  * with the error on g's context). */
 nb_graph *nb__graph_dce(const nb_graph *g);
 
+/* print_params of a carried graph: "name=#<structural hash>", so that graphs
+ * calling different graphs print, hash and compare differently. Returns the
+ * snprintf count. */
+int nb__print_graph_param(char *buf, size_t cap, const char *name, const nb_graph *callee);
+
 /* Shape helpers for rules. */
 int nb__norm_axis(int axis, int rank); /* -1 when out of range */
 char *nb__avals_str(int n, const nb_aval *a, char *buf, size_t cap);
@@ -251,5 +264,31 @@ nb_status nb__jvp_into(nb_graph *dst, const nb_graph *src, nb_val *const *primal
  * seed_first, a cotangent of one for output 0. */
 nb_status nb__vjp_into(nb_graph *dst, const nb_graph *src, const bool *wrt, nb_val *const *primal_in,
                        nb_val *const *ct_out, bool seed_first, nb_val **primal_out, nb_val **ct_in);
+
+/* Partial evaluation of src's linearization (JAX's partial_eval of a jvp),
+ * with tangents for the inputs where tan_in[i] (float inputs only):
+ *   known:   src's inputs -> (src's outputs as primal/<i>, then the computed
+ *            residuals as residual/<r>)
+ *   lin:     (the nres residuals, then the tangents in input order) -> the
+ *            tangents of the outputs where want_out[i] (zeros where none)
+ *   hoisted: (the inputs where inv_in[i]) -> the loop-invariant residuals;
+ *            NULL when inv_in is NULL
+ * Residuals are the primal values that lin reads; res_input[r] says where
+ * residual r comes from: src's input i >= 0 when fwd_in[i] (passed as it
+ * is), NB__RES_HOISTED when it depends on inv_in inputs only (a scan's
+ * consts: computed once, before the loop), else NB__RES_COMPUTED (an output
+ * of known after src's, in order). Values with no operands (constants) are
+ * recomputed in lin rather than passed. tout_nonzero (may be NULL) receives
+ * which outputs have a non-zero tangent. On error, the context holds it and
+ * *out is empty. */
+enum { NB__RES_COMPUTED = -1, NB__RES_HOISTED = -2 };
+typedef struct nb__partial {
+  nb_graph *known, *lin, *hoisted;
+  int nres;
+  int *res_input; /* [nres] */
+} nb__partial;
+nb_status nb__partial_eval(nb_ctx *ctx, const nb_graph *src, const bool *tan_in, const bool *fwd_in, const bool *inv_in,
+                           const bool *want_out, bool *tout_nonzero, nb__partial *out);
+void nb__partial_free(nb_ctx *ctx, nb__partial *p);
 
 #endif

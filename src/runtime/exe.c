@@ -1,57 +1,18 @@
 /* Executables at run time: checks the inputs, binds buffers (inputs,
- * constants, the arena of intermediates, fresh or donated outputs), runs
- * the schedule (kernels split across the thread pool, other equations
- * through their reference implementation, dot_general through BLAS) and
- * records per-step times. Without native code it runs the optimized graph
- * on the interpreter. Not here: deciding any of the plan (src/compile/). */
+ * constants, the arena of intermediates, fresh or donated outputs) in the
+ * backend's memory, runs the schedule through the backend (kernels, library
+ * calls; other equations through their reference implementation, on the
+ * host) and records per-step times. Without a compiled module it runs the
+ * optimized graph on the interpreter. Not here: deciding any of the plan
+ * (src/compile/) or how a backend runs a step (src/backend/). */
 #include <pthread.h>
 #include <string.h>
 #include <time.h>
 
-#include "compile/jit.h"
+#include "runtime/exe.h"
 #include "util/util.h"
 
-/* elements of work per task below which splitting does not pay: at 32768 a
- * tiny model's decode ran at 0.87x its one-thread speed at two threads (the
- * split kernels' data moved between the cores), at 65536 1.00x, with the
- * tiny training step 0.5-2% slower (bench/pool_oversubscribed.sh) */
-#define MIN_TASK_WORK 65536
-
 static void noop_release(void *ud) { (void)ud; }
-
-/* ---------------------------------------------------------------- kernels */
-
-typedef struct launch {
-  nb_kernel_fn fn;
-  char *const *bufs;
-  int64_t total;
-  int ntasks;
-} launch;
-
-static void run_task(void *arg, int t) {
-  const launch *l = arg;
-  int64_t lo = l->total / l->ntasks * t + (t < l->total % l->ntasks ? t : l->total % l->ntasks);
-  int64_t hi = lo + l->total / l->ntasks + (t < l->total % l->ntasks ? 1 : 0);
-  l->fn(lo, hi, l->bufs);
-}
-
-static void run_kernel(nb_exe *e, const nb_kernel *k, nb_kernel_fn fn, char **ptr, char **args) {
-  for (int a = 0; a < k->nargs; a++) args[a] = ptr[k->args[a]];
-  int64_t total = 1, work = 1;
-  for (int v = 0; v < k->ro; v++) total *= k->dims[v];
-  for (int v = k->ro; v < k->ro + k->rr; v++) work *= k->dims[v];
-  if (total == 0) return;
-  int threads = nb_rt__pool_threads(e->pool);
-  int64_t by_work = total * (work ? work : 1) / MIN_TASK_WORK;
-  int64_t n = threads > 1 ? (by_work < 4 * (int64_t)threads ? by_work : 4 * (int64_t)threads) : 1;
-  if (n > total) n = total;
-  if (n <= 1) {
-    fn(0, total, args);
-    return;
-  }
-  launch l = {fn, args, total, (int)n};
-  nb_rt__pool_run(e->pool, (int)n, run_task, &l);
-}
 
 /* ---------------------------------------------------------------- reference steps */
 
@@ -66,6 +27,14 @@ static nb_array *view(nb_exe *e, const nb_val *v, char **ptr, nb_array *const *i
   return nb_array_wrap(e->ctx, v->aval.dtype, v->aval.shape.rank, v->aval.shape.dims, ptr[v->id], noop_release, NULL);
 }
 
+/* arr: q's inputs, then its outputs to fill */
+static nb_status eval_eqn(nb_ctx *ctx, const nb_eqn *q, nb_array **arr) {
+  nb_status st = nb__rules(q->prim)->eval(ctx, q, arr, arr + q->nin);
+  if (st != NB_OK && nb_ctx_status(ctx) == NB_OK)
+    nb_errorf(ctx, st, "%s failed at run time (traced at %s:%d)", nb__rules(q->prim)->name, q->loc.file ? q->loc.file : "?", q->loc.line);
+  return st;
+}
+
 static nb_status run_eval(nb_exe *e, const nb_eqn *q, char **ptr, nb_array *const *in, nb_array **out) {
   nb_ctx *ctx = e->ctx;
   int n = q->nin + q->nout;
@@ -74,11 +43,29 @@ static nb_status run_eval(nb_exe *e, const nb_eqn *q, char **ptr, nb_array *cons
   nb_status st = NB_OK;
   for (int i = 0; i < n && st == NB_OK; i++)
     if (!(arr[i] = view(e, i < q->nin ? q->in[i] : q->out[i - q->nin], ptr, in, out))) st = NB_ERR_NOMEM;
-  if (st == NB_OK) {
-    st = nb__rules(q->prim)->eval(ctx, q, arr, arr + q->nin);
-    if (st != NB_OK && nb_ctx_status(ctx) == NB_OK)
-      nb_errorf(ctx, st, "%s failed at run time (traced at %s:%d)", nb__rules(q->prim)->name, q->loc.file ? q->loc.file : "?", q->loc.line);
+  if (st == NB_OK) st = eval_eqn(ctx, q, arr);
+  for (int i = 0; i < n; i++) nb_array_release(arr[i]);
+  nb_dealloc(ctx, arr, sizeof(nb_array *) * (size_t)(n + 1));
+  return st;
+}
+
+/* The same on a backend whose memory is not the host's: the operands are
+ * copied into host arrays and the results back. */
+static nb_status run_eval_staged(nb_exe *e, const nb_eqn *q, char **ptr) {
+  nb_ctx *ctx = e->ctx;
+  const nb_backend *bk = e->cfg.backend;
+  int n = q->nin + q->nout;
+  nb_array **arr = nb_calloc(ctx, sizeof(nb_array *) * (size_t)(n + 1));
+  if (!arr) return NB_ERR_NOMEM;
+  nb_status st = NB_OK;
+  for (int i = 0; i < n && st == NB_OK; i++) {
+    const nb_val *v = i < q->nin ? q->in[i] : q->out[i - q->nin];
+    if (!(arr[i] = nb_array_empty(ctx, v->aval.dtype, v->aval.shape.rank, v->aval.shape.dims))) st = NB_ERR_NOMEM;
+    else if (i < q->nin) st = bk->to_host(ctx, nb_array_data_mut(arr[i]), ptr[v->id], nb_array_nbytes(arr[i]));
   }
+  if (st == NB_OK) st = eval_eqn(ctx, q, arr);
+  for (int i = q->nin; i < n && st == NB_OK; i++)
+    st = bk->to_device(ctx, ptr[q->out[i - q->nin]->id], nb_array_data(arr[i]), nb_array_nbytes(arr[i]));
   for (int i = 0; i < n; i++) nb_array_release(arr[i]);
   nb_dealloc(ctx, arr, sizeof(nb_array *) * (size_t)(n + 1));
   return st;
@@ -139,6 +126,12 @@ static nb_status bind_outputs(nb_exe *e, nb_array *const *in, nb_array **out) {
   return NB_OK;
 }
 
+/* intermediates of an in-place chain that ends in an output live in it */
+static void bind_aliases(nb_exe *e, char **ptr) {
+  for (size_t v = 0; v < e->plan.nvals; v++)
+    if (e->plan.bufs[v].cls == NB_BUF_TEMP && e->plan.bufs[v].alias >= 0) ptr[v] = ptr[e->plan.bufs[v].alias];
+}
+
 static void bind_pointers(nb_exe *e, char *arena, nb_array *const *in, nb_array **out, char **ptr) {
   for (size_t v = 0; v < e->plan.nvals; v++) {
     const nb_jbuf *b = &e->plan.bufs[v];
@@ -150,25 +143,66 @@ static void bind_pointers(nb_exe *e, char *arena, nb_array *const *in, nb_array 
     default: ptr[v] = NULL; break;
     }
   }
-  /* intermediates of an in-place chain that ends in an output live in it */
-  for (size_t v = 0; v < e->plan.nvals; v++)
-    if (e->plan.bufs[v].cls == NB_BUF_TEMP && e->plan.bufs[v].alias >= 0) ptr[v] = ptr[e->plan.bufs[v].alias];
+  bind_aliases(e, ptr);
+}
+
+#define ALIGN64(n) (((n) + 63) & ~(size_t)63)
+
+/* On a backend whose memory is not the host's, inputs, constants and
+ * outputs get device buffers (one allocation, *io) in place of the host
+ * pointers in ptr, and inputs and constants are copied in. */
+static nb_status bind_device(nb_exe *e, char **ptr, char **io, size_t *io_bytes) {
+  const nb_backend *bk = e->cfg.backend;
+  size_t total = 0;
+  for (size_t v = 0; v < e->plan.nvals; v++) {
+    nb_buf_class c = e->plan.bufs[v].cls;
+    if (c == NB_BUF_INPUT || c == NB_BUF_CONST || c == NB_BUF_OUTPUT) total += ALIGN64(e->plan.bufs[v].nbytes);
+  }
+  if (total && !(*io = bk->alloc(e->ctx, total))) return nb_ctx_status(e->ctx) ? nb_ctx_status(e->ctx) : NB_ERR_NOMEM;
+  *io_bytes = total;
+  nb_status st = NB_OK;
+  size_t off = 0;
+  for (size_t v = 0; v < e->plan.nvals && st == NB_OK; v++) {
+    const nb_jbuf *b = &e->plan.bufs[v];
+    if (b->cls != NB_BUF_INPUT && b->cls != NB_BUF_CONST && b->cls != NB_BUF_OUTPUT) continue;
+    char *d = *io + off;
+    if (b->cls != NB_BUF_OUTPUT) st = bk->to_device(e->ctx, d, ptr[v], b->nbytes);
+    ptr[v] = d;
+    off += ALIGN64(b->nbytes);
+  }
+  bind_aliases(e, ptr);
+  return st;
+}
+
+/* ... and the outputs come back once the steps are done. */
+static nb_status copy_outputs(nb_exe *e, char **ptr, nb_array **out) {
+  nb_status st = NB_OK;
+  for (size_t v = 0; v < e->plan.nvals && st == NB_OK; v++) {
+    const nb_jbuf *b = &e->plan.bufs[v];
+    if (b->cls == NB_BUF_OUTPUT) st = e->cfg.backend->to_host(e->ctx, nb_array_data_mut(out[b->index]), ptr[v], b->nbytes);
+  }
+  return st;
 }
 
 static nb_status run_steps(nb_exe *e, char **ptr, char **args, nb_array *const *in, nb_array **out, double *ms) {
+  const nb_backend *bk = e->cfg.backend;
   nb_status st = NB_OK;
   for (int s = 0; s < e->plan.nsteps && st == NB_OK; s++) {
     const nb_jstep *step = &e->plan.steps[s];
+    const nb_eqn *q = step->eqn;
     double t0 = nb_util__now_ms();
     switch (step->kind) {
-    case NB_EXE_STEP_KERNEL:
-      run_kernel(e, &e->plan.kernels[step->kernel], e->fns[step->kernel], ptr, args);
+    case NB_EXE_STEP_KERNEL: {
+      const nb_kernel *k = &e->plan.kernels[step->kernel];
+      for (int a = 0; a < k->nargs; a++) args[a] = ptr[k->args[a]];
+      st = bk->launch(e->ctx, e->mod, step->kernel, args);
       break;
+    }
     case NB_EXE_STEP_BLAS:
-      st = nb_cpu__blas_run(e->ctx, e->pool, step->eqn, ptr[step->eqn->in[0]->id], ptr[step->eqn->in[1]->id],
-                            ptr[step->eqn->out[0]->id]);
+      for (int i = 0; i < q->nin + q->nout; i++) args[i] = ptr[(i < q->nin ? q->in[i] : q->out[i - q->nin])->id];
+      st = bk->library(e->ctx, e->mod, q, args);
       break;
-    default: st = run_eval(e, step->eqn, ptr, in, out); break;
+    default: st = bk->host_memory ? run_eval(e, q, ptr, in, out) : run_eval_staged(e, q, ptr); break;
     }
     ms[s] = nb_util__now_ms() - t0;
   }
@@ -179,6 +213,7 @@ static nb_status run_steps(nb_exe *e, char **ptr, char **args, nb_array *const *
 
 static nb_status run_native(nb_exe *e, nb_array *const *in, nb_array **out) {
   nb_ctx *ctx = e->ctx;
+  const nb_backend *bk = e->cfg.backend;
   size_t nout = nb_graph_num_outputs(e->graph), nv = e->plan.nvals;
   size_t nargs = (size_t)e->max_args + 1, nsteps = (size_t)e->plan.nsteps + 1;
   char **ptr = nb_calloc(ctx, sizeof(char *) * (nv + 1));
@@ -191,18 +226,24 @@ static nb_status run_native(nb_exe *e, nb_array *const *in, nb_array **out) {
   char *arena = NULL;
   size_t need = e->plan.arena_bytes;
   if (st == NB_OK && own && e->arena_cap < need) {
-    nb_dealloc(ctx, e->arena, e->arena_cap);
-    e->arena = nb_alloc(ctx, need);
+    bk->free(ctx, e->arena, e->arena_cap);
+    e->arena = bk->alloc(ctx, need);
     e->arena_cap = e->arena ? need : 0;
   }
-  if (st == NB_OK) arena = own ? e->arena : need ? nb_alloc(ctx, need) : NULL;
+  if (st == NB_OK) arena = own ? e->arena : need ? bk->alloc(ctx, need) : NULL;
   if (st == NB_OK && need && !arena) st = NB_ERR_NOMEM;
+  char *io = NULL;
+  size_t io_bytes = 0;
   if (st == NB_OK) {
     bind_pointers(e, arena, in, out, ptr);
-    st = run_steps(e, ptr, args, in, out, ms);
+    if (!bk->host_memory) st = bind_device(e, ptr, &io, &io_bytes);
   }
+  if (st == NB_OK) st = run_steps(e, ptr, args, in, out, ms);
+  if (st == NB_OK) st = bk->synchronize(ctx, e->mod);
+  if (st == NB_OK && !bk->host_memory) st = copy_outputs(e, ptr, out);
+  if (io) bk->free(ctx, io, io_bytes);
   if (!own) {
-    nb_dealloc(ctx, arena, need);
+    bk->free(ctx, arena, need);
     pthread_mutex_lock(&e->mu);
   }
   for (int s = 0; st == NB_OK && s < e->plan.nsteps; s++) {
@@ -279,7 +320,8 @@ void nb_exe_get_stats(const nb_exe *e, nb_exe_stats *s) {
     s->nblas += k == NB_EXE_STEP_BLAS;
   }
   s->native = e->native;
-  s->from_disk_cache = e->from_cache;
+  s->from_disk_cache = e->build.from_cache;
+  s->backend = e->cfg.backend ? e->cfg.backend->name : NULL;
   s->compile_ms = e->compile_ms;
   s->runs = e->runs;
 }
@@ -295,7 +337,7 @@ nb_status nb_exe_step(const nb_exe *e, size_t i, nb_exe_step_info *out) {
   return NB_OK;
 }
 
-const char *nb_exe_source_path(const nb_exe *e) { return e && e->native && e->dl ? e->src_path : NULL; }
+const char *nb_exe_source_path(const nb_exe *e) { return e && e->native && e->build.source[0] ? e->build.source : NULL; }
 const nb_graph *nb_exe_graph(const nb_exe *e) { return e ? e->graph : NULL; }
 
 void nb_rt__log_steps(const nb_exe *e) {
@@ -309,10 +351,9 @@ void nb_rt__log_steps(const nb_exe *e) {
 
 void nb_rt__exe_free(nb_exe *e) {
   nb_ctx *ctx = e->ctx;
-  nb_rt__pool_put(e->pool);
-  nb_cpu__unload(e->dl);
+  if (e->mod) e->cfg.backend->release(e->mod);
   nb_graph_destroy(e->graph);
-  nb_dealloc(ctx, e->arena, e->arena_cap);
+  if (e->arena) e->cfg.backend->free(ctx, e->arena, e->arena_cap);
   nb_jit__arena_free(&e->ar);
   pthread_mutex_destroy(&e->mu);
   nb_dealloc(ctx, e, sizeof *e);

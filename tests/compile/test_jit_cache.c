@@ -16,7 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "compile/jit.h"
+#include "backend/cpu/cpu.h"
 #include "jitcheck.h"
 
 static char root[512];

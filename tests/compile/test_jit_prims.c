@@ -1,7 +1,8 @@
 /* Every row of the primitive table (tests/lib/cases_*.c) through nb_jit
  * against the interpreter, with optimizations on and all off: fused
  * primitives through generated kernels, the others through their reference
- * implementation inside the executable. All rows are inlined into one graph
+ * implementation inside the executable; on the cpu backend and on the
+ * interp backend (src/backend/interp). All rows are inlined into one graph
  * (one shared object). The families come from tests/lib/cases_all.c. */
 #include "jitcheck.h"
 
@@ -47,14 +48,19 @@ int main(void) {
   }
   CHECK_MSG(nb_graph_status(all) == NB_OK, "%s", nb_graph_error(all));
   static const char *const modes[] = {NULL, "all"};
-  for (int m = 0; m < 2; m++) {
-    nb_jit_opts o = nb_test_jit_opts(modes[m]);
-    nb_exe_stats s;
-    CHECK(nb_test_jit_matches(ctx, all, inputs, &o, modes[m] ? "table, all off" : "table", &s));
-    CHECK(s.native && s.nkernels > 10 && s.neval > 0);
-    const char *env = getenv("NABLA_JIT_DISABLE"); /* may turn blas off for the whole suite */
-    if (!modes[m] && !(env && *env)) CHECK_MSG(s.nblas > 0, "dot_general rows use BLAS");
-  }
+  static const char *const backends[] = {"cpu", "interp"}; /* interp: the plan behind the backend interface */
+  for (int b = 0; b < 2; b++)
+    for (int m = 0; m < 2; m++) {
+      nb_jit_opts o = nb_test_jit_opts(modes[m]);
+      o.backend = backends[b];
+      nb_exe_stats s;
+      char what[64];
+      snprintf(what, sizeof what, "table on %s%s", backends[b], modes[m] ? ", all off" : "");
+      CHECK_MSG(nb_test_jit_matches(ctx, all, inputs, &o, what, &s), "%s", what);
+      CHECK(s.native && s.nkernels > 10 && s.neval > 0);
+      const char *env = getenv("NABLA_JIT_DISABLE"); /* may turn blas off for the whole suite */
+      if (!modes[m] && !(env && *env)) CHECK_MSG(s.nblas > 0, "dot_general rows use BLAS");
+    }
   printf("test_jit_prims: %d rows\n", rows);
   nb_graph_destroy(all);
   nb_tree_destroy(inputs);

@@ -7,7 +7,7 @@
  * batch dim) or when BLAS has no routine for the dtype (f16, bf16) the
  * operand is packed once into a contiguous f32/f64 scratch, converting as
  * it goes. A result of another dtype is computed in f32/f64 and converted.
- * Every product is cut into tiles by its shape alone, run on the runtime's
+ * Every product is cut into tiles by its shape alone, run on the thread
  * pool with OpenBLAS on one thread inside each (set process-wide), so that
  * results do not depend on the thread count (OpenBLAS's own threads are
  * never used). Which OpenBLAS kernels, and its idle threads: nb_jit_blas_core. Not here: integer dots (the reference
@@ -19,7 +19,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "compile/jit.h"
+#include "backend/cpu/cpu.h"
 #ifdef NABLA_HAVE_CBLAS
 #include <cblas.h>
 #endif
@@ -324,11 +324,11 @@ static void pack(const dot_plan *p, operand *o, nb_dtype ct, char *dst, int64_t 
   pack_job j = {p, o, ct, dst, cols_inner ? ro : co, cols_inner ? co : ro, cols_inner ? o->rows : o->cols,
                 cols_inner ? o->cols : o->rows, 0, 1};
   j.units = p->batch * j.R;
-  int64_t threads = nb_rt__pool_threads(pool), by_work = j.units * j.C / PACK_TASK_ELEMS;
+  int64_t threads = nb_cpu__pool_threads(pool), by_work = j.units * j.C / PACK_TASK_ELEMS;
   j.ntasks = by_work < TASKS_PER_THREAD * threads ? by_work : TASKS_PER_THREAD * threads;
   if (j.ntasks > j.units) j.ntasks = j.units;
   if (j.ntasks <= 1) pack_rows(&j, 0, j.units);
-  else nb_rt__pool_run(pool, (int)j.ntasks, pack_task, &j);
+  else nb_cpu__pool_run(pool, (int)j.ntasks, pack_task, &j);
   int64_t item = o->rows * o->cols;
   o->base = dst;
   o->dt = ct;
@@ -343,7 +343,7 @@ static void pack(const dot_plan *p, operand *o, nb_dtype ct, char *dst, int64_t 
 
 /* Every product is cut into tiles of its result by its shape alone, never by
  * the number of threads, and each tile is one sgemm/dgemm on one OpenBLAS
- * thread, run on the runtime's pool. A tile's elements are then computed by
+ * thread, run on the thread pool. A tile's elements are then computed by
  * the same call whatever the thread count, so results are bit-identical at
  * 1, 2 or N threads: OpenBLAS's own results depend on how a product is split
  * (its edge kernels sum in another order; its threaded path splits by the
@@ -424,7 +424,7 @@ static void run_gemms(gemm_job *j, nb_pool *pool) {
   if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
   int64_t ntasks = j->p->batch * j->tm * j->tn;
   for (j->first = 0; j->first < ntasks; j->first += INT32_MAX) /* pool task indices are ints */
-    nb_rt__pool_run(pool, (int)(ntasks - j->first < INT32_MAX ? ntasks - j->first : INT32_MAX), gemm_task, j);
+    nb_cpu__pool_run(pool, (int)(ntasks - j->first < INT32_MAX ? ntasks - j->first : INT32_MAX), gemm_task, j);
 }
 
 static void convert_out(const dot_plan *p, const char *src, void *out) {

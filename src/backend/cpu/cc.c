@@ -18,7 +18,7 @@
  * under a size limit by evicting the least recently used entries (a hit
  * touches the entry's mtime). A large source is split at kernel boundaries
  * into parts compiled in parallel (one per CPU), then linked. Not here:
- * what the source says (compile/codegen_c.c). */
+ * what the source says (codegen_c.c). */
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
@@ -38,7 +38,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "compile/jit.h"
+#include "backend/cpu/cpu.h"
 #include "util/util.h"
 
 extern char **environ;

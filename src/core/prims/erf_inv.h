@@ -1,7 +1,7 @@
 /* erf^-1 in double precision, within an ulp of the correctly rounded value
  * over all of (-1, 1) (checked against mpmath in tests/core/test_numerics.c).
  * One definition for the interpreter (prims/unary.c) and for the generated
- * C (compile/codegen_c.c stringizes it into its prelude), so compiled and
+ * C (backend/cpu/codegen_c.c stringizes it into its prelude), so compiled and
  * interpreted results agree bit for bit.
  *
  * An initial guess (Giles' single-precision rational approximation, good to

@@ -131,4 +131,34 @@ typedef struct nb_barrier_params { /* identity that is never merged or folded */
   uint64_t nonce;
 } nb_barrier_params;
 
+/* Control flow (control.c). Operands are consts first, then carry, then xs,
+ * as in JAX; the carried graphs are held by the equation (hold_params) and
+ * take their inputs in that order. */
+/* cond(index, ops...) -> branches[clamp(index, 0, nbranches - 1)](ops...):
+ * index is an i32 scalar; every branch has the same signature.
+ * NB_COND_MAX_BRANCHES is in nabla/core.h. */
+typedef struct nb_cond_params {
+  int nbranches;
+  const nb_graph *branches[NB_COND_MAX_BRANCHES];
+} nb_cond_params;
+
+/* while_loop(cond consts, body consts, carry) -> carry: while
+ * cond(cond consts, carry) (a bool scalar), carry = body(body consts, carry). */
+typedef struct nb_while_params {
+  const nb_graph *cond, *body;
+  int ncond_consts, nbody_consts;
+} nb_while_params;
+
+/* scan(consts, carry, xs) -> (carry, ys): for t in [0, length) (from the end
+ * when reverse), (carry, y_t) = body(consts, carry, x_t), where x_t is row t
+ * of each xs (leading dimension `length`) and ys stack the y_t. unroll is a
+ * hint to compilers (iterations per trip); it does not change the result. */
+typedef struct nb_scan_params {
+  const nb_graph *body;
+  int64_t length;
+  int nconsts, ncarry;
+  bool reverse;
+  int unroll;
+} nb_scan_params;
+
 #endif

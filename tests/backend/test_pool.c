@@ -14,7 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "compile/jit.h"
+#include "backend/cpu/cpu.h"
 #include "test.h"
 
 typedef struct region {
@@ -40,7 +40,7 @@ static void task(void *arg, int t) {
 static bool run_once(nb_pool *p, int ntasks, bool slow) {
   region r = {.ntasks = ntasks, .slow = slow};
   for (int i = 0; i < 64; i++) atomic_store(&r.hits[i], 0);
-  nb_rt__pool_run(p, ntasks, task, &r);
+  nb_cpu__pool_run(p, ntasks, task, &r);
   for (int i = 0; i < 64; i++)
     if (atomic_load(&r.hits[i]) != (i < ntasks)) return false;
   return true;
@@ -82,9 +82,9 @@ static void *watchdog(void *arg) {
 /* The worker of a 2-thread pool is stopped inside a signal handler (as if
  * descheduled); a region of 200 tasks must return without it. */
 static void test_stalled_worker(void) {
-  nb_pool *p = nb_rt__pool_get(2);
+  nb_pool *p = nb_cpu__pool_get(2);
   main_thread = pthread_self();
-  for (int i = 0; i < 200 && !atomic_load(&worker_seen); i++) nb_rt__pool_run(p, 8, note_worker, NULL);
+  for (int i = 0; i < 200 && !atomic_load(&worker_seen); i++) nb_cpu__pool_run(p, 8, note_worker, NULL);
   CHECK_MSG(atomic_load(&worker_seen), "no task ran on the worker");
   if (!atomic_load(&worker_seen)) return;
   struct sigaction sa = {.sa_handler = stall};
@@ -106,7 +106,7 @@ static void test_stalled_worker(void) {
   CHECK_MSG(in_time, "regions waited for the stalled worker (201 regions took over 2 s)");
   printf("201 regions with the worker stalled: %.1f ms\n", ms);
   CHECK(run_once(p, 64, true)); /* the worker is back */
-  nb_rt__pool_put(p);
+  nb_cpu__pool_put(p);
 }
 
 /* ---------------------------------------------------------------- back-off */
@@ -128,32 +128,32 @@ static void maybe_slow(void *arg, int t) {
 }
 
 static void test_backoff(void) {
-  nb_pool *p = nb_rt__pool_get(2);
+  nb_pool *p = nb_cpu__pool_get(2);
   main_thread = pthread_self();
-  CHECK(nb_rt__pool_participants(p) == 1);
+  CHECK(nb_cpu__pool_participants(p) == 1);
   atomic_store(&worker_sleeps, true);
   atomic_store(&on_worker, 0);
-  for (int i = 0; i < 20 && atomic_load(&on_worker) == 0; i++) nb_rt__pool_run(p, 8, maybe_slow, NULL);
+  for (int i = 0; i < 20 && atomic_load(&on_worker) == 0; i++) nb_cpu__pool_run(p, 8, maybe_slow, NULL);
   atomic_store(&worker_sleeps, false);
   CHECK_MSG(atomic_load(&on_worker) > 0, "the worker never took a task");
-  CHECK_MSG(nb_rt__pool_participants(p) == 0, "the pool did not back off after a worker held a task for 20 ms");
+  CHECK_MSG(nb_cpu__pool_participants(p) == 0, "the pool did not back off after a worker held a task for 20 ms");
   atomic_store(&on_worker, 0);
   double t0 = now_ms();
-  for (int i = 0; i < 50; i++) nb_rt__pool_run(p, 8, maybe_slow, NULL);
+  for (int i = 0; i < 50; i++) nb_cpu__pool_run(p, 8, maybe_slow, NULL);
   if (now_ms() - t0 < 15) /* still inside the first back-off (20 ms) */
     CHECK_MSG(atomic_load(&on_worker) == 0, "%d tasks ran on the worker while backed off", atomic_load(&on_worker));
   pause_ms(30);
   atomic_store(&on_worker, 0);
-  nb_rt__pool_run(p, 8, maybe_slow, NULL); /* the probe (the worker may straggle again on a loaded machine) */
-  CHECK_MSG(nb_rt__pool_participants(p) == 1 || atomic_load(&on_worker) > 0, "no probe with the worker after the back-off");
-  nb_rt__pool_put(p);
+  nb_cpu__pool_run(p, 8, maybe_slow, NULL); /* the probe (the worker may straggle again on a loaded machine) */
+  CHECK_MSG(nb_cpu__pool_participants(p) == 1 || atomic_load(&on_worker) > 0, "no probe with the worker after the back-off");
+  nb_cpu__pool_put(p);
 }
 
 int main(void) {
   for (int threads = 1; threads <= 4; threads++) {
-    nb_pool *p = nb_rt__pool_get(threads), *q = nb_rt__pool_get(threads);
+    nb_pool *p = nb_cpu__pool_get(threads), *q = nb_cpu__pool_get(threads);
     CHECK_MSG(p && p == q, "%d threads: one shared pool", threads);
-    CHECK(nb_rt__pool_threads(p) == threads);
+    CHECK(nb_cpu__pool_threads(p) == threads);
     int bad = 0;
     for (int i = 0; i < 3000; i++) /* back to back: workers are still spinning */
       bad += !run_once(p, 2 + i % 63, i % 50 == 0);
@@ -164,11 +164,11 @@ int main(void) {
       bad += !run_once(q, 2 + i % 7, true);
     }
     CHECK_MSG(bad == 0, "%d threads, after pauses: %d regions lost or repeated a task", threads, bad);
-    nb_rt__pool_put(q);
+    nb_cpu__pool_put(q);
     CHECK(run_once(p, 64, false)); /* still alive while one reference is held */
-    nb_rt__pool_put(p);
+    nb_cpu__pool_put(p);
   }
   test_stalled_worker();
   test_backoff();
-  return nb_test_summary("runtime/test_pool");
+  return nb_test_summary("backend/test_pool");
 }

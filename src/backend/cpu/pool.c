@@ -25,13 +25,13 @@
  * condition variable: waking a sleeping thread costs tens of microseconds on
  * a VM (the idle vCPU is descheduled), which dominated small steps, while a
  * short spin does not compete with other work for long. Not here: how work
- * is split into tasks (runtime/exe.c). */
+ * is split into tasks (backend/cpu/cpu.c, blas.c). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <time.h>
 
-#include "compile/jit.h"
+#include "backend/cpu/cpu.h"
 #include "util/util.h"
 
 #define SPIN_ITERS 2000
@@ -60,7 +60,7 @@ struct nb_pool {
   /* The current region: its generation in the high 32 bits, the next
    * unclaimed task in the low 32 (CLOSED between regions). A task is claimed
    * by a compare-and-swap of this word, so only while the region that fn,
-   * arg and ntasks were read for is open: see nb_rt__pool_run and work. */
+   * arg and ntasks were read for is open: see nb_cpu__pool_run and work. */
   _Atomic uint64_t claim;
   uint32_t gen;        /* generations published so far (under run_mu) */
   _Atomic task_fn fn;
@@ -192,7 +192,7 @@ static nb_pool *pool_new(int threads) {
   return p;
 }
 
-nb_pool *nb_rt__pool_get(int threads) {
+nb_pool *nb_cpu__pool_get(int threads) {
   if (threads < 1) threads = 1;
   pthread_mutex_lock(&registry_mu);
   nb_pool *p = registry;
@@ -206,7 +206,7 @@ nb_pool *nb_rt__pool_get(int threads) {
   return p;
 }
 
-void nb_rt__pool_put(nb_pool *p) {
+void nb_cpu__pool_put(nb_pool *p) {
   if (!p) return;
   pthread_mutex_lock(&registry_mu);
   bool last = --p->refs == 0;
@@ -220,7 +220,7 @@ void nb_rt__pool_put(nb_pool *p) {
   if (last) pool_free(p);
 }
 
-int nb_rt__pool_threads(const nb_pool *p) { return p ? p->nthreads : 1; }
+int nb_cpu__pool_threads(const nb_pool *p) { return p ? p->nthreads : 1; }
 
 /* After a region of ntasks, of which the caller ran own_tasks in own_ms and
  * then waited wait_ms: back off when the balance of the workers' help is
@@ -241,7 +241,7 @@ static void adapt(nb_pool *p, int ntasks, double own_ms, int own_tasks, double w
   }
 }
 
-int nb_rt__pool_participants(nb_pool *p) {
+int nb_cpu__pool_participants(nb_pool *p) {
   if (!p) return 0;
   pthread_mutex_lock(&p->run_mu);
   int n = p->participants;
@@ -249,7 +249,7 @@ int nb_rt__pool_participants(nb_pool *p) {
   return n;
 }
 
-void nb_rt__pool_run(nb_pool *p, int ntasks, void (*fn)(void *arg, int task), void *arg) {
+void nb_cpu__pool_run(nb_pool *p, int ntasks, void (*fn)(void *arg, int task), void *arg) {
   if (!p || p->nworkers == 0 || ntasks <= 1) {
     for (int t = 0; t < ntasks; t++) fn(arg, t);
     return;

@@ -1,6 +1,5 @@
-/* Pass 4, C code generation: one C function per kernel of the plan, from
- * the loop-nest IR (the only CPU-specific part of the compiler besides
- * backend/cpu). Each function walks a range of the flattened outer space,
+/* The CPU backend's code generation: one C function per kernel of the plan,
+ * from the loop-nest IR. Each function walks a range of the flattened outer space,
  * one contiguous run of the innermost outer loop at a time (the loop the C
  * compiler vectorizes), with the phase loops of row kernels nested inside.
  * Arithmetic follows the interpreter's rules (integer wrap-around, x/0, NaN
@@ -11,7 +10,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "compile/jit.h"
+#include "backend/cpu/cpu.h"
 #include "core/prims/erf_inv.h"
 
 static const char prelude[] =
@@ -742,7 +741,7 @@ static uint64_t text_hash(const nb_jit_text *t) {
 /* Kernels with the same body (every layer of a model has the same ones)
  * are compiled once: the others call it, which keeps compile time flat in
  * the number of layers. */
-nb_status nb_jit__codegen_c(nb_ctx *ctx, const nb_jplan *p, nb_jit_text *out) {
+nb_status nb_cpu__codegen_c(nb_ctx *ctx, const nb_jplan *p, nb_jit_text *out) {
   int maxn = 1, maxs = 1, nk = p->nkernels;
   for (int ki = 0; ki < nk; ki++) {
     maxn = p->kernels[ki].nnodes + 1 > maxn ? p->kernels[ki].nnodes + 1 : maxn;

@@ -1,0 +1,17 @@
+/* The backends nabla is built with, found by name (nb_jit_opts.backend,
+ * $NABLA_BACKEND). */
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu.h"
+#include "backend/interp/interp.h"
+
+static const nb_backend *const backends[] = {&nb_cpu__backend, &nb_interp__backend};
+
+const nb_backend *nb_backend__find(const char *name) {
+  for (size_t i = 0; name && i < sizeof backends / sizeof backends[0]; i++)
+    if (strcmp(backends[i]->name, name) == 0) return backends[i];
+  return NULL;
+}
+
+const char *nb_backend__names(void) { return "cpu, interp"; }

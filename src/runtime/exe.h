@@ -1,0 +1,40 @@
+/* The executable, private to the compiler driver (compile/jit.c) and the
+ * runtime (runtime/exe.c): the plan nb_jit built, the backend module it was
+ * compiled into, and what running it needs. */
+#ifndef NABLA_RUNTIME_EXE_H
+#define NABLA_RUNTIME_EXE_H
+
+#include <pthread.h>
+
+#include "backend/backend.h"
+#include "compile/jit.h"
+
+struct nb_exe {
+  nb_ctx *ctx;
+  int refs;               /* guarded by the memory cache's lock (compile/jit.c) */
+  uint64_t key;
+  nb_exe *link;           /* memory cache list */
+  nb_jit_config cfg;
+  nb_jit_arena ar;
+  nb_jplan plan;
+  nb_graph *graph;        /* the simplified graph (owned) */
+  nb_backend_module *mod; /* the plan compiled by cfg.backend; NULL: the graph runs on the interpreter */
+  nb_backend_build build;
+  bool native;            /* mod != NULL */
+  double compile_ms;
+  double phase_ms[5];     /* simplify, fuse, buffers, codegen, C compiler or disk cache + load */
+  int max_args;           /* the most device pointers one step takes */
+  pthread_mutex_t mu;     /* guards the arena, the stats and `runs` */
+  void *arena;
+  size_t arena_cap;
+  uint64_t runs;
+};
+
+/* runtime/exe.c */
+nb_status nb_rt__run(nb_exe *e, nb_array *const *in, nb_array **out);
+/* Frees what nb_jit built (not the memory-cache entry). */
+void nb_rt__exe_free(nb_exe *e);
+/* Logs the per-step table of the last run at NB_LOG_INFO. */
+void nb_rt__log_steps(const nb_exe *e);
+
+#endif
