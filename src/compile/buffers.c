@@ -179,6 +179,7 @@ static bool same_map(const nb_kaffine *a, const nb_kaffine *b) { return memcmp(a
  * cones) before the iteration's first store, and the phases of a row
  * kernel before its stores (codegen_c.c emit_body, emit_tiled). */
 static bool in_place_ok(const nb_jplan *p, const nb_jstep *st, uint32_t in, uint32_t out) {
+  if (st->kind == NB_EXE_STEP_CONTROL) return nb_jit__control_in_place_ok(st, in, out);
   if (st->kind != NB_EXE_STEP_KERNEL) return false;
   const nb_kernel *k = &p->kernels[st->kernel];
   int ain = -1, aout = -1;

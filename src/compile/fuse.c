@@ -817,7 +817,8 @@ static int build_steps(fz *f) {
     if (e->prim == NB_PRIM_constant) continue;
     if (!nb_jit__fusable(e)) {
       bool blas = !f->cfg->off[NB_SW_blas] && nb_cpu__blas_supported(e); /* supported: a gemm primitive, float operands */
-      int st = new_step(f, blas ? NB_EXE_STEP_BLAS : NB_EXE_STEP_EVAL, -1, e);
+      nb_exe_step_kind kind = nb_jit__is_control(e) ? NB_EXE_STEP_CONTROL : blas ? NB_EXE_STEP_BLAS : NB_EXE_STEP_EVAL;
+      int st = new_step(f, kind, -1, e);
       if (st < 0) return ERR;
       for (int i = 0; i < e->nin; i++)
         if (!add_dep(f, st, f->step_of[e->in[i]->id])) return ERR;

@@ -133,6 +133,7 @@ typedef struct nb_jstep {
                            * time, unless a donated input was not taken: then eval copies) */
   char name[40];
   double last_ms, total_ms;
+  struct nb_jcontrol *control; /* CONTROL: the compiled bodies (compile/control.c) */
 } nb_jstep;
 
 typedef struct nb_jplan {
@@ -200,6 +201,26 @@ void nb_rt__pool_run(nb_pool *p, int ntasks, void (*fn)(void *arg, int task), vo
 int nb_rt__pool_threads(const nb_pool *p);
 int nb_rt__pool_participants(nb_pool *p); /* workers taking part now (fewer while it backs off) */
 
+/* ---------------------------------------------------------------- control flow */
+
+/* compile/control.c: cond, while_loop and scan become one CONTROL step each
+ * that owns its bodies compiled through this same pipeline (sub-executables
+ * with their own plans), run as a loop or a branch by runtime/control.c. */
+typedef struct nb_jcontrol nb_jcontrol;
+bool nb_jit__is_control(const nb_eqn *e);
+/* Compiles the bodies of every CONTROL step of e's plan (recursively). */
+nb_status nb_jit__control_compile(nb_exe *e);
+void nb_jit__control_free(nb_exe *e);
+/* Prints the bodies' steps (times summed over the last run's iterations). */
+void nb_jit__control_print(const nb_jstep *st, FILE *f, int depth);
+/* May the step's output `out` be written into its (dead) operand `in`'s
+ * memory? True for a loop's initial carry and the matching final carry: it
+ * is read once, before the first iteration writes anything. */
+bool nb_jit__control_in_place_ok(const nb_jstep *st, uint32_t in, uint32_t out);
+/* jit.c: an executable for a body graph under the parent's configuration
+ * (not in the memory cache; the parent owns it). NULL + error on ctx. */
+nb_exe *nb_jit__compile_sub(nb_ctx *ctx, const nb_graph *g, const nb_jit_config *cfg);
+
 /* ---------------------------------------------------------------- the executable */
 
 struct nb_exe {
@@ -231,5 +252,24 @@ nb_status nb_rt__run(nb_exe *e, nb_array *const *in, nb_array **out);
 void nb_rt__exe_free(nb_exe *e);
 /* Logs the per-step table of the last run at NB_LOG_INFO. */
 void nb_rt__log_steps(const nb_exe *e);
+
+/* Running a plan on bound memory (a control step's body, once per
+ * iteration): a frame holds what one run needs (pointer table, arena, step
+ * times) so that iterations allocate nothing. in[i]/out[i]: the memory of
+ * input/output i; outputs must not overlap the inputs or each other. */
+typedef struct nb_rt_frame {
+  char **ptr, **args;
+  double *ms;       /* per step, summed over the runs since the frame opened */
+  char *arena;
+  size_t nptr, nargs, nms, arena_bytes;
+} nb_rt_frame;
+nb_status nb_rt__frame_open(nb_exe *e, nb_rt_frame *f);
+nb_status nb_rt__run_frame(nb_exe *e, nb_rt_frame *f, char *const *in, char *const *out);
+/* Moves the frame's step times into e's statistics (last: the runs since
+ * the previous flush, summed), counting `runs` runs. */
+void nb_rt__frame_flush(nb_exe *e, nb_rt_frame *f, uint64_t runs);
+void nb_rt__frame_close(nb_exe *e, nb_rt_frame *f);
+/* runtime/control.c: runs a CONTROL step on the parent's buffers. */
+nb_status nb_rt__run_control(nb_exe *e, const nb_jstep *step, char **ptr);
 
 #endif
