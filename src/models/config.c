@@ -100,6 +100,7 @@ static const key_def keys[] = {
     {"precision.params", K_DTYPE, O(precision.params), 0, 0, dtypes},
     {"precision.compute", K_DTYPE, O(precision.compute), 0, 0, dtypes},
     {"remat", K_ENUM, O(remat), 0, 0, remats},
+    {"scan_layers", K_BOOL, O(model.scan_layers), 0, 0, NULL},
     {"batch_size", K_INT, O(batch_size), 1, BIG, NULL},
     {"grad_accum", K_INT, O(grad_accum), 1, BIG, NULL},
     {"steps", K_INT, O(steps), 0, BIG, NULL},
@@ -202,6 +203,7 @@ static nb_status set_value(nb_ctx *ctx, nb_model_run_config *c, const char *wher
         snprintf(msg, sizeof msg, "%s", nb_ctx_error(ctx));
         return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: %s", where, msg);
       }
+      m.scan_layers = c->model.scan_layers; /* how the layers are traced, not the model: a top-level key */
       c->model = m;
       snprintf(c->preset, sizeof c->preset, "%s", val);
       return NB_OK;
