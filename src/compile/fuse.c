@@ -54,6 +54,8 @@ typedef struct fz {
   size_t nv, ne;
   uint8_t *mat, *force, *is_out;
   uint8_t *leaf; /* read from memory by consumers (mat, except cheap outputs, which are recomputed) */
+  int *view;     /* a reshape that is its operand's memory (a value id, not itself a view), or -1 */
+  uint8_t *evaluated_only; /* read only by equations that are not fused nor BLAS */
   uint8_t *reduced; /* a reduction in the value's inlined cone */
   uint8_t *reads_donated; /* a donated graph input in the value's inlined cone (or the value is one) */
   int *nusers, *cost, *step_of, *stamp;
@@ -201,6 +203,22 @@ static void decide_materialized(fz *f) {
       f->mat[id] = 1;
       if (expensive || !nb_jit__fusable(e) || f->reads_donated[id]) f->leaf[id] = 1;
     }
+  }
+  /* a reshape of a value in memory that only evaluated and control steps
+   * read (scan_layers' stacked parameters, a concatenate's operands) is that
+   * memory: no copy kernel. Kernels and BLAS steps read their own copy. */
+  memset(f->evaluated_only, 1, f->nv);
+  for (size_t k = 0; k < f->ne; k++) {
+    const nb_eqn *e = nb__graph_eqn(f->g, k);
+    if (nb_jit__fusable(e) || (!f->cfg->off[NB_SW_blas] && nb_cpu__blas_supported(e)))
+      for (int i = 0; i < e->nin; i++) f->evaluated_only[e->in[i]->id] = 0;
+  }
+  for (size_t v = 0; v < f->nv; v++) f->view[v] = -1;
+  for (size_t k = 0; k < f->ne; k++) {
+    const nb_eqn *e = nb__graph_eqn(f->g, k);
+    if (e->prim != NB_PRIM_reshape) continue;
+    uint32_t id = e->out[0]->id, x = e->in[0]->id;
+    if (f->mat[id] && f->mat[x] && !f->is_out[id] && f->evaluated_only[id]) f->view[id] = f->view[x] >= 0 ? f->view[x] : (int)x;
   }
 }
 
@@ -825,6 +843,10 @@ static int build_steps(fz *f) {
       for (int i = 0; i < e->nout; i++) f->step_of[e->out[i]->id] = st;
       continue;
     }
+    if (f->view[e->out[0]->id] >= 0) { /* no step: the operand's memory */
+      f->step_of[e->out[0]->id] = f->step_of[e->in[0]->id];
+      continue;
+    }
     if (!f->mat[e->out[0]->id]) continue;
     /* a conflict forces a value to memory; the rest of the graph is still
      * scanned so that one attempt collects every conflict it can see */
@@ -920,6 +942,7 @@ static void classify_buffers(fz *f) {
     nb_jbuf *b = &p->bufs[id];
     memset(b, 0, sizeof *b);
     b->donor = -1;
+    b->view = f->view[id];
     b->def_step = b->last_step = -1;
     const nb_val *v = f->vals[id];
     if (!v || !f->mat[id]) continue;
@@ -981,6 +1004,8 @@ static bool fz_init(fz *f) {
   f->force = nb_jit__alloc(f->p->ar, nv);
   f->is_out = nb_jit__alloc(f->p->ar, nv);
   f->leaf = nb_jit__alloc(f->p->ar, nv);
+  f->view = nb_jit__alloc(f->p->ar, nv * sizeof(int));
+  f->evaluated_only = nb_jit__alloc(f->p->ar, nv);
   f->reduced = nb_jit__alloc(f->p->ar, nv);
   f->reads_donated = nb_jit__alloc(f->p->ar, nv);
   f->nusers = nb_jit__alloc(f->p->ar, nv * sizeof(int));
@@ -992,7 +1017,7 @@ static bool fz_init(fz *f) {
   f->no_join = nb_jit__alloc(f->p->ar, nv);
   f->vals = nb_jit__alloc(f->p->ar, nv * sizeof(nb_val *));
   f->p->bufs = nb_jit__alloc(f->p->ar, nv * sizeof(nb_jbuf));
-  if (!f->mat || !f->force || !f->is_out || !f->leaf || !f->reduced || !f->reads_donated || !f->nusers || !f->cost || !f->step_of || !f->stamp || !f->reduce_kernel || !f->root_kernel || !f->no_join ||
+  if (!f->mat || !f->force || !f->is_out || !f->leaf || !f->view || !f->evaluated_only || !f->reduced || !f->reads_donated || !f->nusers || !f->cost || !f->step_of || !f->stamp || !f->reduce_kernel || !f->root_kernel || !f->no_join ||
       !f->vals || !f->p->bufs)
     return false;
   for (size_t i = 0; i < nb_graph_num_inputs(f->g); i++) f->vals[nb__graph_input(f->g, i)->id] = nb__graph_input(f->g, i);

@@ -120,6 +120,8 @@ typedef struct nb_jbuf {
   int donor;          /* OUTPUT: donated input index whose buffer it may take, or -1 */
   int alias;          /* TEMP: the value whose memory it lives in (a chain of in-place
                        * updates, buffers.c): a TEMP with its own range or an OUTPUT; -1 */
+  int view;           /* TEMP: a reshape of this value's buffer (not itself a view), read only
+                       * by evaluated and control steps: its memory, no copy (fuse.c); -1 */
 } nb_jbuf;
 
 typedef struct nb_jstep {

@@ -448,6 +448,34 @@ static void test_donated_carry(void) {
   }
 }
 
+/* Stacking (what scan_layers does per parameter): a reshape that only an
+ * evaluated step reads (concatenate) is its operand's memory, not a copy
+ * kernel; with the operand donated and also updated by a kernel, the
+ * stacked result is still the old values. */
+static void test_reshape_views(void) {
+  int64_t d[2] = {4, 6}, d1[3] = {1, 4, 6};
+  nb_graph *g = nb_graph_create(ctx);
+  nb_val *a = nb_graph_input(g, "a", f32(2, d)), *b = nb_graph_input(g, "b", f32(2, d));
+  nb_val *parts[3] = {nb_reshape(a, 3, d1), nb_reshape(b, 3, d1), nb_reshape(a, 3, d1)};
+  nb_graph_output(g, "stack", nb_concatenate(3, parts, 0));
+  nb_graph_output(g, "a2", nb_mul(a, nb_scalar(g, NB_F32, 2)));
+  static const char *const donate[] = {"a", NULL};
+  for (int m = 0; m < 2; m++) {
+    nb_jit_opts o = nb_test_jit_opts(m ? "all" : NULL);
+    o.donate = donate;
+    nb_exe_stats s;
+    nb_tree *in = nb_tree_create(ctx);
+    nb_array *x = nb_test_randn(ctx, &rng, NB_F32, 2, d);
+    nb_tree_set_array(in, "a", x);
+    nb_array_release(x); /* held once: may be donated */
+    put(in, "b", NB_F32, 2, d);
+    CHECK_MSG(nb_test_jit_matches(ctx, g, in, &o, "reshape views", &s), "reshape views (%s)", m ? "all off" : "on");
+    if (!m && !env_disable()) CHECK_MSG(s.nkernels == 1, "%zu kernels: the stacking reshapes were copied", s.nkernels);
+    nb_tree_destroy(in);
+  }
+  nb_graph_destroy(g);
+}
+
 int main(void) {
   ctx = nb_ctx_create();
   test_scan();
@@ -459,6 +487,7 @@ int main(void) {
   test_nested();
   test_grad_of_scan();
   test_donated_carry();
+  test_reshape_views();
   nb_ctx_destroy(ctx);
   return nb_test_summary("jit_control");
 }
