@@ -1,5 +1,6 @@
-/* nabla core: contexts, dtypes, arrays, trees, traced graphs, primitives and
- * the transformations over graphs (grad, jvp, vjp, vmap, remat, custom_vjp).
+/* nabla core: contexts, dtypes, arrays, trees, traced graphs, primitives,
+ * control flow (cond, switch, while_loop, scan, fori_loop) and the
+ * transformations over graphs (grad, jvp, vjp, vmap, remat, custom_vjp).
  *
  * A program is an ordinary C function over symbolic values (nb_val). Tracing
  * it records a typed SSA graph; transformations map graphs to graphs, so they

@@ -572,6 +572,10 @@ uint64_t nb_graph_hash(const nb_graph *g) {
   return h;
 }
 
+int nb__print_graph_param(char *buf, size_t cap, const char *name, const nb_graph *callee) {
+  return snprintf(buf, cap, "%s=#%016llx", name, (unsigned long long)nb_graph_hash(callee));
+}
+
 bool nb_graph_equal(const nb_graph *a, const nb_graph *b) {
   char *x = graph_text(a), *y = graph_text(b);
   bool eq = x && y && strcmp(x, y) == 0;

@@ -110,6 +110,14 @@ typedef struct nb_prim_rules {
   nb_status (*eval)(nb_ctx *ctx, const nb_eqn *e, nb_array *const *in, nb_array **out);
   nb_status (*jvp)(nb_graph *g, const nb_eqn *e, nb_val *const *primals, nb_val *const *tangents,
                    nb_val *const *outs, nb_val **out_tangents);
+  /* Optional, used instead of jvp when some tangent is non-zero: emits the
+   * primal outputs too (into outs), for primitives whose linearization
+   * computes them anyway (scan and cond: a primal part that also returns the
+   * residuals, and a linear part over them), so that the primal equation is
+   * not emitted a second time. The primal outputs must not depend on the
+   * tangents (reverse mode splits the two parts). */
+  nb_status (*linearize)(nb_graph *g, const nb_eqn *e, nb_val *const *primals, nb_val *const *tangents, nb_val **outs,
+                         nb_val **out_tangents);
   /* For primitives linear in some operands: linear[i] marks them (their
    * entries in `in` are NULL); writes ct_in[i] for the linear ones. */
   nb_status (*transpose)(nb_graph *g, const nb_eqn *e, nb_val *const *in, const bool *linear,
@@ -193,6 +201,11 @@ nb_graph *nb__checked(nb_graph *g);
 /* A copy of g without the equations no output depends on (new graph, or NULL
  * with the error on g's context). */
 nb_graph *nb__graph_dce(const nb_graph *g);
+
+/* print_params of a carried graph: "name=#<structural hash>", so that graphs
+ * calling different graphs print, hash and compare differently. Returns the
+ * snprintf count. */
+int nb__print_graph_param(char *buf, size_t cap, const char *name, const nb_graph *callee);
 
 /* Shape helpers for rules. */
 int nb__norm_axis(int axis, int rank); /* -1 when out of range */

@@ -40,9 +40,13 @@ nb_status nb__jvp_into(nb_graph *dst, const nb_graph *src, nb_val *const *primal
       tin[i] = tm[e->in[i]->id];
       any_tangent = any_tangent || tin[i];
     }
-    nb__emit(dst, e->loc, e->prim, e->nin, in, e->params, e->params_size, NULL, outs);
     for (int i = 0; i < e->nout; i++) touts[i] = NULL;
-    if (!nb_graph_status(dst) && any_tangent && any_float_output(e)) {
+    if (r->linearize && any_tangent && any_float_output(e)) {
+      r->linearize(dst, e, in, tin, outs, touts); /* emits the primal outputs too */
+    } else {
+      nb__emit(dst, e->loc, e->prim, e->nin, in, e->params, e->params_size, NULL, outs);
+    }
+    if (!nb_graph_status(dst) && any_tangent && any_float_output(e) && !r->linearize) {
       if (!r->jvp) {
         nb__fail(dst, e->loc, NB_ERR_UNIMPLEMENTED, "jvp rule for '%s' not implemented", r->name);
       } else {

@@ -187,6 +187,342 @@ static void test_fori_values(void) {
   nb_graph_destroy(body);
 }
 
+/* ---------------------------------------------------------------- JAX goldens */
+
+static const int64_t G3[1] = {3};
+
+/* Traces fn on `in`, transforms it (0: none, 1: grad, 2: jvp, 3: vmap with
+ * in_axes from `axes`), runs it on `in` and returns the outputs (a new tree). */
+typedef enum { RUN_PLAIN, RUN_GRAD, RUN_JVP } run_kind;
+static nb_tree *trace_run(nb_trace_fn fn, void *user, const nb_tree *spec, const nb_tree *in, run_kind kind) {
+  nb_graph *g = nb_trace(ctx, fn, user, spec), *t = g;
+  if (g && kind == RUN_GRAD) t = nb_grad(ctx, g, NULL);
+  if (g && kind == RUN_JVP) t = nb_jvp(ctx, g);
+  nb_tree *out = nb_tree_create(ctx);
+  if (!t || nb_graph_run(ctx, t, in, out) != NB_OK) {
+    fprintf(stderr, "trace_run: %s\n", nb_ctx_error(ctx));
+    nb_ctx_clear_error(ctx);
+    nb_tree_destroy(out);
+    out = NULL;
+  }
+  if (t != g) nb_graph_destroy(t);
+  nb_graph_destroy(g);
+  return out;
+}
+
+/* out[path] against golden member `key` of j, within tol. */
+static void check_golden(const char *what, const nb_tree *out, const char *path, const cJSON *j, const char *key, double tol) {
+  nb_array *want = nb_test_golden_array(ctx, cJSON_GetObjectItem(j, key));
+  nb_array *got = out ? nb_tree_get_array(out, path) : NULL;
+  char name[160];
+  snprintf(name, sizeof name, "%s: %s", what, path);
+  CHECK_MSG(got && want && nb_test_arrays_close(name, got, want, tol), "%s", name);
+  nb_array_release(want);
+}
+
+static void set_golden(nb_tree *t, const char *path, const cJSON *j, const char *key) {
+  nb_array *a = nb_test_golden_array(ctx, cJSON_GetObjectItem(j, key));
+  nb_tree_set_array(t, path, a);
+  nb_array_release(a);
+}
+
+/* scan body (w; h; x) -> (tanh(h w + x); h x), as make_control.py's rnn */
+static nb_graph *rnn_body(void) {
+  nb_graph *b = nb_graph_create(ctx);
+  nb_val *w = nb_graph_input(b, "w", av(NB_F64, 1, G3)), *h = nb_graph_input(b, "h", av(NB_F64, 1, G3));
+  nb_val *x = nb_graph_input(b, "x", av(NB_F64, 1, G3));
+  nb_graph_output(b, "h", nb_tanh(nb_add(nb_mul(h, w), x)));
+  nb_graph_output(b, "y", nb_mul(h, x));
+  return b;
+}
+
+typedef struct rnn_args {
+  bool reverse, loss;
+  nb_array *wh, *wy; /* loss = sum(wh hT) + sum(wy ys) */
+  const nb_graph *dloss; /* for the Hessian-vector product: grad of the loss */
+} rnn_args;
+
+static nb_status f_rnn(nb_graph *g, const nb_tree *in, nb_tree *out, void *user) {
+  const rnn_args *a = user;
+  nb_graph *body = rnn_body();
+  nb_val *w = nb_tree_get_val(in, "w"), *h = nb_tree_get_val(in, "h"), *xs = nb_tree_get_val(in, "xs"), *hT, *ys;
+  nb_scan_opts o = {.reverse = a->reverse};
+  nb_status st = nb_scan(g, body, 1, &w, 1, &h, 1, &xs, &o, &hT, &ys);
+  nb_graph_destroy(body);
+  if (st) return st;
+  if (!a->loss) {
+    st = nb_tree_set_val(out, "hT", hT);
+    return st ? st : nb_tree_set_val(out, "ys", ys);
+  }
+  nb_val *l = nb_add(nb_reduce_sum(nb_mul(nb_const(g, a->wh), hT), 0, NULL), nb_reduce_sum(nb_mul(nb_const(g, a->wy), ys), 0, NULL));
+  return nb_tree_set_val(out, "loss", l);
+}
+
+/* vdot(grad_w loss(w, h, xs), v): its gradient in w is a Hessian-vector product */
+static nb_status f_grad_dot_v(nb_graph *g, const nb_tree *in, nb_tree *out, void *user) {
+  const rnn_args *a = user;
+  nb_tree *inner = nb_tree_select_prefix(in, "", false), *res = nb_tree_create(ctx);
+  nb_tree_remove(inner, "v");
+  nb_status st = nb_graph_call(g, a->dloss, inner, res);
+  if (st == NB_OK)
+    st = nb_tree_set_val(out, "loss", nb_reduce_sum(nb_mul(nb_tree_get_val(res, "grad/w"), nb_tree_get_val(in, "v")), 0, NULL));
+  nb_tree_destroy(inner);
+  nb_tree_destroy(res);
+  return st;
+}
+
+static void golden_scan(const cJSON *c) {
+  rnn_args a = {.reverse = cJSON_IsTrue(cJSON_GetObjectItem(c, "reverse"))};
+  const char *what = a.reverse ? "golden reverse scan" : "golden scan";
+  nb_tree *in = nb_tree_create(ctx);
+  set_golden(in, "w", c, "w");
+  set_golden(in, "h", c, "h");
+  set_golden(in, "xs", c, "xs");
+  nb_tree *out = trace_run(f_rnn, &a, in, in, RUN_PLAIN);
+  check_golden(what, out, "hT", c, "hT", 1e-13);
+  check_golden(what, out, "ys", c, "ys", 1e-13);
+  nb_tree_destroy(out);
+  a.loss = true;
+  a.wh = nb_test_golden_array(ctx, cJSON_GetObjectItem(c, "wh"));
+  a.wy = nb_test_golden_array(ctx, cJSON_GetObjectItem(c, "wy"));
+  out = trace_run(f_rnn, &a, in, in, RUN_GRAD);
+  check_golden(what, out, "grad/w", c, "grad_w", 1e-12);
+  check_golden(what, out, "grad/h", c, "grad_h", 1e-12);
+  check_golden(what, out, "grad/xs", c, "grad_xs", 1e-12);
+  nb_tree_destroy(out);
+  /* grad of grad: d/dw <grad_w loss, v> */
+  nb_graph *g = nb_trace(ctx, f_rnn, &a, in);
+  nb_grad_opts wrt_w = {.wrt = "w"};
+  nb_graph *dg = g ? nb_grad(ctx, g, &wrt_w) : NULL;
+  CHECK_MSG(dg, "grad: %s", nb_ctx_error(ctx));
+  a.dloss = dg;
+  set_golden(in, "v", c, "v");
+  if (dg) {
+    nb_graph *h = nb_trace(ctx, f_grad_dot_v, &a, in), *dh = h ? nb_grad(ctx, h, &wrt_w) : NULL;
+    nb_tree *res = nb_tree_create(ctx);
+    CHECK_MSG(dh && nb_graph_run(ctx, dh, in, res) == NB_OK, "hvp: %s", nb_ctx_error(ctx));
+    check_golden(what, res, "grad/w", c, "hvp_w", 1e-11);
+    nb_tree_destroy(res);
+    nb_graph_destroy(h);
+    nb_graph_destroy(dh);
+  }
+  nb_graph_destroy(g);
+  nb_graph_destroy(dg);
+  nb_array_release(a.wh);
+  nb_array_release(a.wy);
+  nb_tree_destroy(in);
+}
+
+/* (x) -> sin(x) * 2 ; (x) -> cos(x) * x ; (x) -> exp(x) / 2 ; (x) -> sin(x) */
+static nb_graph *unary_branch(int which) {
+  nb_graph *b = nb_graph_create(ctx);
+  nb_val *x = nb_graph_input(b, "x", av(NB_F64, 1, G3)), *y;
+  switch (which) {
+  case 0: y = nb_mul(nb_sin(x), nb_scalar(b, NB_F64, 2)); break;
+  case 1: y = nb_mul(nb_cos(x), x); break;
+  case 2: y = nb_div(nb_exp(x), nb_scalar(b, NB_F64, 2)); break;
+  default: y = nb_sin(x); break;
+  }
+  nb_graph_output(b, "y", y);
+  return b;
+}
+
+typedef struct cond_args {
+  nb_array *wx; /* with wx: the output is loss = sum(wx y) */
+  int index;    /* switch: the (constant) index; -100: cond on p > 0 */
+} cond_args;
+
+static nb_status f_cond(nb_graph *g, const nb_tree *in, nb_tree *out, void *user) {
+  const cond_args *a = user;
+  nb_val *x = nb_tree_get_val(in, "x"), *y;
+  nb_status st;
+  if (a->index == -100) {
+    nb_graph *t = unary_branch(0), *f = unary_branch(1);
+    nb_val *p = nb_tree_get_val(in, "p");
+    st = nb_cond(g, nb_gt(p, nb_scalar(g, NB_F64, 0)), t, f, 1, &x, &y);
+    y = nb_mul(p, y);
+    nb_graph_destroy(t);
+    nb_graph_destroy(f);
+  } else {
+    const nb_graph *br[3] = {unary_branch(3), unary_branch(1), unary_branch(2)};
+    st = nb_switch(g, nb_scalar(g, NB_I32, a->index), 3, br, 1, &x, &y);
+    for (int k = 0; k < 3; k++) nb_graph_destroy((nb_graph *)br[k]);
+  }
+  if (st) return st;
+  return a->wx ? nb_tree_set_val(out, "loss", nb_reduce_sum(nb_mul(nb_const(g, a->wx), y), 0, NULL)) : nb_tree_set_val(out, "y", y);
+}
+
+static void golden_cond(const cJSON *c, int index) {
+  cond_args a = {NULL, index};
+  nb_tree *in = nb_tree_create(ctx);
+  set_golden(in, "x", c, "x");
+  if (index == -100) set_golden(in, "p", c, "p");
+  char what[64];
+  snprintf(what, sizeof what, index == -100 ? "golden cond" : "golden switch(%d)", index);
+  nb_tree *out = trace_run(f_cond, &a, in, in, RUN_PLAIN);
+  check_golden(what, out, "y", c, "y", 1e-14);
+  nb_tree_destroy(out);
+  a.wx = nb_test_golden_array(ctx, cJSON_GetObjectItem(c, "wx"));
+  out = trace_run(f_cond, &a, in, in, RUN_GRAD);
+  check_golden(what, out, "grad/x", c, "grad_x", 1e-13);
+  if (index == -100) check_golden(what, out, "grad/p", c, "grad_p", 1e-13);
+  nb_tree_destroy(out);
+  nb_array_release(a.wx);
+  nb_tree_destroy(in);
+}
+
+/* fori_loop(1, 4): x = sin(x) w + i / 4 */
+static nb_status f_fori(nb_graph *g, const nb_tree *in, nb_tree *out, void *user) {
+  nb_graph *b = nb_graph_create(ctx);
+  nb_val *bw = nb_graph_input(b, "w", av(NB_F64, 1, G3)), *bi = nb_graph_input(b, "i", av(NB_I32, 0, NULL));
+  nb_val *bx = nb_graph_input(b, "x", av(NB_F64, 1, G3));
+  nb_graph_output(b, "x", nb_add(nb_mul(nb_sin(bx), bw), nb_div(nb_convert(bi, NB_F64), nb_scalar(b, NB_F64, 4))));
+  nb_val *w = nb_tree_get_val(in, "w"), *x = nb_tree_get_val(in, "x"), *y;
+  nb_status st = nb_fori_loop(g, nb_scalar(g, NB_I32, 1), nb_scalar(g, NB_I32, 4), b, 1, &w, 1, &x, &y);
+  nb_graph_destroy(b);
+  if (st) return st;
+  return user ? nb_tree_set_val(out, "loss", nb_reduce_sum(nb_mul(nb_const(g, user), y), 0, NULL)) : nb_tree_set_val(out, "y", y);
+}
+
+static void golden_fori(const cJSON *c) {
+  nb_tree *in = nb_tree_create(ctx);
+  set_golden(in, "w", c, "w");
+  set_golden(in, "x", c, "x");
+  nb_tree *out = trace_run(f_fori, NULL, in, in, RUN_PLAIN);
+  check_golden("golden fori_loop", out, "y", c, "y", 1e-14);
+  nb_tree_destroy(out);
+  nb_array *wx = nb_test_golden_array(ctx, cJSON_GetObjectItem(c, "wx"));
+  out = trace_run(f_fori, wx, in, in, RUN_GRAD);
+  check_golden("golden fori_loop", out, "grad/w", c, "grad_w", 1e-13);
+  check_golden("golden fori_loop", out, "grad/x", c, "grad_x", 1e-13);
+  nb_tree_destroy(out);
+  nb_array_release(wx);
+  nb_tree_destroy(in);
+}
+
+/* while sum(x) < 6: x = x + 1 + sin(x) k */
+static nb_status f_while(nb_graph *g, const nb_tree *in, nb_tree *out, void *user) {
+  nb_graph *c = nb_graph_create(ctx), *b = nb_graph_create(ctx);
+  nb_val *cx = nb_graph_input(c, "x", av(NB_F64, 1, G3));
+  nb_graph_output(c, "go", nb_lt(nb_reduce_sum(cx, 0, NULL), nb_scalar(c, NB_F64, 6)));
+  nb_val *bk = nb_graph_input(b, "k", av(NB_F64, 0, NULL)), *bx = nb_graph_input(b, "x", av(NB_F64, 1, G3));
+  nb_graph_output(b, "x", nb_add(nb_add(bx, nb_scalar(b, NB_F64, 1)), nb_mul(nb_sin(bx), bk)));
+  nb_val *k = nb_tree_get_val(in, "k"), *x = nb_tree_get_val(in, "x"), *y;
+  nb_status st = nb_while_loop(g, c, b, 0, NULL, 1, &k, 1, &x, &y);
+  nb_graph_destroy(c);
+  nb_graph_destroy(b);
+  if (st) return st;
+  return nb_tree_set_val(out, user ? "loss" : "y", user ? nb_reduce_sum(y, 0, NULL) : y);
+}
+
+static void golden_while(const cJSON *c) {
+  nb_tree *spec = nb_tree_create(ctx), *in = nb_tree_create(ctx);
+  set_golden(spec, "k", c, "k");
+  set_golden(spec, "x", c, "x");
+  set_golden(in, "primal/k", c, "k");
+  set_golden(in, "primal/x", c, "x");
+  set_golden(in, "tangent/k", c, "tk");
+  set_golden(in, "tangent/x", c, "tx");
+  nb_tree *out = trace_run(f_while, NULL, spec, in, RUN_JVP);
+  check_golden("golden while_loop jvp", out, "primal/y", c, "y", 1e-14);
+  check_golden("golden while_loop jvp", out, "tangent/y", c, "ty", 1e-13);
+  nb_tree_destroy(out);
+  /* reverse mode is refused with a message that names the alternatives */
+  nb_graph *g = nb_trace(ctx, f_while, &ctx, spec);
+  CHECK(g && nb_grad(ctx, g, NULL) == NULL);
+  CHECK_ERR(ctx, NB_ERR_UNIMPLEMENTED, "use fori_loop with constant bounds, or scan");
+  nb_graph_destroy(g);
+  nb_tree_destroy(spec);
+  nb_tree_destroy(in);
+}
+
+static nb_status f_call(nb_graph *g, const nb_tree *in, nb_tree *out, void *user) { return nb_graph_call(g, user, in, out); }
+
+/* vmap(f) of a traced f, with in_axis 0 for the inputs named in `batched`
+ * (others unbatched), run on `in`. */
+static nb_tree *vmap_run(nb_trace_fn fn, void *user, const nb_tree *spec, const nb_tree *in, const char *unbatched, int64_t n) {
+  nb_graph *g = nb_trace(ctx, fn, user, spec);
+  nb_tree *axes = nb_tree_create(ctx);
+  nb_array *minus1 = nb_array_scalar(ctx, NB_I32, -1);
+  for (const char *p = unbatched; p && *p; p += strlen(p) + 1) nb_tree_set_array(axes, p, minus1);
+  nb_vmap_opts o = {.in_axis = 0, .out_axis = 0, .in_axes = axes, .axis_size = n};
+  nb_graph *v = g ? nb_vmap(ctx, g, &o) : NULL;
+  nb_tree *out = trace_run(f_call, v, in, in, RUN_PLAIN);
+  nb_array_release(minus1);
+  nb_tree_destroy(axes);
+  nb_graph_destroy(v);
+  nb_graph_destroy(g);
+  return out;
+}
+
+static void golden_vmap(const cJSON *jc, const cJSON *js) {
+  /* cond with a batched predicate: a select of both branches */
+  cond_args a = {NULL, -100};
+  nb_tree *spec = nb_tree_create(ctx), *in = nb_tree_create(ctx);
+  nb_tree_set(spec, "p", nb_leaf_aval(av(NB_F64, 0, NULL)));
+  nb_tree_set(spec, "x", nb_leaf_aval(av(NB_F64, 1, G3)));
+  set_golden(in, "p", jc, "p");
+  set_golden(in, "x", jc, "x");
+  nb_tree *out = vmap_run(f_cond, &a, spec, in, NULL, 4);
+  check_golden("golden vmap(cond)", out, "y", jc, "y", 1e-14);
+  nb_tree_destroy(out);
+  nb_tree_destroy(spec);
+  nb_tree_destroy(in);
+  /* scan with a batched carry, shared w and xs */
+  rnn_args r = {0};
+  spec = nb_tree_create(ctx), in = nb_tree_create(ctx);
+  nb_tree_set(spec, "w", nb_leaf_aval(av(NB_F64, 1, G3)));
+  nb_tree_set(spec, "h", nb_leaf_aval(av(NB_F64, 1, G3)));
+  nb_tree_set(spec, "xs", nb_leaf_aval(av(NB_F64, 2, (int64_t[]){4, 3})));
+  set_golden(in, "w", js, "w");
+  set_golden(in, "h", js, "h");
+  set_golden(in, "xs", js, "xs");
+  out = vmap_run(f_rnn, &r, spec, in, "w\0xs\0", 5);
+  check_golden("golden vmap(scan)", out, "hT", js, "hT", 1e-13);
+  check_golden("golden vmap(scan)", out, "ys", js, "ys", 1e-13);
+  nb_tree_destroy(out);
+  nb_tree_destroy(spec);
+  nb_tree_destroy(in);
+}
+
+static void test_goldens(void) {
+  cJSON *j = nb_test_golden_load("tests/core/golden/control.json");
+  CHECK(j != NULL);
+  if (!j) return;
+  const cJSON *c;
+  cJSON_ArrayForEach(c, cJSON_GetObjectItem(j, "scan")) golden_scan(c);
+  cJSON_ArrayForEach(c, cJSON_GetObjectItem(j, "cond")) golden_cond(c, -100);
+  cJSON_ArrayForEach(c, cJSON_GetObjectItem(j, "switch")) golden_cond(c, (int)cJSON_GetNumberValue(cJSON_GetObjectItem(c, "i")));
+  golden_fori(cJSON_GetObjectItem(j, "fori"));
+  golden_while(cJSON_GetObjectItem(j, "while_jvp"));
+  golden_vmap(cJSON_GetObjectItem(j, "vmap_cond"), cJSON_GetObjectItem(j, "vmap_scan"));
+  cJSON_Delete(j);
+}
+
+/* The reverse pass of a scan stores the forward pass's residuals: grad has
+ * one forward scan (no second primal scan) and one transposed scan. */
+static void test_grad_structure(void) {
+  rnn_args a = {.loss = true};
+  a.wh = nb_array_ones(ctx, NB_F64, 1, G3);
+  a.wy = nb_array_ones(ctx, NB_F64, 2, (int64_t[]){4, 3});
+  nb_tree *spec = nb_tree_create(ctx);
+  nb_tree_set(spec, "w", nb_leaf_aval(av(NB_F64, 1, G3)));
+  nb_tree_set(spec, "h", nb_leaf_aval(av(NB_F64, 1, G3)));
+  nb_tree_set(spec, "xs", nb_leaf_aval(av(NB_F64, 2, (int64_t[]){4, 3})));
+  nb_graph *g = nb_trace(ctx, f_rnn, &a, spec), *dg = g ? nb_grad(ctx, g, NULL) : NULL;
+  char *text = dg ? nb_graph_to_string(dg) : NULL;
+  int nscan = 0, nrev = 0;
+  for (const char *p = text; p && (p = strstr(p, "= scan[")); p++) nscan++;
+  for (const char *p = text; p && (p = strstr(p, "reverse=1")); p++) nrev++;
+  CHECK_MSG(nscan == 2 && nrev == 1, "grad of a scan has %d scans (%d reversed):\n%s", nscan, nrev, text ? text : nb_ctx_error(ctx));
+  free(text);
+  nb_graph_destroy(dg);
+  nb_graph_destroy(g);
+  nb_tree_destroy(spec);
+  nb_array_release(a.wh);
+  nb_array_release(a.wy);
+}
+
 /* ---------------------------------------------------------------- errors */
 
 static void test_errors(void) {
@@ -293,6 +629,8 @@ int main(void) {
   test_while_values();
   test_fori_values();
   test_errors();
+  test_goldens();
+  test_grad_structure();
   CHECK_MSG(nb_ctx_bytes_in_use(ctx) == base, "%zu bytes leaked", nb_ctx_bytes_in_use(ctx) - base);
   nb_ctx_destroy(ctx);
   return nb_test_summary("core/control");

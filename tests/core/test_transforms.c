@@ -298,6 +298,43 @@ static nb_status f_small(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
   return nb_tree_set_val(out, "y", nb_reduce_sum(nb_exp(nb_add(x, nb_scalar(g, NB_F32, 1))), 1, last_axis));
 }
 
+/* sum(sin(x + 1), last axis): f_small's avals, another body */
+static nb_status f_small_sin(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
+  nb_val *x = nb_tree_get_val(in, "x");
+  return nb_tree_set_val(out, "y", nb_reduce_sum(nb_sin(nb_add(x, nb_scalar(g, NB_F32, 1))), 1, last_axis));
+}
+
+/* remat(body), the body f_small (user NULL) or f_small_sin */
+static nb_status f_remat_of(nb_graph *g, const nb_tree *in, nb_tree *out, void *user) {
+  nb_graph *body = nb_trace(nb_graph_ctx(g), user ? f_small_sin : f_small, NULL, in);
+  nb_tree *res = nb_tree_create(nb_graph_ctx(g));
+  nb_status st = body ? nb_remat_call(g, body, in, res) : nb_ctx_status(nb_graph_ctx(g));
+  if (st == NB_OK) st = nb_tree_set_val(out, "y", nb_tree_get_val(res, "y"));
+  nb_tree_destroy(res);
+  nb_graph_destroy(body);
+  return st;
+}
+
+/* Graphs that call different graphs print, hash and compare differently
+ * (nb_jit keys its executables on the hash). */
+static void test_carried_graphs_hash(nb_ctx *ctx) {
+  int64_t d[2] = {2, 3};
+  nb_tree *spec = nb_tree_create(ctx);
+  nb_tree_set(spec, "x", nb_leaf_aval(nb_aval_make(NB_F32, 2, d)));
+  nb_graph *a = nb_trace(ctx, f_remat_of, NULL, spec), *b = nb_trace(ctx, f_remat_of, NULL, spec);
+  nb_graph *c = nb_trace(ctx, f_remat_of, (void *)1, spec);
+  CHECK(a && b && c);
+  CHECK(nb_graph_equal(a, b) && nb_graph_hash(a) == nb_graph_hash(b));
+  CHECK(!nb_graph_equal(a, c) && nb_graph_hash(a) != nb_graph_hash(c));
+  char *text = nb_graph_to_string(a);
+  CHECK_MSG(text && strstr(text, "remat_call[body=#"), "%s", text);
+  free(text);
+  nb_tree_destroy(spec);
+  nb_graph_destroy(a);
+  nb_graph_destroy(b);
+  nb_graph_destroy(c);
+}
+
 static void test_ir_text_and_hash(nb_ctx *ctx) {
   int64_t d[2] = {2, 3};
   nb_tree *spec = nb_tree_create(ctx);
@@ -442,6 +479,7 @@ int main(void) {
   test_remat(ctx);
   test_custom_vjp(ctx);
   test_ir_text_and_hash(ctx);
+  test_carried_graphs_hash(ctx);
   test_errors(ctx);
   CHECK_MSG(nb_ctx_bytes_in_use(ctx) == 0, "%zu bytes leaked", nb_ctx_bytes_in_use(ctx));
   nb_ctx_destroy(ctx);

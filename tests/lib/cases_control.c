@@ -171,13 +171,13 @@ static nb_status in_while(nb_ctx *c, nb_test_rng *r, nb_tree *in) {
 static int reversed = 1;
 
 static const nb_prim_case cases[] = {
-    {"cond", "p * cond(p > 0, sin(x) 2, cos(x) x)", f_cond, NULL, in_cond, NB_CASE_NO_GRAD | NB_CASE_NO_VMAP, 0},
-    {"cond", "switch(i clamped to 0..2, [sin, cos x, exp / 2])", f_switch, NULL, in_switch, NB_CASE_NO_GRAD | NB_CASE_NO_VMAP, 0},
-    {"scan", "rnn h = tanh(h w + x), ys = h x", f_scan, NULL, in_scan, NB_CASE_NO_GRAD | NB_CASE_NO_VMAP, 0},
-    {"scan", "reverse rnn", f_scan, &reversed, in_scan, NB_CASE_NO_GRAD | NB_CASE_NO_VMAP, 0},
-    {"scan", "fori_loop over constant bounds", f_fori, NULL, in_fori, NB_CASE_NO_GRAD | NB_CASE_NO_VMAP, 0},
-    {"while_loop", "fori_loop over traced bounds", f_fori, &reversed, in_fori_dynamic, NB_CASE_NO_GRAD | NB_CASE_NO_VMAP, 0},
-    {"while_loop", "while sum(x) < 6: x = x + 1 + sin(x) / 10", f_while, NULL, in_while, NB_CASE_NO_GRAD | NB_CASE_NO_VMAP, 0},
+    {"cond", "p * cond(p > 0, sin(x) 2, cos(x) x)", f_cond, NULL, in_cond, 0, 0},
+    {"cond", "switch(i clamped to 0..2, [sin, cos x, exp / 2])", f_switch, NULL, in_switch, 0, 0},
+    {"scan", "rnn h = tanh(h w + x), ys = h x", f_scan, NULL, in_scan, 0, 0},
+    {"scan", "reverse rnn", f_scan, &reversed, in_scan, 0, 0},
+    {"scan", "fori_loop over constant bounds", f_fori, NULL, in_fori, 0, 0},
+    {"while_loop", "fori_loop over traced bounds", f_fori, &reversed, in_fori_dynamic, NB_CASE_NO_GRAD, 0},
+    {"while_loop", "while sum(x) < 6: x = x + 1 + sin(x) / 10", f_while, NULL, in_while, NB_CASE_NO_GRAD, 0},
 };
 
 const nb_prim_case *nb_cases_control(size_t *n) {

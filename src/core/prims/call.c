@@ -197,6 +197,18 @@ static nb_status remat_batch(nb_graph *g, const nb_eqn *e, nb_val *const *in, co
   return batch_graphs(g, e, in, bdims, n, graphs, 2, out, out_bdims);
 }
 
+static void remat_print(const nb_eqn *e, char *buf, size_t cap) {
+  const nb_remat_params *p = e->params;
+  size_t n = (size_t)nb__print_graph_param(buf, cap, "body", p->body);
+  if (p->jvp && n < cap) nb__print_graph_param(buf + n, cap - n, " jvp", p->jvp);
+}
+
+static void cvjp_print(const nb_eqn *e, char *buf, size_t cap) {
+  const nb_custom_vjp_params *p = e->params;
+  size_t n = (size_t)nb__print_graph_param(buf, cap, "fwd", p->fwd);
+  if (n < cap) nb__print_graph_param(buf + n, cap - n, " bwd", p->bwd);
+}
+
 static void call_cost(const nb_eqn *e, double *flops, double *bytes) {
   nb_graph_cost(((const nb_remat_params *)e->params)->body, flops, bytes);
 }
@@ -205,6 +217,7 @@ const nb_prim_rules nb__prim_remat_call = {
     .name = "remat_call",
     .kind = NB_KIND_OTHER,
     .params_size = sizeof(nb_remat_params),
+    .print_params = remat_print,
     .infer = remat_infer,
     .eval = remat_eval,
     .jvp = remat_jvp,
@@ -268,6 +281,7 @@ const nb_prim_rules nb__prim_remat_lin = {
     .name = "remat_lin",
     .kind = NB_KIND_OTHER,
     .params_size = sizeof(nb_remat_params),
+    .print_params = remat_print,
     .infer = remat_lin_infer,
     .eval = remat_lin_eval,
     .jvp = lin_no_jvp,
@@ -317,6 +331,7 @@ const nb_prim_rules nb__prim_custom_vjp_call = {
     .name = "custom_vjp_call",
     .kind = NB_KIND_OTHER,
     .params_size = sizeof(nb_custom_vjp_params),
+    .print_params = cvjp_print,
     .infer = cvjp_infer,
     .eval = cvjp_eval,
     .jvp = cvjp_jvp,
@@ -380,6 +395,7 @@ const nb_prim_rules nb__prim_custom_lin = {
     .name = "custom_lin",
     .kind = NB_KIND_OTHER,
     .params_size = sizeof(nb_custom_vjp_params),
+    .print_params = cvjp_print,
     .infer = custom_lin_infer,
     .eval = custom_lin_eval,
     .jvp = lin_no_jvp,
