@@ -10,6 +10,7 @@
 #include "model_test_util.h"
 
 static nb_ctx *ctx;
+static char skipped_why[512];
 
 static nb_tree *batch_of(int64_t b, int64_t t, int seed) {
   nb_test_rng r = {(uint64_t)seed};
@@ -47,6 +48,7 @@ static nb_graph *loss_graph(const nb_model_config *c, bool remat, const nb_tree 
     return vg;
   }
   CHECK_MSG(strstr(nb_ctx_error(ctx), "not implemented"), "value_and_grad: %s", nb_ctx_error(ctx));
+  snprintf(skipped_why, sizeof skipped_why, "%s", nb_ctx_error(ctx));
   nb_ctx_clear_error(ctx);
   *grad = false;
   return g;
@@ -77,7 +79,7 @@ static void test_same_as_unrolled(const char *preset, int64_t layers, bool remat
   c.scan_layers = true;
   nb_graph *scanned = loss_graph(&c, remat, params, batch, &g1);
   if (unrolled && scanned) {
-    if (!g1) printf("SKIPPED: %s: gradients through scan (the core's scan has no VJP here); the loss only\n", what);
+    if (!g1) printf("SKIPPED: %s: gradients through scan (%s); the loss only\n", what, skipped_why);
     if (!g1 && g0) { /* compare the loss alone */
       nb_graph_destroy(unrolled);
       c.scan_layers = false;
@@ -87,6 +89,7 @@ static void test_same_as_unrolled(const char *preset, int64_t layers, bool remat
     /* one scan per run of two or more layers of one kind (dense, MoE) */
     int64_t dense = c.n_experts ? c.first_dense_layers : layers, moe = layers - dense;
     size_t scans = (size_t)(dense >= 2) + (size_t)(moe >= 2);
+    scans *= g1 ? 2 : 1; /* value_and_grad: the forward scans and their transposes */
     CHECK_MSG(count_prim(scanned, "scan") == scans, "%s: %zu scans, not %zu", what, count_prim(scanned, "scan"), scans);
     nb_tree *want = nb_tree_create(ctx), *got = nb_tree_create(ctx);
     CHECK_OK(ctx, nb_graph_run(ctx, unrolled, in, want));
@@ -141,6 +144,10 @@ static void test_config_key(void) {
   const char *bad = "scan_layers: maybe\n";
   CHECK(nb_model_run_config_parse(ctx, "t.yaml", bad, strlen(bad), 0, NULL, &rc) != NB_OK);
   CHECK_MSG(strstr(nb_ctx_error(ctx), "scan_layers"), "the error names the key: %s", nb_ctx_error(ctx));
+  nb_ctx_clear_error(ctx);
+  const char *both = "scan_layers: true\nremat: block\n";
+  CHECK(nb_model_run_config_parse(ctx, "t.yaml", both, strlen(both), 0, NULL, &rc) != NB_OK);
+  CHECK_MSG(strstr(nb_ctx_error(ctx), "scan_layers") && strstr(nb_ctx_error(ctx), "remat"), "%s", nb_ctx_error(ctx));
   nb_ctx_clear_error(ctx);
 }
 
