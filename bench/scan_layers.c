@@ -7,6 +7,7 @@
  * gradients (value_and_grad); where the core cannot differentiate a scan it
  * falls back to the loss alone and says so.
  *   ./build/bench_scan_layers [--preset gpt2-tiny] [--batch 4] [--seq 64] [--compiles 3] [--steps 7] [--threads N]
+ *                             [--layers N (one depth, no ratios)]; BENCH_PROFILE=1: the last step's per-step profile
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -89,6 +90,7 @@ static int measure(const char *preset, int64_t layers, bool scan, bool loss_only
     if (s >= 0) st[s] = now_ms() - t0;
     nb_tree_destroy(out);
   }
+  if (!rc && getenv("BENCH_PROFILE")) nb_exe_print(exe, stderr); /* the last step's per-step times, bodies indented */
   if (!rc) {
     r->trace_ms = median(tt, compiles);
     r->compile_ms = median(ct, compiles);
@@ -108,6 +110,7 @@ int main(int argc, char **argv) {
   const char *preset = "gpt2-tiny";
   int64_t B = 4, T = 64;
   int compiles = 3, steps = 7, threads = 0;
+  int64_t only_layers = 0; /* --layers N: that depth alone (both variants), no ratios */
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--preset")) preset = argv[i + 1];
     else if (!strcmp(argv[i], "--batch")) B = atoll(argv[i + 1]);
@@ -115,6 +118,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--compiles")) compiles = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--steps")) steps = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--layers")) only_layers = atoll(argv[i + 1]);
     else {
       fprintf(stderr, "unknown option %s\n", argv[i]);
       return 2;
@@ -154,11 +158,13 @@ int main(int argc, char **argv) {
   printf("| layers | scan_layers | step graph | trace + grad ms | cold compile ms | step ms |\n|---|---|---|---|---|---|\n");
   for (int d = 0; d < 2; d++)
     for (int s = 0; s < 2; s++) {
-      if (measure(preset, depth[d], s, loss_only, B, T, compiles, steps, threads, &r[d][s])) return 1;
-      printf("| %lld | %s | %s | %.0f | %.0f | %.2f |\n", (long long)depth[d], s ? "true" : "false",
+      if (only_layers && d) break;
+      if (measure(preset, only_layers ? only_layers : depth[d], s, loss_only, B, T, compiles, steps, threads, &r[d][s])) return 1;
+      printf("| %lld | %s | %s | %.0f | %.0f | %.2f |\n", (long long)(only_layers ? only_layers : depth[d]), s ? "true" : "false",
              r[d][s].grad ? "loss + grads" : "loss only", r[d][s].trace_ms, r[d][s].compile_ms, r[d][s].step_ms);
       fflush(stdout);
     }
+  if (only_layers) return 0;
   printf("cold compile 48 / 12 layers: scanned %.2fx, unrolled %.2fx\n", r[1][1].compile_ms / r[0][1].compile_ms,
          r[1][0].compile_ms / r[0][0].compile_ms);
   printf("step scanned / unrolled: %.3fx at 12 layers, %.3fx at 48\n", r[0][1].step_ms / r[0][0].step_ms,
