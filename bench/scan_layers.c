@@ -19,7 +19,6 @@
 
 typedef struct result {
   double trace_ms, compile_ms, step_ms;
-  bool grad;
 } result;
 
 static void rm_rf(const char *dir) {
@@ -28,77 +27,79 @@ static void rm_rf(const char *dir) {
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
 }
 
-static int measure(const char *preset, int64_t layers, bool scan, bool loss_only, int64_t B, int64_t T, int compiles, int steps,
-                   int threads, result *r) {
-  nb_ctx *ctx = nb_ctx_create();
+/* One variant of one depth: its config, traced graph and executable. */
+typedef struct variant {
   nb_model_config cfg;
-  nb_model_config_preset(ctx, preset, &cfg);
-  cfg.n_layers = layers;
-  cfg.scan_layers = scan;
-  nb_array *key = nb_key(ctx, 0);
-  nb_tree *params = nb_model_init(ctx, &cfg, key), *batch = bench_lm_batch(ctx, B, T, cfg.vocab_size);
-  double ct[16], tt[16], st[64];
-  nb_exe *exe = NULL;
-  nb_graph *vg = NULL;
-  int rc = 0;
-  for (int c = 0; c < compiles && !rc; c++) {
-    double t0 = now_ms();
-    nb_graph *g = nb_model_trace_loss(ctx, &cfg, NULL, params, batch);
-    nb_graph *v = g && !loss_only ? nb_value_and_grad(ctx, g, &(nb_grad_opts){.wrt = "params", .has_aux = true}) : NULL;
-    r->grad = !loss_only;
-    if (loss_only) {
-      v = g;
-      g = NULL;
-    }
-    tt[c] = now_ms() - t0;
-    nb_graph_destroy(g);
-    if (!v) {
-      fprintf(stderr, "%s: %s\n", preset, nb_ctx_error(ctx));
-      rc = 1;
-      break;
-    }
-    char dir[] = "/tmp/nabla-bench-scan-XXXXXX";
-    if (!mkdtemp(dir)) {
-      perror("mkdtemp");
-      rc = 1;
-      break;
-    }
-    nb_jit_opts o = {.cache_dir = dir, .threads = threads};
-    nb_exe_destroy(exe);
-    exe = NULL;
-    t0 = now_ms();
-    exe = nb_jit(ctx, v, &o);
-    ct[c] = now_ms() - t0;
-    rm_rf(dir);
-    nb_graph_destroy(vg);
-    vg = v;
-    if (!exe) {
-      fprintf(stderr, "%s: nb_jit: %s\n", preset, nb_ctx_error(ctx));
-      rc = 1;
-    }
+  nb_graph *g;
+  nb_exe *exe;
+  double tt[16], ct[16], st[64];
+} variant;
+
+/* Traces (loss and gradients, or the loss alone) and compiles v into an
+ * empty cache directory; the c-th timings. */
+static int compile_cold(nb_ctx *ctx, variant *v, const nb_tree *params, const nb_tree *batch, bool loss_only, int threads, int c) {
+  double t0 = now_ms();
+  nb_graph *g = nb_model_trace_loss(ctx, &v->cfg, NULL, params, batch);
+  nb_graph *vg = g && !loss_only ? nb_value_and_grad(ctx, g, &(nb_grad_opts){.wrt = "params", .has_aux = true}) : g;
+  if (vg != g) nb_graph_destroy(g);
+  v->tt[c] = now_ms() - t0;
+  if (!vg) return fprintf(stderr, "trace: %s\n", nb_ctx_error(ctx)), 1;
+  char dir[] = "/tmp/nabla-bench-scan-XXXXXX";
+  if (!mkdtemp(dir)) return perror("mkdtemp"), 1;
+  nb_jit_opts o = {.cache_dir = dir, .threads = threads};
+  nb_exe_destroy(v->exe);
+  nb_graph_destroy(v->g);
+  v->g = vg;
+  t0 = now_ms();
+  v->exe = nb_jit(ctx, vg, &o);
+  v->ct[c] = now_ms() - t0;
+  rm_rf(dir);
+  if (!v->exe) return fprintf(stderr, "nb_jit: %s\n", nb_ctx_error(ctx)), 1;
+  return 0;
+}
+
+static int run_step(nb_ctx *ctx, variant *v, const nb_tree *in, double *ms) {
+  nb_tree *out = nb_tree_create(ctx);
+  double t0 = now_ms();
+  nb_status st = nb_exe_run(v->exe, in, out);
+  *ms = now_ms() - t0;
+  nb_tree_destroy(out);
+  if (st != NB_OK) fprintf(stderr, "run: %s\n", nb_ctx_error(ctx));
+  return st != NB_OK;
+}
+
+/* Unrolled (r[0]) and scanned (r[1]) at one depth, interleaved (compiles
+ * and steps alternate between the two), so that the load of a shared
+ * machine drifting over time weighs on both alike. */
+static int measure(const char *preset, int64_t layers, bool loss_only, int64_t B, int64_t T, int compiles, int steps, int threads,
+                   result *r) {
+  nb_ctx *ctx = nb_ctx_create();
+  variant v[2];
+  memset(v, 0, sizeof v);
+  for (int s = 0; s < 2; s++) {
+    nb_model_config_preset(ctx, preset, &v[s].cfg);
+    v[s].cfg.n_layers = layers;
+    v[s].cfg.scan_layers = s;
   }
+  nb_array *key = nb_key(ctx, 0);
+  nb_tree *params = nb_model_init(ctx, &v[0].cfg, key), *batch = bench_lm_batch(ctx, B, T, v[0].cfg.vocab_size);
   nb_tree *in = nb_tree_create(ctx);
   nb_tree_merge(in, "params", params);
   nb_tree_merge(in, "batch", batch);
-  for (int s = -1; s < steps && !rc; s++) { /* one warm-up */
-    nb_tree *out = nb_tree_create(ctx);
-    double t0 = now_ms();
-    if (nb_exe_run(exe, in, out) != NB_OK) {
-      fprintf(stderr, "%s: run: %s\n", preset, nb_ctx_error(ctx));
-      rc = 1;
-    }
-    if (s >= 0) st[s] = now_ms() - t0;
-    nb_tree_destroy(out);
-  }
-  if (!rc && getenv("BENCH_PROFILE")) nb_exe_print(exe, stderr); /* the last step's per-step times, bodies indented */
-  if (!rc) {
-    r->trace_ms = median(tt, compiles);
-    r->compile_ms = median(ct, compiles);
-    r->step_ms = median(st, steps);
+  int rc = 0;
+  for (int c = 0; c < compiles && !rc; c++)
+    for (int s = 0; s < 2 && !rc; s++) rc = compile_cold(ctx, &v[s], params, batch, loss_only, threads, c);
+  double warm;
+  for (int s = 0; s < 2 && !rc; s++) rc = run_step(ctx, &v[s], in, &warm);
+  for (int i = 0; i < steps && !rc; i++)
+    for (int s = 0; s < 2 && !rc; s++) rc = run_step(ctx, &v[s], in, &v[s].st[i]);
+  for (int s = 0; s < 2; s++) {
+    if (!rc && getenv("BENCH_PROFILE")) nb_exe_print(v[s].exe, stderr); /* the last step's per-step times, bodies indented */
+    if (!rc) r[s] = (result){median(v[s].tt, compiles), median(v[s].ct, compiles), median(v[s].st, steps)};
+    nb_exe_destroy(v[s].exe);
+    nb_graph_destroy(v[s].g);
   }
   nb_tree_destroy(in);
-  nb_exe_destroy(exe);
-  nb_graph_destroy(vg);
   nb_tree_destroy(batch);
   nb_tree_destroy(params);
   nb_array_release(key);
@@ -153,17 +154,18 @@ int main(int argc, char **argv) {
   }
   static const int64_t depth[2] = {12, 48};
   result r[2][2]; /* [depth][scan] */
-  printf("%s, B=%lld, T=%lld: median of %d cold compiles (empty cache directory) and %d steps\n", preset, (long long)B,
-         (long long)T, compiles, steps);
-  printf("| layers | scan_layers | step graph | trace + grad ms | cold compile ms | step ms |\n|---|---|---|---|---|---|\n");
-  for (int d = 0; d < 2; d++)
-    for (int s = 0; s < 2; s++) {
-      if (only_layers && d) break;
-      if (measure(preset, only_layers ? only_layers : depth[d], s, loss_only, B, T, compiles, steps, threads, &r[d][s])) return 1;
-      printf("| %lld | %s | %s | %.0f | %.0f | %.2f |\n", (long long)(only_layers ? only_layers : depth[d]), s ? "true" : "false",
-             r[d][s].grad ? "loss + grads" : "loss only", r[d][s].trace_ms, r[d][s].compile_ms, r[d][s].step_ms);
-      fflush(stdout);
-    }
+  printf("%s, B=%lld, T=%lld, %s: median of %d cold compiles (empty cache directory) and %d steps, the variants interleaved\n",
+         preset, (long long)B, (long long)T, loss_only ? "loss only" : "loss and gradients", compiles, steps);
+  printf("| layers | scan_layers | trace + grad ms | cold compile ms | step ms |\n|---|---|---|---|---|\n");
+  for (int d = 0; d < 2; d++) {
+    if (only_layers && d) break;
+    int64_t L = only_layers ? only_layers : depth[d];
+    if (measure(preset, L, loss_only, B, T, compiles, steps, threads, r[d])) return 1;
+    for (int s = 0; s < 2; s++)
+      printf("| %lld | %s | %.0f | %.0f | %.2f |\n", (long long)L, s ? "true" : "false", r[d][s].trace_ms, r[d][s].compile_ms,
+             r[d][s].step_ms);
+    fflush(stdout);
+  }
   if (only_layers) return 0;
   printf("cold compile 48 / 12 layers: scanned %.2fx, unrolled %.2fx\n", r[1][1].compile_ms / r[0][1].compile_ms,
          r[1][0].compile_ms / r[0][0].compile_ms);

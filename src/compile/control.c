@@ -91,6 +91,9 @@ static nb_status compile_step(nb_exe *e, nb_jstep *st) {
     st->kind = NB_EXE_STEP_EVAL;
     return NB_OK;
   }
+  /* the peak estimate: the bodies' arenas (kept by the step between runs) and the second carry */
+  e->plan.peak_bytes += c->scratch_bytes;
+  for (int i = 0; i < n; i++) e->plan.peak_bytes += c->sub[i]->plan.peak_bytes - c->sub[i]->plan.output_bytes;
   /* the model cost of one run: a scan's body times its length (a while
    * loop's trip count is not known: one iteration; a cond: its costliest branch) */
   double fl = 0, by = 0;
