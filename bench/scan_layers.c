@@ -94,7 +94,23 @@ static int measure(const char *preset, int64_t layers, bool loss_only, int64_t B
   for (int i = 0; i < steps && !rc; i++)
     for (int s = 0; s < 2 && !rc; s++) rc = run_step(ctx, &v[s], in, &v[s].st[i]);
   for (int s = 0; s < 2; s++) {
-    if (!rc && getenv("BENCH_PROFILE")) nb_exe_print(v[s].exe, stderr); /* the last step's per-step times, bodies indented */
+    if (!rc && getenv("BENCH_PROFILE")) { /* the last step's per-step times, bodies indented, and what each body writes */
+      nb_exe_print(v[s].exe, stderr);
+      for (size_t i = 0; i < nb_exe_num_steps(v[s].exe); i++)
+        for (size_t b = 0; nb_exe_step_body(v[s].exe, i, b); b++) {
+          const nb_graph *bg = nb_exe_graph(nb_exe_step_body(v[s].exe, i, b));
+          double bytes = 0;
+          nb_tree *spec = nb_graph_output_spec(bg);
+          for (size_t o = 0; spec && o < nb_tree_size(spec); o++) {
+            nb_aval a = nb_leaf_get_aval(nb_tree_leaf(spec, o));
+            bytes += (double)nb_shape_size(&a.shape) * (double)nb_dtype_size(a.dtype);
+            fprintf(stderr, "  out %s %s\n", nb_tree_path(spec, o), nb_aval_str(&a, (char[96]){0}, 96));
+          }
+          nb_tree_destroy(spec);
+          fprintf(stderr, "step %zu body %zu: %zu inputs, %zu outputs, %.3g bytes written per iteration\n", i, b,
+                  nb_graph_num_inputs(bg), nb_graph_num_outputs(bg), bytes);
+        }
+    }
     if (!rc) r[s] = (result){median(v[s].tt, compiles), median(v[s].ct, compiles), median(v[s].st, steps)};
     nb_exe_destroy(v[s].exe);
     nb_graph_destroy(v[s].g);
