@@ -12,6 +12,7 @@
 void nb__partial_free(nb_ctx *ctx, nb__partial *p) {
   nb_graph_destroy(p->known);
   nb_graph_destroy(p->lin);
+  nb_graph_destroy(p->hoisted);
   nb_dealloc(ctx, p->res_input, (size_t)(p->nres + 1) * sizeof(int));
   memset(p, 0, sizeof *p);
 }
@@ -28,6 +29,7 @@ typedef struct pe_work {
   nb_ctx *ctx;
   nb_graph *t;      /* the linearized program */
   bool *linear;     /* per value of t: depends on a tangent */
+  bool *invariant;  /* per value of t: depends only on inv_in inputs (and no impure equation) */
   int *res;         /* per value of t: residual index + 1, 0 when none */
   nb_val **kmap;    /* per value of t: its copy in known */
   nb_val **lmap;    /* per value of t: its copy in lin */
@@ -46,8 +48,8 @@ static nb_val *lin_value(pe_work *w, nb_graph *lin, const nb_val *v) {
   return nb_graph_status(lin) ? nb__poison(lin) : w->lmap[v->id];
 }
 
-nb_status nb__partial_eval(nb_ctx *ctx, const nb_graph *src, const bool *tan_in, const bool *fwd_in, const bool *want_out,
-                           bool *tout_nonzero, nb__partial *out) {
+nb_status nb__partial_eval(nb_ctx *ctx, const nb_graph *src, const bool *tan_in, const bool *fwd_in, const bool *inv_in,
+                           const bool *want_out, bool *tout_nonzero, nb__partial *out) {
   memset(out, 0, sizeof *out);
   size_t nin = nb_graph_num_inputs(src), nout = nb_graph_num_outputs(src);
   pe_work w = {.ctx = ctx, .t = nb_graph_create(ctx)};
@@ -75,21 +77,24 @@ nb_status nb__partial_eval(nb_ctx *ctx, const nb_graph *src, const bool *tan_in,
   if (st == NB_OK) {
     w.nv = nb__graph_nvals(w.t);
     w.linear = nb_calloc(ctx, (w.nv + 1) * sizeof(bool));
+    w.invariant = nb_calloc(ctx, (w.nv + 1) * sizeof(bool));
     w.res = nb_calloc(ctx, (w.nv + 1) * sizeof(int));
     w.kmap = nb_calloc(ctx, (w.nv + 1) * sizeof(nb_val *));
     w.lmap = nb_calloc(ctx, (w.nv + 1) * sizeof(nb_val *));
     small = nb_calloc(ctx, (w.nv + 1) * sizeof(nb_val *)); /* the residual values, in order */
-    if (!w.linear || !w.res || !w.kmap || !w.lmap || !small) st = NB_ERR_NOMEM;
+    if (!w.linear || !w.invariant || !w.res || !w.kmap || !w.lmap || !small) st = NB_ERR_NOMEM;
   }
-  for (size_t i = 0; st == NB_OK && i < nin; i++)
+  for (size_t i = 0; st == NB_OK && i < nin; i++) {
     if (tin[i]) w.linear[tin[i]->id] = true;
+    w.invariant[pin[i]->id] = inv_in && inv_in[i];
+  }
   size_t ne = st == NB_OK ? nb__graph_neqns(w.t) : 0;
   int nres = 0;
   for (size_t k = 0; k < ne; k++) {
     const nb_eqn *e = nb__graph_eqn(w.t, k);
-    bool lin = false;
-    for (int i = 0; i < e->nin; i++) lin = lin || w.linear[e->in[i]->id];
-    for (int i = 0; i < e->nout; i++) w.linear[e->out[i]->id] = lin;
+    bool lin = false, inv = !nb__rules(e->prim)->impure;
+    for (int i = 0; i < e->nin; i++) lin = lin || w.linear[e->in[i]->id], inv = inv && w.invariant[e->in[i]->id];
+    for (int i = 0; i < e->nout; i++) w.linear[e->out[i]->id] = lin, w.invariant[e->out[i]->id] = inv && !lin;
     for (int i = 0; lin && i < e->nin; i++) {
       const nb_val *v = e->in[i];
       if (w.linear[v->id] || w.res[v->id] || (v->def && v->def->nin == 0)) continue;
@@ -123,12 +128,34 @@ nb_status nb__partial_eval(nb_ctx *ctx, const nb_graph *src, const bool *tan_in,
   }
   for (int r = 0; known && r < nres; r++) {
     const nb_val *v = small[r];
-    out->res_input[r] = -1;
+    out->res_input[r] = NB__RES_COMPUTED;
     for (size_t i = 0; i < nin; i++)
       if (pin[i] == v && fwd_in[i]) out->res_input[r] = (int)i;
-    if (out->res_input[r] >= 0) continue;
+    if (out->res_input[r] < 0 && inv_in && w.invariant[v->id]) out->res_input[r] = NB__RES_HOISTED;
+    if (out->res_input[r] != NB__RES_COMPUTED) continue;
     snprintf(path, sizeof path, "residual/%d", r);
     nb__graph_add_output(known, path, w.kmap[v->id]);
+  }
+
+  /* 3b. hoisted: (the inv_in inputs) -> the loop-invariant residuals */
+  nb_graph *hoisted = known && inv_in ? nb_graph_create(ctx) : NULL;
+  if (hoisted) {
+    nb_val **hmap = w.lmap; /* borrowed as scratch until lin is built */
+    for (size_t i = 0; i < nin; i++)
+      if (inv_in[i]) hmap[pin[i]->id] = nb__graph_add_input(hoisted, nb_graph_input_path(src, i), pin[i]->aval);
+    for (size_t k = 0; !nb_graph_status(hoisted) && k < ne; k++) {
+      const nb_eqn *e = nb__graph_eqn(w.t, k);
+      if (!e->nout || !w.invariant[e->out[0]->id] || e->nin > 512) continue;
+      for (int i = 0; i < e->nin; i++) ins[i] = hmap[e->in[i]->id];
+      nb__emit(hoisted, e->loc, e->prim, e->nin, ins, e->params, e->params_size, NULL, outs);
+      for (int i = 0; !nb_graph_status(hoisted) && i < e->nout; i++) hmap[e->out[i]->id] = outs[i];
+    }
+    for (int r = 0; r < nres; r++) {
+      if (out->res_input[r] != NB__RES_HOISTED) continue;
+      snprintf(path, sizeof path, "residual/%d", r);
+      nb__graph_add_output(hoisted, path, hmap[small[r]->id]);
+    }
+    memset(w.lmap, 0, (w.nv + 1) * sizeof(nb_val *));
   }
 
   /* 4. lin: (residuals, tangents) -> the wanted output tangents */
@@ -161,17 +188,19 @@ nb_status nb__partial_eval(nb_ctx *ctx, const nb_graph *src, const bool *tan_in,
     nb__graph_add_output(lin, path, tout[i] && w.linear[tout[i]->id] ? w.lmap[tout[i]->id] : nb__zeros(lin, a));
   }
 
-  if (st == NB_OK && (nb_graph_status(known) || nb_graph_status(lin))) {
-    const nb_graph *bad = nb_graph_status(known) ? known : lin;
+  if (st == NB_OK && (nb_graph_status(known) || nb_graph_status(lin) || (hoisted && nb_graph_status(hoisted)))) {
+    const nb_graph *bad = nb_graph_status(known) ? known : nb_graph_status(lin) ? lin : hoisted;
     st = nb_errorf(ctx, nb_graph_status(bad), "linearizing a carried graph: %s", nb_graph_error(bad));
   }
   out->known = dce_replace(known);
   out->lin = dce_replace(lin);
-  if (st == NB_OK && (!out->known || !out->lin)) st = nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_NOMEM;
+  out->hoisted = dce_replace(hoisted);
+  if (st == NB_OK && (!out->known || !out->lin || (inv_in && !out->hoisted))) st = nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_NOMEM;
   if (st == NB_ERR_NOMEM && nb_ctx_status(ctx) == NB_OK) nb_errorf(ctx, st, "out of memory in partial evaluation");
   if (st != NB_OK) nb__partial_free(ctx, out);
 
   nb_dealloc(ctx, w.linear, (w.nv + 1) * sizeof(bool));
+  nb_dealloc(ctx, w.invariant, (w.nv + 1) * sizeof(bool));
   nb_dealloc(ctx, w.res, (w.nv + 1) * sizeof(int));
   nb_dealloc(ctx, w.kmap, (w.nv + 1) * sizeof(nb_val *));
   nb_dealloc(ctx, w.lmap, (w.nv + 1) * sizeof(nb_val *));

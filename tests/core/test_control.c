@@ -82,6 +82,32 @@ static void test_scan_length_only(void) {
   nb_graph_destroy(g);
 }
 
+/* Zero trips: the carry passes through, ys are empty; grad too. */
+static void test_scan_zero_length(void) {
+  nb_graph *body = sum_body(NB_F64), *g = nb_graph_create(ctx);
+  const int64_t d02[2] = {0, 2};
+  nb_val *c0 = nb_graph_input(g, "c0", av(NB_F64, 1, D2)), *xs = nb_graph_input(g, "xs", av(NB_F64, 2, d02)), *c, *ys;
+  CHECK_OK(ctx, nb_scan(g, body, 0, NULL, 1, &c0, 1, &xs, NULL, &c, &ys));
+  nb_graph_output(g, "loss", nb_reduce_sum(nb_mul(c, c), 0, NULL));
+  nb_graph_output(g, "ys", ys);
+  nb_grad_opts aux = {.has_aux = true};
+  nb_graph *dg = nb_grad(ctx, g, &aux);
+  CHECK_MSG(dg, "%s", nb_ctx_error(ctx));
+  nb_array *in[2] = {nb_array_from_f64(ctx, NB_F64, 1, D2, (double[]){1, 2}), nb_array_zeros(ctx, NB_F64, 2, d02)};
+  nb_array *out[3] = {NULL, NULL, NULL};
+  if (dg && run(dg, in, out) == NB_OK) {
+    /* outputs: aux/ys, grad/c0, grad/xs */
+    CHECK(nb_array_size(out[0]) == 0 && nb_array_size(out[2]) == 0);
+    nb_test_check_values(ctx, "grad through zero trips", out[1], NB_F64, 1, D2, (double[]){2, 4});
+    nb_array_release(out[0]);
+    nb_array_release(out[2]);
+  }
+  for (int i = 0; i < 2; i++) nb_array_release(in[i]);
+  nb_graph_destroy(dg);
+  nb_graph_destroy(body);
+  nb_graph_destroy(g);
+}
+
 static nb_graph *scale_branch(double k) {
   nb_graph *b = nb_graph_create(ctx);
   nb_val *x = nb_graph_input(b, "x", av(NB_F32, 1, D3));
@@ -523,6 +549,38 @@ static void test_grad_structure(void) {
   nb_array_release(a.wy);
 }
 
+/* A residual that depends on the consts only (exp(w) here, which the
+ * tangent of h exp(w) needs) is computed once before the loop, not stacked
+ * per iteration: it shows as a top-level exp in the grad graph (carried
+ * bodies print as hashes). The derivatives are checked against finite
+ * differences, to second order. */
+static nb_status f_invariant(nb_graph *g, const nb_tree *in, nb_tree *out, void *user) {
+  nb_graph *b = nb_graph_create(ctx);
+  nb_val *bw = nb_graph_input(b, "w", av(NB_F64, 1, G3)), *bh = nb_graph_input(b, "h", av(NB_F64, 1, G3));
+  nb_val *bx = nb_graph_input(b, "x", av(NB_F64, 1, G3));
+  nb_graph_output(b, "h", nb_tanh(nb_add(nb_mul(bh, nb_exp(bw)), bx)));
+  nb_val *w = nb_tree_get_val(in, "w"), *h = nb_tree_get_val(in, "h"), *xs = nb_tree_get_val(in, "xs"), *hT;
+  nb_status st = nb_scan(g, b, 1, &w, 1, &h, 1, &xs, NULL, &hT, NULL);
+  nb_graph_destroy(b);
+  return st ? st : nb_tree_set_val(out, "loss", nb_reduce_sum(nb_mul(hT, hT), 0, NULL));
+}
+
+static void test_hoisted_residuals(void) {
+  nb_test_rng rng = {99};
+  nb_tree *in = nb_tree_create(ctx);
+  nb_test_set_randn(in, &rng, "w", NB_F64, 1, G3);
+  nb_test_set_randn(in, &rng, "h", NB_F64, 1, G3);
+  nb_test_set_randn(in, &rng, "xs", NB_F64, 2, (int64_t[]){5, 3});
+  nb_graph *g = nb_trace(ctx, f_invariant, NULL, in), *dg = g ? nb_grad(ctx, g, NULL) : NULL;
+  char *text = dg ? nb_graph_to_string(dg) : NULL;
+  CHECK_MSG(text && strstr(text, "= exp %"), "exp(w) is not hoisted out of the scan:\n%s", text ? text : nb_ctx_error(ctx));
+  free(text);
+  CHECK(nb_test_check_grads(ctx, "scan with a loop-invariant residual", f_invariant, NULL, in, 1e-6, true));
+  nb_graph_destroy(dg);
+  nb_graph_destroy(g);
+  nb_tree_destroy(in);
+}
+
 /* ---------------------------------------------------------------- errors */
 
 static void test_errors(void) {
@@ -625,12 +683,14 @@ int main(void) {
   size_t base = nb_ctx_bytes_in_use(ctx);
   test_scan_values();
   test_scan_length_only();
+  test_scan_zero_length();
   test_switch_values();
   test_while_values();
   test_fori_values();
   test_errors();
   test_goldens();
   test_grad_structure();
+  test_hoisted_residuals();
   CHECK_MSG(nb_ctx_bytes_in_use(ctx) == base, "%zu bytes leaked", nb_ctx_bytes_in_use(ctx) - base);
   nb_ctx_destroy(ctx);
   return nb_test_summary("core/control");

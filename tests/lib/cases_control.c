@@ -66,6 +66,19 @@ static nb_graph *grow_body(nb_ctx *ctx) {
   return b;
 }
 
+/* scan body with a cond inside: (h; x) -> (cond(sum(h x) > 0, sin, cos x)(h + x); h) */
+static nb_graph *nested_body(nb_ctx *ctx) {
+  nb_graph *b = nb_graph_create(ctx), *t = branch_sin(ctx), *f = branch_cosx(ctx);
+  nb_val *h = nb_graph_input(b, "h", f64v(1, D3)), *x = nb_graph_input(b, "x", f64v(1, D3)), *y;
+  nb_val *hx = nb_add(h, x);
+  nb_cond(b, nb_gt(nb_reduce_sum(nb_mul(h, x), 0, NULL), nb_scalar(b, NB_F64, 0)), t, f, 1, &hx, &y);
+  nb_graph_output(b, "h", y);
+  nb_graph_output(b, "y", h);
+  nb_graph_destroy(t);
+  nb_graph_destroy(f);
+  return b;
+}
+
 /* ---------------------------------------------------------------- traced functions */
 
 static nb_status f_cond(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
@@ -95,6 +108,16 @@ static nb_status f_scan(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
   nb_val *w = nb_tree_get_val(in, "w"), *h = nb_tree_get_val(in, "h"), *xs = nb_tree_get_val(in, "xs"), *hT, *ys;
   nb_scan_opts o = {.reverse = u != NULL};
   nb_status st = nb_scan(g, body, 1, &w, 1, &h, 1, &xs, &o, &hT, &ys);
+  if (st == NB_OK) st = nb_tree_set_val(out, "h", hT);
+  if (st == NB_OK) st = nb_tree_set_val(out, "ys", ys);
+  nb_graph_destroy(body);
+  return st;
+}
+
+static nb_status f_nested(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
+  nb_graph *body = nested_body(nb_graph_ctx(g));
+  nb_val *h = nb_tree_get_val(in, "h"), *xs = nb_tree_get_val(in, "xs"), *hT, *ys;
+  nb_status st = nb_scan(g, body, 0, NULL, 1, &h, 1, &xs, NULL, &hT, &ys);
   if (st == NB_OK) st = nb_tree_set_val(out, "h", hT);
   if (st == NB_OK) st = nb_tree_set_val(out, "ys", ys);
   nb_graph_destroy(body);
@@ -175,6 +198,7 @@ static const nb_prim_case cases[] = {
     {"cond", "switch(i clamped to 0..2, [sin, cos x, exp / 2])", f_switch, NULL, in_switch, 0, 0},
     {"scan", "rnn h = tanh(h w + x), ys = h x", f_scan, NULL, in_scan, 0, 0},
     {"scan", "reverse rnn", f_scan, &reversed, in_scan, 0, 0},
+    {"scan", "a cond inside a scan (vmap: a batched predicate inside the body)", f_nested, NULL, in_scan, 0, 0},
     {"scan", "fori_loop over constant bounds", f_fori, NULL, in_fori, 0, 0},
     {"while_loop", "fori_loop over traced bounds", f_fori, &reversed, in_fori_dynamic, NB_CASE_NO_GRAD, 0},
     {"while_loop", "while sum(x) < 6: x = x + 1 + sin(x) / 10", f_while, NULL, in_while, NB_CASE_NO_GRAD, 0},

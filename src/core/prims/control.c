@@ -66,9 +66,12 @@ static void release_all(int n, nb_array **a) {
   }
 }
 
-static void copy_into(nb_array *dst, const nb_array *src) {
-  memcpy(nb_array_data_mut(dst), nb_array_data(src), nb_array_nbytes(dst));
+/* memcpy that accepts empty (possibly NULL) buffers. */
+static void copy_bytes(void *dst, const void *src, size_t n) {
+  if (n) memcpy(dst, src, n);
 }
+
+static void copy_into(nb_array *dst, const nb_array *src) { copy_bytes(nb_array_data_mut(dst), nb_array_data(src), nb_array_nbytes(dst)); }
 
 /* ---------------------------------------------------------------- cond */
 
@@ -320,7 +323,7 @@ static nb_status scan_eval(nb_ctx *ctx, const nb_eqn *e, nb_array *const *in, nb
     int64_t t = p->reverse ? p->length - 1 - it : it;
     for (int j = 0; j < nx; j++) {
       size_t rb = nb_array_nbytes(rows[j]);
-      memcpy(nb_array_data_mut(rows[j]), (const char *)nb_array_data(in[nc + nk + j]) + (size_t)t * rb, rb);
+      if (rb) memcpy(nb_array_data_mut(rows[j]), (const char *)nb_array_data(in[nc + nk + j]) + (size_t)t * rb, rb);
     }
     for (int i = 0; i < nc; i++) bin[i] = in[i];
     for (int i = 0; i < nk; i++) bin[nc + i] = carry[i];
@@ -331,7 +334,7 @@ static nb_status scan_eval(nb_ctx *ctx, const nb_eqn *e, nb_array *const *in, nb
     memcpy(carry, res, sizeof(nb_array *) * (size_t)nk);
     for (int j = 0; j < ny; j++) {
       size_t yb = nb_array_nbytes(res[nk + j]);
-      memcpy((char *)nb_array_data_mut(out[nk + j]) + (size_t)t * yb, nb_array_data(res[nk + j]), yb);
+      if (yb) memcpy((char *)nb_array_data_mut(out[nk + j]) + (size_t)t * yb, nb_array_data(res[nk + j]), yb);
     }
     release_all(ny, res + nk);
   }
@@ -453,7 +456,7 @@ static nb_status carry_fixpoint(nb_ctx *ctx, const nb_graph *body, int first, in
   bool want[256] = {false}, nz[256];
   for (int round = 0; round <= ncarry; round++) {
     nb__partial pe;
-    nb_status st = nb__partial_eval(ctx, body, tan, fwd, want, nz, &pe);
+    nb_status st = nb__partial_eval(ctx, body, tan, fwd, NULL, want, nz, &pe);
     if (st) return st;
     nb__partial_free(ctx, &pe);
     bool changed = false;
@@ -475,22 +478,23 @@ static nb_status scan_linearize(nb_graph *g, const nb_eqn *e, nb_val *const *p, 
   if (nin > 256 || nout > 256)
     return nb__fail(g, e->loc, NB_ERR_UNIMPLEMENTED, "scan: differentiating a scan with more than 256 operands or outputs"),
            NB_ERR_UNIMPLEMENTED;
-  bool tan[256], fwd[256], want[256], nz[256];
+  bool tan[256], fwd[256], inv[256], want[256], nz[256];
   for (int i = 0; i < nin; i++) {
     tan[i] = t[i] && nb_dtype_is_float(e->in[i]->aval.dtype);
     fwd[i] = i < nc || i >= nc + nk;
+    inv[i] = i < nc;
   }
   nb__partial pe = {0};
   memset(want, 0, sizeof want);
   nb_status st = carry_fixpoint(ctx, sp->body, nc, nk, tan, fwd);
-  if (!st) st = nb__partial_eval(ctx, sp->body, tan, fwd, want, nz, &pe), nb__partial_free(ctx, &pe);
+  if (!st) st = nb__partial_eval(ctx, sp->body, tan, fwd, NULL, want, nz, &pe), nb__partial_free(ctx, &pe);
   for (int i = 0; i < nout; i++) want[i] = i < nk ? tan[nc + i] : nz[i];
-  if (!st) st = nb__partial_eval(ctx, sp->body, tan, fwd, want, NULL, &pe);
+  if (!st) st = nb__partial_eval(ctx, sp->body, tan, fwd, inv, want, NULL, &pe);
   if (st) return fail_from_ctx(g, e, "scan: linearizing the body");
 
   /* the forward scan: outputs, then the stacked computed residuals */
   int ncomp = 0;
-  for (int r = 0; r < pe.nres; r++) ncomp += pe.res_input[r] < 0;
+  for (int r = 0; r < pe.nres; r++) ncomp += pe.res_input[r] == NB__RES_COMPUTED;
   nb_scan_params kp = *sp;
   kp.body = pe.known;
   nb_val *kout[512];
@@ -500,6 +504,11 @@ static nb_status scan_linearize(nb_graph *g, const nb_eqn *e, nb_val *const *p, 
            NB_ERR_UNIMPLEMENTED;
   }
   nb__emit(g, e->loc, NB_PRIM_scan, nin, p, &kp, sizeof kp, NULL, kout);
+  /* the loop-invariant residuals, computed once from the consts */
+  nb_val *hout[256];
+  if (!nb_graph_status(g) && nb_graph_num_outputs(pe.hoisted) > 256)
+    nb__fail(g, e->loc, NB_ERR_UNIMPLEMENTED, "scan: the body needs %zu loop-invariant residuals (at most 256)", nb_graph_num_outputs(pe.hoisted));
+  if (!nb_graph_status(g)) nb__graph_inline(g, pe.hoisted, p, hout);
 
   /* the linear scan: consts (residual consts, tangent consts), carry
    * (tangent carry), xs (residual xs, tangent xs, stacked residuals) */
@@ -512,6 +521,8 @@ static nb_status scan_linearize(nb_graph *g, const nb_eqn *e, nb_val *const *p, 
   nb_val *ops[768];
   for (int r = 0; r < pe.nres; r++)
     if (pe.res_input[r] >= 0 && pe.res_input[r] < nc) from[n] = r, ops[n++] = p[pe.res_input[r]];
+  for (int r = 0, h = 0; r < pe.nres && !nb_graph_status(g); r++)
+    if (pe.res_input[r] == NB__RES_HOISTED) from[n] = r, ops[n++] = hout[h++];
   for (int i = 0; i < nc; i++)
     if (tan[i]) from[n] = pe.nres + ntan_before[i], ops[n++] = t[i];
   lnc = n;
@@ -521,8 +532,8 @@ static nb_status scan_linearize(nb_graph *g, const nb_eqn *e, nb_val *const *p, 
     if (pe.res_input[r] >= nc + nk) from[n] = r, ops[n++] = p[pe.res_input[r]];
   for (int i = nc + nk; i < nin; i++)
     if (tan[i]) from[n] = pe.nres + ntan_before[i], ops[n++] = t[i];
-  for (int r = 0; r < pe.nres; r++)
-    if (pe.res_input[r] < 0) from[n] = r, ops[n++] = kout[nout + comp++];
+  for (int r = 0; r < pe.nres && !nb_graph_status(g); r++)
+    if (pe.res_input[r] == NB__RES_COMPUTED) from[n] = r, ops[n++] = kout[nout + comp++];
   nb_graph *lbody = nb_graph_status(g) ? NULL : reorder_inputs(ctx, pe.lin, from);
   nb__partial_free(ctx, &pe);
   if (!lbody) return nb_graph_status(g) ? nb_graph_status(g) : fail_from_ctx(g, e, "scan: the linear body");
@@ -681,7 +692,7 @@ static nb_status cond_linearize(nb_graph *g, const nb_eqn *e, nb_val *const *p, 
   nb_status st = NB_OK;
   int slot0[NB_COND_MAX_BRANCHES + 1], nslots = 0;
   for (int b = 0; st == NB_OK && b < nb; b++) {
-    st = nb__partial_eval(ctx, cp->branches[b], tan, fwd, want, NULL, &pe[b]);
+    st = nb__partial_eval(ctx, cp->branches[b], tan, fwd, NULL, want, NULL, &pe[b]);
     slot0[b] = nslots;
     for (int r = 0; st == NB_OK && r < pe[b].nres; r++) {
       if (pe[b].res_input[r] >= 0) used[pe[b].res_input[r]] = true;
@@ -1092,7 +1103,7 @@ nb_status nb_switch_at(nb_loc loc, nb_graph *g, nb_val *index, int nbranches, co
   for (int k = 0; k < nbranches; k++) p.branches[k] = branches[k];
   nb_val *all[512];
   all[0] = nb_val_dtype(index) == NB_I32 ? index : nb_convert_at(loc, index, NB_I32);
-  memcpy(all + 1, ops, sizeof(nb_val *) * (size_t)nops);
+  copy_bytes(all + 1, ops, sizeof(nb_val *) * (size_t)nops);
   nb__emit(g, loc, NB_PRIM_cond, nops + 1, all, &p, sizeof p, NULL, outs);
   return finish(g, nout, outs);
 }
@@ -1196,7 +1207,7 @@ static nb_graph *fori_step(nb_ctx *ctx, const nb_graph *body, int nconsts, int n
   int nr = 0;
   if (w && nb__graph_inline(w, body, ins, outs) == NB_OK) {
     next[0] = nb_add_at((nb_loc){0}, ins[nconsts], nb_scalar_at((nb_loc){0}, w, NB_I32, 1));
-    memcpy(next + 1, outs, sizeof(nb_val *) * (size_t)ncarry);
+    copy_bytes(next + 1, outs, sizeof(nb_val *) * (size_t)ncarry);
     nr = ncarry + 1;
   }
   return finish_graph(w, nr, next, "out");
@@ -1244,7 +1255,7 @@ nb_status nb_fori_loop_at(nb_loc loc, nb_graph *g, nb_val *lower, nb_val *upper,
   nb_val *lo = nb_convert_at(loc, lower, NB_I32), *hi = nb_convert_at(loc, upper, NB_I32);
   nb_val *carry[256], *res[256];
   carry[0] = lo;
-  memcpy(carry + 1, init, sizeof(nb_val *) * (size_t)ncarry);
+  copy_bytes(carry + 1, init, sizeof(nb_val *) * (size_t)ncarry);
   int64_t a, b;
   if (const_int(lower, &a) && const_int(upper, &b)) {
     nb_scan_opts o = {.length = b > a ? b - a : 0};
