@@ -64,6 +64,16 @@ bool nb_jit__control_in_place_ok(const nb_jstep *st, uint32_t in, uint32_t out) 
   return uses == 1 && slot >= 0 && slot < e->nout && e->out[slot]->id == out;
 }
 
+int nb_jit__control_output_operand(const nb_eqn *e, int out) {
+  if (e->prim != NB_PRIM_scan) return -1;
+  const nb_scan_params *p = e->params;
+  if (out < p->ncarry) return -1;
+  const nb_val *y = nb__graph_output(p->body, (size_t)out);
+  for (int i = p->nconsts + p->ncarry; i < e->nin; i++)
+    if (nb__graph_input(p->body, (size_t)i) == y && nb_aval_equal(&e->in[i]->aval, &e->out[out]->aval)) return i;
+  return -1;
+}
+
 static size_t val_bytes(const nb_val *v) { return nb_shape_size(&v->aval.shape) * nb_dtype_size(v->aval.dtype); }
 
 static nb_status compile_step(nb_exe *e, nb_jstep *st) {

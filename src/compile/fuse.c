@@ -216,9 +216,17 @@ static void decide_materialized(fz *f) {
   for (size_t v = 0; v < f->nv; v++) f->view[v] = -1;
   for (size_t k = 0; k < f->ne; k++) {
     const nb_eqn *e = nb__graph_eqn(f->g, k);
-    if (e->prim != NB_PRIM_reshape) continue;
-    uint32_t id = e->out[0]->id, x = e->in[0]->id;
-    if (f->mat[id] && f->mat[x] && !f->is_out[id] && f->evaluated_only[id]) f->view[id] = f->view[x] >= 0 ? f->view[x] : (int)x;
+    if (e->prim == NB_PRIM_reshape) {
+      uint32_t id = e->out[0]->id, x = e->in[0]->id;
+      if (f->mat[id] && f->mat[x] && !f->is_out[id] && f->evaluated_only[id]) f->view[id] = f->view[x] >= 0 ? f->view[x] : (int)x;
+    }
+    /* a scan's ys that its body passes through from its xs are those xs
+     * (residuals of a differentiated scan: the layers' parameters) */
+    for (int o = 0; o < e->nout && nb_jit__is_control(e) && !f->cfg->off[NB_SW_native]; o++) {
+      int k2 = nb_jit__control_output_operand(e, o);
+      uint32_t id = e->out[o]->id;
+      if (k2 >= 0 && !f->is_out[id]) f->view[id] = f->view[e->in[k2]->id] >= 0 ? f->view[e->in[k2]->id] : (int)e->in[k2]->id;
+    }
   }
 }
 

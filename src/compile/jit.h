@@ -219,6 +219,9 @@ void nb_jit__control_print(const nb_jstep *st, FILE *f, int depth);
  * memory? True for a loop's initial carry and the matching final carry: it
  * is read once, before the first iteration writes anything. */
 bool nb_jit__control_in_place_ok(const nb_jstep *st, uint32_t in, uint32_t out);
+/* The operand whose memory output `out` of control equation e is, or -1: a
+ * scan's ys that the body passes through unchanged from its xs. */
+int nb_jit__control_output_operand(const nb_eqn *e, int out);
 /* jit.c: an executable for a body graph under the parent's configuration
  * (not in the memory cache; the parent owns it). NULL + error on ctx. */
 nb_exe *nb_jit__compile_sub(nb_ctx *ctx, const nb_graph *g, const nb_jit_config *cfg);

@@ -476,6 +476,38 @@ static void test_reshape_views(void) {
   nb_graph_destroy(g);
 }
 
+/* A y the body passes through from its x (a differentiated scan's residual
+ * parameters) is the xs' memory: no copy per iteration, no buffer. */
+static void test_passthrough_ys(void) {
+  const int64_t L = 8, M = 4096;
+  int64_t d[1] = {M}, dx[2] = {L, M};
+  static const int ax01[2] = {0, 1};
+  nb_graph *body = nb_graph_create(ctx);
+  nb_val *h = nb_graph_input(body, "a_h", f32(1, d)), *x = nb_graph_input(body, "b_x", f32(1, d));
+  nb_graph_output(body, "a_h", nb_add(h, x));
+  nb_graph_output(body, "b_y", x);
+  nb_graph *g = nb_graph_create(ctx);
+  nb_val *gh = nb_graph_input(g, "h", f32(1, d)), *xs = nb_graph_input(g, "xs", f32(2, dx));
+  nb_val *xs2 = nb_exp(xs), *hout, *ys; /* computed xs: an intermediate the ys can share */
+  nb_scan_opts so = {.length = L, .reverse = true};
+  CHECK_OK(ctx, nb_scan(g, body, 0, NULL, 1, &gh, 1, &xs2, &so, &hout, &ys));
+  nb_graph_output(g, "h", hout);
+  nb_graph_output(g, "s", nb_reduce_sum(nb_mul(ys, xs2), 2, ax01));
+  nb_tree *in = nb_tree_create(ctx);
+  put(in, "h", NB_F32, 1, d);
+  put(in, "xs", NB_F32, 2, dx);
+  nb_exe *e = check_all_modes(g, in, "passthrough ys");
+  if (e && !env_disable()) {
+    nb_exe_stats s;
+    nb_exe_get_stats(e, &s);
+    CHECK_MSG(s.arena_bytes < 2 * (size_t)(L * M) * sizeof(float), "arena %zu bytes: ys has a buffer of its own", s.arena_bytes);
+  }
+  nb_exe_destroy(e);
+  nb_tree_destroy(in);
+  nb_graph_destroy(g);
+  nb_graph_destroy(body);
+}
+
 int main(void) {
   ctx = nb_ctx_create();
   test_scan();
@@ -488,6 +520,7 @@ int main(void) {
   test_grad_of_scan();
   test_donated_carry();
   test_reshape_views();
+  test_passthrough_ys();
   nb_ctx_destroy(ctx);
   return nb_test_summary("jit_control");
 }
