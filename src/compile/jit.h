@@ -120,8 +120,10 @@ typedef struct nb_jbuf {
   int donor;          /* OUTPUT: donated input index whose buffer it may take, or -1 */
   int alias;          /* TEMP: the value whose memory it lives in (a chain of in-place
                        * updates, buffers.c): a TEMP with its own range or an OUTPUT; -1 */
-  int view;           /* TEMP: a reshape of this value's buffer (not itself a view), read only
-                       * by evaluated and control steps: its memory, no copy (fuse.c); -1 */
+  int view;           /* TEMP: lives in this value's buffer (not itself a view) at view_offset, no
+                       * copy: a reshape read only by evaluated and control steps, a contiguous
+                       * slice, a scan's ys passed through from its xs (fuse.c); -1 */
+  size_t view_offset;
 } nb_jbuf;
 
 typedef struct nb_jstep {

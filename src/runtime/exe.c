@@ -159,7 +159,7 @@ static void bind_pointers(nb_exe *e, char *arena, nb_array *const *in, nb_array 
   for (size_t v = 0; v < e->plan.nvals; v++)
     if (e->plan.bufs[v].cls == NB_BUF_TEMP && e->plan.bufs[v].alias >= 0) ptr[v] = ptr[e->plan.bufs[v].alias];
   for (size_t v = 0; v < e->plan.nvals; v++) /* a reshape read in its operand's memory */
-    if (e->plan.bufs[v].cls == NB_BUF_TEMP && e->plan.bufs[v].view >= 0) ptr[v] = ptr[e->plan.bufs[v].view];
+    if (e->plan.bufs[v].cls == NB_BUF_TEMP && e->plan.bufs[v].view >= 0) ptr[v] = ptr[e->plan.bufs[v].view] + e->plan.bufs[v].view_offset;
 }
 
 static nb_status run_steps(nb_exe *e, char **ptr, char **args, nb_array *const *in, nb_array **out, double *ms) {
@@ -305,7 +305,7 @@ nb_status nb_rt__run_frame(nb_exe *e, nb_rt_frame *f, char *const *in, char *con
   for (size_t v = 0; v < e->plan.nvals; v++)
     if (e->plan.bufs[v].cls == NB_BUF_TEMP && e->plan.bufs[v].alias >= 0) ptr[v] = ptr[e->plan.bufs[v].alias];
   for (size_t v = 0; v < e->plan.nvals; v++)
-    if (e->plan.bufs[v].cls == NB_BUF_TEMP && e->plan.bufs[v].view >= 0) ptr[v] = ptr[e->plan.bufs[v].view];
+    if (e->plan.bufs[v].cls == NB_BUF_TEMP && e->plan.bufs[v].view >= 0) ptr[v] = ptr[e->plan.bufs[v].view] + e->plan.bufs[v].view_offset;
   nb_status st = run_steps(e, ptr, f->args, NULL, NULL, f->ms);
   /* outputs that are inputs, constants or another output's value: copied */
   for (size_t i = 0; st == NB_OK && i < nb_graph_num_outputs(g); i++) {

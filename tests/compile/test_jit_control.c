@@ -476,6 +476,37 @@ static void test_reshape_views(void) {
   nb_graph_destroy(g);
 }
 
+/* A contiguous slice (single indices, one range, whole dims: the per-layer
+ * gradients out of scan_layers' stacked ones) is its operand's memory at an
+ * offset: no step; other slices are copied. */
+static void test_slice_views(void) {
+  int64_t d[3] = {6, 4, 5};
+  static const int64_t s1[3] = {2, 0, 0}, l1[3] = {3, 4, 5}, s2[3] = {1, 1, 0}, l2[3] = {2, 3, 5}, s3[3] = {0, 0, 1}, l3[3] = {6, 4, 3};
+  static const int64_t s4[3] = {3, 0, 0}, l4[3] = {6, 4, 5};
+  nb_graph *g = nb_graph_create(ctx);
+  nb_val *x = nb_graph_input(g, "x", f32(3, d)), *y = nb_exp(x);
+  nb_val *a = nb_slice(y, s1, l1, NULL), *b = nb_slice(y, s2, l2, NULL), *c = nb_slice(y, s3, l3, NULL), *r = nb_slice(x, s4, l4, NULL);
+  nb_graph_output(g, "a", nb_mul(a, nb_scalar(g, NB_F32, 2)));
+  nb_graph_output(g, "b", nb_add(b, nb_scalar(g, NB_F32, 1)));
+  nb_graph_output(g, "c", c);
+  nb_graph_output(g, "r", nb_neg(r));
+  nb_graph_output(g, "y", nb_sub(y, x)); /* y's memory is read through the views and by this kernel */
+  nb_tree *in = nb_tree_create(ctx);
+  put(in, "x", NB_F32, 3, d);
+  nb_exe *e = check_all_modes(g, in, "slice views");
+  if (e && !env_disable()) {
+    int slices = 0;
+    for (size_t i = 0; i < nb_exe_num_steps(e); i++) {
+      nb_exe_step_info si;
+      if (nb_exe_step(e, i, &si) == NB_OK && !strcmp(si.name, "slice")) slices++;
+    }
+    CHECK_MSG(slices == 1, "%d slice steps: only the strided one is a copy", slices);
+  }
+  nb_exe_destroy(e);
+  nb_tree_destroy(in);
+  nb_graph_destroy(g);
+}
+
 /* A y the body passes through from its x (a differentiated scan's residual
  * parameters) is the xs' memory: no copy per iteration, no buffer. */
 static void test_passthrough_ys(void) {
@@ -521,6 +552,7 @@ int main(void) {
   test_donated_carry();
   test_reshape_views();
   test_passthrough_ys();
+  test_slice_views();
   nb_ctx_destroy(ctx);
   return nb_test_summary("jit_control");
 }
