@@ -33,8 +33,9 @@ static size_t count_prim(const nb_graph *g, const char *name) {
   return n;
 }
 
-/* value_and_grad of the loss (or the loss alone when the core cannot
- * differentiate a scan yet: reported as skipped) */
+/* value_and_grad of the loss (or, with remat, the loss alone: the core
+ * cannot differentiate a remat region inside a scan body yet; reported as
+ * skipped) */
 static nb_graph *loss_graph(const nb_model_config *c, bool remat, const nb_tree *params, const nb_tree *batch, bool *grad) {
   nb_model_trace_opts o = {.remat = remat};
   nb_graph *g = nb_model_trace_loss(ctx, c, &o, params, batch);
@@ -47,7 +48,8 @@ static nb_graph *loss_graph(const nb_model_config *c, bool remat, const nb_tree 
     *grad = true;
     return vg;
   }
-  CHECK_MSG(strstr(nb_ctx_error(ctx), "not implemented"), "value_and_grad: %s", nb_ctx_error(ctx));
+  /* only a remat region inside the scanned body cannot be differentiated yet */
+  CHECK_MSG(remat && strstr(nb_ctx_error(ctx), "not implemented"), "value_and_grad: %s", nb_ctx_error(ctx));
   snprintf(skipped_why, sizeof skipped_why, "%s", nb_ctx_error(ctx));
   nb_ctx_clear_error(ctx);
   *grad = false;
