@@ -5,7 +5,9 @@
  * scan, and a donated carry, against the interpreter with everything on,
  * fusion off and everything off. The plan is a loop: the parent's steps and
  * the body's kernels do not grow with the trip count, and a scan compiled
- * is bit-identical to the same body unrolled and compiled. */
+ * is bit-identical to the same body unrolled and compiled. Views (what
+ * scan_layers relies on): a reshape read by an evaluated step, a contiguous
+ * slice and a scan's passed-through ys get no copy. */
 #include "jitcheck.h"
 
 static nb_ctx *ctx;
