@@ -140,6 +140,8 @@ typedef enum nb_exe_step_kind {
   NB_EXE_STEP_KERNEL, /* a generated loop kernel */
   NB_EXE_STEP_EVAL,   /* one equation through its reference implementation */
   NB_EXE_STEP_BLAS,   /* dot_general as one library call of the backend (cpu: cblas_?gemm) */
+  NB_EXE_STEP_CONTROL, /* cond, while_loop or scan: its bodies compiled as executables of their own,
+                          run as a loop (buffers planned once) or as the taken branch */
   NB_EXE_STEP_KIND_COUNT
 } nb_exe_step_kind;
 
@@ -152,6 +154,13 @@ typedef struct nb_exe_step_info {
 } nb_exe_step_info;
 size_t nb_exe_num_steps(const nb_exe *e);
 nb_status nb_exe_step(const nb_exe *e, size_t i, nb_exe_step_info *out);
+
+/* The i-th compiled body of CONTROL step `step` (cond: branch i; while_loop:
+ * 0 the predicate, 1 the body; scan: 0 the body), an executable of its own
+ * whose steps (nb_exe_step) say what one iteration runs and, summed over the
+ * iterations of the last run, how long it took; NULL for other steps or i out
+ * of range. Borrowed: valid while e is alive. */
+const nb_exe *nb_exe_step_body(const nb_exe *e, size_t step, size_t i);
 
 /* The generated C source file, or NULL (interpreter fallback); valid while
  * e is alive. */

@@ -66,6 +66,9 @@ typedef struct nb_model_config {
   double attn_dropout;     /* attention probabilities (train) */
   double init_std;         /* normal std of kernels and embeddings */
   bool scaled_init;        /* residual projections (wo) get init_std / sqrt(2 n_layers) */
+  bool scan_layers;        /* runs of equal blocks as one scan over their stacked parameters (the
+                              YAML's top-level scan_layers): compile time flat in depth; the
+                              parameters keep their per-layer paths */
   /* mixture of experts (n_experts == 0: dense) */
   int64_t n_experts, top_k, n_shared_experts, moe_d_ff, first_dense_layers;
   nb_nn_router_score router_score;

@@ -36,6 +36,11 @@ static void live_ranges(nb_jplan *p) {
     if (b->cls == NB_BUF_OUTPUT) b->last_step = p->nsteps;
     if (b->last_step < b->def_step) b->last_step = b->def_step;
   }
+  /* a view's readers keep its memory alive */
+  for (size_t v = 0; v < p->nvals; v++) {
+    const nb_jbuf *b = &p->bufs[v];
+    if (b->view >= 0 && p->bufs[b->view].last_step < b->last_step) p->bufs[b->view].last_step = b->last_step;
+  }
 }
 
 /* Lowest offset where `size` bytes fit between the live ranges. */
@@ -85,7 +90,7 @@ static bool updates_in_place(const nb_jplan *p, const nb_jit_config *cfg, int s)
   const nb_val *x = q->in[0], *y = q->out[0];
   const nb_jbuf *bx = &p->bufs[x->id], *by = &p->bufs[y->id];
   if (bx->last_step != s || !nb_aval_equal(&x->aval, &y->aval) || bx->nbytes != by->nbytes) return false;
-  if (by->cls != NB_BUF_TEMP && by->cls != NB_BUF_OUTPUT) return false;
+  if ((by->cls != NB_BUF_TEMP && by->cls != NB_BUF_OUTPUT) || bx->view >= 0) return false;
   for (int i = 1; i < q->nin; i++)
     if (q->in[i] == x) return false;
   if (bx->cls == NB_BUF_TEMP) return !cfg->off[NB_SW_reuse];
@@ -154,7 +159,7 @@ static nb_status assign_arena(nb_ctx *ctx, nb_jplan *p, bool reuse) {
   for (int s = 0; s < p->nsteps; s++) {
     for (size_t v = 0; v < p->nvals; v++) {
       nb_jbuf *b = &p->bufs[v];
-      if (b->cls != NB_BUF_TEMP || b->alias >= 0 || b->def_step != s) continue;
+      if (b->cls != NB_BUF_TEMP || b->alias >= 0 || b->view >= 0 || b->def_step != s) continue;
       size_t size = (b->nbytes + ALIGN - 1) & ~(size_t)(ALIGN - 1);
       b->offset = reuse ? first_fit(l, n, size) : top;
       if (b->offset + size > top) top = b->offset + size;
@@ -179,6 +184,7 @@ static bool same_map(const nb_kaffine *a, const nb_kaffine *b) { return memcmp(a
  * cones) before the iteration's first store, and the phases of a row
  * kernel before its stores (backend/cpu/codegen_c.c emit_body, emit_tiled). */
 static bool in_place_ok(const nb_jplan *p, const nb_jstep *st, uint32_t in, uint32_t out) {
+  if (st->kind == NB_EXE_STEP_CONTROL) return nb_jit__control_in_place_ok(st, in, out);
   if (st->kind != NB_EXE_STEP_KERNEL) return false;
   const nb_kernel *k = &p->kernels[st->kernel];
   int ain = -1, aout = -1;
@@ -193,6 +199,13 @@ static bool in_place_ok(const nb_jplan *p, const nb_jstep *st, uint32_t in, uint
   for (int i = 0; i < k->nnodes; i++)
     if (k->nodes[i].kind == NB_KN_LOAD && k->nodes[i].arg == ain && !same_map(&k->nodes[i].map, store)) return false;
   return true;
+}
+
+/* Is x's memory also read as a view (a reshape) by some step? */
+static bool viewed(const nb_jplan *p, uint32_t x) {
+  for (size_t v = 0; v < p->nvals; v++)
+    if (p->bufs[v].view == (int)x) return true;
+  return false;
 }
 
 static bool donates(const nb_jplan *p, size_t i) {
@@ -213,7 +226,7 @@ static void assign_donations(nb_jplan *p) {
       nb_jbuf *by = &p->bufs[y->id];
       if (by->cls != NB_BUF_OUTPUT || by->donor >= 0 || !nb_aval_equal(&x->aval, &y->aval) || by->def_step < 0) continue;
       bool before = bx->last_step < by->def_step;
-      bool same = bx->last_step == by->def_step && in_place_ok(p, &p->steps[by->def_step], x->id, y->id);
+      bool same = bx->last_step == by->def_step && in_place_ok(p, &p->steps[by->def_step], x->id, y->id) && !viewed(p, x->id);
       if (before || same) {
         by->donor = (int)i;
         break;

@@ -54,6 +54,9 @@ typedef struct fz {
   size_t nv, ne;
   uint8_t *mat, *force, *is_out;
   uint8_t *leaf; /* read from memory by consumers (mat, except cheap outputs, which are recomputed) */
+  int *view;     /* a value that lives in another's memory (a value id, not itself a view), or -1 */
+  size_t *view_off; /* at this byte offset */
+  uint8_t *evaluated_only; /* read only by equations that are not fused nor BLAS */
   uint8_t *reduced; /* a reduction in the value's inlined cone */
   uint8_t *reads_donated; /* a donated graph input in the value's inlined cone (or the value is one) */
   int *nusers, *cost, *step_of, *stamp;
@@ -145,6 +148,34 @@ static void count_users(fz *f) {
   for (size_t i = 0; i < nb_graph_num_outputs(f->g); i++) f->is_out[nb__graph_output(f->g, i)->id] = 1;
 }
 
+/* v lives in x's memory at byte offset off (unless it is a graph output:
+ * those are arrays of their own). */
+static void make_view(fz *f, const nb_val *v, const nb_val *x, size_t off) {
+  if (f->is_out[v->id] || !f->mat[x->id]) return;
+  bool chained = f->view[x->id] >= 0;
+  f->view[v->id] = chained ? f->view[x->id] : (int)x->id;
+  f->view_off[v->id] = off + (chained ? f->view_off[x->id] : 0);
+}
+
+/* Is slice e one contiguous run of its operand (unit strides; single
+ * indices, then one range, then whole dims)? *off: its byte offset. */
+static bool contiguous_slice(const nb_eqn *e, size_t *off) {
+  const nb_slice_params *p = e->params;
+  const nb_shape *s = &e->in[0]->aval.shape;
+  int64_t strides[NB_MAX_RANK], o = 0;
+  nb__strides(s, strides);
+  bool ranged = false;
+  for (int d = 0; d < s->rank; d++) {
+    int64_t n = p->limit[d] - p->start[d];
+    if (p->strides[d] != 1) return false;
+    if (ranged && n != s->dims[d]) return false;
+    if (n != 1) ranged = true;
+    o += p->start[d] * strides[d];
+  }
+  *off = (size_t)o * nb_dtype_size(e->in[0]->aval.dtype);
+  return true;
+}
+
 static void decide_materialized(fz *f) {
   memset(f->mat, 0, f->nv);
   for (size_t i = 0; i < nb_graph_num_inputs(f->g); i++) f->mat[nb__graph_input(f->g, i)->id] = 1;
@@ -200,6 +231,33 @@ static void decide_materialized(fz *f) {
     if (f->is_out[id]) {
       f->mat[id] = 1;
       if (expensive || !nb_jit__fusable(e) || f->reads_donated[id]) f->leaf[id] = 1;
+    }
+  }
+  /* a reshape of a value in memory that only evaluated and control steps
+   * read (scan_layers' stacked parameters, a concatenate's operands) is that
+   * memory: no copy kernel. Kernels and BLAS steps read their own copy. */
+  memset(f->evaluated_only, 1, f->nv);
+  for (size_t k = 0; k < f->ne; k++) {
+    const nb_eqn *e = nb__graph_eqn(f->g, k);
+    if (nb_jit__fusable(e) || (!f->cfg->off[NB_SW_blas] && f->cfg->backend->library_supported(e)))
+      for (int i = 0; i < e->nin; i++) f->evaluated_only[e->in[i]->id] = 0;
+  }
+  for (size_t v = 0; v < f->nv; v++) {
+    f->view[v] = -1;
+    f->view_off[v] = 0;
+  }
+  for (size_t k = 0; k < f->ne; k++) {
+    const nb_eqn *e = nb__graph_eqn(f->g, k);
+    size_t off;
+    if (e->prim == NB_PRIM_reshape && f->mat[e->out[0]->id] && f->mat[e->in[0]->id] && f->evaluated_only[e->out[0]->id])
+      make_view(f, e->out[0], e->in[0], 0);
+    /* a slice of contiguous memory (scan_layers' per-layer gradients out of the stacked ones) */
+    if (e->prim == NB_PRIM_slice && contiguous_slice(e, &off)) make_view(f, e->out[0], e->in[0], off);
+    /* a scan's ys that its body passes through from its xs are those xs
+     * (residuals of a differentiated scan: the layers' parameters) */
+    for (int o = 0; o < e->nout && nb_jit__is_control(e) && !f->cfg->off[NB_SW_native]; o++) {
+      int k2 = nb_jit__control_output_operand(e, o);
+      if (k2 >= 0) make_view(f, e->out[o], e->in[k2], 0);
     }
   }
 }
@@ -815,9 +873,14 @@ static int build_steps(fz *f) {
   for (size_t k = 0; k < f->ne; k++) {
     const nb_eqn *e = nb__graph_eqn(f->g, k);
     if (e->prim == NB_PRIM_constant) continue;
+    if (e->nout == 1 && f->view[e->out[0]->id] >= 0 && (e->prim == NB_PRIM_slice || e->prim == NB_PRIM_reshape)) {
+      f->step_of[e->out[0]->id] = f->step_of[e->in[0]->id]; /* no step: the operand's memory */
+      continue;
+    }
     if (!nb_jit__fusable(e)) {
       bool blas = !f->cfg->off[NB_SW_blas] && f->cfg->backend->library_supported(e); /* the backend runs it as a library call */
-      int st = new_step(f, blas ? NB_EXE_STEP_BLAS : NB_EXE_STEP_EVAL, -1, e);
+      nb_exe_step_kind kind = nb_jit__is_control(e) ? NB_EXE_STEP_CONTROL : blas ? NB_EXE_STEP_BLAS : NB_EXE_STEP_EVAL;
+      int st = new_step(f, kind, -1, e);
       if (st < 0) return ERR;
       for (int i = 0; i < e->nin; i++)
         if (!add_dep(f, st, f->step_of[e->in[i]->id])) return ERR;
@@ -919,6 +982,8 @@ static void classify_buffers(fz *f) {
     nb_jbuf *b = &p->bufs[id];
     memset(b, 0, sizeof *b);
     b->donor = -1;
+    b->view = f->view[id];
+    b->view_offset = f->view_off[id];
     b->def_step = b->last_step = -1;
     const nb_val *v = f->vals[id];
     if (!v || !f->mat[id]) continue;
@@ -980,6 +1045,9 @@ static bool fz_init(fz *f) {
   f->force = nb_jit__alloc(f->p->ar, nv);
   f->is_out = nb_jit__alloc(f->p->ar, nv);
   f->leaf = nb_jit__alloc(f->p->ar, nv);
+  f->view = nb_jit__alloc(f->p->ar, nv * sizeof(int));
+  f->view_off = nb_jit__alloc(f->p->ar, nv * sizeof(size_t));
+  f->evaluated_only = nb_jit__alloc(f->p->ar, nv);
   f->reduced = nb_jit__alloc(f->p->ar, nv);
   f->reads_donated = nb_jit__alloc(f->p->ar, nv);
   f->nusers = nb_jit__alloc(f->p->ar, nv * sizeof(int));
@@ -991,7 +1059,7 @@ static bool fz_init(fz *f) {
   f->no_join = nb_jit__alloc(f->p->ar, nv);
   f->vals = nb_jit__alloc(f->p->ar, nv * sizeof(nb_val *));
   f->p->bufs = nb_jit__alloc(f->p->ar, nv * sizeof(nb_jbuf));
-  if (!f->mat || !f->force || !f->is_out || !f->leaf || !f->reduced || !f->reads_donated || !f->nusers || !f->cost || !f->step_of || !f->stamp || !f->reduce_kernel || !f->root_kernel || !f->no_join ||
+  if (!f->mat || !f->force || !f->is_out || !f->leaf || !f->view || !f->view_off || !f->evaluated_only || !f->reduced || !f->reads_donated || !f->nusers || !f->cost || !f->step_of || !f->stamp || !f->reduce_kernel || !f->root_kernel || !f->no_join ||
       !f->vals || !f->p->bufs)
     return false;
   for (size_t i = 0; i < nb_graph_num_inputs(f->g); i++) f->vals[nb__graph_input(f->g, i)->id] = nb__graph_input(f->g, i);

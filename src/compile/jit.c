@@ -192,6 +192,7 @@ void nb_exe_print(const nb_exe *e, FILE *f) {
       for (int r = 0; r < k->nroots; r++) fprintf(f, " %%v%u", k->roots[r]);
     }
     fprintf(f, "\n");
+    if (st->kind == NB_EXE_STEP_CONTROL) nb_jit__control_print(st, f, 1);
   }
 }
 
@@ -230,6 +231,7 @@ static nb_status compile(nb_exe *e, const nb_graph *g, const nb_jit_opts *o) {
   if (st == NB_OK) st = nb_jit__assign_buffers(ctx, &e->plan, &e->cfg);
   e->phase_ms[1] = t2 - t1;
   e->phase_ms[2] = nb_util__now_ms() - t2;
+  if (st == NB_OK) st = nb_jit__control_compile(e);
   if (st == NB_OK) st = build(e);
   if (st != NB_OK) return st;
   for (int k = 0; k < e->plan.nkernels; k++)
@@ -273,6 +275,21 @@ nb_exe *nb_jit(nb_ctx *ctx, const nb_graph *g, const nb_jit_opts *opts) {
   e->link = cache_list;
   cache_list = e;
   pthread_mutex_unlock(&cache_mu);
+  return e;
+}
+
+nb_exe *nb_jit__compile_sub(nb_ctx *ctx, const nb_graph *g, const nb_jit_config *cfg) {
+  nb_exe *e = nb_calloc(ctx, sizeof *e);
+  if (!e) return NULL;
+  e->ctx = ctx;
+  e->refs = 1;
+  e->cfg = *cfg;
+  e->ar.ctx = ctx;
+  pthread_mutex_init(&e->mu, NULL);
+  if (compile(e, g, NULL) != NB_OK) {
+    nb_rt__exe_free(e);
+    return NULL;
+  }
   return e;
 }
 

@@ -125,6 +125,10 @@ typedef struct nb_jbuf {
   int donor;          /* OUTPUT: donated input index whose buffer it may take, or -1 */
   int alias;          /* TEMP: the value whose memory it lives in (a chain of in-place
                        * updates, buffers.c): a TEMP with its own range or an OUTPUT; -1 */
+  int view;           /* TEMP: lives in this value's buffer (not itself a view) at view_offset, no
+                       * copy: a reshape read only by evaluated and control steps, a contiguous
+                       * slice, a scan's ys passed through from its xs (fuse.c); -1 */
+  size_t view_offset;
 } nb_jbuf;
 
 typedef struct nb_jstep {
@@ -138,6 +142,7 @@ typedef struct nb_jstep {
                            * time, unless a donated input was not taken: then eval copies) */
   char name[40];
   double last_ms, total_ms;
+  struct nb_jcontrol *control; /* CONTROL: the compiled bodies (compile/control.c) */
 } nb_jstep;
 
 typedef struct nb_jplan {
@@ -165,5 +170,28 @@ nb_status nb_jit__fuse(nb_ctx *ctx, nb_jplan *plan, const nb_jit_config *cfg);
 bool nb_jit__fusable(const nb_eqn *e);
 /* buffers.c: liveness, arena offsets, donation, the peak estimate. */
 nb_status nb_jit__assign_buffers(nb_ctx *ctx, nb_jplan *plan, const nb_jit_config *cfg);
+/* ---------------------------------------------------------------- control flow */
+
+/* compile/control.c: cond, while_loop and scan become one CONTROL step each
+ * that owns its bodies compiled through this same pipeline (executables
+ * with their own plans, runtime/exe.h), run as a loop or a branch by
+ * runtime/control.c. */
+typedef struct nb_jcontrol nb_jcontrol;
+bool nb_jit__is_control(const nb_eqn *e);
+/* Compiles the bodies of every CONTROL step of e's plan (recursively). */
+nb_status nb_jit__control_compile(nb_exe *e);
+void nb_jit__control_free(nb_exe *e);
+/* Prints the bodies' steps (times summed over the last run's iterations). */
+void nb_jit__control_print(const nb_jstep *st, FILE *f, int depth);
+/* May the step's output `out` be written into its (dead) operand `in`'s
+ * memory? True for a loop's initial carry and the matching final carry: it
+ * is read once, before the first iteration writes anything. */
+bool nb_jit__control_in_place_ok(const nb_jstep *st, uint32_t in, uint32_t out);
+/* The operand whose memory output `out` of control equation e is, or -1: a
+ * scan's ys that the body passes through unchanged from its xs. */
+int nb_jit__control_output_operand(const nb_eqn *e, int out);
+/* jit.c: an executable for a body graph under the parent's configuration
+ * (not in the memory cache; the parent owns it). NULL + error on ctx. */
+nb_exe *nb_jit__compile_sub(nb_ctx *ctx, const nb_graph *g, const nb_jit_config *cfg);
 
 #endif

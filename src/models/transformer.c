@@ -103,6 +103,113 @@ static nb_val *remat_block(nb_nn_apply *a, const char *path, const nb_nn_block_c
   return nb_nn_fail(a, s ? s : NB_ERR_INTERNAL, "model: remat of block '%s': %s", path, msg);
 }
 
+/* ---------------------------------------------------------------- scanned layers */
+
+/* Layers [l0, l1) of one block configuration as one scan (scan_layers):
+ * the body is one block traced once at layer l0's paths, the carry the
+ * hidden state, the xs every parameter of the block stacked over the layers
+ * in the graph (the parameter tree keeps its per-layer paths, so checkpoints
+ * and optimizer states are the same as unrolled), consts the positions and
+ * segment ids. In train mode with dropout each layer's key is the step's
+ * key folded with the layer index (the unrolled model folds its path: the
+ * masks differ, their distribution does not). */
+typedef struct scan_call {
+  const nb_nn_block_cfg *bc;
+  const nb_nn_apply *outer;
+  const char *path;
+  bool remat, rng;
+} scan_call;
+
+static nb_status scan_body(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
+  const scan_call *sc = u;
+  nb_tree *p = nb_tree_select_prefix(in, "params", true);
+  if (!p) return NB_ERR_NOMEM;
+  nb_nn_apply a = *sc->outer;
+  a.g = g;
+  a.params = p;
+  a.rng = sc->rng ? nb_tree_get_val(in, "rng") : NULL;
+  nb_nn_attn_io io = {.positions = nb_tree_get_val(in, "positions"), .segment_ids = nb_tree_get_val(in, "segment_ids")};
+  nb_nn_moe_aux aux = {0};
+  nb_val *x = nb_tree_get_val(in, "x");
+  nb_val *y = sc->remat ? remat_block(&a, sc->path, sc->bc, x, &io, &aux) : nb_nn_block(&a, sc->path, sc->bc, x, &io, &aux);
+  nb_status s = nb_graph_status(g) ? nb_graph_status(g) : nb_tree_set_val(out, "y", y);
+  if (!s && aux.lb_loss) s = nb_tree_set_val(out, "lb", aux.lb_loss);
+  if (!s && aux.z_loss) s = nb_tree_set_val(out, "z", aux.z_loss);
+  nb_tree_destroy(p);
+  return s;
+}
+
+/* v [d...] of every layer stacked into [l1 - l0, d...] */
+static nb_val *stack_layers(nb_nn_apply *a, const char *rest, int64_t l0, int64_t l1) {
+  nb_val *parts[256];
+  if (l1 - l0 > 256) return nb_nn_fail(a, NB_ERR_UNIMPLEMENTED, "model: scan_layers over more than 256 layers of one kind");
+  for (int64_t l = l0; l < l1; l++) {
+    char path[256];
+    snprintf(path, sizeof path, "layers/%lld/%s", (long long)l, rest);
+    nb_val *v = nb_tree_get_val(a->params, path);
+    if (!v) return nb_nn_fail(a, NB_ERR_NOT_FOUND, "model: scan_layers: no parameter '%s'", path);
+    nb_aval av = nb_val_aval(v);
+    int64_t d[NB_MAX_RANK];
+    if (av.shape.rank + 1 > NB_MAX_RANK) return nb_nn_fail(a, NB_ERR_SHAPE, "model: scan_layers: '%s' has too many dims", path);
+    d[0] = 1;
+    memcpy(d + 1, av.shape.dims, sizeof(int64_t) * (size_t)av.shape.rank);
+    parts[l - l0] = nb_reshape(v, av.shape.rank + 1, d);
+  }
+  return l1 - l0 == 1 ? parts[0] : nb_concatenate((int)(l1 - l0), parts, 0);
+}
+
+static nb_val *scan_blocks(nb_nn_apply *a, int64_t l0, int64_t l1, const nb_nn_block_cfg *bc, nb_val *h, nb_nn_attn_io *io,
+                           bool remat, nb_nn_moe_aux *aux) {
+  nb_ctx *ctx = nb_graph_ctx(a->g);
+  char path[64];
+  snprintf(path, sizeof path, "layers/%lld", (long long)l0);
+  bool rng = a->train && a->rng && (bc->resid_dropout > 0 || bc->attn.dropout > 0);
+  nb_tree *layer = nb_tree_select_prefix(a->params, path, false), *spec = nb_tree_create(ctx);
+  nb_val *consts[2], *xs[512], *ys[2] = {NULL, NULL}, *y = NULL;
+  int nc = 0, nx = 0;
+  nb_status s = layer && spec ? NB_OK : NB_ERR_NOMEM;
+  /* the body's inputs by position: consts, the carry, the xs */
+  if (!s && io->positions) s = nb_tree_set_val(spec, "positions", consts[nc++] = io->positions);
+  if (!s && io->segment_ids) s = nb_tree_set_val(spec, "segment_ids", consts[nc++] = io->segment_ids);
+  if (!s) s = nb_tree_set_val(spec, "x", h);
+  if (!s && rng) {
+    nb_val *keys[256];
+    int64_t one_key[2] = {1, 2};
+    for (int64_t l = l0; l < l1 && l - l0 < 256; l++)
+      keys[l - l0] = nb_reshape(nb_random_fold_in(a->rng, nb_scalar(a->g, NB_U32, (double)l)), 2, one_key);
+    xs[nx++] = nb_concatenate((int)(l1 - l0), keys, 0);
+    s = nb_tree_set_val(spec, "rng", a->rng);
+  }
+  size_t plen = strlen(path) + 1;
+  for (size_t i = 0; !s && i < nb_tree_size(layer) && nx < 512; i++) {
+    const char *full = nb_tree_path(layer, i);
+    char key[320];
+    snprintf(key, sizeof key, "params/%s", full);
+    xs[nx++] = stack_layers(a, full + plen, l0, l1);
+    s = nb_graph_status(a->g) ? nb_graph_status(a->g) : nb_tree_set(spec, key, *nb_tree_leaf(layer, i));
+  }
+  if (!s && nb_tree_size(layer) >= 512) s = nb_errorf(ctx, NB_ERR_UNIMPLEMENTED, "model: scan_layers: a block of 512 or more parameters");
+  scan_call sc = {bc, a, path, remat, rng};
+  nb_graph *body = s ? NULL : nb_trace(ctx, scan_body, &sc, spec);
+  if (!s && !body) s = nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_INTERNAL;
+  if (!s) {
+    nb_scan_opts so = {.length = l1 - l0};
+    s = nb_scan(a->g, body, nc, consts, 1, &h, nx, xs, &so, &y, ys);
+  }
+  if (!s && nb_graph_num_outputs(body) > 1) {
+    static const int axis0[1] = {0};
+    aux->lb_loss = nb_reduce_sum(ys[0], 1, axis0);
+    aux->z_loss = nb_graph_num_outputs(body) > 2 ? nb_reduce_sum(ys[1], 1, axis0) : NULL;
+  }
+  nb_graph_destroy(body);
+  nb_tree_destroy(layer);
+  nb_tree_destroy(spec);
+  if (!s && y) return y;
+  char msg[1024];
+  snprintf(msg, sizeof msg, "%s", nb_ctx_error(ctx));
+  return nb_nn_fail(a, s ? s : NB_ERR_INTERNAL, "model: scan of layers %lld..%lld: %s", (long long)l0, (long long)l1 - 1, msg);
+}
+
 static nb_val *default_positions(nb_nn_apply *a, int64_t B, int64_t T, nb_val *offset) {
   nb_val *i = nb_iota(a->g, NB_I32, 1, &T, 0);
   if (offset) i = nb_add(i, nb_convert(offset, NB_I32));
@@ -133,7 +240,25 @@ nb_val *nb_model_forward(nb_nn_apply *a, const nb_model_config *c, const nb_mode
   h = nb_nn_dropout(a, "embed_dropout", h, c->dropout);
   nb_val *lb = NULL, *z = NULL;
   int n_moe = 0;
+  /* scan_layers: runs of layers with one block configuration (a hook may read
+   * parameters outside the block, a cache is per layer: both unrolled) */
+  bool scan = c->scan_layers && !in->cache && !a->linear_hook;
   for (int64_t l = 0; l < c->n_layers && !nb_graph_status(a->g); l++) {
+    int64_t l1 = l + 1;
+    nb_nn_block_cfg sbc = nb_model_block_cfg(c, l);
+    while (scan && l1 < c->n_layers && nb_model_block_cfg(c, l1).use_moe == sbc.use_moe) l1++;
+    if (scan && l1 - l > 1) {
+      nb_nn_attn_io io = {.positions = in->positions, .segment_ids = in->segment_ids};
+      nb_nn_moe_aux maux = {0};
+      h = scan_blocks(a, l, l1, &sbc, h, &io, in->remat, &maux);
+      if (maux.lb_loss) {
+        lb = lb ? nb_add(lb, maux.lb_loss) : maux.lb_loss;
+        z = z ? nb_add(z, maux.z_loss) : maux.z_loss;
+        n_moe += (int)(l1 - l);
+      }
+      l = l1 - 1;
+      continue;
+    }
     char p[64], pk[80], pv[80];
     snprintf(p, sizeof p, "layers/%lld", (long long)l);
     snprintf(pk, sizeof pk, "%s/k", p);

@@ -18,10 +18,10 @@ static void noop_release(void *ud) { (void)ud; }
 
 static nb_array *view(nb_exe *e, const nb_val *v, char **ptr, nb_array *const *in, nb_array **out) {
   const nb_jbuf *b = &e->plan.bufs[v->id];
-  switch (b->cls) {
-  case NB_BUF_INPUT: nb_array_retain(in[b->index]); return in[b->index];
+  switch (b->cls) { /* in, out: NULL on bound memory (nb_rt__run_frame) */
+  case NB_BUF_INPUT: if (in) return nb_array_retain(in[b->index]), in[b->index]; break;
   case NB_BUF_CONST: nb_array_retain(b->constant); return b->constant;
-  case NB_BUF_OUTPUT: nb_array_retain(out[b->index]); return out[b->index];
+  case NB_BUF_OUTPUT: if (out) return nb_array_retain(out[b->index]), out[b->index]; break;
   default: break;
   }
   return nb_array_wrap(e->ctx, v->aval.dtype, v->aval.shape.rank, v->aval.shape.dims, ptr[v->id], noop_release, NULL);
@@ -126,10 +126,13 @@ static nb_status bind_outputs(nb_exe *e, nb_array *const *in, nb_array **out) {
   return NB_OK;
 }
 
-/* intermediates of an in-place chain that ends in an output live in it */
+/* intermediates of an in-place chain that ends in an output live in it;
+ * views (a reshape, a contiguous slice) in their operand's memory */
 static void bind_aliases(nb_exe *e, char **ptr) {
   for (size_t v = 0; v < e->plan.nvals; v++)
     if (e->plan.bufs[v].cls == NB_BUF_TEMP && e->plan.bufs[v].alias >= 0) ptr[v] = ptr[e->plan.bufs[v].alias];
+  for (size_t v = 0; v < e->plan.nvals; v++)
+    if (e->plan.bufs[v].cls == NB_BUF_TEMP && e->plan.bufs[v].view >= 0) ptr[v] = ptr[e->plan.bufs[v].view] + e->plan.bufs[v].view_offset;
 }
 
 static void bind_pointers(nb_exe *e, char *arena, nb_array *const *in, nb_array **out, char **ptr) {
@@ -202,9 +205,10 @@ static nb_status run_steps(nb_exe *e, char **ptr, char **args, nb_array *const *
       for (int i = 0; i < q->nin + q->nout; i++) args[i] = ptr[(i < q->nin ? q->in[i] : q->out[i - q->nin])->id];
       st = bk->library(e->ctx, e->mod, q, args);
       break;
+    case NB_EXE_STEP_CONTROL: st = nb_rt__run_control(e, step, ptr); break;
     default: st = bk->host_memory ? run_eval(e, q, ptr, in, out) : run_eval_staged(e, q, ptr); break;
     }
-    ms[s] = nb_util__now_ms() - t0;
+    ms[s] += nb_util__now_ms() - t0;
   }
   return st;
 }
@@ -304,6 +308,73 @@ nb_status nb_exe_run(nb_exe *e, const nb_tree *inputs, nb_tree *outputs) {
   return st;
 }
 
+/* ---------------------------------------------------------------- bound memory */
+
+nb_status nb_rt__frame_open(nb_exe *e, nb_rt_frame *f) {
+  nb_ctx *ctx = e->ctx;
+  memset(f, 0, sizeof *f);
+  f->nptr = e->plan.nvals + 1;
+  f->nargs = (size_t)e->max_args + 1;
+  f->nms = (size_t)e->plan.nsteps + 1;
+  f->arena_bytes = e->plan.arena_bytes;
+  f->ptr = nb_calloc(ctx, sizeof(char *) * f->nptr);
+  f->args = nb_calloc(ctx, sizeof(char *) * f->nargs);
+  f->ms = nb_calloc(ctx, sizeof(double) * f->nms);
+  f->arena = f->arena_bytes ? e->cfg.backend->alloc(ctx, f->arena_bytes) : NULL;
+  if (f->ptr && f->args && f->ms && (f->arena || !f->arena_bytes)) return NB_OK;
+  nb_rt__frame_close(e, f);
+  return nb_errorf(ctx, NB_ERR_NOMEM, "nb_exe_run: out of memory for a loop body's buffers");
+}
+
+nb_status nb_rt__run_frame(nb_exe *e, nb_rt_frame *f, char *const *in, char *const *out) {
+  const nb_graph *g = e->graph;
+  char **ptr = f->ptr;
+  for (size_t v = 0; v < e->plan.nvals; v++) {
+    const nb_jbuf *b = &e->plan.bufs[v];
+    switch (b->cls) {
+    case NB_BUF_INPUT: ptr[v] = in[b->index]; break;
+    case NB_BUF_CONST: ptr[v] = (char *)nb_array_data(b->constant); break;
+    case NB_BUF_TEMP: ptr[v] = f->arena + b->offset; break;
+    case NB_BUF_OUTPUT: ptr[v] = out[b->index]; break;
+    default: ptr[v] = NULL; break;
+    }
+  }
+  bind_aliases(e, ptr);
+  /* bodies run only on backends whose memory is the host's (compile/control.c) */
+  nb_status st = run_steps(e, ptr, f->args, NULL, NULL, f->ms);
+  if (st == NB_OK) st = e->cfg.backend->synchronize(e->ctx, e->mod);
+  /* outputs that are inputs, constants or another output's value: copied */
+  for (size_t i = 0; st == NB_OK && i < nb_graph_num_outputs(g); i++) {
+    const nb_val *v = nb__graph_output(g, i);
+    const nb_jbuf *b = &e->plan.bufs[v->id];
+    if (b->cls == NB_BUF_OUTPUT && b->index == (int)i) continue;
+    size_t n = nb_shape_size(&v->aval.shape) * nb_dtype_size(v->aval.dtype);
+    if (n && out[i] != ptr[v->id]) memmove(out[i], ptr[v->id], n);
+  }
+  return st;
+}
+
+void nb_rt__frame_flush(nb_exe *e, nb_rt_frame *f, uint64_t runs) {
+  if (!f->ms) return;
+  pthread_mutex_lock(&e->mu);
+  for (int s = 0; s < e->plan.nsteps; s++) {
+    e->plan.steps[s].last_ms = f->ms[s];
+    e->plan.steps[s].total_ms += f->ms[s];
+    f->ms[s] = 0;
+  }
+  e->runs += runs;
+  pthread_mutex_unlock(&e->mu);
+}
+
+void nb_rt__frame_close(nb_exe *e, nb_rt_frame *f) {
+  nb_ctx *ctx = e->ctx;
+  nb_dealloc(ctx, f->ptr, sizeof(char *) * f->nptr);
+  nb_dealloc(ctx, f->args, sizeof(char *) * f->nargs);
+  nb_dealloc(ctx, f->ms, sizeof(double) * f->nms);
+  if (f->arena) e->cfg.backend->free(ctx, f->arena, f->arena_bytes);
+  memset(f, 0, sizeof *f);
+}
+
 /* ---------------------------------------------------------------- stats */
 
 void nb_exe_get_stats(const nb_exe *e, nb_exe_stats *s) {
@@ -351,6 +422,7 @@ void nb_rt__log_steps(const nb_exe *e) {
 
 void nb_rt__exe_free(nb_exe *e) {
   nb_ctx *ctx = e->ctx;
+  nb_jit__control_free(e);
   if (e->mod) e->cfg.backend->release(e->mod);
   nb_graph_destroy(e->graph);
   if (e->arena) e->cfg.backend->free(ctx, e->arena, e->arena_cap);

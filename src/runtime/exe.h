@@ -37,4 +37,23 @@ void nb_rt__exe_free(nb_exe *e);
 /* Logs the per-step table of the last run at NB_LOG_INFO. */
 void nb_rt__log_steps(const nb_exe *e);
 
+/* Running a plan on bound memory (a control step's body, once per
+ * iteration): a frame holds what one run needs (pointer table, arena, step
+ * times) so that iterations allocate nothing. in[i]/out[i]: the memory of
+ * input/output i; outputs must not overlap the inputs or each other. */
+typedef struct nb_rt_frame {
+  char **ptr, **args;
+  double *ms;       /* per step, summed over the runs since the frame opened */
+  char *arena;
+  size_t nptr, nargs, nms, arena_bytes;
+} nb_rt_frame;
+nb_status nb_rt__frame_open(nb_exe *e, nb_rt_frame *f);
+nb_status nb_rt__run_frame(nb_exe *e, nb_rt_frame *f, char *const *in, char *const *out);
+/* Moves the frame's step times into e's statistics (last: the runs since
+ * the previous flush, summed), counting `runs` runs. */
+void nb_rt__frame_flush(nb_exe *e, nb_rt_frame *f, uint64_t runs);
+void nb_rt__frame_close(nb_exe *e, nb_rt_frame *f);
+/* runtime/control.c: runs a CONTROL step on the parent's buffers. */
+nb_status nb_rt__run_control(nb_exe *e, const nb_jstep *step, char **ptr);
+
 #endif

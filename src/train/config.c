@@ -101,6 +101,7 @@ static const key_def keys[] = {
     {"precision.params", K_DTYPE, O(precision.params), 0, 0, dtypes},
     {"precision.compute", K_DTYPE, O(precision.compute), 0, 0, dtypes},
     {"remat", K_ENUM, O(remat), 0, 0, remats},
+    {"scan_layers", K_BOOL, O(model.scan_layers), 0, 0, NULL},
     {"batch_size", K_INT, O(batch_size), 1, BIG, NULL},
     {"grad_accum", K_INT, O(grad_accum), 1, BIG, NULL},
     {"steps", K_INT, O(steps), 0, BIG, NULL},
@@ -203,6 +204,7 @@ static nb_status set_value(nb_ctx *ctx, nb_train_config *c, const char *where, c
         snprintf(msg, sizeof msg, "%s", nb_ctx_error(ctx));
         return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: %s", where, msg);
       }
+      m.scan_layers = c->model.scan_layers; /* how the layers are traced, not the model: a top-level key */
       c->model = m;
       snprintf(c->preset, sizeof c->preset, "%s", val);
       return NB_OK;
@@ -390,6 +392,10 @@ nb_status nb_train_config_validate(nb_ctx *ctx, const nb_train_config *c) {
   RULE(c->precision.params == NB_F32 || c->precision.params == NB_BF16, "precision.params must be f32 or bf16");
   RULE(c->precision.compute == NB_F32 || c->precision.compute == NB_BF16, "precision.compute must be f32 or bf16");
   RULE(c->remat >= 0 && c->remat < NB_TRAIN_REMAT_COUNT, "remat: invalid value");
+  /* the core's scan cannot yet differentiate a remat region inside its body */
+  RULE(!(c->model.scan_layers && c->remat == NB_TRAIN_REMAT_BLOCK),
+       "scan_layers: true with remat: block is not supported yet (a remat region inside a scanned body cannot be "
+       "differentiated); use one of them");
   RULE(c->optim.name >= 0 && c->optim.name < NB_TRAIN_OPTIM_COUNT, "optim.name: invalid value");
   RULE(c->schedule.kind >= 0 && c->schedule.kind < NB_TRAIN_SCHEDULE_COUNT, "schedule.kind: invalid value");
   RULE(c->on_nonfinite >= 0 && c->on_nonfinite < NB_TRAIN_NONFINITE_COUNT, "on_nonfinite: invalid value");

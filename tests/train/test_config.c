@@ -125,8 +125,26 @@ static void test_errors(nb_ctx *ctx) {
   CHECK_ERR(ctx, NB_ERR_IO, "configs/no_such.yaml: cannot open");
 }
 
+/* scan_layers: a top-level key (a resume does not compare it: checkpoints
+ * are the same either way) that a preset does not reset; refused with remat. */
+static void test_scan_layers(nb_ctx *ctx) {
+  nb_train_config rc;
+  const char *yaml = "scan_layers: true\nmodel:\n  preset: gpt2-tiny\n";
+  CHECK_OK(ctx, nb_train_config_parse(ctx, "t.yaml", yaml, strlen(yaml), 0, NULL, &rc));
+  CHECK_MSG(rc.model.scan_layers, "scan_layers lost when the preset was applied");
+  const char *bad = "scan_layers: maybe\n";
+  CHECK(nb_train_config_parse(ctx, "t.yaml", bad, strlen(bad), 0, NULL, &rc) != NB_OK);
+  CHECK_MSG(strstr(nb_ctx_error(ctx), "scan_layers"), "the error names the key: %s", nb_ctx_error(ctx));
+  nb_ctx_clear_error(ctx);
+  const char *both = "scan_layers: true\nremat: block\n";
+  CHECK(nb_train_config_parse(ctx, "t.yaml", both, strlen(both), 0, NULL, &rc) != NB_OK);
+  CHECK_MSG(strstr(nb_ctx_error(ctx), "scan_layers") && strstr(nb_ctx_error(ctx), "remat"), "%s", nb_ctx_error(ctx));
+  nb_ctx_clear_error(ctx);
+}
+
 int main(void) {
   nb_ctx *ctx = nb_ctx_create();
+  test_scan_layers(ctx);
   test_checked_in_configs(ctx);
   test_overrides_and_defaults(ctx);
   test_round_trip(ctx);

@@ -61,11 +61,17 @@ static nb_status slice_eval(nb_ctx *ctx, const nb_eqn *e, nb_array *const *in, n
   size_t es = nb_dtype_size(nb_array_dtype(out[0]));
   const char *x = nb_array_data(in[0]);
   char *y = nb_array_data_mut(out[0]);
+  /* rows of the last dim with unit stride are contiguous: one copy each (the
+   * per-layer gradients unstacked from scan_layers' stacked ones) */
+  int last = is->rank - 1;
+  int64_t run = is->rank && p->strides[last] == 1 ? os->dims[last] : 1;
+  int outer = run > 1 ? last : is->rank;
   do {
     int64_t src = 0;
-    for (int d = 0; d < is->rank; d++) src += (p->start[d] + c[d] * p->strides[d]) * istr[d];
-    memcpy(y + (o++) * (int64_t)es, x + src * (int64_t)es, es);
-  } while (next_coord(os->rank, os->dims, c));
+    for (int d = 0; d < is->rank; d++) src += (p->start[d] + (d < outer ? c[d] : 0) * p->strides[d]) * istr[d];
+    memcpy(y + o * (int64_t)es, x + src * (int64_t)es, (size_t)(run * (int64_t)es));
+    o += run;
+  } while (next_coord(outer, os->dims, c));
   return NB_OK;
 }
 
