@@ -1,4 +1,5 @@
-/* CPU backend: dot_general through OpenBLAS's cblas_sgemm / cblas_dgemm.
+/* CPU backend: dot_general through nabla's own f32 product (sgemm.c) and
+ * OpenBLAS's cblas_dgemm.
  * Any layout of floating operands: each operand is a batch of matrices
  * (its free dims x its contracting dims, each group merged into one strided
  * axis when memory allows). When one of the two axes has unit stride the
@@ -19,6 +20,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "backend/cpu/sgemm.h"
 #include "compile/jit.h"
 #include "core/internal.h"
 #ifdef NABLA_HAVE_CBLAS
@@ -371,6 +373,7 @@ typedef struct gemm_job {
   int64_t tm, tn;   /* tiles per item along m and n */
   int64_t bm, bn;   /* rows and columns per tile (the last ones may be shorter) */
   int64_t first;    /* task index of this pool run's task 0 */
+  atomic_bool oom;  /* a task found no memory for its packing buffers */
 } gemm_job;
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -411,10 +414,10 @@ static void gemm_task(void *arg, int t) {
   const char *A = p->a.base + (size_t)ao * es, *B = p->b.base + (size_t)bo * es;
   char *C = j->c + (size_t)co * es;
   enum CBLAS_TRANSPOSE ta = j->ta ? CblasTrans : CblasNoTrans, tb = j->tb ? CblasTrans : CblasNoTrans;
-  if (p->ct == NB_F32)
-    cblas_sgemm(CblasRowMajor, ta, tb, (int)m, (int)n, (int)p->k, 1.0f, (const float *)A, (int)j->lda, (const float *)B,
-                (int)j->ldb, 0.0f, (float *)C, (int)p->n);
-  else
+  if (p->ct == NB_F32) {
+    if (!nb_cpu__sgemm(j->ta, j->tb, m, n, p->k, (const float *)A, j->lda, (const float *)B, j->ldb, (float *)C, p->n))
+      atomic_store(&j->oom, true);
+  } else
     cblas_dgemm(CblasRowMajor, ta, tb, (int)m, (int)n, (int)p->k, 1.0, (const double *)A, (int)j->lda, (const double *)B,
                 (int)j->ldb, 0.0, (double *)C, (int)p->n);
 }
@@ -486,8 +489,11 @@ nb_status nb_cpu__blas_run(nb_ctx *ctx, nb_pool *pool, const nb_eqn *e, const vo
   as_blas(p.n, p.k, p.b.rs, p.b.cs, &t, &j.ldb);
   j.tb = !t; /* b is N x K; BLAS wants K x N */
   run_gemms(&j, pool);
-  if (pc) convert_out(&p, j.c, out);
+  if (pc && !atomic_load(&j.oom)) convert_out(&p, j.c, out);
   nb_dealloc(ctx, scratch, total);
+  if (atomic_load(&j.oom))
+    return nb_errorf(ctx, NB_ERR_NOMEM, "dot_general: out of memory for the matmul's packing buffers (traced at %s:%d)",
+                     e->loc.file ? e->loc.file : "?", e->loc.line);
   return NB_OK;
 #else
   (void)ctx, (void)pool, (void)lhs, (void)rhs, (void)out;
