@@ -30,19 +30,22 @@
 #define MAX_MR 8
 #define MAX_NR 32
 
-typedef void (*ukr_fn)(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, bool first);
+/* a: element (r, p) of the MR x kc slice of A at a[r*rsa + p*csa] (a packed
+ * panel, or A itself); b: a packed panel, (p, j) at b[p*NR + j] */
+typedef void (*ukr_fn)(int64_t kc, const float *a, int64_t rsa, int64_t csa, const float *b, float *c, int64_t ldc,
+                       bool first);
 
 /* ---------------------------------------------------------------- micro-kernels */
 
 /* c[r][j] (first: from +0) += sum over p of a[p*MR + r] * b[p*NR + j], one fma at a time in order of p */
 enum { C_MR = 4, C_NR = 8 };
-static void ukr_c(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, bool first) {
+static void ukr_c(int64_t kc, const float *a, int64_t rsa, int64_t csa, const float *b, float *c, int64_t ldc, bool first) {
   float acc[C_MR][C_NR];
   for (int r = 0; r < C_MR; r++)
     for (int j = 0; j < C_NR; j++) acc[r][j] = first ? 0.0f : c[r * ldc + j];
-  for (int64_t p = 0; p < kc; p++, a += C_MR, b += C_NR)
+  for (int64_t p = 0; p < kc; p++, a += csa, b += C_NR)
     for (int r = 0; r < C_MR; r++)
-      for (int j = 0; j < C_NR; j++) acc[r][j] = fmaf(a[r], b[j], acc[r][j]);
+      for (int j = 0; j < C_NR; j++) acc[r][j] = fmaf(a[r * rsa], b[j], acc[r][j]);
   for (int r = 0; r < C_MR; r++)
     for (int j = 0; j < C_NR; j++) c[r * ldc + j] = acc[r][j];
 }
@@ -50,8 +53,8 @@ static void ukr_c(int64_t kc, const float *a, const float *b, float *c, int64_t 
 #ifdef SGEMM_X86
 /* 6 x 16: twelve 8-lane accumulators */
 enum { AVX2_MR = 6, AVX2_NR = 16 };
-__attribute__((target("avx2,fma"))) static void ukr_avx2(int64_t kc, const float *a, const float *b, float *c,
-                                                         int64_t ldc, bool first) {
+__attribute__((target("avx2,fma"))) static void ukr_avx2(int64_t kc, const float *a, int64_t rsa, int64_t csa,
+                                                         const float *b, float *c, int64_t ldc, bool first) {
 #define ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
 #define DECL(r) __m256 c##r##0, c##r##1;
   ROWS(DECL)
@@ -65,9 +68,9 @@ __attribute__((target("avx2,fma"))) static void ukr_avx2(int64_t kc, const float
     ROWS(LOAD)
 #undef LOAD
   }
-  for (int64_t p = 0; p < kc; p++, a += AVX2_MR, b += AVX2_NR) {
+  for (int64_t p = 0; p < kc; p++, a += csa, b += AVX2_NR) {
     __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8), x;
-#define FMA(r) x = _mm256_broadcast_ss(a + r), c##r##0 = _mm256_fmadd_ps(x, b0, c##r##0), c##r##1 = _mm256_fmadd_ps(x, b1, c##r##1);
+#define FMA(r) x = _mm256_broadcast_ss(a + r * rsa), c##r##0 = _mm256_fmadd_ps(x, b0, c##r##0), c##r##1 = _mm256_fmadd_ps(x, b1, c##r##1);
     ROWS(FMA)
 #undef FMA
   }
@@ -79,8 +82,8 @@ __attribute__((target("avx2,fma"))) static void ukr_avx2(int64_t kc, const float
 
 /* 8 x 32: sixteen 16-lane accumulators */
 enum { AVX512_MR = 8, AVX512_NR = 32 };
-__attribute__((target("avx512f,fma"))) static void ukr_avx512(int64_t kc, const float *a, const float *b, float *c,
-                                                              int64_t ldc, bool first) {
+__attribute__((target("avx512f,fma"))) static void ukr_avx512(int64_t kc, const float *a, int64_t rsa, int64_t csa,
+                                                              const float *b, float *c, int64_t ldc, bool first) {
 #define ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
 #define DECL(r) __m512 c##r##0, c##r##1;
   ROWS(DECL)
@@ -94,9 +97,9 @@ __attribute__((target("avx512f,fma"))) static void ukr_avx512(int64_t kc, const 
     ROWS(LOAD)
 #undef LOAD
   }
-  for (int64_t p = 0; p < kc; p++, a += AVX512_MR, b += AVX512_NR) {
+  for (int64_t p = 0; p < kc; p++, a += csa, b += AVX512_NR) {
     __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16), x;
-#define FMA(r) x = _mm512_set1_ps(a[r]), c##r##0 = _mm512_fmadd_ps(x, b0, c##r##0), c##r##1 = _mm512_fmadd_ps(x, b1, c##r##1);
+#define FMA(r) x = _mm512_set1_ps(a[r * rsa]), c##r##0 = _mm512_fmadd_ps(x, b0, c##r##0), c##r##1 = _mm512_fmadd_ps(x, b1, c##r##1);
     ROWS(FMA)
 #undef FMA
   }
@@ -162,19 +165,59 @@ static void pack_a(bool ta, const float *A, int64_t lda, int64_t i0, int64_t mb,
   }
 }
 
+#ifdef SGEMM_X86
+/* dst[i*ldd + j] = src[j*lds + i] for an 8 x 8 block (pure data movement:
+ * the same bits whatever the ISA) */
+__attribute__((target("avx2"))) static void transpose8(const float *src, int64_t lds, float *dst, int64_t ldd) {
+  __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + lds), r2 = _mm256_loadu_ps(src + 2 * lds),
+         r3 = _mm256_loadu_ps(src + 3 * lds), r4 = _mm256_loadu_ps(src + 4 * lds), r5 = _mm256_loadu_ps(src + 5 * lds),
+         r6 = _mm256_loadu_ps(src + 6 * lds), r7 = _mm256_loadu_ps(src + 7 * lds);
+  __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1), t2 = _mm256_unpacklo_ps(r2, r3),
+         t3 = _mm256_unpackhi_ps(r2, r3), t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
+         t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+  __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE), s2 = _mm256_shuffle_ps(t1, t3, 0x44),
+         s3 = _mm256_shuffle_ps(t1, t3, 0xEE), s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE),
+         s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  _mm256_storeu_ps(dst, _mm256_permute2f128_ps(s0, s4, 0x20));
+  _mm256_storeu_ps(dst + ldd, _mm256_permute2f128_ps(s1, s5, 0x20));
+  _mm256_storeu_ps(dst + 2 * ldd, _mm256_permute2f128_ps(s2, s6, 0x20));
+  _mm256_storeu_ps(dst + 3 * ldd, _mm256_permute2f128_ps(s3, s7, 0x20));
+  _mm256_storeu_ps(dst + 4 * ldd, _mm256_permute2f128_ps(s0, s4, 0x31));
+  _mm256_storeu_ps(dst + 5 * ldd, _mm256_permute2f128_ps(s1, s5, 0x31));
+  _mm256_storeu_ps(dst + 6 * ldd, _mm256_permute2f128_ps(s2, s6, 0x31));
+  _mm256_storeu_ps(dst + 7 * ldd, _mm256_permute2f128_ps(s3, s7, 0x31));
+}
+#endif
+
 /* rows [p0, p0 + kb) x cols [j0, j0 + nb) of op(B) as panels of nr columns:
- * panel q holds element (p, q*nr + j) at q*nr*kb + p*nr + j; columns past nb are 0 */
-static void pack_b(bool tb, const float *B, int64_t ldb, int64_t p0, int64_t kb, int64_t j0, int64_t nb, int nr, float *dst) {
+ * panel q holds element (p, q*nr + j) at q*nr*kb + p*nr + j; columns past nb
+ * are 0. A transposed B (its rows are our columns) goes through 8 x 8 block
+ * transposes where the CPU has AVX2. */
+static void pack_b(bool tb, bool avx2, const float *B, int64_t ldb, int64_t p0, int64_t kb, int64_t j0, int64_t nb, int nr,
+                   float *dst) {
   for (int64_t q = 0; q < nb; q += nr, dst += (int64_t)nr * kb) {
     int64_t cols = nb - q < nr ? nb - q : nr;
     if (cols < nr) memset(dst, 0, sizeof(float) * (size_t)(nr * kb));
-    if (tb) {
-      for (int64_t j = 0; j < cols; j++) {
-        const float *s = B + (j0 + q + j) * ldb + p0;
-        for (int64_t p = 0; p < kb; p++) dst[p * nr + j] = s[p];
-      }
-    } else {
+    if (!tb) {
       for (int64_t p = 0; p < kb; p++) memcpy(dst + p * nr, B + (p0 + p) * ldb + j0 + q, sizeof(float) * (size_t)cols);
+      continue;
+    }
+    int64_t j = 0;
+#ifdef SGEMM_X86
+    if (avx2)
+      for (; j + 8 <= cols; j += 8) {
+        const float *s = B + (j0 + q + j) * ldb + p0;
+        int64_t p = 0;
+        for (; p + 8 <= kb; p += 8) transpose8(s + p, ldb, dst + p * nr + j, nr);
+        for (int64_t jj = j; jj < j + 8; jj++)
+          for (int64_t pp = p; pp < kb; pp++) dst[pp * nr + jj] = B[(j0 + q + jj) * ldb + p0 + pp];
+      }
+#else
+    (void)avx2;
+#endif
+    for (; j < cols; j++) {
+      const float *s = B + (j0 + q + j) * ldb + p0;
+      for (int64_t p = 0; p < kb; p++) dst[p * nr + j] = s[p];
     }
   }
 }
@@ -216,36 +259,41 @@ bool nb_cpu__sgemm_on(nb_sgemm_isa isa, bool ta, bool tb, int64_t m, int64_t n, 
     return true;
   }
   int mr = kr.mr, nr = kr.nr;
+  bool avx2 = isa != NB_SGEMM_C; /* the packing's transposes (data movement only) */
   int64_t mc = MC / mr * mr, nc = NC / nr * nr, kc_max = min64(k, KC);
-  size_t na = (size_t)round_up(round_up(min64(m, mc), mr) * kc_max, 16);
+  size_t na = (size_t)round_up((int64_t)mr * kc_max, 16); /* one packed panel: the last rows of a block */
   size_t nbf = (size_t)(round_up(min64(n, nc), nr) * kc_max);
   float *pa = scratch(na + nbf);
   if (!pa) return false;
   float *pb = pa + na;
   float edge[MAX_MR * MAX_NR] = {0};
+  /* whole panels of A are read in place: element (i, p) at A[i*ars + p*acs] */
+  int64_t ars = ta ? 1 : lda, acs = ta ? lda : 1;
   for (int64_t jc = 0; jc < n; jc += nc) {
     int64_t nb = min64(nc, n - jc);
     for (int64_t pc = 0; pc < k; pc += KC) {
       int64_t kb = min64(KC, k - pc);
       bool first = pc == 0;
-      pack_b(tb, B, ldb, pc, kb, jc, nb, nr, pb);
+      pack_b(tb, avx2, B, ldb, pc, kb, jc, nb, nr, pb);
       for (int64_t ic = 0; ic < m; ic += mc) {
         int64_t mb = min64(mc, m - ic);
-        pack_a(ta, A, lda, ic, mb, pc, kb, mr, pa);
+        if (mb % mr) pack_a(ta, A, lda, ic + mb / mr * mr, mb % mr, pc, kb, mr, pa);
         for (int64_t jr = 0; jr < nb; jr += nr) {
           int64_t cols = min64(nr, nb - jr);
+          const float *b = pb + jr * kb;
           for (int64_t ir = 0; ir < mb; ir += mr) {
             int64_t rows = min64(mr, mb - ir);
             float *c = C + (ic + ir) * ldc + jc + jr;
-            const float *a = pa + ir * kb, *b = pb + jr * kb;
+            const float *a = rows == mr ? A + (ic + ir) * ars + pc * acs : pa;
+            int64_t rsa = rows == mr ? ars : 1, csa = rows == mr ? acs : mr;
             if (rows == mr && cols == nr) {
-              kr.fn(kb, a, b, c, ldc, first);
+              kr.fn(kb, a, rsa, csa, b, c, ldc, first);
               continue;
             }
             /* an edge tile: through a full one on the stack */
             if (!first)
               for (int64_t r = 0; r < rows; r++) memcpy(edge + r * nr, c + r * ldc, sizeof(float) * (size_t)cols);
-            kr.fn(kb, a, b, edge, nr, first);
+            kr.fn(kb, a, rsa, csa, b, edge, nr, first);
             for (int64_t r = 0; r < rows; r++) memcpy(c + r * ldc, edge + r * nr, sizeof(float) * (size_t)cols);
           }
         }
