@@ -384,10 +384,12 @@ static int64_t tile_side(int64_t side, int64_t tiles) {
   return b > TILE_ALIGN ? cdiv(b, TILE_ALIGN) * TILE_ALIGN : b;
 }
 
-/* Sets j's tiling from the product's shape (see above). */
-static void plan_tiles(const dot_plan *p, gemm_job *j) {
-  int64_t tm = 1, tn = 1;
-  while (p->batch * tm * tn < TARGET_TASKS) {
+/* Sets j's tiling from the product's shape (see above). An f32 product's
+ * elements do not depend on its tiles (sgemm.h), so it is cut only as far as
+ * the threads need: whole at one thread (each tile packs its operands again). */
+static void plan_tiles(const dot_plan *p, gemm_job *j, int threads) {
+  int64_t tm = 1, tn = 1, target = p->ct == NB_F32 ? (threads > 1 ? TASKS_PER_THREAD * threads : 1) : TARGET_TASKS;
+  while (p->batch * tm * tn < target) {
     int64_t bm = cdiv(p->m, tm), bn = cdiv(p->n, tn);
     bool can_m = bm >= 2 * TILE_MIN_SIDE, can_n = bn >= 2 * TILE_MIN_SIDE;
     if (!can_m && !can_n) break;
@@ -424,7 +426,7 @@ static void gemm_task(void *arg, int t) {
 
 static void run_gemms(gemm_job *j, nb_pool *pool) {
   nb_jit_blas_core();
-  plan_tiles(j->p, j);
+  plan_tiles(j->p, j, nb_rt__pool_threads(pool));
   if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
   int64_t ntasks = j->p->batch * j->tm * j->tn;
   for (j->first = 0; j->first < ntasks; j->first += INT32_MAX) /* pool task indices are ints */
