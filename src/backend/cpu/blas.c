@@ -125,15 +125,19 @@ static void select_blas_core(void) {
            picked ? picked : "?");
 }
 
+static char dot_note[300];
+
 static void configure_blas(void) {
   select_blas_core();
   quiet_blas_threads();
+  snprintf(dot_note, sizeof dot_note, "f32: nabla's sgemm (%s kernel); f64: %s", nb_cpu__sgemm_name(nb_cpu__sgemm_best()),
+           blas_core_note);
 }
 
 const char *nb_jit_blas_core(void) {
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   pthread_once(&once, configure_blas);
-  return blas_core_note;
+  return dot_note;
 }
 
 /* One operand as a batch of rows x cols matrices: rows are its free dims in
