@@ -134,9 +134,15 @@ static bool kernel_of(nb_sgemm_isa isa, kernel *k) {
   }
 }
 
+/* The best kernel the CPU has, or a weaker one that NABLA_SGEMM_ISA (avx2,
+ * c) asks for: the same results, the speed of an AVX2 machine. */
 nb_sgemm_isa nb_cpu__sgemm_best(void) {
   kernel k;
-  return kernel_of(NB_SGEMM_AVX512, &k) ? NB_SGEMM_AVX512 : kernel_of(NB_SGEMM_AVX2, &k) ? NB_SGEMM_AVX2 : NB_SGEMM_C;
+  nb_sgemm_isa best = kernel_of(NB_SGEMM_AVX512, &k) ? NB_SGEMM_AVX512 : kernel_of(NB_SGEMM_AVX2, &k) ? NB_SGEMM_AVX2 : NB_SGEMM_C;
+  const char *want = getenv("NABLA_SGEMM_ISA");
+  for (int i = NB_SGEMM_C; want && i < (int)best; i++)
+    if (strcmp(want, nb_cpu__sgemm_name((nb_sgemm_isa)i)) == 0) return (nb_sgemm_isa)i;
+  return best;
 }
 
 const char *nb_cpu__sgemm_name(nb_sgemm_isa isa) {

@@ -25,7 +25,8 @@ bool nb_cpu__sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const floa
 bool nb_cpu__sgemm_on(nb_sgemm_isa isa, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
                       const float *B, int64_t ldb, float *C, int64_t ldc);
 
-/* The best kernel this CPU has, and its name ("avx512", "avx2", "c"). */
+/* The best kernel this CPU has (or a weaker one named by $NABLA_SGEMM_ISA),
+ * and a kernel's name ("avx512", "avx2", "c"). */
 nb_sgemm_isa nb_cpu__sgemm_best(void);
 const char *nb_cpu__sgemm_name(nb_sgemm_isa isa);
 
