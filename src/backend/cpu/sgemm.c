@@ -31,19 +31,21 @@
 #define MAX_NR 32
 
 /* a: element (r, p) of the MR x kc slice of A at a[r*rsa + p*csa] (a packed
- * panel, or A itself); b: a packed panel, (p, j) at b[p*NR + j] */
-typedef void (*ukr_fn)(int64_t kc, const float *a, int64_t rsa, int64_t csa, const float *b, float *c, int64_t ldc,
-                       bool first);
+ * panel, or A itself); b: element (p, j) of the kc x NR slice of B at
+ * b[p*rsb + j] (a packed panel, rsb = NR, or B itself) */
+typedef void (*ukr_fn)(int64_t kc, const float *a, int64_t rsa, int64_t csa, const float *b, int64_t rsb, float *c,
+                       int64_t ldc, bool first);
 
 /* ---------------------------------------------------------------- micro-kernels */
 
 /* c[r][j] (first: from +0) += sum over p of a[p*MR + r] * b[p*NR + j], one fma at a time in order of p */
 enum { C_MR = 4, C_NR = 8 };
-static void ukr_c(int64_t kc, const float *a, int64_t rsa, int64_t csa, const float *b, float *c, int64_t ldc, bool first) {
+static void ukr_c(int64_t kc, const float *a, int64_t rsa, int64_t csa, const float *b, int64_t rsb, float *c, int64_t ldc,
+                  bool first) {
   float acc[C_MR][C_NR];
   for (int r = 0; r < C_MR; r++)
     for (int j = 0; j < C_NR; j++) acc[r][j] = first ? 0.0f : c[r * ldc + j];
-  for (int64_t p = 0; p < kc; p++, a += csa, b += C_NR)
+  for (int64_t p = 0; p < kc; p++, a += csa, b += rsb)
     for (int r = 0; r < C_MR; r++)
       for (int j = 0; j < C_NR; j++) acc[r][j] = fmaf(a[r * rsa], b[j], acc[r][j]);
   for (int r = 0; r < C_MR; r++)
@@ -54,7 +56,7 @@ static void ukr_c(int64_t kc, const float *a, int64_t rsa, int64_t csa, const fl
 /* 6 x 16: twelve 8-lane accumulators */
 enum { AVX2_MR = 6, AVX2_NR = 16 };
 __attribute__((target("avx2,fma"))) static void ukr_avx2(int64_t kc, const float *a, int64_t rsa, int64_t csa,
-                                                         const float *b, float *c, int64_t ldc, bool first) {
+                                                         const float *b, int64_t rsb, float *c, int64_t ldc, bool first) {
 #define ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
 #define DECL(r) __m256 c##r##0, c##r##1;
   ROWS(DECL)
@@ -68,7 +70,7 @@ __attribute__((target("avx2,fma"))) static void ukr_avx2(int64_t kc, const float
     ROWS(LOAD)
 #undef LOAD
   }
-  for (int64_t p = 0; p < kc; p++, a += csa, b += AVX2_NR) {
+  for (int64_t p = 0; p < kc; p++, a += csa, b += rsb) {
     __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8), x;
 #define FMA(r) x = _mm256_broadcast_ss(a + r * rsa), c##r##0 = _mm256_fmadd_ps(x, b0, c##r##0), c##r##1 = _mm256_fmadd_ps(x, b1, c##r##1);
     ROWS(FMA)
@@ -83,7 +85,7 @@ __attribute__((target("avx2,fma"))) static void ukr_avx2(int64_t kc, const float
 /* 8 x 32: sixteen 16-lane accumulators */
 enum { AVX512_MR = 8, AVX512_NR = 32 };
 __attribute__((target("avx512f,fma"))) static void ukr_avx512(int64_t kc, const float *a, int64_t rsa, int64_t csa,
-                                                              const float *b, float *c, int64_t ldc, bool first) {
+                                                              const float *b, int64_t rsb, float *c, int64_t ldc, bool first) {
 #define ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
 #define DECL(r) __m512 c##r##0, c##r##1;
   ROWS(DECL)
@@ -97,7 +99,7 @@ __attribute__((target("avx512f,fma"))) static void ukr_avx512(int64_t kc, const 
     ROWS(LOAD)
 #undef LOAD
   }
-  for (int64_t p = 0; p < kc; p++, a += csa, b += AVX512_NR) {
+  for (int64_t p = 0; p < kc; p++, a += csa, b += rsb) {
     __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16), x;
 #define FMA(r) x = _mm512_set1_ps(a[r * rsa]), c##r##0 = _mm512_fmadd_ps(x, b0, c##r##0), c##r##1 = _mm512_fmadd_ps(x, b1, c##r##1);
     ROWS(FMA)
@@ -273,33 +275,41 @@ bool nb_cpu__sgemm_on(nb_sgemm_isa isa, bool ta, bool tb, int64_t m, int64_t n, 
   if (!pa) return false;
   float *pb = pa + na;
   float edge[MAX_MR * MAX_NR] = {0};
-  /* whole panels of A are read in place: element (i, p) at A[i*ars + p*acs] */
+  /* Whole panels of A are read in place: element (i, p) at A[i*ars + p*acs].
+   * So are whole panels of an untransposed B when A has at most one block of
+   * rows: a packed panel would serve at most MC / MR micro-kernel calls, too
+   * few to pay for its copy (a weight gradient, 128 x 512 x 2048: 214 -> 234
+   * GFLOP/s on AVX-512, 105 -> 114 on AVX2); with more rows the packed panel's
+   * reuse from L1 wins (1024 x 3072 x 768: 218 packed, 169 in place). */
+  bool b_direct = !tb && m <= MC;
   int64_t ars = ta ? 1 : lda, acs = ta ? lda : 1;
   for (int64_t jc = 0; jc < n; jc += nc) {
     int64_t nb = min64(nc, n - jc);
     for (int64_t pc = 0; pc < k; pc += KC) {
       int64_t kb = min64(KC, k - pc);
       bool first = pc == 0;
-      pack_b(tb, avx2, B, ldb, pc, kb, jc, nb, nr, pb);
+      if (!b_direct || nb % nr) pack_b(tb, avx2, B, ldb, pc, kb, jc, nb, nr, pb);
       for (int64_t ic = 0; ic < m; ic += mc) {
         int64_t mb = min64(mc, m - ic);
         if (mb % mr) pack_a(ta, A, lda, ic + mb / mr * mr, mb % mr, pc, kb, mr, pa);
         for (int64_t jr = 0; jr < nb; jr += nr) {
           int64_t cols = min64(nr, nb - jr);
-          const float *b = pb + jr * kb;
+          bool b_in_place = b_direct && cols == nr;
+          const float *b = b_in_place ? B + pc * ldb + jc + jr : pb + jr * kb;
+          int64_t rsb = b_in_place ? ldb : nr;
           for (int64_t ir = 0; ir < mb; ir += mr) {
             int64_t rows = min64(mr, mb - ir);
             float *c = C + (ic + ir) * ldc + jc + jr;
             const float *a = rows == mr ? A + (ic + ir) * ars + pc * acs : pa;
             int64_t rsa = rows == mr ? ars : 1, csa = rows == mr ? acs : mr;
             if (rows == mr && cols == nr) {
-              kr.fn(kb, a, rsa, csa, b, c, ldc, first);
+              kr.fn(kb, a, rsa, csa, b, rsb, c, ldc, first);
               continue;
             }
             /* an edge tile: through a full one on the stack */
             if (!first)
               for (int64_t r = 0; r < rows; r++) memcpy(edge + r * nr, c + r * ldc, sizeof(float) * (size_t)cols);
-            kr.fn(kb, a, rsa, csa, b, edge, nr, first);
+            kr.fn(kb, a, rsa, csa, b, rsb, edge, nr, first);
             for (int64_t r = 0; r < rows; r++) memcpy(c + r * ldc, edge + r * nr, sizeof(float) * (size_t)cols);
           }
         }
