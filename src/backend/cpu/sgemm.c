@@ -1,7 +1,9 @@
 /* CPU backend: nabla's own f32 matrix product (sgemm.h), the classic
- * blocked scheme: op(B) packed in blocks of KC x NC (panels of NR columns),
- * op(A) in blocks of MC x KC (panels of MR rows), and a register-blocked
- * micro-kernel that adds one MR x NR tile's products over a KC slice.
+ * blocked scheme: op(B) packed in blocks of KC x NC (panels of NR columns;
+ * read in place when few rows of A would reuse them), op(A) walked in blocks
+ * of MC x KC and read in place (panels of MR rows; only a block's last,
+ * partial panel is packed), and a register-blocked micro-kernel that adds one
+ * MR x NR tile's products over a KC slice.
  *
  * Why not OpenBLAS: its result for an element depends on the kernels it
  * picks for the CPU (Haswell and SkylakeX sum in different orders) and on
@@ -25,7 +27,7 @@
 #endif
 
 #define KC 256   /* k per packed slice: an A panel (MR x KC) and a B panel (KC x NR) stay in L1 */
-#define MC 128   /* rows per packed A block (MC x KC floats, 128 KB: L2) */
+#define MC 128   /* rows per A block (MC x KC floats, 128 KB: L2) */
 #define NC 1024  /* columns per packed B block */
 #define MAX_MR 8
 #define MAX_NR 32
