@@ -2,7 +2,8 @@
  * loss plus an AdamW update (include/nabla/optim.h) traced into one graph,
  * compiled once with params and optimizer state donated, then run on a
  * fixed batch. Reports tokens/s (median of the timed steps), MFU against
- * the 2-thread sgemm peak measured in the same process, and the compile
+ * the machine's f32 FMA peak at that thread count (nb_prof_peak_flops:
+ * measured once, cached per CPU model), and the compile
  * time: cold (the cache directory given, which the caller empties) and warm
  * (this program run again on the same cache directory, in a second process).
  * The peers bench/gpt2_step_torch.py and bench/gpt2_step_jax.py run the
@@ -15,7 +16,6 @@
  * (N counts the tied embedding once, as the output head, and not the
  * position table) plus 12 * layers * d_model * seq * tokens for attention. */
 #define _POSIX_C_SOURCE 200809L
-#include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,34 +27,6 @@
 static int die(nb_ctx *ctx, const char *what) {
   fprintf(stderr, "%s: %s\n", what, nb_ctx_error(ctx));
   return 1;
-}
-
-/* sgemm FLOP/s on threads threads: the median of 5 runs of a
- * [1024 x 768] x [768 x 3072] product (the MLP's shape at B*T = 1024). */
-static double sgemm_peak(int threads) {
-  const int m = 1024, k = 768, n = 3072;
-  float *a = malloc(sizeof(float) * (size_t)m * k), *b = malloc(sizeof(float) * (size_t)k * n),
-        *c = malloc(sizeof(float) * (size_t)m * n);
-  if (!a || !b || !c) return 0;
-  for (size_t i = 0; i < (size_t)m * k; i++) a[i] = (float)(i % 7) * 0.1f;
-  for (size_t i = 0; i < (size_t)k * n; i++) b[i] = (float)(i % 5) * 0.1f;
-  nb_jit_blas_core(); /* the kernels nb_jit's matmuls run on */
-  /* nb_jit keeps OpenBLAS on one thread (its pool splits the matmuls):
-   * measure on `threads`, then put the setting back */
-  int prev = openblas_get_num_threads();
-  openblas_set_num_threads(threads);
-  double t[5];
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1, a, k, b, n, 0, c, n);
-  for (int r = 0; r < 5; r++) {
-    double t0 = now_s();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1, a, k, b, n, 0, c, n);
-    t[r] = now_s() - t0;
-  }
-  openblas_set_num_threads(prev);
-  free(a);
-  free(b);
-  free(c);
-  return 2.0 * m * k * n / median(t, 5);
 }
 
 typedef struct step_ud {
@@ -151,7 +123,7 @@ int main(int argc, char **argv) {
   double model_flops = 6.0 * (double)n * tokens + 12.0 * (double)cfg.n_layers * (double)cfg.d_model * (double)T * tokens;
   double graph_flops, graph_bytes;
   nb_graph_cost(g, &graph_flops, &graph_bytes);
-  double peak = sgemm_peak(threads);
+  double peak = nb_prof_peak_flops(threads).flops;
 
   /* the step owns params and opt: each run takes the last run's outputs */
   nb_tree *state = nb_tree_create(ctx);
@@ -183,7 +155,7 @@ int main(int argc, char **argv) {
   }
   double per_step = median(t, steps);
   printf("RESULT nabla %s B=%lld T=%lld vocab=%lld params=%lld threads=%d: step %.4f s (median of %d), %.0f tokens/s, "
-         "model %.1f GFLOP/step, %.2f GFLOP/s, sgemm peak %.2f GFLOP/s, MFU %.1f%%, loss %.4f -> %.4f, compile %.2f s\n",
+         "model %.1f GFLOP/step, %.2f GFLOP/s, FMA peak %.2f GFLOP/s, MFU %.1f%%, loss %.4f -> %.4f, compile %.2f s\n",
          preset, (long long)B, (long long)T, (long long)cfg.vocab_size, (long long)n, threads, per_step, steps, tokens / per_step,
          model_flops / 1e9, model_flops / per_step / 1e9, peak / 1e9, 100 * model_flops / per_step / peak, loss0, loss, t_jit);
   printf("graph cost: %.1f GFLOP, %.2f GB per step; dot_general on %s\n", graph_flops / 1e9, graph_bytes / 1e9,

@@ -161,6 +161,34 @@ static nb_val *transpose_chain(nb_graph *d, const nb_eqn *e, nb_val *const *in, 
   return nb_transpose_at(e->loc, inner->in[0], perm);
 }
 
+/* transpose(dot_general(a, b)) that only swaps the result's lhs-free and
+ * rhs-free blocks -> dot_general(b, a). A dense layer's weight gradient is
+ * traced as the transpose of dY^T X: the optimizer's kernel then read it
+ * column-wise (16 x 16 tiles, strided loads); swapped, the product writes it
+ * in the weight's own layout. Only when the dot has no other use (else both
+ * would run). Rounding: each element is the same products in the same order
+ * (a*b = b*a), the same bits on the f32 kernels (backend/cpu/sgemm.h). */
+static nb_val *transpose_of_dot(nb_graph *d, const nb_eqn *e, nb_val *const *in, const uint32_t *uses) {
+  const nb_eqn *src = e->in[0]->def, *dot = def_of(in[0], NB_PRIM_dot_general);
+  if (!src || src->prim != NB_PRIM_dot_general || uses[e->in[0]->id] != 1 || !dot) return NULL;
+  const nb_dot_params *p = dot->params;
+  int nb = p->dn.n_batch, lf = dot->in[0]->aval.shape.rank - nb - p->dn.n_contract;
+  int rf = in[0]->aval.shape.rank - nb - lf;
+  const int *perm = ((const nb_transpose_params *)e->params)->perm;
+  for (int i = 0; i < nb; i++)
+    if (perm[i] != i) return NULL;
+  for (int i = 0; i < rf; i++)
+    if (perm[nb + i] != nb + lf + i) return NULL;
+  for (int i = 0; i < lf; i++)
+    if (perm[nb + rf + i] != nb + i) return NULL;
+  nb_dot_dims dn = p->dn;
+  memcpy(dn.lhs_contract, p->dn.rhs_contract, sizeof dn.lhs_contract);
+  memcpy(dn.rhs_contract, p->dn.lhs_contract, sizeof dn.rhs_contract);
+  memcpy(dn.lhs_batch, p->dn.rhs_batch, sizeof dn.lhs_batch);
+  memcpy(dn.rhs_batch, p->dn.lhs_batch, sizeof dn.rhs_batch);
+  return nb_dot_general_at(e->loc, dot->in[1], dot->in[0], &dn, p->out_dtype);
+}
+
 static nb_val *broadcast_chain(nb_graph *d, const nb_eqn *e, nb_val *const *in, const uint32_t *uses) {
   const nb_eqn *inner = def_of(in[0], NB_PRIM_broadcast_in_dim);
   if (!inner) return NULL;
@@ -187,6 +215,7 @@ static const rule rules[] = {
     {NB_SW_algebra, NB_PRIM_reduce_prod, reduce_no_axes},
     {NB_SW_algebra, NB_PRIM_reshape, reshape_chain},
     {NB_SW_algebra, NB_PRIM_transpose, transpose_chain},
+    {NB_SW_algebra, NB_PRIM_transpose, transpose_of_dot},
     {NB_SW_algebra, NB_PRIM_broadcast_in_dim, broadcast_chain},
 };
 

@@ -1,4 +1,5 @@
-/* CPU backend: dot_general through OpenBLAS's cblas_sgemm / cblas_dgemm.
+/* CPU backend: dot_general through nabla's own f32 product (sgemm.c) and
+ * OpenBLAS's cblas_dgemm.
  * Any layout of floating operands: each operand is a batch of matrices
  * (its free dims x its contracting dims, each group merged into one strided
  * axis when memory allows). When one of the two axes has unit stride the
@@ -20,6 +21,7 @@
 #include <strings.h>
 
 #include "backend/cpu/cpu.h"
+#include "backend/cpu/sgemm.h"
 #ifdef NABLA_HAVE_CBLAS
 #include <cblas.h>
 #endif
@@ -122,15 +124,19 @@ static void select_blas_core(void) {
            picked ? picked : "?");
 }
 
+static char dot_note[300];
+
 static void configure_blas(void) {
   select_blas_core();
   quiet_blas_threads();
+  snprintf(dot_note, sizeof dot_note, "f32: nabla's sgemm (%s kernel); f64: %s", nb_cpu__sgemm_name(nb_cpu__sgemm_best()),
+           blas_core_note);
 }
 
 const char *nb_jit_blas_core(void) {
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   pthread_once(&once, configure_blas);
-  return blas_core_note;
+  return dot_note;
 }
 
 /* One operand as a batch of rows x cols matrices: rows are its free dims in
@@ -370,6 +376,7 @@ typedef struct gemm_job {
   int64_t tm, tn;   /* tiles per item along m and n */
   int64_t bm, bn;   /* rows and columns per tile (the last ones may be shorter) */
   int64_t first;    /* task index of this pool run's task 0 */
+  atomic_bool oom;  /* a task found no memory for its packing buffers */
 } gemm_job;
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -380,10 +387,12 @@ static int64_t tile_side(int64_t side, int64_t tiles) {
   return b > TILE_ALIGN ? cdiv(b, TILE_ALIGN) * TILE_ALIGN : b;
 }
 
-/* Sets j's tiling from the product's shape (see above). */
-static void plan_tiles(const dot_plan *p, gemm_job *j) {
-  int64_t tm = 1, tn = 1;
-  while (p->batch * tm * tn < TARGET_TASKS) {
+/* Sets j's tiling from the product's shape (see above). An f32 product's
+ * elements do not depend on its tiles (sgemm.h), so it is cut only as far as
+ * the threads need: whole at one thread (each tile packs its operands again). */
+static void plan_tiles(const dot_plan *p, gemm_job *j, int threads) {
+  int64_t tm = 1, tn = 1, target = p->ct == NB_F32 ? (threads > 1 ? TASKS_PER_THREAD * threads : 1) : TARGET_TASKS;
+  while (p->batch * tm * tn < target) {
     int64_t bm = cdiv(p->m, tm), bn = cdiv(p->n, tn);
     bool can_m = bm >= 2 * TILE_MIN_SIDE, can_n = bn >= 2 * TILE_MIN_SIDE;
     if (!can_m && !can_n) break;
@@ -410,17 +419,17 @@ static void gemm_task(void *arg, int t) {
   const char *A = p->a.base + (size_t)ao * es, *B = p->b.base + (size_t)bo * es;
   char *C = j->c + (size_t)co * es;
   enum CBLAS_TRANSPOSE ta = j->ta ? CblasTrans : CblasNoTrans, tb = j->tb ? CblasTrans : CblasNoTrans;
-  if (p->ct == NB_F32)
-    cblas_sgemm(CblasRowMajor, ta, tb, (int)m, (int)n, (int)p->k, 1.0f, (const float *)A, (int)j->lda, (const float *)B,
-                (int)j->ldb, 0.0f, (float *)C, (int)p->n);
-  else
+  if (p->ct == NB_F32) {
+    if (!nb_cpu__sgemm(j->ta, j->tb, m, n, p->k, (const float *)A, j->lda, (const float *)B, j->ldb, (float *)C, p->n))
+      atomic_store(&j->oom, true);
+  } else
     cblas_dgemm(CblasRowMajor, ta, tb, (int)m, (int)n, (int)p->k, 1.0, (const double *)A, (int)j->lda, (const double *)B,
                 (int)j->ldb, 0.0, (double *)C, (int)p->n);
 }
 
 static void run_gemms(gemm_job *j, nb_pool *pool) {
   nb_jit_blas_core();
-  plan_tiles(j->p, j);
+  plan_tiles(j->p, j, nb_cpu__pool_threads(pool));
   if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
   int64_t ntasks = j->p->batch * j->tm * j->tn;
   for (j->first = 0; j->first < ntasks; j->first += INT32_MAX) /* pool task indices are ints */
@@ -485,8 +494,11 @@ nb_status nb_cpu__blas_run(nb_ctx *ctx, nb_pool *pool, const nb_eqn *e, const vo
   as_blas(p.n, p.k, p.b.rs, p.b.cs, &t, &j.ldb);
   j.tb = !t; /* b is N x K; BLAS wants K x N */
   run_gemms(&j, pool);
-  if (pc) convert_out(&p, j.c, out);
+  if (pc && !atomic_load(&j.oom)) convert_out(&p, j.c, out);
   nb_dealloc(ctx, scratch, total);
+  if (atomic_load(&j.oom))
+    return nb_errorf(ctx, NB_ERR_NOMEM, "dot_general: out of memory for the matmul's packing buffers (traced at %s:%d)",
+                     e->loc.file ? e->loc.file : "?", e->loc.line);
   return NB_OK;
 #else
   (void)ctx, (void)pool, (void)lhs, (void)rhs, (void)out;

@@ -1,0 +1,330 @@
+/* CPU backend: nabla's own f32 matrix product (sgemm.h), the classic
+ * blocked scheme: op(B) packed in blocks of KC x NC (panels of NR columns;
+ * read in place when few rows of A would reuse them), op(A) walked in blocks
+ * of MC x KC and read in place (panels of MR rows; only a block's last,
+ * partial panel is packed), and a register-blocked micro-kernel that adds one
+ * MR x NR tile's products over a KC slice.
+ *
+ * Why not OpenBLAS: its result for an element depends on the kernels it
+ * picks for the CPU (Haswell and SkylakeX sum in different orders) and on
+ * how a product is split, so a step's numbers changed with the machine; and
+ * pinned to its AVX2 kernels (so that AVX2 and AVX-512 machines agree) it
+ * runs at half an AVX-512 core's rate. Here every element is one chain of
+ * fused multiply-adds over k in order, whatever the kernel, the tile and the
+ * blocking, so the AVX-512 kernel may run wherever the CPU has it: the
+ * vector lanes only ever hold different columns. The plain C kernel (fmaf)
+ * is the definition the others are tested against (tests/backend). */
+#include "backend/cpu/sgemm.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define SGEMM_X86 1
+#endif
+
+#define KC 256   /* k per packed slice: an A panel (MR x KC) and a B panel (KC x NR) stay in L1 */
+#define MC 128   /* rows per A block (MC x KC floats, 128 KB: L2) */
+#define NC 1024  /* columns per packed B block */
+#define MAX_MR 8
+#define MAX_NR 32
+
+/* a: element (r, p) of the MR x kc slice of A at a[r*rsa + p*csa] (a packed
+ * panel, or A itself); b: element (p, j) of the kc x NR slice of B at
+ * b[p*rsb + j] (a packed panel, rsb = NR, or B itself) */
+typedef void (*ukr_fn)(int64_t kc, const float *a, int64_t rsa, int64_t csa, const float *b, int64_t rsb, float *c,
+                       int64_t ldc, bool first);
+
+/* ---------------------------------------------------------------- micro-kernels */
+
+/* c[r][j] (first: from +0) += sum over p of a[p*MR + r] * b[p*NR + j], one fma at a time in order of p */
+enum { C_MR = 4, C_NR = 8 };
+static void ukr_c(int64_t kc, const float *a, int64_t rsa, int64_t csa, const float *b, int64_t rsb, float *c, int64_t ldc,
+                  bool first) {
+  float acc[C_MR][C_NR];
+  for (int r = 0; r < C_MR; r++)
+    for (int j = 0; j < C_NR; j++) acc[r][j] = first ? 0.0f : c[r * ldc + j];
+  for (int64_t p = 0; p < kc; p++, a += csa, b += rsb)
+    for (int r = 0; r < C_MR; r++)
+      for (int j = 0; j < C_NR; j++) acc[r][j] = fmaf(a[r * rsa], b[j], acc[r][j]);
+  for (int r = 0; r < C_MR; r++)
+    for (int j = 0; j < C_NR; j++) c[r * ldc + j] = acc[r][j];
+}
+
+#ifdef SGEMM_X86
+/* 6 x 16: twelve 8-lane accumulators */
+enum { AVX2_MR = 6, AVX2_NR = 16 };
+__attribute__((target("avx2,fma"))) static void ukr_avx2(int64_t kc, const float *a, int64_t rsa, int64_t csa,
+                                                         const float *b, int64_t rsb, float *c, int64_t ldc, bool first) {
+#define ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
+#define DECL(r) __m256 c##r##0, c##r##1;
+  ROWS(DECL)
+#undef DECL
+  if (first) {
+#define ZERO(r) c##r##0 = _mm256_setzero_ps(), c##r##1 = _mm256_setzero_ps();
+    ROWS(ZERO)
+#undef ZERO
+  } else {
+#define LOAD(r) c##r##0 = _mm256_loadu_ps(c + r * ldc), c##r##1 = _mm256_loadu_ps(c + r * ldc + 8);
+    ROWS(LOAD)
+#undef LOAD
+  }
+  for (int64_t p = 0; p < kc; p++, a += csa, b += rsb) {
+    __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8), x;
+#define FMA(r) x = _mm256_broadcast_ss(a + r * rsa), c##r##0 = _mm256_fmadd_ps(x, b0, c##r##0), c##r##1 = _mm256_fmadd_ps(x, b1, c##r##1);
+    ROWS(FMA)
+#undef FMA
+  }
+#define STORE(r) _mm256_storeu_ps(c + r * ldc, c##r##0), _mm256_storeu_ps(c + r * ldc + 8, c##r##1);
+  ROWS(STORE)
+#undef STORE
+#undef ROWS
+}
+
+/* 8 x 32: sixteen 16-lane accumulators */
+enum { AVX512_MR = 8, AVX512_NR = 32 };
+__attribute__((target("avx512f,fma"))) static void ukr_avx512(int64_t kc, const float *a, int64_t rsa, int64_t csa,
+                                                              const float *b, int64_t rsb, float *c, int64_t ldc, bool first) {
+#define ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+#define DECL(r) __m512 c##r##0, c##r##1;
+  ROWS(DECL)
+#undef DECL
+  if (first) {
+#define ZERO(r) c##r##0 = _mm512_setzero_ps(), c##r##1 = _mm512_setzero_ps();
+    ROWS(ZERO)
+#undef ZERO
+  } else {
+#define LOAD(r) c##r##0 = _mm512_loadu_ps(c + r * ldc), c##r##1 = _mm512_loadu_ps(c + r * ldc + 16);
+    ROWS(LOAD)
+#undef LOAD
+  }
+  for (int64_t p = 0; p < kc; p++, a += csa, b += rsb) {
+    __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16), x;
+#define FMA(r) x = _mm512_set1_ps(a[r * rsa]), c##r##0 = _mm512_fmadd_ps(x, b0, c##r##0), c##r##1 = _mm512_fmadd_ps(x, b1, c##r##1);
+    ROWS(FMA)
+#undef FMA
+  }
+#define STORE(r) _mm512_storeu_ps(c + r * ldc, c##r##0), _mm512_storeu_ps(c + r * ldc + 16, c##r##1);
+  ROWS(STORE)
+#undef STORE
+#undef ROWS
+}
+#endif
+
+typedef struct kernel {
+  int mr, nr;
+  ukr_fn fn;
+} kernel;
+
+static bool kernel_of(nb_sgemm_isa isa, kernel *k) {
+  switch (isa) {
+  case NB_SGEMM_C: *k = (kernel){C_MR, C_NR, ukr_c}; return true;
+#ifdef SGEMM_X86
+  case NB_SGEMM_AVX2:
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return false;
+    *k = (kernel){AVX2_MR, AVX2_NR, ukr_avx2};
+    return true;
+  case NB_SGEMM_AVX512:
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("fma")) return false;
+    *k = (kernel){AVX512_MR, AVX512_NR, ukr_avx512};
+    return true;
+#endif
+  default: return false;
+  }
+}
+
+/* The best kernel the CPU has, or a weaker one that NABLA_SGEMM_ISA (avx2,
+ * c) asks for: the same results, the speed of an AVX2 machine. */
+nb_sgemm_isa nb_cpu__sgemm_best(void) {
+  kernel k;
+  nb_sgemm_isa best = kernel_of(NB_SGEMM_AVX512, &k) ? NB_SGEMM_AVX512 : kernel_of(NB_SGEMM_AVX2, &k) ? NB_SGEMM_AVX2 : NB_SGEMM_C;
+  const char *want = getenv("NABLA_SGEMM_ISA");
+  for (int i = NB_SGEMM_C; want && i < (int)best; i++)
+    if (strcmp(want, nb_cpu__sgemm_name((nb_sgemm_isa)i)) == 0) return (nb_sgemm_isa)i;
+  return best;
+}
+
+const char *nb_cpu__sgemm_name(nb_sgemm_isa isa) {
+  return isa == NB_SGEMM_AVX512 ? "avx512" : isa == NB_SGEMM_AVX2 ? "avx2" : "c";
+}
+
+/* ---------------------------------------------------------------- packing */
+
+/* rows [i0, i0 + mb) x cols [p0, p0 + kb) of op(A) as panels of mr rows: panel
+ * q holds element (q*mr + r, p) at q*mr*kb + p*mr + r; rows past mb are 0 */
+static void pack_a(bool ta, const float *A, int64_t lda, int64_t i0, int64_t mb, int64_t p0, int64_t kb, int mr, float *dst) {
+  for (int64_t q = 0; q < mb; q += mr, dst += (int64_t)mr * kb) {
+    int64_t rows = mb - q < mr ? mb - q : mr;
+    if (rows < mr) memset(dst, 0, sizeof(float) * (size_t)(mr * kb));
+    if (ta) {
+      for (int64_t p = 0; p < kb; p++) {
+        const float *s = A + (p0 + p) * lda + i0 + q;
+        for (int64_t r = 0; r < rows; r++) dst[p * mr + r] = s[r];
+      }
+    } else {
+      for (int64_t r = 0; r < rows; r++) {
+        const float *s = A + (i0 + q + r) * lda + p0;
+        for (int64_t p = 0; p < kb; p++) dst[p * mr + r] = s[p];
+      }
+    }
+  }
+}
+
+#ifdef SGEMM_X86
+/* dst[i*ldd + j] = src[j*lds + i] for an 8 x 8 block (pure data movement:
+ * the same bits whatever the ISA) */
+__attribute__((target("avx2"))) static void transpose8(const float *src, int64_t lds, float *dst, int64_t ldd) {
+  __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + lds), r2 = _mm256_loadu_ps(src + 2 * lds),
+         r3 = _mm256_loadu_ps(src + 3 * lds), r4 = _mm256_loadu_ps(src + 4 * lds), r5 = _mm256_loadu_ps(src + 5 * lds),
+         r6 = _mm256_loadu_ps(src + 6 * lds), r7 = _mm256_loadu_ps(src + 7 * lds);
+  __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1), t2 = _mm256_unpacklo_ps(r2, r3),
+         t3 = _mm256_unpackhi_ps(r2, r3), t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
+         t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+  __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE), s2 = _mm256_shuffle_ps(t1, t3, 0x44),
+         s3 = _mm256_shuffle_ps(t1, t3, 0xEE), s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE),
+         s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  _mm256_storeu_ps(dst, _mm256_permute2f128_ps(s0, s4, 0x20));
+  _mm256_storeu_ps(dst + ldd, _mm256_permute2f128_ps(s1, s5, 0x20));
+  _mm256_storeu_ps(dst + 2 * ldd, _mm256_permute2f128_ps(s2, s6, 0x20));
+  _mm256_storeu_ps(dst + 3 * ldd, _mm256_permute2f128_ps(s3, s7, 0x20));
+  _mm256_storeu_ps(dst + 4 * ldd, _mm256_permute2f128_ps(s0, s4, 0x31));
+  _mm256_storeu_ps(dst + 5 * ldd, _mm256_permute2f128_ps(s1, s5, 0x31));
+  _mm256_storeu_ps(dst + 6 * ldd, _mm256_permute2f128_ps(s2, s6, 0x31));
+  _mm256_storeu_ps(dst + 7 * ldd, _mm256_permute2f128_ps(s3, s7, 0x31));
+}
+#endif
+
+/* rows [p0, p0 + kb) x cols [j0, j0 + nb) of op(B) as panels of nr columns:
+ * panel q holds element (p, q*nr + j) at q*nr*kb + p*nr + j; columns past nb
+ * are 0. A transposed B (its rows are our columns) goes through 8 x 8 block
+ * transposes where the CPU has AVX2. */
+static void pack_b(bool tb, bool avx2, const float *B, int64_t ldb, int64_t p0, int64_t kb, int64_t j0, int64_t nb, int nr,
+                   float *dst) {
+  for (int64_t q = 0; q < nb; q += nr, dst += (int64_t)nr * kb) {
+    int64_t cols = nb - q < nr ? nb - q : nr;
+    if (cols < nr) memset(dst, 0, sizeof(float) * (size_t)(nr * kb));
+    if (!tb) {
+      for (int64_t p = 0; p < kb; p++) memcpy(dst + p * nr, B + (p0 + p) * ldb + j0 + q, sizeof(float) * (size_t)cols);
+      continue;
+    }
+    int64_t j = 0;
+#ifdef SGEMM_X86
+    if (avx2)
+      for (; j + 8 <= cols; j += 8) {
+        const float *s = B + (j0 + q + j) * ldb + p0;
+        int64_t p = 0;
+        for (; p + 8 <= kb; p += 8) transpose8(s + p, ldb, dst + p * nr + j, nr);
+        for (int64_t jj = j; jj < j + 8; jj++)
+          for (int64_t pp = p; pp < kb; pp++) dst[pp * nr + jj] = B[(j0 + q + jj) * ldb + p0 + pp];
+      }
+#else
+    (void)avx2;
+#endif
+    for (; j < cols; j++) {
+      const float *s = B + (j0 + q + j) * ldb + p0;
+      for (int64_t p = 0; p < kb; p++) dst[p * nr + j] = s[p];
+    }
+  }
+}
+
+/* ---------------------------------------------------------------- scratch */
+
+/* Each thread keeps its packing buffer between calls (the pool's workers run
+ * many small products); freed when the thread ends. */
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static _Thread_local float *scratch_buf;
+static _Thread_local size_t scratch_cap;
+
+static void scratch_init(void) { (void)pthread_key_create(&scratch_key, free); }
+
+static float *scratch(size_t floats) {
+  if (floats <= scratch_cap) return scratch_buf;
+  pthread_once(&scratch_once, scratch_init);
+  void *p = NULL;
+  if (posix_memalign(&p, 64, floats * sizeof(float))) return NULL;
+  free(scratch_buf);
+  scratch_buf = p, scratch_cap = floats;
+  (void)pthread_setspecific(scratch_key, p);
+  return p;
+}
+
+/* ---------------------------------------------------------------- driver */
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
+
+bool nb_cpu__sgemm_on(nb_sgemm_isa isa, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
+                      const float *B, int64_t ldb, float *C, int64_t ldc) {
+  kernel kr;
+  if (!kernel_of(isa, &kr)) return false;
+  if (m <= 0 || n <= 0) return true;
+  if (k <= 0) {
+    for (int64_t i = 0; i < m; i++) memset(C + i * ldc, 0, sizeof(float) * (size_t)n);
+    return true;
+  }
+  int mr = kr.mr, nr = kr.nr;
+  bool avx2 = isa != NB_SGEMM_C; /* the packing's transposes (data movement only) */
+  int64_t mc = MC / mr * mr, nc = NC / nr * nr, kc_max = min64(k, KC);
+  size_t na = (size_t)round_up((int64_t)mr * kc_max, 16); /* one packed panel: the last rows of a block */
+  size_t nbf = (size_t)(round_up(min64(n, nc), nr) * kc_max);
+  float *pa = scratch(na + nbf);
+  if (!pa) return false;
+  float *pb = pa + na;
+  float edge[MAX_MR * MAX_NR] = {0};
+  /* Whole panels of A are read in place: element (i, p) at A[i*ars + p*acs].
+   * So are whole panels of an untransposed B when A has at most one block of
+   * rows: a packed panel would serve at most MC / MR micro-kernel calls, too
+   * few to pay for its copy (a weight gradient, 128 x 512 x 2048: 214 -> 234
+   * GFLOP/s on AVX-512, 105 -> 114 on AVX2); with more rows the packed panel's
+   * reuse from L1 wins (1024 x 3072 x 768: 218 packed, 169 in place). */
+  bool b_direct = !tb && m <= MC;
+  int64_t ars = ta ? 1 : lda, acs = ta ? lda : 1;
+  for (int64_t jc = 0; jc < n; jc += nc) {
+    int64_t nb = min64(nc, n - jc);
+    for (int64_t pc = 0; pc < k; pc += KC) {
+      int64_t kb = min64(KC, k - pc);
+      bool first = pc == 0;
+      if (!b_direct || nb % nr) pack_b(tb, avx2, B, ldb, pc, kb, jc, nb, nr, pb);
+      for (int64_t ic = 0; ic < m; ic += mc) {
+        int64_t mb = min64(mc, m - ic);
+        if (mb % mr) pack_a(ta, A, lda, ic + mb / mr * mr, mb % mr, pc, kb, mr, pa);
+        for (int64_t jr = 0; jr < nb; jr += nr) {
+          int64_t cols = min64(nr, nb - jr);
+          bool b_in_place = b_direct && cols == nr;
+          const float *b = b_in_place ? B + pc * ldb + jc + jr : pb + jr * kb;
+          int64_t rsb = b_in_place ? ldb : nr;
+          for (int64_t ir = 0; ir < mb; ir += mr) {
+            int64_t rows = min64(mr, mb - ir);
+            float *c = C + (ic + ir) * ldc + jc + jr;
+            const float *a = rows == mr ? A + (ic + ir) * ars + pc * acs : pa;
+            int64_t rsa = rows == mr ? ars : 1, csa = rows == mr ? acs : mr;
+            if (rows == mr && cols == nr) {
+              kr.fn(kb, a, rsa, csa, b, rsb, c, ldc, first);
+              continue;
+            }
+            /* an edge tile: through a full one on the stack */
+            if (!first)
+              for (int64_t r = 0; r < rows; r++) memcpy(edge + r * nr, c + r * ldc, sizeof(float) * (size_t)cols);
+            kr.fn(kb, a, rsa, csa, b, rsb, edge, nr, first);
+            for (int64_t r = 0; r < rows; r++) memcpy(c + r * ldc, edge + r * nr, sizeof(float) * (size_t)cols);
+          }
+        }
+      }
+    }
+  }
+  return true;
+}
+
+bool nb_cpu__sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *B,
+                   int64_t ldb, float *C, int64_t ldc) {
+  static nb_sgemm_isa best = (nb_sgemm_isa)-1;
+  nb_sgemm_isa isa = __atomic_load_n(&best, __ATOMIC_RELAXED);
+  if ((int)isa < 0) __atomic_store_n(&best, isa = nb_cpu__sgemm_best(), __ATOMIC_RELAXED);
+  return nb_cpu__sgemm_on(isa, ta, tb, m, n, k, A, lda, B, ldb, C, ldc);
+}

@@ -1,0 +1,88 @@
+/* nabla's own f32 matrix product (src/backend/cpu/sgemm.c): every kernel this
+ * CPU has (AVX-512, AVX2 + FMA, plain C) gives, bit for bit, the definition:
+ * each element one chain of fmaf over k in order from +0. Over shapes that
+ * leave edge tiles on both sides, k across several packed slices (KC = 256),
+ * every transpose of both operands, leading dims wider than the matrices, and
+ * a result written into a wider matrix (its other columns untouched). Values
+ * span many binades so that another order of the sums would round
+ * differently (checked: summing in another order changes some element). */
+#include <stdint.h>
+
+#include "backend/cpu/sgemm.h"
+#include "test.h"
+
+static uint64_t rng = 88172645463325252ull;
+static float rnd(void) {
+  rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+  float u = (float)((rng >> 40) & 0xffffff) / 16777216.0f - 0.5f;
+  return ldexpf(u, (int)(rng % 17) - 8); /* values over 16 binades */
+}
+
+/* op(X)[r][c] for an r x c operand stored with leading dim ld, transposed or not */
+static float at(const float *X, bool t, int64_t ld, int64_t r, int64_t c) { return t ? X[c * ld + r] : X[r * ld + c]; }
+
+static void reference(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *B,
+                      int64_t ldb, float *C, int64_t ldc, bool reversed) {
+  for (int64_t i = 0; i < m; i++)
+    for (int64_t j = 0; j < n; j++) {
+      float acc = 0.0f;
+      for (int64_t q = 0; q < k; q++) {
+        int64_t p = reversed ? k - 1 - q : q;
+        acc = fmaf(at(A, ta, lda, i, p), at(B, tb, ldb, p, j), acc);
+      }
+      C[i * ldc + j] = acc;
+    }
+}
+
+static int mismatches(const float *x, const float *y, size_t n) {
+  int bad = 0;
+  for (size_t i = 0; i < n; i++) bad += memcmp(&x[i], &y[i], sizeof(float)) != 0;
+  return bad;
+}
+
+static void one(int64_t m, int64_t n, int64_t k, bool ta, bool tb) {
+  int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 5, ldc = n + 7;
+  int64_t arows = ta ? k : m, brows = tb ? n : k;
+  size_t na = (size_t)(arows * lda), nb = (size_t)(brows * ldb), nc = (size_t)(m * ldc);
+  float *A = malloc(sizeof(float) * na), *B = malloc(sizeof(float) * nb);
+  float *want = malloc(sizeof(float) * nc), *got = malloc(sizeof(float) * nc);
+  for (size_t i = 0; i < na; i++) A[i] = rnd();
+  for (size_t i = 0; i < nb; i++) B[i] = rnd();
+  for (size_t i = 0; i < nc; i++) want[i] = got[i] = (float)i; /* the columns past n stay */
+  reference(ta, tb, m, n, k, A, lda, B, ldb, want, ldc, false);
+  for (int isa = NB_SGEMM_C; isa <= NB_SGEMM_AVX512; isa++) {
+    for (size_t i = 0; i < nc; i++) got[i] = (float)i;
+    bool ran = nb_cpu__sgemm_on((nb_sgemm_isa)isa, ta, tb, m, n, k, A, lda, B, ldb, got, ldc);
+    if (!ran) {
+      CHECK_MSG(isa != NB_SGEMM_C && isa > (int)nb_cpu__sgemm_best(), "kernel %s refused", nb_cpu__sgemm_name(isa));
+      continue;
+    }
+    int bad = mismatches(want, got, nc);
+    CHECK_MSG(bad == 0, "%s: %lldx%lldx%lld ta %d tb %d: %d elements differ from the in-order fmaf chain",
+              nb_cpu__sgemm_name(isa), (long long)m, (long long)n, (long long)k, ta, tb, bad);
+  }
+  float *best = got;
+  for (size_t i = 0; i < nc; i++) best[i] = (float)i;
+  CHECK(nb_cpu__sgemm(ta, tb, m, n, k, A, lda, B, ldb, best, ldc));
+  CHECK(mismatches(want, best, nc) == 0);
+  free(A), free(B), free(want), free(got);
+}
+
+int main(void) {
+  printf("best kernel here: %s\n", nb_cpu__sgemm_name(nb_cpu__sgemm_best()));
+  static const int64_t shapes[][3] = {{1, 1, 1},   {3, 5, 7},    {8, 32, 16},   {9, 33, 17},    {64, 64, 32},
+                                      {17, 70, 300}, {130, 47, 600}, {6, 16, 513}, {200, 100, 1}, {5, 3, 0}};
+  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+    for (int t = 0; t < 4; t++) one(shapes[s][0], shapes[s][1], shapes[s][2], t & 1, t & 2);
+  /* the check has teeth: another summation order changes some element of such a product */
+  int64_t m = 16, n = 16, k = 300;
+  float *A = malloc(sizeof(float) * (size_t)(m * k)), *B = malloc(sizeof(float) * (size_t)(k * n));
+  float *x = malloc(sizeof(float) * (size_t)(m * n)), *y = malloc(sizeof(float) * (size_t)(m * n));
+  for (int64_t i = 0; i < m * k; i++) A[i] = rnd();
+  for (int64_t i = 0; i < k * n; i++) B[i] = rnd();
+  reference(false, false, m, n, k, A, k, B, n, x, n, false);
+  reference(false, false, m, n, k, A, k, B, n, y, n, true);
+  CHECK_MSG(mismatches(x, y, (size_t)(m * n)) > 0, "summing backwards changed nothing: the values are too tame");
+  free(A), free(B), free(x), free(y);
+  return nb_test_summary("backend/test_sgemm");
+}
