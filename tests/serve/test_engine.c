@@ -286,6 +286,36 @@ static void test_abort(nb_ctx *ctx) {
   nb_serve_engine_destroy(e);
 }
 
+/* Every allocation of creating an engine and adding an n = 3 request fails
+ * in turn: a clean error each time, nothing leaked, the engine usable. */
+static void test_alloc_failures(nb_ctx *ctx) {
+  nb_serve_config c = {.num_blocks = 8, .block_size = 4, .max_num_seqs = 4, .max_model_len = 16, .enable_prefix_caching = true};
+  int32_t p[5] = {1, 2, 3, 4, 5};
+  bool completed = false;
+  for (int64_t n = 1; n < 100 && !completed; n++) {
+    nb_ctx_fail_alloc_after(ctx, n);
+    nb_serve_engine *e = nb_serve_engine_create(ctx, &c);
+    if (e) {
+      nb_status s = nb_serve_add_request(e, &(nb_serve_request){.id = 1, .prompt = p, .prompt_len = 5, .max_tokens = 2, .n = 3});
+      if (s == NB_OK) {
+        completed = true;
+        nb_ctx_fail_alloc_after(ctx, 0);
+        run_to_end(ctx, e);
+      } else {
+        CHECK(s == NB_ERR_NOMEM);
+        CHECK(!nb_serve_has_unfinished(e));
+      }
+      nb_serve_engine_destroy(e);
+    } else {
+      CHECK(nb_ctx_status(ctx) == NB_ERR_NOMEM);
+    }
+    nb_ctx_fail_alloc_after(ctx, 0);
+    nb_ctx_clear_error(ctx);
+    CHECK(nb_ctx_bytes_in_use(ctx) == 0);
+  }
+  CHECK(completed);
+}
+
 int main(void) {
   nb_ctx *ctx = nb_ctx_create();
   nb_ctx_set_log(ctx, NULL, NULL);
@@ -296,6 +326,7 @@ int main(void) {
   test_chunked_prefill(ctx);
   test_preemption(ctx);
   test_abort(ctx);
+  test_alloc_failures(ctx);
   CHECK(nb_ctx_bytes_in_use(ctx) == 0);
   nb_ctx_destroy(ctx);
   return nb_test_summary("serve/engine");
