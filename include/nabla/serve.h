@@ -135,7 +135,9 @@ nb_status nb_serve_abort_request(nb_serve_engine *e, int64_t id);
  * a sample that was not waiting for a token. */
 nb_status nb_serve_append_token(nb_serve_engine *e, int64_t id, int32_t sample_index, int32_t token, bool *finished);
 /* Finishes one sample early (end-of-sequence token, stop string): its
- * blocks are freed now. */
+ * blocks are freed now. Finishing sample 0 before its prompt completed also
+ * ends the samples that were to fork off it. NB_ERR_NOT_FOUND for an
+ * unknown or finished sample. */
 nb_status nb_serve_finish(nb_serve_engine *e, int64_t id, int32_t sample_index);
 /* True while any request is waiting or running. */
 bool nb_serve_has_unfinished(const nb_serve_engine *e);

@@ -1,5 +1,5 @@
 /* A seeded random simulation of the engine under a tight block budget: random
- * prompts sharing prefixes, lengths, n > 1 forks and aborts (also of requests
+ * prompts sharing prefixes, lengths, n > 1 forks, early finishes and aborts (also of requests
  * whose step is in flight), driven by a fake model that keeps a KV cache of
  * one value per slot, hash(token, position). Every step checks:
  *  - the engine's block accounting (refcounts = tables holding the block,
@@ -11,7 +11,7 @@
  *    sequence attends to holds its own token's value, so prefix-cache hits
  *    and copy-on-write reproduce exactly what the sequence would compute;
  * and at the end every request that was not aborted produced exactly
- * max_tokens tokens per sample, and every block is free again. */
+ * max_tokens tokens per sample (or ended early by an end-of-sequence finish), and every block is free again. */
 #include "nabla/serve.h"
 #include "serve/internal.h"
 #include "test.h"
@@ -24,6 +24,7 @@ typedef struct sim_req {
   int32_t len[MAX_N];           /* tokens so far per sample */
   int32_t tokens[MAX_N][MAX_LEN];
   bool done[MAX_N];
+  bool eos[MAX_N];               /* finished early by nb_serve_finish */
 } sim_req;
 
 static sim_req reqs[MAX_REQ];
@@ -36,7 +37,7 @@ static uint64_t kv_value(int32_t token, int32_t pos) {
 }
 
 typedef struct sim_stats {
-  int64_t copies, forks, aborts, inflight_aborts, preempted, steps, tokens;
+  int64_t copies, forks, eos, aborts, inflight_aborts, preempted, steps, tokens;
 } sim_stats;
 
 static bool live(const sim_req *r) {
@@ -170,6 +171,11 @@ static void simulate(nb_ctx *ctx, nb_serve_config cfg, uint64_t seed, int n_requ
         q->tokens[sample][q->len[sample]++] = tok;
         CHECK(fin == (q->len[sample] - q->prompt_len == q->max_tokens));
         if (fin) q->done[sample] = true;
+        if (!fin && nb_test_uniform(&r) < 0.005) { /* an end-of-sequence token */
+          CHECK_OK(ctx, nb_serve_finish(e, s->request_id, sample));
+          q->done[sample] = q->eos[sample] = true;
+          st.eos++;
+        }
       }
     }
   }
@@ -180,7 +186,7 @@ static void simulate(nb_ctx *ctx, nb_serve_config cfg, uint64_t seed, int n_requ
     if (q->aborted) continue;
     finished++;
     for (int k = 0; k < q->n; k++)
-      CHECK_MSG(q->done[k] && q->len[k] - q->prompt_len == q->max_tokens, "request %d sample %d: %d of %d tokens", i, k,
+      CHECK_MSG(q->done[k] && (q->eos[k] || q->len[k] - q->prompt_len == q->max_tokens), "request %d sample %d: %d of %d tokens", i, k,
                 q->len[k] - q->prompt_len, q->max_tokens);
   }
   const nb_serve_batch *b;
@@ -190,12 +196,12 @@ static void simulate(nb_ctx *ctx, nb_serve_config cfg, uint64_t seed, int n_requ
   CHECK(es.num_free_blocks == es.num_blocks && es.num_running == 0 && es.num_waiting == 0);
   CHECK_MSG(nb_serve__engine_check(e, why, sizeof why), "%s", why);
   printf("block_size %d, %lld blocks, prefix caching %d: %lld steps, %lld tokens, %d requests finished, %lld aborted "
-         "(%lld in flight), %lld forks, %lld copies, %lld preemptions, prefix hits %lld of %lld tokens\n",
+         "(%lld in flight), %lld ended early, %lld forks, %lld copies, %lld preemptions, prefix hits %lld of %lld tokens\n",
          bs, (long long)cfg.num_blocks, cfg.enable_prefix_caching, (long long)st.steps, (long long)st.tokens, finished,
-         (long long)st.aborts, (long long)st.inflight_aborts, (long long)st.forks, (long long)st.copies,
+         (long long)st.aborts, (long long)st.inflight_aborts, (long long)st.eos, (long long)st.forks, (long long)st.copies,
          (long long)st.preempted, (long long)es.prefix_cache_hits, (long long)es.prefix_cache_queries);
   /* the run exercised what it is meant to check */
-  CHECK(st.preempted > 0 && st.copies > 0 && st.forks > 0 && st.aborts > 0 && st.inflight_aborts > 0);
+  CHECK(st.preempted > 0 && st.copies > 0 && st.forks > 0 && st.aborts > 0 && st.inflight_aborts > 0 && st.eos > 0);
   if (cfg.enable_prefix_caching) CHECK(es.prefix_cache_hits > 0);
   free(kv);
   nb_serve_engine_destroy(e);
