@@ -11,4 +11,5 @@
 #include "nabla/ckpt.h"
 #include "nabla/prof.h"
 #include "nabla/train.h"
+#include "nabla/serve.h"
 #endif

@@ -1,0 +1,214 @@
+/* nabla serve: the host-side core of an LLM serving engine (the analogue of
+ * vLLM's scheduler and KV cache manager). No model is attached yet: the
+ * engine decides, step by step, which tokens of which sequences a model step
+ * computes and where their keys and values live in a paged KV cache; the
+ * caller runs the step and feeds back the sampled tokens.
+ *
+ *  - Paged KV cache: the cache is num_blocks blocks of block_size tokens
+ *    each; a sequence owns a block table (block indices, in order). Blocks
+ *    are reference counted: the n > 1 samples of a request share their
+ *    prompt's blocks, and the first write into a shared block copies it
+ *    (copy-on-write; the copies to perform are part of each step's batch).
+ *    The engine deals only in block indices: where the memory lives is the
+ *    backend's business.
+ *  - Automatic prefix caching (enable_prefix_caching): every full block is
+ *    keyed by a hash chained over the token ids of all blocks up to it; a new
+ *    request reuses the cached blocks of its longest cached prefix. Cached
+ *    blocks nobody holds are evicted least-recently-used first, and only
+ *    when no never-used or plainly freed block is left.
+ *  - Continuous batching: every nb_serve_schedule admits waiting requests
+ *    and retires finished ones, under max_num_seqs sequences and
+ *    max_num_batched_tokens tokens per step. Running decodes are scheduled
+ *    first; prompts are split into chunks that take the rest of the token
+ *    budget (chunked prefill). When blocks run out, the newest running
+ *    sequence is preempted: its blocks are freed and it goes back to the
+ *    front of the waiting queue to be recomputed later. No request is ever
+ *    dropped; one that could never fit is refused when it is added.
+ *
+ * A serving loop:
+ *
+ *   nb_serve_config c = {.block_size = 16, .kv_cache_bytes = 1 << 30,
+ *                        .kv = {.num_layers = 12, .num_kv_heads = 12, .head_dim = 64, .dtype_size = 4},
+ *                        .max_num_seqs = 64, .max_num_batched_tokens = 2048,
+ *                        .max_model_len = 4096, .enable_prefix_caching = true};
+ *   nb_serve_engine *e = nb_serve_engine_create(ctx, &c);
+ *   nb_serve_request r = {.id = 1, .prompt = ids, .prompt_len = n, .max_tokens = 128, .n = 1};
+ *   nb_serve_add_request(e, &r);
+ *   while (nb_serve_has_unfinished(e)) {
+ *     const nb_serve_batch *b;
+ *     nb_serve_schedule(e, &b);
+ *     // device: perform b->copies in order, then run the model on b
+ *     for (int32_t i = 0; i < b->num_seqs; i++)
+ *       if (b->seqs[i].needs_logits)
+ *         for (int32_t k = 0; k < b->seqs[i].num_samples; k++) {
+ *           bool done;
+ *           nb_serve_append_token(e, b->seqs[i].request_id, b->seqs[i].sample_indices[k], sample(...), &done);
+ *         }
+ *   }
+ *
+ * Contract of a step: every batch returned by nb_serve_schedule is run
+ * before the next call of nb_serve_schedule (the prefix cache publishes the
+ * blocks a step filled at the start of the next one). The model performs the
+ * block copies first, in list order, then writes the keys and values of the
+ * scheduled tokens at their slots, then attends over each sequence's first
+ * context_len positions.
+ *
+ * Threads: an engine is used from one thread at a time.
+ * Errors: calls return nb_status and leave the message in the context
+ * (nb_ctx_error). */
+#ifndef NABLA_SERVE_H
+#define NABLA_SERVE_H
+
+#include "nabla/export.h"
+#include "nabla/core.h"
+
+NB_BEGIN_DECLS
+
+/* ------------------------------------------------------------------------ */
+/* Configuration                                                             */
+/* ------------------------------------------------------------------------ */
+
+/* The model's KV geometry, which turns a memory budget into blocks: one
+ * block holds keys and values of block_size tokens for every layer, that is
+ * 2 * num_layers * num_kv_heads * head_dim * dtype_size * block_size bytes. */
+typedef struct nb_serve_kv_geometry {
+  int64_t num_layers;
+  int64_t num_kv_heads;
+  int64_t head_dim;
+  int64_t dtype_size;           /* bytes per element: 4 for f32, 2 for bf16/f16 */
+} nb_serve_kv_geometry;
+
+/* Zero fields take the defaults named here. The KV cache size comes from the
+ * first of num_blocks, kv_cache_bytes, kv_cache_memory_fraction that is set
+ * (the last two need `kv`). */
+typedef struct nb_serve_config {
+  int32_t block_size;               /* tokens per KV block; 0: 16 */
+  int64_t num_blocks;               /* exactly this many blocks */
+  uint64_t kv_cache_bytes;          /* or a budget in bytes */
+  double kv_cache_memory_fraction;  /* or this fraction (0, 1] of physical RAM */
+  nb_serve_kv_geometry kv;
+  int32_t max_num_seqs;             /* sequences running at once; 0: 256 */
+  int32_t max_num_batched_tokens;   /* tokens per step, >= max_num_seqs; 0: max(2048, max_num_seqs) */
+  int32_t max_model_len;            /* prompt + generated tokens of one sequence; required */
+  bool enable_prefix_caching;
+} nb_serve_config;
+
+/* Bytes of one block for geometry g; 0 when a field is not positive or the
+ * product overflows. */
+uint64_t nb_serve_bytes_per_block(const nb_serve_kv_geometry *g, int32_t block_size);
+
+/* ------------------------------------------------------------------------ */
+/* Engine, requests                                                          */
+/* ------------------------------------------------------------------------ */
+
+typedef struct nb_serve_engine nb_serve_engine;
+
+/* Returns a new engine, or NULL with the error in ctx: a bad field of the
+ * config (named), or a KV cache too small for one sequence of max_model_len
+ * (the message says how many bytes are needed and how many are available). */
+nb_serve_engine *nb_serve_engine_create(nb_ctx *ctx, const nb_serve_config *config);
+void nb_serve_engine_destroy(nb_serve_engine *e);
+/* The config with the defaults filled in and num_blocks computed. */
+const nb_serve_config *nb_serve_engine_config(const nb_serve_engine *e);
+
+typedef struct nb_serve_request {
+  int64_t id;                   /* caller's id, unique among unfinished requests */
+  const int32_t *prompt;        /* borrowed: the engine copies it */
+  int32_t prompt_len;           /* >= 1 */
+  int32_t max_tokens;           /* tokens to generate per sample, >= 1 */
+  int32_t n;                    /* samples sharing the prompt; 0: 1 */
+} nb_serve_request;
+
+/* Queues a request. Refused (NB_ERR_INVALID_ARG, request untouched) when
+ * prompt_len + max_tokens exceeds max_model_len, n exceeds max_num_seqs, or
+ * the id is in use. */
+nb_status nb_serve_add_request(nb_serve_engine *e, const nb_serve_request *r);
+/* Ends every sample of a request now (a client went away): its blocks are
+ * freed; tokens later appended for it are ignored. NB_ERR_NOT_FOUND for an
+ * unknown or finished id. */
+nb_status nb_serve_abort_request(nb_serve_engine *e, int64_t id);
+
+/* Appends the token sampled from the logits of the last step for one sample
+ * of a request (an entry with needs_logits lists the samples that take a
+ * token). *finished (may be NULL) is set when the sample reached max_tokens
+ * with this token, or was aborted (the token is then ignored). An error for
+ * a sample that was not waiting for a token. */
+nb_status nb_serve_append_token(nb_serve_engine *e, int64_t id, int32_t sample_index, int32_t token, bool *finished);
+/* Finishes one sample early (end-of-sequence token, stop string): its
+ * blocks are freed now. Finishing sample 0 before its prompt completed also
+ * ends the samples that were to fork off it. NB_ERR_NOT_FOUND for an
+ * unknown or finished sample. */
+nb_status nb_serve_finish(nb_serve_engine *e, int64_t id, int32_t sample_index);
+/* True while any request is waiting or running. */
+bool nb_serve_has_unfinished(const nb_serve_engine *e);
+
+/* ------------------------------------------------------------------------ */
+/* Steps                                                                     */
+/* ------------------------------------------------------------------------ */
+
+typedef struct nb_serve_slot {
+  int32_t block;                /* index into the KV cache's blocks */
+  int32_t offset;               /* token within the block, [0, block_size) */
+} nb_serve_slot;
+
+typedef struct nb_serve_block_copy {
+  int32_t src, dst;             /* copy all of block src into block dst */
+} nb_serve_block_copy;
+
+/* One scheduled sequence. Its tokens are token_ids[token_start ..
+ * token_start + num_tokens) of the batch, at positions context_len -
+ * num_tokens .. context_len - 1 (also in positions[] and slots[]). */
+typedef struct nb_serve_seq_batch {
+  int64_t request_id;
+  int32_t sample_index;
+  int32_t token_start;
+  int32_t num_tokens;           /* 1 for a decode, more for a prompt chunk */
+  int32_t context_len;          /* tokens in the KV cache once this step ran */
+  const int32_t *block_table;   /* [num_table_blocks]: covers context_len */
+  int32_t num_table_blocks;
+  bool needs_logits;            /* the step completes the sequence: sample from its last token */
+  /* the samples that take a token from these logits: this one, and for the
+   * last prompt chunk of an n > 1 request also its siblings */
+  const int32_t *sample_indices;
+  int32_t num_samples;
+} nb_serve_seq_batch;
+
+typedef struct nb_serve_batch {
+  int32_t num_seqs;
+  const nb_serve_seq_batch *seqs;  /* decodes first, then prompt chunks */
+  int32_t num_tokens;              /* <= max_num_batched_tokens */
+  const int32_t *token_ids;        /* [num_tokens], all sequences concatenated */
+  const int32_t *positions;        /* [num_tokens] */
+  const nb_serve_slot *slots;      /* [num_tokens]: where each token's key and value go */
+  int32_t num_copies;
+  const nb_serve_block_copy *copies; /* copy-on-write, to perform first, in order */
+  int32_t num_preempted;           /* sequences preempted by this step */
+} nb_serve_batch;
+
+/* Plans the next step. *batch is valid until the next call on the engine
+ * that schedules, or its destruction; it may have no sequences (nothing to
+ * do until tokens are appended or requests added). */
+nb_status nb_serve_schedule(nb_serve_engine *e, const nb_serve_batch **batch);
+
+/* ------------------------------------------------------------------------ */
+/* Counters                                                                  */
+/* ------------------------------------------------------------------------ */
+
+typedef struct nb_serve_stats {
+  int32_t num_running;          /* sequences holding blocks */
+  int32_t num_waiting;          /* sequences queued (new or preempted) */
+  int64_t num_blocks;
+  int64_t num_free_blocks;      /* never used or freed, plus cached ones nobody holds */
+  int64_t num_cached_blocks;    /* full blocks findable by the prefix cache */
+  uint64_t bytes_per_block;     /* 0 when the config gave no geometry */
+  int64_t prefix_cache_queries; /* prompt tokens looked up on admission */
+  int64_t prefix_cache_hits;    /* of which found in the cache */
+  int64_t num_preemptions;
+  int64_t num_steps;
+} nb_serve_stats;
+
+void nb_serve_get_stats(const nb_serve_engine *e, nb_serve_stats *out);
+
+NB_END_DECLS
+
+#endif
