@@ -269,11 +269,33 @@ static nb_status remat_lin_transpose(nb_graph *g, const nb_eqn *e, nb_val *const
   return st ? st : nb_graph_status(g);
 }
 
-static nb_status lin_no_jvp(nb_graph *g, const nb_eqn *e, nb_val *const *p, nb_val *const *t, nb_val *const *outs,
-                            nb_val **ot) {
-  return nb__fail(g, e->loc, NB_ERR_UNIMPLEMENTED, "jvp rule for '%s' not implemented (forward mode over a linearized %s region)",
-                  nb__rules(e->prim)->name, e->prim == NB_PRIM_remat_lin ? "remat" : "custom_vjp"),
-         NB_ERR_UNIMPLEMENTED;
+/* The JVP of remat_lin / custom_lin: both are linear in their tangent
+ * operands, so where their primal operands carry no tangent (the case that
+ * transposing a linearized graph meets: a scan's linear body is transposed by
+ * reverse mode over its linearization, with the residuals held fixed) the
+ * tangent is the same primitive applied to the tangent operands' tangents.
+ * A tangent on a primal operand would need the region's second derivative
+ * (forward mode over reverse mode through the region): not supported. */
+static nb_status lin_jvp(nb_graph *g, const nb_eqn *e, nb_val *const *p, nb_val *const *t, nb_val *const *outs,
+                         nb_val **ot) {
+  const nb_graph *callee = e->prim == NB_PRIM_remat_lin ? ((const nb_remat_params *)e->params)->body
+                                                        : ((const nb_custom_vjp_params *)e->params)->fwd;
+  int np = (int)nb_graph_num_inputs(callee);
+  bool any = false;
+  for (int i = 0; i < np; i++)
+    if (t[i])
+      return nb__fail(g, e->loc, NB_ERR_UNIMPLEMENTED,
+                      "jvp of '%s' with a tangent on its primal operand %d not implemented (forward mode over reverse mode "
+                      "through a %s region)",
+                      nb__rules(e->prim)->name, i, e->prim == NB_PRIM_remat_lin ? "remat" : "custom_vjp"),
+             NB_ERR_UNIMPLEMENTED;
+  for (int i = np; i < e->nin; i++) any = any || t[i];
+  if (!any) return NB_OK; /* every output tangent a symbolic zero */
+  if (e->nin > 512) return nb__fail(g, e->loc, NB_ERR_UNIMPLEMENTED, "%s with more than 512 operands", nb__rules(e->prim)->name), NB_ERR_UNIMPLEMENTED;
+  nb_val *ops[512];
+  for (int i = 0; i < e->nin; i++) ops[i] = i < np ? p[i] : t[i] ? t[i] : nb__zeros(g, e->in[i]->aval);
+  nb__emit(g, e->loc, e->prim, e->nin, ops, e->params, e->params_size, NULL, ot);
+  return nb_graph_status(g);
 }
 
 const nb_prim_rules nb__prim_remat_lin = {
@@ -283,7 +305,7 @@ const nb_prim_rules nb__prim_remat_lin = {
     .print_params = remat_print,
     .infer = remat_lin_infer,
     .eval = remat_lin_eval,
-    .jvp = lin_no_jvp,
+    .jvp = lin_jvp,
     .transpose = remat_lin_transpose,
     .batch = remat_batch,
     .hold_params = remat_hold,
@@ -397,7 +419,7 @@ const nb_prim_rules nb__prim_custom_lin = {
     .print_params = cvjp_print,
     .infer = custom_lin_infer,
     .eval = custom_lin_eval,
-    .jvp = lin_no_jvp,
+    .jvp = lin_jvp,
     .transpose = custom_lin_transpose,
     .batch = cvjp_batch,
     .hold_params = cvjp_hold,
