@@ -269,30 +269,38 @@ static nb_status remat_lin_transpose(nb_graph *g, const nb_eqn *e, nb_val *const
   return st ? st : nb_graph_status(g);
 }
 
-/* The JVP of remat_lin / custom_lin: both are linear in their tangent
+/* The JVP of remat_lin / custom_lin. Both are linear in their tangent
  * operands, so where their primal operands carry no tangent (the case that
  * transposing a linearized graph meets: a scan's linear body is transposed by
  * reverse mode over its linearization, with the residuals held fixed) the
  * tangent is the same primitive applied to the tangent operands' tangents.
- * A tangent on a primal operand would need the region's second derivative
- * (forward mode over reverse mode through the region): not supported. */
+ * With a tangent on a primal operand (forward mode over forward mode), a
+ * remat_lin's is the JVP of its jvp graph, inlined (the second-order terms
+ * are not rematerialized); a custom_lin has no forward mode at all. */
 static nb_status lin_jvp(nb_graph *g, const nb_eqn *e, nb_val *const *p, nb_val *const *t, nb_val *const *outs,
                          nb_val **ot) {
-  const nb_graph *callee = e->prim == NB_PRIM_remat_lin ? ((const nb_remat_params *)e->params)->body
-                                                        : ((const nb_custom_vjp_params *)e->params)->fwd;
-  int np = (int)nb_graph_num_inputs(callee);
-  bool any = false;
-  for (int i = 0; i < np; i++)
-    if (t[i])
-      return nb__fail(g, e->loc, NB_ERR_UNIMPLEMENTED,
-                      "jvp of '%s' with a tangent on its primal operand %d not implemented (forward mode over reverse mode "
-                      "through a %s region)",
-                      nb__rules(e->prim)->name, i, e->prim == NB_PRIM_remat_lin ? "remat" : "custom_vjp"),
-             NB_ERR_UNIMPLEMENTED;
-  for (int i = np; i < e->nin; i++) any = any || t[i];
+  const bool remat = e->prim == NB_PRIM_remat_lin;
+  const nb_graph *callee = remat ? ((const nb_remat_params *)e->params)->body : ((const nb_custom_vjp_params *)e->params)->fwd;
+  int np = (int)nb_graph_num_inputs(callee), no = (int)nb_graph_num_outputs(callee);
+  bool primal_tangent = false, any = false;
+  for (int i = 0; i < e->nin; i++) {
+    if (i < np) primal_tangent = primal_tangent || t[i];
+    else any = any || t[i];
+  }
+  if (e->nin > 512 || e->nout + no > 512)
+    return nb__fail(g, e->loc, NB_ERR_UNIMPLEMENTED, "%s with more than 512 operands", nb__rules(e->prim)->name), NB_ERR_UNIMPLEMENTED;
+  nb_val *ops[512], *po[512], *to[512];
+  if (primal_tangent && !remat)
+    return nb__fail(g, e->loc, NB_ERR_UNIMPLEMENTED,
+                    "forward-mode differentiation of a custom_vjp function is not supported (forward mode over its "
+                    "linearization)"),
+           NB_ERR_UNIMPLEMENTED;
+  if (primal_tangent) { /* the jvp graph's outputs: the body's, then its float outputs' tangents */
+    nb_status st = nb__jvp_into(g, ((const nb_remat_params *)e->params)->jvp, p, t, po, to);
+    for (int i = 0; st == NB_OK && i < e->nout; i++) ot[i] = to[no + i];
+    return st ? st : nb_graph_status(g);
+  }
   if (!any) return NB_OK; /* every output tangent a symbolic zero */
-  if (e->nin > 512) return nb__fail(g, e->loc, NB_ERR_UNIMPLEMENTED, "%s with more than 512 operands", nb__rules(e->prim)->name), NB_ERR_UNIMPLEMENTED;
-  nb_val *ops[512];
   for (int i = 0; i < e->nin; i++) ops[i] = i < np ? p[i] : t[i] ? t[i] : nb__zeros(g, e->in[i]->aval);
   nb__emit(g, e->loc, e->prim, e->nin, ops, e->params, e->params_size, NULL, ot);
   return nb_graph_status(g);
