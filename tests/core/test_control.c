@@ -1,5 +1,6 @@
 /* Control flow (cond/switch, while_loop, scan, fori_loop): values by hand,
- * shape-rule errors, printed params and cost. The primitive table
+ * shape-rule errors, printed params and cost; a remat region and a
+ * custom_vjp call inside a scan body under grad (and jvp of jvp). The primitive table
  * (tests/lib/cases_control.c) runs the same primitives through the generic
  * evaluation, derivative and vmap checks. */
 #include "core/ir.h"
