@@ -392,10 +392,6 @@ nb_status nb_train_config_validate(nb_ctx *ctx, const nb_train_config *c) {
   RULE(c->precision.params == NB_F32 || c->precision.params == NB_BF16, "precision.params must be f32 or bf16");
   RULE(c->precision.compute == NB_F32 || c->precision.compute == NB_BF16, "precision.compute must be f32 or bf16");
   RULE(c->remat >= 0 && c->remat < NB_TRAIN_REMAT_COUNT, "remat: invalid value");
-  /* the core's scan cannot yet differentiate a remat region inside its body */
-  RULE(!(c->model.scan_layers && c->remat == NB_TRAIN_REMAT_BLOCK),
-       "scan_layers: true with remat: block is not supported yet (a remat region inside a scanned body cannot be "
-       "differentiated); use one of them");
   RULE(c->optim.name >= 0 && c->optim.name < NB_TRAIN_OPTIM_COUNT, "optim.name: invalid value");
   RULE(c->schedule.kind >= 0 && c->schedule.kind < NB_TRAIN_SCHEDULE_COUNT, "schedule.kind: invalid value");
   RULE(c->on_nonfinite >= 0 && c->on_nonfinite < NB_TRAIN_NONFINITE_COUNT, "on_nonfinite: invalid value");

@@ -2,7 +2,7 @@
  * while_loop (zero and many trips), cond/switch (every branch, clamped
  * indices, only the taken one runs), fori_loop and its gradient, nested loops (a scan in a scan, a cond in a scan), a
  * body with a dot_general (a BLAS step inside the loop), the gradient of a
- * scan, and a donated carry, against the interpreter with everything on,
+ * scan (also with its body a remat region), and a donated carry, against the interpreter with everything on,
  * fusion off and everything off. The plan is a loop: the parent's steps and
  * the body's kernels do not grow with the trip count, and a scan compiled
  * is bit-identical to the same body unrolled and compiled. Views (what
@@ -406,31 +406,49 @@ static void test_nested(void) {
 
 /* ---------------------------------------------------------------- grad, donation */
 
+/* rnn_body(true, n) called as one remat region (same inputs and outputs) */
+static nb_graph *remat_rnn_body(const nb_graph *inner, int64_t n) {
+  nb_graph *b = nb_graph_create(ctx);
+  nb_tree *in = nb_tree_create(ctx), *out = nb_tree_create(ctx);
+  int64_t d[1] = {n}, dw[2] = {n, n};
+  nb_tree_set_val(in, "a_w", nb_graph_input(b, "a_w", f32(2, dw)));
+  nb_tree_set_val(in, "b_h", nb_graph_input(b, "b_h", f32(1, d)));
+  nb_tree_set_val(in, "c_x", nb_graph_input(b, "c_x", f32(1, d)));
+  CHECK_OK(ctx, nb_remat_call(b, inner, in, out));
+  nb_graph_output(b, "a_h", nb_tree_get_val(out, "a_h"));
+  nb_graph_output(b, "b_y", nb_tree_get_val(out, "b_y"));
+  nb_tree_destroy(in);
+  nb_tree_destroy(out);
+  return b;
+}
+
+/* loss = sum(ys) + sum(h) of the rnn scan, differentiated wrt its weights;
+ * also with the body a remat region (the reverse scan recomputes it) */
 static void test_grad_of_scan(void) {
-  /* loss = sum(ys) + sum(h) of the rnn scan, differentiated wrt its weights */
-  nb_graph *g = scan_graph(6, false, true, N);
   static const int ax0[1] = {0}, ax01[2] = {0, 1};
-  nb_graph *body = rnn_body(true, N);
-  nb_graph *lg = nb_graph_create(ctx);
-  int64_t d[1] = {N}, dw[2] = {N, N}, dx[2] = {6, N};
-  nb_val *c = nb_graph_input(lg, "c", f32(2, dw)), *h = nb_graph_input(lg, "h", f32(1, d)), *xs = nb_graph_input(lg, "xs", f32(2, dx));
-  nb_val *hout, *ys;
-  nb_scan_opts so = {.length = 6};
-  CHECK_OK(ctx, nb_scan(lg, body, 1, &c, 1, &h, 1, &xs, &so, &hout, &ys));
-  nb_graph_output(lg, "loss", nb_add(nb_reduce_sum(ys, 2, ax01), nb_reduce_sum(hout, 1, ax0)));
-  nb_grad_opts go = {.wrt = "c"};
-  nb_graph *vg = nb_value_and_grad(ctx, lg, &go);
-  CHECK_MSG(vg != NULL, "value_and_grad of a scan: %s", nb_ctx_error(ctx));
-  if (vg) {
-    nb_tree *in = scan_inputs(6, true, N);
-    nb_exe *e = check_all_modes(vg, in, "grad of scan");
-    nb_exe_destroy(e);
-    nb_tree_destroy(in);
+  for (int remat = 0; remat < 2; remat++) {
+    nb_graph *inner = rnn_body(true, N), *body = remat ? remat_rnn_body(inner, N) : inner;
+    nb_graph *lg = nb_graph_create(ctx);
+    int64_t d[1] = {N}, dw[2] = {N, N}, dx[2] = {6, N};
+    nb_val *c = nb_graph_input(lg, "c", f32(2, dw)), *h = nb_graph_input(lg, "h", f32(1, d)), *xs = nb_graph_input(lg, "xs", f32(2, dx));
+    nb_val *hout, *ys;
+    nb_scan_opts so = {.length = 6};
+    CHECK_OK(ctx, nb_scan(lg, body, 1, &c, 1, &h, 1, &xs, &so, &hout, &ys));
+    nb_graph_output(lg, "loss", nb_add(nb_reduce_sum(ys, 2, ax01), nb_reduce_sum(hout, 1, ax0)));
+    nb_grad_opts go = {.wrt = "c"};
+    nb_graph *vg = nb_value_and_grad(ctx, lg, &go);
+    CHECK_MSG(vg != NULL, "value_and_grad of a scan%s: %s", remat ? " (remat body)" : "", nb_ctx_error(ctx));
+    if (vg) {
+      nb_tree *in = scan_inputs(6, true, N);
+      nb_exe *e = check_all_modes(vg, in, remat ? "grad of scan, remat body" : "grad of scan");
+      nb_exe_destroy(e);
+      nb_tree_destroy(in);
+    }
+    nb_graph_destroy(vg);
+    nb_graph_destroy(lg);
+    if (body != inner) nb_graph_destroy(body);
+    nb_graph_destroy(inner);
   }
-  nb_graph_destroy(vg);
-  nb_graph_destroy(lg);
-  nb_graph_destroy(body);
-  nb_graph_destroy(g);
 }
 
 /* A donated initial carry: the final carry is written into its memory when

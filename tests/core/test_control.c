@@ -1,8 +1,10 @@
 /* Control flow (cond/switch, while_loop, scan, fori_loop): values by hand,
- * shape-rule errors, printed params and cost. The primitive table
+ * shape-rule errors, printed params and cost; a remat region and a
+ * custom_vjp call inside a scan body under grad (and jvp of jvp). The primitive table
  * (tests/lib/cases_control.c) runs the same primitives through the generic
  * evaluation, derivative and vmap checks. */
 #include "core/ir.h"
+#include "core/prims/params.h"
 #include "json_golden.h"
 #include "primcheck.h"
 
@@ -581,6 +583,225 @@ static void test_hoisted_residuals(void) {
   nb_tree_destroy(in);
 }
 
+/* ---------------------------------------------------------------- remat and custom_vjp inside a body */
+
+/* The region of the body: (w, h, x) -> h' = tanh(h w + x) w + sin(h), whose
+ * derivative reads tanh's output and cos(h), residuals a plain scan stores per
+ * step. As a remat region its only residuals are its inputs (w and x are
+ * passed through, h is stacked) and the reverse scan recomputes it, as
+ * jax.checkpoint inside lax.scan. */
+static nb_status region_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *user) {
+  nb_val *w = nb_tree_get_val(in, "w"), *h = nb_tree_get_val(in, "h"), *x = nb_tree_get_val(in, "x");
+  return nb_tree_set_val(out, "h", nb_add(nb_mul(nb_tanh(nb_add(nb_mul(h, w), x)), w), nb_sin(h)));
+}
+
+/* custom_vjp's bwd: twice the true gradient, so that using it shows */
+static nb_status region_bwd(nb_graph *g, const nb_tree *in, nb_tree *out, void *user) {
+  nb_val *w = nb_tree_get_val(in, "w"), *h = nb_tree_get_val(in, "h"), *x = nb_tree_get_val(in, "x");
+  nb_val *ct = nb_mul(nb_tree_get_val(in, "ct/h"), nb_scalar(g, NB_F64, 2));
+  nb_val *t = nb_tanh(nb_add(nb_mul(h, w), x)), *dt = nb_sub(nb_scalar(g, NB_F64, 1), nb_mul(t, t));
+  nb_status st = nb_tree_set_val(out, "grad/h", nb_mul(ct, nb_add(nb_mul(nb_mul(w, w), dt), nb_cos(h))));
+  if (!st) st = nb_tree_set_val(out, "grad/w", nb_mul(ct, nb_add(nb_mul(nb_mul(w, h), dt), t)));
+  return st ? st : nb_tree_set_val(out, "grad/x", nb_mul(ct, nb_mul(w, dt)));
+}
+
+typedef enum { REGION_PLAIN, REGION_REMAT, REGION_CUSTOM_VJP } region_kind;
+typedef struct region_args {
+  region_kind kind;
+  bool unrolled; /* a traced loop over the rows instead of a scan */
+} region_args;
+
+/* h' = region(w, h, x) called as kind, y = h' x */
+static nb_status region_step(nb_graph *g, const region_args *a, nb_val *w, nb_val *h, nb_val *x, nb_val **h2, nb_val **y) {
+  nb_tree *spec = nb_tree_create(ctx), *in = nb_tree_create(ctx), *res = nb_tree_create(ctx);
+  nb_tree_set_val(in, "w", w);
+  nb_tree_set_val(in, "h", h);
+  nb_tree_set_val(in, "x", x);
+  for (const char *const *p = (const char *const[]){"w", "h", "x", NULL}; *p; p++) nb_tree_set(spec, *p, nb_leaf_aval(av(NB_F64, 1, G3)));
+  nb_graph *fwd = nb_trace(ctx, region_fn, NULL, spec), *bwd = NULL;
+  if (a->kind == REGION_CUSTOM_VJP) {
+    nb_tree_set(spec, "ct/h", nb_leaf_aval(av(NB_F64, 1, G3)));
+    bwd = nb_trace(ctx, region_bwd, NULL, spec);
+  }
+  nb_status st = !fwd || (a->kind == REGION_CUSTOM_VJP && !bwd) ? nb_ctx_status(ctx)
+                 : a->kind == REGION_PLAIN                      ? nb_graph_call(g, fwd, in, res)
+                 : a->kind == REGION_REMAT                      ? nb_remat_call(g, fwd, in, res)
+                                                                : nb_custom_vjp_call(g, fwd, bwd, in, res);
+  if (!st) *h2 = nb_tree_get_val(res, "h"), *y = nb_mul(*h2, x);
+  nb_graph_destroy(fwd);
+  nb_graph_destroy(bwd);
+  nb_tree_destroy(spec);
+  nb_tree_destroy(in);
+  nb_tree_destroy(res);
+  return st;
+}
+
+static nb_status region_body(nb_graph *g, const nb_tree *in, nb_tree *out, void *user) {
+  nb_val *h2, *y;
+  nb_status st = region_step(g, user, nb_tree_get_val(in, "a_w"), nb_tree_get_val(in, "b_h"), nb_tree_get_val(in, "c_x"), &h2, &y);
+  if (!st) st = nb_tree_set_val(out, "a_h", h2);
+  return st ? st : nb_tree_set_val(out, "b_y", y);
+}
+
+#define REGION_T 5
+
+/* loss = sum(hT^2) + sum(ys^2) over a scan (or the unrolled loop) of the region */
+static nb_status f_region_scan(nb_graph *g, const nb_tree *in, nb_tree *out, void *user) {
+  const region_args *a = user;
+  nb_val *w = nb_tree_get_val(in, "w"), *h = nb_tree_get_val(in, "h"), *xs = nb_tree_get_val(in, "xs"), *ys = NULL;
+  nb_status st = NB_OK;
+  if (a->unrolled) {
+    nb_val *rows[REGION_T];
+    for (int64_t t = 0; !st && t < REGION_T; t++) {
+      const int64_t start[2] = {t, 0}, limit[2] = {t + 1, 3}, row[2] = {1, 3};
+      nb_val *x = nb_reshape(nb_slice(xs, start, limit, NULL), 1, G3);
+      st = region_step(g, a, w, h, x, &h, &rows[t]);
+      if (!st) rows[t] = nb_reshape(rows[t], 2, row);
+    }
+    if (!st) ys = nb_concatenate(REGION_T, rows, 0);
+  } else {
+    nb_tree *spec = nb_tree_create(ctx);
+    for (const char *const *p = (const char *const[]){"a_w", "b_h", "c_x", NULL}; *p; p++) nb_tree_set(spec, *p, nb_leaf_aval(av(NB_F64, 1, G3)));
+    nb_graph *body = nb_trace(ctx, region_body, (void *)a, spec);
+    st = body ? nb_scan(g, body, 1, &w, 1, &h, 1, &xs, NULL, &h, &ys) : nb_ctx_status(ctx);
+    nb_graph_destroy(body);
+    nb_tree_destroy(spec);
+  }
+  if (st) return st;
+  return nb_tree_set_val(out, "loss", nb_add(nb_reduce_sum(nb_mul(h, h), 0, NULL), nb_reduce_sum(nb_mul(ys, ys), 0, NULL)));
+}
+
+static nb_tree *region_inputs(void) {
+  nb_test_rng rng = {1313};
+  nb_tree *in = nb_tree_create(ctx);
+  nb_test_set_randn(in, &rng, "w", NB_F64, 1, G3);
+  nb_test_set_randn(in, &rng, "h", NB_F64, 1, G3);
+  nb_test_set_randn(in, &rng, "xs", NB_F64, 2, (int64_t[]){REGION_T, 3});
+  return in;
+}
+
+static void check_same_grads(const char *what, const nb_tree *a, const nb_tree *b, double tol) {
+  for (const char *const *p = (const char *const[]){"grad/w", "grad/h", "grad/xs", NULL}; *p; p++) {
+    char name[160];
+    snprintf(name, sizeof name, "%s: %s", what, *p);
+    nb_array *x = a ? nb_tree_get_array(a, *p) : NULL, *y = b ? nb_tree_get_array(b, *p) : NULL;
+    CHECK_MSG(x && y && nb_test_arrays_close(name, x, y, tol), "%s", name);
+  }
+}
+
+/* The forward scan of grad(f) (the first scan of the graph): its number of
+ * outputs and their total elements (the final carry, the ys and the stacked
+ * residuals); and whether the reverse scan's body computes a tanh (recomputes
+ * the region). */
+static void grad_scans(const nb_graph *dg, int *nout, int64_t *elems, bool *recomputes) {
+  *nout = 0, *elems = 0, *recomputes = false;
+  for (size_t k = 0; k < nb__graph_neqns(dg); k++) {
+    const nb_eqn *e = nb__graph_eqn(dg, k);
+    if (e->prim != NB_PRIM_scan) continue;
+    const nb_scan_params *sp = e->params;
+    if (!sp->reverse && *nout == 0) {
+      *nout = e->nout;
+      for (int o = 0; o < e->nout; o++) *elems += nb_shape_size(&e->out[o]->aval.shape);
+    }
+    for (size_t j = 0; sp->reverse && j < nb__graph_neqns(sp->body); j++) *recomputes = *recomputes || nb__graph_eqn(sp->body, j)->prim == NB_PRIM_tanh;
+  }
+}
+
+/* grad of a scan whose body holds a remat region equals grad without remat
+ * (and the unrolled loop's), matches finite differences (and second order:
+ * the reverse scan's body is plain ops), stores fewer residuals and
+ * recomputes the region in the reverse scan. */
+static void test_remat_in_scan(void) {
+  nb_tree *in = region_inputs();
+  region_args plain = {REGION_PLAIN, false}, remat = {REGION_REMAT, false}, remat_unrolled = {REGION_REMAT, true};
+  nb_tree *gp = trace_run(f_region_scan, &plain, in, in, RUN_GRAD), *gr = trace_run(f_region_scan, &remat, in, in, RUN_GRAD);
+  nb_tree *gu = trace_run(f_region_scan, &remat_unrolled, in, in, RUN_GRAD);
+  check_same_grads("remat in a scan vs plain scan", gr, gp, 1e-12);
+  check_same_grads("remat in a scan vs unrolled remat", gr, gu, 1e-12);
+  CHECK(nb_test_check_grads(ctx, "remat region in a scan body", f_region_scan, &remat, in, 1e-6, true));
+
+  nb_graph *g0 = nb_trace(ctx, f_region_scan, &plain, in), *g1 = nb_trace(ctx, f_region_scan, &remat, in);
+  nb_graph *d0 = g0 ? nb_grad(ctx, g0, NULL) : NULL, *d1 = g1 ? nb_grad(ctx, g1, NULL) : NULL;
+  CHECK_MSG(d0 && d1, "%s", nb_ctx_error(ctx));
+  if (d0 && d1) {
+    int n0, n1;
+    int64_t e0, e1;
+    bool r0, r1;
+    grad_scans(d0, &n0, &e0, &r0);
+    grad_scans(d1, &n1, &e1, &r1);
+    /* with remat: hT, ys and the stacked residuals: the region's input h
+     * (w and x are passed through) and its output h' (y = h' x reads it) */
+    CHECK_MSG(n1 == 4 && e1 == 3 + 3 * REGION_T * 3, "remat: the forward scan has %d outputs, %lld elements", n1, (long long)e1);
+    CHECK_MSG(n0 > n1 && e0 > e1, "plain: %d outputs, %lld elements; remat: %d, %lld", n0, (long long)e0, n1, (long long)e1);
+    CHECK_MSG(r1 && !r0, "the reverse scan recomputes tanh: remat %d, plain %d", r1, r0);
+    if (getenv("NABLA_TEST_VERBOSE"))
+      printf("forward scan of grad: plain %d outputs (%lld elements), remat %d (%lld)\n", n0, (long long)e0, n1, (long long)e1);
+  }
+  nb_graph_destroy(d0);
+  nb_graph_destroy(d1);
+  nb_graph_destroy(g0);
+  nb_graph_destroy(g1);
+  nb_tree_destroy(gp);
+  nb_tree_destroy(gr);
+  nb_tree_destroy(gu);
+  nb_tree_destroy(in);
+}
+
+/* jvp(jvp(f)) over a remat region inside a scan (the second JVP meets
+ * remat_lin with tangents on its primal operands) equals that of the plain
+ * body. */
+static void test_remat_second_order_forward(void) {
+  nb_tree *in = region_inputs();
+  region_args plain = {REGION_PLAIN, false}, remat = {REGION_REMAT, false};
+  nb_tree *res[2] = {NULL, NULL}, *jin = NULL;
+  for (int k = 0; k < 2; k++) {
+    nb_graph *g = nb_trace(ctx, f_region_scan, k ? (void *)&remat : (void *)&plain, in);
+    nb_graph *j1 = g ? nb_jvp(ctx, g) : NULL, *j2 = j1 ? nb_jvp(ctx, j1) : NULL;
+    CHECK_MSG(j2, "jvp(jvp) of a scan%s: %s", k ? " with a remat region" : "", nb_ctx_error(ctx));
+    if (j2 && !jin) { /* random inputs by path, the same for both */
+      nb_test_rng rng = {77};
+      jin = nb_tree_create(ctx);
+      for (size_t i = 0; i < nb_graph_num_inputs(j2); i++) {
+        nb_aval a = nb__graph_input(j2, i)->aval;
+        nb_test_set_randn(jin, &rng, nb_graph_input_path(j2, i), a.dtype, a.shape.rank, a.shape.dims);
+      }
+    }
+    res[k] = nb_tree_create(ctx);
+    if (j2) CHECK_OK(ctx, nb_graph_run(ctx, j2, jin, res[k]));
+    nb_graph_destroy(j2);
+    nb_graph_destroy(j1);
+    nb_graph_destroy(g);
+  }
+  CHECK(nb_tree_size(res[0]) == 4 && nb_tree_size(res[0]) == nb_tree_size(res[1]));
+  for (size_t i = 0; i < nb_tree_size(res[0]); i++) {
+    nb_array *b = nb_tree_get_array(res[1], nb_tree_path(res[0], i));
+    CHECK_MSG(b && nb_test_arrays_close(nb_tree_path(res[0], i), b, nb_tree_leaf(res[0], i)->array, 1e-12), "jvp(jvp): %s", nb_tree_path(res[0], i));
+  }
+  nb_tree_destroy(res[0]);
+  nb_tree_destroy(res[1]);
+  nb_tree_destroy(jin);
+  nb_tree_destroy(in);
+}
+
+/* A custom_vjp call inside a scan body: reverse mode runs its bwd (twice the
+ * true gradient here) in the reverse scan, as the unrolled loop does; its
+ * residuals are its inputs. */
+static void test_custom_vjp_in_scan(void) {
+  nb_tree *in = region_inputs();
+  region_args scanned = {REGION_CUSTOM_VJP, false}, unrolled = {REGION_CUSTOM_VJP, true}, plain = {REGION_PLAIN, false};
+  nb_tree *gs = trace_run(f_region_scan, &scanned, in, in, RUN_GRAD), *gu = trace_run(f_region_scan, &unrolled, in, in, RUN_GRAD);
+  nb_tree *gp = trace_run(f_region_scan, &plain, in, in, RUN_GRAD);
+  check_same_grads("custom_vjp in a scan vs unrolled", gs, gu, 1e-12);
+  nb_array *a = gs ? nb_tree_get_array(gs, "grad/xs") : NULL, *b = gp ? nb_tree_get_array(gp, "grad/xs") : NULL;
+  double most = 0;
+  for (int64_t i = 0; a && b && i < nb_array_size(a); i++) most = fmax(most, fabs(nb_array_get(a, i) - nb_array_get(b, i)));
+  CHECK_MSG(a && b && most > 1e-3, "custom_vjp's bwd is not used inside the scan (largest difference %g)", most);
+  nb_tree_destroy(gs);
+  nb_tree_destroy(gu);
+  nb_tree_destroy(gp);
+  nb_tree_destroy(in);
+}
+
 /* ---------------------------------------------------------------- errors */
 
 static void test_errors(void) {
@@ -691,6 +912,9 @@ int main(void) {
   test_goldens();
   test_grad_structure();
   test_hoisted_residuals();
+  test_remat_in_scan();
+  test_remat_second_order_forward();
+  test_custom_vjp_in_scan();
   CHECK_MSG(nb_ctx_bytes_in_use(ctx) == base, "%zu bytes leaked", nb_ctx_bytes_in_use(ctx) - base);
   nb_ctx_destroy(ctx);
   return nb_test_summary("core/control");

@@ -2,15 +2,15 @@
  * unrolled model's loss, metrics and gradients (per-layer parameter paths,
  * so the same trees either way), on the interpreter and through nb_jit, for
  * GPT-2, Llama and DeepSeek (dense first layer, then a scan over the MoE
- * layers), with and without remat; the scanned graph holds one scan per run
+ * layers), with and without remat (whose forward scans store less); the scanned graph holds one scan per run
  * of equal blocks and its size does not grow with depth. (The YAML key:
  * tests/train/test_config.c.) */
 #include "core/ir.h"
+#include "core/prims/params.h"
 #include "jitcheck.h"
 #include "model_test_util.h"
 
 static nb_ctx *ctx;
-static char skipped_why[512];
 
 static nb_tree *batch_of(int64_t b, int64_t t, int seed) {
   nb_test_rng r = {(uint64_t)seed};
@@ -33,27 +33,30 @@ static size_t count_prim(const nb_graph *g, const char *name) {
   return n;
 }
 
-/* value_and_grad of the loss (or, with remat, the loss alone: the core
- * cannot differentiate a remat region inside a scan body yet; reported as
- * skipped) */
-static nb_graph *loss_graph(const nb_model_config *c, bool remat, const nb_tree *params, const nb_tree *batch, bool *grad) {
+/* value_and_grad of the loss */
+static nb_graph *loss_graph(const nb_model_config *c, bool remat, const nb_tree *params, const nb_tree *batch) {
   nb_model_trace_opts o = {.remat = remat};
   nb_graph *g = nb_model_trace_loss(ctx, c, &o, params, batch);
   CHECK_MSG(g != NULL, "trace: %s", nb_ctx_error(ctx));
   if (!g) return NULL;
   nb_grad_opts go = {.wrt = "params", .has_aux = true};
   nb_graph *vg = nb_value_and_grad(ctx, g, &go);
-  if (vg) {
-    nb_graph_destroy(g);
-    *grad = true;
-    return vg;
+  CHECK_MSG(vg != NULL, "value_and_grad: %s", nb_ctx_error(ctx));
+  nb_graph_destroy(g);
+  return vg;
+}
+
+/* What the forward scans of a value_and_grad graph store for the backward
+ * pass: the elements of their outputs (final carries, ys and the stacked
+ * residuals). */
+static int64_t forward_scan_elems(const nb_graph *g) {
+  int64_t n = 0;
+  for (size_t i = 0; i < nb_graph_num_eqns(g); i++) {
+    const nb_eqn *e = nb__graph_eqn(g, i);
+    if (e->prim != NB_PRIM_scan || ((const nb_scan_params *)e->params)->reverse) continue;
+    for (int o = 0; o < e->nout; o++) n += nb_shape_size(&e->out[o]->aval.shape);
   }
-  /* only a remat region inside the scanned body cannot be differentiated yet */
-  CHECK_MSG(remat && strstr(nb_ctx_error(ctx), "not implemented"), "value_and_grad: %s", nb_ctx_error(ctx));
-  snprintf(skipped_why, sizeof skipped_why, "%s", nb_ctx_error(ctx));
-  nb_ctx_clear_error(ctx);
-  *grad = false;
-  return g;
+  return n;
 }
 
 static void compare(const nb_tree *want, const nb_tree *got, double tol, const char *what) {
@@ -76,23 +79,24 @@ static void test_same_as_unrolled(const char *preset, int64_t layers, bool remat
   nb_tree_merge(in, "batch", batch);
   char what[128];
   snprintf(what, sizeof what, "%s, %lld layers%s", preset, (long long)layers, remat ? ", remat" : "");
-  bool g0 = false, g1 = false;
-  nb_graph *unrolled = loss_graph(&c, remat, params, batch, &g0);
+  nb_graph *unrolled = loss_graph(&c, remat, params, batch);
   c.scan_layers = true;
-  nb_graph *scanned = loss_graph(&c, remat, params, batch, &g1);
+  nb_graph *scanned = loss_graph(&c, remat, params, batch);
   if (unrolled && scanned) {
-    if (!g1) printf("SKIPPED: %s: gradients through scan (%s); the loss only\n", what, skipped_why);
-    if (!g1 && g0) { /* compare the loss alone */
-      nb_graph_destroy(unrolled);
-      c.scan_layers = false;
-      nb_model_trace_opts o = {.remat = remat};
-      unrolled = nb_model_trace_loss(ctx, &c, &o, params, batch);
-    }
-    /* one scan per run of two or more layers of one kind (dense, MoE) */
+    /* one scan per run of two or more layers of one kind (dense, MoE), and
+     * its transpose */
     int64_t dense = c.n_experts ? c.first_dense_layers : layers, moe = layers - dense;
-    size_t scans = (size_t)(dense >= 2) + (size_t)(moe >= 2);
-    scans *= g1 ? 2 : 1; /* value_and_grad: the forward scans and their transposes */
+    size_t scans = 2 * ((size_t)(dense >= 2) + (size_t)(moe >= 2));
     CHECK_MSG(count_prim(scanned, "scan") == scans, "%s: %zu scans, not %zu", what, count_prim(scanned, "scan"), scans);
+    if (remat) { /* the scans store the blocks' inputs, not their insides */
+      nb_graph *stored = loss_graph(&c, false, params, batch);
+      int64_t with = forward_scan_elems(scanned), without = stored ? forward_scan_elems(stored) : 0;
+      CHECK_MSG(with > 0 && with * 2 < without, "%s: the forward scans store %lld elements with remat, %lld without", what,
+                (long long)with, (long long)without);
+      if (getenv("NABLA_TEST_VERBOSE"))
+        printf("%s: forward scans store %lld elements with remat, %lld without\n", what, (long long)with, (long long)without);
+      nb_graph_destroy(stored);
+    }
     nb_tree *want = nb_tree_create(ctx), *got = nb_tree_create(ctx);
     CHECK_OK(ctx, nb_graph_run(ctx, unrolled, in, want));
     CHECK_OK(ctx, nb_graph_run(ctx, scanned, in, got));

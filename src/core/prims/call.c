@@ -269,11 +269,41 @@ static nb_status remat_lin_transpose(nb_graph *g, const nb_eqn *e, nb_val *const
   return st ? st : nb_graph_status(g);
 }
 
-static nb_status lin_no_jvp(nb_graph *g, const nb_eqn *e, nb_val *const *p, nb_val *const *t, nb_val *const *outs,
-                            nb_val **ot) {
-  return nb__fail(g, e->loc, NB_ERR_UNIMPLEMENTED, "jvp rule for '%s' not implemented (forward mode over a linearized %s region)",
-                  nb__rules(e->prim)->name, e->prim == NB_PRIM_remat_lin ? "remat" : "custom_vjp"),
-         NB_ERR_UNIMPLEMENTED;
+/* The JVP of remat_lin / custom_lin. Both are linear in their tangent
+ * operands, so where their primal operands carry no tangent (the case that
+ * transposing a linearized graph meets: a scan's linear body is transposed by
+ * reverse mode over its linearization, with the residuals held fixed) the
+ * tangent is the same primitive applied to the tangent operands' tangents.
+ * With a tangent on a primal operand (forward mode over forward mode), a
+ * remat_lin's is the JVP of its jvp graph, inlined (the second-order terms
+ * are not rematerialized); a custom_lin has no forward mode at all. */
+static nb_status lin_jvp(nb_graph *g, const nb_eqn *e, nb_val *const *p, nb_val *const *t, nb_val *const *outs,
+                         nb_val **ot) {
+  const bool remat = e->prim == NB_PRIM_remat_lin;
+  const nb_graph *callee = remat ? ((const nb_remat_params *)e->params)->body : ((const nb_custom_vjp_params *)e->params)->fwd;
+  int np = (int)nb_graph_num_inputs(callee), no = (int)nb_graph_num_outputs(callee);
+  bool primal_tangent = false, any = false;
+  for (int i = 0; i < e->nin; i++) {
+    if (i < np) primal_tangent = primal_tangent || t[i];
+    else any = any || t[i];
+  }
+  if (e->nin > 512 || e->nout + no > 512)
+    return nb__fail(g, e->loc, NB_ERR_UNIMPLEMENTED, "%s with more than 512 operands", nb__rules(e->prim)->name), NB_ERR_UNIMPLEMENTED;
+  nb_val *ops[512], *po[512], *to[512];
+  if (primal_tangent && !remat)
+    return nb__fail(g, e->loc, NB_ERR_UNIMPLEMENTED,
+                    "forward-mode differentiation of a custom_vjp function is not supported (forward mode over its "
+                    "linearization)"),
+           NB_ERR_UNIMPLEMENTED;
+  if (primal_tangent) { /* the jvp graph's outputs: the body's, then its float outputs' tangents */
+    nb_status st = nb__jvp_into(g, ((const nb_remat_params *)e->params)->jvp, p, t, po, to);
+    for (int i = 0; st == NB_OK && i < e->nout; i++) ot[i] = to[no + i];
+    return st ? st : nb_graph_status(g);
+  }
+  if (!any) return NB_OK; /* every output tangent a symbolic zero */
+  for (int i = 0; i < e->nin; i++) ops[i] = i < np ? p[i] : t[i] ? t[i] : nb__zeros(g, e->in[i]->aval);
+  nb__emit(g, e->loc, e->prim, e->nin, ops, e->params, e->params_size, NULL, ot);
+  return nb_graph_status(g);
 }
 
 const nb_prim_rules nb__prim_remat_lin = {
@@ -283,7 +313,7 @@ const nb_prim_rules nb__prim_remat_lin = {
     .print_params = remat_print,
     .infer = remat_lin_infer,
     .eval = remat_lin_eval,
-    .jvp = lin_no_jvp,
+    .jvp = lin_jvp,
     .transpose = remat_lin_transpose,
     .batch = remat_batch,
     .hold_params = remat_hold,
@@ -397,7 +427,7 @@ const nb_prim_rules nb__prim_custom_lin = {
     .print_params = cvjp_print,
     .infer = custom_lin_infer,
     .eval = custom_lin_eval,
-    .jvp = lin_no_jvp,
+    .jvp = lin_jvp,
     .transpose = custom_lin_transpose,
     .batch = cvjp_batch,
     .hold_params = cvjp_hold,
