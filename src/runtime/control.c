@@ -1,7 +1,7 @@
-/* Control steps at run time, on any backend: a cond runs the taken branch's
- * executable on the step's buffers; a while_loop or scan runs its body's executable once
- * per iteration on the same frame (pointer table, arena) so iterations
- * allocate nothing. The carry lives in two buffers, the step's results and
+/* Control steps at run time, on any backend: a cond runs the taken
+ * branch's executable on the step's buffers; a while_loop or scan runs its
+ * body's executable once per iteration on the same frame (pointer table,
+ * arena) so iterations allocate nothing. The carry lives in two buffers, the step's results and
  * one scratch buffer, that swap roles every iteration (the body reads one
  * and writes the other); a scan starts in the buffer that makes its last
  * iteration end in the results, a while loop copies at the end when it has

@@ -3,9 +3,9 @@
  * cannot quietly take the CPU backend's shape. Its device memory is host
  * memory it allocates and keeps track of, but it says that it is not host
  * memory: the runtime must copy inputs in and outputs out and stage the
- * operands of reference steps, as for a GPU, and every pointer a step is
- * given is checked to lie in memory this backend allocated (counted in
- * foreign_pointers). A kernel is "compiled" to nothing: launching it
+ * operands of reference steps, as for a GPU, and every pointer a step or
+ * a device copy is given is checked to lie in memory this backend allocated
+ * (counted in foreign_pointers; a loop's carry moves by device copies). A kernel is "compiled" to nothing: launching it
  * evaluates, with their reference rules, the fused equations behind each of
  * its roots, reading only the kernel's arguments, and stores the roots once
  * all are computed (as the generated C does). Every contraction with a gemm
