@@ -42,7 +42,17 @@ typedef struct nb_backend {
   void *(*alloc)(nb_ctx *ctx, size_t bytes);
   void (*free)(nb_ctx *ctx, void *p, size_t bytes);
   nb_status (*to_device)(nb_ctx *ctx, void *dst, const void *src, size_t bytes);
+  /* Returns when the bytes are on the host; the runtime calls synchronize
+   * first when a step it launched writes them (a loop's predicate). */
   nb_status (*to_host)(nb_ctx *ctx, void *dst, const void *src, size_t bytes);
+  /* Device to device: bytes from src to dst, which are equal (nothing to
+   * do) or disjoint. Both are device addresses, a buffer's plus an offset
+   * (a scan's slice), as every pointer the runtime hands a backend; the
+   * runtime never dereferences one. Ordered with the steps launched on ctx
+   * before and after it, as a launch is (a GPU queues it on the stream): it
+   * need not have finished when it returns. The runtime moves a loop's
+   * carry and a body's passed-through outputs with it. */
+  nb_status (*copy)(nb_ctx *ctx, void *dst, const void *src, size_t bytes);
 
   /* ---- planning. Can e (a contraction the kernel IR does not express) run
    * as one library call (a GEMM)? Asked by the fusion pass (fuse.c); a yes
@@ -61,8 +71,11 @@ typedef struct nb_backend {
   nb_status (*launch)(nb_ctx *ctx, nb_backend_module *m, int kernel, char *const *args);
   /* args: the device pointers of e's inputs, then of its outputs. */
   nb_status (*library)(nb_ctx *ctx, nb_backend_module *m, const nb_eqn *e, char *const *args);
-  /* Returns when every launched step has finished (a no-op for synchronous
-   * backends). The runtime calls it before copying outputs out. */
+  /* Returns when every step and copy launched on ctx has finished, through
+   * any module (a loop's bodies are modules of their own; a GPU keeps one
+   * stream per context), a no-op for synchronous backends. The runtime calls
+   * it before copying outputs out and before reading a cond's index or a
+   * while loop's predicate with to_host. */
   nb_status (*synchronize)(nb_ctx *ctx, nb_backend_module *m);
 
   /* ---- the disk cache of compiled code, NULL when the backend keeps none:

@@ -97,6 +97,8 @@ static nb_status compile_step(nb_exe *e, nb_jstep *st) {
   int first, ncarry;
   carry_operands(st->eqn, &first, &ncarry);
   for (int j = 0; j < ncarry; j++) c->scratch_bytes += (val_bytes(st->eqn->out[j]) + 63) & ~(size_t)63;
+  c->pred_offset = c->scratch_bytes;
+  if (st->eqn->prim == NB_PRIM_while_loop) c->scratch_bytes += 64;
   if (!native) { /* a body without native code: the whole equation runs on its reference */
     st->kind = NB_EXE_STEP_EVAL;
     return NB_OK;
@@ -136,13 +138,6 @@ nb_status nb_jit__control_compile(nb_exe *e) {
   for (int s = 0; s < e->plan.nsteps; s++) {
     nb_jstep *st = &e->plan.steps[s];
     if (st->kind != NB_EXE_STEP_CONTROL) continue;
-    /* the loop runtime reads a predicate and copies carries with host
-     * loads and memmove: on other backends the step is the reference eval
-     * (staged) until the interface has device copies */
-    if (!e->cfg.backend->host_memory) {
-      st->kind = NB_EXE_STEP_EVAL;
-      continue;
-    }
     nb_status r = compile_step(e, st);
     if (r != NB_OK) return r;
   }
@@ -157,7 +152,7 @@ void nb_jit__control_free(nb_exe *e) {
       if (c->opened) nb_rt__frame_close(c->sub[i], &c->frames[i]);
       nb_rt__exe_free(c->sub[i]);
     }
-    nb_dealloc(e->ctx, c->scratch, c->scratch_bytes);
+    if (c->scratch) e->cfg.backend->free(e->ctx, c->scratch, c->scratch_bytes);
     pthread_mutex_destroy(&c->mu);
     e->plan.steps[s].control = NULL;
   }

@@ -255,7 +255,7 @@ static void decide_materialized(fz *f) {
     if (e->prim == NB_PRIM_slice && contiguous_slice(e, &off)) make_view(f, e->out[0], e->in[0], off);
     /* a scan's ys that its body passes through from its xs are those xs
      * (residuals of a differentiated scan: the layers' parameters) */
-    for (int o = 0; o < e->nout && nb_jit__is_control(e) && !f->cfg->off[NB_SW_native] && f->cfg->backend->host_memory; o++) {
+    for (int o = 0; o < e->nout && nb_jit__is_control(e) && !f->cfg->off[NB_SW_native]; o++) {
       int k2 = nb_jit__control_output_operand(e, o);
       if (k2 >= 0) make_view(f, e->out[o], e->in[k2], 0);
     }

@@ -57,7 +57,8 @@ static nb_status run_eval_staged(nb_exe *e, const nb_eqn *q, char **ptr) {
   int n = q->nin + q->nout;
   nb_array **arr = nb_calloc(ctx, sizeof(nb_array *) * (size_t)(n + 1));
   if (!arr) return NB_ERR_NOMEM;
-  nb_status st = NB_OK;
+  /* the operands may come from steps still running (a GPU's stream) */
+  nb_status st = bk->synchronize(ctx, e->mod);
   for (int i = 0; i < n && st == NB_OK; i++) {
     const nb_val *v = i < q->nin ? q->in[i] : q->out[i - q->nin];
     if (!(arr[i] = nb_array_empty(ctx, v->aval.dtype, v->aval.shape.rank, v->aval.shape.dims))) st = NB_ERR_NOMEM;
@@ -310,6 +311,35 @@ nb_status nb_exe_run(nb_exe *e, const nb_tree *inputs, nb_tree *outputs) {
 
 /* ---------------------------------------------------------------- bound memory */
 
+/* A body's constants, bound once per frame: the host arrays in place, or
+ * (memory not the host's) device copies made when the frame opens, so that
+ * iterations copy nothing in. */
+static nb_status bind_constants(nb_exe *e, nb_rt_frame *f) {
+  const nb_backend *bk = e->cfg.backend;
+  for (size_t v = 0; v < e->plan.nvals; v++)
+    if (e->plan.bufs[v].cls == NB_BUF_CONST) {
+      f->ptr[v] = (char *)nb_array_data(e->plan.bufs[v].constant);
+      f->consts_bytes += ALIGN64(e->plan.bufs[v].nbytes);
+    }
+  if (bk->host_memory || !f->consts_bytes) {
+    f->consts_bytes = 0;
+    return NB_OK;
+  }
+  if (!(f->consts = bk->alloc(e->ctx, f->consts_bytes))) {
+    f->consts_bytes = 0;
+    return nb_ctx_status(e->ctx) ? nb_ctx_status(e->ctx) : NB_ERR_NOMEM;
+  }
+  nb_status st = NB_OK;
+  size_t off = 0;
+  for (size_t v = 0; v < e->plan.nvals && st == NB_OK; v++)
+    if (e->plan.bufs[v].cls == NB_BUF_CONST) {
+      st = bk->to_device(e->ctx, f->consts + off, f->ptr[v], e->plan.bufs[v].nbytes);
+      f->ptr[v] = f->consts + off;
+      off += ALIGN64(e->plan.bufs[v].nbytes);
+    }
+  return st;
+}
+
 nb_status nb_rt__frame_open(nb_exe *e, nb_rt_frame *f) {
   nb_ctx *ctx = e->ctx;
   memset(f, 0, sizeof *f);
@@ -321,9 +351,13 @@ nb_status nb_rt__frame_open(nb_exe *e, nb_rt_frame *f) {
   f->args = nb_calloc(ctx, sizeof(char *) * f->nargs);
   f->ms = nb_calloc(ctx, sizeof(double) * f->nms);
   f->arena = f->arena_bytes ? e->cfg.backend->alloc(ctx, f->arena_bytes) : NULL;
-  if (f->ptr && f->args && f->ms && (f->arena || !f->arena_bytes)) return NB_OK;
-  nb_rt__frame_close(e, f);
-  return nb_errorf(ctx, NB_ERR_NOMEM, "nb_exe_run: out of memory for a loop body's buffers");
+  if (!f->ptr || !f->args || !f->ms || (!f->arena && f->arena_bytes)) {
+    nb_rt__frame_close(e, f);
+    return nb_errorf(ctx, NB_ERR_NOMEM, "nb_exe_run: out of memory for a loop body's buffers");
+  }
+  nb_status st = bind_constants(e, f);
+  if (st != NB_OK) nb_rt__frame_close(e, f);
+  return st;
 }
 
 nb_status nb_rt__run_frame(nb_exe *e, nb_rt_frame *f, char *const *in, char *const *out) {
@@ -333,23 +367,22 @@ nb_status nb_rt__run_frame(nb_exe *e, nb_rt_frame *f, char *const *in, char *con
     const nb_jbuf *b = &e->plan.bufs[v];
     switch (b->cls) {
     case NB_BUF_INPUT: ptr[v] = in[b->index]; break;
-    case NB_BUF_CONST: ptr[v] = (char *)nb_array_data(b->constant); break;
+    case NB_BUF_CONST: break; /* bound when the frame opened */
     case NB_BUF_TEMP: ptr[v] = f->arena + b->offset; break;
     case NB_BUF_OUTPUT: ptr[v] = out[b->index]; break;
     default: ptr[v] = NULL; break;
     }
   }
   bind_aliases(e, ptr);
-  /* bodies run only on backends whose memory is the host's (compile/control.c) */
+  /* no synchronize: the next iteration's steps and copies queue behind these */
   nb_status st = run_steps(e, ptr, f->args, NULL, NULL, f->ms);
-  if (st == NB_OK) st = e->cfg.backend->synchronize(e->ctx, e->mod);
   /* outputs that are inputs, constants or another output's value: copied */
   for (size_t i = 0; st == NB_OK && i < nb_graph_num_outputs(g); i++) {
     const nb_val *v = nb__graph_output(g, i);
     const nb_jbuf *b = &e->plan.bufs[v->id];
     if (b->cls == NB_BUF_OUTPUT && b->index == (int)i) continue;
     size_t n = nb_shape_size(&v->aval.shape) * nb_dtype_size(v->aval.dtype);
-    if (n && out[i] != ptr[v->id]) memmove(out[i], ptr[v->id], n);
+    if (n && out[i] != ptr[v->id]) st = e->cfg.backend->copy(e->ctx, out[i], ptr[v->id], n);
   }
   return st;
 }
@@ -372,6 +405,7 @@ void nb_rt__frame_close(nb_exe *e, nb_rt_frame *f) {
   nb_dealloc(ctx, f->args, sizeof(char *) * f->nargs);
   nb_dealloc(ctx, f->ms, sizeof(double) * f->nms);
   if (f->arena) e->cfg.backend->free(ctx, f->arena, f->arena_bytes);
+  if (f->consts) e->cfg.backend->free(ctx, f->consts, f->consts_bytes);
   memset(f, 0, sizeof *f);
 }
 

@@ -39,13 +39,15 @@ void nb_rt__log_steps(const nb_exe *e);
 
 /* Running a plan on bound memory (a control step's body, once per
  * iteration): a frame holds what one run needs (pointer table, arena, step
- * times) so that iterations allocate nothing. in[i]/out[i]: the memory of
+ * times, the body's constants in device memory) so that iterations
+ * allocate and copy in nothing. in[i]/out[i]: the device memory of
  * input/output i; outputs must not overlap the inputs or each other. */
 typedef struct nb_rt_frame {
   char **ptr, **args;
   double *ms;       /* per step, summed over the runs since the frame opened */
   char *arena;
-  size_t nptr, nargs, nms, arena_bytes;
+  char *consts;     /* device copies of the constants, when memory is not the host's */
+  size_t nptr, nargs, nms, arena_bytes, consts_bytes;
 } nb_rt_frame;
 nb_status nb_rt__frame_open(nb_exe *e, nb_rt_frame *f);
 nb_status nb_rt__run_frame(nb_exe *e, nb_rt_frame *f, char *const *in, char *const *out);

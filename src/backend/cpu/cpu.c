@@ -30,9 +30,10 @@ struct nb_backend_module {
 static void *cpu_alloc(nb_ctx *ctx, size_t bytes) { return nb_alloc(ctx, bytes); }
 static void cpu_free(nb_ctx *ctx, void *p, size_t bytes) { nb_dealloc(ctx, p, bytes); }
 
+/* to_device, to_host and copy: all of them host memory */
 static nb_status cpu_copy(nb_ctx *ctx, void *dst, const void *src, size_t bytes) {
   (void)ctx;
-  if (bytes) memcpy(dst, src, bytes);
+  if (bytes && dst != src) memcpy(dst, src, bytes);
   return NB_OK;
 }
 
@@ -157,6 +158,7 @@ const nb_backend nb_cpu__backend = {
     .free = cpu_free,
     .to_device = cpu_copy,
     .to_host = cpu_copy,
+    .copy = cpu_copy,
     .library_supported = nb_cpu__blas_supported,
     .compile = cpu_compile,
     .release = cpu_release,

@@ -3,9 +3,9 @@
  * cannot quietly take the CPU backend's shape. Its device memory is host
  * memory it allocates and keeps track of, but it says that it is not host
  * memory: the runtime must copy inputs in and outputs out and stage the
- * operands of reference steps, as for a GPU, and every pointer a step is
- * given is checked to lie in memory this backend allocated (counted in
- * foreign_pointers). A kernel is "compiled" to nothing: launching it
+ * operands of reference steps, as for a GPU, and every pointer a step or
+ * a device copy is given is checked to lie in memory this backend allocated
+ * (counted in foreign_pointers; a loop's carry moves by device copies). A kernel is "compiled" to nothing: launching it
  * evaluates, with their reference rules, the fused equations behind each of
  * its roots, reading only the kernel's arguments, and stores the roots once
  * all are computed (as the generated C does). Every contraction with a gemm
@@ -22,12 +22,13 @@
 /* ---------------------------------------------------------------- counters */
 
 static _Atomic uint64_t n_compiles, n_launches, n_library_calls, n_library_asked, n_allocs, n_frees, n_to_device,
-    n_to_host, n_foreign;
+    n_to_host, n_host_reads, n_copies, n_copied, n_foreign;
 
 void nb_interp__counters(nb_interp_counters *out) {
-  *out = (nb_interp_counters){atomic_load(&n_compiles),  atomic_load(&n_launches), atomic_load(&n_library_calls),
+  *out = (nb_interp_counters){atomic_load(&n_compiles),  atomic_load(&n_launches),   atomic_load(&n_library_calls),
                               atomic_load(&n_library_asked), atomic_load(&n_allocs), atomic_load(&n_frees),
-                              atomic_load(&n_to_device), atomic_load(&n_to_host),  atomic_load(&n_foreign)};
+                              atomic_load(&n_to_device), atomic_load(&n_to_host),    atomic_load(&n_host_reads),
+                              atomic_load(&n_copies),    atomic_load(&n_copied),     atomic_load(&n_foreign)};
 }
 
 /* ---------------------------------------------------------------- memory */
@@ -103,6 +104,20 @@ static nb_status interp_to_host(nb_ctx *ctx, void *dst, const void *src, size_t 
   nb_status st = check_ours(ctx, src, bytes, "copy source");
   if (st == NB_OK && bytes) memcpy(dst, src, bytes);
   atomic_fetch_add(&n_to_host, bytes);
+  atomic_fetch_add(&n_host_reads, 1);
+  return st;
+}
+
+/* Both ranges ours, and equal or disjoint (the interface's contract). */
+static nb_status interp_copy(nb_ctx *ctx, void *dst, const void *src, size_t bytes) {
+  nb_status st = check_ours(ctx, src, bytes, "copy source");
+  if (st == NB_OK) st = check_ours(ctx, dst, bytes, "copy destination");
+  const char *d = dst, *s = src;
+  if (st == NB_OK && d != s && d < s + bytes && s < d + bytes)
+    st = nb_errorf(ctx, NB_ERR_INTERNAL, "interp backend: device copy from %p to %p (%zu bytes) overlaps", src, dst, bytes);
+  if (st == NB_OK && bytes && d != s) memcpy(dst, src, bytes);
+  atomic_fetch_add(&n_copies, 1);
+  atomic_fetch_add(&n_copied, bytes);
   return st;
 }
 
@@ -230,6 +245,7 @@ const nb_backend nb_interp__backend = {
     .free = interp_free,
     .to_device = interp_to_device,
     .to_host = interp_to_host,
+    .copy = interp_copy,
     .library_supported = interp_library_supported,
     .compile = interp_compile,
     .release = interp_release,
