@@ -848,7 +848,9 @@ static enum MHD_Result do_complete(server *sv, struct MHD_Connection *c, cJSON *
   char id[48];
   new_id(sv, chat ? "chatcmpl" : "cmpl", id, sizeof id);
 
-  if (s.stream) {
+  if (s.stream) { /* the sink takes prompt, echo and body */
+    free(rendered.data);
+    rendered = (buf){0};
     stream_sink *k = calloc(1, sizeof *k);
     if (!k) goto oom;
     pthread_mutex_init(&k->mu, NULL);
