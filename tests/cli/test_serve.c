@@ -253,6 +253,74 @@ static void test_timeout(void) {
   CHECK_MSG(http("GET", "/health", NULL, NULL, 0) == 200, "%s", resp);
 }
 
+/* "tokens":[...] of a byte-level model for text */
+static void byte_ids(const char *text, char *dst, size_t cap) {
+  size_t n = (size_t)snprintf(dst, cap, "\"tokens\":[");
+  for (const unsigned char *p = (const unsigned char *)text; *p && n < cap; p++)
+    n += (size_t)snprintf(dst + n, cap - n, "%s%u", p == (const unsigned char *)text ? "" : ",", *p);
+  if (n < cap) snprintf(dst + n, cap - n, "]");
+}
+
+/* Each chat format renders a conversation as the models' own templates do
+ * (seen through /tokenize with messages; the model is byte-level, so the
+ * ids are the rendered bytes); tokenizer_config.json's chat_template picks
+ * the format, and one nabla does not know turns chat off with a reason. */
+static void test_chat_templates(void) {
+  static const char msgs[] = "{\"messages\": [{\"role\": \"system\", \"content\": \"S\"}, {\"role\": \"user\", "
+                             "\"content\": \" hi \"}, {\"role\": \"assistant\", \"content\": \"yo\"}, "
+                             "{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"q\"}]}]}";
+  static const char no_system[] = "{\"messages\": [{\"role\": \"user\", \"content\": \" hi \"}, {\"role\": "
+                                  "\"assistant\", \"content\": \"yo\"}, {\"role\": \"user\", \"content\": \"q\"}]}";
+  static const struct {
+    const char *name, *messages, *want;
+  } cases[] = {
+      {"chatml", msgs,
+       "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\n hi <|im_end|>\n<|im_start|>assistant\nyo<|im_end|>\n"
+       "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n"},
+      {"llama-3", msgs,
+       "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|><|start_header_id|>user<|end_header_id|>"
+       "\n\nhi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nyo<|eot_id|><|start_header_id|>user"
+       "<|end_header_id|>\n\nq<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"},
+      {"gemma", no_system,
+       "<bos><start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\nyo<end_of_turn>\n<start_of_turn>user\nq"
+       "<end_of_turn>\n<start_of_turn>model\n"},
+      {"llama-2", msgs, "<s>[INST] <<SYS>>\nS\n<</SYS>>\n\n hi [/INST] yo </s><s>[INST] q [/INST]"},
+      {"mistral", msgs, "<s>[INST] S\n\n hi  [/INST]yo</s>[INST] q [/INST]"},
+  };
+  static char want[1 << 14];
+  char args[256];
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    snprintf(args, sizeof args, "--api-key sekrit --chat-template %s", cases[i].name);
+    port = 0;
+    if (!start_server(args)) return;
+    byte_ids(cases[i].want, want, sizeof want);
+    CHECK_MSG(post("/tokenize", cases[i].messages) == 200 && strstr(resp_body, want), "%s: %s\nwant %s", cases[i].name,
+              resp_body, want);
+    if (!strcmp(cases[i].name, "gemma"))
+      CHECK_ERROR(post("/v1/chat/completions", msgs), 400, "messages[0]: the gemma template has no system role",
+                  "\"param\":\"messages\"");
+    stop_server();
+  }
+  /* picked from tokenizer_config.json */
+  nb_test_write_text("run/tokenizer_config.json", "{\"chat_template\": \"{% for m in messages %}<|start_header_id|>"
+                                                  "{{ m.role }}<|end_header_id|>{% endfor %}\"}");
+  port = 0;
+  if (start_server("--api-key sekrit")) {
+    char *o = nb_test_read_file("serve.out", NULL);
+    CHECK_MSG(o && strstr(o, "chat template llama-3"), "%s", o ? o : "");
+    free(o);
+    stop_server();
+  }
+  nb_test_write_text("run/tokenizer_config.json", "{\"chat_template\": \"{{ messages }}\"}");
+  port = 0;
+  if (start_server("--api-key sekrit")) {
+    CHECK_ERROR(post("/v1/chat/completions", msgs), 400, "tokenizer_config.json's chat_template is none nabla knows",
+                "\"param\":\"messages\"");
+    stop_server();
+  }
+  unlink("run/tokenizer_config.json");
+}
+
 int main(void) {
   bin = nb_test_nabla_bin();
   if (!bin) return nb_test_summary("cli/serve");
@@ -281,5 +349,6 @@ int main(void) {
   test_errors();
   test_timeout();
   stop_server();
+  test_chat_templates();
   return nb_test_summary("cli/serve");
 }

@@ -37,8 +37,26 @@ static const char usage_text[] =
     "  --timeout S          close a connection idle (or half-sent) for S seconds (default 30)\n"
     "  --served-model-name NAME  the model's id in the API (default: MODEL as given)\n"
     "  --max-model-len N    context bound for prompt + output (default: the model's, at most 4096)\n"
-    "  --chat-template NAME chatml (default: the one tokenizer_config.json names, else chatml)\n"
+    "  --chat-template NAME chatml, llama-3, gemma, llama-2 or mistral (default: the one\n"
+    "                       tokenizer_config.json's chat_template is, else chatml)\n"
     "  --threads N          compute threads (default: all CPUs)\n";
+
+/* The chat formats nabla renders; each is recognised in a model's
+ * tokenizer_config.json chat_template by a marker (in this order: Llama-2's
+ * and Mistral's both use [INST], only Llama-2's has <<SYS>>). A format's
+ * end-of-turn text ends generation, as a token when the tokenizer has it
+ * and as a stop string. */
+typedef enum chat_template { CHAT_NONE = -1, CHAT_CHATML, CHAT_LLAMA3, CHAT_GEMMA, CHAT_LLAMA2, CHAT_MISTRAL, CHAT_COUNT } chat_template;
+static const struct {
+  const char *name, *marker, *end;
+} chat_formats[CHAT_COUNT] = {
+    [CHAT_CHATML] = {"chatml", "<|im_start|>", "<|im_end|>"},
+    [CHAT_LLAMA3] = {"llama-3", "<|start_header_id|>", "<|eot_id|>"},
+    [CHAT_GEMMA] = {"gemma", "<start_of_turn>", "<end_of_turn>"},
+    [CHAT_LLAMA2] = {"llama-2", "<<SYS>>", NULL},
+    [CHAT_MISTRAL] = {"mistral", "[INST]", NULL},
+};
+static const char chat_known[] = "chatml, llama-3, gemma, llama-2, mistral";
 
 typedef struct options {
   const char *model, *config, *host, *api_key, *name, *chat_template;
@@ -76,8 +94,13 @@ static int parse(int argc, char **argv, options *o) {
   }
   if (!o->model) return fprintf(stderr, "nabla serve: MODEL is required\n"), nb_cli_usage(usage_text, false);
   if (!o->name) o->name = o->model;
-  if (o->chat_template && strcmp(o->chat_template, "chatml"))
-    return fprintf(stderr, "nabla serve: --chat-template: unknown template '%s' (known: chatml)\n", o->chat_template), 2;
+  if (o->chat_template) {
+    int k = 0;
+    while (k < CHAT_COUNT && strcmp(o->chat_template, chat_formats[k].name)) k++;
+    if (k == CHAT_COUNT)
+      return fprintf(stderr, "nabla serve: --chat-template: unknown template '%s' (known: %s)\n", o->chat_template,
+                     chat_known), 2;
+  }
   return 0;
 }
 
@@ -152,7 +175,6 @@ static bool utf8_append_lossy(buf *out, const char *s, size_t n) {
 
 /* ---------------------------------------------------------------- the model */
 
-typedef enum chat_template { CHAT_NONE, CHAT_CHATML } chat_template;
 
 typedef struct server {
   options opt;
@@ -162,7 +184,7 @@ typedef struct server {
   int64_t max_model_len;
   chat_template chat;
   char chat_why[4400];          /* why chat is off (CHAT_NONE) */
-  int32_t im_end_id;            /* ChatML's end token, -1: none */
+  int32_t im_end_id;            /* the chat format's end-of-turn token, -1: none */
   pthread_mutex_t lock;         /* one generation at a time (ctx, gen) */
   atomic_bool stopping;         /* SIGTERM: in-flight generations end now */
   atomic_ulong next_id;
@@ -687,41 +709,129 @@ static void sink_free(void *cls) {
 
 /* ---------------------------------------------------------------- chat templates */
 
-static const char *chat_template_name(chat_template t) { return t == CHAT_CHATML ? "chatml" : "none"; }
+static const char *chat_template_name(chat_template t) { return t == CHAT_NONE ? "none" : chat_formats[t].name; }
 
-/* ChatML: <|im_start|>role\ncontent<|im_end|>\n ... <|im_start|>assistant\n */
-static bool render_chat(server *sv, const cJSON *messages, buf *out, bad *b) {
-  if (sv->chat == CHAT_NONE) return fail(b, 400, "messages", "chat is off for this model: %s", sv->chat_why);
+static void add_str(buf *out, const char *s) { buf_add(out, s, strlen(s)); }
+
+/* s without leading and trailing whitespace (the Llama and Gemma templates'
+ * `| trim`). */
+static void add_trimmed(buf *out, const char *s, size_t n) {
+  while (n && strchr(" \t\n\r", s[0])) s++, n--;
+  while (n && strchr(" \t\n\r", s[n - 1])) n--;
+  buf_add(out, s, n);
+}
+
+/* Renders messages with the server's chat format, as the models' own Jinja
+ * templates do (Hugging Face's tokenizer_config.json), with the generation
+ * prompt (the assistant's header) when gen_prompt. *add_bos: whether the
+ * caller prepends the BOS id (the Llama, Gemma and Mistral formats write it
+ * as text). */
+static bool render_chat(server *sv, const cJSON *messages, bool gen_prompt, buf *out, bool *add_bos, bad *b) {
+  chat_template f = sv->chat;
+  if (f == CHAT_NONE) return fail(b, 400, "messages", "chat is off for this model: %s", sv->chat_why);
   if (!cJSON_IsArray(messages) || !cJSON_GetArraySize(messages))
     return fail(b, 400, "messages", "'messages' must be a non-empty array of {role, content} objects");
+  *add_bos = f == CHAT_CHATML;
+  if (f == CHAT_LLAMA3) add_str(out, "<|begin_of_text|>");
+  if (f == CHAT_GEMMA) add_str(out, "<bos>");
+  if (f == CHAT_MISTRAL) add_str(out, "<s>");
   const cJSON *m;
   int i = 0;
+  buf system = {0}, content = {0};
+  bool have_system = false, ok = true;
   cJSON_ArrayForEach(m, messages) {
-    const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role"), *content = cJSON_GetObjectItemCaseSensitive(m, "content");
-    if (!cJSON_IsObject(m) || !cJSON_IsString(role))
-      return fail(b, 400, "messages", "messages[%d] must be an object with a string 'role'", i);
-    if (strcmp(role->valuestring, "system") && strcmp(role->valuestring, "user") && strcmp(role->valuestring, "assistant"))
-      return fail(b, 400, "messages", "messages[%d].role '%s' is not system, user or assistant", i, role->valuestring);
-    buf_add(out, "<|im_start|>", 12);
-    buf_add(out, role->valuestring, strlen(role->valuestring));
-    buf_add(out, "\n", 1);
-    if (cJSON_IsString(content)) {
-      buf_add(out, content->valuestring, strlen(content->valuestring));
-    } else if (cJSON_IsArray(content)) { /* [{type: text, text}] parts */
-      const cJSON *part;
-      cJSON_ArrayForEach(part, content) {
-        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(part, "type"), *tx = cJSON_GetObjectItemCaseSensitive(part, "text");
-        if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "text") || !cJSON_IsString(tx))
-          return fail(b, 400, "messages", "messages[%d].content: only text parts are supported", i);
-        buf_add(out, tx->valuestring, strlen(tx->valuestring));
-      }
-    } else if (!absent(content)) {
-      return fail(b, 400, "messages", "messages[%d].content must be a string", i);
+    const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role"), *c = cJSON_GetObjectItemCaseSensitive(m, "content");
+    if (!cJSON_IsObject(m) || !cJSON_IsString(role)) {
+      ok = fail(b, 400, "messages", "messages[%d] must be an object with a string 'role'", i);
+      break;
     }
-    buf_add(out, "<|im_end|>\n", 11);
+    const char *r = role->valuestring;
+    if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant")) {
+      ok = fail(b, 400, "messages", "messages[%d].role '%s' is not system, user or assistant", i, r);
+      break;
+    }
+    content.len = 0;
+    buf_add(&content, "", 0);
+    if (cJSON_IsString(c)) {
+      add_str(&content, c->valuestring);
+    } else if (cJSON_IsArray(c)) { /* [{type: text, text}] parts */
+      const cJSON *part;
+      cJSON_ArrayForEach(part, c) {
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(part, "type"), *tx = cJSON_GetObjectItemCaseSensitive(part, "text");
+        if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "text") || !cJSON_IsString(tx)) {
+          ok = fail(b, 400, "messages", "messages[%d].content: only text parts are supported", i);
+          break;
+        }
+        add_str(&content, tx->valuestring);
+      }
+      if (!ok) break;
+    } else if (!absent(c)) {
+      ok = fail(b, 400, "messages", "messages[%d].content must be a string or an array of text parts", i);
+      break;
+    }
+    bool sys = !strcmp(r, "system"), user = !strcmp(r, "user");
+    switch (f) {
+    case CHAT_CHATML:
+      add_str(out, "<|im_start|>"), add_str(out, r), add_str(out, "\n");
+      buf_add(out, content.data, content.len), add_str(out, "<|im_end|>\n");
+      break;
+    case CHAT_LLAMA3:
+      add_str(out, "<|start_header_id|>"), add_str(out, r), add_str(out, "<|end_header_id|>\n\n");
+      add_trimmed(out, content.data, content.len), add_str(out, "<|eot_id|>");
+      break;
+    case CHAT_GEMMA:
+      if (sys) {
+        ok = fail(b, 400, "messages", "messages[%d]: the gemma template has no system role", i);
+        break;
+      }
+      add_str(out, "<start_of_turn>"), add_str(out, user ? "user" : "model"), add_str(out, "\n");
+      add_trimmed(out, content.data, content.len), add_str(out, "<end_of_turn>\n");
+      break;
+    case CHAT_LLAMA2: /* the system prompt goes inside the first user turn */
+    case CHAT_MISTRAL:
+      if (sys) {
+        if (i) {
+          ok = fail(b, 400, "messages", "messages[%d]: the %s template takes a system message only first", i,
+                    chat_formats[f].name);
+          break;
+        }
+        have_system = true;
+        buf_add(&system, content.data, content.len);
+        break;
+      }
+      if (user) {
+        add_str(out, f == CHAT_LLAMA2 ? "<s>[INST] " : "[INST] ");
+        buf turn = {0};
+        if (have_system) {
+          if (f == CHAT_LLAMA2) add_str(&turn, "<<SYS>>\n"), buf_add(&turn, system.data, system.len), add_str(&turn, "\n<</SYS>>\n\n");
+          else buf_add(&turn, system.data, system.len), add_str(&turn, "\n\n");
+          have_system = false;
+        }
+        buf_add(&turn, content.data, content.len);
+        f == CHAT_LLAMA2 ? add_trimmed(out, turn.data, turn.len) : (void)buf_add(out, turn.data, turn.len);
+        free(turn.data);
+        add_str(out, " [/INST]");
+      } else if (f == CHAT_LLAMA2) {
+        add_str(out, " "), add_trimmed(out, content.data, content.len), add_str(out, " </s>");
+      } else {
+        buf_add(out, content.data, content.len), add_str(out, "</s>");
+      }
+      break;
+    default:
+      break;
+    }
+    if (!ok) break;
     i++;
   }
-  buf_add(out, "<|im_start|>assistant\n", 22);
+  free(system.data);
+  free(content.data);
+  if (!ok) return false;
+  if (gen_prompt) {
+    if (f == CHAT_CHATML) add_str(out, "<|im_start|>assistant\n");
+    if (f == CHAT_LLAMA3) add_str(out, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    if (f == CHAT_GEMMA) add_str(out, "<start_of_turn>model\n");
+  }
+  buf_add(out, "", 0);
   return true;
 }
 
@@ -753,13 +863,25 @@ static enum MHD_Result do_models(server *sv, struct MHD_Connection *c) {
 static enum MHD_Result do_tokenize(server *sv, struct MHD_Connection *c, const cJSON *o) {
   bad b = {0};
   bool add_special = true;
-  const cJSON *p = cJSON_GetObjectItemCaseSensitive(o, "prompt");
-  if (!check_model(sv, o, &b) || !get_bool(o, "add_special_tokens", &add_special, &b)) return reply_bad(c, &b);
-  if (!cJSON_IsString(p)) return reply_error(c, 400, "prompt", NULL, "'prompt' must be a string");
+  bool gen_prompt = true;
+  const cJSON *p = cJSON_GetObjectItemCaseSensitive(o, "prompt"), *msgs = cJSON_GetObjectItemCaseSensitive(o, "messages");
+  if (!check_model(sv, o, &b) || !get_bool(o, "add_special_tokens", &add_special, &b) ||
+      !get_bool(o, "add_generation_prompt", &gen_prompt, &b))
+    return reply_bad(c, &b);
+  buf chat = {0};
+  if (!absent(msgs)) { /* a conversation, rendered as /v1/chat/completions does */
+    bool bos = false;
+    if (!render_chat(sv, msgs, gen_prompt, &chat, &bos, &b)) return free(chat.data), reply_bad(c, &b);
+    add_special = bos;
+  } else if (!cJSON_IsString(p)) {
+    return reply_error(c, 400, "prompt", NULL, "'prompt' must be a string (or give 'messages')");
+  }
+  const char *text = chat.data ? chat.data : p->valuestring;
   nb_tok_ids ids = {0};
   pthread_mutex_lock(&sv->lock);
-  bool ok = encode(sv, p->valuestring, strlen(p->valuestring), add_special, &ids);
+  bool ok = encode(sv, text, strlen(text), add_special, &ids);
   pthread_mutex_unlock(&sv->lock);
+  free(chat.data);
   if (!ok) return free(ids.ids), reply_error(c, 500, NULL, NULL, "cannot tokenize: %s", nb_ctx_error(sv->ctx));
   cJSON *root = cJSON_CreateObject(), *t = cJSON_AddArrayToObject(root, "tokens");
   cJSON_AddNumberToObject(root, "count", (double)ids.len);
@@ -799,9 +921,10 @@ static enum MHD_Result do_complete(server *sv, struct MHD_Connection *c, cJSON *
   enum MHD_Result ret;
   if (!check_model(sv, body, &b) || !refuse_unsupported(body, &b) || !get_sampling(sv, body, chat, &s, &b)) goto bad;
   if (chat) {
-    if (!render_chat(sv, cJSON_GetObjectItemCaseSensitive(body, "messages"), &rendered, &b)) goto bad;
+    bool bos = false;
+    if (!render_chat(sv, cJSON_GetObjectItemCaseSensitive(body, "messages"), true, &rendered, &bos, &b)) goto bad;
     pthread_mutex_lock(&sv->lock);
-    bool ok = encode(sv, rendered.data, rendered.len, true, &prompt);
+    bool ok = encode(sv, rendered.data, rendered.len, bos, &prompt);
     pthread_mutex_unlock(&sv->lock);
     if (!ok) {
       fail(&b, 400, "messages", "cannot tokenize the conversation: %s", nb_ctx_error(sv->ctx));
@@ -844,7 +967,7 @@ static enum MHD_Result do_complete(server *sv, struct MHD_Connection *c, cJSON *
   gen_params p = {.prompt = prompt.ids, .n_prompt = (int64_t)prompt.len, .max_tokens = s.max_tokens,
                   .sample = {.temperature = s.temperature, .top_k = s.top_k, .top_p = s.top_p}, .seed = seed,
                   .stop = s.stop, .n_stop = s.n_stop};
-  if (chat && sv->chat == CHAT_CHATML && p.n_stop < 4) p.stop[p.n_stop++] = "<|im_end|>";
+  if (chat && chat_formats[sv->chat].end && p.n_stop < 4) p.stop[p.n_stop++] = (char *)chat_formats[sv->chat].end;
   char id[48];
   new_id(sv, chat ? "chatcmpl" : "cmpl", id, sizeof id);
 
@@ -1026,47 +1149,39 @@ static bool is_file(const char *dir, const char *name) {
   return !stat(p, &st) && S_ISREG(st.st_mode);
 }
 
-/* The chat template: --chat-template, else tokenizer_config.json's when it
- * is one nabla knows, else ChatML when the model declares none. */
-static bool pick_chat_template(server *sv) {
-  const char *want = sv->opt.chat_template;
-  if (want) { /* a known name: parse() refused the others */
-    sv->chat = CHAT_CHATML;
+/* The chat format: --chat-template, else the one tokenizer_config.json's
+ * chat_template is, else ChatML when the model declares none. A declared
+ * template nabla does not know turns chat off (requests say why). */
+static void pick_chat_template(server *sv) {
+  sv->chat = CHAT_CHATML;
+  if (sv->opt.chat_template) { /* a known name: parse() refused the others */
+    while (strcmp(sv->opt.chat_template, chat_formats[sv->chat].name)) sv->chat++;
   } else {
     char p[4096];
     snprintf(p, sizeof p, "%s/tokenizer_config.json", sv->opt.model);
-    FILE *f = fopen(p, "rb");
-    char *text = NULL;
     size_t n = 0;
-    if (f) {
-      fseek(f, 0, SEEK_END);
-      long sz = ftell(f);
-      fseek(f, 0, SEEK_SET);
-      text = sz > 0 ? malloc((size_t)sz + 1) : NULL;
-      n = text ? fread(text, 1, (size_t)sz, f) : 0;
-      if (text) text[n] = 0;
-      fclose(f);
-    }
-    cJSON *j = text ? cJSON_Parse(text) : NULL;
+    char *text = is_file(sv->opt.model, "tokenizer_config.json") ? nb_cli_read_input("serve", p, &n) : NULL;
+    cJSON *j = text ? cJSON_ParseWithLength(text, n) : NULL;
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "chat_template");
-    if (!cJSON_IsString(t)) {
-      sv->chat = CHAT_CHATML;
-    } else if (strstr(t->valuestring, "<|im_start|>")) {
-      sv->chat = CHAT_CHATML;
-    } else {
+    if (text && !j) {
       sv->chat = CHAT_NONE;
-      snprintf(sv->chat_why, sizeof sv->chat_why,
-               "%s's chat_template is none nabla knows (known: chatml); pass --chat-template NAME", p);
+      snprintf(sv->chat_why, sizeof sv->chat_why, "%s is not valid JSON; pass --chat-template NAME", p);
+    } else if (!absent(t)) {
+      sv->chat = CHAT_NONE;
+      for (int k = 0; k < CHAT_COUNT && sv->chat == CHAT_NONE; k++)
+        if (cJSON_IsString(t) && strstr(t->valuestring, chat_formats[k].marker)) sv->chat = (chat_template)k;
+      if (sv->chat == CHAT_NONE)
+        snprintf(sv->chat_why, sizeof sv->chat_why,
+                 "%s's chat_template is none nabla knows (known: %s); pass --chat-template NAME", p, chat_known);
     }
     cJSON_Delete(j);
     free(text);
   }
   sv->im_end_id = -1;
-  if (sv->chat == CHAT_CHATML && sv->m.tok) {
-    sv->im_end_id = nb_tok_added_id(sv->m.tok, "<|im_end|>");
+  if (sv->chat != CHAT_NONE && chat_formats[sv->chat].end && sv->m.tok) {
+    sv->im_end_id = nb_tok_added_id(sv->m.tok, chat_formats[sv->chat].end);
     if (sv->im_end_id < 0) sv->im_end_id = -1;
   }
-  return true;
 }
 
 static int serve(server *sv) {
@@ -1080,7 +1195,7 @@ static int serve(server *sv) {
   if (sv->max_model_len > m->cfg.max_seq_len)
     return fprintf(stderr, "nabla serve: --max-model-len %lld exceeds the model's max_seq_len %lld\n",
                    (long long)sv->max_model_len, (long long)m->cfg.max_seq_len), 1;
-  if (!pick_chat_template(sv)) return 2;
+  pick_chat_template(sv);
   nb_model_gen_opts go = {.max_seq_len = sv->max_model_len, .threads = o->threads};
   sv->gen = nb_model_generator_create(sv->ctx, &m->cfg, m->params, &go);
   if (!sv->gen) return fprintf(stderr, "nabla serve: %s\n", nb_ctx_error(sv->ctx)), 1;
