@@ -187,6 +187,7 @@ typedef struct server {
   int32_t im_end_id;            /* the chat format's end-of-turn token, -1: none */
   pthread_mutex_t lock;         /* one generation at a time (ctx, gen) */
   atomic_bool stopping;         /* SIGTERM: in-flight generations end now */
+  atomic_int active;            /* requests begun and not yet completed */
   atomic_ulong next_id;
   time_t created;
 } server;
@@ -1082,6 +1083,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     rq = calloc(1, sizeof *rq);
     if (!rq) return MHD_NO;
     *state = rq;
+    atomic_fetch_add(&sv->active, 1);
+    if (atomic_load(&sv->stopping)) return reply_error(c, 503, NULL, NULL, "the server is shutting down");
     int r = 0;
     while (r < R_COUNT && strcmp(url, routes[r].path)) r++;
     if (r == R_COUNT) return reply_error(c, 404, NULL, "not_found", "no route %s %s", method, url);
@@ -1133,9 +1136,10 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
 }
 
 static void completed(void *cls, struct MHD_Connection *c, void **state, enum MHD_RequestTerminationCode why) {
-  (void)cls, (void)c, (void)why;
+  (void)c, (void)why;
+  server *sv = cls;
   request *rq = *state;
-  if (rq) free(rq->body.data);
+  if (rq) free(rq->body.data), atomic_fetch_sub(&sv->active, 1);
   free(rq);
   *state = NULL;
 }
@@ -1222,12 +1226,14 @@ static int serve(server *sv) {
   fflush(stdout);
   int sig = 0;
   sigwait(&sigs, &sig);
-  /* stop accepting, end in-flight generations at their next token (each
-   * stream still gets its final chunk and [DONE]), then wait for them */
+  /* stop accepting, end in-flight generations at their next token, and let
+   * their responses finish (a stream gets its final chunk and [DONE]; a
+   * half-sent request waits at most --timeout) before closing connections */
   fprintf(stderr, "nabla serve: %s: shutting down\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
   atomic_store(&sv->stopping, true);
   MHD_socket ls = MHD_quiesce_daemon(d);
   if (ls != MHD_INVALID_SOCKET) close(ls);
+  for (int64_t ms = 0; atomic_load(&sv->active) > 0 && ms < 1000 * (o->timeout + 2); ms += 10) usleep(10000);
   MHD_stop_daemon(d);
   return 0;
 }
