@@ -184,6 +184,11 @@ static void test_errors(void) {
               "\"param\":\"max_tokens\"");
   CHECK_ERROR(post("/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 2.5}"), 400, "'max_tokens' must be an integer",
               "\"param\":\"max_tokens\"");
+  CHECK_ERROR(post("/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 1e30}"), 400, "'max_tokens' is 1000000000000000019884624838656, outside",
+              "\"param\":\"max_tokens\"");
+  CHECK_ERROR(post("/v1/completions", "{\"prompt\": \"x\", \"seed\": -1e300}"), 400, "'seed' is", "\"param\":\"seed\"");
+  CHECK_ERROR(post("/v1/completions", "{\"prompt\": [1e30]}"), 400, "outside the vocabulary", "\"param\":\"prompt\"");
+  CHECK_MSG(post("/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 1, \"seed\": -5}") == 200, "%s", resp);
   CHECK_ERROR(post("/v1/completions", "{\"prompt\": \"x\", \"temperature\": \"hot\"}"), 400, "'temperature' must be a number",
               "\"param\":\"temperature\"");
   CHECK_ERROR(post("/v1/completions", "{\"prompt\": \"x\", \"top_p\": 2}"), 400, "'top_p' is 2, outside [0, 1]",

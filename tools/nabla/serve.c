@@ -10,6 +10,7 @@
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <microhttpd.h>
 #include <pthread.h>
 #include <signal.h>
@@ -440,9 +441,9 @@ static bool absent(const cJSON *v) { return !v || cJSON_IsNull(v); }
 static bool get_int(const cJSON *o, const char *k, int64_t lo, int64_t hi, int64_t *out, bad *b) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
   if (absent(v)) return true;
-  double d = cJSON_IsNumber(v) ? v->valuedouble : 0;
-  if (!cJSON_IsNumber(v) || d != (double)(int64_t)d) return fail(b, 400, k, "'%s' must be an integer", k);
-  if (d < (double)lo || d > (double)hi)
+  double d = cJSON_IsNumber(v) ? v->valuedouble : 0.5;
+  if (!cJSON_IsNumber(v) || d != floor(d)) return fail(b, 400, k, "'%s' must be an integer", k);
+  if (!(d >= (double)lo && d <= (double)hi)) /* before any cast: 1e30 is no int64 */
     return fail(b, 400, k, "'%s' is %.0f, outside [%lld, %lld]", k, d, (long long)lo, (long long)hi);
   *out = (int64_t)d;
   return true;
@@ -503,9 +504,9 @@ static bool get_ids(server *sv, const cJSON *arr, const char *k, nb_tok_ids *ids
   if (!ids->ids) return fail(b, 500, NULL, "out of memory");
   const cJSON *v;
   cJSON_ArrayForEach(v, arr) {
-    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(int32_t)v->valuedouble)
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
       return fail(b, 400, k, "'%s' must be a string or an array of integer token ids", k);
-    if (v->valuedouble < 0 || v->valuedouble >= vocab_size(sv))
+    if (!(v->valuedouble >= 0 && v->valuedouble < vocab_size(sv)))
       return fail(b, 400, k, "'%s': token id %.0f is outside the vocabulary [0, %d)", k, v->valuedouble, vocab_size(sv));
     ids->ids[ids->len++] = (int32_t)v->valuedouble;
   }
@@ -516,6 +517,7 @@ static bool get_ids(server *sv, const cJSON *arr, const char *k, nb_tok_ids *ids
 
 typedef struct sampling {
   int64_t max_tokens, top_k, seed;
+  bool has_seed;
   double temperature, top_p;
   bool stream, include_usage, echo;
   char *stop[4];
@@ -533,6 +535,7 @@ static bool get_sampling(server *sv, const cJSON *o, bool chat, sampling *s, bad
       !get_bool(o, "stream", &s->stream, b) || (!chat && !get_bool(o, "echo", &s->echo, b)))
     return false;
   if (mct >= 0) s->max_tokens = mct;
+  s->has_seed = !absent(cJSON_GetObjectItemCaseSensitive(o, "seed"));
   if (s->top_k < 0) s->top_k = 0; /* vLLM's -1: off */
   const cJSON *so = cJSON_GetObjectItemCaseSensitive(o, "stream_options");
   if (!absent(so)) {
@@ -964,7 +967,7 @@ static enum MHD_Result do_complete(server *sv, struct MHD_Connection *c, cJSON *
   }
   if (!fit_context(sv, (int64_t)prompt.len, &s, &b, chat ? "messages" : "prompt")) goto bad;
 
-  uint64_t seed = s.seed >= 0 ? (uint64_t)s.seed : (uint64_t)time(NULL) ^ ((uint64_t)atomic_fetch_add(&sv->next_id, 1) << 32);
+  uint64_t seed = s.has_seed ? (uint64_t)s.seed : (uint64_t)time(NULL) ^ ((uint64_t)atomic_fetch_add(&sv->next_id, 1) << 32);
   gen_params p = {.prompt = prompt.ids, .n_prompt = (int64_t)prompt.len, .max_tokens = s.max_tokens,
                   .sample = {.temperature = s.temperature, .top_k = s.top_k, .top_p = s.top_p}, .seed = seed,
                   .stop = s.stop, .n_stop = s.n_stop};
