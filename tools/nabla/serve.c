@@ -524,9 +524,8 @@ typedef struct sampling {
   int n_stop;
 } sampling;
 
-static bool get_sampling(server *sv, const cJSON *o, bool chat, sampling *s, bad *b) {
+static bool get_sampling(const cJSON *o, bool chat, sampling *s, bad *b) {
   *s = (sampling){.max_tokens = chat ? -1 : 16, .temperature = 1, .top_p = 1, .seed = -1};
-  (void)sv;
   int64_t mct = -1;
   if (!get_int(o, "max_tokens", 0, 1000000000, &s->max_tokens, b) ||
       (chat && !get_int(o, "max_completion_tokens", 0, 1000000000, &mct, b)) ||
@@ -923,7 +922,7 @@ static enum MHD_Result do_complete(server *sv, struct MHD_Connection *c, cJSON *
   nb_tok_ids prompt = {0};
   buf echo = {0}, rendered = {0};
   enum MHD_Result ret;
-  if (!check_model(sv, body, &b) || !refuse_unsupported(body, &b) || !get_sampling(sv, body, chat, &s, &b)) goto bad;
+  if (!check_model(sv, body, &b) || !refuse_unsupported(body, &b) || !get_sampling(body, chat, &s, &b)) goto bad;
   if (chat) {
     bool bos = false;
     if (!render_chat(sv, cJSON_GetObjectItemCaseSensitive(body, "messages"), true, &rendered, &bos, &b)) goto bad;
