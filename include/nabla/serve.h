@@ -275,6 +275,33 @@ typedef struct nb_serve_kv_write {
 } nb_serve_kv_write;
 nb_status nb_serve_kv_cache_write(nb_ctx *ctx, const nb_serve_kv_write *w);
 
+/* The same kernels as custom calls, for a traced model step (run by the
+ * interpreter, and by compiled executables as host steps).
+ * nb_serve_register_kernels registers "serve.paged_attention" and
+ * "serve.kv_cache_write" on ctx (once per context: a second call is refused
+ * as the custom-call registry refuses a name in use); `lend` (may be NULL:
+ * one thread) is borrowed until ctx is destroyed, and its pool runs every
+ * paged attention call.
+ *
+ * nb_serve_paged_attention_op: q f32[T, H, D], k_cache and v_cache
+ * f32[num_blocks, block_size, KVH, D], block_tables i32[S, max_blocks],
+ * context_lens i32[S], query_start i32[S + 1] -> f32[T, H, D].
+ * nb_serve_kv_cache_write_op: k_cache, v_cache, k and v f32[T, KVH, D],
+ * slot_mapping i32[T] -> the updated caches in *k_out and *v_out (new
+ * values: the interpreter copies the caches; updating them in place is the
+ * runtime's business). Bad shapes or dtypes fail the trace with a message
+ * naming the operand; bad contents (a block id out of range) fail the run
+ * with the kernels' messages. */
+typedef struct nb_serve_pool_lend {
+  nb_serve_parallel_fn par;
+  void *runner;
+} nb_serve_pool_lend;
+nb_status nb_serve_register_kernels(nb_ctx *ctx, const nb_serve_pool_lend *lend);
+nb_val *nb_serve_paged_attention_op(nb_val *q, nb_val *k_cache, nb_val *v_cache, nb_val *block_tables,
+                                    nb_val *context_lens, nb_val *query_start, float scale);
+nb_status nb_serve_kv_cache_write_op(nb_val *k_cache, nb_val *v_cache, nb_val *k, nb_val *v, nb_val *slot_mapping,
+                                     nb_val **k_out, nb_val **v_out);
+
 NB_END_DECLS
 
 #endif

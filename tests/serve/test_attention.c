@@ -4,7 +4,8 @@
  * context, sequences of different lengths, prefill chunks after a cached
  * prefix, pure decodes, grouped-query heads, padding rows). Then the
  * invariances, bit for bit: a sequence alone or in a batch, any task order,
- * a prompt in one chunk or several. The cache write, and the errors. */
+ * a prompt in one chunk or several. The cache write, the errors, and both
+ * as custom calls in a traced step. */
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -217,6 +218,11 @@ static void run_threads(void *runner, int n, void (*task)(void *, int), void *ar
   for (int i = 0; i < started; i++) pthread_join(t[i], NULL);
 }
 
+static void run_threads_counted(void *runner, int n, void (*task)(void *, int), void *arg) {
+  ++*(int *)runner;
+  run_threads(NULL, n, task, arg);
+}
+
 /* One sequence's rows, computed alone, equal its rows in a batch with
  * others, at any task order and on several threads: bit for bit. */
 static void test_batch_invariance(nb_ctx *ctx) {
@@ -349,15 +355,148 @@ static void test_errors(nb_ctx *ctx) {
   layout_free(&L);
 }
 
+/* ---------------------------------------------------------------- custom calls */
+
+/* The step's graph for layout L's shapes: the custom calls are those
+ * registered on ctx. */
+static nb_graph *step_graph(nb_ctx *ctx, const layout *L, float scale) {
+  int32_t T = L->num_tokens, KVH = L->num_kv_heads, D = L->head_dim, S = L->num_seqs;
+  int64_t qd[3] = {T, L->num_heads, D}, cd[4] = {L->num_blocks, L->block_size, KVH, D}, kd[3] = {T, KVH, D};
+  int64_t bd[2] = {S, L->max_blocks}, sd[1] = {S}, s1[1] = {S + 1}, td[1] = {T};
+  nb_graph *g = nb_graph_create(ctx);
+  nb_val *q = nb_graph_input(g, "q", nb_aval_make(NB_F32, 3, qd));
+  nb_val *kc = nb_graph_input(g, "k_cache", nb_aval_make(NB_F32, 4, cd));
+  nb_val *vc = nb_graph_input(g, "v_cache", nb_aval_make(NB_F32, 4, cd));
+  nb_val *kk = nb_graph_input(g, "k", nb_aval_make(NB_F32, 3, kd));
+  nb_val *vv = nb_graph_input(g, "v", nb_aval_make(NB_F32, 3, kd));
+  nb_val *bt = nb_graph_input(g, "block_tables", nb_aval_make(NB_I32, 2, bd));
+  nb_val *cl = nb_graph_input(g, "context_lens", nb_aval_make(NB_I32, 1, sd));
+  nb_val *qs = nb_graph_input(g, "query_start", nb_aval_make(NB_I32, 1, s1));
+  nb_val *sm = nb_graph_input(g, "slot_mapping", nb_aval_make(NB_I32, 1, td));
+  nb_val *kc2, *vc2;
+  CHECK_OK(ctx, nb_serve_kv_cache_write_op(kc, vc, kk, vv, sm, &kc2, &vc2));
+  CHECK_OK(ctx, nb_graph_output(g, "out", nb_serve_paged_attention_op(q, kc2, vc2, bt, cl, qs, scale)));
+  CHECK_OK(ctx, nb_graph_output(g, "k_cache", kc2));
+  CHECK_OK(ctx, nb_graph_output(g, "v_cache", vc2));
+  CHECK_OK(ctx, nb_graph_verify(g));
+  return g;
+}
+
+/* A traced step, as the model will run it: write the new tokens' keys and
+ * values at their slots, then attend. Run by the interpreter, it equals the
+ * kernels called directly, bit for bit, with or without a lent pool. */
+static void test_traced_step(nb_ctx *ctx) {
+  nb_test_rng r = {11};
+  layout L = {.num_heads = 4, .num_kv_heads = 2, .head_dim = 8, .block_size = 4, .num_seqs = 3, .ctx_len = {9, 5, 12},
+              .new_tokens = {1, 5, 4}, .num_blocks = 10};
+  layout_make(&L, &r, 1);
+  int32_t T = L.num_tokens, KVH = L.num_kv_heads, D = L.head_dim, S = L.num_seqs;
+  float *k = randn(&r, (int64_t)T * KVH * D), *v = randn(&r, (int64_t)T * KVH * D);
+  int32_t *slots = malloc(sizeof(int32_t) * (size_t)T);
+  for (int32_t s = 0, t = 0; s < S; s++)
+    for (int32_t j = 0; j < L.new_tokens[s]; j++, t++) {
+      int32_t pos = L.ctx_len[s] - L.new_tokens[s] + j;
+      slots[t] = L.tables[s * L.max_blocks + pos / L.block_size] * L.block_size + pos % L.block_size;
+    }
+  slots[T - 1] = -1; /* the padding row */
+
+  int64_t qd[3] = {T, L.num_heads, D}, cd[4] = {L.num_blocks, L.block_size, KVH, D}, kd[3] = {T, KVH, D};
+  int64_t bd[2] = {S, L.max_blocks}, sd[1] = {S}, s1[1] = {S + 1}, td[1] = {T};
+  float scale = 1.0f / sqrtf((float)D);
+  nb_graph *g = step_graph(ctx, &L, scale);
+
+  nb_array *in[9] = {nb_array_create(ctx, NB_F32, 3, qd, L.q), nb_array_create(ctx, NB_F32, 4, cd, L.k_cache),
+                     nb_array_create(ctx, NB_F32, 4, cd, L.v_cache), nb_array_create(ctx, NB_F32, 3, kd, k),
+                     nb_array_create(ctx, NB_F32, 3, kd, v), nb_array_create(ctx, NB_I32, 2, bd, L.tables),
+                     nb_array_create(ctx, NB_I32, 1, sd, L.context_lens), nb_array_create(ctx, NB_I32, 1, s1, L.query_start),
+                     nb_array_create(ctx, NB_I32, 1, td, slots)};
+  /* the same step by direct calls */
+  nb_serve_kv_write w = {.num_tokens = T, .num_kv_heads = KVH, .head_dim = D, .block_size = L.block_size,
+                         .num_blocks = L.num_blocks, .k = k, .v = v, .slot_mapping = slots, .k_cache = L.k_cache,
+                         .v_cache = L.v_cache};
+  CHECK_OK(ctx, nb_serve_kv_cache_write(ctx, &w));
+  nb_serve_attn a = attn_of(&L);
+  CHECK_OK(ctx, nb_serve_paged_attention(ctx, &a, NULL, NULL));
+
+  nb_ctx *lent_ctx = nb_ctx_create();
+  int lent_runs = 0;
+  nb_serve_pool_lend lend = {run_threads_counted, &lent_runs};
+  CHECK_OK(lent_ctx, nb_serve_register_kernels(lent_ctx, &lend));
+  nb_graph *lent_g = step_graph(lent_ctx, &L, scale);
+  nb_graph *gs[2] = {g, lent_g};
+  for (int c = 0; c < 2; c++) {
+    nb_array *out[3] = {NULL, NULL, NULL};
+    CHECK_OK(ctx, nb_graph_run_flat(nb_graph_ctx(gs[c]), gs[c], in, out));
+    if (!out[0]) break;
+    CHECK(memcmp(nb_array_data(out[0]), L.out, sizeof(float) * (size_t)(T * L.num_heads * D)) == 0);
+    CHECK(memcmp(nb_array_data(out[1]), L.k_cache, nb_array_nbytes(out[1])) == 0);
+    CHECK(memcmp(nb_array_data(out[2]), L.v_cache, nb_array_nbytes(out[2])) == 0);
+    for (int i = 0; i < 3; i++) nb_array_release(out[i]);
+  }
+
+  /* contents the shapes cannot catch fail the run with the kernel's message */
+  int32_t *tab = (int32_t *)nb_array_data(in[5]); /* sole owner: patched in place for the test */
+  int32_t saved = tab[1];
+  tab[1] = 99;
+  nb_array *out[3] = {NULL, NULL, NULL};
+  CHECK(nb_graph_run_flat(ctx, g, in, out) == NB_ERR_INVALID_ARG);
+  CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "block_tables[0][1] = 99 is out of range [0, 10)");
+  tab[1] = saved;
+  for (int i = 0; i < 3; i++) nb_array_release(out[i]);
+  for (int i = 0; i < 9; i++) nb_array_release(in[i]);
+  nb_graph_destroy(g);
+  nb_graph_destroy(lent_g);
+  CHECK(lent_runs == 1); /* the lent pool ran the lent context's call */
+  nb_ctx_destroy(lent_ctx);
+
+  /* shapes: the trace fails naming the operand */
+  g = nb_graph_create(ctx);
+  int64_t bad_qd[3] = {T, 3, D};
+  nb_val *bq = nb_graph_input(g, "q", nb_aval_make(NB_F32, 3, bad_qd));
+  nb_val *ops[5] = {nb_graph_input(g, "k_cache", nb_aval_make(NB_F32, 4, cd)), nb_graph_input(g, "v_cache", nb_aval_make(NB_F32, 4, cd)),
+                    nb_graph_input(g, "block_tables", nb_aval_make(NB_I32, 2, bd)),
+                    nb_graph_input(g, "context_lens", nb_aval_make(NB_I32, 1, s1)),
+                    nb_graph_input(g, "query_start", nb_aval_make(NB_I32, 1, s1))};
+  nb_serve_paged_attention_op(bq, ops[0], ops[1], ops[2], ops[3], ops[4], scale);
+  CHECK(nb_graph_status(g) == NB_ERR_SHAPE);
+  CHECK_ERR(ctx, NB_ERR_SHAPE, "q must be f32[num_tokens, num_heads, 8] with num_heads a positive multiple of num_kv_heads 2");
+  nb_graph_destroy(g);
+  g = nb_graph_create(ctx);
+  bq = nb_graph_input(g, "q", nb_aval_make(NB_F32, 3, qd));
+  nb_val *bcl = nb_graph_input(g, "context_lens", nb_aval_make(NB_I32, 1, s1));
+  nb_serve_paged_attention_op(bq, nb_graph_input(g, "k_cache", nb_aval_make(NB_F32, 4, cd)),
+                              nb_graph_input(g, "v_cache", nb_aval_make(NB_F32, 4, cd)),
+                              nb_graph_input(g, "block_tables", nb_aval_make(NB_I32, 2, bd)), bcl,
+                              nb_graph_input(g, "query_start", nb_aval_make(NB_I32, 1, s1)), scale);
+  CHECK_ERR(ctx, NB_ERR_SHAPE, "context_lens must be i32[3] (a length per block_tables row)");
+  nb_graph_destroy(g);
+  g = nb_graph_create(ctx);
+  nb_val *kc3, *vc3;
+  int64_t bad_kd[3] = {T, KVH, D + 1};
+  nb_val *wk = nb_graph_input(g, "k", nb_aval_make(NB_F32, 3, bad_kd));
+  CHECK(nb_serve_kv_cache_write_op(nb_graph_input(g, "k_cache", nb_aval_make(NB_F32, 4, cd)),
+                                   nb_graph_input(g, "v_cache", nb_aval_make(NB_F32, 4, cd)), wk, wk,
+                                   nb_graph_input(g, "slot_mapping", nb_aval_make(NB_I32, 1, td)), &kc3, &vc3) == NB_ERR_SHAPE);
+  CHECK_ERR(ctx, NB_ERR_SHAPE, "k must be f32[num_tokens, 2, 8] (the cache's heads and head_dim)");
+  nb_graph_destroy(g);
+  CHECK(nb_serve_register_kernels(ctx, NULL) == NB_ERR_INVALID_ARG); /* once per context */
+  CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "already registered");
+  free(k), free(v), free(slots);
+  layout_free(&L);
+}
+
 int main(void) {
   nb_ctx *ctx = nb_ctx_create();
+  CHECK_OK(ctx, nb_serve_register_kernels(ctx, NULL));
+  size_t registered = nb_ctx_bytes_in_use(ctx);
   test_random_layouts(ctx);
   test_large_scores(ctx);
   test_batch_invariance(ctx);
   test_chunk_invariance(ctx);
   test_cache_write(ctx);
   test_errors(ctx);
-  CHECK(nb_ctx_bytes_in_use(ctx) == 0);
+  test_traced_step(ctx);
+  CHECK(nb_ctx_bytes_in_use(ctx) == registered);
   nb_ctx_destroy(ctx);
   return nb_test_summary("serve/attention");
 }
