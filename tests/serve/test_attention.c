@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nabla/compile.h"
 #include "nabla/serve.h"
 #include "test.h"
 
@@ -383,8 +384,9 @@ static nb_graph *step_graph(nb_ctx *ctx, const layout *L, float scale) {
 }
 
 /* A traced step, as the model will run it: write the new tokens' keys and
- * values at their slots, then attend. Run by the interpreter, it equals the
- * kernels called directly, bit for bit, with or without a lent pool. */
+ * values at their slots, then attend. Run by the interpreter (with or
+ * without a lent pool) and compiled, it equals the kernels called directly,
+ * bit for bit. */
 static void test_traced_step(nb_ctx *ctx) {
   nb_test_rng r = {11};
   layout L = {.num_heads = 4, .num_kv_heads = 2, .head_dim = 8, .block_size = 4, .num_seqs = 3, .ctx_len = {9, 5, 12},
@@ -432,6 +434,18 @@ static void test_traced_step(nb_ctx *ctx) {
     CHECK(memcmp(nb_array_data(out[1]), L.k_cache, nb_array_nbytes(out[1])) == 0);
     CHECK(memcmp(nb_array_data(out[2]), L.v_cache, nb_array_nbytes(out[2])) == 0);
     for (int i = 0; i < 3; i++) nb_array_release(out[i]);
+  }
+
+  /* compiled: the custom calls run as host steps of the executable */
+  nb_exe *exe = nb_jit(ctx, g, NULL);
+  CHECK_MSG(exe != NULL, "%s", nb_ctx_error(ctx));
+  if (exe) {
+    nb_array *out[3] = {NULL, NULL, NULL};
+    CHECK_OK(ctx, nb_exe_run_flat(exe, in, out));
+    CHECK(out[0] && memcmp(nb_array_data(out[0]), L.out, sizeof(float) * (size_t)(T * L.num_heads * D)) == 0);
+    CHECK(out[1] && memcmp(nb_array_data(out[1]), L.k_cache, nb_array_nbytes(out[1])) == 0);
+    for (int i = 0; i < 3; i++) nb_array_release(out[i]);
+    nb_exe_destroy(exe);
   }
 
   /* contents the shapes cannot catch fail the run with the kernel's message */
