@@ -106,15 +106,28 @@ static float dot(const float *x, const float *y, int32_t n) {
   return ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
 }
 
-/* acc = acc * alpha (when rescale) + p * v, elementwise */
-static void scale_add(float *acc, float alpha, bool rescale, float p, const float *v, int32_t n) {
+/* acc = acc * alpha (when rescale) + sum over j of p[j] * v_j, the products
+ * added in j order, each element kept in a register across the block (an
+ * accumulator through memory per key stalled on store-to-load forwarding). */
+static void accumulate_block(float *acc, float alpha, bool rescale, const float *p, const float *v, int64_t v_stride,
+                             int32_t n, int32_t hd) {
   int32_t d = 0;
-  v4 va = {alpha, alpha, alpha, alpha}, vp = {p, p, p, p};
-  if (rescale)
-    for (; d + 4 <= n; d += 4) store4(acc + d, load4(acc + d) * va + vp * load4(v + d));
-  else
-    for (; d + 4 <= n; d += 4) store4(acc + d, load4(acc + d) + vp * load4(v + d));
-  for (; d < n; d++) acc[d] = (rescale ? acc[d] * alpha : acc[d]) + p * v[d];
+  v4 va = {alpha, alpha, alpha, alpha};
+  for (; d + 8 <= hd; d += 8) {
+    v4 a0 = load4(acc + d), a1 = load4(acc + d + 4);
+    if (rescale) a0 *= va, a1 *= va;
+    for (int32_t j = 0; j < n; j++) {
+      v4 vp = {p[j], p[j], p[j], p[j]};
+      a0 += vp * load4(v + j * v_stride + d);
+      a1 += vp * load4(v + j * v_stride + d + 4);
+    }
+    store4(acc + d, a0), store4(acc + d + 4, a1);
+  }
+  for (; d < hd; d++) {
+    float a = rescale ? acc[d] * alpha : acc[d];
+    for (int32_t j = 0; j < n; j++) a += p[j] * v[j * v_stride + d];
+    acc[d] = a;
+  }
 }
 
 /* One query row of one head: out[hd] = softmax(scale q.K[0..pos]) V. */
@@ -137,10 +150,10 @@ static void attend_row(const nb_serve_attn *a, const int32_t *table, int32_t kvh
     float alpha = rescale ? expf(m - bm) : 1.0f;
     if (rescale) l *= alpha, m = bm;
     for (int32_t j = 0; j < n; j++) {
-      float p = expf(s[j] - m);
-      l += p;
-      scale_add(acc, alpha, rescale && j == 0, p, vb + j * row_stride, hd);
+      s[j] = expf(s[j] - m);
+      l += s[j];
     }
+    accumulate_block(acc, alpha, rescale, s, vb, row_stride, n, hd);
   }
   float inv = 1.0f / l;
   for (int32_t d = 0; d < hd; d++) out[d] = acc[d] * inv;
