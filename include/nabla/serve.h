@@ -275,6 +275,16 @@ typedef struct nb_serve_kv_write {
 } nb_serve_kv_write;
 nb_status nb_serve_kv_cache_write(nb_ctx *ctx, const nb_serve_kv_write *w);
 
+/* The kernels' operands for a step's batch b (from nb_serve_schedule):
+ * block_tables [b->num_seqs, max_blocks] (each sequence's table, the rest of
+ * its row 0, unread), context_lens and query_start [b->num_seqs + 1] per
+ * sequence, slot_mapping [b->num_tokens] from b->slots. A table longer than
+ * max_blocks, or a batch whose sequences do not tile its tokens in order, is
+ * NB_ERR_INVALID_ARG. The caller performs b->copies before the write. */
+nb_status nb_serve_batch_operands(nb_ctx *ctx, const nb_serve_batch *b, int32_t block_size, int32_t max_blocks,
+                                  int32_t *block_tables, int32_t *context_lens, int32_t *query_start,
+                                  int32_t *slot_mapping);
+
 /* The same kernels as custom calls, for a traced model step (run by the
  * interpreter, and by compiled executables as host steps).
  * nb_serve_register_kernels registers "serve.paged_attention" and

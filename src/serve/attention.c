@@ -246,3 +246,37 @@ nb_status nb_serve_kv_cache_write(nb_ctx *ctx, const nb_serve_kv_write *w) {
   }
   return NB_OK;
 }
+
+/* ---------------------------------------------------------------- a batch's operands */
+
+nb_status nb_serve_batch_operands(nb_ctx *ctx, const nb_serve_batch *b, int32_t block_size, int32_t max_blocks,
+                                  int32_t *block_tables, int32_t *context_lens, int32_t *query_start,
+                                  int32_t *slot_mapping) {
+  const char *fn = "nb_serve_batch_operands";
+  if (!b || block_size <= 0 || max_blocks < 0) return bad(ctx, fn, "a batch, a positive block_size and max_blocks >= 0 are required");
+  if ((b->num_seqs > 0 && (!context_lens || (max_blocks > 0 && !block_tables))) || !query_start ||
+      (b->num_tokens > 0 && !slot_mapping))
+    return bad(ctx, fn, "block_tables, context_lens, query_start and slot_mapping are required");
+  int32_t next = 0;
+  for (int32_t i = 0; i < b->num_seqs; i++) {
+    const nb_serve_seq_batch *s = &b->seqs[i];
+    if (s->token_start != next || s->num_tokens < 0 || s->token_start + s->num_tokens > b->num_tokens)
+      return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: sequence %d's tokens [%d, %d) do not follow the previous ones (at %d) within %d",
+                       fn, i, s->token_start, s->token_start + s->num_tokens, next, b->num_tokens);
+    if (s->num_table_blocks > max_blocks)
+      return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: sequence %d's table has %d blocks, rows hold max_blocks = %d", fn, i,
+                       s->num_table_blocks, max_blocks);
+    next += s->num_tokens;
+  }
+  for (int32_t i = 0; i < b->num_seqs; i++) {
+    const nb_serve_seq_batch *s = &b->seqs[i];
+    int32_t *row = block_tables + (int64_t)i * max_blocks;
+    for (int32_t k = 0; k < max_blocks; k++) row[k] = k < s->num_table_blocks ? s->block_table[k] : 0;
+    context_lens[i] = s->context_len;
+    query_start[i] = s->token_start;
+  }
+  query_start[b->num_seqs] = next;
+  for (int32_t t = 0; t < b->num_tokens; t++)
+    slot_mapping[t] = t < next ? b->slots[t].block * block_size + b->slots[t].offset : -1;
+  return NB_OK;
+}

@@ -5,7 +5,7 @@
  * prefix, pure decodes, grouped-query heads, padding rows). Then the
  * invariances, bit for bit: a sequence alone or in a batch, any task order,
  * a prompt in one chunk or several. The cache write, the errors, and both
- * as custom calls in a traced step. */
+ * as custom calls in a traced step; steps planned by the engine, end to end. */
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -499,6 +499,119 @@ static void test_traced_step(nb_ctx *ctx) {
   layout_free(&L);
 }
 
+/* ---------------------------------------------------------------- with the engine */
+
+/* A row of values for (token, position, what): the fake model's q, k and v. */
+static void fake_row(int32_t token, int32_t pos, int what, float *out, int n) {
+  uint64_t h = (uint64_t)token * 0x9e3779b97f4a7c15ull ^ (uint64_t)pos * 0xc2b2ae3d27d4eb4full ^ (uint64_t)what << 56;
+  for (int i = 0; i < n; i++) {
+    h ^= h >> 31, h *= 0xbf58476d1ce4e5b9ull, h ^= h >> 29;
+    out[i] = (float)((double)(h >> 11) / 9007199254740992.0 * 2 - 1) * 2;
+  }
+}
+
+/* The engine schedules (chunked prefill under a 12-token budget, prefix-cache
+ * hits on a shared prompt head, decodes); each step performs the copies,
+ * builds the kernels' operands from the batch, writes keys and values of
+ * (token, position) and attends; every output row must equal dense
+ * attention over the sequence's whole history recomputed from its tokens. */
+static void test_engine_steps(nb_ctx *ctx) {
+  enum { BS = 4, NB = 24, MAXB = 10, H = 2, KVH = 1, D = 8, ROW = KVH * D };
+  nb_serve_config c = {.block_size = BS, .num_blocks = NB, .max_num_seqs = 4, .max_num_batched_tokens = 12,
+                       .max_model_len = 40, .enable_prefix_caching = true};
+  nb_serve_engine *e = nb_serve_engine_create(ctx, &c);
+  CHECK(e != NULL);
+  if (!e) return;
+  static int32_t hist[4][40];
+  static float kc[NB * BS * ROW], vc[NB * BS * ROW];
+  int32_t prompt_len[4] = {0, 13, 11, 5};
+  for (int id = 1; id <= 3; id++)
+    for (int i = 0; i < prompt_len[id]; i++) hist[id][i] = id == 2 && i < 8 ? hist[1][i] : (id * 13 + i * 5) % 50;
+  CHECK_OK(ctx, nb_serve_add_request(e, &(nb_serve_request){.id = 1, .prompt = hist[1], .prompt_len = 13, .max_tokens = 6}));
+  int32_t bt[4 * MAXB], cl[4], qs[5], sm[12];
+  float q[12 * H * D], k[12 * ROW], v[12 * ROW], out[12 * H * D];
+  int steps = 0, rows = 0;
+  double worst = 0;
+  while (nb_serve_has_unfinished(e) && steps < 100) {
+    if (steps == 2) { /* request 2 shares request 1's first two blocks, now cached */
+      CHECK_OK(ctx, nb_serve_add_request(e, &(nb_serve_request){.id = 2, .prompt = hist[2], .prompt_len = 11, .max_tokens = 6}));
+      CHECK_OK(ctx, nb_serve_add_request(e, &(nb_serve_request){.id = 3, .prompt = hist[3], .prompt_len = 5, .max_tokens = 6}));
+    }
+    steps++;
+    const nb_serve_batch *b = NULL;
+    CHECK_OK(ctx, nb_serve_schedule(e, &b));
+    if (!b) break;
+    for (int32_t i = 0; i < b->num_copies; i++) {
+      memcpy(kc + b->copies[i].dst * BS * ROW, kc + b->copies[i].src * BS * ROW, sizeof(float) * BS * ROW);
+      memcpy(vc + b->copies[i].dst * BS * ROW, vc + b->copies[i].src * BS * ROW, sizeof(float) * BS * ROW);
+    }
+    CHECK_OK(ctx, nb_serve_batch_operands(ctx, b, BS, MAXB, bt, cl, qs, sm));
+    for (int32_t t = 0; t < b->num_tokens; t++) {
+      fake_row(b->token_ids[t], b->positions[t], 0, q + t * H * D, H * D);
+      fake_row(b->token_ids[t], b->positions[t], 1, k + t * ROW, ROW);
+      fake_row(b->token_ids[t], b->positions[t], 2, v + t * ROW, ROW);
+      CHECK(sm[t] == b->slots[t].block * BS + b->slots[t].offset);
+    }
+    nb_serve_kv_write w = {.num_tokens = b->num_tokens, .num_kv_heads = KVH, .head_dim = D, .block_size = BS, .num_blocks = NB,
+                           .k = k, .v = v, .slot_mapping = sm, .k_cache = kc, .v_cache = vc};
+    CHECK_OK(ctx, nb_serve_kv_cache_write(ctx, &w));
+    nb_serve_attn a = {.num_seqs = b->num_seqs, .num_tokens = b->num_tokens, .num_heads = H, .num_kv_heads = KVH, .head_dim = D,
+                       .block_size = BS, .num_blocks = NB, .max_blocks_per_seq = MAXB, .q = q, .k_cache = kc, .v_cache = vc,
+                       .block_tables = bt, .context_lens = cl, .query_start = qs, .scale = 0.35f, .out = out};
+    CHECK_OK(ctx, nb_serve_paged_attention(ctx, &a, NULL, NULL));
+    for (int32_t i = 0; i < b->num_seqs; i++) {
+      const nb_serve_seq_batch *sq = &b->seqs[i];
+      int32_t *h = hist[sq->request_id];
+      for (int32_t t = sq->token_start; t < sq->token_start + sq->num_tokens; t++, rows++) {
+        int32_t pos = b->positions[t];
+        CHECK(b->token_ids[t] == h[pos]);
+        for (int hh = 0; hh < H; hh++) { /* dense, in double, from the history */
+          double sc[40], mx = -1e300, sum = 0, o[D] = {0};
+          float kr[ROW], vr[ROW];
+          for (int32_t j = 0; j <= pos; j++) {
+            fake_row(h[j], j, 1, kr, ROW);
+            sc[j] = 0;
+            for (int d = 0; d < D; d++) sc[j] += (double)q[(t * H + hh) * D + d] * kr[d];
+            sc[j] *= 0.35;
+            mx = sc[j] > mx ? sc[j] : mx;
+          }
+          for (int32_t j = 0; j <= pos; j++) {
+            fake_row(h[j], j, 2, vr, ROW);
+            double p = exp(sc[j] - mx);
+            sum += p;
+            for (int d = 0; d < D; d++) o[d] += p * vr[d];
+          }
+          for (int d = 0; d < D; d++) {
+            double err = fabs(o[d] / sum - out[(t * H + hh) * D + d]);
+            if (!(err <= worst)) worst = isnan(worst) ? worst : err;
+          }
+        }
+      }
+      if (sq->needs_logits) {
+        int32_t tok = (int32_t)(sq->request_id * 31 + sq->context_len * 7) % 50;
+        h[sq->context_len] = tok;
+        CHECK_OK(ctx, nb_serve_append_token(e, sq->request_id, 0, tok, NULL));
+      }
+    }
+  }
+  CHECK(!nb_serve_has_unfinished(e));
+  CHECK_MSG(!isnan(worst) && worst <= 1e-5, "worst error %g over %d rows", worst, rows);
+  nb_serve_stats st;
+  nb_serve_get_stats(e, &st);
+  CHECK(st.prefix_cache_hits >= 8); /* request 2 found request 1's head */
+  /* every token but the last of each request computed once, less the hits */
+  CHECK_MSG(st.num_preemptions == 0 && rows == (13 + 5) + (11 + 5) + (5 + 5) - (int)st.prefix_cache_hits,
+            "%d rows, %lld hits, %lld preemptions", rows, (long long)st.prefix_cache_hits, (long long)st.num_preemptions);
+
+  /* a table longer than the rows */
+  CHECK_OK(ctx, nb_serve_add_request(e, &(nb_serve_request){.id = 4, .prompt = hist[1], .prompt_len = 13, .max_tokens = 1}));
+  const nb_serve_batch *b = NULL;
+  CHECK_OK(ctx, nb_serve_schedule(e, &b));
+  CHECK(nb_serve_batch_operands(ctx, b, BS, 1, bt, cl, qs, sm) == NB_ERR_INVALID_ARG);
+  CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "rows hold max_blocks = 1");
+  nb_serve_engine_destroy(e);
+}
+
 int main(void) {
   nb_ctx *ctx = nb_ctx_create();
   CHECK_OK(ctx, nb_serve_register_kernels(ctx, NULL));
@@ -510,6 +623,7 @@ int main(void) {
   test_cache_write(ctx);
   test_errors(ctx);
   test_traced_step(ctx);
+  test_engine_steps(ctx);
   CHECK(nb_ctx_bytes_in_use(ctx) == registered);
   nb_ctx_destroy(ctx);
   return nb_test_summary("serve/attention");
