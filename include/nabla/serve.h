@@ -209,6 +209,109 @@ typedef struct nb_serve_stats {
 
 void nb_serve_get_stats(const nb_serve_engine *e, nb_serve_stats *out);
 
+/* ------------------------------------------------------------------------ */
+/* Attention over the paged KV cache                                         */
+/* ------------------------------------------------------------------------ */
+
+/* The cache of one layer is two f32 arrays, keys and values, each
+ * [num_blocks, block_size, num_kv_heads, head_dim] (vLLM's flash-attention
+ * layout): a token's slot is block * block_size + offset, and its keys for
+ * all heads are one contiguous row of num_kv_heads * head_dim floats. A step
+ * writes the new tokens' keys and values at their slots (nb_serve_kv_write),
+ * then attends (nb_serve_paged_attention).
+ *
+ * The batch is flat: sequence i owns query rows query_start[i] ..
+ * query_start[i+1] - 1, its n_i new tokens, which sit at positions
+ * context_lens[i] - n_i .. context_lens[i] - 1 of its context; so a
+ * prefill chunk after a cached prefix and a decode (n_i = 1) are the same
+ * case. Query row at position p attends to the sequence's keys 0..p
+ * (causal), read through row i of block_tables. Grouped-query attention:
+ * query head h reads kv head h / (num_heads / num_kv_heads).
+ *
+ * Numerics: f32 throughout, online softmax with the running maximum
+ * subtracted, keys visited block by block in position order, dot products
+ * with a fixed 8-lane split. Every output row is computed from its own
+ * query, position and sequence alone, the same way whatever else is in the
+ * batch, however the prompt was chunked and on whatever thread: a
+ * sequence's outputs are bit-identical alone or in any batch (batch
+ * invariance, issue 14), at any thread count. */
+typedef struct nb_serve_attn {
+  int32_t num_seqs;
+  int32_t num_tokens;             /* rows of q and out; rows outside every sequence (padding) get zeros */
+  int32_t num_heads, num_kv_heads; /* num_heads a multiple of num_kv_heads */
+  int32_t head_dim;
+  int32_t block_size;
+  int32_t num_blocks;             /* blocks in the cache: table entries must be below it */
+  int32_t max_blocks_per_seq;     /* row length of block_tables */
+  const float *q;                 /* [num_tokens, num_heads, head_dim] */
+  const float *k_cache, *v_cache; /* [num_blocks, block_size, num_kv_heads, head_dim] */
+  const int32_t *block_tables;    /* [num_seqs, max_blocks_per_seq]; entries past a context unread */
+  const int32_t *context_lens;    /* [num_seqs] */
+  const int32_t *query_start;     /* [num_seqs + 1], non-decreasing, within [0, num_tokens] */
+  float scale;                    /* multiplies q.k, usually 1 / sqrt(head_dim) */
+  float *out;                     /* [num_tokens, num_heads, head_dim] */
+} nb_serve_attn;
+
+/* Runs task(arg, i) for every i in [0, ntasks), in any order and on any
+ * threads, and returns when all are done: how a caller lends its thread
+ * pool to a kernel. NULL runs the tasks in order on the calling thread. */
+typedef void (*nb_serve_parallel_fn)(void *runner, int ntasks, void (*task)(void *arg, int i), void *arg);
+
+/* Attention of every sequence's new tokens over its paged context. Checks
+ * every shape and table entry first and fails with NB_ERR_INVALID_ARG
+ * naming the field (a context longer than its table, a block id out of
+ * range, more new tokens than context, ...), writing nothing. Tasks are
+ * (sequence, kv head, tile of 16 query rows). */
+nb_status nb_serve_paged_attention(nb_ctx *ctx, const nb_serve_attn *a, nb_serve_parallel_fn par, void *runner);
+
+/* The cache write of one layer: the keys and values of token t go to slot
+ * slot_mapping[t] (block * block_size + offset; -1 skips a padding token).
+ * Checked first like nb_serve_paged_attention. */
+typedef struct nb_serve_kv_write {
+  int32_t num_tokens, num_kv_heads, head_dim, block_size, num_blocks;
+  const float *k, *v;             /* [num_tokens, num_kv_heads, head_dim] */
+  const int32_t *slot_mapping;    /* [num_tokens] */
+  float *k_cache, *v_cache;       /* [num_blocks, block_size, num_kv_heads, head_dim] */
+} nb_serve_kv_write;
+nb_status nb_serve_kv_cache_write(nb_ctx *ctx, const nb_serve_kv_write *w);
+
+/* The kernels' operands for a step's batch b (from nb_serve_schedule):
+ * block_tables [b->num_seqs, max_blocks] (each sequence's table, the rest of
+ * its row 0, unread), context_lens and query_start [b->num_seqs + 1] per
+ * sequence, slot_mapping [b->num_tokens] from b->slots. A table longer than
+ * max_blocks, or a batch whose sequences do not tile its tokens in order, is
+ * NB_ERR_INVALID_ARG. The caller performs b->copies before the write. */
+nb_status nb_serve_batch_operands(nb_ctx *ctx, const nb_serve_batch *b, int32_t block_size, int32_t max_blocks,
+                                  int32_t *block_tables, int32_t *context_lens, int32_t *query_start,
+                                  int32_t *slot_mapping);
+
+/* The same kernels as custom calls, for a traced model step (run by the
+ * interpreter, and by compiled executables as host steps).
+ * nb_serve_register_kernels registers "serve.paged_attention" and
+ * "serve.kv_cache_write" on ctx (once per context: a second call is refused
+ * as the custom-call registry refuses a name in use); `lend` (may be NULL:
+ * one thread) is borrowed until ctx is destroyed, and its pool runs every
+ * paged attention call.
+ *
+ * nb_serve_paged_attention_op: q f32[T, H, D], k_cache and v_cache
+ * f32[num_blocks, block_size, KVH, D], block_tables i32[S, max_blocks],
+ * context_lens i32[S], query_start i32[S + 1] -> f32[T, H, D].
+ * nb_serve_kv_cache_write_op: k_cache, v_cache, k and v f32[T, KVH, D],
+ * slot_mapping i32[T] -> the updated caches in *k_out and *v_out (new
+ * values: the interpreter copies the caches; updating them in place is the
+ * runtime's business). Bad shapes or dtypes fail the trace with a message
+ * naming the operand; bad contents (a block id out of range) fail the run
+ * with the kernels' messages. */
+typedef struct nb_serve_pool_lend {
+  nb_serve_parallel_fn par;
+  void *runner;
+} nb_serve_pool_lend;
+nb_status nb_serve_register_kernels(nb_ctx *ctx, const nb_serve_pool_lend *lend);
+nb_val *nb_serve_paged_attention_op(nb_val *q, nb_val *k_cache, nb_val *v_cache, nb_val *block_tables,
+                                    nb_val *context_lens, nb_val *query_start, float scale);
+nb_status nb_serve_kv_cache_write_op(nb_val *k_cache, nb_val *v_cache, nb_val *k, nb_val *v, nb_val *slot_mapping,
+                                     nb_val **k_out, nb_val **v_out);
+
 NB_END_DECLS
 
 #endif

@@ -1,0 +1,282 @@
+/* Attention over the paged KV cache, and the cache write: the host kernels
+ * of a serving step (nabla/serve.h states the layout and the contract).
+ *
+ * Everything an output row depends on is its query, its position and its
+ * sequence's keys and values: rows are computed one by one, keys visited in
+ * position order one block at a time (online softmax: a running maximum m,
+ * sum l and accumulator acc rescaled by exp(m_old - m_new) when a block
+ * raises the maximum), dot products summed in a fixed 8-lane order. The
+ * batch, the chunking of a prompt and the thread that runs a task change
+ * nothing, which is what batch invariance needs. */
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "serve/internal.h"
+
+#define Q_TILE 16 /* query rows per task: long prefills split across threads */
+#define LANES 8
+
+/* ---------------------------------------------------------------- checks */
+
+static nb_status bad(nb_ctx *ctx, const char *fn, const char *what) {
+  return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: %s", fn, what);
+}
+
+/* The shared geometry: positive sizes, a cache addressable with i32 slots. */
+static nb_status check_geometry(nb_ctx *ctx, const char *fn, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
+                                int32_t num_blocks) {
+  if (num_kv_heads <= 0) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: num_kv_heads must be positive, got %d", fn, num_kv_heads);
+  if (head_dim <= 0) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: head_dim must be positive, got %d", fn, head_dim);
+  if (block_size <= 0) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: block_size must be positive, got %d", fn, block_size);
+  if (num_blocks <= 0) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: num_blocks must be positive, got %d", fn, num_blocks);
+  if ((int64_t)num_blocks * block_size > INT32_MAX)
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: num_blocks %d * block_size %d slots exceed the i32 slot range", fn,
+                     num_blocks, block_size);
+  return NB_OK;
+}
+
+static nb_status check_attn(nb_ctx *ctx, const nb_serve_attn *a) {
+  const char *fn = "nb_serve_paged_attention";
+  if (!a) return bad(ctx, fn, "arguments are required");
+  nb_status st = check_geometry(ctx, fn, a->num_kv_heads, a->head_dim, a->block_size, a->num_blocks);
+  if (st != NB_OK) return st;
+  if (a->num_heads <= 0 || a->num_heads % a->num_kv_heads != 0)
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: num_heads %d must be a positive multiple of num_kv_heads %d", fn,
+                     a->num_heads, a->num_kv_heads);
+  if (a->num_seqs < 0 || a->num_tokens < 0 || a->max_blocks_per_seq < 0)
+    return bad(ctx, fn, "num_seqs, num_tokens and max_blocks_per_seq must not be negative");
+  if (!a->out || (a->num_tokens > 0 && !a->q) || !a->k_cache || !a->v_cache || !a->query_start ||
+      (a->num_seqs > 0 && (!a->context_lens || (a->max_blocks_per_seq > 0 && !a->block_tables))))
+    return bad(ctx, fn, "q, k_cache, v_cache, block_tables, context_lens, query_start and out are required");
+  if (!isfinite(a->scale)) return bad(ctx, fn, "scale must be finite");
+  if (a->query_start[0] < 0) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: query_start[0] is %d, below 0", fn, a->query_start[0]);
+  for (int32_t i = 0; i < a->num_seqs; i++) {
+    int32_t q0 = a->query_start[i], q1 = a->query_start[i + 1], n = q1 - q0, len = a->context_lens[i];
+    if (q1 < q0 || q1 > a->num_tokens)
+      return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: query_start[%d] = %d must lie in [query_start[%d] = %d, num_tokens = %d]", fn,
+                       i + 1, q1, i, q0, a->num_tokens);
+    if (len < n)
+      return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: sequence %d has %d new tokens but context_lens[%d] = %d", fn, i, n, i, len);
+    int64_t nblk = ((int64_t)len + a->block_size - 1) / a->block_size;
+    if (nblk > a->max_blocks_per_seq)
+      return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: context_lens[%d] = %d needs %lld blocks of %d, but block_tables rows hold %d",
+                       fn, i, len, (long long)nblk, a->block_size, a->max_blocks_per_seq);
+    const int32_t *row = a->block_tables + (int64_t)i * a->max_blocks_per_seq;
+    for (int64_t b = 0; b < nblk; b++)
+      if (row[b] < 0 || row[b] >= a->num_blocks)
+        return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: block_tables[%d][%lld] = %d is out of range [0, %d)", fn, i, (long long)b,
+                         row[b], a->num_blocks);
+  }
+  return NB_OK;
+}
+
+/* ---------------------------------------------------------------- kernel */
+
+typedef struct attn_job {
+  const nb_serve_attn *a;
+  int32_t *task_start; /* [num_seqs + 1]: first task of each sequence */
+  float *scratch;      /* per task: acc [head_dim] + scores [block_size] */
+  size_t scratch_per_task;
+} attn_job;
+
+/* Four floats as one value (GCC/Clang vector extension: SSE on x86-64, NEON
+ * on arm64), two of them for eight lanes; unaligned loads through memcpy. */
+typedef float v4 __attribute__((vector_size(4 * sizeof(float))));
+static inline v4 load4(const float *p) {
+  v4 v;
+  memcpy(&v, p, sizeof v);
+  return v;
+}
+static inline void store4(float *p, v4 v) { memcpy(p, &v, sizeof v); }
+
+/* Lane j sums the products at d = j mod 8 in order; the lanes are added in
+ * a fixed tree. */
+static float dot(const float *x, const float *y, int32_t n) {
+  v4 lo = {0}, hi = {0};
+  int32_t d = 0;
+  for (; d + LANES <= n; d += LANES) {
+    lo += load4(x + d) * load4(y + d);
+    hi += load4(x + d + 4) * load4(y + d + 4);
+  }
+  float lane[LANES];
+  store4(lane, lo), store4(lane + 4, hi);
+  for (int j = 0; d < n; d++, j++) lane[j] += x[d] * y[d];
+  return ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+}
+
+/* acc = acc * alpha (when rescale) + sum over j of p[j] * v_j, the products
+ * added in j order, each element kept in a register across the block (an
+ * accumulator through memory per key stalled on store-to-load forwarding). */
+static void accumulate_block(float *acc, float alpha, bool rescale, const float *p, const float *v, int64_t v_stride,
+                             int32_t n, int32_t hd) {
+  int32_t d = 0;
+  v4 va = {alpha, alpha, alpha, alpha};
+  for (; d + 8 <= hd; d += 8) {
+    v4 a0 = load4(acc + d), a1 = load4(acc + d + 4);
+    if (rescale) a0 *= va, a1 *= va;
+    for (int32_t j = 0; j < n; j++) {
+      v4 vp = {p[j], p[j], p[j], p[j]};
+      a0 += vp * load4(v + j * v_stride + d);
+      a1 += vp * load4(v + j * v_stride + d + 4);
+    }
+    store4(acc + d, a0), store4(acc + d + 4, a1);
+  }
+  for (; d < hd; d++) {
+    float a = rescale ? acc[d] * alpha : acc[d];
+    for (int32_t j = 0; j < n; j++) a += p[j] * v[j * v_stride + d];
+    acc[d] = a;
+  }
+}
+
+/* One query row of one head: out[hd] = softmax(scale q.K[0..pos]) V. */
+static void attend_row(const nb_serve_attn *a, const int32_t *table, int32_t kvh, int32_t pos, const float *q, float *out,
+                       float *acc, float *s) {
+  int32_t hd = a->head_dim, bs = a->block_size;
+  int64_t row_stride = (int64_t)a->num_kv_heads * hd; /* floats between consecutive slots */
+  float m = -INFINITY, l = 0.0f;
+  memset(acc, 0, sizeof(float) * (size_t)hd);
+  for (int32_t first = 0, b = 0; first <= pos; first += bs, b++) {
+    int32_t n = pos - first + 1 < bs ? pos - first + 1 : bs;
+    const float *kb = a->k_cache + ((int64_t)table[b] * bs) * row_stride + (int64_t)kvh * hd;
+    const float *vb = a->v_cache + ((int64_t)table[b] * bs) * row_stride + (int64_t)kvh * hd;
+    float bm = -INFINITY;
+    for (int32_t j = 0; j < n; j++) {
+      s[j] = a->scale * dot(q, kb + j * row_stride, hd);
+      bm = s[j] > bm ? s[j] : bm;
+    }
+    bool rescale = bm > m; /* scale what came before to the new maximum, with the first key */
+    float alpha = rescale ? expf(m - bm) : 1.0f;
+    if (rescale) l *= alpha, m = bm;
+    for (int32_t j = 0; j < n; j++) {
+      s[j] = expf(s[j] - m);
+      l += s[j];
+    }
+    accumulate_block(acc, alpha, rescale, s, vb, row_stride, n, hd);
+  }
+  float inv = 1.0f / l;
+  for (int32_t d = 0; d < hd; d++) out[d] = acc[d] * inv;
+}
+
+static void attn_task(void *arg, int t) {
+  const attn_job *job = arg;
+  const nb_serve_attn *a = job->a;
+  int32_t lo = 0, hi = a->num_seqs; /* the sequence whose tasks hold t */
+  while (hi - lo > 1) {
+    int32_t mid = (lo + hi) / 2;
+    if (job->task_start[mid] <= t) lo = mid; else hi = mid;
+  }
+  int32_t seq = lo, k = t - job->task_start[seq];
+  int32_t q0 = a->query_start[seq], n = a->query_start[seq + 1] - q0, tiles = (n + Q_TILE - 1) / Q_TILE;
+  int32_t kvh = k / tiles, tile = k % tiles, group = a->num_heads / a->num_kv_heads, hd = a->head_dim;
+  const int32_t *table = a->block_tables + (int64_t)seq * a->max_blocks_per_seq;
+  float *acc = job->scratch + (size_t)t * job->scratch_per_task, *s = acc + hd;
+  int32_t r_end = (tile + 1) * Q_TILE < n ? (tile + 1) * Q_TILE : n;
+  for (int32_t r = tile * Q_TILE; r < r_end; r++) {
+    int32_t pos = a->context_lens[seq] - n + r;
+    for (int32_t h = kvh * group; h < (kvh + 1) * group; h++) {
+      int64_t off = ((int64_t)(q0 + r) * a->num_heads + h) * hd;
+      attend_row(a, table, kvh, pos, a->q + off, a->out + off, acc, s);
+    }
+  }
+}
+
+nb_status nb_serve_paged_attention(nb_ctx *ctx, const nb_serve_attn *a, nb_serve_parallel_fn par, void *runner) {
+  nb_status st = check_attn(ctx, a);
+  if (st != NB_OK) return st;
+  int64_t row = (int64_t)a->num_heads * a->head_dim;
+  /* padding rows (outside every sequence) are zero */
+  int32_t qs0 = a->num_seqs > 0 ? a->query_start[0] : a->num_tokens, qs1 = a->num_seqs > 0 ? a->query_start[a->num_seqs] : a->num_tokens;
+  memset(a->out, 0, sizeof(float) * (size_t)(qs0 * row));
+  memset(a->out + qs1 * row, 0, sizeof(float) * (size_t)((a->num_tokens - qs1) * row));
+  if (a->num_seqs == 0) return NB_OK;
+
+  size_t ts_bytes = sizeof(int32_t) * ((size_t)a->num_seqs + 1);
+  int32_t *task_start = nb_alloc(ctx, ts_bytes);
+  if (!task_start) return NB_ERR_NOMEM;
+  int64_t ntasks = 0;
+  for (int32_t i = 0; i < a->num_seqs; i++) {
+    task_start[i] = (int32_t)ntasks;
+    int32_t n = a->query_start[i + 1] - a->query_start[i];
+    ntasks += (int64_t)a->num_kv_heads * ((n + Q_TILE - 1) / Q_TILE);
+    if (ntasks > INT32_MAX / 2) {
+      nb_dealloc(ctx, task_start, ts_bytes);
+      return bad(ctx, "nb_serve_paged_attention", "too many tasks (sequences x kv heads x query tiles)");
+    }
+  }
+  task_start[a->num_seqs] = (int32_t)ntasks;
+  attn_job job = {.a = a, .task_start = task_start, .scratch_per_task = (size_t)a->head_dim + (size_t)a->block_size};
+  size_t scratch_bytes = sizeof(float) * job.scratch_per_task * (size_t)(ntasks > 0 ? ntasks : 1);
+  job.scratch = nb_alloc(ctx, scratch_bytes);
+  if (!job.scratch) {
+    nb_dealloc(ctx, task_start, ts_bytes);
+    return NB_ERR_NOMEM;
+  }
+  if (par) {
+    par(runner, (int)ntasks, attn_task, &job);
+  } else {
+    for (int t = 0; t < (int)ntasks; t++) attn_task(&job, t);
+  }
+  nb_dealloc(ctx, job.scratch, scratch_bytes);
+  nb_dealloc(ctx, task_start, ts_bytes);
+  return NB_OK;
+}
+
+/* ---------------------------------------------------------------- cache write */
+
+nb_status nb_serve_kv_cache_write(nb_ctx *ctx, const nb_serve_kv_write *w) {
+  const char *fn = "nb_serve_kv_cache_write";
+  if (!w) return bad(ctx, fn, "arguments are required");
+  nb_status st = check_geometry(ctx, fn, w->num_kv_heads, w->head_dim, w->block_size, w->num_blocks);
+  if (st != NB_OK) return st;
+  if (w->num_tokens < 0) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: num_tokens is %d, below 0", fn, w->num_tokens);
+  if (w->num_tokens > 0 && (!w->k || !w->v || !w->slot_mapping || !w->k_cache || !w->v_cache))
+    return bad(ctx, fn, "k, v, slot_mapping, k_cache and v_cache are required");
+  int32_t slots = w->num_blocks * w->block_size;
+  for (int32_t t = 0; t < w->num_tokens; t++)
+    if (w->slot_mapping[t] < -1 || w->slot_mapping[t] >= slots)
+      return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: slot_mapping[%d] = %d is out of range [0, %d) (or -1 for padding)", fn, t,
+                       w->slot_mapping[t], slots);
+  size_t row = (size_t)w->num_kv_heads * (size_t)w->head_dim;
+  for (int32_t t = 0; t < w->num_tokens; t++) {
+    if (w->slot_mapping[t] < 0) continue;
+    memcpy(w->k_cache + (size_t)w->slot_mapping[t] * row, w->k + (size_t)t * row, sizeof(float) * row);
+    memcpy(w->v_cache + (size_t)w->slot_mapping[t] * row, w->v + (size_t)t * row, sizeof(float) * row);
+  }
+  return NB_OK;
+}
+
+/* ---------------------------------------------------------------- a batch's operands */
+
+nb_status nb_serve_batch_operands(nb_ctx *ctx, const nb_serve_batch *b, int32_t block_size, int32_t max_blocks,
+                                  int32_t *block_tables, int32_t *context_lens, int32_t *query_start,
+                                  int32_t *slot_mapping) {
+  const char *fn = "nb_serve_batch_operands";
+  if (!b || block_size <= 0 || max_blocks < 0) return bad(ctx, fn, "a batch, a positive block_size and max_blocks >= 0 are required");
+  if ((b->num_seqs > 0 && (!context_lens || (max_blocks > 0 && !block_tables))) || !query_start ||
+      (b->num_tokens > 0 && !slot_mapping))
+    return bad(ctx, fn, "block_tables, context_lens, query_start and slot_mapping are required");
+  int32_t next = 0;
+  for (int32_t i = 0; i < b->num_seqs; i++) {
+    const nb_serve_seq_batch *s = &b->seqs[i];
+    if (s->token_start != next || s->num_tokens < 0 || s->token_start + s->num_tokens > b->num_tokens)
+      return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: sequence %d's tokens [%d, %d) do not follow the previous ones (at %d) within %d",
+                       fn, i, s->token_start, s->token_start + s->num_tokens, next, b->num_tokens);
+    if (s->num_table_blocks > max_blocks)
+      return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: sequence %d's table has %d blocks, rows hold max_blocks = %d", fn, i,
+                       s->num_table_blocks, max_blocks);
+    next += s->num_tokens;
+  }
+  for (int32_t i = 0; i < b->num_seqs; i++) {
+    const nb_serve_seq_batch *s = &b->seqs[i];
+    int32_t *row = block_tables + (int64_t)i * max_blocks;
+    for (int32_t k = 0; k < max_blocks; k++) row[k] = k < s->num_table_blocks ? s->block_table[k] : 0;
+    context_lens[i] = s->context_len;
+    query_start[i] = s->token_start;
+  }
+  query_start[b->num_seqs] = next;
+  for (int32_t t = 0; t < b->num_tokens; t++)
+    slot_mapping[t] = t < next ? b->slots[t].block * block_size + b->slots[t].offset : -1;
+  return NB_OK;
+}
