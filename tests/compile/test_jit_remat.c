@@ -132,7 +132,9 @@ static void test_remat(void) {
     nb_graph_destroy(vg);
     nb_graph_destroy(g);
   }
-  /* remat changes where values are computed, not what: same loss and gradients */
+  /* remat changes where values are computed, not what: the same loss and
+   * gradients (not bit for bit: w1's two uses per block are summed per
+   * region with remat, across the network without) */
   for (size_t i = 0; got[0] && got[1] && i < nb_tree_size(got[0]); i++) {
     const char *p = nb_tree_path(got[0], i);
     double d = nb_test_max_rel_diff(nb_tree_get_array(got[1], p), nb_tree_get_array(got[0], p));
