@@ -5,7 +5,7 @@
  * backward pass (more FLOPs, a lower peak than without remat: the barriers
  * keep the recomputation from being merged with the forward pass), and a
  * custom_vjp's own bwd (deliberately not the true gradient) is what the
- * compiled gradient runs. */
+ * compiled gradient runs. Forward mode over remat regions (remat_lin) too. */
 #include <math.h>
 
 #include "jitcheck.h"
@@ -90,17 +90,23 @@ static nb_status net(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
   return st;
 }
 
-static void test_remat(void) {
+/* x, w1, w2; small weights keep tanh away from saturation (where 1 - y^2
+ * is all rounding and the derivatives ~0) */
+static nb_tree *net_inputs(void) {
   nb_tree *in = nb_tree_create(ctx);
   put(in, "x", 2, (int64_t[]){B, N});
   put(in, "w1", 2, (int64_t[]){N, N});
   put(in, "w2", 2, (int64_t[]){N, N});
-  /* small weights keep tanh away from saturation: the gradient is not ~0 */
   for (int k = 0; k < 2; k++) {
     nb_array *w = nb_tree_get_array(in, k ? "w2" : "w1");
     float *p = nb_array_data_mut(w);
     for (int64_t i = 0; i < nb_array_size(w); i++) p[i] *= 0.3f;
   }
+  return in;
+}
+
+static void test_remat(void) {
+  nb_tree *in = net_inputs();
   nb_exe_stats stats[2];
   double flops[2] = {0, 0};
   nb_tree *got[2] = {NULL, NULL};
@@ -150,6 +156,31 @@ static void test_remat(void) {
   nb_tree_destroy(got[0]);
   nb_tree_destroy(got[1]);
   nb_tree_destroy(in);
+}
+
+/* Forward mode over remat regions (remat_lin, inlined as its jvp graph). */
+static void test_remat_jvp(void) {
+  nb_tree *in = net_inputs();
+  nb_graph *g = nb_trace(ctx, net, (void *)1, in);
+  nb_graph *jg = g ? nb_jvp(ctx, g) : NULL;
+  CHECK_MSG(jg != NULL, "jvp: %s", nb_ctx_error(ctx));
+  nb_tree *jin = nb_tree_create(ctx);
+  nb_tree_merge(jin, "primal", in);
+  nb_tree_merge(jin, "tangent", in);
+  static const char *const modes[] = {NULL, "inline", "all"};
+  for (size_t m = 0; jg && m < sizeof modes / sizeof *modes; m++) {
+    nb_jit_opts o = nb_test_jit_opts(modes[m]);
+    CHECK_MSG(nb_test_jit_matches(ctx, jg, jin, &o, modes[m] ? modes[m] : "on", NULL), "jvp of remat (%s)", modes[m] ? modes[m] : "on");
+  }
+  nb_jit_opts o = nb_test_jit_opts(NULL);
+  nb_exe *e = jg ? nb_jit(ctx, jg, &o) : NULL;
+  double fl;
+  if (e && plan_checked()) CHECK_MSG(no_call_steps(e, &fl), "jvp of remat: a call primitive runs on the interpreter");
+  nb_exe_destroy(e);
+  nb_tree_destroy(jin);
+  nb_tree_destroy(in);
+  nb_graph_destroy(jg);
+  nb_graph_destroy(g);
 }
 
 /* ---------------------------------------------------------------- custom_vjp */
@@ -218,6 +249,7 @@ static void test_custom_vjp(void) {
 int main(void) {
   ctx = nb_ctx_create();
   test_remat();
+  test_remat_jvp();
   test_custom_vjp();
   nb_ctx_destroy(ctx);
   return nb_test_summary("jit_remat");
