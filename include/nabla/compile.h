@@ -22,6 +22,8 @@
  * Switches (names for nb_jit_opts.disable and $NABLA_JIT_DISABLE, comma
  * separated; "all" turns off every optimization but keeps native code):
  *   dce, fold, algebra   simplification passes
+ *   inline               inlining remat / custom_vjp calls (off: each runs
+ *                        on the interpreter, as one evaluated step)
  *   fuse                 fusion (off: one kernel per equation)
  *   reuse, donate        buffer reuse between intermediates; donated inputs
  *   parallel, blas       the thread pool; library calls (OpenBLAS) for dot_general

@@ -253,6 +253,10 @@ static void decide_materialized(fz *f) {
       make_view(f, e->out[0], e->in[0], 0);
     /* a slice of contiguous memory (scan_layers' per-layer gradients out of the stacked ones) */
     if (e->prim == NB_PRIM_slice && contiguous_slice(e, &off)) make_view(f, e->out[0], e->in[0], off);
+    /* a barrier's results are its operands' memory: it only keeps the
+     * simplifier from merging a remat region's recomputation with the
+     * forward pass, and needs no copy here */
+    for (int i = 0; i < e->nout && e->prim == NB_PRIM_barrier; i++) make_view(f, e->out[i], e->in[i], 0);
     /* a scan's ys that its body passes through from its xs are those xs
      * (residuals of a differentiated scan: the layers' parameters) */
     for (int o = 0; o < e->nout && nb_jit__is_control(e) && !f->cfg->off[NB_SW_native]; o++) {
@@ -868,6 +872,13 @@ static int add_root(fz *f, const nb_eqn *e) {
   return OK;
 }
 
+/* Every result of e lives in memory of another value (no step computes it). */
+static bool all_views(const fz *f, const nb_eqn *e) {
+  for (int i = 0; i < e->nout; i++)
+    if (f->view[e->out[i]->id] < 0) return false;
+  return true;
+}
+
 static int build_steps(fz *f) {
   int retry = OK;
   for (size_t k = 0; k < f->ne; k++) {
@@ -875,6 +886,10 @@ static int build_steps(fz *f) {
     if (e->prim == NB_PRIM_constant) continue;
     if (e->nout == 1 && f->view[e->out[0]->id] >= 0 && (e->prim == NB_PRIM_slice || e->prim == NB_PRIM_reshape)) {
       f->step_of[e->out[0]->id] = f->step_of[e->in[0]->id]; /* no step: the operand's memory */
+      continue;
+    }
+    if (e->prim == NB_PRIM_barrier && all_views(f, e)) {
+      for (int i = 0; i < e->nout; i++) f->step_of[e->out[i]->id] = f->step_of[e->in[i]->id];
       continue;
     }
     if (!nb_jit__fusable(e)) {

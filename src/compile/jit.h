@@ -14,7 +14,7 @@
 
 /* ---------------------------------------------------------------- config */
 
-#define NB_JIT_SWITCHES(X) X(dce) X(fold) X(algebra) X(fuse) X(reuse) X(donate) X(parallel) X(blas) X(native)
+#define NB_JIT_SWITCHES(X) X(dce) X(fold) X(algebra) X(inline) X(fuse) X(reuse) X(donate) X(parallel) X(blas) X(native)
 typedef enum nb_jit_switch {
 #define NB_JIT_SW(n) NB_SW_##n,
   NB_JIT_SWITCHES(NB_JIT_SW)
@@ -161,7 +161,7 @@ typedef struct nb_jplan {
 
 /* ---------------------------------------------------------------- passes */
 
-/* simplify.c: a new graph (dce, fold, algebra per cfg), or NULL + error. */
+/* simplify.c: a new graph (dce, fold, algebra, inline per cfg), or NULL + error. */
 nb_graph *nb_jit__simplify(nb_ctx *ctx, const nb_graph *g, const nb_jit_config *cfg);
 /* fuse.c: fills plan->kernels, plan->steps (scheduled) and the buffer
  * classes of plan->bufs. */

@@ -2,8 +2,13 @@
  * equation and offers each to a table of rewrite rules (constant folding,
  * algebraic identities, layout-chain folding); dead code is removed after
  * each sweep, and sweeps repeat until nothing changes. Common subexpressions
- * are merged by the IR's hash-consing as equations are re-emitted. Not
- * here: fusion or anything about memory. */
+ * are merged by the IR's hash-consing as equations are re-emitted. The
+ * calls that carry a graph (remat_call, remat_lin, custom_vjp_call) are
+ * inlined, so their bodies are fused and compiled like the rest (as XLA
+ * does); the barriers that reverse mode put on a remat region's recomputed
+ * inputs stay, so the recomputation is never merged with the forward pass
+ * (fuse.c makes them views: no copy). Not here: fusion or anything about
+ * memory. */
 #include <string.h>
 
 #include "compile/jit.h"
@@ -219,6 +224,38 @@ static const rule rules[] = {
     {NB_SW_algebra, NB_PRIM_broadcast_in_dim, broadcast_chain},
 };
 
+/* ---------------------------------------------------------------- calls */
+
+/* The graph a call equation runs and the first of its outputs that are the
+ * equation's (remat_lin: the jvp graph's tangents follow its primals);
+ * NULL for other equations. custom_lin is not inlined: its evaluation is the
+ * clear error for forward mode over a custom_vjp function. */
+static const nb_graph *callee_of(const nb_eqn *e, size_t *first) {
+  *first = 0;
+  switch (e->prim) {
+  case NB_PRIM_remat_call: return ((const nb_remat_params *)e->params)->body;
+  case NB_PRIM_custom_vjp_call: return ((const nb_custom_vjp_params *)e->params)->fwd;
+  case NB_PRIM_remat_lin: {
+    const nb_remat_params *p = e->params;
+    *first = nb_graph_num_outputs(p->body);
+    return p->jvp;
+  }
+  default: return NULL;
+  }
+}
+
+/* Re-emits the callee of call equation e into d on `in`; writes the
+ * equation's outputs to outs. False when e is no call (or too wide). */
+static bool inline_call(nb_graph *d, const nb_eqn *e, nb_val *const *in, nb_val **outs) {
+  size_t first;
+  const nb_graph *callee = callee_of(e, &first);
+  if (!callee || nb_graph_num_outputs(callee) > 512) return false;
+  nb_val *all[512];
+  if (nb__graph_inline(d, callee, in, all) != NB_OK) return false;
+  memcpy(outs, all + first, sizeof(nb_val *) * (size_t)e->nout);
+  return true;
+}
+
 /* ---------------------------------------------------------------- engine */
 
 /* A rule's replacement must have the equation's aval (rules never change
@@ -262,6 +299,8 @@ static nb_graph *sweep(nb_ctx *ctx, const nb_graph *g, const nb_jit_config *cfg)
     for (int i = 0; i < e->nin; i++) in[i] = map[e->in[i]->id];
     nb_val *rep;
     if (try_rules(d, e, in, uses, cfg, &rep)) map[e->out[0]->id] = rep;
+    else if (!cfg->off[NB_SW_inline] && inline_call(d, e, in, outs))
+      for (int i = 0; i < e->nout; i++) map[e->out[i]->id] = outs[i];
     else {
       nb__emit(d, e->loc, e->prim, e->nin, in, e->params, e->params_size, NULL, outs);
       for (int i = 0; !nb_graph_status(d) && i < e->nout; i++) map[e->out[i]->id] = outs[i];
