@@ -30,6 +30,8 @@ typedef struct pe_work {
   nb_graph *t;      /* the linearized program */
   bool *linear;     /* per value of t: depends on a tangent */
   bool *invariant;  /* per value of t: depends only on inv_in inputs (and no impure equation) */
+  bool *needed;     /* per value of t: a primal value that lin reads (directly, or to recompute one) */
+  bool *remat;      /* per value of t: a primal value recomputed in lin instead of passed */
   int *res;         /* per value of t: residual index + 1, 0 when none */
   nb_val **kmap;    /* per value of t: its copy in known */
   nb_val **lmap;    /* per value of t: its copy in lin */
@@ -46,6 +48,38 @@ static nb_val *lin_value(pe_work *w, nb_graph *lin, const nb_val *v) {
   nb__emit(lin, e->loc, e->prim, 0, NULL, e->params, e->params_size, NULL, outs);
   for (int i = 0; !nb_graph_status(lin) && i < e->nout; i++) w->lmap[e->out[i]->id] = outs[i];
   return nb_graph_status(lin) ? nb__poison(lin) : w->lmap[v->id];
+}
+
+/* Is e cheap to recompute where its result is read (an elementwise or
+ * index-map primitive the compiler fuses into its readers anyway)? */
+static bool recomputable(const nb_eqn *e) {
+  const nb_prim_rules *r = nb__rules(e->prim);
+  return e->nout == 1 && e->nin > 0 && !r->impure &&
+         (r->fusion == NB_FUSE_EXPR || r->fusion == NB_FUSE_CONVERT || r->fusion == NB_FUSE_INDEX);
+}
+
+/* Marks which primal values lin recomputes: walking back from the values the
+ * linear equations read, a value defined by a recomputable equation (and not
+ * loop-invariant: those are hoisted, computed once) is recomputed from its
+ * operands, which lin then needs in turn. So the residuals are what the
+ * unrolled program's fused kernels would keep too (contractions, reductions,
+ * inputs) rather than every elementwise step and broadcast between them (a
+ * scanned GPT-2 block stacked 28 values per layer, and its train step needed
+ * twice the memory of the same layers unrolled). */
+static void mark_remat(pe_work *w, size_t ne) {
+  for (size_t k = 0; k < ne; k++) {
+    const nb_eqn *e = nb__graph_eqn(w->t, k);
+    if (!e->nout || !w->linear[e->out[0]->id]) continue;
+    for (int i = 0; i < e->nin; i++)
+      if (!w->linear[e->in[i]->id]) w->needed[e->in[i]->id] = true;
+  }
+  for (size_t k = ne; k-- > 0;) { /* readers before definitions */
+    const nb_eqn *e = nb__graph_eqn(w->t, k);
+    if (!e->nout || w->linear[e->out[0]->id] || !w->needed[e->out[0]->id]) continue;
+    if (!recomputable(e) || w->invariant[e->out[0]->id]) continue;
+    w->remat[e->out[0]->id] = true;
+    for (int i = 0; i < e->nin; i++) w->needed[e->in[i]->id] = true;
+  }
 }
 
 nb_status nb__partial_eval(nb_ctx *ctx, const nb_graph *src, const bool *tan_in, const bool *fwd_in, const bool *inv_in,
@@ -78,11 +112,13 @@ nb_status nb__partial_eval(nb_ctx *ctx, const nb_graph *src, const bool *tan_in,
     w.nv = nb__graph_nvals(w.t);
     w.linear = nb_calloc(ctx, (w.nv + 1) * sizeof(bool));
     w.invariant = nb_calloc(ctx, (w.nv + 1) * sizeof(bool));
+    w.needed = nb_calloc(ctx, (w.nv + 1) * sizeof(bool));
+    w.remat = nb_calloc(ctx, (w.nv + 1) * sizeof(bool));
     w.res = nb_calloc(ctx, (w.nv + 1) * sizeof(int));
     w.kmap = nb_calloc(ctx, (w.nv + 1) * sizeof(nb_val *));
     w.lmap = nb_calloc(ctx, (w.nv + 1) * sizeof(nb_val *));
     small = nb_calloc(ctx, (w.nv + 1) * sizeof(nb_val *)); /* the residual values, in order */
-    if (!w.linear || !w.invariant || !w.res || !w.kmap || !w.lmap || !small) st = NB_ERR_NOMEM;
+    if (!w.linear || !w.invariant || !w.needed || !w.remat || !w.res || !w.kmap || !w.lmap || !small) st = NB_ERR_NOMEM;
   }
   for (size_t i = 0; st == NB_OK && i < nin; i++) {
     if (tin[i]) w.linear[tin[i]->id] = true;
@@ -95,9 +131,14 @@ nb_status nb__partial_eval(nb_ctx *ctx, const nb_graph *src, const bool *tan_in,
     bool lin = false, inv = !nb__rules(e->prim)->impure;
     for (int i = 0; i < e->nin; i++) lin = lin || w.linear[e->in[i]->id], inv = inv && w.invariant[e->in[i]->id];
     for (int i = 0; i < e->nout; i++) w.linear[e->out[i]->id] = lin, w.invariant[e->out[i]->id] = inv && !lin;
-    for (int i = 0; lin && i < e->nin; i++) {
+  }
+  if (st == NB_OK) mark_remat(&w, ne);
+  for (size_t k = 0; k < ne; k++) { /* the residuals: what lin reads and does not recompute, in order */
+    const nb_eqn *e = nb__graph_eqn(w.t, k);
+    if (!e->nout || !(w.linear[e->out[0]->id] || w.remat[e->out[0]->id])) continue;
+    for (int i = 0; i < e->nin; i++) {
       const nb_val *v = e->in[i];
-      if (w.linear[v->id] || w.res[v->id] || (v->def && v->def->nin == 0)) continue;
+      if (w.linear[v->id] || w.remat[v->id] || w.res[v->id] || (v->def && v->def->nin == 0)) continue;
       w.res[v->id] = ++nres;
       small[nres - 1] = (nb_val *)v;
     }
@@ -171,12 +212,12 @@ nb_status nb__partial_eval(nb_ctx *ctx, const nb_graph *src, const bool *tan_in,
   }
   for (size_t k = 0; lin && !nb_graph_status(lin) && k < ne; k++) {
     const nb_eqn *e = nb__graph_eqn(w.t, k);
-    if (!e->nout || !w.linear[e->out[0]->id]) continue;
+    if (!e->nout || !(w.linear[e->out[0]->id] || w.remat[e->out[0]->id])) continue;
     if (e->nin > 512) {
       nb__fail(lin, e->loc, NB_ERR_UNIMPLEMENTED, "partial eval: an equation with more than 512 operands");
       break;
     }
-    for (int i = 0; i < e->nin; i++) ins[i] = w.linear[e->in[i]->id] ? w.lmap[e->in[i]->id] : lin_value(&w, lin, e->in[i]);
+    for (int i = 0; i < e->nin; i++) ins[i] = lin_value(&w, lin, e->in[i]); /* linear, recomputed, residual or constant */
     nb__emit(lin, e->loc, e->prim, e->nin, ins, e->params, e->params_size, NULL, outs);
     for (int i = 0; !nb_graph_status(lin) && i < e->nout; i++) w.lmap[e->out[i]->id] = outs[i];
   }
@@ -201,6 +242,8 @@ nb_status nb__partial_eval(nb_ctx *ctx, const nb_graph *src, const bool *tan_in,
 
   nb_dealloc(ctx, w.linear, (w.nv + 1) * sizeof(bool));
   nb_dealloc(ctx, w.invariant, (w.nv + 1) * sizeof(bool));
+  nb_dealloc(ctx, w.needed, (w.nv + 1) * sizeof(bool));
+  nb_dealloc(ctx, w.remat, (w.nv + 1) * sizeof(bool));
   nb_dealloc(ctx, w.res, (w.nv + 1) * sizeof(int));
   nb_dealloc(ctx, w.kmap, (w.nv + 1) * sizeof(nb_val *));
   nb_dealloc(ctx, w.lmap, (w.nv + 1) * sizeof(nb_val *));
