@@ -61,6 +61,7 @@
 
 #include "nabla/export.h"
 #include "nabla/core.h"
+#include "nabla/models.h"
 
 NB_BEGIN_DECLS
 
@@ -311,6 +312,53 @@ nb_val *nb_serve_paged_attention_op(nb_val *q, nb_val *k_cache, nb_val *v_cache,
                                     nb_val *context_lens, nb_val *query_start, float scale);
 nb_status nb_serve_kv_cache_write_op(nb_val *k_cache, nb_val *v_cache, nb_val *k, nb_val *v, nb_val *slot_mapping,
                                      nb_val **k_out, nb_val **v_out);
+
+/* ------------------------------------------------------------------------ */
+/* The model step over a scheduled batch                                     */
+/* ------------------------------------------------------------------------ */
+
+/* A model attached to a paged KV cache: its parameters, the cache (per
+ * layer two f32 arrays [num_blocks, block_size, n_kv_heads, head_dim]) and
+ * the compiled step executables. One step runs the model over a batch's
+ * flat tokens at their positions, writes their keys and values at their
+ * slots (nb_serve_kv_cache_write_op), attends through the block tables
+ * (nb_serve_paged_attention_op) and computes logits only for the last token
+ * of each sequence, then takes their argmax (greedy).
+ *
+ * Shape buckets: a step is compiled for (tokens T, sequences S, table width
+ * MB), each rounded up to a power of two (T at least 8, MB at most the
+ * blocks of max_model_len); padding tokens write nowhere (slot -1) and
+ * padding sequences have no rows. So at most log2 T_max x log2 S_max x
+ * log2 MB_max executables exist, however long the run
+ * (nb_serve_model_num_executables).
+ *
+ * Families: gpt2 and llama (dense), and MoE when dropless (capacity_factor
+ * <= 0: a token's experts do not depend on the other tokens of the batch).
+ * The custom calls are registered on ctx on first use (nb_serve_register_kernels,
+ * one thread). */
+typedef struct nb_serve_model nb_serve_model;
+
+typedef struct nb_serve_model_opts {
+  bool interpret;               /* run the step graphs on the reference interpreter instead of nb_jit */
+  int threads;                  /* nb_jit's thread count; 0: its default */
+} nb_serve_model_opts;
+
+/* cfg copied; params: f32 arrays with exactly the model's parameter paths
+ * (retained). The engine config gives block_size, num_blocks,
+ * max_num_batched_tokens, max_num_seqs and max_model_len (pass
+ * nb_serve_engine_config of the engine the model will serve). Compiles
+ * nothing yet. NULL with an error naming the field otherwise. */
+nb_serve_model *nb_serve_model_create(nb_ctx *ctx, const nb_model_config *cfg, const nb_tree *params,
+                                      const nb_serve_config *engine_config, const nb_serve_model_opts *opts);
+void nb_serve_model_destroy(nb_serve_model *m); /* NULL ok */
+
+/* Runs one step: b->copies (copy-on-write) on every layer's cache, then the
+ * model. tokens[i] (room for b->num_seqs) receives the greedy token of
+ * sequence i when b->seqs[i].needs_logits, else -1. A batch with no
+ * sequences does nothing. */
+nb_status nb_serve_model_step(nb_serve_model *m, const nb_serve_batch *b, int32_t *tokens);
+/* Step executables compiled (or graphs traced, when interpreting) so far. */
+int nb_serve_model_num_executables(const nb_serve_model *m);
 
 NB_END_DECLS
 

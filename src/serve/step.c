@@ -1,0 +1,368 @@
+/* The model step over a scheduled batch: the reference transformer
+ * (models.h's configuration and parameter paths, nn's layers) traced over
+ * a batch's flat tokens with the paged cache write and paged attention in
+ * place of dense attention, logits for the last token of each sequence
+ * only, and their argmax. Compiled once per shape bucket. */
+#include <math.h>
+#include <string.h>
+
+#include "nabla/compile.h"
+#include "nabla/nn.h"
+#include "serve/internal.h"
+
+/* ---------------------------------------------------------------- the step graph */
+
+/* Inputs "params/<path>", "tokens", "positions", "slots" i32[T],
+ * "block_tables" i32[S, MB], "context_lens" i32[S], "query_start" i32[S + 1],
+ * "logits_idx" i32[S] (the row of each sequence's last token),
+ * "cache/layers/<l>/{k,v}"; outputs "token" i32[S] and "cache/...". */
+static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
+  const nb_model_config *c = u;
+  nb_ctx *ctx = nb_graph_ctx(g);
+  nb_tree *params = nb_tree_select_prefix(in, "params", true), *caches = nb_tree_create(ctx);
+  if (!params || !caches) {
+    nb_tree_destroy(params);
+    nb_tree_destroy(caches);
+    return NB_ERR_NOMEM;
+  }
+  nb_nn_apply a = {.g = g, .params = params};
+  nb_val *tokens = nb_tree_get_val(in, "tokens"), *slots = nb_tree_get_val(in, "slots");
+  nb_val *bt = nb_tree_get_val(in, "block_tables"), *cl = nb_tree_get_val(in, "context_lens");
+  nb_val *qs = nb_tree_get_val(in, "query_start");
+  int64_t T = nb_val_dim(tokens, 0), d = c->d_model, H = c->n_heads, KVH = c->n_kv_heads, hd = nb_model_head_dim(c);
+  int64_t bt2[2] = {1, T};
+  nb_val *tok2 = nb_reshape(tokens, 2, bt2), *pos2 = nb_reshape(nb_tree_get_val(in, "positions"), 2, bt2);
+  nb_val *x = nb_nn_embed(&a, "embed", tok2); /* [1, T, d] */
+  if (c->learned_pos) x = nb_add(x, nb_nn_embed(&a, "pos_embed", pos2));
+  nb_status s = NB_OK;
+  for (int64_t l = 0; l < c->n_layers && !s && !nb_graph_status(g); l++) {
+    nb_nn_block_cfg bc = nb_model_block_cfg(c, l);
+    char p[64], q[128], pk[80], pv[80];
+    snprintf(p, sizeof p, "layers/%lld", (long long)l);  /* caches: "cache/<p>/k" in, "<p>/k" under "cache" out */
+    snprintf(pk, sizeof pk, "cache/%s/k", p);
+    snprintf(pv, sizeof pv, "cache/%s/v", p);
+    snprintf(q, sizeof q, "%s/attn_norm", p);
+    nb_val *n1 = nb_nn_norm_apply(&a, q, &bc.norm, x);
+    nb_val *proj[3];
+    int64_t heads[3] = {H, KVH, KVH};
+    for (int i = 0; i < 3; i++) {
+      snprintf(q, sizeof q, "%s/attn/w%c", p, "qkv"[i]);
+      int64_t d4[4] = {1, T, heads[i], hd};
+      proj[i] = nb_reshape(nb_nn_linear(&a, q, n1), 4, d4);
+    }
+    if (bc.attn.rope) {
+      proj[0] = nb_nn_rope(proj[0], pos2, &bc.attn.rope_cfg);
+      proj[1] = nb_nn_rope(proj[1], pos2, &bc.attn.rope_cfg);
+    }
+    for (int i = 0; i < 3; i++) {
+      int64_t d3[3] = {T, heads[i], hd};
+      proj[i] = nb_reshape(proj[i], 3, d3);
+    }
+    nb_val *kc = NULL, *vc = NULL;
+    s = nb_serve_kv_cache_write_op(nb_tree_get_val(in, pk), nb_tree_get_val(in, pv), proj[1], proj[2], slots, &kc, &vc);
+    if (s) break;
+    double scale = bc.attn.softmax_scale > 0 ? bc.attn.softmax_scale : 1 / sqrt((double)hd);
+    nb_val *o = nb_serve_paged_attention_op(proj[0], kc, vc, bt, cl, qs, (float)scale);
+    snprintf(q, sizeof q, "%s/attn/wo", p);
+    int64_t do3[3] = {1, T, H * hd};
+    x = nb_add(x, nb_nn_linear(&a, q, nb_reshape(o, 3, do3)));
+    snprintf(q, sizeof q, "%s/mlp_norm", p);
+    nb_val *n2 = nb_nn_norm_apply(&a, q, &bc.norm, x);
+    snprintf(q, sizeof q, "%s/%s", p, bc.use_moe ? "moe" : "mlp");
+    x = nb_add(x, bc.use_moe ? nb_nn_moe(&a, q, &bc.moe, n2, NULL) : nb_nn_mlp(&a, q, &bc.mlp, n2));
+    if (nb_tree_set_val(caches, pk + 6, kc) || nb_tree_set_val(caches, pv + 6, vc)) s = NB_ERR_NOMEM;
+  }
+  if (!s && !nb_graph_status(g)) {
+    /* the last token of each sequence only: the output projection is the step's largest matmul */
+    int64_t td[2] = {T, d};
+    nb_val *h = nb_take(nb_reshape(x, 2, td), nb_tree_get_val(in, "logits_idx")); /* [S, d] */
+    nb_nn_norm_cfg fn = {.kind = c->norm, .eps = c->norm_eps, .bias = c->bias};
+    h = nb_nn_norm_apply(&a, "final_norm", &fn, h);
+    nb_val *logits = c->tie_embeddings ? nb_nn_embed_attend(&a, "embed", h) : nb_nn_linear(&a, "lm_head", h);
+    nb_val *token = nb_argmax(logits, 1, NB_I32);
+    s = nb_graph_status(g) ? nb_graph_status(g) : nb_tree_set_val(out, "token", token);
+    if (!s) s = nb_tree_merge(out, "cache", caches);
+  }
+  nb_tree_destroy(params);
+  nb_tree_destroy(caches);
+  return s ? s : nb_graph_status(g);
+}
+
+/* ---------------------------------------------------------------- the model */
+
+enum { IN_PARAM, IN_CACHE, IN_TOKENS, IN_POSITIONS, IN_SLOTS, IN_TABLES, IN_LENS, IN_STARTS, IN_LOGITS_IDX, IN_COUNT };
+static const char *const in_names[IN_COUNT] = {NULL, NULL, "tokens", "positions", "slots", "block_tables",
+                                               "context_lens", "query_start", "logits_idx"};
+
+typedef struct bucket {
+  int32_t T, S, MB;
+  nb_graph *graph;
+  nb_exe *exe;                  /* NULL: the interpreter runs graph */
+  size_t nin, nout;
+  int *in_kind, *in_index;      /* where input i comes from */
+  int out_token, *out_cache;    /* output index of "token"; cache slot of output i or -1 */
+} bucket;
+
+struct nb_serve_model {
+  nb_ctx *ctx;
+  nb_model_config cfg;
+  nb_tree *params;
+  int32_t block_size, num_blocks, max_tokens, max_seqs, max_blocks;
+  nb_serve_model_opts opts;
+  nb_array **cache;             /* 2 * n_layers: layers/<l>/k, layers/<l>/v, held only here */
+  bucket **buckets;
+  int n_buckets, cap_buckets;
+};
+
+static int32_t pow2_at_least(int32_t n, int32_t lo) {
+  int32_t b = lo;
+  while (b < n) b *= 2;
+  return b;
+}
+
+/* The custom calls on ctx: registered here unless the caller did already
+ * (the registry refuses a name in use; that refusal is not an error here). */
+static nb_status ensure_kernels(nb_ctx *ctx) {
+  if (nb_serve_register_kernels(ctx, NULL) == NB_OK) return NB_OK;
+  if (!strstr(nb_ctx_error(ctx), "already registered")) return nb_ctx_status(ctx);
+  nb_ctx_clear_error(ctx);
+  return NB_OK;
+}
+
+nb_serve_model *nb_serve_model_create(nb_ctx *ctx, const nb_model_config *cfg, const nb_tree *params,
+                                      const nb_serve_config *ec, const nb_serve_model_opts *opts) {
+  if (!cfg || !params || !ec) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "serve model: NULL config, params or engine config"), NULL;
+  if (nb_model_config_validate(ctx, cfg)) return NULL;
+  for (int64_t l = 0; l < cfg->n_layers; l++)
+    if (nb_model_block_cfg(cfg, l).use_moe && cfg->capacity_factor > 0)
+      return nb_errorf(ctx, NB_ERR_UNIMPLEMENTED,
+                       "serve model: model.capacity_factor %g: an MoE layer with a capacity makes a token's experts depend on "
+                       "the batch; only dropless MoE (capacity_factor <= 0) is served",
+                       cfg->capacity_factor),
+             NULL;
+  if (ec->block_size < 1 || ec->num_blocks < 1 || ec->num_blocks > INT32_MAX / ec->block_size || ec->max_num_batched_tokens < 1 ||
+      ec->max_num_seqs < 1 || ec->max_model_len < 1)
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG,
+                     "serve model: the engine config needs block_size, num_blocks, max_num_batched_tokens, max_num_seqs and "
+                     "max_model_len filled in (pass nb_serve_engine_config)"),
+           NULL;
+  if (ec->max_model_len > cfg->max_seq_len && cfg->learned_pos)
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "serve model: max_model_len %d exceeds model.max_seq_len %lld (learned positions)",
+                     ec->max_model_len, (long long)cfg->max_seq_len),
+           NULL;
+  if (ensure_kernels(ctx)) return NULL;
+  nb_serve_model *m = nb_calloc(ctx, sizeof *m);
+  if (!m) return NULL;
+  m->ctx = ctx;
+  m->cfg = *cfg;
+  m->opts = opts ? *opts : (nb_serve_model_opts){0};
+  m->block_size = ec->block_size;
+  m->num_blocks = (int32_t)ec->num_blocks;
+  m->max_tokens = ec->max_num_batched_tokens;
+  m->max_seqs = ec->max_num_seqs;
+  m->max_blocks = (ec->max_model_len + ec->block_size - 1) / ec->block_size;
+  m->params = nb_tree_copy(params);
+  size_t n = (size_t)(2 * cfg->n_layers);
+  m->cache = m->params ? nb_calloc(ctx, n * sizeof *m->cache) : NULL;
+  int64_t dims[4] = {m->num_blocks, m->block_size, cfg->n_kv_heads, nb_model_head_dim(cfg)};
+  for (size_t i = 0; m->cache && i < n; i++)
+    if (!(m->cache[i] = nb_array_zeros(ctx, NB_F32, 4, dims))) {
+      nb_serve_model_destroy(m);
+      return NULL;
+    }
+  if (!m->cache) {
+    nb_serve_model_destroy(m);
+    return NULL;
+  }
+  return m;
+}
+
+static void bucket_free(nb_ctx *ctx, bucket *b) {
+  if (!b) return;
+  nb_exe_destroy(b->exe);
+  nb_graph_destroy(b->graph);
+  nb_dealloc(ctx, b->in_kind, b->nin * sizeof(int));
+  nb_dealloc(ctx, b->in_index, b->nin * sizeof(int));
+  nb_dealloc(ctx, b->out_cache, b->nout * sizeof(int));
+  nb_dealloc(ctx, b, sizeof *b);
+}
+
+void nb_serve_model_destroy(nb_serve_model *m) {
+  if (!m) return;
+  for (int i = 0; i < m->n_buckets; i++) bucket_free(m->ctx, m->buckets[i]);
+  nb_dealloc(m->ctx, m->buckets, (size_t)m->cap_buckets * sizeof *m->buckets);
+  for (int64_t i = 0; m->cache && i < 2 * m->cfg.n_layers; i++) nb_array_release(m->cache[i]);
+  nb_dealloc(m->ctx, m->cache, (size_t)(2 * m->cfg.n_layers) * sizeof *m->cache);
+  nb_tree_destroy(m->params);
+  nb_dealloc(m->ctx, m, sizeof *m);
+}
+
+int nb_serve_model_num_executables(const nb_serve_model *m) { return m ? m->n_buckets : 0; }
+
+/* "cache/layers/<l>/k" -> 2l, ".../v" -> 2l + 1; -1 otherwise */
+static int cache_slot(const char *path, int64_t n_layers) {
+  long long l;
+  char kv, end;
+  if (sscanf(path, "cache/layers/%lld/%c%c", &l, &kv, &end) != 2 || l < 0 || l >= n_layers || (kv != 'k' && kv != 'v'))
+    return -1;
+  return (int)(2 * l + (kv == 'v'));
+}
+
+static nb_status bind_io(nb_serve_model *m, bucket *b) {
+  nb_ctx *ctx = m->ctx;
+  const nb_graph *run = b->exe ? nb_exe_graph(b->exe) : b->graph;
+  b->nin = nb_graph_num_inputs(run);
+  b->nout = nb_graph_num_outputs(run);
+  b->in_kind = nb_calloc(ctx, b->nin * sizeof(int));
+  b->in_index = nb_calloc(ctx, b->nin * sizeof(int));
+  b->out_cache = nb_calloc(ctx, b->nout * sizeof(int));
+  if (!b->in_kind || !b->in_index || !b->out_cache) return NB_ERR_NOMEM;
+  for (size_t i = 0; i < b->nin; i++) {
+    const char *p = nb_graph_input_path(run, i);
+    int slot = cache_slot(p, m->cfg.n_layers), kind = -1;
+    int64_t at = strncmp(p, "params/", 7) ? -1 : nb_tree_find(m->params, p + 7);
+    if (at >= 0) kind = IN_PARAM, b->in_index[i] = (int)at;
+    else if (slot >= 0) kind = IN_CACHE, b->in_index[i] = slot;
+    for (int k = IN_TOKENS; kind < 0 && k < IN_COUNT; k++)
+      if (!strcmp(p, in_names[k])) kind = k;
+    if (kind < 0) return nb_errorf(ctx, NB_ERR_INTERNAL, "serve model: unexpected graph input '%s'", p);
+    b->in_kind[i] = kind;
+  }
+  b->out_token = -1;
+  for (size_t i = 0; i < b->nout; i++) {
+    const char *p = nb_graph_output_path(run, i);
+    b->out_cache[i] = cache_slot(p, m->cfg.n_layers);
+    if (!strcmp(p, "token")) b->out_token = (int)i;
+  }
+  return b->out_token >= 0 ? NB_OK : nb_errorf(ctx, NB_ERR_INTERNAL, "serve model: the step graph has no 'token' output");
+}
+
+static bucket *get_bucket(nb_serve_model *m, int32_t T, int32_t S, int32_t MB) {
+  for (int i = 0; i < m->n_buckets; i++)
+    if (m->buckets[i]->T == T && m->buckets[i]->S == S && m->buckets[i]->MB == MB) return m->buckets[i];
+  nb_ctx *ctx = m->ctx;
+  if (m->n_buckets == m->cap_buckets) {
+    int cap = m->cap_buckets ? 2 * m->cap_buckets : 8;
+    bucket **grown = nb_calloc(ctx, (size_t)cap * sizeof *grown);
+    if (!grown) return NULL;
+    if (m->n_buckets) memcpy(grown, m->buckets, (size_t)m->n_buckets * sizeof *grown);
+    nb_dealloc(ctx, m->buckets, (size_t)m->cap_buckets * sizeof *m->buckets);
+    m->buckets = grown;
+    m->cap_buckets = cap;
+  }
+  bucket *b = nb_calloc(ctx, sizeof *b);
+  if (!b) return NULL;
+  b->T = T, b->S = S, b->MB = MB;
+  nb_tree *spec = nb_tree_create(ctx);
+  nb_status s = spec ? nb_tree_merge(spec, "params", m->params) : NB_ERR_NOMEM;
+  int64_t dT = T, dS = S, dS1 = S + 1, dt[2] = {S, MB};
+  for (int k = IN_TOKENS; !s && k <= IN_SLOTS; k++) s = nb_tree_set(spec, in_names[k], nb_leaf_aval(nb_aval_make(NB_I32, 1, &dT)));
+  if (!s) s = nb_tree_set(spec, "block_tables", nb_leaf_aval(nb_aval_make(NB_I32, 2, dt)));
+  if (!s) s = nb_tree_set(spec, "context_lens", nb_leaf_aval(nb_aval_make(NB_I32, 1, &dS)));
+  if (!s) s = nb_tree_set(spec, "query_start", nb_leaf_aval(nb_aval_make(NB_I32, 1, &dS1)));
+  if (!s) s = nb_tree_set(spec, "logits_idx", nb_leaf_aval(nb_aval_make(NB_I32, 1, &dS)));
+  for (int64_t i = 0; !s && i < 2 * m->cfg.n_layers; i++) {
+    char p[64];
+    snprintf(p, sizeof p, "cache/layers/%lld/%c", (long long)(i / 2), "kv"[i % 2]);
+    s = nb_tree_set(spec, p, nb_leaf_aval(nb_array_aval(m->cache[i])));
+  }
+  if (!s) b->graph = nb_trace(ctx, step_fn, &m->cfg, spec);
+  nb_tree_destroy(spec);
+  if (!s && !b->graph) s = nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_INTERNAL;
+  if (!s && !m->opts.interpret) {
+    const char *donate[] = {"cache", NULL};
+    nb_jit_opts jo = {.donate = donate, .threads = m->opts.threads};
+    b->exe = nb_jit(ctx, b->graph, &jo);
+    if (!b->exe) s = nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_INTERNAL;
+  }
+  if (!s) s = bind_io(m, b);
+  if (s) {
+    bucket_free(ctx, b);
+    return NULL;
+  }
+  m->buckets[m->n_buckets++] = b;
+  return b;
+}
+
+/* copy-on-write: block src into dst in every layer's keys and values */
+static nb_status do_copies(nb_serve_model *m, const nb_serve_batch *b) {
+  size_t blk = (size_t)m->block_size * (size_t)(m->cfg.n_kv_heads * nb_model_head_dim(&m->cfg));
+  for (int32_t c = 0; c < b->num_copies; c++) {
+    int32_t src = b->copies[c].src, dst = b->copies[c].dst;
+    if (src < 0 || src >= m->num_blocks || dst < 0 || dst >= m->num_blocks)
+      return nb_errorf(m->ctx, NB_ERR_INVALID_ARG, "serve model: copies[%d] = {%d, %d} is out of range [0, %d)", c, src, dst,
+                       m->num_blocks);
+    for (int64_t i = 0; i < 2 * m->cfg.n_layers; i++) {
+      float *d = nb_array_data_mut(m->cache[i]);
+      memmove(d + (size_t)dst * blk, d + (size_t)src * blk, blk * sizeof(float));
+    }
+  }
+  return NB_OK;
+}
+
+nb_status nb_serve_model_step(nb_serve_model *m, const nb_serve_batch *b, int32_t *tokens) {
+  if (!m || !b || (b->num_seqs > 0 && !tokens)) return NB_ERR_INVALID_ARG;
+  if (b->num_seqs == 0) return NB_OK;
+  nb_ctx *ctx = m->ctx;
+  if (b->num_tokens > m->max_tokens || b->num_seqs > m->max_seqs)
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "serve model: a batch of %d tokens and %d sequences exceeds the engine's %d and %d",
+                     b->num_tokens, b->num_seqs, m->max_tokens, m->max_seqs);
+  int32_t need = 1;
+  for (int32_t i = 0; i < b->num_seqs; i++)
+    if (b->seqs[i].num_table_blocks > need) need = b->seqs[i].num_table_blocks;
+  int32_t T = pow2_at_least(b->num_tokens, 8), S = pow2_at_least(b->num_seqs, 1), MB = pow2_at_least(need, 1);
+  if (MB > m->max_blocks) MB = m->max_blocks > need ? m->max_blocks : need;
+  nb_status s = do_copies(m, b);
+  if (s) return s;
+  bucket *bk = get_bucket(m, T, S, MB);
+  if (!bk) return nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_INTERNAL;
+  nb_array *arr[IN_COUNT] = {0};
+  int64_t dT = T, dS = S, dS1 = S + 1, dt[2] = {S, MB};
+  arr[IN_TOKENS] = nb_array_zeros(ctx, NB_I32, 1, &dT);
+  arr[IN_POSITIONS] = nb_array_zeros(ctx, NB_I32, 1, &dT);
+  arr[IN_SLOTS] = nb_array_zeros(ctx, NB_I32, 1, &dT);
+  arr[IN_TABLES] = nb_array_zeros(ctx, NB_I32, 2, dt);
+  arr[IN_LENS] = nb_array_zeros(ctx, NB_I32, 1, &dS);
+  arr[IN_STARTS] = nb_array_zeros(ctx, NB_I32, 1, &dS1);
+  arr[IN_LOGITS_IDX] = nb_array_zeros(ctx, NB_I32, 1, &dS);
+  for (int k = IN_TOKENS; k < IN_COUNT; k++)
+    if (!arr[k]) s = NB_ERR_NOMEM;
+  if (!s) {
+    int32_t *tok = nb_array_data_mut(arr[IN_TOKENS]), *pos = nb_array_data_mut(arr[IN_POSITIONS]);
+    int32_t *slot = nb_array_data_mut(arr[IN_SLOTS]), *qs = nb_array_data_mut(arr[IN_STARTS]);
+    int32_t *cl = nb_array_data_mut(arr[IN_LENS]), *li = nb_array_data_mut(arr[IN_LOGITS_IDX]);
+    memcpy(tok, b->token_ids, (size_t)b->num_tokens * sizeof *tok);
+    memcpy(pos, b->positions, (size_t)b->num_tokens * sizeof *pos);
+    /* the real rows; padding tokens write nowhere, padding sequences own no rows */
+    s = nb_serve_batch_operands(ctx, b, m->block_size, MB, nb_array_data_mut(arr[IN_TABLES]), cl, qs, slot);
+    for (int32_t t = b->num_tokens; t < T; t++) slot[t] = -1;
+    for (int32_t i = b->num_seqs + 1; i <= S; i++) qs[i] = b->num_tokens;
+    for (int32_t i = 0; i < b->num_seqs; i++) li[i] = b->seqs[i].token_start + b->seqs[i].num_tokens - 1;
+  }
+  nb_array **in = nb_calloc(ctx, (bk->nin + 1) * sizeof *in), **out = nb_calloc(ctx, (bk->nout + 1) * sizeof *out);
+  if (!s && (!in || !out)) s = NB_ERR_NOMEM;
+  for (size_t i = 0; !s && i < bk->nin; i++) {
+    int k = bk->in_kind[i];
+    in[i] = k == IN_PARAM ? nb_tree_leaf(m->params, (size_t)bk->in_index[i])->array
+            : k == IN_CACHE ? m->cache[bk->in_index[i]]
+                            : arr[k];
+  }
+  if (!s) s = bk->exe ? nb_exe_run_flat(bk->exe, in, out) : nb_graph_run_flat(ctx, bk->graph, in, out);
+  if (!s) {
+    const int32_t *sampled = nb_array_data(out[bk->out_token]);
+    for (int32_t i = 0; i < b->num_seqs; i++) tokens[i] = b->seqs[i].needs_logits ? sampled[i] : -1;
+    for (size_t i = 0; i < bk->nout; i++) {
+      int c = bk->out_cache[i];
+      if (c < 0) continue;
+      nb_array_release(m->cache[c]); /* the output may be this very array, updated in place */
+      m->cache[c] = out[i];
+      out[i] = NULL;
+    }
+  }
+  for (size_t i = 0; out && i < bk->nout; i++) nb_array_release(out[i]);
+  nb_dealloc(ctx, in, (bk->nin + 1) * sizeof *in);
+  nb_dealloc(ctx, out, (bk->nout + 1) * sizeof *out);
+  for (int k = 0; k < IN_COUNT; k++) nb_array_release(arr[k]);
+  if (s == NB_ERR_NOMEM && !nb_ctx_status(ctx)) nb_errorf(ctx, NB_ERR_NOMEM, "serve model: out of memory");
+  return s;
+}
