@@ -279,7 +279,8 @@ nb_status nb__vjp_into(nb_graph *dst, const nb_graph *src, const bool *wrt, nb_v
  * consts: computed once, before the loop), else NB__RES_COMPUTED (an output
  * of known after src's, in order). Values with no operands (constants) are
  * recomputed in lin rather than passed, and so are (from their operands)
- * values of elementwise and index-map primitives that are not invariant. tout_nonzero (may be NULL) receives
+ * values of elementwise and index-map primitives (transcendentals excepted) that are not
+ * invariant or are computed from constants alone. tout_nonzero (may be NULL) receives
  * which outputs have a non-zero tangent. On error, the context holds it and
  * *out is empty. */
 enum { NB__RES_COMPUTED = -1, NB__RES_HOISTED = -2 };

@@ -30,6 +30,7 @@ typedef struct pe_work {
   nb_graph *t;      /* the linearized program */
   bool *linear;     /* per value of t: depends on a tangent */
   bool *invariant;  /* per value of t: depends only on inv_in inputs (and no impure equation) */
+  bool *constant;   /* per value of t: computed from constants alone (literals, iota; no input, no impure equation) */
   bool *needed;     /* per value of t: a primal value that lin reads (directly, or to recompute one) */
   bool *remat;      /* per value of t: a primal value recomputed in lin instead of passed */
   int *res;         /* per value of t: residual index + 1, 0 when none */
@@ -50,18 +51,37 @@ static nb_val *lin_value(pe_work *w, nb_graph *lin, const nb_val *v) {
   return nb_graph_status(lin) ? nb__poison(lin) : w->lmap[v->id];
 }
 
+/* Does e evaluate a transcendental function per element (a libm-style call,
+ * tens of cycles an element, where add or mul take one)? */
+static bool transcendental(const nb_eqn *e) {
+  switch (e->prim) {
+  case NB_PRIM_exp: case NB_PRIM_exp2: case NB_PRIM_expm1: case NB_PRIM_log: case NB_PRIM_log1p:
+  case NB_PRIM_tanh: case NB_PRIM_logistic: case NB_PRIM_erf: case NB_PRIM_erfc: case NB_PRIM_erf_inv:
+  case NB_PRIM_sin: case NB_PRIM_cos: case NB_PRIM_cbrt: case NB_PRIM_pow: case NB_PRIM_atan2:
+    return true;
+  default:
+    return false;
+  }
+}
+
 /* Is e cheap to recompute where its result is read (an elementwise or
- * index-map primitive the compiler fuses into its readers anyway)? */
+ * index-map primitive the compiler fuses into its readers anyway)? A
+ * transcendental is not: recomputing a GELU's tanh or a softmax's exp in
+ * every backward iteration of a scanned layer made its train step 10%
+ * slower than the unrolled one, which keeps them. */
 static bool recomputable(const nb_eqn *e) {
   const nb_prim_rules *r = nb__rules(e->prim);
-  return e->nout == 1 && e->nin > 0 && !r->impure &&
+  return e->nout == 1 && e->nin > 0 && !r->impure && !transcendental(e) &&
          (r->fusion == NB_FUSE_EXPR || r->fusion == NB_FUSE_CONVERT || r->fusion == NB_FUSE_INDEX);
 }
 
 /* Marks which primal values lin recomputes: walking back from the values the
  * linear equations read, a value defined by a recomputable equation (and not
- * loop-invariant: those are hoisted, computed once) is recomputed from its
- * operands, which lin then needs in turn. So the residuals are what the
+ * loop-invariant: those are hoisted, computed once; unless it is a constant,
+ * a broadcast literal say, which lin's compiler folds into its kernels where
+ * as a residual it would be a loop input, materialized at full shape and
+ * read from memory on every iteration) is recomputed from its operands,
+ * which lin then needs in turn. So the residuals are what the
  * unrolled program's fused kernels would keep too (contractions, reductions,
  * inputs) rather than every elementwise step and broadcast between them (a
  * scanned GPT-2 block stacked 28 values per layer, and its train step needed
@@ -76,7 +96,7 @@ static void mark_remat(pe_work *w, size_t ne) {
   for (size_t k = ne; k-- > 0;) { /* readers before definitions */
     const nb_eqn *e = nb__graph_eqn(w->t, k);
     if (!e->nout || w->linear[e->out[0]->id] || !w->needed[e->out[0]->id]) continue;
-    if (!recomputable(e) || w->invariant[e->out[0]->id]) continue;
+    if (!recomputable(e) || (w->invariant[e->out[0]->id] && !w->constant[e->out[0]->id])) continue;
     w->remat[e->out[0]->id] = true;
     for (int i = 0; i < e->nin; i++) w->needed[e->in[i]->id] = true;
   }
@@ -112,13 +132,14 @@ nb_status nb__partial_eval(nb_ctx *ctx, const nb_graph *src, const bool *tan_in,
     w.nv = nb__graph_nvals(w.t);
     w.linear = nb_calloc(ctx, (w.nv + 1) * sizeof(bool));
     w.invariant = nb_calloc(ctx, (w.nv + 1) * sizeof(bool));
+    w.constant = nb_calloc(ctx, (w.nv + 1) * sizeof(bool));
     w.needed = nb_calloc(ctx, (w.nv + 1) * sizeof(bool));
     w.remat = nb_calloc(ctx, (w.nv + 1) * sizeof(bool));
     w.res = nb_calloc(ctx, (w.nv + 1) * sizeof(int));
     w.kmap = nb_calloc(ctx, (w.nv + 1) * sizeof(nb_val *));
     w.lmap = nb_calloc(ctx, (w.nv + 1) * sizeof(nb_val *));
     small = nb_calloc(ctx, (w.nv + 1) * sizeof(nb_val *)); /* the residual values, in order */
-    if (!w.linear || !w.invariant || !w.needed || !w.remat || !w.res || !w.kmap || !w.lmap || !small) st = NB_ERR_NOMEM;
+    if (!w.linear || !w.invariant || !w.constant || !w.needed || !w.remat || !w.res || !w.kmap || !w.lmap || !small) st = NB_ERR_NOMEM;
   }
   for (size_t i = 0; st == NB_OK && i < nin; i++) {
     if (tin[i]) w.linear[tin[i]->id] = true;
@@ -128,9 +149,11 @@ nb_status nb__partial_eval(nb_ctx *ctx, const nb_graph *src, const bool *tan_in,
   int nres = 0;
   for (size_t k = 0; k < ne; k++) {
     const nb_eqn *e = nb__graph_eqn(w.t, k);
-    bool lin = false, inv = !nb__rules(e->prim)->impure;
-    for (int i = 0; i < e->nin; i++) lin = lin || w.linear[e->in[i]->id], inv = inv && w.invariant[e->in[i]->id];
-    for (int i = 0; i < e->nout; i++) w.linear[e->out[i]->id] = lin, w.invariant[e->out[i]->id] = inv && !lin;
+    bool lin = false, inv = !nb__rules(e->prim)->impure, cst = inv;
+    for (int i = 0; i < e->nin; i++)
+      lin = lin || w.linear[e->in[i]->id], inv = inv && w.invariant[e->in[i]->id], cst = cst && w.constant[e->in[i]->id];
+    for (int i = 0; i < e->nout; i++)
+      w.linear[e->out[i]->id] = lin, w.invariant[e->out[i]->id] = inv && !lin, w.constant[e->out[i]->id] = cst && !lin;
   }
   if (st == NB_OK) mark_remat(&w, ne);
   for (size_t k = 0; k < ne; k++) { /* the residuals: what lin reads and does not recompute, in order */
@@ -242,6 +265,7 @@ nb_status nb__partial_eval(nb_ctx *ctx, const nb_graph *src, const bool *tan_in,
 
   nb_dealloc(ctx, w.linear, (w.nv + 1) * sizeof(bool));
   nb_dealloc(ctx, w.invariant, (w.nv + 1) * sizeof(bool));
+  nb_dealloc(ctx, w.constant, (w.nv + 1) * sizeof(bool));
   nb_dealloc(ctx, w.needed, (w.nv + 1) * sizeof(bool));
   nb_dealloc(ctx, w.remat, (w.nv + 1) * sizeof(bool));
   nb_dealloc(ctx, w.res, (w.nv + 1) * sizeof(int));
