@@ -622,6 +622,11 @@ typedef struct nb_custom_call nb_custom_call;
  *         differentiated in reverse mode only (grad/vjp; jvp fails when run);
  *         without a vjp they cannot be differentiated.
  *  cost   (optional) flops and bytes of one call.
+ *  in_place (optional) bit i set: output i is operand i updated (the infer
+ *         rule must give it operand i's aval). eval then finds out[i] already
+ *         holding operand i's contents, often in operand i's own memory (a
+ *         compiler gives it that memory when the operand is donated or dead),
+ *         and writes only what changes, instead of copying a large operand.
  * Under vmap the kernel runs once per batch item. `attrs` is an opaque blob,
  * copied at the call and hashed and compared by value. The rules and name are
  * copied; ud is kept as given until the context is destroyed. */
@@ -634,6 +639,7 @@ typedef struct nb_custom_call_rules {
                    nb_val *const *out_ct, const void *attrs, size_t attrs_size, nb_val **in_ct);
   void (*cost)(void *ud, int nin, const nb_aval *in, const void *attrs, size_t attrs_size, double *flops, double *bytes);
   void *ud;
+  uint64_t in_place;
 } nb_custom_call_rules;
 nb_status nb_custom_call_register(nb_ctx *ctx, const nb_custom_call_rules *rules);
 /* Calls the kernel registered as `name` on nin operands (at most 64) for nout

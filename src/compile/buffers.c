@@ -60,7 +60,8 @@ static size_t first_fit(const live *l, int n, size_t size) {
 /* ---------------------------------------------------------------- in-place chains */
 
 /* A step whose rule is in_place (y = dynamic_update_slice(x, ...),
- * scatter_add) may write y into x's memory when x dies there. Such edges
+ * scatter_add; a custom call's output declared in place, per
+ * in_place_operand) may write y into x's memory when x dies there. Such edges
  * x -> y form chains (x's last use is one step; y has one defining step),
  * and each chain lives in one piece of memory:
  *  - ending in a graph output: that output's array, from the first member's
@@ -82,28 +83,43 @@ static bool is_graph_output(const nb_jplan *p, const nb_val *x) {
   return false;
 }
 
-/* Is step s an update of its dead operand in[0] that may write in place? */
-static bool updates_in_place(const nb_jplan *p, const nb_jit_config *cfg, int s) {
+/* The operand that output o of step s updates in place by its rule
+ * (in_place, in_place_operand), or -1. */
+static int updated_operand(const nb_jstep *st, int o) {
+  if (st->kind != NB_EXE_STEP_EVAL) return -1;
+  const nb_prim_rules *r = nb__rules(st->eqn->prim);
+  int j = r->in_place_operand ? r->in_place_operand(st->eqn, o) : r->in_place && st->eqn->nout == 1 && o == 0 ? 0 : -1;
+  return j < st->eqn->nin ? j : -1;
+}
+
+/* Is output o of step s an update of a dead operand that may write in place? */
+static bool updates_in_place(const nb_jplan *p, const nb_jit_config *cfg, int s, int o) {
   const nb_jstep *st = &p->steps[s];
-  if (st->kind != NB_EXE_STEP_EVAL || !nb__rules(st->eqn->prim)->in_place || st->eqn->nout != 1) return false;
+  int j = updated_operand(st, o);
+  if (j < 0) return false;
   const nb_eqn *q = st->eqn;
-  const nb_val *x = q->in[0], *y = q->out[0];
+  const nb_val *x = q->in[j], *y = q->out[o];
   const nb_jbuf *bx = &p->bufs[x->id], *by = &p->bufs[y->id];
   if (bx->last_step != s || !nb_aval_equal(&x->aval, &y->aval) || bx->nbytes != by->nbytes) return false;
   if ((by->cls != NB_BUF_TEMP && by->cls != NB_BUF_OUTPUT) || bx->view >= 0) return false;
-  for (int i = 1; i < q->nin; i++)
-    if (q->in[i] == x) return false;
+  for (int i = 0; i < q->nin; i++)
+    if (i != j && q->in[i] == x) return false;
   if (bx->cls == NB_BUF_TEMP) return !cfg->off[NB_SW_reuse];
   if (bx->cls == NB_BUF_INPUT) return !cfg->off[NB_SW_donate] && p->donated[bx->index] && !is_graph_output(p, x);
   return false;
 }
 
-/* The step's model cost without the copy of the operand: the window written
- * is no larger than the other operands. */
+/* The step's model cost without the copies of the updated operands: the
+ * windows written are no larger than the other operands. */
 static void in_place_cost(nb_jstep *st) {
   const nb_eqn *q = st->eqn;
-  double by = st->bytes - 2.0 * (double)nb_shape_size(&q->in[0]->aval.shape) * (double)nb_dtype_size(q->in[0]->aval.dtype);
-  for (int i = 1; i < q->nin; i++) by += (double)nb_shape_size(&q->in[i]->aval.shape) * (double)nb_dtype_size(q->in[i]->aval.dtype);
+  double by = st->bytes;
+  for (int i = 0; i < q->nin; i++) {
+    bool updated = false;
+    for (int o = 0; o < q->nout; o++) updated |= updated_operand(st, o) == i;
+    double size = (double)nb_shape_size(&q->in[i]->aval.shape) * (double)nb_dtype_size(q->in[i]->aval.dtype);
+    by += updated ? -2.0 * size : size;
+  }
   if (by > 0) st->bytes = by;
 }
 
@@ -114,12 +130,13 @@ static nb_status plan_in_place(nb_ctx *ctx, nb_jplan *p, const nb_jit_config *cf
   nb_status st = next && step && has_prev ? NB_OK : NB_ERR_NOMEM;
   for (size_t v = 0; st == NB_OK && v < n; v++) next[v] = step[v] = -1;
   for (int s = 0; st == NB_OK && s < p->nsteps; s++)
-    if (updates_in_place(p, cfg, s)) {
-      const nb_eqn *q = p->steps[s].eqn;
-      next[q->in[0]->id] = (int)q->out[0]->id;
-      step[q->out[0]->id] = s;
-      has_prev[q->out[0]->id] = true;
-    }
+    for (int o = 0; p->steps[s].kind == NB_EXE_STEP_EVAL && o < p->steps[s].eqn->nout; o++)
+      if (updates_in_place(p, cfg, s, o)) {
+        const nb_eqn *q = p->steps[s].eqn;
+        next[q->in[updated_operand(&p->steps[s], o)]->id] = (int)q->out[o]->id;
+        step[q->out[o]->id] = s;
+        has_prev[q->out[o]->id] = true;
+      }
   for (size_t h0 = 0; st == NB_OK && h0 < p->nvals; h0++) {
     if (next[h0] < 0 || has_prev[h0]) continue;
     int h = (int)h0, t = h;
@@ -128,7 +145,7 @@ static nb_status plan_in_place(nb_ctx *ctx, nb_jplan *p, const nb_jit_config *cf
     if (p->bufs[h].cls == NB_BUF_INPUT) {
       if (to_output) p->bufs[t].donor = p->bufs[h].index;
       h = next[h]; /* the input is not a member: the output takes it whole */
-      p->steps[step[h]].in_place = to_output;
+      p->steps[step[h]].in_place |= to_output;
     }
     /* h: the first member that is not an input */
     if (to_output) {

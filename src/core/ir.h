@@ -138,6 +138,10 @@ typedef struct nb_prim_rules {
    * (an update of a dead or donated operand): eval must then find their data
    * pointers equal and write only what changes, instead of copying in[0]. */
   bool in_place;
+  /* The same contract per output, for primitives with several outputs or
+   * operands updated (custom calls that declare it): the operand that output
+   * `out` updates in place, or -1. NULL: in_place's out[0] <- in[0] only. */
+  int (*in_place_operand)(const nb_eqn *e, int out);
   /* Lowering, read by the compiler (default: NB_FUSE_NONE, not a gemm). */
   nb_fusion fusion;
   const nb_c_expr *c;                /* NB_FUSE_EXPR */

@@ -106,9 +106,7 @@ static nb_status write_eval(void *ud, nb_ctx *ctx, int nin, nb_array *const *in,
                             nb_array **out) {
   (void)ud, (void)nin, (void)attrs, (void)attrs_size, (void)nout;
   const int64_t *cd = nb_array_dims(in[0]);
-  float *kc = nb_array_data_mut(out[0]), *vc = nb_array_data_mut(out[1]);
-  memcpy(kc, nb_array_data(in[0]), nb_array_nbytes(in[0]));
-  memcpy(vc, nb_array_data(in[1]), nb_array_nbytes(in[1]));
+  float *kc = nb_array_data_mut(out[0]), *vc = nb_array_data_mut(out[1]); /* the caches, updated in place */
   nb_serve_kv_write w = {.num_tokens = (int32_t)nb_array_dims(in[2])[0], .num_kv_heads = (int32_t)cd[2],
                          .head_dim = (int32_t)cd[3], .block_size = (int32_t)cd[1], .num_blocks = (int32_t)cd[0],
                          .k = nb_array_data(in[2]), .v = nb_array_data(in[3]), .slot_mapping = nb_array_data(in[4]),
@@ -118,7 +116,9 @@ static nb_status write_eval(void *ud, nb_ctx *ctx, int nin, nb_array *const *in,
 
 nb_status nb_serve_register_kernels(nb_ctx *ctx, const nb_serve_pool_lend *lend) {
   nb_custom_call_rules attn = {.name = ATTN_NAME, .infer = attn_infer, .eval = attn_eval, .cost = attn_cost, .ud = (void *)lend};
-  nb_custom_call_rules write = {.name = WRITE_NAME, .infer = write_infer, .eval = write_eval};
+  /* outputs 0 and 1 are the caches (operands 0 and 1) with the new slots:
+   * a compiled step writes only those slots into donated caches */
+  nb_custom_call_rules write = {.name = WRITE_NAME, .infer = write_infer, .eval = write_eval, .in_place = 0x3};
   nb_status st = nb_custom_call_register(ctx, &attn);
   return st != NB_OK ? st : nb_custom_call_register(ctx, &write);
 }

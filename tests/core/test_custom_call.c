@@ -2,7 +2,8 @@
  * value, kept alive by every graph holding the call), reverse mode through
  * the kernel's vjp (grad, grad of grad, vjp with an integer output, grad of
  * vmap), vmap (looped, nested), cost, and misuse: unknown names, wrong
- * arity, forward mode, kernels that fail or lie about their outputs. The test
+ * arity, forward mode, kernels that fail or lie about their outputs; kernels
+ * that update an operand in place (interpreted, batched, misdeclared). The test
  * kernels (softplus, polar, cube_nograd) are in tests/lib/cases_custom_call.c. */
 #include "primcheck.h"
 
@@ -83,7 +84,7 @@ static void test_register(nb_ctx *ctx) {
   CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "rules with a non-empty name are required");
   /* the name is copied: the caller's buffer may go away */
   char name[16] = "scratch";
-  nb_custom_call_rules r = {name, lying_infer, lying_eval, NULL, NULL, NULL};
+  nb_custom_call_rules r = {name, lying_infer, lying_eval, NULL, NULL, NULL, 0};
   CHECK_OK(ctx, nb_custom_call_register(ctx, &r));
   strcpy(name, "other");
   CHECK(nb_custom_call_register(ctx, &r) == NB_OK); /* "other" is new */
@@ -282,9 +283,9 @@ static nb_status f_misuse(nb_graph *g, const nb_tree *in, nb_tree *out, void *u)
 }
 
 static void test_misuse(nb_ctx *ctx) {
-  nb_custom_call_rules fail = {"lying_fail", lying_infer, lying_eval, NULL, NULL, (void *)1};
-  nb_custom_call_rules wrong = {"lying_aval", lying_infer, lying_eval, NULL, NULL, (void *)0};
-  nb_custom_call_rules shape = {"lying_shape", lying_infer, lying_eval, NULL, NULL, (void *)2};
+  nb_custom_call_rules fail = {"lying_fail", lying_infer, lying_eval, NULL, NULL, (void *)1, 0};
+  nb_custom_call_rules wrong = {"lying_aval", lying_infer, lying_eval, NULL, NULL, (void *)0, 0};
+  nb_custom_call_rules shape = {"lying_shape", lying_infer, lying_eval, NULL, NULL, (void *)2, 0};
   CHECK_OK(ctx, nb_custom_call_register(ctx, &fail));
   CHECK_OK(ctx, nb_custom_call_register(ctx, &wrong));
   CHECK_OK(ctx, nb_custom_call_register(ctx, &shape));
@@ -345,6 +346,65 @@ static void test_misuse(nb_ctx *ctx) {
   nb_tree_destroy(in);
 }
 
+/* ---------------------------------------------------------------- in place */
+
+/* set_first: x with x[0] = v[0]. Declared in place (output 0 updates
+ * operand 0), so it writes only x[0]; ud != NULL: an infer rule that lies. */
+static nb_status set_first_infer(void *ud, int nin, const nb_aval *in, const void *attrs, size_t size, int nout, nb_aval *out) {
+  out[0] = ud ? nb_aval_make(NB_F32, 0, NULL) : in[0];
+  return nin == 2 && nout == 1 ? NB_OK : NB_ERR_SHAPE;
+}
+
+static nb_status set_first_eval(void *ud, nb_ctx *ctx, int nin, nb_array *const *in, const void *attrs, size_t size, int nout,
+                                nb_array **out) {
+  ((double *)nb_array_data_mut(out[0]))[0] = ((const double *)nb_array_data(in[1]))[0];
+  return NB_OK;
+}
+
+static void test_in_place(nb_ctx *ctx) {
+  nb_custom_call_rules r = {.name = "set_first", .infer = set_first_infer, .eval = set_first_eval, .in_place = 1};
+  CHECK_OK(ctx, nb_custom_call_register(ctx, &r));
+  int64_t d1 = 1;
+  nb_graph *g = nb_graph_create(ctx);
+  nb_val *ops[2] = {nb_graph_input(g, "x", nb_aval_make(NB_F64, 1, D4)), nb_graph_input(g, "v", nb_aval_make(NB_F64, 1, &d1))};
+  nb_graph_output(g, "y", nb_custom_call(g, "set_first", 2, ops, NULL, 0, 1, NULL));
+  /* interpreted: the kernel gets a copy of x (not donated), x is kept */
+  nb_array *x = vec(ctx, 1, D4, 1.0), *in[2] = {x, nb_array_from_f64(ctx, NB_F64, 1, &d1, (double[]){9})}, *y = NULL;
+  CHECK_OK(ctx, nb_graph_run_flat(ctx, g, in, &y));
+  for (int i = 0; y && i < 4; i++) CHECK_NEAR(nb_array_get(y, i), i ? nb_array_get(x, i) : 9, 0);
+  CHECK(nb_array_get(x, 0) == 0.25 - 3);
+  nb_array_release(y);
+  /* batched: each item gets its own copy */
+  nb_vmap_opts o = {.axis_size = 2};
+  nb_graph *v = nb_vmap(ctx, g, &o);
+  CHECK_MSG(v, "%s", nb_ctx_error(ctx));
+  int64_t d24[2] = {2, 4}, d21[2] = {2, 1};
+  nb_array *bin[2] = {vec(ctx, 2, d24, 1.0), nb_array_from_f64(ctx, NB_F64, 2, d21, (double[]){7, 8})}, *by = NULL;
+  if (v) CHECK_OK(ctx, nb_graph_run_flat(ctx, v, bin, &by));
+  for (int i = 0; by && i < 8; i++) CHECK_NEAR(nb_array_get(by, i), i % 4 ? nb_array_get(bin[0], i) : 7 + i / 4, 0);
+  CHECK(by != NULL);
+  /* an in-place output must have its operand's aval, and name an output there is */
+  r = (nb_custom_call_rules){.name = "set_first_lying", .infer = set_first_infer, .eval = set_first_eval, .in_place = 1, .ud = ctx};
+  CHECK_OK(ctx, nb_custom_call_register(ctx, &r));
+  r = (nb_custom_call_rules){.name = "set_first_beyond", .infer = set_first_infer, .eval = set_first_eval, .in_place = 2};
+  CHECK_OK(ctx, nb_custom_call_register(ctx, &r));
+  const char *bad[2] = {"set_first_lying", "set_first_beyond"}, *why[2] = {"another aval", "beyond"};
+  for (int b = 0; b < 2; b++) {
+    nb_graph *h = nb_graph_create(ctx);
+    nb_val *hops[2] = {nb_graph_input(h, "x", nb_aval_make(NB_F64, 1, D4)), nb_graph_input(h, "v", nb_aval_make(NB_F64, 1, &d1))};
+    nb_custom_call(h, bad[b], 2, hops, NULL, 0, 1, NULL);
+    CHECK_MSG(nb_graph_status(h) == NB_ERR_INVALID_ARG && strstr(nb_graph_error(h), why[b]), "%s: %s", bad[b], nb_graph_error(h));
+    nb_graph_destroy(h);
+  }
+  for (int i = 0; i < 2; i++) {
+    nb_array_release(in[i]);
+    nb_array_release(bin[i]);
+  }
+  nb_array_release(by);
+  nb_graph_destroy(v);
+  nb_graph_destroy(g);
+}
+
 int main(void) {
   nb_ctx *ctx = nb_ctx_create();
   test_register(ctx);
@@ -353,6 +413,7 @@ int main(void) {
   test_vjp_multi_output(ctx);
   test_vmap(ctx);
   test_misuse(ctx);
+  test_in_place(ctx);
   nb_ctx_destroy(ctx);
   return nb_test_summary("core/custom_call");
 }

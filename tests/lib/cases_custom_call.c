@@ -105,9 +105,9 @@ static nb_status cube_eval(void *ud, nb_ctx *ctx, int nin, nb_array *const *in, 
 
 nb_status nb_test_register_custom_calls(nb_ctx *ctx) {
   static const nb_custom_call_rules rules[3] = {
-      {"softplus", softplus_infer, softplus_eval, softplus_vjp, softplus_cost, NULL},
-      {"polar", polar_infer, polar_eval, polar_vjp, NULL, NULL},
-      {"cube_nograd", cube_infer, cube_eval, NULL, NULL, NULL},
+      {"softplus", softplus_infer, softplus_eval, softplus_vjp, softplus_cost, NULL, 0},
+      {"polar", polar_infer, polar_eval, polar_vjp, NULL, NULL, 0},
+      {"cube_nograd", cube_infer, cube_eval, NULL, NULL, NULL, 0},
   };
   for (int i = 0; i < 3; i++) {
     if (nb__custom_call_find(ctx, rules[i].name)) continue;

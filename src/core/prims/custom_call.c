@@ -45,6 +45,8 @@ nb_status nb_custom_call_register(nb_ctx *ctx, const nb_custom_call_rules *rules
 
 static const nb_custom_call_params *P(const nb_eqn *e) { return e->params; }
 static const void *attrs_of(const nb_custom_call_params *p) { return p->attrs ? nb_array_data(p->attrs) : NULL; }
+/* Does output i update operand i in place (rules.in_place)? */
+static bool updates(const nb_custom_call_params *p, int i) { return i < 64 && (p->entry->rules.in_place >> i & 1u); }
 
 static nb_aval strip_batch(nb_aval a) {
   nb_aval r = nb_aval_make(a.dtype, a.shape.rank - 1, a.shape.dims + 1);
@@ -65,7 +67,12 @@ static nb_status kernel_infer(const nb_custom_call_params *p, const nb_aval *in,
     for (int d = 0; ok && d < out[i].shape.rank; d++) ok = out[i].shape.dims[d] >= 0;
     if (!ok) return snprintf(why, cap, "custom call '%s': its infer rule made an invalid aval for output %d", r->name, i), NB_ERR_INVALID_ARG;
     out[i] = nb_aval_make(out[i].dtype, out[i].shape.rank, out[i].shape.dims); /* zero the unused dims */
+    if (updates(p, i) && (i >= p->nin || !nb_aval_equal(&out[i], &in[i])))
+      return snprintf(why, cap, "custom call '%s': output %d updates operand %d in place but %s", r->name, i, i,
+                      i >= p->nin ? "there is no such operand" : "its infer rule gave it another aval"), NB_ERR_INVALID_ARG;
   }
+  if (p->nout < 64 && (r->in_place >> p->nout))
+    return snprintf(why, cap, "custom call '%s': in_place names an output beyond its %d", r->name, p->nout), NB_ERR_INVALID_ARG;
   return NB_OK;
 }
 
@@ -172,7 +179,8 @@ static nb_status run_batched(nb_ctx *ctx, const nb_eqn *e, nb_array *const *in, 
     for (int i = 0; st == NB_OK && i < p->nin; i++)
       if (!(ins[i] = item(ctx, in[i], b))) st = NB_ERR_NOMEM;
     for (int i = 0; st == NB_OK && i < p->nout; i++)
-      if (!(outs[i] = nb_array_empty(ctx, want[i].dtype, want[i].shape.rank, want[i].shape.dims))) st = NB_ERR_NOMEM;
+      if (!(outs[i] = updates(p, i) ? item(ctx, in[i], b) : nb_array_empty(ctx, want[i].dtype, want[i].shape.rank, want[i].shape.dims)))
+        st = NB_ERR_NOMEM;
     if (st == NB_OK) st = run_kernel(ctx, e, ins, outs, want);
     for (int i = 0; st == NB_OK && i < p->nout; i++) {
       size_t n = nb_array_nbytes(outs[i]);
@@ -188,22 +196,34 @@ static nb_status run_batched(nb_ctx *ctx, const nb_eqn *e, nb_array *const *in, 
 }
 
 /* The kernel writes fresh arrays (it may replace them), copied into out:
- * executors hand eval views of their own buffers, which must be filled in place. */
+ * executors hand eval views of their own buffers, which must be filled in place.
+ * An output that updates its operand is handed to the kernel itself, holding
+ * the operand's contents: already there when a compiler planned it in the
+ * operand's memory (equal pointers), else copied here. */
 static nb_status call_eval(nb_ctx *ctx, const nb_eqn *e, nb_array *const *in, nb_array **out) {
-  if (P(e)->batch) return run_batched(ctx, e, in, out);
+  const nb_custom_call_params *p = P(e);
+  if (p->batch) return run_batched(ctx, e, in, out);
   nb_aval want[MAX_IO];
   nb_array *fresh[MAX_IO] = {NULL};
   nb_status st = NB_OK;
   for (int i = 0; st == NB_OK && i < e->nout; i++) {
     want[i] = e->out[i]->aval;
-    if (!(fresh[i] = nb_array_empty(ctx, want[i].dtype, want[i].shape.rank, want[i].shape.dims))) st = NB_ERR_NOMEM;
+    if (updates(p, i)) {
+      if (nb_array_data(out[i]) != nb_array_data(in[i])) memcpy(nb_array_data_mut(out[i]), nb_array_data(in[i]), nb_array_nbytes(in[i]));
+      nb_array_retain(fresh[i] = out[i]);
+    } else if (!(fresh[i] = nb_array_empty(ctx, want[i].dtype, want[i].shape.rank, want[i].shape.dims))) {
+      st = NB_ERR_NOMEM;
+    }
   }
   if (st == NB_OK) st = run_kernel(ctx, e, in, fresh, want);
   for (int i = 0; st == NB_OK && i < e->nout; i++)
-    memcpy(nb_array_data_mut(out[i]), nb_array_data(fresh[i]), nb_array_nbytes(fresh[i]));
+    if (fresh[i] != out[i]) memcpy(nb_array_data_mut(out[i]), nb_array_data(fresh[i]), nb_array_nbytes(fresh[i]));
   for (int i = 0; i < e->nout; i++) nb_array_release(fresh[i]);
   return st;
 }
+
+/* For the compiler (nb_prim_rules.in_place_operand). */
+static int call_in_place_operand(const nb_eqn *e, int out) { return updates(P(e), out) ? out : -1; }
 
 static nb_status lin_eval(nb_ctx *ctx, const nb_eqn *e, nb_array *const *in, nb_array **out) {
   return nb_errorf(ctx, NB_ERR_UNIMPLEMENTED,
@@ -433,6 +453,7 @@ const nb_prim_rules nb__prim_custom_call = {
     .params_size = sizeof(nb_custom_call_params),
     .infer = call_infer,
     .eval = call_eval,
+    .in_place_operand = call_in_place_operand,
     .jvp = call_jvp,
     .batch = call_batch,
     .cost = call_cost,
