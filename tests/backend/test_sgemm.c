@@ -11,6 +11,9 @@
 #include "backend/cpu/sgemm.h"
 #include "test.h"
 
+/* products a kernel could not run because this CPU lacks its ISA: reported */
+static int skipped[NB_SGEMM_AVX512 + 1];
+
 static uint64_t rng = 88172645463325252ull;
 static float rnd(void) {
   rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
@@ -55,6 +58,7 @@ static void one(int64_t m, int64_t n, int64_t k, bool ta, bool tb) {
     bool ran = nb_cpu__sgemm_on((nb_sgemm_isa)isa, ta, tb, m, n, k, A, lda, B, ldb, got, ldc);
     if (!ran) {
       CHECK_MSG(isa != NB_SGEMM_C && isa > (int)nb_cpu__sgemm_best(), "kernel %s refused", nb_cpu__sgemm_name(isa));
+      skipped[isa]++;
       continue;
     }
     int bad = mismatches(want, got, nc);
@@ -84,5 +88,7 @@ int main(void) {
   reference(false, false, m, n, k, A, k, B, n, y, n, true);
   CHECK_MSG(mismatches(x, y, (size_t)(m * n)) > 0, "summing backwards changed nothing: the values are too tame");
   free(A), free(B), free(x), free(y);
+  for (int isa = NB_SGEMM_C; isa <= NB_SGEMM_AVX512; isa++)
+    if (skipped[isa]) printf("SKIPPED: the %s kernel on %d products (this CPU lacks its ISA)\n", nb_cpu__sgemm_name(isa), skipped[isa]);
   return nb_test_summary("backend/test_sgemm");
 }
