@@ -642,6 +642,8 @@ typedef struct nb_custom_call_rules {
   uint64_t in_place;
 } nb_custom_call_rules;
 nb_status nb_custom_call_register(nb_ctx *ctx, const nb_custom_call_rules *rules);
+/* Whether a custom call is registered on ctx as `name`. */
+bool nb_custom_call_registered(const nb_ctx *ctx, const char *name);
 /* Calls the kernel registered as `name` on nin operands (at most 64) for nout
  * outputs (1 to 64). Returns the first output; all outputs go to out[nout]
  * when out != NULL. An unknown name is NB_ERR_NOT_FOUND. */

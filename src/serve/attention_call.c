@@ -7,8 +7,8 @@
 
 #include "serve/internal.h"
 
-#define ATTN_NAME "serve.paged_attention"
-#define WRITE_NAME "serve.kv_cache_write"
+#define ATTN_NAME NB_SERVE__ATTN_NAME
+#define WRITE_NAME NB_SERVE__WRITE_NAME
 
 /* ---------------------------------------------------------------- shape rules */
 

@@ -121,4 +121,8 @@ struct nb_serve_engine {
  * cover exactly the computed tokens. */
 bool nb_serve__engine_check(const nb_serve_engine *e, char *why, size_t cap);
 
+/* The names the serve kernels are registered under as custom calls. */
+#define NB_SERVE__ATTN_NAME "serve.paged_attention"
+#define NB_SERVE__WRITE_NAME "serve.kv_cache_write"
+
 #endif

@@ -120,13 +120,11 @@ static int32_t pow2_at_least(int32_t n, int32_t lo) {
   return b;
 }
 
-/* The custom calls on ctx: registered here unless the caller did already
- * (the registry refuses a name in use; that refusal is not an error here). */
+/* The custom calls on ctx: registered here unless the caller did already. */
 static nb_status ensure_kernels(nb_ctx *ctx) {
-  if (nb_serve_register_kernels(ctx, NULL) == NB_OK) return NB_OK;
-  if (!strstr(nb_ctx_error(ctx), "already registered")) return nb_ctx_status(ctx);
-  nb_ctx_clear_error(ctx);
-  return NB_OK;
+  if (nb_custom_call_registered(ctx, NB_SERVE__ATTN_NAME) && nb_custom_call_registered(ctx, NB_SERVE__WRITE_NAME))
+    return NB_OK;
+  return nb_serve_register_kernels(ctx, NULL);
 }
 
 nb_serve_model *nb_serve_model_create(nb_ctx *ctx, const nb_model_config *cfg, const nb_tree *params,

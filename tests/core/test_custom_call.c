@@ -88,6 +88,8 @@ static void test_register(nb_ctx *ctx) {
   CHECK_OK(ctx, nb_custom_call_register(ctx, &r));
   strcpy(name, "other");
   CHECK(nb_custom_call_register(ctx, &r) == NB_OK); /* "other" is new */
+  CHECK(nb_custom_call_registered(ctx, "scratch") && nb_custom_call_registered(ctx, "other"));
+  CHECK(!nb_custom_call_registered(ctx, "never-registered") && !nb_custom_call_registered(ctx, NULL));
   strcpy(name, "scratch");
   CHECK(nb_custom_call_register(ctx, &r) == NB_ERR_INVALID_ARG);
   CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "custom call 'scratch' is already registered");

@@ -20,6 +20,8 @@ const nb_custom_call_entry *nb__custom_call_find(const nb_ctx *ctx, const char *
   return NULL;
 }
 
+bool nb_custom_call_registered(const nb_ctx *ctx, const char *name) { return nb__custom_call_find(ctx, name) != NULL; }
+
 nb_status nb_custom_call_register(nb_ctx *ctx, const nb_custom_call_rules *rules) {
   if (!ctx) return NB_ERR_INVALID_ARG;
   if (!rules || !rules->name || !*rules->name)
