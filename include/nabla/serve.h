@@ -112,12 +112,43 @@ void nb_serve_engine_destroy(nb_serve_engine *e);
 /* The config with the defaults filled in and num_blocks computed. */
 const nb_serve_config *nb_serve_engine_config(const nb_serve_engine *e);
 
+/* How the next token of a request is chosen (vLLM's SamplingParams). All
+ * zero is greedy with no penalties; the model step applies it as traced ops
+ * (nb_serve_model_step), in this order on each sequence's logits: logit_bias,
+ * min_tokens masking of stop_token_ids, repetition, frequency and presence
+ * penalties, then temperature, top_k, top_p, min_p, and the draw.
+ *
+ * Reproducible: token j (counted from 0 among the generated tokens) of
+ * sample k of a request is drawn with the key
+ * fold_in(fold_in(threefry_key(seed), k), j), whatever else is in the batch,
+ * however the prompt was chunked or cached, and after a preemption. */
+#define NB_SERVE_MAX_LOGPROBS 20
+typedef struct nb_serve_sampling {
+  float temperature;            /* 0: greedy (argmax, the lowest id on ties); > 0: softmax(logits / temperature) */
+  int32_t top_k;                /* keep the k most likely tokens; <= 0: all */
+  float top_p;                  /* keep the most likely tokens until their mass reaches top_p; 0 or 1: all */
+  float min_p;                  /* drop tokens whose probability is below min_p times the largest; 0: off */
+  float presence_penalty;       /* OpenAI's: subtracted once from each token generated so far, [-2, 2] */
+  float frequency_penalty;      /* OpenAI's: subtracted per occurrence among the generated tokens, [-2, 2] */
+  float repetition_penalty;     /* on prompt and generated tokens: logit / r when positive, logit * r otherwise; 0 or 1: off */
+  uint64_t seed;                /* the request's random stream (callers draw one when the user gave none) */
+  const int32_t *logit_bias_ids;  /* [num_logit_bias], added to those logits (copied with the request) */
+  const float *logit_bias_values;
+  int32_t num_logit_bias;
+  int32_t num_logprobs;         /* also return the top num_logprobs tokens' logprobs, [0, NB_SERVE_MAX_LOGPROBS] */
+  int32_t min_tokens;           /* stop_token_ids cannot be drawn before this many tokens were generated */
+  const int32_t *stop_token_ids;  /* [num_stop_token_ids]: masked before min_tokens (copied); ending a
+                                   * sample on them is the caller's (nb_serve_llm's) business */
+  int32_t num_stop_token_ids;
+} nb_serve_sampling;
+
 typedef struct nb_serve_request {
   int64_t id;                   /* caller's id, unique among unfinished requests */
   const int32_t *prompt;        /* borrowed: the engine copies it */
   int32_t prompt_len;           /* >= 1 */
   int32_t max_tokens;           /* tokens to generate per sample, >= 1 */
   int32_t n;                    /* samples sharing the prompt; 0: 1 */
+  const nb_serve_sampling *sampling; /* NULL: greedy; copied, with its arrays */
 } nb_serve_request;
 
 /* Queues a request. Refused (NB_ERR_INVALID_ARG, request untouched) when
@@ -172,6 +203,9 @@ typedef struct nb_serve_seq_batch {
    * last prompt chunk of an n > 1 request also its siblings */
   const int32_t *sample_indices;
   int32_t num_samples;
+  const nb_serve_sampling *sampling; /* the request's (never NULL: zeros when it gave none) */
+  const int32_t *tokens;        /* the sequence's tokens so far: the prompt, then the generated ones ... */
+  int32_t prompt_len;           /* ... from prompt_len up to context_len (penalties read them) */
 } nb_serve_seq_batch;
 
 typedef struct nb_serve_batch {
@@ -352,13 +386,84 @@ nb_serve_model *nb_serve_model_create(nb_ctx *ctx, const nb_model_config *cfg, c
                                       const nb_serve_config *engine_config, const nb_serve_model_opts *opts);
 void nb_serve_model_destroy(nb_serve_model *m); /* NULL ok */
 
+/* The token a step drew for one sample, with log-probabilities of the
+ * model's distribution: log_softmax of the raw logits, before logit_bias,
+ * penalties and temperature (vLLM's raw logprobs). */
+typedef struct nb_serve_sample_out {
+  int64_t request_id;
+  int32_t sample_index;
+  int32_t token;
+  float logprob;                /* of token */
+  int32_t num_top;              /* the request's num_logprobs */
+  int32_t top_ids[NB_SERVE_MAX_LOGPROBS];  /* the most likely tokens, most likely first (lowest id on ties) */
+  float top_logprobs[NB_SERVE_MAX_LOGPROBS];
+} nb_serve_sample_out;
+
 /* Runs one step: b->copies (copy-on-write) on every layer's cache, then the
- * model. tokens[i] (room for b->num_seqs) receives the greedy token of
- * sequence i when b->seqs[i].needs_logits, else -1. A batch with no
- * sequences does nothing. */
-nb_status nb_serve_model_step(nb_serve_model *m, const nb_serve_batch *b, int32_t *tokens);
+ * model, then each request's sampling (nb_serve_sampling) on the logits of
+ * every sequence with needs_logits: one draw per listed sample (the n > 1
+ * samples that fork off a prompt draw from the same logits with their own
+ * keys). out (room for max_num_seqs entries) receives the draws in batch
+ * order, *num_out their count. A batch with no sequences does nothing. */
+nb_status nb_serve_model_step(nb_serve_model *m, const nb_serve_batch *b, nb_serve_sample_out *out, int32_t *num_out);
 /* Step executables compiled (or graphs traced, when interpreting) so far. */
 int nb_serve_model_num_executables(const nb_serve_model *m);
+
+/* ------------------------------------------------------------------------ */
+/* The engine and the model together                                        */
+/* ------------------------------------------------------------------------ */
+
+/* nb_serve_llm drives an engine and its model step: requests in, one event
+ * per drawn token out, with the end of each sample decided (max_tokens, an
+ * end-of-sequence or stop token once min_tokens are out, an abort). What a
+ * server or a rollout loop calls; text (detokenizing, stop strings) stays
+ * the caller's, who ends a sample early with nb_serve_llm_finish. Used from
+ * one thread at a time. */
+typedef struct nb_serve_llm nb_serve_llm;
+
+typedef struct nb_serve_llm_config {
+  nb_serve_config engine;       /* engine.kv is filled in from the model when zero */
+  nb_serve_model_opts model;
+  const int32_t *eos_token_ids; /* end a sample (finish reason stop) unless the request ignores them; copied */
+  int32_t num_eos_token_ids;
+} nb_serve_llm_config;
+
+typedef enum nb_serve_finish_reason {
+  NB_SERVE_RUNNING = 0,         /* more tokens follow */
+  NB_SERVE_FINISHED_LENGTH,     /* max_tokens reached */
+  NB_SERVE_FINISHED_STOP,       /* an end-of-sequence or stop token (it is this event's token) */
+  NB_SERVE_FINISHED_ABORT,      /* nb_serve_llm_abort */
+} nb_serve_finish_reason;
+
+typedef struct nb_serve_llm_request {
+  nb_serve_request r;           /* r.sampling's stop_token_ids end the sample (finish reason stop) */
+  bool ignore_eos;              /* the config's eos tokens neither end nor get masked */
+} nb_serve_llm_request;
+
+typedef struct nb_serve_event {
+  nb_serve_sample_out s;        /* the token; s.token is -1 for an abort */
+  int32_t num_generated;        /* tokens of this sample so far, this one included */
+  nb_serve_finish_reason finish;
+} nb_serve_event;
+
+/* NULL with the error in ctx (the engine's and the model's checks). */
+nb_serve_llm *nb_serve_llm_create(nb_ctx *ctx, const nb_model_config *cfg, const nb_tree *params,
+                                  const nb_serve_llm_config *config);
+void nb_serve_llm_destroy(nb_serve_llm *l); /* NULL ok */
+nb_serve_engine *nb_serve_llm_engine(nb_serve_llm *l);
+nb_serve_model *nb_serve_llm_model(nb_serve_llm *l);
+/* Queues a request (nb_serve_add_request's checks). */
+nb_status nb_serve_llm_add(nb_serve_llm *l, const nb_serve_llm_request *r);
+/* Ends every sample of the request; the next step reports one abort event
+ * per sample still running. NB_ERR_NOT_FOUND for an unknown id. */
+nb_status nb_serve_llm_abort(nb_serve_llm *l, int64_t id);
+/* Ends one sample now (a stop string): no event follows for it. */
+nb_status nb_serve_llm_finish(nb_serve_llm *l, int64_t id, int32_t sample_index);
+bool nb_serve_llm_has_unfinished(const nb_serve_llm *l);
+/* Schedules and runs one step and appends its tokens. *events (valid until
+ * the next call) lists every token drawn and every sample ended, in batch
+ * order; a step may have none (a prompt chunk that is not the last). */
+nb_status nb_serve_llm_step(nb_serve_llm *l, const nb_serve_event **events, int32_t *num_events);
 
 NB_END_DECLS
 

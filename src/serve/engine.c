@@ -1,6 +1,7 @@
 /* The engine: configuration and KV cache sizing, requests and their
  * sequences, and the continuous-batching scheduler that plans each step. */
 #include <limits.h>
+#include <math.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -165,7 +166,26 @@ static void seq_free(nb_serve_engine *e, nb_serve__seq *s) {
   if (s->tokens) nb_dealloc(ctx, s->tokens, (size_t)s->cap * sizeof *s->tokens);
   if (s->table) nb_dealloc(ctx, s->table, (size_t)e->max_blocks_per_seq * sizeof *s->table);
   if (s->hashes) nb_dealloc(ctx, s->hashes, (size_t)e->max_blocks_per_seq * sizeof *s->hashes);
+  const nb_serve_sampling *sp = &s->sampling;
+  if (sp->logit_bias_ids) nb_dealloc(ctx, (void *)sp->logit_bias_ids, (size_t)sp->num_logit_bias * sizeof(int32_t));
+  if (sp->logit_bias_values) nb_dealloc(ctx, (void *)sp->logit_bias_values, (size_t)sp->num_logit_bias * sizeof(float));
+  if (sp->stop_token_ids) nb_dealloc(ctx, (void *)sp->stop_token_ids, (size_t)sp->num_stop_token_ids * sizeof(int32_t));
   nb_dealloc(ctx, s, sizeof *s);
+}
+
+/* *d = *src with its arrays copied into d's own memory (freed by seq_free). */
+static nb_status copy_sampling(nb_ctx *ctx, const nb_serve_sampling *src, nb_serve_sampling *d) {
+  *d = *src;
+  d->logit_bias_ids = NULL, d->logit_bias_values = NULL, d->stop_token_ids = NULL;
+  size_t nb = (size_t)(src->num_logit_bias > 0 ? src->num_logit_bias : 0);
+  size_t ns = (size_t)(src->num_stop_token_ids > 0 ? src->num_stop_token_ids : 0);
+  int32_t *ids = nb ? nb_alloc(ctx, nb * sizeof *ids) : NULL, *stops = ns ? nb_alloc(ctx, ns * sizeof *stops) : NULL;
+  float *vals = nb ? nb_alloc(ctx, nb * sizeof *vals) : NULL;
+  d->logit_bias_ids = ids, d->logit_bias_values = vals, d->stop_token_ids = stops;
+  if ((nb && (!ids || !vals)) || (ns && !stops)) return NB_ERR_NOMEM;
+  if (nb) memcpy(ids, src->logit_bias_ids, nb * sizeof *ids), memcpy(vals, src->logit_bias_values, nb * sizeof *vals);
+  if (ns) memcpy(stops, src->stop_token_ids, ns * sizeof *stops);
+  return NB_OK;
 }
 
 /* A sequence with room for every token it will ever hold, so stepping never
@@ -187,6 +207,10 @@ static nb_serve__seq *seq_new(nb_serve_engine *e, const nb_serve_request *r, int
     return NULL;
   }
   memcpy(s->tokens, r->prompt, (size_t)r->prompt_len * sizeof *s->tokens);
+  if (r->sampling && copy_sampling(ctx, r->sampling, &s->sampling) != NB_OK) {
+    seq_free(e, s);
+    return NULL;
+  }
   return s;
 }
 
@@ -269,6 +293,33 @@ static nb_status waiting_reserve(nb_serve_engine *e, int32_t need) {
 
 /* ---- requests -------------------------------------------------------------------- */
 
+/* The ranges vLLM's SamplingParams accepts; token ids are checked against
+ * the vocabulary by the model step. */
+static nb_status check_sampling(nb_ctx *ctx, int64_t id, const nb_serve_sampling *p) {
+  const char *bad = NULL;
+  double v = 0;
+#define RULE(cond, field, value) \
+  if (!bad && !(cond)) bad = field, v = (double)(value);
+  RULE(isfinite(p->temperature) && p->temperature >= 0, "temperature", p->temperature)
+  RULE(p->top_k >= -1, "top_k", p->top_k)
+  RULE(p->top_p >= 0 && p->top_p <= 1, "top_p", p->top_p)
+  RULE(p->min_p >= 0 && p->min_p <= 1, "min_p", p->min_p)
+  RULE(p->presence_penalty >= -2 && p->presence_penalty <= 2, "presence_penalty", p->presence_penalty)
+  RULE(p->frequency_penalty >= -2 && p->frequency_penalty <= 2, "frequency_penalty", p->frequency_penalty)
+  RULE(isfinite(p->repetition_penalty) && p->repetition_penalty >= 0, "repetition_penalty", p->repetition_penalty)
+  RULE(p->num_logprobs >= 0 && p->num_logprobs <= NB_SERVE_MAX_LOGPROBS, "num_logprobs", p->num_logprobs)
+  RULE(p->min_tokens >= 0, "min_tokens", p->min_tokens)
+  RULE(p->num_logit_bias >= 0 && (!p->num_logit_bias || (p->logit_bias_ids && p->logit_bias_values)), "num_logit_bias",
+       p->num_logit_bias)
+  RULE(p->num_stop_token_ids >= 0 && (!p->num_stop_token_ids || p->stop_token_ids), "num_stop_token_ids",
+       p->num_stop_token_ids)
+#undef RULE
+  for (int32_t i = 0; !bad && i < p->num_logit_bias; i++)
+    if (!isfinite(p->logit_bias_values[i])) bad = "logit_bias_values", v = p->logit_bias_values[i];
+  if (!bad) return NB_OK;
+  return nb_errorf(ctx, NB_ERR_INVALID_ARG, "serve request %lld: sampling.%s = %g is out of range", (long long)id, bad, v);
+}
+
 nb_status nb_serve_add_request(nb_serve_engine *e, const nb_serve_request *r) {
   nb_ctx *ctx = e->ctx;
   if (!r || !r->prompt || r->prompt_len < 1)
@@ -288,6 +339,7 @@ nb_status nb_serve_add_request(nb_serve_engine *e, const nb_serve_request *r) {
                      (long long)id, e->cfg.max_num_seqs, n);
   if (request_live(e, id))
     return nb_errorf(ctx, NB_ERR_INVALID_ARG, "serve request %lld: the id is already in use", (long long)id);
+  if (r->sampling && check_sampling(ctx, id, r->sampling) != NB_OK) return nb_ctx_status(ctx);
   /* the waiting queue has room for every live sequence, so preemption
    * never allocates */
   if (waiting_reserve(e, live_seqs(e) + n) != NB_OK) return nb_ctx_status(ctx);
@@ -462,7 +514,8 @@ static void emit(nb_serve_engine *e, nb_serve__seq *s, int32_t n) {
   while (s->num_table * bs < c + n) s->table[s->num_table++] = nb_serve__pool_alloc(&e->pool);
   nb_serve_seq_batch *q = &e->b_seqs[b->num_seqs++];
   *q = (nb_serve_seq_batch){.request_id = s->request_id, .sample_index = s->sample_index, .token_start = b->num_tokens,
-                            .num_tokens = n, .context_len = c + n};
+                            .num_tokens = n, .context_len = c + n, .sampling = &s->sampling, .tokens = s->tokens,
+                            .prompt_len = s->prompt_len};
   for (int32_t k = 0; k < n; k++) {
     int32_t pos = c + k, t = b->num_tokens++;
     e->b_tokens[t] = s->tokens[pos];

@@ -84,6 +84,7 @@ struct nb_serve__seq {
   int32_t num_table;
   uint64_t *hashes;             /* chained hashes of the full blocks of tokens */
   int32_t num_hashes;
+  nb_serve_sampling sampling;   /* the request's, its arrays owned by the sequence */
   nb_serve__seq **forks;        /* siblings made when the prompt completes (n > 1) */
   int32_t num_forks;
 };

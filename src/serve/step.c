@@ -80,7 +80,10 @@ static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
     h = nb_nn_norm_apply(&a, "final_norm", &fn, h);
     nb_val *logits = c->tie_embeddings ? nb_nn_embed_attend(&a, "embed", h) : nb_nn_linear(&a, "lm_head", h);
     nb_val *token = nb_argmax(logits, 1, NB_I32);
+    int64_t S = nb_val_dim(token, 0);
+    nb_val *lp = nb_take_along_axis(nb_nn_log_softmax(logits, 1), nb_expand_dims(token, 1), 1);
     s = nb_graph_status(g) ? nb_graph_status(g) : nb_tree_set_val(out, "token", token);
+    if (!s) s = nb_tree_set_val(out, "logprob", nb_reshape(lp, 1, &S));
     if (!s) s = nb_tree_merge(out, "cache", caches);
   }
   nb_tree_destroy(params);
@@ -100,7 +103,8 @@ typedef struct bucket {
   nb_exe *exe;                  /* NULL: the interpreter runs graph */
   size_t nin, nout;
   int *in_kind, *in_index;      /* where input i comes from */
-  int out_token, *out_cache;    /* output index of "token"; cache slot of output i or -1 */
+  int out_token, out_logprob;   /* output indices of "token" and "logprob" */
+  int *out_cache;               /* cache slot of output i or -1 */
 } bucket;
 
 struct nb_serve_model {
@@ -226,13 +230,16 @@ static nb_status bind_io(nb_serve_model *m, bucket *b) {
     if (kind < 0) return nb_errorf(ctx, NB_ERR_INTERNAL, "serve model: unexpected graph input '%s'", p);
     b->in_kind[i] = kind;
   }
-  b->out_token = -1;
+  b->out_token = b->out_logprob = -1;
   for (size_t i = 0; i < b->nout; i++) {
     const char *p = nb_graph_output_path(run, i);
     b->out_cache[i] = cache_slot(p, m->cfg.n_layers);
     if (!strcmp(p, "token")) b->out_token = (int)i;
+    if (!strcmp(p, "logprob")) b->out_logprob = (int)i;
   }
-  return b->out_token >= 0 ? NB_OK : nb_errorf(ctx, NB_ERR_INTERNAL, "serve model: the step graph has no 'token' output");
+  return b->out_token >= 0 && b->out_logprob >= 0
+             ? NB_OK
+             : nb_errorf(ctx, NB_ERR_INTERNAL, "serve model: the step graph lacks its 'token' or 'logprob' output");
 }
 
 static bucket *get_bucket(nb_serve_model *m, int32_t T, int32_t S, int32_t MB) {
@@ -298,10 +305,18 @@ static nb_status do_copies(nb_serve_model *m, const nb_serve_batch *b) {
   return NB_OK;
 }
 
-nb_status nb_serve_model_step(nb_serve_model *m, const nb_serve_batch *b, int32_t *tokens) {
-  if (!m || !b || (b->num_seqs > 0 && !tokens)) return NB_ERR_INVALID_ARG;
+nb_status nb_serve_model_step(nb_serve_model *m, const nb_serve_batch *b, nb_serve_sample_out *outs, int32_t *num_out) {
+  if (!m || !b || !num_out || (b->num_seqs > 0 && !outs)) return NB_ERR_INVALID_ARG;
+  *num_out = 0;
   if (b->num_seqs == 0) return NB_OK;
   nb_ctx *ctx = m->ctx;
+  for (int32_t i = 0; i < b->num_seqs; i++) {
+    const nb_serve_sampling *sp = b->seqs[i].sampling;
+    if (sp && (sp->temperature > 0 || sp->num_logprobs > 0 || sp->num_logit_bias > 0 || sp->presence_penalty != 0 ||
+               sp->frequency_penalty != 0 || (sp->repetition_penalty != 0 && sp->repetition_penalty != 1)))
+      return nb_errorf(ctx, NB_ERR_UNIMPLEMENTED, "serve model: request %lld: only greedy sampling is implemented",
+                       (long long)b->seqs[i].request_id);
+  }
   if (b->num_tokens > m->max_tokens || b->num_seqs > m->max_seqs)
     return nb_errorf(ctx, NB_ERR_INVALID_ARG, "serve model: a batch of %d tokens and %d sequences exceeds the engine's %d and %d",
                      b->num_tokens, b->num_seqs, m->max_tokens, m->max_seqs);
@@ -348,7 +363,12 @@ nb_status nb_serve_model_step(nb_serve_model *m, const nb_serve_batch *b, int32_
   if (!s) s = bk->exe ? nb_exe_run_flat(bk->exe, in, out) : nb_graph_run_flat(ctx, bk->graph, in, out);
   if (!s) {
     const int32_t *sampled = nb_array_data(out[bk->out_token]);
-    for (int32_t i = 0; i < b->num_seqs; i++) tokens[i] = b->seqs[i].needs_logits ? sampled[i] : -1;
+    const float *logprob = nb_array_data(out[bk->out_logprob]);
+    for (int32_t i = 0; i < b->num_seqs; i++)
+      for (int32_t k = 0; b->seqs[i].needs_logits && k < b->seqs[i].num_samples; k++)
+        outs[(*num_out)++] = (nb_serve_sample_out){.request_id = b->seqs[i].request_id,
+                                                   .sample_index = b->seqs[i].sample_indices[k],
+                                                   .token = sampled[i], .logprob = logprob[i]};
     for (size_t i = 0; i < bk->nout; i++) {
       int c = bk->out_cache[i];
       if (c < 0) continue;

@@ -37,15 +37,15 @@ static void serve_all(nb_ctx *ctx, const nb_model_config *cfg, const nb_tree *pa
   for (int guard = 0; m && nb_serve_has_unfinished(e) && guard < 10000; guard++) {
     const nb_serve_batch *b;
     CHECK_OK(ctx, nb_serve_schedule(e, &b));
-    int32_t tok[64];
-    nb_status s = nb_serve_model_step(m, b, tok);
+    nb_serve_sample_out so[64];
+    int32_t nso = 0;
+    nb_status s = nb_serve_model_step(m, b, so, &nso);
     CHECK_MSG(s == NB_OK, "%s", nb_ctx_error(ctx));
     if (s) break;
-    for (int32_t i = 0; i < b->num_seqs; i++) {
-      if (!b->seqs[i].needs_logits) continue;
-      int64_t id = b->seqs[i].request_id;
-      r->out[id][r->n_out[id]++] = tok[i];
-      CHECK_OK(ctx, nb_serve_append_token(e, id, 0, tok[i], NULL));
+    for (int32_t i = 0; i < nso; i++) {
+      int64_t id = so[i].request_id;
+      r->out[id][r->n_out[id]++] = so[i].token;
+      CHECK_OK(ctx, nb_serve_append_token(e, id, so[i].sample_index, so[i].token, NULL));
     }
   }
   nb_serve_stats st;
@@ -125,14 +125,14 @@ static void test_bounded_buckets(nb_ctx *ctx) {
     }
     const nb_serve_batch *b;
     CHECK_OK(ctx, nb_serve_schedule(e, &b));
-    int32_t tok[64];
-    CHECK_OK(ctx, nb_serve_model_step(m, b, tok));
+    nb_serve_sample_out so[64];
+    int32_t nso = 0;
+    CHECK_OK(ctx, nb_serve_model_step(m, b, so, &nso));
     tokens += b->num_tokens;
-    for (int32_t i = 0; i < b->num_seqs; i++)
-      if (b->seqs[i].needs_logits) {
-        CHECK(tok[i] >= 0 && tok[i] < 64);
-        CHECK_OK(ctx, nb_serve_append_token(e, b->seqs[i].request_id, 0, tok[i], NULL));
-      }
+    for (int32_t i = 0; i < nso; i++) {
+      CHECK(so[i].token >= 0 && so[i].token < 64);
+      CHECK_OK(ctx, nb_serve_append_token(e, so[i].request_id, so[i].sample_index, so[i].token, NULL));
+    }
   }
   /* T in {8, 16, 32}, S in {1, 2, 4, 8}, table width in {1, 2, 4, 8, 16} */
   int n = nb_serve_model_num_executables(m);
