@@ -191,7 +191,7 @@ static void test_errors(void) {
   CHECK_MSG(post("/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 1, \"seed\": -5}") == 200, "%s", resp);
   CHECK_ERROR(post("/v1/completions", "{\"prompt\": \"x\", \"temperature\": \"hot\"}"), 400, "'temperature' must be a number",
               "\"param\":\"temperature\"");
-  CHECK_ERROR(post("/v1/completions", "{\"prompt\": \"x\", \"top_p\": 2}"), 400, "'top_p' is 2, outside [0, 1]",
+  CHECK_ERROR(post("/v1/completions", "{\"prompt\": \"x\", \"top_p\": 2}"), 400, "'top_p' is 2, outside (0, 1]",
               "\"param\":\"top_p\"");
   CHECK_ERROR(post("/v1/completions", "{\"prompt\": \"x\", \"stream\": 1}"), 400, "'stream' must be a boolean",
               "\"param\":\"stream\"");
@@ -208,12 +208,16 @@ static void test_errors(void) {
               "messages[0].role 'robot'", "\"param\":\"messages\"");
   CHECK_ERROR(post("/tokenize", "{\"prompt\": 3}"), 400, "'prompt' must be a string", "\"param\":\"prompt\"");
   CHECK_ERROR(post("/detokenize", "{\"tokens\": \"ab\"}"), 400, "'tokens' must be an array", "\"param\":\"tokens\"");
-  /* what the generator cannot do yet is refused, not ignored */
-  CHECK_ERROR(post("/v1/completions", "{\"prompt\": \"x\", \"logprobs\": 2}"), 400, "'logprobs' is not supported yet",
-              "\"param\":\"logprobs\"");
-  CHECK_ERROR(post("/v1/completions", "{\"prompt\": \"x\", \"n\": 2}"), 400, "only n = 1", "\"param\":\"n\"");
-  CHECK_ERROR(post("/v1/completions", "{\"prompt\": \"x\", \"presence_penalty\": 0.5}"), 400, "'presence_penalty' is not supported",
-              "\"param\":\"presence_penalty\"");
+  /* what nabla cannot do is refused by name, not ignored */
+  CHECK_ERROR(post("/v1/completions", "{\"prompt\": \"x\", \"suffix\": \"y\"}"), 400, "'suffix' is not supported",
+              "\"param\":\"suffix\"");
+  CHECK_ERROR(post("/v1/completions", "{\"prompt\": \"x\", \"best_of\": 3, \"n\": 2}"), 400, "only best_of = n (2)",
+              "\"param\":\"best_of\"");
+  CHECK_ERROR(post("/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": []}"), 400,
+              "'tools' is not supported", "\"param\":\"tools\"");
+  CHECK_ERROR(post("/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+                   "\"response_format\": {\"type\": \"json_object\"}}"), 400, "'response_format' is not supported",
+              "\"param\":\"response_format\"");
   /* unknown model */
   CHECK_ERROR(post("/v1/completions", "{\"model\": \"gpt-4\", \"prompt\": \"x\"}"), 404, "The model 'gpt-4' does not exist",
               "\"code\":\"model_not_found\"");
