@@ -20,6 +20,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+#include <pthread.h>
+
 #include "testfs.h"
 
 static const char *bin;
@@ -59,26 +62,32 @@ static size_t read_all(int fd, char *dst, size_t cap) {
   return n;
 }
 
-static char resp[1 << 16];
-static const char *resp_body;
-
-/* One request (Connection: close); returns the status, the body in resp_body. */
-static int http(const char *method, const char *path, const char *headers, const char *body, size_t body_len) {
-  resp[0] = 0;
-  resp_body = "";
+/* One request (Connection: close) answered into dst[cap] (any thread);
+ * returns the status, the body in *body_out. */
+static int http_into(const char *method, const char *path, const char *headers, const char *body, size_t body_len,
+                     char *dst, size_t cap, const char **body_out) {
+  dst[0] = 0;
+  *body_out = "";
   int fd = connect_server();
   if (fd < 0) return -1;
   char head[2048];
   int hn = snprintf(head, sizeof head, "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%sContent-Length: %zu\r\n\r\n",
                     method, path, headers ? headers : "", body ? body_len : 0);
   bool ok = write(fd, head, (size_t)hn) == hn && (!body || write(fd, body, body_len) == (ssize_t)body_len);
-  if (ok) read_all(fd, resp, sizeof resp);
+  if (ok) read_all(fd, dst, cap);
   close(fd);
   int status = -1;
-  sscanf(resp, "HTTP/1.1 %d", &status);
-  const char *b = strstr(resp, "\r\n\r\n");
-  resp_body = b ? b + 4 : "";
+  sscanf(dst, "HTTP/1.1 %d", &status);
+  const char *b = strstr(dst, "\r\n\r\n");
+  *body_out = b ? b + 4 : "";
   return status;
+}
+
+static char resp[1 << 18];
+static const char *resp_body;
+
+static int http(const char *method, const char *path, const char *headers, const char *body, size_t body_len) {
+  return http_into(method, path, headers, body, body_len, resp, sizeof resp, &resp_body);
 }
 
 static const char *auth = "Authorization: Bearer sekrit\r\n";
@@ -330,6 +339,535 @@ static void test_chat_templates(void) {
   unlink("run/tokenizer_config.json");
 }
 
+/* ---------------------------------------------------------------- the engine behind the API */
+
+/* A chunked HTTP body, de-chunked in place (streamed responses). */
+static void dechunk(char *b) {
+  char *w = b, *r = b;
+  for (;;) {
+    char *end = NULL;
+    unsigned long n = strtoul(r, &end, 16);
+    if (end == r || !(end = strstr(end, "\r\n")) || n == 0) break;
+    r = end + 2;
+    if (strlen(r) < n) n = strlen(r);
+    memmove(w, r, n);
+    w += n, r += n;
+    if (!strncmp(r, "\r\n", 2)) r += 2;
+  }
+  *w = 0;
+}
+
+/* A response's choices: text (or message content) and finish reason per
+ * index; streamed responses are added up chunk by chunk. */
+typedef struct answer {
+  int status, n;
+  char text[8][2048];
+  char finish[8][16];
+  int prompt_tokens, completion_tokens;
+  bool done;                    /* streamed: data: [DONE] seen */
+  int chunks;
+} answer;
+
+static void add_choices(answer *a, const cJSON *root) {
+  const cJSON *c, *u = cJSON_GetObjectItemCaseSensitive(root, "usage");
+  cJSON_ArrayForEach(c, cJSON_GetObjectItemCaseSensitive(root, "choices")) {
+    int i = (int)cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(c, "index"));
+    if (i < 0 || i >= 8) continue;
+    if (i + 1 > a->n) a->n = i + 1;
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(c, "text"), *m = cJSON_GetObjectItemCaseSensitive(c, "message");
+    const cJSON *d = cJSON_GetObjectItemCaseSensitive(c, "delta"), *f = cJSON_GetObjectItemCaseSensitive(c, "finish_reason");
+    if (!t) t = cJSON_GetObjectItemCaseSensitive(m ? m : d, "content");
+    if (cJSON_IsString(t)) strncat(a->text[i], t->valuestring, sizeof a->text[i] - strlen(a->text[i]) - 1);
+    if (cJSON_IsString(f)) snprintf(a->finish[i], sizeof a->finish[i], "%s", f->valuestring);
+  }
+  if (cJSON_IsObject(u)) {
+    a->prompt_tokens = (int)cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens"));
+    a->completion_tokens = (int)cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(u, "completion_tokens"));
+  }
+}
+
+/* Parses a body (whole JSON, or server-sent events when streamed). */
+static void parse_answer(answer *a, char *body, bool streamed) {
+  if (!streamed) {
+    cJSON *root = cJSON_Parse(body);
+    if (root) add_choices(a, root);
+    cJSON_Delete(root);
+    return;
+  }
+  dechunk(body);
+  for (char *at = strstr(body, "data: "); at; at = strstr(at, "data: ")) {
+    at += 6;
+    char *end = strstr(at, "\n\n");
+    if (!end) break;
+    *end = 0;
+    if (!strcmp(at, "[DONE]")) a->done = true;
+    cJSON *root = cJSON_Parse(at);
+    if (root) add_choices(a, root), a->chunks++;
+    cJSON_Delete(root);
+    at = end + 1;
+  }
+}
+
+/* POSTs json (thread-safe) and parses the answer. */
+static void ask(const char *path, const char *json, answer *a) {
+  static __thread char buf[1 << 18];
+  const char *body;
+  memset(a, 0, sizeof *a);
+  a->status = http_into("POST", path, auth, json, strlen(json), buf, sizeof buf, &body);
+  if (a->status == 200) parse_answer(a, (char *)body, strstr(json, "\"stream\": true") != NULL);
+  if (a->status != 200 || !a->n) snprintf(a->text[0], sizeof a->text[0], "%s", body);
+}
+
+#define NCONC 8
+
+typedef struct conc {
+  char json[512];
+  answer a;
+} conc;
+
+static void *conc_main(void *arg) {
+  conc *c = arg;
+  ask("/v1/completions", c->json, &c->a);
+  return NULL;
+}
+
+/* Batch invariance through HTTP: 8 requests at once (half of them
+ * streamed) each get exactly the tokens they get alone, greedy, and with a
+ * seed at temperature 0.8 once the step samples. */
+static void test_concurrent(void) {
+  for (int sampled = 0; sampled < 2; sampled++) {
+    conc c[NCONC];
+    answer alone[NCONC];
+    bool skip = false;
+    static const char *const prompts[NCONC] = {"line 3 of", "for the", "small", "corpus", "test", "line 12", "of a", "serve"};
+    for (int i = 0; i < NCONC; i++) {
+      snprintf(c[i].json, sizeof c[i].json,
+               "{\"prompt\": \"%s\", \"max_tokens\": %d, \"temperature\": %s, \"seed\": %d%s}", prompts[i],
+               12 + 4 * i, sampled ? "0.8" : "0", 100 + i, i % 2 ? ", \"stream\": true" : "");
+      ask("/v1/completions", c[i].json, &alone[i]);
+      if (sampled && alone[i].status == 400 && strstr(alone[i].text[0], "only greedy sampling")) {
+        skip = true;
+        break;
+      }
+      CHECK_MSG(alone[i].status == 200 && alone[i].n == 1 && (i % 2 || alone[i].completion_tokens == 12 + 4 * i),
+                "%s: status %d, %d tokens: %s", c[i].json, alone[i].status, alone[i].completion_tokens, alone[i].text[0]);
+      CHECK_MSG(i % 2 == 0 || (alone[i].done && alone[i].chunks > 3), "streamed: %d chunks, [DONE] %d", alone[i].chunks,
+                alone[i].done);
+    }
+    if (skip) {
+      printf("SKIPPED: concurrent seeded sampling at temperature 0.8: the server's model step draws greedily only\n");
+      continue;
+    }
+    pthread_t th[NCONC];
+    for (int i = 0; i < NCONC; i++) pthread_create(&th[i], NULL, conc_main, &c[i]);
+    for (int i = 0; i < NCONC; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < NCONC; i++)
+      CHECK_MSG(c[i].a.status == 200 && !strcmp(c[i].a.text[0], alone[i].text[0]) &&
+                    !strcmp(c[i].a.finish[0], alone[i].finish[0]),
+                "%s: concurrent %d '%s' (%s) != alone '%s' (%s)", c[i].json, c[i].a.status, c[i].a.text[0], c[i].a.finish[0],
+                alone[i].text[0], alone[i].finish[0]);
+  }
+}
+
+/* cJSON of a whole answer (for shapes). */
+static cJSON *post_json(const char *path, const char *json) {
+  int st = post(path, json);
+  CHECK_MSG(st == 200, "%s: %d %s", json, st, resp_body);
+  return st == 200 ? cJSON_Parse(resp_body) : NULL;
+}
+
+static const cJSON *item(const cJSON *o, const char *k) { return cJSON_GetObjectItemCaseSensitive(o, k); }
+
+/* n > 1, lists of prompts, logprobs' shapes, stop_token_ids, min_tokens,
+ * max_tokens 0 with echo. */
+static void test_choices(void) {
+  answer one, a, b, s;
+  ask("/v1/completions", "{\"prompt\": \"line 5\", \"max_tokens\": 10, \"temperature\": 0}", &one);
+  ask("/v1/completions", "{\"prompt\": \"line 5\", \"max_tokens\": 10, \"temperature\": 0, \"n\": 3}", &a);
+  CHECK_MSG(a.status == 200 && a.n == 3 && a.completion_tokens == 30 && a.prompt_tokens == 6, "n=3: %d, %d choices, usage %d/%d",
+            a.status, a.n, a.prompt_tokens, a.completion_tokens);
+  for (int i = 0; i < 3; i++) CHECK_MSG(!strcmp(a.text[i], one.text[0]), "n=3 greedy choice %d '%s' != '%s'", i, a.text[i], one.text[0]);
+  /* two prompts, n = 2: choices prompt-major; prompt tokens counted once each */
+  ask("/v1/completions", "{\"prompt\": [\"line 5\", [102, 111, 114, 32, 116, 104, 101]], \"max_tokens\": 10, \"temperature\": 0, \"n\": 2}", &a);
+  ask("/v1/completions", "{\"prompt\": \"for the\", \"max_tokens\": 10, \"temperature\": 0}", &b);
+  CHECK_MSG(strcmp(one.text[0], b.text[0]), "the two prompts continue alike ('%s'): the test cannot tell choices apart", b.text[0]);
+  CHECK_MSG(a.status == 200 && a.n == 4 && a.prompt_tokens == 13 && a.completion_tokens == 40, "2 prompts x 2: %d, %d, %d/%d",
+            a.status, a.n, a.prompt_tokens, a.completion_tokens);
+  CHECK_MSG(!strcmp(a.text[0], one.text[0]) && !strcmp(a.text[1], one.text[0]) && !strcmp(a.text[2], b.text[0]) &&
+                !strcmp(a.text[3], b.text[0]),
+            "prompt-major choices: '%s' '%s' '%s' '%s', want '%s' x2, '%s' x2", a.text[0], a.text[1], a.text[2], a.text[3],
+            one.text[0], b.text[0]);
+  /* streamed, n = 2: each index adds up to the whole, then [DONE] */
+  ask("/v1/completions", "{\"prompt\": \"line 5\", \"max_tokens\": 10, \"temperature\": 0, \"n\": 2, \"stream\": true, "
+                         "\"stream_options\": {\"include_usage\": true}}", &s);
+  CHECK_MSG(s.status == 200 && s.done && s.n == 2 && !strcmp(s.text[0], one.text[0]) && !strcmp(s.text[1], one.text[0]) &&
+                !strcmp(s.finish[1], "length") && s.completion_tokens == 20,
+            "streamed n=2: %d, done %d, '%s' '%s' (%s) usage %d", s.status, s.done, s.text[0], s.text[1], s.finish[1],
+            s.completion_tokens);
+  /* chat n = 2 */
+  ask("/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"line 7\"}], \"max_tokens\": 6, "
+                              "\"temperature\": 0, \"n\": 2}", &a);
+  CHECK_MSG(a.status == 200 && a.n == 2 && !strcmp(a.text[0], a.text[1]) && a.completion_tokens == 2 * 6, "chat n=2: %d %d '%s' '%s'",
+            a.status, a.n, a.text[0], a.text[1]);
+
+  /* completions logprobs: {tokens, token_logprobs, top_logprobs, text_offset}, one per token */
+  cJSON *r = post_json("/v1/completions", "{\"prompt\": \"line 5\", \"max_tokens\": 10, \"temperature\": 0, \"logprobs\": 0}");
+  const cJSON *lp = item(cJSON_GetArrayItem(item(r, "choices"), 0), "logprobs");
+  int nt = cJSON_GetArraySize(item(lp, "tokens"));
+  CHECK_MSG(nt == 10 && cJSON_GetArraySize(item(lp, "token_logprobs")) == 10 && cJSON_GetArraySize(item(lp, "top_logprobs")) == 10 &&
+                cJSON_GetArraySize(item(lp, "text_offset")) == 10,
+            "logprobs shape: %d tokens", nt);
+  char joined[256] = "";
+  int offset = 0;
+  bool offsets_ok = true, lps_ok = true;
+  for (int i = 0; i < nt; i++) {
+    const char *t = cJSON_GetStringValue(cJSON_GetArrayItem(item(lp, "tokens"), i));
+    double l = cJSON_GetNumberValue(cJSON_GetArrayItem(item(lp, "token_logprobs"), i));
+    offsets_ok &= (int)cJSON_GetNumberValue(cJSON_GetArrayItem(item(lp, "text_offset"), i)) == offset;
+    lps_ok &= l <= 0 && l > -100;
+    if (t) strncat(joined, t, sizeof joined - strlen(joined) - 1), offset += (int)strlen(t);
+  }
+  CHECK_MSG(!strcmp(joined, one.text[0]) && offsets_ok && lps_ok, "logprobs tokens '%s' != text '%s', offsets %d, logprobs %d", joined,
+            one.text[0], offsets_ok, lps_ok);
+  cJSON_Delete(r);
+  /* chat logprobs: content [{token, logprob, bytes, top_logprobs}] */
+  r = post_json("/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"line 7\"}], \"max_tokens\": 6, "
+                                        "\"temperature\": 0, \"logprobs\": true}");
+  const cJSON *content = item(item(cJSON_GetArrayItem(item(r, "choices"), 0), "logprobs"), "content"), *e;
+  int ne = 0;
+  bool shape = true;
+  cJSON_ArrayForEach(e, content) {
+    ne++;
+    shape &= cJSON_IsString(item(e, "token")) && cJSON_IsNumber(item(e, "logprob")) && cJSON_IsArray(item(e, "bytes")) &&
+             cJSON_IsArray(item(e, "top_logprobs")) && cJSON_GetArraySize(item(e, "top_logprobs")) == 0;
+  }
+  CHECK_MSG(ne == 6 && shape, "chat logprobs: %d entries, shape %d", ne, shape);
+  cJSON_Delete(r);
+  /* top logprobs, once the step computes them */
+  int st = post("/v1/completions", "{\"prompt\": \"line 5\", \"max_tokens\": 4, \"temperature\": 0, \"logprobs\": 2}");
+  if (st == 400 && strstr(resp_body, "only greedy sampling")) {
+    printf("SKIPPED: completions top logprobs (logprobs 2): the server's model step draws greedily only\n");
+  } else {
+    r = cJSON_Parse(resp_body);
+    lp = item(cJSON_GetArrayItem(item(r, "choices"), 0), "logprobs");
+    bool ok = st == 200 && cJSON_GetArraySize(item(lp, "top_logprobs")) == 4;
+    for (int i = 0; ok && i < 4; i++) {
+      const cJSON *d = cJSON_GetArrayItem(item(lp, "top_logprobs"), i);
+      const char *t = cJSON_GetStringValue(cJSON_GetArrayItem(item(lp, "tokens"), i));
+      ok = cJSON_GetArraySize(d) == 2 && t && item(d, t) && cJSON_GetNumberValue(item(d, t)) >= cJSON_GetNumberValue(d->child->next);
+    }
+    CHECK_MSG(ok, "top logprobs: %d %s", st, resp_body);
+    cJSON_Delete(r);
+  }
+
+  /* stop_token_ids end a sample (the token is not in the text); before
+   * min_tokens they cannot be drawn */
+  char json[512];
+  int stop_id = (unsigned char)one.text[0][2], first = (int)(strchr(one.text[0], stop_id) - one.text[0]);
+  snprintf(json, sizeof json, "{\"prompt\": \"line 5\", \"max_tokens\": 10, \"temperature\": 0, \"stop_token_ids\": [%d]}", stop_id);
+  ask("/v1/completions", json, &a);
+  CHECK_MSG(a.status == 200 && !strncmp(a.text[0], one.text[0], (size_t)first) && (int)strlen(a.text[0]) == first &&
+                !strcmp(a.finish[0], "stop") && a.completion_tokens == first + 1,
+            "stop_token_ids [%d]: '%s' (%s, %d tokens), want '%.*s'", stop_id, a.text[0], a.finish[0], a.completion_tokens, first,
+            one.text[0]);
+  snprintf(json, sizeof json, "{\"prompt\": \"line 5\", \"max_tokens\": 10, \"temperature\": 0, \"stop_token_ids\": [%d], "
+                              "\"min_tokens\": 6}", stop_id);
+  ask("/v1/completions", json, &a);
+  if (a.status == 400 && strstr(a.text[0], "only greedy sampling"))
+    printf("SKIPPED: min_tokens masking stop tokens: the server's model step draws greedily only\n");
+  else
+    CHECK_MSG(a.status == 200 && a.completion_tokens >= 6 && !strchr(a.text[0], stop_id), "min_tokens 6: '%s' (%d tokens)", a.text[0],
+              a.completion_tokens);
+  /* max_tokens 0 with echo: the prompt back, nothing generated */
+  ask("/v1/completions", "{\"prompt\": \"line 5\", \"max_tokens\": 0, \"echo\": true}", &a);
+  CHECK_MSG(a.status == 200 && !strcmp(a.text[0], "line 5") && a.completion_tokens == 0 && !strcmp(a.finish[0], "length"),
+            "echo, max_tokens 0: '%s' %d", a.text[0], a.completion_tokens);
+  /* a seed reproduces, once the step samples */
+  ask("/v1/completions", "{\"prompt\": \"line 5\", \"max_tokens\": 16, \"temperature\": 1, \"seed\": 3}", &a);
+  if (a.status == 400 && strstr(a.text[0], "only greedy sampling")) {
+    printf("SKIPPED: seed reproducibility at temperature 1: the server's model step draws greedily only\n");
+  } else {
+    ask("/v1/completions", "{\"prompt\": \"line 5\", \"max_tokens\": 16, \"temperature\": 1, \"seed\": 3}", &b);
+    ask("/v1/completions", "{\"prompt\": \"line 5\", \"max_tokens\": 16, \"temperature\": 1, \"seed\": 4}", &s);
+    CHECK_MSG(a.status == 200 && !strcmp(a.text[0], b.text[0]) && strcmp(a.text[0], s.text[0]), "seeds 3, 3, 4: '%s' '%s' '%s'",
+              a.text[0], b.text[0], s.text[0]);
+  }
+}
+
+/* Every new field's type and range errors name it. */
+static void test_field_errors(void) {
+  static const struct {
+    const char *path, *json, *needle, *param;
+  } cases[] = {
+      {"/v1/completions", "{\"prompt\": \"x\", \"temperature\": -1}", "'temperature' is -1, outside [0, 1e+06]", "temperature"},
+      {"/v1/completions", "{\"prompt\": \"x\", \"top_p\": 0}", "'top_p' is 0, outside (0, 1]", "top_p"},
+      {"/v1/completions", "{\"prompt\": \"x\", \"top_k\": -2}", "'top_k' is -2, outside [-1, 1000000000]", "top_k"},
+      {"/v1/completions", "{\"prompt\": \"x\", \"min_p\": 1.5}", "'min_p' is 1.5, outside [0, 1]", "min_p"},
+      {"/v1/completions", "{\"prompt\": \"x\", \"presence_penalty\": 3}", "'presence_penalty' is 3, outside [-2, 2]", "presence_penalty"},
+      {"/v1/completions", "{\"prompt\": \"x\", \"frequency_penalty\": -2.5}", "'frequency_penalty' is -2.5, outside [-2, 2]",
+       "frequency_penalty"},
+      {"/v1/completions", "{\"prompt\": \"x\", \"repetition_penalty\": 0}", "'repetition_penalty' is 0, outside (0, 100]",
+       "repetition_penalty"},
+      {"/v1/completions", "{\"prompt\": \"x\", \"n\": 0}", "'n' is 0, outside [1, 16]", "n"},
+      {"/v1/completions", "{\"prompt\": \"x\", \"n\": 17}", "'n' is 17, outside [1, 16]", "n"},
+      {"/v1/completions", "{\"prompt\": \"x\", \"seed\": \"7\"}", "'seed' must be an integer", "seed"},
+      {"/v1/completions", "{\"prompt\": \"x\", \"logprobs\": 6}", "'logprobs' is 6, outside [0, 5]", "logprobs"},
+      {"/v1/completions", "{\"prompt\": \"x\", \"logprobs\": true}", "'logprobs' must be an integer", "logprobs"},
+      {"/v1/completions", "{\"prompt\": \"x\", \"top_logprobs\": 2}", "'top_logprobs' is a chat field", "top_logprobs"},
+      {"/v1/completions", "{\"prompt\": \"x\", \"logprobs\": 0, \"echo\": true}", "'echo' with 'logprobs'", "echo"},
+      {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"logprobs\": 2}",
+       "'logprobs' must be a boolean", "logprobs"},
+      {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"logprobs\": true, \"top_logprobs\": 21}",
+       "'top_logprobs' is 21, outside [0, 20]", "top_logprobs"},
+      {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"top_logprobs\": 2}",
+       "'top_logprobs' needs 'logprobs': true", "top_logprobs"},
+      {"/v1/completions", "{\"prompt\": \"x\", \"logit_bias\": [1]}", "'logit_bias' must be an object", "logit_bias"},
+      {"/v1/completions", "{\"prompt\": \"x\", \"logit_bias\": {\"abc\": 1}}", "key 'abc' is not a token id in [0, 256)", "logit_bias"},
+      {"/v1/completions", "{\"prompt\": \"x\", \"logit_bias\": {\"256\": 1}}", "key '256' is not a token id", "logit_bias"},
+      {"/v1/completions", "{\"prompt\": \"x\", \"logit_bias\": {\"5\": 101}}", "token 5 must be a number in [-100, 100]", "logit_bias"},
+      {"/v1/completions", "{\"prompt\": \"x\", \"min_tokens\": -1}", "'min_tokens' is -1, outside", "min_tokens"},
+      {"/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 4, \"min_tokens\": 5}", "'min_tokens' (5) is more than 'max_tokens' (4)",
+       "min_tokens"},
+      {"/v1/completions", "{\"prompt\": \"x\", \"stop_token_ids\": 5}", "'stop_token_ids' must be an array", "stop_token_ids"},
+      {"/v1/completions", "{\"prompt\": \"x\", \"stop_token_ids\": [256]}", "token ids in [0, 256)", "stop_token_ids"},
+      {"/v1/completions", "{\"prompt\": \"x\", \"ignore_eos\": 1}", "'ignore_eos' must be a boolean", "ignore_eos"},
+      {"/v1/completions", "{\"prompt\": []}", "the prompt is empty", "prompt"},
+      {"/v1/completions", "{\"prompt\": [\"a\", 5]}", "a list of either", "prompt"},
+      {"/v1/completions", "{\"prompt\": [\"a\", \"\"]}", "the prompt is empty", "prompt"},
+      {"/v1/completions", "{\"prompt\": \"x\", \"stream_options\": {\"include_usage\": true}}", "only allowed with 'stream': true",
+       "stream_options"},
+  };
+  char param[96];
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    snprintf(param, sizeof param, "\"param\":\"%s\"", cases[i].param);
+    CHECK_ERROR(post(cases[i].path, cases[i].json), 400, cases[i].needle, param);
+    if (!strstr(resp_body, cases[i].needle)) fprintf(stderr, "  (case %s)\n", cases[i].json);
+  }
+}
+
+/* A /metrics sample's value ("name" or "name{labels}"), -1 when absent. */
+static double metric_of(const char *text, const char *name) {
+  size_t n = strlen(name);
+  for (const char *at = text; (at = strstr(at, name)); at += n)
+    if ((at == text || at[-1] == '\n') && at[n] == ' ') return strtod(at + n + 1, NULL);
+  return -1;
+}
+
+static bool get_metrics(char *dst, size_t cap) {
+  const char *body;
+  int st = http_into("GET", "/metrics", NULL, NULL, 0, dst, cap, &body);
+  memmove(dst, body, strlen(body) + 1);
+  return st == 200;
+}
+
+/* Prometheus text format 0.0.4: every sample's family has # HELP and #
+ * TYPE before it, names are valid, values numbers; histograms' buckets are
+ * cumulative up to +Inf = _count; the engine's gauges and counters are all
+ * there. */
+static void test_metrics(void) {
+  static char m[1 << 16];
+  CHECK_MSG(get_metrics(m, sizeof m), "GET /metrics: %s", m);
+  char typed[64][96], line[512];
+  int ntyped = 0, samples = 0, bad = 0;
+  double last_bucket = -1;
+  for (const char *at = m; *at;) {
+    const char *nl = strchr(at, '\n');
+    size_t len = nl ? (size_t)(nl - at) : strlen(at);
+    snprintf(line, sizeof line, "%.*s", (int)len, at);
+    at += len + (nl ? 1 : 0);
+    char name[96], kind[32];
+    if (sscanf(line, "# TYPE %95s %31s", name, kind) == 2) {
+      bad += strcmp(kind, "counter") && strcmp(kind, "gauge") && strcmp(kind, "histogram");
+      if (ntyped < 64) snprintf(typed[ntyped++], sizeof typed[0], "%s", name);
+      last_bucket = -1;
+      continue;
+    }
+    if (!strncmp(line, "# HELP ", 7)) continue;
+    size_t k = strspn(line, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_:");
+    char *end = NULL;
+    const char *value = strchr(line, ' ');
+    double v = value ? strtod(value + 1, &end) : 0;
+    if (!k || (line[k] != ' ' && line[k] != '{') || !value || !end || *end) {
+      bad++;
+      fprintf(stderr, "bad metrics line: '%s'\n", line);
+      continue;
+    }
+    samples++;
+    bool declared = false;
+    for (int t = 0; t < ntyped; t++) {
+      size_t tl = strlen(typed[t]);
+      declared |= !strncmp(line, typed[t], tl) && (line[tl] == ' ' || line[tl] == '{' || line[tl] == '_');
+    }
+    if (!declared) bad++, fprintf(stderr, "metric without # TYPE: '%s'\n", line);
+    if (strstr(line, "_bucket{le=")) {
+      if (v < last_bucket) bad++, fprintf(stderr, "buckets not cumulative: '%s'\n", line);
+      last_bucket = v;
+    } else if (strstr(line, "_count ") && v != last_bucket) {
+      bad++, fprintf(stderr, "_count %g != +Inf bucket %g\n", v, last_bucket);
+    }
+  }
+  CHECK_MSG(bad == 0 && samples > 20, "%d bad lines of %d samples", bad, samples);
+  static const char *const names[] = {
+      "nabla:num_requests_running", "nabla:num_requests_waiting", "nabla:kv_cache_blocks_used", "nabla:kv_cache_blocks_total",
+      "nabla:kv_cache_usage_perc", "nabla:prefix_cache_queries_total", "nabla:prefix_cache_hits_total",
+      "nabla:num_preemptions_total", "nabla:prompt_tokens_total", "nabla:generation_tokens_total",
+      "nabla:request_success_total{finished_reason=\"length\"}", "nabla:request_success_total{finished_reason=\"stop\"}",
+      "nabla:request_success_total{finished_reason=\"abort\"}", "nabla:time_to_first_token_seconds_count",
+      "nabla:inter_token_latency_seconds_count", "nabla:e2e_request_latency_seconds_count",
+      "nabla:time_to_first_token_seconds_bucket{le=\"+Inf\"}"};
+  for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+    CHECK_MSG(metric_of(m, names[i]) >= 0, "/metrics lacks %s", names[i]);
+  /* after the requests above: tokens counted, the cache idle, prefixes hit */
+  CHECK_MSG(metric_of(m, "nabla:generation_tokens_total") > 100 && metric_of(m, "nabla:time_to_first_token_seconds_count") > 10 &&
+                metric_of(m, "nabla:kv_cache_blocks_used") == 0 && metric_of(m, "nabla:num_requests_running") == 0 &&
+                metric_of(m, "nabla:kv_cache_blocks_total") > 0 && metric_of(m, "nabla:prefix_cache_hits_total") > 0,
+            "%s", m);
+}
+
+/* Waits (10 s at most) until the engine holds nothing: no running or
+ * waiting sequence, no KV block in use. */
+static bool engine_idle(char *m, size_t cap) {
+  double t0 = now();
+  while (now() - t0 < 10) {
+    if (get_metrics(m, cap) && metric_of(m, "nabla:num_requests_running") == 0 && metric_of(m, "nabla:num_requests_waiting") == 0 &&
+        metric_of(m, "nabla:kv_cache_blocks_used") == 0)
+      return true;
+    usleep(20000);
+  }
+  return false;
+}
+
+/* A client that goes away mid-request (streamed: after the first chunk;
+ * not streamed: 0.3 s into 4 prompts x 16 samples of 1000 tokens, queued
+ * behind --max-num-seqs 16) aborts it: the engine frees its blocks and
+ * generates no more for it. On the model's whole context (1024), so the
+ * request is still running when the client leaves. */
+static void test_disconnect(void) {
+  static char m[1 << 16];
+  for (int streamed = 1; streamed >= 0; streamed--) {
+    CHECK(engine_idle(m, sizeof m));
+    double aborts = metric_of(m, "nabla:request_success_total{finished_reason=\"abort\"}");
+    double tokens = metric_of(m, "nabla:generation_tokens_total");
+    char body[256], req[1024];
+    int bl = snprintf(body, sizeof body, "{\"prompt\": %s, \"max_tokens\": 1000, \"temperature\": 0, \"ignore_eos\": true%s}",
+                      streamed ? "\"line 1\"" : "[\"line 1\", \"line 2\", \"line 3\", \"line 4\"], \"n\": 16",
+                      streamed ? ", \"stream\": true" : "");
+    int n = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n%sContent-Length: %d\r\n\r\n%s", auth, bl, body);
+    int fd = connect_server();
+    CHECK(fd >= 0 && write(fd, req, (size_t)n) == n);
+    if (streamed) { /* the first chunk, then away */
+      char got[4096] = "";
+      size_t have = 0;
+      double t0 = now();
+      while (!strstr(got, "data: ") && now() - t0 < 10 && have + 1 < sizeof got) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 100) <= 0) continue;
+        ssize_t k = read(fd, got + have, sizeof got - 1 - have);
+        if (k <= 0) break;
+        have += (size_t)k;
+        got[have] = 0;
+      }
+      CHECK_MSG(strstr(got, "data: "), "no first chunk: %s", got);
+    } else {
+      usleep(300000);
+    }
+    close(fd);
+    CHECK_MSG(engine_idle(m, sizeof m), "the engine still holds the request 10 s after its client left: %s", m);
+    double generated = metric_of(m, "nabla:generation_tokens_total") - tokens, asked = streamed ? 1000 : 64000;
+    double aborted = metric_of(m, "nabla:request_success_total{finished_reason=\"abort\"}") - aborts;
+    CHECK_MSG((streamed ? aborted == 1 : aborted >= 1) && generated < asked,
+              "%s: after the client left: %g samples aborted, %g tokens generated of %g", streamed ? "streamed" : "whole", aborted,
+              generated, asked);
+  }
+}
+
+/* SIGTERM during a stream: the stream still ends properly (finish reason,
+ * [DONE]) and the server exits 0. */
+static void test_sigterm_stream(void) {
+  const char *body = "{\"prompt\": \"line 1\", \"max_tokens\": 1000, \"temperature\": 0, \"ignore_eos\": true, \"stream\": true}";
+  char req[1024];
+  int n = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n%sContent-Length: %zu\r\n\r\n%s", auth, strlen(body), body);
+  int fd = connect_server();
+  CHECK(fd >= 0 && write(fd, req, (size_t)n) == n);
+  static char got[1 << 20];
+  size_t have = 0;
+  double t0 = now();
+  while (!strstr(got, "data: ") && now() - t0 < 10) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, 100) <= 0) continue;
+    ssize_t k = read(fd, got + have, sizeof got - 1 - have);
+    if (k <= 0) break;
+    have += (size_t)k;
+    got[have] = 0;
+  }
+  stop_server();
+  have += read_all(fd, got + have, sizeof got - have);
+  close(fd);
+  answer a = {0};
+  char *b = strstr(got, "\r\n\r\n");
+  if (b) parse_answer(&a, b + 4, true);
+  CHECK_MSG(a.done && !strcmp(a.finish[0], "length") && strlen(a.text[0]) > 0, "SIGTERM mid-stream: done %d, finish '%s', %zu bytes",
+            a.done, a.finish[0], have);
+}
+
+/* --batch: OpenAI's batch format through the same engine; answers in input
+ * order equal the HTTP server's, bad lines get their errors, the rest go on;
+ * an output that is the input is refused. */
+static void test_batch(void) {
+  answer h1, h2, h3;
+  ask("/v1/completions", "{\"prompt\": \"line 5\", \"max_tokens\": 10, \"temperature\": 0}", &h1);
+  ask("/v1/completions", "{\"prompt\": [\"line 9\", \"line 12\"], \"max_tokens\": 7, \"temperature\": 0, \"n\": 2}", &h2);
+  ask("/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"line 7\"}], \"max_tokens\": 6, \"temperature\": 0}", &h3);
+  nb_test_write_text(
+      "batch.jsonl",
+      "{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": {\"model\": \"tiny\", \"prompt\": \"line 5\", "
+      "\"max_tokens\": 10, \"temperature\": 0}}\n"
+      "{\"custom_id\": \"b\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": {\"prompt\": [\"line 9\", \"line 12\"], "
+      "\"max_tokens\": 7, \"temperature\": 0, \"n\": 2}}\n"
+      "\n"
+      "{\"custom_id\": \"c\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\", \"body\": {\"messages\": [{\"role\": \"user\", "
+      "\"content\": \"line 7\"}], \"max_tokens\": 6, \"temperature\": 0}}\n"
+      "{\"custom_id\": \"d\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": {\"prompt\": \"x\", \"max_tokens\": \"8\"}}\n"
+      "not json\n"
+      "{\"custom_id\": \"f\", \"method\": \"GET\", \"url\": \"/v1/completions\", \"body\": {}}\n"
+      "{\"custom_id\": \"g\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": {\"model\": \"gpt-4\", \"prompt\": \"x\"}}\n");
+  char cmd[8192];
+  snprintf(cmd, sizeof cmd, "cd '%s' && %s serve run --max-model-len 64 --served-model-name tiny --threads 1 --batch batch.jsonl "
+                            "--output batch.out.jsonl </dev/null", work, bin);
+  int rc = nb_test_run2(cmd, out, sizeof out, err, sizeof err);
+  CHECK_MSG(rc == 0 && strstr(err, "7 requests answered (4 with an error)"), "batch: rc %d: %s", rc, err);
+  char *text = nb_test_read_file("batch.out.jsonl", NULL);
+  const char *want_ids[] = {"a", "b", "c", "d", NULL, "f", "g"};
+  int lines = 0;
+  for (char *at = text, *nl; at && *at; at = nl + 1, lines++) {
+    if (!(nl = strchr(at, '\n'))) break;
+    *nl = 0;
+    cJSON *o = cJSON_Parse(at);
+    const cJSON *cid = item(o, "custom_id"), *r = item(o, "response"), *e = item(o, "error");
+    int status = (int)cJSON_GetNumberValue(item(r, "status_code"));
+    CHECK_MSG(o && cJSON_IsString(item(o, "id")) && lines < 7 &&
+                  (want_ids[lines] ? cJSON_IsString(cid) && !strcmp(cid->valuestring, want_ids[lines]) : cJSON_IsNull(cid)),
+              "line %d: %s", lines, at);
+    answer a = {0};
+    if (cJSON_IsObject(r)) add_choices(&a, item(r, "body"));
+    if (lines == 0) CHECK_MSG(status == 200 && cJSON_IsNull(e) && a.n == 1 && !strcmp(a.text[0], h1.text[0]), "line a: %s", at);
+    if (lines == 1)
+      CHECK_MSG(status == 200 && a.n == 4 && !strcmp(a.text[0], h2.text[0]) && !strcmp(a.text[3], h2.text[3]) &&
+                    a.completion_tokens == h2.completion_tokens && a.prompt_tokens == h2.prompt_tokens,
+                "line b: %s", at);
+    if (lines == 2) CHECK_MSG(status == 200 && !strcmp(a.text[0], h3.text[0]), "line c: %s", at);
+    if (lines == 3) CHECK_MSG(status == 400 && strstr(at, "'max_tokens' must be an integer") && strstr(at, "\"param\":\"max_tokens\""), "line d: %s", at);
+    if (lines == 4 || lines == 5) CHECK_MSG(cJSON_IsNull(r) && cJSON_IsObject(e) && strstr(at, lines == 4 ? "not valid JSON" : "'method'"), "line %d: %s", lines, at);
+    if (lines == 6) CHECK_MSG(status == 404 && strstr(at, "model_not_found"), "line g: %s", at);
+    cJSON_Delete(o);
+  }
+  CHECK_MSG(lines == 7, "%d output lines, want 7: %s", lines, text ? text : "");
+  free(text);
+  snprintf(cmd, sizeof cmd, "cd '%s' && %s serve run --batch batch.jsonl --output ./batch.jsonl </dev/null", work, bin);
+  rc = nb_test_run2(cmd, out, sizeof out, err, sizeof err);
+  CHECK_MSG(rc == 2 && strstr(err, "batch.jsonl"), "output over the input: rc %d: %s", rc, err);
+}
+
 int main(void) {
   bin = nb_test_nabla_bin();
   if (!bin) return nb_test_summary("cli/serve");
@@ -343,8 +881,9 @@ int main(void) {
   char cmd[8192];
   snprintf(cmd, sizeof cmd,
            "cd '%s' && NABLA_PEAK_GFLOPS=10 %s train --run-dir run data.train=corpus.txt model.preset=gpt2-tiny "
-           "model.n_layers=1 model.d_model=32 model.n_heads=2 model.n_kv_heads=2 model.d_ff=64 model.max_seq_len=64 "
-           "data.seq_len=16 batch_size=2 steps=1 eval_every=0 log_every=1 checkpoint_every=0 --threads 1 </dev/null",
+           "model.n_layers=1 model.d_model=32 model.n_heads=2 model.n_kv_heads=2 model.d_ff=64 model.max_seq_len=1024 "
+           "data.seq_len=32 batch_size=8 steps=100 optim.lr=0.01 schedule.warmup_steps=0 eval_every=0 log_every=100 "
+           "checkpoint_every=0 --threads 1 </dev/null",
            work, bin);
   int rc = nb_test_run2(cmd, out, sizeof out, err, sizeof err);
   CHECK_MSG(rc == 0, "train: rc %d: %s", rc, err);
@@ -352,12 +891,23 @@ int main(void) {
   snprintf(cmd, sizeof cmd, "cd '%s' && %s serve run --chat-template vicuna --port 0 </dev/null", work, bin);
   rc = nb_test_run2(cmd, out, sizeof out, err, sizeof err);
   CHECK_MSG(rc == 2 && strstr(err, "unknown template 'vicuna'"), "rc %d: %s", rc, err);
-  if (rc == 0 || !start_server("--api-key sekrit --max-body 2000 --timeout 1 --served-model-name tiny"))
+  if (rc == 0 || !start_server("--api-key sekrit --max-body 2000 --timeout 1 --served-model-name tiny --max-model-len 64"))
     return nb_test_summary("cli/serve");
   test_endpoints();
   test_errors();
   test_timeout();
+  test_concurrent();
+  test_choices();
+  test_field_errors();
+  test_metrics();
+  test_batch();
   stop_server();
+  /* the model's whole context (1024), for requests that run a while */
+  port = 0;
+  if (start_server("--api-key sekrit")) {
+    test_disconnect();
+    test_sigterm_stream(); /* stops the server */
+  }
   test_chat_templates();
   return nb_test_summary("cli/serve");
 }

@@ -99,7 +99,7 @@ static bool refuse_unsupported(const cJSON *o, bad *b) {
 static bool greedy_only(server *sv, const char *k, bool set, bad *b) {
   if (!sv->greedy_only || !set) return true;
   return fail(b, 400, k, "'%s': only greedy sampling is implemented by this build's model step (temperature 0, no "
-              "top logprobs, penalties or logit_bias)", k);
+              "top logprobs, penalties, logit_bias or min_tokens)", k);
 }
 
 static bool get_stop(const cJSON *o, creq *q, bad *b) {
@@ -125,7 +125,6 @@ static bool get_logit_bias(server *sv, const cJSON *o, creq *q, bad *b) {
   if (!cJSON_IsObject(lb)) return fail(b, 400, "logit_bias", "'logit_bias' must be an object of token ids to biases");
   int n = cJSON_GetArraySize(lb);
   if (!n) return true;
-  if (!greedy_only(sv, "logit_bias", true, b)) return false;
   q->bias_ids = malloc((size_t)n * sizeof *q->bias_ids);
   q->bias_values = malloc((size_t)n * sizeof *q->bias_values);
   if (!q->bias_ids || !q->bias_values) return fail(b, 500, NULL, "out of memory");
@@ -141,7 +140,7 @@ static bool get_logit_bias(server *sv, const cJSON *o, creq *q, bad *b) {
   }
   q->sp.logit_bias_ids = q->bias_ids;
   q->sp.logit_bias_values = q->bias_values;
-  return true;
+  return greedy_only(sv, "logit_bias", true, b);
 }
 
 static bool get_stop_token_ids(server *sv, const cJSON *o, creq *q, bad *b) {
@@ -209,9 +208,9 @@ static bool get_sampling(server *sv, const cJSON *o, creq *q, bad *b) {
     if (cJSON_IsBool(lp)) return fail(b, 400, "logprobs", "'logprobs' must be an integer");
     if (!get_int(o, "logprobs", 0, 5, &k, b)) return false;
     q->logprobs = (int)k;
-    if (!absent(cJSON_GetObjectItemCaseSensitive(o, "top_logprobs")))
-      return fail(b, 400, "top_logprobs", "'top_logprobs' is a chat field; completions take 'logprobs': N");
   }
+  if (!q->chat && !absent(cJSON_GetObjectItemCaseSensitive(o, "top_logprobs")))
+    return fail(b, 400, "top_logprobs", "'top_logprobs' is a chat field; completions take 'logprobs': N");
   if (!greedy_only(sv, q->chat ? "top_logprobs" : "logprobs", q->logprobs > 0, b)) return false;
   q->sp.num_logprobs = q->logprobs > 0 ? q->logprobs : 0;
   return true;
@@ -313,6 +312,7 @@ bool parse_request(server *sv, const cJSON *body, bool chat, creq *q, bad *b) {
   if (q->sp.min_tokens > q->max_tokens)
     return fail(b, 400, "min_tokens", "'min_tokens' (%d) is more than 'max_tokens' (%lld)", q->sp.min_tokens,
                 (long long)q->max_tokens);
+  if (!greedy_only(sv, "min_tokens", q->sp.min_tokens > 0, b)) return false; /* the greedy step masks no stop token */
   for (int i = 0; i < q->n_stop; i++)
     if (!q->stop[i]) return fail(b, 500, NULL, "out of memory");
   return true;

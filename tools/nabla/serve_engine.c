@@ -284,12 +284,18 @@ static void deliver(job *j, const nb_serve_event *ev, int32_t n, const char *err
   pthread_mutex_unlock(j->mu);
 }
 
+/* A sample ended: counted (under sv->mu, held by the caller). */
 static void ended(server *sv, job *j, nb_serve_finish_reason why, double t) {
-  pthread_mutex_lock(&sv->mu);
   sv->met.finished[why]++;
   if (j->live == 1) hist_add(&sv->met.e2e, t - j->t_arrival);
-  pthread_mutex_unlock(&sv->mu);
   j->live--;
+}
+
+/* The engine's counters, refreshed before any event goes out, so that a
+ * client that saw an event sees metrics at least that new. Under sv->mu. */
+static void refresh_stats(server *sv) {
+  nb_serve_get_stats(nb_serve_llm_engine(sv->llm), &sv->met.stats);
+  sv->met.num_executables = nb_serve_model_num_executables(nb_serve_llm_model(sv->llm));
 }
 
 static void add_job(server *sv, running *r, job *j, int64_t *next_id) {
@@ -325,31 +331,30 @@ static void abort_job(server *sv, job *j) {
   nb_ctx_clear_error(sv->ctx);
 }
 
+/* Counts a step's events, then hands each run of events of one job over. */
 static void route(server *sv, running *r, const nb_serve_event *ev, int32_t n) {
   double t = now_s();
+  pthread_mutex_lock(&sv->mu);
+  refresh_stats(sv);
+  for (int32_t e = 0; e < n; e++) {
+    const nb_serve_event *x = &ev[e];
+    job *j = find_job(r, x->s.request_id);
+    if (!j) continue;
+    int32_t p = (int32_t)(x->s.request_id - j->first_id), c = p * j->q.n + x->s.sample_index;
+    if (x->s.token >= 0) {
+      sv->met.generation_tokens++;
+      if (!j->first_seen[p]) j->first_seen[p] = true, hist_add(&sv->met.ttft, t - j->t_arrival);
+      if (j->t_last[c] > 0) hist_add(&sv->met.itl, t - j->t_last[c]);
+      j->t_last[c] = t;
+    }
+    if (x->finish != NB_SERVE_RUNNING) ended(sv, j, x->finish, t);
+  }
+  pthread_mutex_unlock(&sv->mu);
   for (int32_t i = 0; i < n;) {
     job *j = find_job(r, ev[i].s.request_id);
     int32_t k = i + 1; /* a run of events of the same job goes at once */
     while (k < n && j && ev[k].s.request_id >= j->first_id && ev[k].s.request_id < j->first_id + j->q.num_prompts) k++;
-    if (!j) {
-      i = k;
-      continue;
-    }
-    pthread_mutex_lock(&sv->mu);
-    for (int32_t e = i; e < k; e++) {
-      const nb_serve_event *x = &ev[e];
-      int32_t p = (int32_t)(x->s.request_id - j->first_id), c = p * j->q.n + x->s.sample_index;
-      if (x->s.token >= 0) {
-        sv->met.generation_tokens++;
-        if (!j->first_seen[p]) j->first_seen[p] = true, hist_add(&sv->met.ttft, t - j->t_arrival);
-        if (j->t_last[c] > 0) hist_add(&sv->met.itl, t - j->t_last[c]);
-        j->t_last[c] = t;
-      }
-    }
-    pthread_mutex_unlock(&sv->mu);
-    deliver(j, ev + i, k - i, NULL);
-    for (int32_t e = i; e < k; e++)
-      if (ev[e].finish != NB_SERVE_RUNNING) ended(sv, j, ev[e].finish, t);
+    if (j) deliver(j, ev + i, k - i, NULL);
     i = k;
   }
 }
@@ -383,8 +388,11 @@ static void *engine_main(void *arg) {
     for (int i = 0; i < n_adds; i++) add_job(sv, &r, adds[i], &next_id);
     for (int i = 0; i < n_fins; i++) {
       finish_cmd *f = &fins[i];
-      if (f->j->live > 0 && !nb_serve_llm_finish(sv->llm, f->j->first_id + f->prompt, f->sample))
+      if (f->j->live > 0 && !nb_serve_llm_finish(sv->llm, f->j->first_id + f->prompt, f->sample)) {
+        pthread_mutex_lock(&sv->mu);
         ended(sv, f->j, NB_SERVE_FINISHED_STOP, now_s());
+        pthread_mutex_unlock(&sv->mu);
+      }
       nb_ctx_clear_error(sv->ctx); /* NOT_FOUND: it ended on its own meanwhile */
       job_unref(f->j);
     }
@@ -413,8 +421,7 @@ static void *engine_main(void *arg) {
       drop_finished(&r);
     }
     pthread_mutex_lock(&sv->mu);
-    nb_serve_get_stats(nb_serve_llm_engine(sv->llm), &sv->met.stats);
-    sv->met.num_executables = nb_serve_model_num_executables(nb_serve_llm_model(sv->llm));
+    refresh_stats(sv);
   }
   pthread_mutex_unlock(&sv->mu);
   for (int i = 0; i < r.n; i++) {

@@ -172,7 +172,7 @@ typedef struct stream {
 static ssize_t stream_read(void *cls, uint64_t pos, char *dst, size_t max) {
   (void)pos;
   stream *k = cls;
-  double checked = now_s();
+  double checked = now_s(), since = checked;
   while (k->sent == k->out.len) {
     if (k->finished) return MHD_CONTENT_READER_END_OF_STREAM;
     k->out.len = k->sent = 0;
@@ -181,10 +181,14 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *dst, size_t max) {
     k->finished = done;
     if (k->out.len || done) continue;
     wait_events(k->j);
-    if (now_s() - checked >= 0.25) {
-      checked = now_s();
+    double t = now_s();
+    if (t - checked >= 0.25) {
+      checked = t;
       if (!client_alive(k->c)) return MHD_CONTENT_READER_END_WITH_ERROR; /* stream_free cancels */
     }
+    /* nothing to send for a while (a queue, a compile): an SSE comment,
+     * which clients ignore, so that --timeout does not close the stream */
+    if (t - since >= 0.4 * (double)k->j->sv->opt.timeout) buf_str(&k->out, ": keep-alive\n\n");
   }
   size_t n = k->out.len - k->sent;
   if (n > max) n = max;
