@@ -891,6 +891,17 @@ int main(void) {
   snprintf(cmd, sizeof cmd, "cd '%s' && %s serve run --chat-template vicuna --port 0 </dev/null", work, bin);
   rc = nb_test_run2(cmd, out, sizeof out, err, sizeof err);
   CHECK_MSG(rc == 2 && strstr(err, "unknown template 'vicuna'"), "rc %d: %s", rc, err);
+  snprintf(cmd, sizeof cmd, "cd '%s' && %s serve run --max-num-seqs 32 --max-num-batched-tokens 16 </dev/null", work, bin);
+  rc = nb_test_run2(cmd, out, sizeof out, err, sizeof err);
+  CHECK_MSG(rc == 2 && strstr(err, "--max-num-batched-tokens 16 is below --max-num-seqs 32"), "rc %d: %s", rc, err);
+  snprintf(cmd, sizeof cmd, "cd '%s' && %s serve run --batch x.jsonl </dev/null", work, bin);
+  rc = nb_test_run2(cmd, out, sizeof out, err, sizeof err);
+  CHECK_MSG(rc == 2 && strstr(err, "--batch and --output go together"), "rc %d: %s", rc, err);
+  /* a KV budget that cannot hold one sequence of the context: the engine's
+   * message with the bytes needed (1024 tokens x 2 x 32 floats x 4 bytes) */
+  snprintf(cmd, sizeof cmd, "cd '%s' && %s serve run --kv-cache-bytes 100000 --port 0 </dev/null", work, bin);
+  rc = nb_test_run2(cmd, out, sizeof out, err, sizeof err);
+  CHECK_MSG(rc == 1 && strstr(err, "KV cache too small for max_model_len 1024") && strstr(err, "262144 bytes"), "rc %d: %s", rc, err);
   if (rc == 0 || !start_server("--api-key sekrit --max-body 2000 --timeout 1 --served-model-name tiny --max-model-len 64"))
     return nb_test_summary("cli/serve");
   test_endpoints();
