@@ -418,41 +418,49 @@ static void ask(const char *path, const char *json, answer *a) {
   if (a->status != 200 || !a->n) snprintf(a->text[0], sizeof a->text[0], "%s", body);
 }
 
-#define NCONC 8
+#define NCONC 12
 
 typedef struct conc {
+  const char *path;
   char json[512];
   answer a;
 } conc;
 
 static void *conc_main(void *arg) {
   conc *c = arg;
-  ask("/v1/completions", c->json, &c->a);
+  ask(c->path, c->json, &c->a);
   return NULL;
 }
 
-/* Batch invariance through HTTP: 8 requests at once (half of them
- * streamed) each get exactly the tokens they get alone, greedy, and with a
- * seed at temperature 0.8 once the step samples. */
+/* Batch invariance through HTTP: a random mix of 12 requests (completions
+ * or chat, streamed or not, n 1 or 2, varied prompts, lengths and stop
+ * strings) sent at once each get exactly the answer they get alone:
+ * greedy, and with a seed at temperature 0.8 once the step samples. */
 static void test_concurrent(void) {
+  static const char *const prompts[] = {"line 3 of", "for the", "small", "corpus", "test", "line 12", "of a", "serve"};
+  nb_test_rng rng = {42};
   for (int sampled = 0; sampled < 2; sampled++) {
-    conc c[NCONC];
-    answer alone[NCONC];
+    static conc c[NCONC];
+    static answer alone[NCONC];
     bool skip = false;
-    static const char *const prompts[NCONC] = {"line 3 of", "for the", "small", "corpus", "test", "line 12", "of a", "serve"};
     for (int i = 0; i < NCONC; i++) {
-      snprintf(c[i].json, sizeof c[i].json,
-               "{\"prompt\": \"%s\", \"max_tokens\": %d, \"temperature\": %s, \"seed\": %d%s}", prompts[i],
-               12 + 4 * i, sampled ? "0.8" : "0", 100 + i, i % 2 ? ", \"stream\": true" : "");
-      ask("/v1/completions", c[i].json, &alone[i]);
+      bool chat = nb_test_int(&rng, 0, 2) == 0, stream = nb_test_int(&rng, 0, 1);
+      /* ChatML takes about 50 of the 64 tokens of context */
+      int n = (int)nb_test_int(&rng, 1, 2), max_tokens = chat ? (int)nb_test_int(&rng, 1, 4) : (int)nb_test_int(&rng, 4, 40);
+      const char *p = prompts[nb_test_int(&rng, 0, 7)], *stop = nb_test_int(&rng, 0, 3) == 0 ? ", \"stop\": \"or\"" : "";
+      char head[160];
+      if (chat) snprintf(head, sizeof head, "\"messages\": [{\"role\": \"user\", \"content\": \"%s\"}]", p);
+      else snprintf(head, sizeof head, "\"prompt\": \"%s\"", p);
+      c[i].path = chat ? "/v1/chat/completions" : "/v1/completions";
+      snprintf(c[i].json, sizeof c[i].json, "{%s, \"max_tokens\": %d, \"n\": %d, \"temperature\": %s, \"seed\": %d%s%s}", head,
+               max_tokens, n, sampled ? "0.8" : "0", 100 + i, stop, stream ? ", \"stream\": true" : "");
+      ask(c[i].path, c[i].json, &alone[i]);
       if (sampled && alone[i].status == 400 && strstr(alone[i].text[0], "only greedy sampling")) {
         skip = true;
         break;
       }
-      CHECK_MSG(alone[i].status == 200 && alone[i].n == 1 && (i % 2 || alone[i].completion_tokens == 12 + 4 * i),
-                "%s: status %d, %d tokens: %s", c[i].json, alone[i].status, alone[i].completion_tokens, alone[i].text[0]);
-      CHECK_MSG(i % 2 == 0 || (alone[i].done && alone[i].chunks > 3), "streamed: %d chunks, [DONE] %d", alone[i].chunks,
-                alone[i].done);
+      CHECK_MSG(alone[i].status == 200 && alone[i].n == n && (!stream || alone[i].done), "%s: status %d, %d choices: %s", c[i].json,
+                alone[i].status, alone[i].n, alone[i].text[0]);
     }
     if (skip) {
       printf("SKIPPED: concurrent seeded sampling at temperature 0.8: the server's model step draws greedily only\n");
@@ -462,10 +470,11 @@ static void test_concurrent(void) {
     for (int i = 0; i < NCONC; i++) pthread_create(&th[i], NULL, conc_main, &c[i]);
     for (int i = 0; i < NCONC; i++) pthread_join(th[i], NULL);
     for (int i = 0; i < NCONC; i++)
-      CHECK_MSG(c[i].a.status == 200 && !strcmp(c[i].a.text[0], alone[i].text[0]) &&
-                    !strcmp(c[i].a.finish[0], alone[i].finish[0]),
-                "%s: concurrent %d '%s' (%s) != alone '%s' (%s)", c[i].json, c[i].a.status, c[i].a.text[0], c[i].a.finish[0],
-                alone[i].text[0], alone[i].finish[0]);
+      for (int k = 0; k < alone[i].n; k++)
+        CHECK_MSG(c[i].a.status == 200 && c[i].a.n == alone[i].n && !strcmp(c[i].a.text[k], alone[i].text[k]) &&
+                      !strcmp(c[i].a.finish[k], alone[i].finish[k]),
+                  "%s choice %d: concurrent %d '%s' (%s) != alone '%s' (%s)", c[i].json, k, c[i].a.status, c[i].a.text[k],
+                  c[i].a.finish[k], alone[i].text[k], alone[i].finish[k]);
   }
 }
 
