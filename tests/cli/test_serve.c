@@ -733,13 +733,15 @@ static void test_metrics(void) {
             "%s", m);
 }
 
-/* Waits (10 s at most) until the engine holds nothing: no running or
- * waiting sequence, no KV block in use. */
-static bool engine_idle(char *m, size_t cap) {
+/* Waits (10 s at most) until the engine holds nothing (no running or
+ * waiting sequence, no KV block in use) and at least min_aborts samples
+ * were aborted; the metrics come from the last step. */
+static bool engine_idle(char *m, size_t cap, double min_aborts) {
   double t0 = now();
   while (now() - t0 < 10) {
     if (get_metrics(m, cap) && metric_of(m, "nabla:num_requests_running") == 0 && metric_of(m, "nabla:num_requests_waiting") == 0 &&
-        metric_of(m, "nabla:kv_cache_blocks_used") == 0)
+        metric_of(m, "nabla:kv_cache_blocks_used") == 0 &&
+        metric_of(m, "nabla:request_success_total{finished_reason=\"abort\"}") >= min_aborts)
       return true;
     usleep(20000);
   }
@@ -754,7 +756,7 @@ static bool engine_idle(char *m, size_t cap) {
 static void test_disconnect(void) {
   static char m[1 << 16];
   for (int streamed = 1; streamed >= 0; streamed--) {
-    CHECK(engine_idle(m, sizeof m));
+    CHECK(engine_idle(m, sizeof m, 0));
     double aborts = metric_of(m, "nabla:request_success_total{finished_reason=\"abort\"}");
     double tokens = metric_of(m, "nabla:generation_tokens_total");
     char body[256], req[1024];
@@ -781,7 +783,7 @@ static void test_disconnect(void) {
       usleep(300000);
     }
     close(fd);
-    CHECK_MSG(engine_idle(m, sizeof m), "the engine still holds the request 10 s after its client left: %s", m);
+    CHECK_MSG(engine_idle(m, sizeof m, aborts + 1), "the engine still holds the request 10 s after its client left: %s", m);
     double generated = metric_of(m, "nabla:generation_tokens_total") - tokens, asked = streamed ? 1000 : 64000;
     double aborted = metric_of(m, "nabla:request_success_total{finished_reason=\"abort\"}") - aborts;
     CHECK_MSG((streamed ? aborted == 1 : aborted >= 1) && generated < asked,

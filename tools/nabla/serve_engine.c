@@ -403,6 +403,11 @@ static void *engine_main(void *arg) {
     if (abort_all)
       for (int i = 0; i < r.n; i++) abort_job(sv, r.jobs[i]);
     drop_finished(&r);
+    if (n_adds || n_aborts || n_fins || abort_all) { /* admissions show before a long step (a compile) */
+      pthread_mutex_lock(&sv->mu);
+      refresh_stats(sv);
+      pthread_mutex_unlock(&sv->mu);
+    }
 
     if (nb_serve_llm_has_unfinished(sv->llm)) {
       const nb_serve_event *ev = NULL;
