@@ -596,9 +596,9 @@ static void add_chunk(job *j, buf *out, int32_t i, const char *text, size_t n, b
 
 void job_stream(job *j, buf *out, bool final) {
   const creq *q = &j->q;
-  if (j->error) {
+  if (j->failed) {
     if (final) {
-      add_event(out, error_json("server_error", NULL, NULL, j->error));
+      add_event(out, error_json("server_error", NULL, NULL, j->failed));
       buf_str(out, "data: [DONE]\n\n");
     }
     return;

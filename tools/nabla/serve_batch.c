@@ -141,8 +141,8 @@ int serve_batch(server *sv) {
         left++;
         continue;
       }
-      l->answer = l->j->error ? line_response(i, l->custom_id, 500, l->j->q.id,
-                                              error_json("server_error", NULL, NULL, l->j->error))
+      l->answer = l->j->failed ? line_response(i, l->custom_id, 500, l->j->q.id,
+                                               error_json("server_error", NULL, NULL, l->j->failed))
                               : line_response(i, l->custom_id, 200, l->j->q.id, job_response(l->j));
       job_unref(l->j);
       l->j = NULL;

@@ -108,7 +108,7 @@ void job_cancel(job *j) {
 }
 
 bool job_done(job *j) {
-  if (j->error) return true;
+  if (j->failed) return true;
   for (int32_t i = 0; i < j->q.num_prompts * j->q.n; i++)
     if (!j->ch[i].finish) return false;
   return true;
@@ -132,7 +132,8 @@ bool job_pump(job *j, int32_t max) {
   } else {
     j->ev = NULL, j->n_ev = j->cap_ev = 0;
   }
-  bool failed = j->error != NULL;
+  j->failed = j->error;
+  bool failed = j->failed != NULL;
   pthread_mutex_unlock(j->mu);
   for (int32_t e = 0; !failed && e < n; e++) {
     int32_t p = (int32_t)(ev[e].s.request_id - j->first_id), k = ev[e].s.sample_index;

@@ -241,7 +241,7 @@ static enum MHD_Result do_complete(server *sv, struct MHD_Connection *c, const c
     job_unref(j);
     return MHD_NO; /* nobody to answer */
   }
-  enum MHD_Result ret = j->error ? reply_error(c, 500, NULL, NULL, "%s", j->error) : reply_json(c, 200, job_response(j));
+  enum MHD_Result ret = j->failed ? reply_error(c, 500, NULL, NULL, "%s", j->failed) : reply_json(c, 200, job_response(j));
   job_unref(j);
   return ret;
 }

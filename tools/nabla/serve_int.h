@@ -194,6 +194,8 @@ struct job {
   nb_serve_event *ev;           /* engine events not yet taken */
   int32_t n_ev, cap_ev;
   char *error;                  /* the engine failed it */
+  /* the consumer's */
+  const char *failed;           /* error, as job_pump last saw it (set once, never changed) */
   /* the engine thread's */
   int32_t live;                 /* samples not ended in the engine */
   double *t_last;               /* [choices]: last token time, 0: none yet */
@@ -210,7 +212,7 @@ void job_cancel(job *j);
 /* Applies the events that arrived (at most max when max > 0: streaming
  * sends one chunk per token) to the choices; asks the engine to end samples
  * whose text hit a stop string. Returns true when every choice has ended
- * (or the job failed: j->error). */
+ * (or the job failed: j->failed). */
 bool job_pump(job *j, int32_t max);
 bool job_done(job *j);
 
