@@ -27,6 +27,7 @@
 
 static const char *bin;
 static char work[4096], out[1 << 16], err[1 << 16];
+static const char *model = "run"; /* what start_server serves */
 static int port;
 static pid_t server = -1;
 
@@ -105,7 +106,7 @@ static int post(const char *path, const char *json) { return http("POST", path, 
 
 static bool start_server(const char *args) {
   char cmd[8192];
-  snprintf(cmd, sizeof cmd, "cd '%s' && exec %s serve run --port 0 --threads 1 %s >serve.out 2>serve.err", work, bin, args);
+  snprintf(cmd, sizeof cmd, "cd '%s' && exec %s serve '%s' --port 0 --threads 1 %s >serve.out 2>serve.err", work, bin, model, args);
   unlink("serve.out");
   server = fork();
   if (server == 0) {
@@ -879,6 +880,54 @@ static void test_batch(void) {
   CHECK_MSG(rc == 2 && strstr(err, "batch.jsonl"), "output over the input: rc %d: %s", rc, err);
 }
 
+/* A Hugging Face Llama with its tokenizer (tests/models/golden/hf_llama_tiny):
+ * the text of 40 greedy tokens, whole and streamed, is what /detokenize
+ * makes of `nabla generate --hf`'s ids (the server decodes incrementally,
+ * token by token, in the context of the one before). */
+static void test_hf_tokenizer(void) {
+  const char *src = getenv("NABLA_SOURCE_DIR");
+  static char dir[4096], cmd[8192], ids[4096], json[8192];
+  snprintf(dir, sizeof dir, "%s/tests/models/golden/hf_llama_tiny", src ? src : ".");
+  snprintf(cmd, sizeof cmd, "%s generate --hf '%s' --prompt 'Hello world' --max-tokens 40 --temperature 0 --show-ids --threads 1 2>&1",
+           bin, dir);
+  int rc = nb_test_run(cmd, out, sizeof out);
+  const char *at = strstr(out, "generated ids:"), *pa = strstr(out, "prompt ids:");
+  CHECK_MSG(rc == 0 && at && pa, "generate --hf: rc %d: %s", rc, out);
+  if (!at || !pa) return;
+  /* the last prompt id first: the server decodes in its context */
+  const char *last = strchr(pa, '\n');
+  while (last && last > pa && last[-1] == ' ') last--;
+  const char *p = last;
+  while (p && p > pa && p[-1] != ' ') p--;
+  size_t n = (size_t)snprintf(ids, sizeof ids, "%.*s", (int)(last - p), p);
+  for (at += strlen("generated ids:"); *at && *at != '\n' && n + 16 < sizeof ids; at++)
+    if (*at == ' ' && at[1] >= '0' && at[1] <= '9') ids[n++] = ',';
+    else if (*at >= '0' && *at <= '9') ids[n++] = *at;
+  ids[n] = 0;
+  model = dir;
+  port = 0;
+  if (!start_server("")) return;
+  snprintf(json, sizeof json, "{\"tokens\": [%s]}", ids);
+  CHECK_MSG(post("/detokenize", json) == 200, "%s", resp_body);
+  cJSON *d = cJSON_Parse(resp_body);
+  const char *want_all = cJSON_GetStringValue(item(d, "prompt"));
+  answer whole, streamed;
+  ask("/v1/completions", "{\"prompt\": \"Hello world\", \"max_tokens\": 40, \"temperature\": 0}", &whole);
+  ask("/v1/completions", "{\"prompt\": \"Hello world\", \"max_tokens\": 40, \"temperature\": 0, \"stream\": true}", &streamed);
+  /* detokenize's text starts with the context token's */
+  snprintf(json, sizeof json, "{\"tokens\": [%.*s]}", (int)(strchr(ids, ',') - ids), ids);
+  post("/detokenize", json);
+  cJSON *c = cJSON_Parse(resp_body);
+  const char *ctx_text = cJSON_GetStringValue(item(c, "prompt"));
+  const char *want = want_all && ctx_text && !strncmp(want_all, ctx_text, strlen(ctx_text)) ? want_all + strlen(ctx_text) : want_all;
+  CHECK_MSG(want && strlen(want) > 10 && !strcmp(whole.text[0], want) && !strcmp(streamed.text[0], want),
+            "hf: whole '%s', streamed '%s', want '%s'", whole.text[0], streamed.text[0], want ? want : "(none)");
+  cJSON_Delete(d);
+  cJSON_Delete(c);
+  stop_server();
+  model = "run";
+}
+
 int main(void) {
   bin = nb_test_nabla_bin();
   if (!bin) return nb_test_summary("cli/serve");
@@ -931,5 +980,6 @@ int main(void) {
     test_sigterm_stream(); /* stops the server */
   }
   test_chat_templates();
+  test_hf_tokenizer();
   return nb_test_summary("cli/serve");
 }

@@ -357,13 +357,15 @@ void choice_init(server *sv, choice *c, const creq *q, int32_t prompt) {
   c->cap_ids = 16;
   c->ids = malloc((size_t)c->cap_ids * sizeof *c->ids);
   if (c->ids) c->ids[c->n_ids++] = c->ctx_tok;
-  if (c->ctx_tok >= 0) decode(sv, &c->ctx_tok, 1, &c->prefix);
+  c->win_from = c->ctx_tok >= 0 ? 0 : 1;
+  c->win_to = 1;
+  if (c->ctx_tok >= 0) decode(sv, &c->ctx_tok, 1, &c->window);
   if (q->echo) c->text_offset = q->echo_text[prompt].len;
 }
 
 void choice_free(choice *c) {
   free(c->ids);
-  free(c->prefix.data);
+  free(c->window.data);
   free(c->text.data);
   free(c->out.data);
   free(c->lp);
@@ -375,22 +377,48 @@ static void release(choice *c, size_t upto) {
   c->released = upto;
 }
 
-/* Re-decodes the generated text, cuts it at the first stop string and
- * releases what can no longer become part of one. False: a stop string
- * ended the text. */
+/* Adds the new ids' bytes to the text: decode(ids[win_from..]) minus
+ * decode(ids[win_from, win_to)), the window starting at a token already
+ * out so that a leading space or a merge decodes as in the whole sequence.
+ * A tokenizer whose window decodes otherwise gets the whole text decoded
+ * again. */
+static void extend_text(server *sv, choice *c) {
+  buf cur = {0};
+  decode(sv, c->ids + c->win_from, (size_t)(c->n_ids - c->win_from), &cur);
+  if (cur.len >= c->window.len && (!c->window.len || !memcmp(cur.data, c->window.data, c->window.len))) {
+    buf_add(&c->text, cur.data ? cur.data + c->window.len : "", cur.len - c->window.len);
+  } else {
+    buf all = {0}, first = {0};
+    int64_t from = c->ctx_tok >= 0 ? 0 : 1;
+    decode(sv, c->ids + from, (size_t)(c->n_ids - from), &all);
+    if (from == 0) decode(sv, c->ids, 1, &first);
+    size_t skip = first.len <= all.len && (!first.len || !memcmp(all.data, first.data, first.len)) ? first.len : 0;
+    c->text.len = c->searched = 0;
+    buf_add(&c->text, all.data ? all.data + skip : "", all.len - skip);
+    free(all.data);
+    free(first.data);
+  }
+  free(cur.data);
+  /* the next window: the ids this call added */
+  c->win_from = c->win_to;
+  c->win_to = c->n_ids;
+  c->window.len = 0;
+  decode(sv, c->ids + c->win_from, (size_t)(c->win_to - c->win_from), &c->window);
+}
+
+/* Adds the new ids' text, cuts it at the first stop string and releases
+ * what can no longer become part of one. False: a stop string ended the
+ * text. */
 static bool advance(server *sv, choice *c, const creq *q, bool last) {
-  c->text.len = 0;
-  buf all = {0};
-  bool have_ctx = c->ctx_tok >= 0;
-  decode(sv, have_ctx ? c->ids : c->ids + 1, (size_t)(have_ctx ? c->n_ids : c->n_ids - 1), &all);
-  size_t skip = c->prefix.len <= all.len && !memcmp(all.data, c->prefix.data, c->prefix.len) ? c->prefix.len : 0;
-  buf_add(&c->text, all.data ? all.data + skip : "", all.len - skip);
-  free(all.data);
+  if (c->n_ids > c->win_to) extend_text(sv, c);
+  /* the first stop string: only where one may end in the new bytes */
   size_t cut = c->text.len;
   for (int i = 0; i < q->n_stop; i++) {
-    const char *hit = memmem(c->text.data, c->text.len, q->stop[i], strlen(q->stop[i]));
+    size_t sl = strlen(q->stop[i]), from = c->searched >= sl ? c->searched - sl + 1 : 0;
+    const char *hit = from < c->text.len ? memmem(c->text.data + from, c->text.len - from, q->stop[i], sl) : NULL;
     if (hit && (size_t)(hit - c->text.data) < cut) cut = (size_t)(hit - c->text.data);
   }
+  c->searched = c->text.len;
   if (cut < c->text.len) {
     c->text.len = cut;
     release(c, cut);
