@@ -322,8 +322,8 @@ nb_status nb_serve_batch_operands(nb_ctx *ctx, const nb_serve_batch *b, int32_t 
 
 /* The same kernels as custom calls, for a traced model step (run by the
  * interpreter, and by compiled executables as host steps).
- * nb_serve_register_kernels registers "serve.paged_attention" and
- * "serve.kv_cache_write" on ctx (once per context: a second call is refused
+ * nb_serve_register_kernels registers "serve.paged_attention",
+ * "serve.kv_cache_write" and the model step's sampler "serve.sample" on ctx (once per context: a second call is refused
  * as the custom-call registry refuses a name in use); `lend` (may be NULL:
  * one thread) is borrowed until ctx is destroyed, and its pool runs every
  * paged attention call.
@@ -406,6 +406,14 @@ typedef struct nb_serve_sample_out {
  * keys). out (room for max_num_seqs entries) receives the draws in batch
  * order, *num_out their count. A batch with no sequences does nothing. */
 nb_status nb_serve_model_step(nb_serve_model *m, const nb_serve_batch *b, nb_serve_sample_out *out, int32_t *num_out);
+/* Checks a request's sampling against the model: every logit_bias_ids and
+ * stop_token_ids entry must be a token of the vocabulary (the engine does
+ * not know it). NB_ERR_INVALID_ARG naming the request, the field, the index
+ * and the value otherwise. nb_serve_model_step makes the same check on
+ * every drawing sequence before it runs anything; call this when a request
+ * is added so that one bad request is refused alone instead of failing a
+ * step. NULL sampling is fine. */
+nb_status nb_serve_model_check_sampling(const nb_serve_model *m, int64_t id, const nb_serve_sampling *sampling);
 /* Step executables compiled (or graphs traced, when interpreting) so far. */
 int nb_serve_model_num_executables(const nb_serve_model *m);
 
