@@ -188,5 +188,8 @@ typedef struct nb_serve__sample_out {
   nb_val *top_ids, *top_logprobs; /* i32 / f32 [R, NB_SERVE_MAX_LOGPROBS]; the first num_logprobs of a row set */
 } nb_serve__sample_out;
 nb_status nb_serve__sample_op(const nb_serve__sample_in *in, nb_serve__sample_out *out);
+/* The logits processors alone (in->bias etc. set): the processed logits
+ * f32[R, V] the kernel selects from. */
+nb_val *nb_serve__process_logits(const nb_serve__sample_in *in);
 
 #endif

@@ -309,7 +309,7 @@ static nb_val *row_uniform(nb_val *keys) {
  * prompt or output (divide a positive logit, multiply a negative one), then
  * frequency (per occurrence in the output) and presence (once). A row with
  * zero bias and counts and repetition 1 comes out bit for bit unchanged. */
-static nb_val *process(const nb_serve__sample_in *in) {
+nb_val *nb_serve__process_logits(const nb_serve__sample_in *in) {
   nb_val *x = nb_add(in->logits, in->bias);
   nb_val *rep = nb_expand_dims(column(in->penalties, 0), 1), *freq = nb_expand_dims(column(in->penalties, 1), 1);
   nb_val *pres = nb_expand_dims(column(in->penalties, 2), 1);
@@ -326,7 +326,7 @@ nb_status nb_serve__sample_op(const nb_serve__sample_in *in, nb_serve__sample_ou
   if (adjust && (!in->counts || !in->seen || !in->penalties))
     return nb_graph_fail_at(NB_HERE, g, NB_ERR_INVALID_ARG, "serve sample: bias without counts, seen or penalties"),
            NB_ERR_INVALID_ARG;
-  nb_val *ops[5] = {in->logits, adjust ? process(in) : in->logits, in->fparams, in->iparams, row_uniform(in->keys)};
+  nb_val *ops[5] = {in->logits, adjust ? nb_serve__process_logits(in) : in->logits, in->fparams, in->iparams, row_uniform(in->keys)};
   if (nb_graph_status(g)) return nb_graph_status(g);
   nb_aval av[5];
   for (int i = 0; i < 5; i++) av[i] = nb_val_aval(ops[i]);
