@@ -16,6 +16,91 @@
 
 #include "serve/internal.h"
 
+/* No contraction into fused multiply-adds: the exp below gives the same
+ * bits in its vector and scalar forms, on every ISA. */
+#pragma GCC optimize("fp-contract=off")
+
+/* ---------------------------------------------------------------- exp */
+
+/* exp(x) for x <= 0 in double, 0 below -708: x = k ln2 + r with |r| <=
+ * ln2 / 2 (k rounded by the 1.5 * 2^52 shift, ln2 in two parts), a
+ * degree-12 Taylor polynomial in r (error under 2e-16 relative), times
+ * 2^k built from k's bits. Branch-free, so the loops below vectorize. */
+static inline __attribute__((always_inline)) double exp_neg(double x) {
+  const double shift = 6755399441055744.0;
+  double c = x < -708.0 ? -708.0 : x;
+  double t = c * 1.4426950408889634 + shift, k = t - shift;
+  double r = c - k * 6.93147180369123816490e-01;
+  r = r - k * 1.90821492927058770002e-10;
+  double p = 1.0 / 479001600.0;
+  p = p * r + 1.0 / 39916800.0, p = p * r + 1.0 / 3628800.0, p = p * r + 1.0 / 362880.0, p = p * r + 1.0 / 40320.0;
+  p = p * r + 1.0 / 5040.0, p = p * r + 1.0 / 720.0, p = p * r + 1.0 / 120.0, p = p * r + 1.0 / 24.0;
+  p = p * r + 1.0 / 6.0, p = p * r + 0.5, p = p * r + 1.0, p = p * r + 1.0;
+  uint64_t tb, sb;
+  memcpy(&tb, &t, sizeof tb);
+  memcpy(&sb, &shift, sizeof sb);
+  uint64_t e = (tb - sb + 1023) << 52; /* 2^k: k >= -1022 here */
+  double scale;
+  memcpy(&scale, &e, sizeof scale);
+  return x < -708.0 ? 0.0 : p * scale;
+}
+
+/* The passes over a row, built for AVX-512, AVX2 and the baseline and
+ * picked at run time; without contraction, each gives the same bits on all
+ * three. */
+#define ROW_PASS __attribute__((target_clones("avx512f", "avx2", "default"), optimize("O3", "fp-contract=off")))
+
+/* out[i] = exp(v[i] - m) where v[i] >= lo, else 0 (v[i] <= m). */
+ROW_PASS static void exp_shifted(const float *restrict v, int32_t n, double m, float lo, double *restrict out) {
+  for (int32_t i = 0; i < n; i++) {
+    double e = exp_neg((double)v[i] - m);
+    out[i] = v[i] >= lo ? e : 0.0;
+  }
+}
+
+/* y = x / temperature, NaN read as -inf. */
+ROW_PASS static void scale_row(const float *restrict x, int32_t n, float temperature, float *restrict y) {
+  for (int32_t i = 0; i < n; i++) {
+    float v = x[i] / temperature;
+    y[i] = v != v ? -INFINITY : v;
+  }
+}
+
+ROW_PASS static int32_t count_at_least(const float *v, int32_t n, float lo) {
+  int32_t c = 0;
+  for (int32_t i = 0; i < n; i++) c += v[i] >= lo;
+  return c;
+}
+
+/* Sums and maxima over a row in a fixed order: 8 interleaved lanes (lane
+ * i % 8), then combined as ((0+1)+(2+3))+((4+5)+(6+7)). The same bits on
+ * any ISA and in any batch; 8 independent chains instead of one. */
+enum { LANES = 8 };
+
+static double combine_sum(const double *l) { return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])); }
+
+ROW_PASS static double sum_lanes(const double *w, int32_t n) {
+  double l[LANES] = {0};
+  int32_t i = 0;
+  for (; i + LANES <= n; i += LANES)
+    for (int j = 0; j < LANES; j++) l[j] += w[i + j];
+  for (int j = 0; i + j < n; j++) l[j] += w[i + j];
+  return combine_sum(l);
+}
+
+/* The largest of v[0..n), NaNs read as -inf (a max is exact in any order). */
+ROW_PASS static float max_lanes(const float *v, int32_t n) {
+  float l[LANES];
+  for (int j = 0; j < LANES; j++) l[j] = -INFINITY;
+  int32_t i = 0;
+  for (; i + LANES <= n; i += LANES)
+    for (int j = 0; j < LANES; j++) l[j] = v[i + j] > l[j] ? v[i + j] : l[j];
+  for (int j = 0; i + j < n; j++) l[j] = v[i + j] > l[j] ? v[i + j] : l[j];
+  float m = l[0];
+  for (int j = 1; j < LANES; j++) m = l[j] > m ? l[j] : m;
+  return m;
+}
+
 /* ---------------------------------------------------------------- one row */
 
 /* NaN logits (a broken model) order as -inf, so selection always ends. */
@@ -24,24 +109,19 @@ static float finite_or_low(float v) { return v != v ? -INFINITY : v; }
 /* The first index of the largest value (lowest id on ties); 0 when every
  * value is -inf or NaN. */
 static int32_t argmax_row(const float *x, int32_t V) {
-  int32_t best = 0;
-  float bv = finite_or_low(x[0]);
-  for (int32_t i = 1; i < V; i++) {
-    float v = finite_or_low(x[i]);
-    if (v > bv) bv = v, best = i;
-  }
-  return best;
+  float m = max_lanes(x, V);
+  for (int32_t i = 0; i < V; i++)
+    if (x[i] == m) return i;
+  return 0;
 }
 
 /* log(sum(exp(z))) of the raw logits, max-shifted, summed in double in id
- * order. */
-static double log_normalizer(const float *z, int32_t V) {
-  float m = -INFINITY;
-  for (int32_t i = 0; i < V; i++) m = z[i] > m ? z[i] : m;
+ * order; w: V doubles of scratch. */
+static double log_normalizer(const float *z, int32_t V, double *w) {
+  float m = max_lanes(z, V);
   if (m == -INFINITY) return -INFINITY;
-  double s = 0;
-  for (int32_t i = 0; i < V; i++) s += exp((double)z[i] - (double)m);
-  return (double)m + log(s);
+  exp_shifted(z, V, m, -INFINITY, w);
+  return (double)m + log(sum_lanes(w, V));
 }
 
 /* The n largest of z (n <= NB_SERVE_MAX_LOGPROBS), most likely first, the
@@ -85,6 +165,23 @@ static float kth_largest(float *a, int32_t n, int32_t k) {
   return a[want];
 }
 
+/* The same for k <= SMALL_K in one pass: a sorted buffer of the k largest
+ * so far, which most values fail to enter at the first comparison. */
+enum { SMALL_K = 128 };
+static float kth_largest_small(const float *v, int32_t n, int32_t k, float *buf) {
+  int32_t have = 0;
+  for (int32_t i = 0; i < n; i++) {
+    if (have == k && !(v[i] > buf[k - 1])) continue;
+    int32_t j = have < k ? have++ : k - 1;
+    while (j > 0 && buf[j - 1] < v[i]) {
+      buf[j] = buf[j - 1];
+      j--;
+    }
+    buf[j] = v[i];
+  }
+  return buf[k - 1];
+}
+
 typedef struct cand {
   float y;
   int32_t id;
@@ -115,62 +212,81 @@ void nb_serve__scratch_free(nb_ctx *ctx, nb_serve__scratch *s) {
   memset(s, 0, sizeof *s);
 }
 
+/* The smallest y of the top_p set among the tokens y >= lo (weights w, 0
+ * elsewhere): the most likely tokens, in order, while the mass before them
+ * is below top_p of the whole. Only tokens above half the mean weight a
+ * token may leave outside the set can be in it (those below weigh less
+ * than (1 - top_p) / 2 of the mass together, so more than top_p comes
+ * before each of them); they are bucketed by y (1/32 wide, from the
+ * maximum m down), whole buckets are taken while their mass stays below
+ * the limit, and only the bucket where it crosses is sorted. */
+enum { P_BUCKETS = 1024 };
+static const double P_BUCKET_SCALE = 32;
+
+static int32_t p_bucket(double m, float y) {
+  double d = (m - (double)y) * P_BUCKET_SCALE;
+  return d < P_BUCKETS - 1 ? (int32_t)d : P_BUCKETS - 1;
+}
+
+static float top_p_threshold(const float *y, const double *w, int32_t V, float m, float lo, float top_p, nb_serve__scratch *s) {
+  static _Thread_local double mass[P_BUCKETS];
+  memset(mass, 0, sizeof mass);
+  double total = sum_lanes(w, V), limit = (double)top_p * total, before = 0;
+  double floor_w = 0.5 * (1 - (double)top_p) * total / count_at_least(y, V, lo);
+  for (int32_t i = 0; i < V; i++)
+    if (w[i] > 0 && w[i] >= floor_w) mass[p_bucket(m, y[i])] += w[i];
+  int32_t b = 0;
+  while (b < P_BUCKETS && before + mass[b] < limit) before += mass[b++];
+  if (b == P_BUCKETS) return lo; /* rounding left the whole mass below the limit: all stay */
+  cand *c = s->cands;
+  int32_t nc = 0;
+  for (int32_t i = 0; i < V; i++)
+    if (w[i] > 0 && w[i] >= floor_w && p_bucket(m, y[i]) == b) c[nc++] = (cand){y[i], i};
+  qsort(c, (size_t)nc, sizeof *c, cand_order);
+  float last = c[0].y;
+  for (int32_t j = 0; j < nc && before < limit; j++) {
+    last = c[j].y;
+    before += w[c[j].id];
+  }
+  return last > lo ? last : lo;
+}
+
+/* The smallest float y with y - m >= log(min_p) evaluated in double. */
+static float min_p_threshold(float m, float min_p) {
+  double l = log((double)min_p);
+  float t = (float)((double)m + l);
+  while ((double)t - (double)m < l) t = nextafterf(t, INFINITY);
+  while ((double)nextafterf(t, -INFINITY) - (double)m >= l) t = nextafterf(t, -INFINITY);
+  return t;
+}
+
 int32_t nb_serve__sample_weights(const nb_serve__row *p, const float *x, int32_t V, nb_serve__scratch *s, double *w,
                                  double *total) {
-  memset(w, 0, (size_t)V * sizeof *w);
   *total = 1;
-  if (!(p->temperature > 0)) {
-    w[argmax_row(x, V)] = 1;
-    return 1;
-  }
   float *y = s->y, m = -INFINITY;
-  for (int32_t i = 0; i < V; i++) {
-    y[i] = finite_or_low(x[i] / p->temperature);
-    m = y[i] > m ? y[i] : m;
+  if (p->temperature > 0) {
+    scale_row(x, V, p->temperature, y);
+    m = max_lanes(y, V);
   }
-  if (m == -INFINITY) { /* everything masked: nothing to draw from but the argmax */
+  if (m == -INFINITY) { /* greedy, or everything masked: the argmax */
+    memset(w, 0, (size_t)V * sizeof *w);
     w[argmax_row(x, V)] = 1;
     return 1;
   }
-  /* the support is y >= lo (top_k, then top_p) and, for min_p, y - m >= log(min_p) */
+  /* the support is y >= lo: top_k's k-th largest, top_p's last kept, min_p's bound */
   float lo = -INFINITY;
-  if (p->top_k > 0 && p->top_k < V) {
-    memcpy(s->sel, y, (size_t)V * sizeof *y);
-    lo = kth_largest(s->sel, V, p->top_k);
-  }
+  if (p->top_k > 0 && p->top_k < V) lo = p->top_k <= SMALL_K ? kth_largest_small(y, V, p->top_k, s->sel) : kth_largest(memcpy(s->sel, y, (size_t)V * sizeof *y), V, p->top_k);
   if (p->top_p > 0 && p->top_p < 1) {
-    /* mass of the top_k survivors; only tokens above half the mean a token
-     * can leave outside the top_p set can be in it (the ones below weigh
-     * less than (1 - top_p) / 2 of it together, so more than top_p comes
-     * before each of them), and only those are sorted */
-    double mass = 0;
-    int32_t n = 0;
-    for (int32_t i = 0; i < V; i++)
-      if (y[i] >= lo) mass += (w[i] = exp((double)y[i] - (double)m)), n++;
-    double floor_w = 0.5 * (1 - (double)p->top_p) * mass / n, limit = (double)p->top_p * mass, before = 0;
-    cand *c = s->cands;
-    int32_t nc = 0;
-    for (int32_t i = 0; i < V; i++)
-      if (y[i] >= lo && w[i] >= floor_w) c[nc++] = (cand){y[i], i};
-    qsort(c, (size_t)nc, sizeof *c, cand_order);
-    float last = c[0].y;
-    for (int32_t j = 0; j < nc && before < limit; j++) {
-      last = c[j].y;
-      before += w[c[j].id];
-    }
-    lo = last > lo ? last : lo;
+    exp_shifted(y, V, m, lo, w);
+    lo = top_p_threshold(y, w, V, m, lo, p->top_p, s);
   }
-  double log_min_p = p->min_p > 0 ? log((double)p->min_p) : -INFINITY;
-  int32_t support = 0;
-  double sum = 0;
-  for (int32_t i = 0; i < V; i++) {
-    bool keep = y[i] >= lo && (double)y[i] - (double)m >= log_min_p;
-    w[i] = keep ? exp((double)y[i] - (double)m) : 0;
-    sum += w[i];
-    support += keep;
+  if (p->min_p > 0) {
+    float t = min_p_threshold(m, p->min_p);
+    lo = t > lo ? t : lo;
   }
-  *total = sum;
-  return support;
+  exp_shifted(y, V, m, lo, w);
+  *total = sum_lanes(w, V);
+  return count_at_least(y, V, lo);
 }
 
 void nb_serve__sample_row(const nb_serve__row *p, const float *z, const float *x, int32_t V, nb_serve__scratch *s, double *w,
@@ -187,7 +303,7 @@ void nb_serve__sample_row(const nb_serve__row *p, const float *z, const float *x
     if ((acc += w[i]) > target) break;
   }
   if (token < 0) token = argmax_row(x, V); /* every weight underflowed */
-  double lse = log_normalizer(z, V);
+  double lse = log_normalizer(z, V, w);
   o->token = token;
   o->logprob = (float)((double)z[token] - lse);
   int32_t n = p->num_logprobs < NB_SERVE_MAX_LOGPROBS ? p->num_logprobs : NB_SERVE_MAX_LOGPROBS;
