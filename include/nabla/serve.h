@@ -356,14 +356,19 @@ nb_status nb_serve_kv_cache_write_op(nb_val *k_cache, nb_val *v_cache, nb_val *k
  * the compiled step executables. One step runs the model over a batch's
  * flat tokens at their positions, writes their keys and values at their
  * slots (nb_serve_kv_cache_write_op), attends through the block tables
- * (nb_serve_paged_attention_op) and computes logits only for the last token
- * of each sequence, then takes their argmax (greedy).
+ * (nb_serve_paged_attention_op), computes logits only for the rows that
+ * draw (a sequence's last token, once per sample that takes it) and samples
+ * them (nb_serve_sampling), all in the step's executable: every request's
+ * parameters are per-row inputs, so one executable serves any mix.
  *
- * Shape buckets: a step is compiled for (tokens T, sequences S, table width
- * MB), each rounded up to a power of two (T at least 8, MB at most the
- * blocks of max_model_len); padding tokens write nowhere (slot -1) and
- * padding sequences have no rows. So at most log2 T_max x log2 S_max x
- * log2 MB_max executables exist, however long the run
+ * Shape buckets: a step is compiled for (tokens T, rows S, table width MB,
+ * processors), T, S and MB each rounded up to a power of two (T at least 8,
+ * S counting sequences and drawn samples alike, MB at most the blocks of
+ * max_model_len); padding tokens write nowhere (slot -1), padding sequences
+ * have no rows, padding draws draw nothing. "processors" is set when some
+ * row needs logit_bias, min_tokens masking or penalties: only those steps
+ * pay for their dense [S, vocab] inputs. So at most 2 x log2 T_max x log2
+ * S_max x log2 MB_max executables exist, however long the run
  * (nb_serve_model_num_executables).
  *
  * Families: gpt2 and llama (dense), and MoE when dropless (capacity_factor
