@@ -483,7 +483,8 @@ nb_status nb_serve_model_step(nb_serve_model *m, const nb_serve_batch *b, nb_ser
     const float *logprob = nb_array_data(out[bk->out_at[OUT_LOGPROB]]), *top_lp = nb_array_data(out[bk->out_at[OUT_TOP_LOGPROBS]]);
     for (int32_t i = 0, r = 0; i < b->num_seqs; i++) {
       const nb_serve_seq_batch *q = &b->seqs[i];
-      int32_t n_top = sampling_of(q)->num_logprobs;
+      int32_t n_top = sampling_of(q)->num_logprobs; /* the engine keeps it in [0, 20]; the kernel caps it there */
+      n_top = n_top < 0 ? 0 : n_top > NB_SERVE_MAX_LOGPROBS ? NB_SERVE_MAX_LOGPROBS : n_top;
       for (int32_t k = 0; q->needs_logits && k < q->num_samples; k++, r++) {
         nb_serve_sample_out *o = &outs[(*num_out)++];
         *o = (nb_serve_sample_out){.request_id = q->request_id, .sample_index = q->sample_indices[k], .token = sampled[r],
