@@ -170,6 +170,11 @@ int32_t nb_serve__sample_weights(const nb_serve__row *p, const float *x, int32_t
 void nb_serve__sample_row(const nb_serve__row *p, const float *z, const float *x, int32_t V, nb_serve__scratch *s, double *w,
                           nb_serve__row_out *o);
 nb_status nb_serve__register_sampler(nb_ctx *ctx);
+/* The sampler's passes over a row exist for the baseline (0), AVX2 (1) and
+ * AVX-512 (2), picked by the CPU; they give the same bits. isa in [0, 2]
+ * forces one for tests (returns it, or -1 when the CPU lacks it); another
+ * value returns the CPU's best. */
+int nb_serve__sampler_isa(int isa);
 
 /* The traced sampler over R rows of V logits. */
 typedef struct nb_serve__sample_in {

@@ -45,13 +45,13 @@ static inline __attribute__((always_inline)) double exp_neg(double x) {
   return x < -708.0 ? 0.0 : p * scale;
 }
 
-/* The passes over a row, built for AVX-512, AVX2 and the baseline and
- * picked at run time; without contraction, each gives the same bits on all
- * three. */
-#define ROW_PASS __attribute__((target_clones("avx512f", "avx2", "default"), optimize("O3", "fp-contract=off")))
+/* ---------------------------------------------------------------- passes over a row */
+
+#define INLINE static inline __attribute__((always_inline))
+enum { LANES = 8 };
 
 /* out[i] = exp(v[i] - m) where v[i] >= lo, else 0 (v[i] <= m). */
-ROW_PASS static void exp_shifted(const float *restrict v, int32_t n, double m, float lo, double *restrict out) {
+INLINE void exp_shifted_body(const float *restrict v, int32_t n, double m, float lo, double *restrict out) {
   for (int32_t i = 0; i < n; i++) {
     double e = exp_neg((double)v[i] - m);
     out[i] = v[i] >= lo ? e : 0.0;
@@ -59,37 +59,33 @@ ROW_PASS static void exp_shifted(const float *restrict v, int32_t n, double m, f
 }
 
 /* y = x / temperature, NaN read as -inf. */
-ROW_PASS static void scale_row(const float *restrict x, int32_t n, float temperature, float *restrict y) {
+INLINE void scale_row_body(const float *restrict x, int32_t n, float temperature, float *restrict y) {
   for (int32_t i = 0; i < n; i++) {
     float v = x[i] / temperature;
     y[i] = v != v ? -INFINITY : v;
   }
 }
 
-ROW_PASS static int32_t count_at_least(const float *v, int32_t n, float lo) {
+INLINE int32_t count_at_least_body(const float *v, int32_t n, float lo) {
   int32_t c = 0;
   for (int32_t i = 0; i < n; i++) c += v[i] >= lo;
   return c;
 }
 
-/* Sums and maxima over a row in a fixed order: 8 interleaved lanes (lane
- * i % 8), then combined as ((0+1)+(2+3))+((4+5)+(6+7)). The same bits on
- * any ISA and in any batch; 8 independent chains instead of one. */
-enum { LANES = 8 };
-
-static double combine_sum(const double *l) { return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])); }
-
-ROW_PASS static double sum_lanes(const double *w, int32_t n) {
+/* Sums and maxima in a fixed order: 8 interleaved lanes (lane i % 8), then
+ * combined as ((0+1)+(2+3))+((4+5)+(6+7)): the same bits on any ISA and in
+ * any batch, and 8 independent chains instead of one. */
+INLINE double sum_lanes_body(const double *w, int32_t n) {
   double l[LANES] = {0};
   int32_t i = 0;
   for (; i + LANES <= n; i += LANES)
     for (int j = 0; j < LANES; j++) l[j] += w[i + j];
   for (int j = 0; i + j < n; j++) l[j] += w[i + j];
-  return combine_sum(l);
+  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
 }
 
-/* The largest of v[0..n), NaNs read as -inf (a max is exact in any order). */
-ROW_PASS static float max_lanes(const float *v, int32_t n) {
+/* The largest of v[0..n), NaNs skipped (a max is exact in any order). */
+INLINE float max_lanes_body(const float *v, int32_t n) {
   float l[LANES];
   for (int j = 0; j < LANES; j++) l[j] = -INFINITY;
   int32_t i = 0;
@@ -100,6 +96,54 @@ ROW_PASS static float max_lanes(const float *v, int32_t n) {
   for (int j = 1; j < LANES; j++) m = l[j] > m ? l[j] : m;
   return m;
 }
+
+/* The passes built for AVX-512, AVX2 and the baseline (the loops above
+ * inlined into each and vectorized for it), picked at run time. Without
+ * contraction each gives the same bits as the others: test_sample runs
+ * every one this CPU has. */
+typedef struct row_ops {
+  void (*exp_shifted)(const float *restrict, int32_t, double, float, double *restrict);
+  void (*scale_row)(const float *restrict, int32_t, float, float *restrict);
+  int32_t (*count_at_least)(const float *, int32_t, float);
+  double (*sum_lanes)(const double *, int32_t);
+  float (*max_lanes)(const float *, int32_t);
+} row_ops;
+
+#define ROW_OPS(isa, attr)                                                                                                   \
+  attr static void exp_shifted_##isa(const float *restrict v, int32_t n, double m, float lo, double *restrict out) {         \
+    exp_shifted_body(v, n, m, lo, out);                                                                                      \
+  }                                                                                                                          \
+  attr static void scale_row_##isa(const float *restrict x, int32_t n, float t, float *restrict y) { scale_row_body(x, n, t, y); } \
+  attr static int32_t count_at_least_##isa(const float *v, int32_t n, float lo) { return count_at_least_body(v, n, lo); }   \
+  attr static double sum_lanes_##isa(const double *w, int32_t n) { return sum_lanes_body(w, n); }                            \
+  attr static float max_lanes_##isa(const float *v, int32_t n) { return max_lanes_body(v, n); }                              \
+  static const row_ops ops_##isa = {exp_shifted_##isa, scale_row_##isa, count_at_least_##isa, sum_lanes_##isa, max_lanes_##isa};
+
+ROW_OPS(avx512, __attribute__((target("avx512f"), optimize("O3", "fp-contract=off"))))
+ROW_OPS(avx2, __attribute__((target("avx2"), optimize("O3", "fp-contract=off"))))
+ROW_OPS(base, __attribute__((optimize("O3", "fp-contract=off"))))
+
+static _Atomic int forced_isa = -1;
+
+int nb_serve__sampler_isa(int isa) {
+  bool has[3] = {true, __builtin_cpu_supports("avx2"), __builtin_cpu_supports("avx512f")};
+  if (isa < 0 || isa > 2) return has[2] ? 2 : has[1] ? 1 : 0;
+  if (!has[isa]) return -1;
+  forced_isa = isa;
+  return isa;
+}
+
+static const row_ops *ops(void) {
+  static const row_ops *const by_isa[3] = {&ops_base, &ops_avx2, &ops_avx512};
+  int isa = forced_isa;
+  return by_isa[isa >= 0 ? isa : nb_serve__sampler_isa(-1)];
+}
+
+static void exp_shifted(const float *v, int32_t n, double m, float lo, double *out) { ops()->exp_shifted(v, n, m, lo, out); }
+static void scale_row(const float *x, int32_t n, float t, float *y) { ops()->scale_row(x, n, t, y); }
+static int32_t count_at_least(const float *v, int32_t n, float lo) { return ops()->count_at_least(v, n, lo); }
+static double sum_lanes(const double *w, int32_t n) { return ops()->sum_lanes(w, n); }
+static float max_lanes(const float *v, int32_t n) { return ops()->max_lanes(v, n); }
 
 /* ---------------------------------------------------------------- one row */
 

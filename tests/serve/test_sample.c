@@ -410,6 +410,49 @@ static void test_distribution(nb_ctx *ctx) {
   }
 }
 
+/* The kernel's passes built for the baseline, AVX2 and AVX-512 give the
+ * same weights, tokens and logprobs bit for bit (each one this CPU runs;
+ * the others are reported skipped). */
+static void test_isas(nb_ctx *ctx) {
+  enum { ROWS = 24, V = 5000 };
+  uint32_t x = 2024;
+  rows r;
+  rows_alloc(&r, ROWS, V, false);
+  for (int32_t i = 0; i < ROWS; i++) {
+    random_logits(r.z + i * V, V, i % 4, &x);
+    random_params(&r, i, &x);
+  }
+  nb_serve__scratch s;
+  CHECK_OK(ctx, nb_serve__scratch_init(ctx, &s, V));
+  double *w[3], *dw = malloc(V * sizeof *dw);
+  nb_serve__row_out out[3][ROWS];
+  int best = nb_serve__sampler_isa(-1), ran = 0;
+  static const char *const names[3] = {"baseline", "AVX2", "AVX-512"};
+  for (int isa = 0; isa < 3; isa++) {
+    w[isa] = calloc((size_t)ROWS * V, sizeof(double));
+    if (nb_serve__sampler_isa(isa) < 0) {
+      printf("isa %s: SKIPPED (this CPU lacks it)\n", names[isa]);
+      continue;
+    }
+    ran++;
+    for (int32_t i = 0; i < ROWS; i++) {
+      nb_serve__row p = row_params(&r, i, (i + 0.5) / ROWS);
+      double total;
+      nb_serve__sample_weights(&p, r.z + i * V, V, &s, w[isa] + (size_t)i * V, &total);
+      nb_serve__sample_row(&p, r.z + i * V, r.z + i * V, V, &s, dw, &out[isa][i]);
+    }
+    if (isa == 0) continue;
+    CHECK_MSG(!memcmp(w[0], w[isa], (size_t)ROWS * V * sizeof(double)), "isa %s: weights differ from the baseline's", names[isa]);
+    CHECK_MSG(!memcmp(out[0], out[isa], sizeof out[0]), "isa %s: draws or logprobs differ from the baseline's", names[isa]);
+  }
+  CHECK(nb_serve__sampler_isa(best) == best);
+  printf("isa: %d of 3 builds of the sampler's passes ran, the same bits\n", ran);
+  for (int isa = 0; isa < 3; isa++) free(w[isa]);
+  free(dw);
+  nb_serve__scratch_free(ctx, &s);
+  rows_free(&r);
+}
+
 static void test_bad_shapes(nb_ctx *ctx) {
   int64_t rv[2] = {2, 5}, r2[2] = {2, 2}, r3[2] = {2, 3}, r4[2] = {2, 4};
   nb_graph *g = nb_graph_create(ctx);
@@ -439,6 +482,7 @@ int main(void) {
   nb_ctx_set_prng_impl(ctx, NB_PRNG_THREEFRY);
   test_processors(ctx);
   test_distribution(ctx);
+  test_isas(ctx);
   CHECK(nb_ctx_bytes_in_use(ctx) == base);
   nb_ctx_destroy(ctx);
   return nb_test_summary("serve/sample");
