@@ -13,7 +13,7 @@
 #include "nabla/serve.h"
 #include "test.h"
 
-enum { NREQ = 9, MAXN = 3, MAXTOK = 8, MAXPROMPT = 40, MAXBIAS = 3 };
+enum { NREQ = 9, MAXN = 3, MAXTOK = 20, MAXPROMPT = 40, MAXBIAS = 3 };
 
 typedef struct req {
   int32_t prompt[MAXPROMPT], len, n, max_tokens;
@@ -40,7 +40,7 @@ static void make_requests(req *r, int32_t vocab, uint32_t seed) {
     q->len = 3 + (int32_t)(lcg(&x) % 30);
     for (int j = 0; j < q->len; j++) q->prompt[j] = i % 3 == 0 && j < 16 ? shared[j] : (int32_t)(lcg(&x) % (uint32_t)vocab);
     q->n = 1 + (int32_t)(lcg(&x) % MAXN);
-    q->max_tokens = 4 + (int32_t)(lcg(&x) % (MAXTOK - 3));
+    q->max_tokens = 4 + (int32_t)(lcg(&x) % 5);
     nb_serve_sampling *s = &q->sp;
     static const float temps[] = {0, 0.8f, 1.3f}, top_ps[] = {1, 0.9f, 0.5f}, min_ps[] = {0, 0, 0.2f};
     static const int32_t top_ks[] = {0, 5, 40};
@@ -76,7 +76,7 @@ typedef struct run_info {
  * adds half up front and the rest after three steps (so they find the
  * shared prefix cached); otherwise one at a time, each to its end. */
 static void serve(nb_ctx *ctx, const nb_model_config *cfg, const nb_tree *params, const nb_serve_config *ec, const req *r,
-                  bool together, bool interpret, draws *d, run_info *info) {
+                  int nreq, bool together, bool interpret, draws *d, run_info *info) {
   memset(d, 0, sizeof *d);
   nb_serve_engine *e = nb_serve_engine_create(ctx, ec);
   nb_serve_model *m = e ? nb_serve_model_create(ctx, cfg, params, nb_serve_engine_config(e),
@@ -85,14 +85,14 @@ static void serve(nb_ctx *ctx, const nb_model_config *cfg, const nb_tree *params
   CHECK_MSG(e && m, "%s", nb_ctx_error(ctx));
   int added = 0;
   for (int step = 0; m && step < 4000; step++) {
-    int want = together ? (step < 3 ? NREQ / 2 : NREQ) : (nb_serve_has_unfinished(e) ? added : added + 1);
-    for (; added < want && added < NREQ; added++) {
+    int want = together ? (step < 3 ? nreq / 2 : nreq) : (nb_serve_has_unfinished(e) ? added : added + 1);
+    for (; added < want && added < nreq; added++) {
       const req *q = &r[added];
       CHECK_OK(ctx, nb_serve_model_check_sampling(m, added, &q->sp));
       CHECK_OK(ctx, nb_serve_add_request(e, &(nb_serve_request){.id = added, .prompt = q->prompt, .prompt_len = q->len,
                                                                  .max_tokens = q->max_tokens, .n = q->n, .sampling = &q->sp}));
     }
-    if (!nb_serve_has_unfinished(e) && added == NREQ) break;
+    if (!nb_serve_has_unfinished(e) && added == nreq) break;
     const nb_serve_batch *b;
     CHECK_OK(ctx, nb_serve_schedule(e, &b));
     nb_serve_sample_out so[16];
@@ -107,7 +107,7 @@ static void serve(nb_ctx *ctx, const nb_model_config *cfg, const nb_tree *params
       CHECK_OK(ctx, nb_serve_append_token(e, id, k, so[i].token, NULL));
     }
   }
-  CHECK(added == NREQ && e && !nb_serve_has_unfinished(e));
+  CHECK(added == nreq && e && !nb_serve_has_unfinished(e));
   nb_serve_stats st;
   nb_serve_get_stats(e, &st);
   *info = (run_info){st.num_preemptions, st.prefix_cache_hits, st.num_steps, nb_serve_model_num_executables(m)};
@@ -146,8 +146,8 @@ static void test_invariance(nb_ctx *ctx, const nb_model_config *cfg, const nb_tr
                            .max_model_len = 48, .enable_prefix_caching = true};
   static draws a, t;
   run_info ia, it;
-  serve(ctx, cfg, params, &alone, r, false, interpret, &a, &ia);
-  serve(ctx, cfg, params, &tight, r, true, interpret, &t, &it);
+  serve(ctx, cfg, params, &alone, r, NREQ, false, interpret, &a, &ia);
+  serve(ctx, cfg, params, &tight, r, NREQ, true, interpret, &t, &it);
   int diffs = compare(r, &a, &t, interpret ? "interpreted" : "compiled");
   CHECK_MSG(it.preemptions > 0 && it.hits > 0, "together: %lld preemptions, %lld prefix-cache hits: the test lost its point",
             (long long)it.preemptions, (long long)it.hits);
@@ -172,8 +172,8 @@ static void compiled_vs_interpreted(nb_ctx *ctx, const nb_model_config *cfg, con
                            .max_model_len = 48, .enable_prefix_caching = true};
   static draws a, c;
   run_info ia, ic;
-  serve(ctx, cfg, params, &tight, r, true, true, &a, &ia);
-  serve(ctx, cfg, params, &tight, r, true, false, &c, &ic);
+  serve(ctx, cfg, params, &tight, r, NREQ, true, true, &a, &ia);
+  serve(ctx, cfg, params, &tight, r, NREQ, true, false, &c, &ic);
   int n = 0, same = 0;
   double worst = 0;
   for (int i = 0; i < NREQ; i++)
@@ -188,6 +188,41 @@ static void compiled_vs_interpreted(nb_ctx *ctx, const nb_model_config *cfg, con
       }
   CHECK_MSG(same >= n - n / 20 && worst < 1e-4, "compiled vs interpreted: %d of %d draws agree, logprobs within %g", same, n, worst);
   printf("compiled vs interpreted step: %d of %d draws the same token, logprobs within %.2g\n", same, n, worst);
+}
+
+/* A greedy sample with strong penalties, preempted after it generated
+ * tokens and recomputed (its next draw comes from a many-token chunk whose
+ * context holds its output), draws what it draws alone. Two requests of
+ * 3 + 20 tokens in 7 blocks of 4, the second added three steps later: it is
+ * preempted after 10 tokens. (Its draws did not move when the last token
+ * of a many-token chunk was left out of the penalties' inputs, nor when
+ * chunks got no penalties at all: one draw follows the recompute here; the
+ * random mixes above caught the second.) */
+static void test_recompute_penalties(nb_ctx *ctx, const nb_model_config *cfg, const nb_tree *params) {
+  req r[NREQ];
+  memset(r, 0, sizeof r);
+  for (int i = 0; i < 2; i++) {
+    r[i].len = 3, r[i].n = 1, r[i].max_tokens = MAXTOK;
+    for (int j = 0; j < 3; j++) r[i].prompt[j] = 5 + 7 * i + j;
+    r[i].sp = (nb_serve_sampling){.presence_penalty = 2, .frequency_penalty = 2, .repetition_penalty = 2,
+                                  .temperature = i ? 0 : 0.9f, .seed = 77, .num_logprobs = 2};
+  }
+  /* both decode side by side; B needs blocks A holds after 16 tokens each */
+  nb_serve_config tight = {.block_size = 4, .num_blocks = 7, .max_num_seqs = 2, .max_num_batched_tokens = 16, .max_model_len = 28};
+  nb_serve_config roomy = {.block_size = 4, .num_blocks = 32, .max_num_seqs = 2, .max_num_batched_tokens = 64, .max_model_len = 28};
+  for (int i = 0; i < 2; i++) r[i].max_tokens = 20;
+  static draws a, t;
+  run_info ia, it;
+  serve(ctx, cfg, params, &roomy, r, 2, false, true, &a, &ia);
+  serve(ctx, cfg, params, &tight, r, 2, true, true, &t, &it);
+  CHECK_MSG(it.preemptions > 0, "no preemption: the test lost its point");
+  int diffs = 0;
+  for (int i = 0; i < 2; i++)
+    for (int j = 0; j < 20; j++)
+      if (a.out[i][0][j].token != t.out[i][0][j].token || memcmp(&a.out[i][0][j].logprob, &t.out[i][0][j].logprob, sizeof(float)))
+        diffs++;
+  CHECK_MSG(diffs == 0 && a.n[0][0] == 20 && t.n[1][0] == 20, "recompute with penalties: %d draws differ", diffs);
+  printf("recompute with penalties: %lld preemptions, 40 draws bit-identical alone and together\n", (long long)it.preemptions);
 }
 
 /* min_tokens masks the stop tokens until that many tokens are out, and a
@@ -269,6 +304,7 @@ int main(void) {
   nb_array_release(key);
   test_vocab_errors(ctx, &cfg, params);
   test_step_processors(ctx, &cfg, params);
+  test_recompute_penalties(ctx, &cfg, params);
   for (uint32_t seed = 1; seed <= 4; seed++) test_invariance(ctx, &cfg, params, true, seed);
   test_invariance(ctx, &cfg, params, false, 5);
   compiled_vs_interpreted(ctx, &cfg, params, 6);
