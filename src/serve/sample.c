@@ -66,6 +66,11 @@ INLINE void scale_row_body(const float *restrict x, int32_t n, float temperature
   }
 }
 
+/* w[i] = 0 where v[i] < lo. */
+INLINE void mask_below_body(const float *restrict v, int32_t n, float lo, double *restrict w) {
+  for (int32_t i = 0; i < n; i++) w[i] = v[i] >= lo ? w[i] : 0.0;
+}
+
 INLINE int32_t count_at_least_body(const float *v, int32_t n, float lo) {
   int32_t c = 0;
   for (int32_t i = 0; i < n; i++) c += v[i] >= lo;
@@ -104,6 +109,7 @@ INLINE float max_lanes_body(const float *v, int32_t n) {
 typedef struct row_ops {
   void (*exp_shifted)(const float *restrict, int32_t, double, float, double *restrict);
   void (*scale_row)(const float *restrict, int32_t, float, float *restrict);
+  void (*mask_below)(const float *restrict, int32_t, float, double *restrict);
   int32_t (*count_at_least)(const float *, int32_t, float);
   double (*sum_lanes)(const double *, int32_t);
   float (*max_lanes)(const float *, int32_t);
@@ -114,10 +120,14 @@ typedef struct row_ops {
     exp_shifted_body(v, n, m, lo, out);                                                                                      \
   }                                                                                                                          \
   attr static void scale_row_##isa(const float *restrict x, int32_t n, float t, float *restrict y) { scale_row_body(x, n, t, y); } \
+  attr static void mask_below_##isa(const float *restrict v, int32_t n, float lo, double *restrict w) {                     \
+    mask_below_body(v, n, lo, w);                                                                                            \
+  }                                                                                                                          \
   attr static int32_t count_at_least_##isa(const float *v, int32_t n, float lo) { return count_at_least_body(v, n, lo); }   \
   attr static double sum_lanes_##isa(const double *w, int32_t n) { return sum_lanes_body(w, n); }                            \
   attr static float max_lanes_##isa(const float *v, int32_t n) { return max_lanes_body(v, n); }                              \
-  static const row_ops ops_##isa = {exp_shifted_##isa, scale_row_##isa, count_at_least_##isa, sum_lanes_##isa, max_lanes_##isa};
+  static const row_ops ops_##isa = {exp_shifted_##isa, scale_row_##isa, mask_below_##isa, count_at_least_##isa,             \
+                                    sum_lanes_##isa, max_lanes_##isa};
 
 ROW_OPS(avx512, __attribute__((target("avx512f"), optimize("O3", "fp-contract=off"))))
 ROW_OPS(avx2, __attribute__((target("avx2"), optimize("O3", "fp-contract=off"))))
@@ -141,6 +151,7 @@ static const row_ops *ops(void) {
 
 static void exp_shifted(const float *v, int32_t n, double m, float lo, double *out) { ops()->exp_shifted(v, n, m, lo, out); }
 static void scale_row(const float *x, int32_t n, float t, float *y) { ops()->scale_row(x, n, t, y); }
+static void mask_below(const float *v, int32_t n, float lo, double *w) { ops()->mask_below(v, n, lo, w); }
 static int32_t count_at_least(const float *v, int32_t n, float lo) { return ops()->count_at_least(v, n, lo); }
 static double sum_lanes(const double *w, int32_t n) { return ops()->sum_lanes(w, n); }
 static float max_lanes(const float *v, int32_t n) { return ops()->max_lanes(v, n); }
@@ -320,7 +331,8 @@ int32_t nb_serve__sample_weights(const nb_serve__row *p, const float *x, int32_t
   /* the support is y >= lo: top_k's k-th largest, top_p's last kept, min_p's bound */
   float lo = -INFINITY;
   if (p->top_k > 0 && p->top_k < V) lo = p->top_k <= SMALL_K ? kth_largest_small(y, V, p->top_k, s->sel) : kth_largest(memcpy(s->sel, y, (size_t)V * sizeof *y), V, p->top_k);
-  if (p->top_p > 0 && p->top_p < 1) {
+  bool have_w = p->top_p > 0 && p->top_p < 1;
+  if (have_w) {
     exp_shifted(y, V, m, lo, w);
     lo = top_p_threshold(y, w, V, m, lo, p->top_p, s);
   }
@@ -328,7 +340,8 @@ int32_t nb_serve__sample_weights(const nb_serve__row *p, const float *x, int32_t
     float t = min_p_threshold(m, p->min_p);
     lo = t > lo ? t : lo;
   }
-  exp_shifted(y, V, m, lo, w);
+  if (have_w) mask_below(y, V, lo, w); /* the same exps, fewer of them */
+  else exp_shifted(y, V, m, lo, w);
   *total = sum_lanes(w, V);
   return count_at_least(y, V, lo);
 }
