@@ -322,8 +322,8 @@ nb_status nb_serve_batch_operands(nb_ctx *ctx, const nb_serve_batch *b, int32_t 
 
 /* The same kernels as custom calls, for a traced model step (run by the
  * interpreter, and by compiled executables as host steps).
- * nb_serve_register_kernels registers "serve.paged_attention" and
- * "serve.kv_cache_write" on ctx (once per context: a second call is refused
+ * nb_serve_register_kernels registers "serve.paged_attention",
+ * "serve.kv_cache_write" and the model step's sampler "serve.sample" on ctx (once per context: a second call is refused
  * as the custom-call registry refuses a name in use); `lend` (may be NULL:
  * one thread) is borrowed until ctx is destroyed, and its pool runs every
  * paged attention call.
@@ -356,14 +356,19 @@ nb_status nb_serve_kv_cache_write_op(nb_val *k_cache, nb_val *v_cache, nb_val *k
  * the compiled step executables. One step runs the model over a batch's
  * flat tokens at their positions, writes their keys and values at their
  * slots (nb_serve_kv_cache_write_op), attends through the block tables
- * (nb_serve_paged_attention_op) and computes logits only for the last token
- * of each sequence, then takes their argmax (greedy).
+ * (nb_serve_paged_attention_op), computes logits only for the rows that
+ * draw (a sequence's last token, once per sample that takes it) and samples
+ * them (nb_serve_sampling), all in the step's executable: every request's
+ * parameters are per-row inputs, so one executable serves any mix.
  *
- * Shape buckets: a step is compiled for (tokens T, sequences S, table width
- * MB), each rounded up to a power of two (T at least 8, MB at most the
- * blocks of max_model_len); padding tokens write nowhere (slot -1) and
- * padding sequences have no rows. So at most log2 T_max x log2 S_max x
- * log2 MB_max executables exist, however long the run
+ * Shape buckets: a step is compiled for (tokens T, rows S, table width MB,
+ * processors), T, S and MB each rounded up to a power of two (T at least 8,
+ * S counting sequences and drawn samples alike, MB at most the blocks of
+ * max_model_len); padding tokens write nowhere (slot -1), padding sequences
+ * have no rows, padding draws draw nothing. "processors" is set when some
+ * row needs logit_bias, min_tokens masking or penalties: only those steps
+ * pay for their dense [S, vocab] inputs. So at most 2 x log2 T_max x log2
+ * S_max x log2 MB_max executables exist, however long the run
  * (nb_serve_model_num_executables).
  *
  * Families: gpt2 and llama (dense), and MoE when dropless (capacity_factor
@@ -406,6 +411,14 @@ typedef struct nb_serve_sample_out {
  * keys). out (room for max_num_seqs entries) receives the draws in batch
  * order, *num_out their count. A batch with no sequences does nothing. */
 nb_status nb_serve_model_step(nb_serve_model *m, const nb_serve_batch *b, nb_serve_sample_out *out, int32_t *num_out);
+/* Checks a request's sampling against the model: every logit_bias_ids and
+ * stop_token_ids entry must be a token of the vocabulary (the engine does
+ * not know it). NB_ERR_INVALID_ARG naming the request, the field, the index
+ * and the value otherwise. nb_serve_model_step makes the same check on
+ * every drawing sequence before it runs anything; call this when a request
+ * is added so that one bad request is refused alone instead of failing a
+ * step. NULL sampling is fine. */
+nb_status nb_serve_model_check_sampling(const nb_serve_model *m, int64_t id, const nb_serve_sampling *sampling);
 /* Step executables compiled (or graphs traced, when interpreting) so far. */
 int nb_serve_model_num_executables(const nb_serve_model *m);
 

@@ -120,7 +120,8 @@ nb_status nb_serve_register_kernels(nb_ctx *ctx, const nb_serve_pool_lend *lend)
    * a compiled step writes only those slots into donated caches */
   nb_custom_call_rules write = {.name = WRITE_NAME, .infer = write_infer, .eval = write_eval, .in_place = 0x3};
   nb_status st = nb_custom_call_register(ctx, &attn);
-  return st != NB_OK ? st : nb_custom_call_register(ctx, &write);
+  if (st == NB_OK) st = nb_custom_call_register(ctx, &write);
+  return st != NB_OK ? st : nb_serve__register_sampler(ctx);
 }
 
 /* ---------------------------------------------------------------- traced ops */

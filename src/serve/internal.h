@@ -125,5 +125,76 @@ bool nb_serve__engine_check(const nb_serve_engine *e, char *why, size_t cap);
 /* The names the serve kernels are registered under as custom calls. */
 #define NB_SERVE__ATTN_NAME "serve.paged_attention"
 #define NB_SERVE__WRITE_NAME "serve.kv_cache_write"
+#define NB_SERVE__SAMPLE_NAME "serve.sample"
+
+/* ---- sampling (sample.c) --------------------------------------------------- */
+
+/* One drawn row's selection parameters, as the kernel reads them. */
+typedef struct nb_serve__row {
+  float temperature;            /* 0: greedy */
+  float top_p, min_p;
+  int32_t top_k, num_logprobs;
+  double u;                     /* the row's uniform in [0, 1) */
+} nb_serve__row;
+
+typedef struct nb_serve__row_out {
+  int32_t token;
+  float logprob;
+  int32_t num_top;
+  int32_t top_ids[NB_SERVE_MAX_LOGPROBS];
+  float top_logprobs[NB_SERVE_MAX_LOGPROBS];
+} nb_serve__row_out;
+
+/* Work space for rows of V logits. */
+typedef struct nb_serve__scratch {
+  int32_t V;
+  float *y, *sel;
+  void *cands;
+} nb_serve__scratch;
+nb_status nb_serve__scratch_init(nb_ctx *ctx, nb_serve__scratch *s, int32_t V);
+void nb_serve__scratch_free(nb_ctx *ctx, nb_serve__scratch *s);
+
+/* The sampling distribution of one row of processed logits x[V]: w[i] the
+ * unnormalized weight of token i (0 outside the support), *total their sum
+ * in id order; returns the support's size. Greedy (temperature 0): weight 1
+ * on the argmax (lowest id on ties). Otherwise y = x / temperature and the
+ * support is y >= the top_k-th largest y, then y >= the smallest y of the
+ * top_p set (the most likely tokens, in order, while the mass before them is
+ * below top_p of the top_k survivors' mass), and y - max(y) >= log(min_p);
+ * w = exp(y - max(y)). */
+int32_t nb_serve__sample_weights(const nb_serve__row *p, const float *x, int32_t V, nb_serve__scratch *s, double *w,
+                                 double *total);
+/* The draw: the first token in id order whose cumulative weight exceeds
+ * u * total; its log-probability and the top num_logprobs from
+ * log_softmax(z) of the raw logits z. w: V doubles of scratch. */
+void nb_serve__sample_row(const nb_serve__row *p, const float *z, const float *x, int32_t V, nb_serve__scratch *s, double *w,
+                          nb_serve__row_out *o);
+nb_status nb_serve__register_sampler(nb_ctx *ctx);
+/* The sampler's passes over a row exist for the baseline (0), AVX2 (1) and
+ * AVX-512 (2), picked by the CPU; they give the same bits. isa in [0, 2]
+ * forces one for tests (returns it, or -1 when the CPU lacks it); another
+ * value returns the CPU's best. */
+int nb_serve__sampler_isa(int isa);
+
+/* The traced sampler over R rows of V logits. */
+typedef struct nb_serve__sample_in {
+  nb_val *logits;               /* f32[R, V], raw */
+  nb_val *fparams;              /* f32[R, 3]: temperature, top_p, min_p */
+  nb_val *iparams;              /* i32[R, 3]: top_k, num_logprobs, active (0: a padding row) */
+  nb_val *keys;                 /* u32[R, 4]: seed >> 32, seed & 0xffffffff, sample index k, token index j */
+  /* all NULL, or all set (a bucket with logits processors): */
+  nb_val *bias;                 /* f32[R, V]: logit_bias, -inf on the stop tokens min_tokens masks */
+  nb_val *counts;               /* f32[R, V]: occurrences among the generated tokens */
+  nb_val *seen;                 /* bool[R, V]: in the prompt or generated */
+  nb_val *penalties;            /* f32[R, 3]: repetition (1: off), frequency, presence */
+} nb_serve__sample_in;
+typedef struct nb_serve__sample_out {
+  nb_val *token, *logprob;      /* i32[R], f32[R] */
+  nb_val *top_ids, *top_logprobs; /* i32 / f32 [R, NB_SERVE_MAX_LOGPROBS]; the first num_logprobs of a row set */
+} nb_serve__sample_out;
+nb_status nb_serve__sample_op(const nb_serve__sample_in *in, nb_serve__sample_out *out);
+/* The logits processors alone (in->bias etc. set): the processed logits
+ * f32[R, V] the kernel selects from. */
+nb_val *nb_serve__process_logits(const nb_serve__sample_in *in);
 
 #endif

@@ -1,8 +1,9 @@
 /* The model step over a scheduled batch: the reference transformer
  * (models.h's configuration and parameter paths, nn's layers) traced over
  * a batch's flat tokens with the paged cache write and paged attention in
- * place of dense attention, logits for the last token of each sequence
- * only, and their argmax. Compiled once per shape bucket. */
+ * place of dense attention, logits only for the rows that draw a token (a
+ * sequence's last token, once per sample that takes it), and the sampler
+ * (sample.c) on them. Compiled once per shape bucket. */
 #include <math.h>
 #include <string.h>
 
@@ -14,10 +15,18 @@
 
 /* Inputs "params/<path>", "tokens", "positions", "slots" i32[T],
  * "block_tables" i32[S, MB], "context_lens" i32[S], "query_start" i32[S + 1],
- * "logits_idx" i32[S] (the row of each sequence's last token),
- * "cache/layers/<l>/{k,v}"; outputs "token" i32[S] and "cache/...". */
+ * "logits_idx" i32[S] (per drawn row: the token whose logits it samples),
+ * "sample/..." (nb_serve__sample_in's per-row inputs; bias, counts, seen and
+ * penalties only when the bucket adjusts), "cache/layers/<l>/{k,v}"; outputs
+ * "token", "logprob", "top_ids", "top_logprobs" per row, and "cache/...". */
+typedef struct step_job {
+  const nb_model_config *cfg;
+  bool adjust;
+} step_job;
+
 static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
-  const nb_model_config *c = u;
+  const step_job *job = u;
+  const nb_model_config *c = job->cfg;
   nb_ctx *ctx = nb_graph_ctx(g);
   nb_tree *params = nb_tree_select_prefix(in, "params", true), *caches = nb_tree_create(ctx);
   if (!params || !caches) {
@@ -79,11 +88,17 @@ static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
     nb_nn_norm_cfg fn = {.kind = c->norm, .eps = c->norm_eps, .bias = c->bias};
     h = nb_nn_norm_apply(&a, "final_norm", &fn, h);
     nb_val *logits = c->tie_embeddings ? nb_nn_embed_attend(&a, "embed", h) : nb_nn_linear(&a, "lm_head", h);
-    nb_val *token = nb_argmax(logits, 1, NB_I32);
-    int64_t S = nb_val_dim(token, 0);
-    nb_val *lp = nb_take_along_axis(nb_nn_log_softmax(logits, 1), nb_expand_dims(token, 1), 1);
-    s = nb_graph_status(g) ? nb_graph_status(g) : nb_tree_set_val(out, "token", token);
-    if (!s) s = nb_tree_set_val(out, "logprob", nb_reshape(lp, 1, &S));
+    nb_serve__sample_in si = {.logits = logits, .fparams = nb_tree_get_val(in, "sample/f"),
+                              .iparams = nb_tree_get_val(in, "sample/i"), .keys = nb_tree_get_val(in, "sample/keys")};
+    if (job->adjust)
+      si.bias = nb_tree_get_val(in, "sample/bias"), si.counts = nb_tree_get_val(in, "sample/counts"),
+      si.seen = nb_tree_get_val(in, "sample/seen"), si.penalties = nb_tree_get_val(in, "sample/penalties");
+    nb_serve__sample_out so;
+    s = nb_graph_status(g) ? nb_graph_status(g) : nb_serve__sample_op(&si, &so);
+    if (!s) s = nb_tree_set_val(out, "token", so.token);
+    if (!s) s = nb_tree_set_val(out, "logprob", so.logprob);
+    if (!s) s = nb_tree_set_val(out, "top_ids", so.top_ids);
+    if (!s) s = nb_tree_set_val(out, "top_logprobs", so.top_logprobs);
     if (!s) s = nb_tree_merge(out, "cache", caches);
   }
   nb_tree_destroy(params);
@@ -93,17 +108,24 @@ static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
 
 /* ---------------------------------------------------------------- the model */
 
-enum { IN_PARAM, IN_CACHE, IN_TOKENS, IN_POSITIONS, IN_SLOTS, IN_TABLES, IN_LENS, IN_STARTS, IN_LOGITS_IDX, IN_COUNT };
-static const char *const in_names[IN_COUNT] = {NULL, NULL, "tokens", "positions", "slots", "block_tables",
-                                               "context_lens", "query_start", "logits_idx"};
+enum {
+  IN_PARAM, IN_CACHE, IN_TOKENS, IN_POSITIONS, IN_SLOTS, IN_TABLES, IN_LENS, IN_STARTS, IN_LOGITS_IDX,
+  IN_SAMPLE_F, IN_SAMPLE_I, IN_KEYS, IN_BIAS, IN_COUNTS, IN_SEEN, IN_PENALTIES, IN_COUNT
+};
+static const char *const in_names[IN_COUNT] = {
+    NULL, NULL, "tokens", "positions", "slots", "block_tables", "context_lens", "query_start", "logits_idx",
+    "sample/f", "sample/i", "sample/keys", "sample/bias", "sample/counts", "sample/seen", "sample/penalties"};
+enum { OUT_TOKEN, OUT_LOGPROB, OUT_TOP_IDS, OUT_TOP_LOGPROBS, OUT_COUNT };
+static const char *const out_names[OUT_COUNT] = {"token", "logprob", "top_ids", "top_logprobs"};
 
 typedef struct bucket {
   int32_t T, S, MB;
+  bool adjust;                  /* takes the logits processors' inputs (bias, counts, seen, penalties) */
   nb_graph *graph;
   nb_exe *exe;                  /* NULL: the interpreter runs graph */
   size_t nin, nout;
   int *in_kind, *in_index;      /* where input i comes from */
-  int out_token, out_logprob;   /* output indices of "token" and "logprob" */
+  int out_at[OUT_COUNT];        /* output indices of out_names */
   int *out_cache;               /* cache slot of output i or -1 */
 } bucket;
 
@@ -126,9 +148,9 @@ static int32_t pow2_at_least(int32_t n, int32_t lo) {
 
 /* The custom calls on ctx: registered here unless the caller did already. */
 static nb_status ensure_kernels(nb_ctx *ctx) {
-  if (nb_custom_call_registered(ctx, NB_SERVE__ATTN_NAME) && nb_custom_call_registered(ctx, NB_SERVE__WRITE_NAME))
-    return NB_OK;
-  return nb_serve_register_kernels(ctx, NULL);
+  if (!nb_custom_call_registered(ctx, NB_SERVE__ATTN_NAME) || !nb_custom_call_registered(ctx, NB_SERVE__WRITE_NAME))
+    return nb_serve_register_kernels(ctx, NULL);
+  return nb_custom_call_registered(ctx, NB_SERVE__SAMPLE_NAME) ? NB_OK : nb_serve__register_sampler(ctx);
 }
 
 nb_serve_model *nb_serve_model_create(nb_ctx *ctx, const nb_model_config *cfg, const nb_tree *params,
@@ -230,21 +252,41 @@ static nb_status bind_io(nb_serve_model *m, bucket *b) {
     if (kind < 0) return nb_errorf(ctx, NB_ERR_INTERNAL, "serve model: unexpected graph input '%s'", p);
     b->in_kind[i] = kind;
   }
-  b->out_token = b->out_logprob = -1;
+  for (int k = 0; k < OUT_COUNT; k++) b->out_at[k] = -1;
   for (size_t i = 0; i < b->nout; i++) {
     const char *p = nb_graph_output_path(run, i);
     b->out_cache[i] = cache_slot(p, m->cfg.n_layers);
-    if (!strcmp(p, "token")) b->out_token = (int)i;
-    if (!strcmp(p, "logprob")) b->out_logprob = (int)i;
+    for (int k = 0; k < OUT_COUNT; k++)
+      if (!strcmp(p, out_names[k])) b->out_at[k] = (int)i;
   }
-  return b->out_token >= 0 && b->out_logprob >= 0
-             ? NB_OK
-             : nb_errorf(ctx, NB_ERR_INTERNAL, "serve model: the step graph lacks its 'token' or 'logprob' output");
+  for (int k = 0; k < OUT_COUNT; k++)
+    if (b->out_at[k] < 0) return nb_errorf(ctx, NB_ERR_INTERNAL, "serve model: the step graph lacks its '%s' output", out_names[k]);
+  return NB_OK;
 }
 
-static bucket *get_bucket(nb_serve_model *m, int32_t T, int32_t S, int32_t MB) {
-  for (int i = 0; i < m->n_buckets; i++)
-    if (m->buckets[i]->T == T && m->buckets[i]->S == S && m->buckets[i]->MB == MB) return m->buckets[i];
+/* The per-step inputs of a bucket (T, S, MB, adjust) for a vocabulary of V. */
+static nb_aval input_aval(int k, int32_t T, int32_t S, int32_t MB, int64_t V) {
+  int64_t dT = T, dS = S, dS1 = S + 1, dt[2] = {S, MB}, d3[2] = {S, 3}, d4[2] = {S, 4}, dv[2] = {S, V};
+  switch (k) {
+  case IN_TOKENS: case IN_POSITIONS: case IN_SLOTS: return nb_aval_make(NB_I32, 1, &dT);
+  case IN_TABLES: return nb_aval_make(NB_I32, 2, dt);
+  case IN_LENS: case IN_LOGITS_IDX: return nb_aval_make(NB_I32, 1, &dS);
+  case IN_STARTS: return nb_aval_make(NB_I32, 1, &dS1);
+  case IN_SAMPLE_F: case IN_PENALTIES: return nb_aval_make(NB_F32, 2, d3);
+  case IN_SAMPLE_I: return nb_aval_make(NB_I32, 2, d3);
+  case IN_KEYS: return nb_aval_make(NB_U32, 2, d4);
+  case IN_BIAS: case IN_COUNTS: return nb_aval_make(NB_F32, 2, dv);
+  default: return nb_aval_make(NB_BOOL, 2, dv); /* IN_SEEN */
+  }
+}
+
+static bool is_adjust_input(int k) { return k >= IN_BIAS && k <= IN_PENALTIES; }
+
+static bucket *get_bucket(nb_serve_model *m, int32_t T, int32_t S, int32_t MB, bool adjust) {
+  for (int i = 0; i < m->n_buckets; i++) {
+    const bucket *b = m->buckets[i];
+    if (b->T == T && b->S == S && b->MB == MB && b->adjust == adjust) return m->buckets[i];
+  }
   nb_ctx *ctx = m->ctx;
   if (m->n_buckets == m->cap_buckets) {
     int cap = m->cap_buckets ? 2 * m->cap_buckets : 8;
@@ -257,21 +299,18 @@ static bucket *get_bucket(nb_serve_model *m, int32_t T, int32_t S, int32_t MB) {
   }
   bucket *b = nb_calloc(ctx, sizeof *b);
   if (!b) return NULL;
-  b->T = T, b->S = S, b->MB = MB;
+  b->T = T, b->S = S, b->MB = MB, b->adjust = adjust;
   nb_tree *spec = nb_tree_create(ctx);
   nb_status s = spec ? nb_tree_merge(spec, "params", m->params) : NB_ERR_NOMEM;
-  int64_t dT = T, dS = S, dS1 = S + 1, dt[2] = {S, MB};
-  for (int k = IN_TOKENS; !s && k <= IN_SLOTS; k++) s = nb_tree_set(spec, in_names[k], nb_leaf_aval(nb_aval_make(NB_I32, 1, &dT)));
-  if (!s) s = nb_tree_set(spec, "block_tables", nb_leaf_aval(nb_aval_make(NB_I32, 2, dt)));
-  if (!s) s = nb_tree_set(spec, "context_lens", nb_leaf_aval(nb_aval_make(NB_I32, 1, &dS)));
-  if (!s) s = nb_tree_set(spec, "query_start", nb_leaf_aval(nb_aval_make(NB_I32, 1, &dS1)));
-  if (!s) s = nb_tree_set(spec, "logits_idx", nb_leaf_aval(nb_aval_make(NB_I32, 1, &dS)));
+  for (int k = IN_TOKENS; !s && k < IN_COUNT; k++)
+    if (adjust || !is_adjust_input(k)) s = nb_tree_set(spec, in_names[k], nb_leaf_aval(input_aval(k, T, S, MB, m->cfg.vocab_size)));
   for (int64_t i = 0; !s && i < 2 * m->cfg.n_layers; i++) {
     char p[64];
     snprintf(p, sizeof p, "cache/layers/%lld/%c", (long long)(i / 2), "kv"[i % 2]);
     s = nb_tree_set(spec, p, nb_leaf_aval(nb_array_aval(m->cache[i])));
   }
-  if (!s) b->graph = nb_trace(ctx, step_fn, &m->cfg, spec);
+  step_job job = {.cfg = &m->cfg, .adjust = adjust};
+  if (!s) b->graph = nb_trace(ctx, step_fn, &job, spec);
   nb_tree_destroy(spec);
   if (!s && !b->graph) s = nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_INTERNAL;
   if (!s && !m->opts.interpret) {
@@ -305,52 +344,130 @@ static nb_status do_copies(nb_serve_model *m, const nb_serve_batch *b) {
   return NB_OK;
 }
 
+/* ---------------------------------------------------------------- sampling inputs */
+
+static const nb_serve_sampling greedy_sampling;
+
+static const nb_serve_sampling *sampling_of(const nb_serve_seq_batch *q) { return q->sampling ? q->sampling : &greedy_sampling; }
+
+nb_status nb_serve_model_check_sampling(const nb_serve_model *m, int64_t id, const nb_serve_sampling *sp) {
+  if (!m) return NB_ERR_INVALID_ARG;
+  if (!sp) return NB_OK;
+  int64_t V = m->cfg.vocab_size;
+  for (int32_t i = 0; i < sp->num_logit_bias; i++)
+    if (sp->logit_bias_ids[i] < 0 || sp->logit_bias_ids[i] >= V)
+      return nb_errorf(m->ctx, NB_ERR_INVALID_ARG, "serve request %lld: sampling.logit_bias_ids[%d] = %d is outside the vocabulary [0, %lld)",
+                       (long long)id, i, sp->logit_bias_ids[i], (long long)V);
+  for (int32_t i = 0; i < sp->num_stop_token_ids; i++)
+    if (sp->stop_token_ids[i] < 0 || sp->stop_token_ids[i] >= V)
+      return nb_errorf(m->ctx, NB_ERR_INVALID_ARG, "serve request %lld: sampling.stop_token_ids[%d] = %d is outside the vocabulary [0, %lld)",
+                       (long long)id, i, sp->stop_token_ids[i], (long long)V);
+  return NB_OK;
+}
+
+/* Tokens generated so far by the sequence when it draws: the index j of its key. */
+static int32_t generated(const nb_serve_seq_batch *q) { return q->context_len - q->prompt_len; }
+
+static bool penalized(const nb_serve_sampling *sp) {
+  return sp->presence_penalty != 0 || sp->frequency_penalty != 0 || (sp->repetition_penalty != 0 && sp->repetition_penalty != 1);
+}
+
+/* Whether a drawing sequence needs the logits processors' inputs this step. */
+static bool adjusts(const nb_serve_seq_batch *q) {
+  const nb_serve_sampling *sp = sampling_of(q);
+  return sp->num_logit_bias > 0 || penalized(sp) || (sp->num_stop_token_ids > 0 && generated(q) < sp->min_tokens);
+}
+
+/* Row r's logits processors' inputs: bias (logit_bias, -inf on the stop
+ * tokens min_tokens masks), counts among the generated tokens, seen in
+ * the prompt or output (for repetition only), penalties. */
+static void fill_adjust(const nb_serve_seq_batch *q, int64_t V, int32_t r, float *bias, float *counts, uint8_t *seen, float *pen) {
+  const nb_serve_sampling *sp = sampling_of(q);
+  float *b = bias + (size_t)r * (size_t)V, *c = counts + (size_t)r * (size_t)V;
+  uint8_t *sn = seen + (size_t)r * (size_t)V;
+  for (int32_t i = 0; i < sp->num_logit_bias; i++) b[sp->logit_bias_ids[i]] += sp->logit_bias_values[i];
+  if (generated(q) < sp->min_tokens)
+    for (int32_t i = 0; i < sp->num_stop_token_ids; i++) b[sp->stop_token_ids[i]] = -INFINITY;
+  bool rep = sp->repetition_penalty != 0 && sp->repetition_penalty != 1;
+  if (penalized(sp))
+    for (int32_t t = 0; t < q->context_len; t++) {
+      int32_t id = q->tokens[t];
+      if (id < 0 || id >= V) continue; /* the engine's tokens are the model's; stay in bounds regardless */
+      if (t >= q->prompt_len) c[id] += 1;
+      if (rep) sn[id] = 1;
+    }
+  pen[3 * r] = rep ? sp->repetition_penalty : 1;
+  pen[3 * r + 1] = sp->frequency_penalty;
+  pen[3 * r + 2] = sp->presence_penalty;
+}
+
 nb_status nb_serve_model_step(nb_serve_model *m, const nb_serve_batch *b, nb_serve_sample_out *outs, int32_t *num_out) {
   if (!m || !b || !num_out || (b->num_seqs > 0 && !outs)) return NB_ERR_INVALID_ARG;
   *num_out = 0;
   if (b->num_seqs == 0) return NB_OK;
   nb_ctx *ctx = m->ctx;
+  int32_t draws = 0;
+  bool adjust = false;
   for (int32_t i = 0; i < b->num_seqs; i++) {
-    const nb_serve_sampling *sp = b->seqs[i].sampling;
-    if (sp && (sp->temperature > 0 || sp->num_logprobs > 0 || sp->num_logit_bias > 0 || sp->presence_penalty != 0 ||
-               sp->frequency_penalty != 0 || (sp->repetition_penalty != 0 && sp->repetition_penalty != 1)))
-      return nb_errorf(ctx, NB_ERR_UNIMPLEMENTED, "serve model: request %lld: only greedy sampling is implemented",
-                       (long long)b->seqs[i].request_id);
+    const nb_serve_seq_batch *q = &b->seqs[i];
+    if (!q->needs_logits) continue;
+    nb_status s = nb_serve_model_check_sampling(m, q->request_id, q->sampling);
+    if (s) return s;
+    draws += q->num_samples;
+    adjust = adjust || adjusts(q);
   }
-  if (b->num_tokens > m->max_tokens || b->num_seqs > m->max_seqs)
-    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "serve model: a batch of %d tokens and %d sequences exceeds the engine's %d and %d",
-                     b->num_tokens, b->num_seqs, m->max_tokens, m->max_seqs);
+  if (b->num_tokens > m->max_tokens || b->num_seqs > m->max_seqs || draws > m->max_seqs)
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG,
+                     "serve model: a batch of %d tokens, %d sequences and %d draws exceeds the engine's %d tokens and %d sequences",
+                     b->num_tokens, b->num_seqs, draws, m->max_tokens, m->max_seqs);
   int32_t need = 1;
   for (int32_t i = 0; i < b->num_seqs; i++)
     if (b->seqs[i].num_table_blocks > need) need = b->seqs[i].num_table_blocks;
-  int32_t T = pow2_at_least(b->num_tokens, 8), S = pow2_at_least(b->num_seqs, 1), MB = pow2_at_least(need, 1);
+  /* S counts sequences and drawn rows alike: padding sequences own no tokens, padding rows draw nothing */
+  int32_t T = pow2_at_least(b->num_tokens, 8), S = pow2_at_least(b->num_seqs > draws ? b->num_seqs : draws, 1),
+          MB = pow2_at_least(need, 1);
   if (MB > m->max_blocks) MB = m->max_blocks > need ? m->max_blocks : need;
   nb_status s = do_copies(m, b);
   if (s) return s;
-  bucket *bk = get_bucket(m, T, S, MB);
+  bucket *bk = get_bucket(m, T, S, MB, adjust);
   if (!bk) return nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_INTERNAL;
+  int64_t V = m->cfg.vocab_size;
   nb_array *arr[IN_COUNT] = {0};
-  int64_t dT = T, dS = S, dS1 = S + 1, dt[2] = {S, MB};
-  arr[IN_TOKENS] = nb_array_zeros(ctx, NB_I32, 1, &dT);
-  arr[IN_POSITIONS] = nb_array_zeros(ctx, NB_I32, 1, &dT);
-  arr[IN_SLOTS] = nb_array_zeros(ctx, NB_I32, 1, &dT);
-  arr[IN_TABLES] = nb_array_zeros(ctx, NB_I32, 2, dt);
-  arr[IN_LENS] = nb_array_zeros(ctx, NB_I32, 1, &dS);
-  arr[IN_STARTS] = nb_array_zeros(ctx, NB_I32, 1, &dS1);
-  arr[IN_LOGITS_IDX] = nb_array_zeros(ctx, NB_I32, 1, &dS);
-  for (int k = IN_TOKENS; k < IN_COUNT; k++)
-    if (!arr[k]) s = NB_ERR_NOMEM;
+  for (int k = IN_TOKENS; k < IN_COUNT; k++) {
+    if (!adjust && is_adjust_input(k)) continue;
+    nb_aval av = input_aval(k, T, S, MB, V);
+    if (!(arr[k] = nb_array_zeros(ctx, av.dtype, av.shape.rank, av.shape.dims))) s = NB_ERR_NOMEM;
+  }
   if (!s) {
     int32_t *tok = nb_array_data_mut(arr[IN_TOKENS]), *pos = nb_array_data_mut(arr[IN_POSITIONS]);
     int32_t *slot = nb_array_data_mut(arr[IN_SLOTS]), *qs = nb_array_data_mut(arr[IN_STARTS]);
     int32_t *cl = nb_array_data_mut(arr[IN_LENS]), *li = nb_array_data_mut(arr[IN_LOGITS_IDX]);
+    float *fp = nb_array_data_mut(arr[IN_SAMPLE_F]);
+    int32_t *ip = nb_array_data_mut(arr[IN_SAMPLE_I]);
+    uint32_t *keys = nb_array_data_mut(arr[IN_KEYS]);
     memcpy(tok, b->token_ids, (size_t)b->num_tokens * sizeof *tok);
     memcpy(pos, b->positions, (size_t)b->num_tokens * sizeof *pos);
     /* the real rows; padding tokens write nowhere, padding sequences own no rows */
     s = nb_serve_batch_operands(ctx, b, m->block_size, MB, nb_array_data_mut(arr[IN_TABLES]), cl, qs, slot);
     for (int32_t t = b->num_tokens; t < T; t++) slot[t] = -1;
     for (int32_t i = b->num_seqs + 1; i <= S; i++) qs[i] = b->num_tokens;
-    for (int32_t i = 0; i < b->num_seqs; i++) li[i] = b->seqs[i].token_start + b->seqs[i].num_tokens - 1;
+    float *pen = adjust ? nb_array_data_mut(arr[IN_PENALTIES]) : NULL;
+    for (int32_t r = 0; pen && r < S; r++) pen[3 * r] = 1;
+    /* one row per draw, in batch order */
+    for (int32_t i = 0, r = 0; i < b->num_seqs; i++) {
+      const nb_serve_seq_batch *q = &b->seqs[i];
+      const nb_serve_sampling *sp = sampling_of(q);
+      for (int32_t k = 0; q->needs_logits && k < q->num_samples; k++, r++) {
+        li[r] = q->token_start + q->num_tokens - 1;
+        fp[3 * r] = sp->temperature, fp[3 * r + 1] = sp->top_p, fp[3 * r + 2] = sp->min_p;
+        ip[3 * r] = sp->top_k, ip[3 * r + 1] = sp->num_logprobs, ip[3 * r + 2] = 1;
+        keys[4 * r] = (uint32_t)(sp->seed >> 32), keys[4 * r + 1] = (uint32_t)sp->seed;
+        keys[4 * r + 2] = (uint32_t)q->sample_indices[k], keys[4 * r + 3] = (uint32_t)generated(q);
+        if (adjust)
+          fill_adjust(q, V, r, nb_array_data_mut(arr[IN_BIAS]), nb_array_data_mut(arr[IN_COUNTS]),
+                      nb_array_data_mut(arr[IN_SEEN]), pen);
+      }
+    }
   }
   nb_array **in = nb_calloc(ctx, (bk->nin + 1) * sizeof *in), **out = nb_calloc(ctx, (bk->nout + 1) * sizeof *out);
   if (!s && (!in || !out)) s = NB_ERR_NOMEM;
@@ -362,13 +479,20 @@ nb_status nb_serve_model_step(nb_serve_model *m, const nb_serve_batch *b, nb_ser
   }
   if (!s) s = bk->exe ? nb_exe_run_flat(bk->exe, in, out) : nb_graph_run_flat(ctx, bk->graph, in, out);
   if (!s) {
-    const int32_t *sampled = nb_array_data(out[bk->out_token]);
-    const float *logprob = nb_array_data(out[bk->out_logprob]);
-    for (int32_t i = 0; i < b->num_seqs; i++)
-      for (int32_t k = 0; b->seqs[i].needs_logits && k < b->seqs[i].num_samples; k++)
-        outs[(*num_out)++] = (nb_serve_sample_out){.request_id = b->seqs[i].request_id,
-                                                   .sample_index = b->seqs[i].sample_indices[k],
-                                                   .token = sampled[i], .logprob = logprob[i]};
+    const int32_t *sampled = nb_array_data(out[bk->out_at[OUT_TOKEN]]), *top_ids = nb_array_data(out[bk->out_at[OUT_TOP_IDS]]);
+    const float *logprob = nb_array_data(out[bk->out_at[OUT_LOGPROB]]), *top_lp = nb_array_data(out[bk->out_at[OUT_TOP_LOGPROBS]]);
+    for (int32_t i = 0, r = 0; i < b->num_seqs; i++) {
+      const nb_serve_seq_batch *q = &b->seqs[i];
+      int32_t n_top = sampling_of(q)->num_logprobs; /* the engine keeps it in [0, 20]; the kernel caps it there */
+      n_top = n_top < 0 ? 0 : n_top > NB_SERVE_MAX_LOGPROBS ? NB_SERVE_MAX_LOGPROBS : n_top;
+      for (int32_t k = 0; q->needs_logits && k < q->num_samples; k++, r++) {
+        nb_serve_sample_out *o = &outs[(*num_out)++];
+        *o = (nb_serve_sample_out){.request_id = q->request_id, .sample_index = q->sample_indices[k], .token = sampled[r],
+                                   .logprob = logprob[r], .num_top = n_top};
+        memcpy(o->top_ids, top_ids + (size_t)r * NB_SERVE_MAX_LOGPROBS, (size_t)n_top * sizeof *o->top_ids);
+        memcpy(o->top_logprobs, top_lp + (size_t)r * NB_SERVE_MAX_LOGPROBS, (size_t)n_top * sizeof *o->top_logprobs);
+      }
+    }
     for (size_t i = 0; i < bk->nout; i++) {
       int c = bk->out_cache[i];
       if (c < 0) continue;

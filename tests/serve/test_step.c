@@ -99,8 +99,10 @@ static void test_matches_generator(nb_ctx *ctx, const char *preset, bool interpr
          (long long)r.steps, (long long)r.preemptions, r.executables);
 }
 
-/* A long run of random requests arriving over time: the executables stay
- * within the bucket bound, log2 of each of T, S and the table width. */
+/* A long run of random requests arriving over time, a third of them with
+ * penalties (the buckets with the logits processors' inputs): the
+ * executables stay within the bound, log2 of each of T, S and the table
+ * width, times 2. */
 static void test_bounded_buckets(nb_ctx *ctx) {
   nb_model_config cfg;
   CHECK_OK(ctx, nb_model_config_preset(ctx, "llama-tiny", &cfg));
@@ -120,8 +122,11 @@ static void test_bounded_buckets(nb_ctx *ctx) {
     if ((x >> 28) < 6 && next_id < 150) {
       int32_t p[40], n = 1 + (int32_t)((x >> 8) % 40);
       for (int j = 0; j < n; j++) p[j] = (int32_t)((x >> (j % 16)) % 64);
-      CHECK_OK(ctx, nb_serve_add_request(e, &(nb_serve_request){.id = next_id++, .prompt = p, .prompt_len = n,
-                                                                 .max_tokens = 1 + (int32_t)((x >> 4) % 20)}));
+      nb_serve_sampling sp = {.temperature = 0.7f, .seed = x, .presence_penalty = 0.5f};
+      int64_t id = next_id++;
+      CHECK_OK(ctx, nb_serve_add_request(e, &(nb_serve_request){.id = id, .prompt = p, .prompt_len = n,
+                                                                 .max_tokens = 1 + (int32_t)((x >> 4) % 20),
+                                                                 .sampling = id % 3 ? NULL : &sp}));
     }
     const nb_serve_batch *b;
     CHECK_OK(ctx, nb_serve_schedule(e, &b));
@@ -134,10 +139,10 @@ static void test_bounded_buckets(nb_ctx *ctx) {
       CHECK_OK(ctx, nb_serve_append_token(e, so[i].request_id, so[i].sample_index, so[i].token, NULL));
     }
   }
-  /* T in {8, 16, 32}, S in {1, 2, 4, 8}, table width in {1, 2, 4, 8, 16} */
+  /* T in {8, 16, 32}, S in {1, 2, 4, 8}, table width in {1, 2, 4, 8, 16}, with or without processors */
   int n = nb_serve_model_num_executables(m);
-  CHECK_MSG(n >= 1 && n <= 3 * 4 * 5, "%d executables", n);
-  printf("bounded buckets: %lld requests, %lld tokens, %d executables (bound 60)\n", (long long)next_id, (long long)tokens, n);
+  CHECK_MSG(n >= 1 && n <= 3 * 4 * 5 * 2, "%d executables", n);
+  printf("bounded buckets: %lld requests, %lld tokens, %d executables (bound 120)\n", (long long)next_id, (long long)tokens, n);
   nb_serve_model_destroy(m);
   nb_serve_engine_destroy(e);
   nb_tree_destroy(params);
