@@ -436,14 +436,13 @@ static void *conc_main(void *arg) {
 /* Batch invariance through HTTP: a random mix of 12 requests (completions
  * or chat, streamed or not, n 1 or 2, varied prompts, lengths and stop
  * strings) sent at once each get exactly the answer they get alone:
- * greedy, and with a seed at temperature 0.8 once the step samples. */
+ * greedy, and with a seed at temperature 0.8. */
 static void test_concurrent(void) {
   static const char *const prompts[] = {"line 3 of", "for the", "small", "corpus", "test", "line 12", "of a", "serve"};
   nb_test_rng rng = {42};
   for (int sampled = 0; sampled < 2; sampled++) {
     static conc c[NCONC];
     static answer alone[NCONC];
-    bool skip = false;
     for (int i = 0; i < NCONC; i++) {
       bool chat = nb_test_int(&rng, 0, 2) == 0, stream = nb_test_int(&rng, 0, 1);
       /* ChatML takes about 50 of the 64 tokens of context */
@@ -456,16 +455,8 @@ static void test_concurrent(void) {
       snprintf(c[i].json, sizeof c[i].json, "{%s, \"max_tokens\": %d, \"n\": %d, \"temperature\": %s, \"seed\": %d%s%s}", head,
                max_tokens, n, sampled ? "0.8" : "0", 100 + i, stop, stream ? ", \"stream\": true" : "");
       ask(c[i].path, c[i].json, &alone[i]);
-      if (sampled && alone[i].status == 400 && strstr(alone[i].text[0], "only greedy sampling")) {
-        skip = true;
-        break;
-      }
       CHECK_MSG(alone[i].status == 200 && alone[i].n == n && (!stream || alone[i].done), "%s: status %d, %d choices: %s", c[i].json,
                 alone[i].status, alone[i].n, alone[i].text[0]);
-    }
-    if (skip) {
-      printf("SKIPPED: concurrent seeded sampling at temperature 0.8: the server's model step draws greedily only\n");
-      continue;
     }
     pthread_t th[NCONC];
     for (int i = 0; i < NCONC; i++) pthread_create(&th[i], NULL, conc_main, &c[i]);
@@ -553,22 +544,18 @@ static void test_choices(void) {
   }
   CHECK_MSG(ne == 6 && shape, "chat logprobs: %d entries, shape %d", ne, shape);
   cJSON_Delete(r);
-  /* top logprobs, once the step computes them */
+  /* top logprobs: greedy draws the most likely token */
   int st = post("/v1/completions", "{\"prompt\": \"line 5\", \"max_tokens\": 4, \"temperature\": 0, \"logprobs\": 2}");
-  if (st == 400 && strstr(resp_body, "only greedy sampling")) {
-    printf("SKIPPED: completions top logprobs (logprobs 2): the server's model step draws greedily only\n");
-  } else {
-    r = cJSON_Parse(resp_body);
-    lp = item(cJSON_GetArrayItem(item(r, "choices"), 0), "logprobs");
-    bool ok = st == 200 && cJSON_GetArraySize(item(lp, "top_logprobs")) == 4;
-    for (int i = 0; ok && i < 4; i++) {
-      const cJSON *d = cJSON_GetArrayItem(item(lp, "top_logprobs"), i);
-      const char *t = cJSON_GetStringValue(cJSON_GetArrayItem(item(lp, "tokens"), i));
-      ok = cJSON_GetArraySize(d) == 2 && t && item(d, t) && cJSON_GetNumberValue(item(d, t)) >= cJSON_GetNumberValue(d->child->next);
-    }
-    CHECK_MSG(ok, "top logprobs: %d %s", st, resp_body);
-    cJSON_Delete(r);
+  r = cJSON_Parse(resp_body);
+  lp = item(cJSON_GetArrayItem(item(r, "choices"), 0), "logprobs");
+  bool ok = st == 200 && cJSON_GetArraySize(item(lp, "top_logprobs")) == 4;
+  for (int i = 0; ok && i < 4; i++) {
+    const cJSON *d = cJSON_GetArrayItem(item(lp, "top_logprobs"), i);
+    const char *t = cJSON_GetStringValue(cJSON_GetArrayItem(item(lp, "tokens"), i));
+    ok = cJSON_GetArraySize(d) == 2 && t && item(d, t) && cJSON_GetNumberValue(item(d, t)) >= cJSON_GetNumberValue(d->child->next);
   }
+  CHECK_MSG(ok, "top logprobs: %d %s", st, resp_body);
+  cJSON_Delete(r);
 
   /* stop_token_ids end a sample (the token is not in the text); before
    * min_tokens they cannot be drawn */
@@ -583,25 +570,18 @@ static void test_choices(void) {
   snprintf(json, sizeof json, "{\"prompt\": \"line 5\", \"max_tokens\": 10, \"temperature\": 0, \"stop_token_ids\": [%d], "
                               "\"min_tokens\": 6}", stop_id);
   ask("/v1/completions", json, &a);
-  if (a.status == 400 && strstr(a.text[0], "only greedy sampling"))
-    printf("SKIPPED: min_tokens masking stop tokens: the server's model step draws greedily only\n");
-  else
-    CHECK_MSG(a.status == 200 && a.completion_tokens >= 6 && !strchr(a.text[0], stop_id), "min_tokens 6: '%s' (%d tokens)", a.text[0],
-              a.completion_tokens);
+  CHECK_MSG(a.status == 200 && a.completion_tokens >= 6 && !strchr(a.text[0], stop_id), "min_tokens 6: '%s' (%d tokens)", a.text[0],
+            a.completion_tokens);
   /* max_tokens 0 with echo: the prompt back, nothing generated */
   ask("/v1/completions", "{\"prompt\": \"line 5\", \"max_tokens\": 0, \"echo\": true}", &a);
   CHECK_MSG(a.status == 200 && !strcmp(a.text[0], "line 5") && a.completion_tokens == 0 && !strcmp(a.finish[0], "length"),
             "echo, max_tokens 0: '%s' %d", a.text[0], a.completion_tokens);
-  /* a seed reproduces, once the step samples */
+  /* a seed reproduces; another seed draws otherwise */
   ask("/v1/completions", "{\"prompt\": \"line 5\", \"max_tokens\": 16, \"temperature\": 1, \"seed\": 3}", &a);
-  if (a.status == 400 && strstr(a.text[0], "only greedy sampling")) {
-    printf("SKIPPED: seed reproducibility at temperature 1: the server's model step draws greedily only\n");
-  } else {
-    ask("/v1/completions", "{\"prompt\": \"line 5\", \"max_tokens\": 16, \"temperature\": 1, \"seed\": 3}", &b);
-    ask("/v1/completions", "{\"prompt\": \"line 5\", \"max_tokens\": 16, \"temperature\": 1, \"seed\": 4}", &s);
-    CHECK_MSG(a.status == 200 && !strcmp(a.text[0], b.text[0]) && strcmp(a.text[0], s.text[0]), "seeds 3, 3, 4: '%s' '%s' '%s'",
-              a.text[0], b.text[0], s.text[0]);
-  }
+  ask("/v1/completions", "{\"prompt\": \"line 5\", \"max_tokens\": 16, \"temperature\": 1, \"seed\": 3}", &b);
+  ask("/v1/completions", "{\"prompt\": \"line 5\", \"max_tokens\": 16, \"temperature\": 1, \"seed\": 4}", &s);
+  CHECK_MSG(a.status == 200 && !strcmp(a.text[0], b.text[0]) && strcmp(a.text[0], s.text[0]), "seeds 3, 3, 4: '%s' '%s' '%s'",
+            a.text[0], b.text[0], s.text[0]);
 }
 
 /* Every new field's type and range errors name it. */

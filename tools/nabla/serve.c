@@ -146,32 +146,6 @@ static void pick_chat_template(server *sv) {
 }
 
 
-/* Whether the model step samples, asked once of the engine itself: a
- * one-token request with temperature, top logprobs, penalties and a bias.
- * Until sampling is built into the step it is refused (unimplemented), and
- * the server refuses those fields rather than ignore them. */
-static bool probe_sampling(server *sv) {
-  int32_t tok = sv->m.bos_id >= 0 ? sv->m.bos_id : 0, bias_id = 0;
-  float bias = 1;
-  nb_serve_sampling sp = {.temperature = 1, .num_logprobs = 1, .presence_penalty = 0.5f, .repetition_penalty = 1.1f,
-                          .logit_bias_ids = &bias_id, .logit_bias_values = &bias, .num_logit_bias = 1, .seed = 1};
-  nb_serve_llm_request rq = {.r = {.id = 0, .prompt = &tok, .prompt_len = 1, .max_tokens = 1, .sampling = &sp}};
-  if (nb_serve_llm_add(sv->llm, &rq)) return false;
-  const nb_serve_event *ev;
-  int32_t n;
-  nb_status s = nb_serve_llm_step(sv->llm, &ev, &n);
-  if (s == NB_ERR_UNIMPLEMENTED) {
-    sv->greedy_only = true;
-    nb_ctx_clear_error(sv->ctx);
-    if (nb_serve_llm_abort(sv->llm, 0)) return false;
-  } else if (s) {
-    return false;
-  }
-  for (int guard = 0; nb_serve_llm_has_unfinished(sv->llm) && guard < 100; guard++)
-    if (nb_serve_llm_step(sv->llm, &ev, &n)) return false;
-  return !nb_serve_llm_has_unfinished(sv->llm);
-}
-
 /* The engine and model step: the options, the model's end-of-sequence
  * tokens and the chat format's end of turn. */
 static bool make_engine(server *sv) {
@@ -203,7 +177,6 @@ static bool make_engine(server *sv) {
   lc.num_eos_token_ids = n_eos;
   sv->llm = nb_serve_llm_create(sv->ctx, cfg, sv->m.params, &lc);
   if (!sv->llm) return fprintf(stderr, "nabla serve: %s\n", nb_ctx_error(sv->ctx)), false;
-  if (!probe_sampling(sv)) return fprintf(stderr, "nabla serve: the first engine step failed: %s\n", nb_ctx_error(sv->ctx)), false;
   return true;
 }
 

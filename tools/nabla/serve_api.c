@@ -94,14 +94,6 @@ static bool refuse_unsupported(const cJSON *o, bad *b) {
   return true;
 }
 
-/* Until the model step samples (temperature, logprobs, penalties, biases as
- * traced ops), the server refuses what it would have to ignore. */
-static bool greedy_only(server *sv, const char *k, bool set, bad *b) {
-  if (!sv->greedy_only || !set) return true;
-  return fail(b, 400, k, "'%s': only greedy sampling is implemented by this build's model step (temperature 0, no "
-              "top logprobs, penalties, logit_bias or min_tokens)", k);
-}
-
 static bool get_stop(const cJSON *o, creq *q, bad *b) {
   const cJSON *st = cJSON_GetObjectItemCaseSensitive(o, "stop"), *v;
   if (absent(st)) return true;
@@ -140,7 +132,7 @@ static bool get_logit_bias(server *sv, const cJSON *o, creq *q, bad *b) {
   }
   q->sp.logit_bias_ids = q->bias_ids;
   q->sp.logit_bias_values = q->bias_values;
-  return greedy_only(sv, "logit_bias", true, b);
+  return true;
 }
 
 static bool get_stop_token_ids(server *sv, const cJSON *o, creq *q, bad *b) {
@@ -161,7 +153,7 @@ static bool get_stop_token_ids(server *sv, const cJSON *o, creq *q, bad *b) {
 
 /* The sampling fields (vLLM's SamplingParams through OpenAI's names). */
 static bool get_sampling(server *sv, const cJSON *o, creq *q, bad *b) {
-  double temperature = sv->greedy_only ? 0 : 1, top_p = 1, min_p = 0, pres = 0, freq = 0, rep = 1;
+  double temperature = 1, top_p = 1, min_p = 0, pres = 0, freq = 0, rep = 1;
   int64_t top_k = -1, seed = 0, min_tokens = 0, n = 1, best_of = -1;
   if (!get_num(o, "temperature", 0, false, 1e6, &temperature, b) || !get_num(o, "top_p", 0, true, 1, &top_p, b) ||
       !get_int(o, "top_k", -1, 1000000000, &top_k, b) || !get_num(o, "min_p", 0, false, 1, &min_p, b) ||
@@ -172,9 +164,6 @@ static bool get_sampling(server *sv, const cJSON *o, creq *q, bad *b) {
     return false;
   if (best_of >= 0 && best_of != n)
     return fail(b, 400, "best_of", "'best_of' = %lld: only best_of = n (%lld) is supported", (long long)best_of, (long long)n);
-  if (!greedy_only(sv, "temperature", temperature > 0, b) || !greedy_only(sv, "presence_penalty", pres != 0, b) ||
-      !greedy_only(sv, "frequency_penalty", freq != 0, b) || !greedy_only(sv, "repetition_penalty", rep != 1, b))
-    return false;
   q->n = (int32_t)n;
   q->sp.temperature = (float)temperature;
   q->sp.top_k = top_k > 0 ? (int32_t)top_k : 0; /* vLLM's -1 and 0: off */
@@ -211,7 +200,6 @@ static bool get_sampling(server *sv, const cJSON *o, creq *q, bad *b) {
   }
   if (!q->chat && !absent(cJSON_GetObjectItemCaseSensitive(o, "top_logprobs")))
     return fail(b, 400, "top_logprobs", "'top_logprobs' is a chat field; completions take 'logprobs': N");
-  if (!greedy_only(sv, q->chat ? "top_logprobs" : "logprobs", q->logprobs > 0, b)) return false;
   q->sp.num_logprobs = q->logprobs > 0 ? q->logprobs : 0;
   return true;
 }
@@ -312,7 +300,6 @@ bool parse_request(server *sv, const cJSON *body, bool chat, creq *q, bad *b) {
   if (q->sp.min_tokens > q->max_tokens)
     return fail(b, 400, "min_tokens", "'min_tokens' (%d) is more than 'max_tokens' (%lld)", q->sp.min_tokens,
                 (long long)q->max_tokens);
-  if (!greedy_only(sv, "min_tokens", q->sp.min_tokens > 0, b)) return false; /* the greedy step masks no stop token */
   for (int i = 0; i < q->n_stop; i++)
     if (!q->stop[i]) return fail(b, 500, NULL, "out of memory");
   return true;

@@ -370,9 +370,9 @@ int serve_http(server *sv) {
   const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
   const nb_serve_config *ec = nb_serve_engine_config(nb_serve_llm_engine(sv->llm));
   printf("nabla serve: %s on http://%s:%u (context %lld, chat template %s; up to %d sequences at once, "
-         "%lld KV blocks of %d tokens%s)\n",
+         "%lld KV blocks of %d tokens)\n",
          sv->m.what, host, info ? info->port : (unsigned)o->port, (long long)sv->max_model_len, chat_template_name(sv->chat),
-         ec->max_num_seqs, (long long)ec->num_blocks, ec->block_size, sv->greedy_only ? "; greedy sampling only" : "");
+         ec->max_num_seqs, (long long)ec->num_blocks, ec->block_size);
   fflush(stdout);
   int sig = 0;
   sigwait(&sigs, &sig);

@@ -84,7 +84,6 @@ typedef struct server {
   chat_template chat;
   char chat_why[4400];          /* why chat is off (CHAT_NONE) */
   int32_t im_end_id;            /* the chat format's end-of-turn token, -1: none */
-  bool greedy_only;             /* the model step draws greedily only (sampling not built in yet) */
   time_t created;
   atomic_ulong next_id;         /* response ids */
   atomic_bool stopping;         /* SIGTERM: in-flight requests end now */
