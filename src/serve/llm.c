@@ -151,7 +151,8 @@ nb_status nb_serve_llm_add(nb_serve_llm *l, const nb_serve_llm_request *q) {
     sp.num_stop_token_ids = r->num_stops;
     nb_serve_request er = q->r;
     er.sampling = &sp;
-    s = nb_serve_add_request(l->engine, &er);
+    s = nb_serve_model_check_sampling(l->model, er.id, &sp); /* refused alone, not in a step */
+    if (!s) s = nb_serve_add_request(l->engine, &er);
   }
   if (s) {
     req_free(ctx, r);

@@ -136,6 +136,13 @@ static void test_abort_finish_n(nb_ctx *ctx, const nb_model_config *cfg, const n
   CHECK(nb_serve_llm_add(l, &(nb_serve_llm_request){.r = {.id = 2, .prompt = prompts[2], .prompt_len = lens[2], .max_tokens = GEN}}) ==
         NB_ERR_INVALID_ARG);
   CHECK(strstr(nb_ctx_error(ctx), "already in use") != NULL);
+  /* a token outside the vocabulary is refused when added, not in a step */
+  int32_t bad_id = 999;
+  float bias = 1;
+  nb_serve_sampling bad = {.logit_bias_ids = &bad_id, .logit_bias_values = &bias, .num_logit_bias = 1};
+  CHECK(nb_serve_llm_add(l, &(nb_serve_llm_request){.r = {.id = 5, .prompt = prompts[2], .prompt_len = lens[2], .max_tokens = GEN,
+                                                          .sampling = &bad}}) == NB_ERR_INVALID_ARG);
+  CHECK_MSG(strstr(nb_ctx_error(ctx), "999") != NULL, "%s", nb_ctx_error(ctx));
   got g = {0};
   /* a few steps, then abort request 1 and end request 0's sample 1 */
   for (int step = 0; step < 6; step++) {
