@@ -3,7 +3,8 @@
  * read in place when few rows of A would reuse them), op(A) walked in blocks
  * of MC x KC and read in place (panels of MR rows; only a block's last,
  * partial panel is packed), and a register-blocked micro-kernel that adds one
- * MR x NR tile's products over a KC slice.
+ * MR x NR tile's products over a KC slice. A product of at most eight rows
+ * with B untransposed (a decode step's) streams B once instead ("few rows").
  *
  * Why not OpenBLAS: its result for an element depends on the kernels it
  * picks for the CPU (Haswell and SkylakeX sum in different orders) and on
@@ -254,10 +255,88 @@ static float *scratch(size_t floats) {
   return p;
 }
 
-/* ---------------------------------------------------------------- driver */
+/* ---------------------------------------------------------------- few rows */
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
+
+
+/* With a few rows of A (a decode step: one token) the blocked scheme spends
+ * its micro-kernel on zero rows and walks B in panels of NR columns, row
+ * after row of B far apart. Here each row of an untransposed B is read once,
+ * left to right, and added into the rows of C, held in L1: c[i][j] =
+ * fma(a[i][p], b[p][j], c[i][j]) for p in order, four rows of B per pass
+ * over c. The same chain of fmas per element as the micro-kernels, so the
+ * same bits. C's columns go GEMV_C_FLOATS / m at a time, so that its m rows
+ * stay in L1 beside the rows of B streaming through. Up to GEMV_MAX_M rows:
+ * the serving step pads a lone decode to 8 tokens. */
+#define GEMV_MAX_M 8
+#define GEMV_C_FLOATS 4096 /* 16 KB of C */
+#define GEMV_P 4 /* rows of B per pass over a row of C */
+
+/* c[j] = fma(a[(np-1)*inca], b[(np-1)*ldb + j], ... fma(a[0], b[j], first ? +0 : c[j])) for j < n, 1 <= np <= GEMV_P */
+typedef void (*rows_fn)(int64_t n, int np, const float *a, int64_t inca, const float *b, int64_t ldb, float *c, bool first);
+
+static void rows_c(int64_t n, int np, const float *a, int64_t inca, const float *b, int64_t ldb, float *c, bool first) {
+  for (int64_t j = 0; j < n; j++) {
+    float acc = first ? 0.0f : c[j];
+    for (int q = 0; q < np; q++) acc = fmaf(a[q * inca], b[q * ldb + j], acc);
+    c[j] = acc;
+  }
+}
+
+#ifdef SGEMM_X86
+__attribute__((target("avx2,fma"))) static void rows_avx2(int64_t n, int np, const float *a, int64_t inca, const float *b,
+                                                          int64_t ldb, float *c, bool first) {
+  __m256 x[GEMV_P];
+  for (int q = 0; q < np; q++) x[q] = _mm256_set1_ps(a[q * inca]);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    __m256 acc = first ? _mm256_setzero_ps() : _mm256_loadu_ps(c + j);
+    for (int q = 0; q < np; q++) acc = _mm256_fmadd_ps(x[q], _mm256_loadu_ps(b + q * ldb + j), acc);
+    _mm256_storeu_ps(c + j, acc);
+  }
+  rows_c(n - j, np, a, inca, b + j, ldb, c + j, first);
+}
+
+__attribute__((target("avx512f,fma"))) static void rows_avx512(int64_t n, int np, const float *a, int64_t inca, const float *b,
+                                                               int64_t ldb, float *c, bool first) {
+  __m512 x[GEMV_P];
+  for (int q = 0; q < np; q++) x[q] = _mm512_set1_ps(a[q * inca]);
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    __m512 acc = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + j);
+    for (int q = 0; q < np; q++) acc = _mm512_fmadd_ps(x[q], _mm512_loadu_ps(b + q * ldb + j), acc);
+    _mm512_storeu_ps(c + j, acc);
+  }
+  rows_c(n - j, np, a, inca, b + j, ldb, c + j, first);
+}
+#endif
+
+static rows_fn rows_of(nb_sgemm_isa isa) {
+#ifdef SGEMM_X86
+  if (isa == NB_SGEMM_AVX512) return rows_avx512;
+  if (isa == NB_SGEMM_AVX2) return rows_avx2;
+#endif
+  (void)isa;
+  return rows_c;
+}
+
+/* C = op(A) B for m <= GEMV_MAX_M, B not transposed, k >= 1 */
+static void gemv(nb_sgemm_isa isa, bool ta, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *B,
+                 int64_t ldb, float *C, int64_t ldc) {
+  rows_fn fn = rows_of(isa);
+  int64_t ars = ta ? 1 : lda, acs = ta ? lda : 1, width = GEMV_C_FLOATS / m / 16 * 16;
+  for (int64_t j0 = 0; j0 < n; j0 += width) {
+    int64_t nc = min64(width, n - j0);
+    for (int64_t p = 0; p < k; p += GEMV_P) {
+      int np = (int)min64(GEMV_P, k - p);
+      for (int64_t i = 0; i < m; i++) fn(nc, np, A + i * ars + p * acs, acs, B + p * ldb + j0, ldb, C + i * ldc + j0, p == 0);
+    }
+  }
+}
+
+/* ---------------------------------------------------------------- driver */
 
 bool nb_cpu__sgemm_on(nb_sgemm_isa isa, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
                       const float *B, int64_t ldb, float *C, int64_t ldc) {
@@ -266,6 +345,10 @@ bool nb_cpu__sgemm_on(nb_sgemm_isa isa, bool ta, bool tb, int64_t m, int64_t n, 
   if (m <= 0 || n <= 0) return true;
   if (k <= 0) {
     for (int64_t i = 0; i < m; i++) memset(C + i * ldc, 0, sizeof(float) * (size_t)n);
+    return true;
+  }
+  if (m <= GEMV_MAX_M && !tb) {
+    gemv(isa, ta, m, n, k, A, lda, B, ldb, C, ldc);
     return true;
   }
   int mr = kr.mr, nr = kr.nr;
