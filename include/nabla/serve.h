@@ -326,8 +326,8 @@ nb_status nb_serve_kv_cache_write_op(nb_val *k_cache, nb_val *v_cache, nb_val *k
  * of each sequence, then takes their argmax (greedy).
  *
  * Shape buckets: a step is compiled for (tokens T, sequences S, table width
- * MB), each rounded up to a power of two (T at least 8, MB at most the
- * blocks of max_model_len); padding tokens write nowhere (slot -1) and
+ * MB), each rounded up to a power of two (T at least 8 but for a lone
+ * decode, T = 1; MB at most the blocks of max_model_len); padding tokens write nowhere (slot -1) and
  * padding sequences have no rows. So at most log2 T_max x log2 S_max x
  * log2 MB_max executables exist, however long the run
  * (nb_serve_model_num_executables).

@@ -308,7 +308,10 @@ nb_status nb_serve_model_step(nb_serve_model *m, const nb_serve_batch *b, int32_
   int32_t need = 1;
   for (int32_t i = 0; i < b->num_seqs; i++)
     if (b->seqs[i].num_table_blocks > need) need = b->seqs[i].num_table_blocks;
-  int32_t T = pow2_at_least(b->num_tokens, 8), S = pow2_at_least(b->num_seqs, 1), MB = pow2_at_least(need, 1);
+  /* a lone decode gets a bucket of its own: padded to 8 tokens, single-stream
+   * decode ran every product and kernel of the step on 8 rows */
+  int32_t T = b->num_tokens == 1 ? 1 : pow2_at_least(b->num_tokens, 8), S = pow2_at_least(b->num_seqs, 1);
+  int32_t MB = pow2_at_least(need, 1);
   if (MB > m->max_blocks) MB = m->max_blocks > need ? m->max_blocks : need;
   nb_status s = do_copies(m, b);
   if (s) return s;
