@@ -335,7 +335,7 @@ nb_status nb_serve_kv_cache_write_op(nb_val *k_cache, nb_val *v_cache, nb_val *k
  * Families: gpt2 and llama (dense), and MoE when dropless (capacity_factor
  * <= 0: a token's experts do not depend on the other tokens of the batch).
  * The custom calls are registered on ctx on first use (nb_serve_register_kernels,
- * one thread). */
+ * lending the compiled step's threads through nb_jit_parallel_for). */
 typedef struct nb_serve_model nb_serve_model;
 
 typedef struct nb_serve_model_opts {

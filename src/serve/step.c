@@ -120,11 +120,20 @@ static int32_t pow2_at_least(int32_t n, int32_t lo) {
   return b;
 }
 
+/* The paged attention's tasks on the threads of the executable running it
+ * (the compiled step's pool), or in order when interpreted. */
+static void on_step_threads(void *runner, int ntasks, void (*task)(void *arg, int i), void *arg) {
+  (void)runner;
+  nb_jit_parallel_for(ntasks, task, arg);
+}
+
+static const nb_serve_pool_lend step_threads = {on_step_threads, NULL};
+
 /* The custom calls on ctx: registered here unless the caller did already. */
 static nb_status ensure_kernels(nb_ctx *ctx) {
   if (nb_custom_call_registered(ctx, NB_SERVE__ATTN_NAME) && nb_custom_call_registered(ctx, NB_SERVE__WRITE_NAME))
     return NB_OK;
-  return nb_serve_register_kernels(ctx, NULL);
+  return nb_serve_register_kernels(ctx, &step_threads);
 }
 
 nb_serve_model *nb_serve_model_create(nb_ctx *ctx, const nb_model_config *cfg, const nb_tree *params,
