@@ -212,6 +212,7 @@ def main():
     ap.add_argument("--ffn", type=int, default=2048)
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--sides", default="llama,generate,serve")
+    ap.add_argument("--serve-reps", type=int, default=2)
     ap.add_argument("--llama-worker", nargs=5, metavar=("GGUF", "IDS", "N", "T", "CTX"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.llama_worker:
@@ -246,7 +247,7 @@ def main():
                         out = "IDS " + ",".join(m.group(1).split())
                 else:
                     out = run([serve_bench, "--hf", a.model_dir, "--prompt-ids", ",".join(map(str, ids)), "--tokens", str(N),
-                               "--reps", "3", "--threads", str(T), "--ids"])
+                               "--reps", str(a.serve_reps), "--threads", str(T), "--ids"])
                     f = re.search(r"RESULT serve \S+ (\S+) (\S+) (\S+) (\S+)", out)
                     v = float(f.group(1))
                     floor.setdefault(T, []).append((float(f.group(2)), float(f.group(3)), float(f.group(4))))
