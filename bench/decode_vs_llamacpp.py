@@ -23,6 +23,9 @@ Per round and thread count, each side in its own process:
   serve      build/bench_serve_decode --hf DIR: one request through
              nb_serve_engine + nb_serve_model_step.
 Medians over rounds (rounds interleave the sides, so load drifts hit all).
+"tok per CPU-s": decode tokens per CPU second of the process (llama, serve):
+at one thread the figure a busy machine's other processes do not stretch
+(they still take memory bandwidth); at two it counts spinning threads.
 
 Floor: weights a decode step reads (all parameters but the input embedding,
 of which one row) plus the keys and values of the average context (prompt +
@@ -177,17 +180,17 @@ def llama_worker(gguf_path, ids, n, threads, ctx):
         llm.reset()
         llm.eval(ids)
         out = []
-        t0 = None
+        t0 = c0 = None
         for i in range(n):
             logits = llm._ctx.get_logits()  # the last evaluated position's row
             tok = int(np.argmax(np.ctypeslib.as_array(logits, shape=(llm.n_vocab(),))))
             out.append(tok)
             if i == 0:
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
             if i + 1 < n:
                 llm.eval([tok])
-        dt = time.perf_counter() - t0
-    print("RESULT llama %.4f" % ((n - 1) / dt))
+        dt, dc = time.perf_counter() - t0, time.process_time() - c0
+    print("RESULT llama %.4f %.4f" % ((n - 1) / dt, (n - 1) / dc))
     print("IDS " + ",".join(map(str, out)))
 
 
@@ -229,6 +232,7 @@ def main():
     nabla = os.path.join(a.build, "nabla")
     serve_bench = os.path.join(a.build, "bench_serve_decode")
     res = {}  # (side, T) -> [tok/s]
+    cpu = {}  # (side, T) -> [tokens per CPU second of the process] (llama, serve)
     floor = {}  # T -> [(floor tok/s, bytes, GB/s)]
     last_ids = {}
     for r in range(a.rounds):
@@ -237,7 +241,9 @@ def main():
                 if side == "llama":
                     out = run([sys.executable, __file__, "--llama-worker", gguf_path, ",".join(map(str, ids)), str(N), str(T),
                                str(ctx)])
-                    v = float(re.search(r"RESULT llama (\S+)", out).group(1))
+                    f = re.search(r"RESULT llama (\S+) (\S+)", out)
+                    v = float(f.group(1))
+                    cpu.setdefault((side, T), []).append(float(f.group(2)))
                 elif side == "generate":
                     out = run([nabla, "generate", "--hf", a.model_dir, "--prompt", PROMPT_TEXT, "--temperature", "0",
                                "--max-tokens", str(N), "--threads", str(T), "--max-seq-len", str(ctx), "--show-ids"])
@@ -248,8 +254,9 @@ def main():
                 else:
                     out = run([serve_bench, "--hf", a.model_dir, "--prompt-ids", ",".join(map(str, ids)), "--tokens", str(N),
                                "--reps", str(a.serve_reps), "--threads", str(T), "--ids"])
-                    f = re.search(r"RESULT serve \S+ (\S+) (\S+) (\S+) (\S+)", out)
+                    f = re.search(r"RESULT serve \S+ (\S+) (\S+) (\S+) (\S+) (\S+)", out)
                     v = float(f.group(1))
+                    cpu.setdefault((side, T), []).append(float(f.group(5)))
                     floor.setdefault(T, []).append((float(f.group(2)), float(f.group(3)), float(f.group(4))))
                 m = re.search(r"IDS (\S+)", out)
                 if m:
@@ -269,16 +276,17 @@ def main():
                     same += 1
                 print(f"greedy ids: {s} agrees with llama.cpp on the first {same} of {N}")
     print()
-    print("| threads | side | decode tok/s (median) | all rounds | vs llama.cpp | floor tok/s | of floor |")
-    print("|---|---|---|---|---|---|---|")
+    print("| threads | side | decode tok/s (median) | all rounds | vs llama.cpp | floor tok/s | of floor | tok per CPU-s |")
+    print("|---|---|---|---|---|---|---|---|")
     for T in [int(x) for x in a.threads.split(",")]:
         fl = statistics.median([f[0] for f in floor[T]]) if T in floor else float("nan")
         base = statistics.median(res[("llama", T)]) if ("llama", T) in res else float("nan")
         for side in sides:
             v = res[(side, T)]
             med = statistics.median(v)
+            c = f"{statistics.median(cpu[(side, T)]):.2f}" if (side, T) in cpu else "-"
             print(f"| {T} | {side} | {med:.2f} | {', '.join('%.2f' % x for x in v)} | {med / base:.2f}x | {fl:.1f} | "
-                  f"{100 * med / fl:.0f}% |")
+                  f"{100 * med / fl:.0f}% | {c} |")
     for T, f in sorted(floor.items()):
         print(f"floor T={T}: {statistics.median([x[1] for x in f]) / 1e6:.1f} MB/token, read bandwidth "
               f"{', '.join('%.1f' % x[2] for x in f)} GB/s")

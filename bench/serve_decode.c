@@ -13,7 +13,8 @@
  * The prompt is ids (i * 7919 + 13) % vocab unless --prompt-ids a,b,c.
  * --ids prints the greedy ids of the last run. Medians of R runs after one
  * warm-up run (which compiles the step buckets). Prints a line
- * "RESULT serve prefill_tok_s decode_tok_s floor_tok_s bytes_per_token bandwidth_GB_s". */
+ * "RESULT serve prefill_tok_s decode_tok_s floor_tok_s bytes_per_token bandwidth_GB_s
+ * decode_tok_per_cpu_s". */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,9 +57,17 @@ static double weight_bytes(const nb_model_config *c, const nb_tree *params) {
 }
 
 typedef struct run_times {
-  double prefill_s, decode_s;
+  double prefill_s, decode_s, decode_cpu_s; /* decode_cpu_s: the process's CPU time in the decode steps */
   int n_tokens;
 } run_times;
+
+/* the process's CPU time: with one thread, what other processes on a busy
+ * machine do not stretch (their share of the memory bandwidth still does) */
+static double cpu_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 /* One request through the engine and the model, greedy, exactly M tokens. */
 static int run_one(nb_ctx *ctx, nb_serve_engine *e, nb_serve_model *m, int64_t id, const int32_t *prompt, int32_t P,
@@ -69,7 +78,7 @@ static int run_one(nb_ctx *ctx, nb_serve_engine *e, nb_serve_model *m, int64_t i
   double t0 = now_s();
   while (nb_serve_has_unfinished(e)) {
     const nb_serve_batch *b;
-    double s0 = now_s();
+    double s0 = now_s(), c0 = cpu_s();
     if (nb_serve_schedule(e, &b)) return fprintf(stderr, "schedule: %s\n", nb_ctx_error(ctx)), 1;
     if (b->num_seqs == 0) return fprintf(stderr, "schedule: an empty batch with a request unfinished\n"), 1;
     int32_t tok[1];
@@ -80,7 +89,7 @@ static int run_one(nb_ctx *ctx, nb_serve_engine *e, nb_serve_model *m, int64_t i
       if (nb_serve_append_token(e, id, 0, tok[0], NULL)) return fprintf(stderr, "append: %s\n", nb_ctx_error(ctx)), 1;
     }
     double s1 = now_s();
-    if (decode) t->decode_s += s1 - s0;
+    if (decode) t->decode_s += s1 - s0, t->decode_cpu_s += cpu_s() - c0;
     else t->prefill_s = s1 - t0;
   }
   return t->n_tokens == M ? 0 : (fprintf(stderr, "got %d tokens, wanted %d\n", t->n_tokens, M), 1);
@@ -139,27 +148,29 @@ int main(int argc, char **argv) {
   double t0 = now_s();
   if (run_one(ctx, e, m, 0, prompt, P, M, out, &t)) return 1;
   double warm = now_s() - t0;
-  double pre[64], dec[64];
+  double pre[64], dec[64], dec_cpu[64];
   for (int k = 0; k < reps; k++) {
     if (run_one(ctx, e, m, k + 1, prompt, P, M, out, &t)) return 1;
     pre[k] = P / t.prefill_s;
     dec[k] = (M - 1) / t.decode_s;
+    dec_cpu[k] = (M - 1) / t.decode_cpu_s;
   }
   /* keys and values of the average context of a decode step, P + M/2 tokens */
   double kv = 2.0 * (double)cfg.n_layers * (double)(cfg.n_kv_heads * hd) * 4 * (P + M / 2.0);
   double bytes = weight_bytes(&cfg, params) + kv, floor_tps = bw * 1e9 / bytes;
-  double p_med = median(pre, reps), d_med = median(dec, reps);
+  double p_med = median(pre, reps), d_med = median(dec, reps), c_med = median(dec_cpu, reps);
   printf("read bandwidth (1 GiB, %d threads, best of 5): %.2f GB/s\n", bw_threads, bw);
   printf("serve decode: prompt %d, %d tokens, %d threads, %d executables; prefill %.1f tok/s, decode %.2f tok/s "
          "(min %.2f, max %.2f), floor %.2f MB/token = %.1f tok/s (%.1f%%), first run %.2f s\n",
          P, M, bw_threads, nb_serve_model_num_executables(m), p_med, d_med, dec[0], dec[reps - 1], bytes / 1e6, floor_tps,
          100 * d_med / floor_tps, warm);
+  printf("decode per CPU second of the process: %.2f tok/s (the figure to compare at one thread on a busy machine)\n", c_med);
   if (print_ids) {
     printf("IDS");
     for (int32_t i = 0; i < M; i++) printf("%c%d", i ? ',' : ' ', out[i]);
     printf("\n");
   }
-  printf("RESULT serve %.3f %.3f %.3f %.0f %.3f\n", p_med, d_med, floor_tps, bytes, bw);
+  printf("RESULT serve %.3f %.3f %.3f %.0f %.3f %.3f\n", p_med, d_med, floor_tps, bytes, bw, c_med);
   nb_serve_model_destroy(m);
   nb_serve_engine_destroy(e);
   if (hf) nb_model_loaded_free(&lm);
