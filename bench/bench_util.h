@@ -1,9 +1,11 @@
 /* Shared by the benchmarks (header-only, static): a monotonic clock, the
- * median of repeated timings and a synthetic language-model batch. Not here:
+ * median of repeated timings, a synthetic language-model batch and the
+ * read-bandwidth probe of the decode benches. Not here:
  * anything one benchmark alone needs. */
 #ifndef NABLA_BENCH_UTIL_H
 #define NABLA_BENCH_UTIL_H
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -50,6 +52,46 @@ static inline nb_tree *bench_lm_batch(nb_ctx *ctx, int64_t B, int64_t T, int64_t
   nb_array_release(x);
   nb_array_release(y);
   return batch;
+}
+
+typedef struct bench_bw_part {
+  const float *p;
+  size_t n;
+  double sum;
+} bench_bw_part;
+
+static inline void *bench_bw_sum_part(void *u) {
+  bench_bw_part *w = u;
+  float acc[16] = {0};
+  for (size_t i = 0; i + 16 <= w->n; i += 16)
+    for (int k = 0; k < 16; k++) acc[k] += w->p[i + k];
+  for (int k = 0; k < 16; k++) w->sum += acc[k];
+  return NULL;
+}
+
+/* GB/s reading a 1 GiB buffer with `threads` (<= 64) threads, best of 5:
+ * the read bandwidth a memory-bound decode step is held to (the benches
+ * that state a floor in bytes per token). 0 when out of memory. */
+static inline double read_bandwidth(int threads) {
+  size_t n = (size_t)1 << 28;
+  float *buf = malloc(n * sizeof *buf);
+  if (!buf) return 0;
+  for (size_t i = 0; i < n; i++) buf[i] = (float)(i & 7);
+  double best = 0, sink = 0;
+  for (int r = 0; r < 5; r++) {
+    pthread_t th[64];
+    bench_bw_part w[64];
+    double t0 = now_s();
+    for (int k = 0; k < threads; k++) {
+      w[k] = (bench_bw_part){buf + n / (size_t)threads * (size_t)k, n / (size_t)threads, 0};
+      pthread_create(&th[k], NULL, bench_bw_sum_part, &w[k]);
+    }
+    for (int k = 0; k < threads; k++) pthread_join(th[k], NULL), sink += w[k].sum;
+    double gbs = (double)(n * sizeof *buf) / (now_s() - t0) / 1e9;
+    if (gbs > best) best = gbs;
+  }
+  free(buf);
+  return sink > 0 ? best : best; /* sink keeps the sums alive */
 }
 
 #endif

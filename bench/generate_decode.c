@@ -12,53 +12,12 @@
  * bench/generate_vs_torch.py.
  *   ./build/bench_generate_decode [--prompt N] [--tokens M] [--reps R] [--threads T] preset...
  *   (default: gpt2-tiny llama-tiny, prompt 64, 64 tokens, 5 reps) */
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "bench_util.h"
 #include "nabla/nabla.h"
-
-/* ---------------------------------------------------------------- read bandwidth */
-
-typedef struct part {
-  const float *p;
-  size_t n;
-  double sum;
-} part;
-
-static void *sum_part(void *u) {
-  part *w = u;
-  float acc[16] = {0};
-  for (size_t i = 0; i + 16 <= w->n; i += 16)
-    for (int k = 0; k < 16; k++) acc[k] += w->p[i + k];
-  for (int k = 0; k < 16; k++) w->sum += acc[k];
-  return NULL;
-}
-
-/* GB/s reading a 1 GiB buffer with `threads` threads, best of 5 */
-static double read_bandwidth(int threads) {
-  size_t n = (size_t)1 << 28;
-  float *buf = malloc(n * sizeof *buf);
-  if (!buf) return 0;
-  for (size_t i = 0; i < n; i++) buf[i] = (float)(i & 7);
-  double best = 0, sink = 0;
-  for (int r = 0; r < 5; r++) {
-    pthread_t th[64];
-    part w[64];
-    double t0 = now_s();
-    for (int k = 0; k < threads; k++) {
-      w[k] = (part){buf + n / (size_t)threads * (size_t)k, n / (size_t)threads, 0};
-      pthread_create(&th[k], NULL, sum_part, &w[k]);
-    }
-    for (int k = 0; k < threads; k++) pthread_join(th[k], NULL), sink += w[k].sum;
-    double gbs = (double)(n * sizeof *buf) / (now_s() - t0) / 1e9;
-    if (gbs > best) best = gbs;
-  }
-  free(buf);
-  return sink > 0 ? best : best; /* sink keeps the sums alive */
-}
 
 /* ---------------------------------------------------------------- one preset */
 

@@ -88,6 +88,16 @@ nb_status nb_exe_run_flat(nb_exe *e, nb_array *const *in, nb_array **out);
 /* Releases one reference (NULL is allowed). */
 void nb_exe_destroy(nb_exe *e);
 
+/* Runs task(arg, i) for every i in [0, ntasks), in any order and on any
+ * threads, and returns when all are done. Called from a kernel that an
+ * executable runs as an evaluated step (a custom call), the tasks run on
+ * that executable's thread pool (nb_jit_opts.threads); anywhere else, in
+ * order on the calling thread. nb_jit_parallel_threads: the threads the
+ * tasks may use (1 outside such a step). How a custom call's kernel uses
+ * the threads of the executable it is compiled into. */
+void nb_jit_parallel_for(int ntasks, void (*task)(void *arg, int i), void *arg);
+int nb_jit_parallel_threads(void);
+
 /* The disk cache of compiled programs. An entry is loaded only from a
  * private directory (owned by the user, not writable by group or others;
  * the directories above it not writable by others unless sticky) and only

@@ -362,8 +362,8 @@ nb_status nb_serve_kv_cache_write_op(nb_val *k_cache, nb_val *v_cache, nb_val *k
  * parameters are per-row inputs, so one executable serves any mix.
  *
  * Shape buckets: a step is compiled for (tokens T, rows S, table width MB,
- * processors), T, S and MB each rounded up to a power of two (T at least 8,
- * S counting sequences and drawn samples alike, MB at most the blocks of
+ * processors), T, S and MB each rounded up to a power of two (T at least 8
+ * but T = 1 for a lone decode, S counting sequences and drawn samples alike, MB at most the blocks of
  * max_model_len); padding tokens write nowhere (slot -1), padding sequences
  * have no rows, padding draws draw nothing. "processors" is set when some
  * row needs logit_bias, min_tokens masking or penalties: only those steps
@@ -374,7 +374,7 @@ nb_status nb_serve_kv_cache_write_op(nb_val *k_cache, nb_val *v_cache, nb_val *k
  * Families: gpt2 and llama (dense), and MoE when dropless (capacity_factor
  * <= 0: a token's experts do not depend on the other tokens of the batch).
  * The custom calls are registered on ctx on first use (nb_serve_register_kernels,
- * one thread). */
+ * lending the compiled step's threads through nb_jit_parallel_for). */
 typedef struct nb_serve_model nb_serve_model;
 
 typedef struct nb_serve_model_opts {

@@ -71,6 +71,12 @@ typedef struct nb_backend {
   nb_status (*launch)(nb_ctx *ctx, nb_backend_module *m, int kernel, char *const *args);
   /* args: the device pointers of e's inputs, then of its outputs. */
   nb_status (*library)(nb_ctx *ctx, nb_backend_module *m, const nb_eqn *e, char *const *args);
+  /* Runs task(arg, i) for every i in [0, ntasks) on the module's host
+   * threads and returns when all are done: lent to an evaluated step (a
+   * custom call's kernel) through nb_jit_parallel_for. NULL: the runtime
+   * runs them in order on the calling thread. threads: how many. */
+  void (*parallel)(nb_backend_module *m, int ntasks, void (*task)(void *arg, int i), void *arg);
+  int (*threads)(const nb_backend_module *m);
   /* Returns when every step and copy launched on ctx has finished, through
    * any module (a loop's bodies are modules of their own; a GPU keeps one
    * stream per context), a no-op for synchronous backends. The runtime calls

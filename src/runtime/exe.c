@@ -35,6 +35,24 @@ static nb_status eval_eqn(nb_ctx *ctx, const nb_eqn *q, nb_array **arr) {
   return st;
 }
 
+/* The executable whose evaluated step runs on this thread (nb_jit_parallel_for
+ * lends its threads to that step's kernel); NULL outside of one. */
+static _Thread_local const nb_exe *lender;
+
+void nb_jit_parallel_for(int ntasks, void (*task)(void *arg, int i), void *arg) {
+  const nb_exe *e = lender;
+  if (e && e->mod && e->cfg.backend->parallel) {
+    e->cfg.backend->parallel(e->mod, ntasks, task, arg);
+    return;
+  }
+  for (int i = 0; i < ntasks; i++) task(arg, i);
+}
+
+int nb_jit_parallel_threads(void) {
+  const nb_exe *e = lender;
+  return e && e->mod && e->cfg.backend->threads ? e->cfg.backend->threads(e->mod) : 1;
+}
+
 static nb_status run_eval(nb_exe *e, const nb_eqn *q, char **ptr, nb_array *const *in, nb_array **out) {
   nb_ctx *ctx = e->ctx;
   int n = q->nin + q->nout;
@@ -43,7 +61,10 @@ static nb_status run_eval(nb_exe *e, const nb_eqn *q, char **ptr, nb_array *cons
   nb_status st = NB_OK;
   for (int i = 0; i < n && st == NB_OK; i++)
     if (!(arr[i] = view(e, i < q->nin ? q->in[i] : q->out[i - q->nin], ptr, in, out))) st = NB_ERR_NOMEM;
+  const nb_exe *outer = lender; /* a loop's body runs inside its executable's step */
+  lender = e;
   if (st == NB_OK) st = eval_eqn(ctx, q, arr);
+  lender = outer;
   for (int i = 0; i < n; i++) nb_array_release(arr[i]);
   nb_dealloc(ctx, arr, sizeof(nb_array *) * (size_t)(n + 1));
   return st;

@@ -146,10 +146,19 @@ static int32_t pow2_at_least(int32_t n, int32_t lo) {
   return b;
 }
 
+/* The paged attention's tasks on the threads of the executable running it
+ * (the compiled step's pool), or in order when interpreted. */
+static void on_step_threads(void *runner, int ntasks, void (*task)(void *arg, int i), void *arg) {
+  (void)runner;
+  nb_jit_parallel_for(ntasks, task, arg);
+}
+
+static const nb_serve_pool_lend step_threads = {on_step_threads, NULL};
+
 /* The custom calls on ctx: registered here unless the caller did already. */
 static nb_status ensure_kernels(nb_ctx *ctx) {
   if (!nb_custom_call_registered(ctx, NB_SERVE__ATTN_NAME) || !nb_custom_call_registered(ctx, NB_SERVE__WRITE_NAME))
-    return nb_serve_register_kernels(ctx, NULL);
+    return nb_serve_register_kernels(ctx, &step_threads);
   return nb_custom_call_registered(ctx, NB_SERVE__SAMPLE_NAME) ? NB_OK : nb_serve__register_sampler(ctx);
 }
 
@@ -423,9 +432,11 @@ nb_status nb_serve_model_step(nb_serve_model *m, const nb_serve_batch *b, nb_ser
   int32_t need = 1;
   for (int32_t i = 0; i < b->num_seqs; i++)
     if (b->seqs[i].num_table_blocks > need) need = b->seqs[i].num_table_blocks;
-  /* S counts sequences and drawn rows alike: padding sequences own no tokens, padding rows draw nothing */
-  int32_t T = pow2_at_least(b->num_tokens, 8), S = pow2_at_least(b->num_seqs > draws ? b->num_seqs : draws, 1),
-          MB = pow2_at_least(need, 1);
+  /* S counts sequences and drawn rows alike: padding sequences own no tokens,
+   * padding rows draw nothing. A lone decode gets a bucket of its own: padded
+   * to 8 tokens, single-stream decode ran every product of the step on 8 rows */
+  int32_t T = b->num_tokens == 1 ? 1 : pow2_at_least(b->num_tokens, 8);
+  int32_t S = pow2_at_least(b->num_seqs > draws ? b->num_seqs : draws, 1), MB = pow2_at_least(need, 1);
   if (MB > m->max_blocks) MB = m->max_blocks > need ? m->max_blocks : need;
   nb_status s = do_copies(m, b);
   if (s) return s;

@@ -78,6 +78,13 @@ int main(void) {
                                       {17, 70, 300}, {130, 47, 600}, {6, 16, 513}, {200, 100, 1}, {5, 3, 0}};
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
     for (int t = 0; t < 4; t++) one(shapes[s][0], shapes[s][1], shapes[s][2], t & 1, t & 2);
+  /* a few rows (decode steps: the few-rows path that streams B once): every m
+   * up to past its limit, ragged vector tails, k not a multiple of its four
+   * rows of B per pass, more columns than one pass over C holds (4096 / m) */
+  static const int64_t few[][2] = {{1, 1}, {15, 1}, {17, 2}, {33, 3}, {100, 5}, {768, 300}, {2049, 7}, {4100, 64}, {40, 513}};
+  for (int64_t m = 1; m <= 9; m++)
+    for (size_t s = 0; s < sizeof few / sizeof few[0]; s++)
+      for (int t = 0; t < 4; t++) one(m, few[s][0], few[s][1], t & 1, t & 2);
   /* the check has teeth: another summation order changes some element of such a product */
   int64_t m = 16, n = 16, k = 300;
   float *A = malloc(sizeof(float) * (size_t)(m * k)), *B = malloc(sizeof(float) * (size_t)(k * n));

@@ -146,6 +146,12 @@ static nb_status cpu_library(nb_ctx *ctx, nb_backend_module *m, const nb_eqn *e,
   return nb_cpu__blas_run(ctx, m->pool, e, args[0], args[1], args[2]);
 }
 
+static void cpu_parallel(nb_backend_module *m, int ntasks, void (*task)(void *arg, int i), void *arg) {
+  nb_cpu__pool_run(m->pool, ntasks, task, arg); /* no pool (a plan without kernels or products): inline */
+}
+
+static int cpu_threads(const nb_backend_module *m) { return nb_cpu__pool_threads(m->pool); }
+
 static nb_status cpu_synchronize(nb_ctx *ctx, nb_backend_module *m) {
   (void)ctx, (void)m;
   return NB_OK;
@@ -164,6 +170,8 @@ const nb_backend nb_cpu__backend = {
     .release = cpu_release,
     .launch = cpu_launch,
     .library = cpu_library,
+    .parallel = cpu_parallel,
+    .threads = cpu_threads,
     .synchronize = cpu_synchronize,
     .cache_usage = nb_cpu__cache_usage,
 };

@@ -3,7 +3,9 @@
  * read in place when few rows of A would reuse them), op(A) walked in blocks
  * of MC x KC and read in place (panels of MR rows; only a block's last,
  * partial panel is packed), and a register-blocked micro-kernel that adds one
- * MR x NR tile's products over a KC slice.
+ * MR x NR tile's products over a KC slice. A product of at most eight rows
+ * with B untransposed, or of one row with B transposed (a decode step's),
+ * streams B once instead ("few rows").
  *
  * Why not OpenBLAS: its result for an element depends on the kernels it
  * picks for the CPU (Haswell and SkylakeX sum in different orders) and on
@@ -254,10 +256,152 @@ static float *scratch(size_t floats) {
   return p;
 }
 
-/* ---------------------------------------------------------------- driver */
+/* ---------------------------------------------------------------- few rows */
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
+
+
+/* With a few rows of A (a decode step: one token) the blocked scheme spends
+ * its micro-kernel on zero rows and walks B in panels of NR columns, row
+ * after row of B far apart. Here each row of an untransposed B is read once,
+ * left to right, and added into the rows of C, held in L1: c[i][j] =
+ * fma(a[i][p], b[p][j], c[i][j]) for p in order, four rows of B per pass
+ * over c. The same chain of fmas per element as the micro-kernels, so the
+ * same bits. C's columns go GEMV_C_FLOATS / m at a time, so that its m rows
+ * stay in L1 beside the rows of B streaming through. Up to GEMV_MAX_M rows:
+ * the serving step pads a lone decode to 8 tokens. */
+#define GEMV_MAX_M 8
+#define GEMV_C_FLOATS 4096 /* 16 KB of C */
+#define GEMV_P 4 /* rows of B per pass over a row of C */
+
+/* c[j] = fma(a[(np-1)*inca], b[(np-1)*ldb + j], ... fma(a[0], b[j], first ? +0 : c[j])) for j < n, 1 <= np <= GEMV_P */
+typedef void (*rows_fn)(int64_t n, int np, const float *a, int64_t inca, const float *b, int64_t ldb, float *c, bool first);
+
+static void rows_c(int64_t n, int np, const float *a, int64_t inca, const float *b, int64_t ldb, float *c, bool first) {
+  for (int64_t j = 0; j < n; j++) {
+    float acc = first ? 0.0f : c[j];
+    for (int q = 0; q < np; q++) acc = fmaf(a[q * inca], b[q * ldb + j], acc);
+    c[j] = acc;
+  }
+}
+
+#ifdef SGEMM_X86
+__attribute__((target("avx2,fma"))) static void rows_avx2(int64_t n, int np, const float *a, int64_t inca, const float *b,
+                                                          int64_t ldb, float *c, bool first) {
+  __m256 x[GEMV_P];
+  for (int q = 0; q < np; q++) x[q] = _mm256_set1_ps(a[q * inca]);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    __m256 acc = first ? _mm256_setzero_ps() : _mm256_loadu_ps(c + j);
+    for (int q = 0; q < np; q++) acc = _mm256_fmadd_ps(x[q], _mm256_loadu_ps(b + q * ldb + j), acc);
+    _mm256_storeu_ps(c + j, acc);
+  }
+  rows_c(n - j, np, a, inca, b + j, ldb, c + j, first);
+}
+
+__attribute__((target("avx512f,fma"))) static void rows_avx512(int64_t n, int np, const float *a, int64_t inca, const float *b,
+                                                               int64_t ldb, float *c, bool first) {
+  __m512 x[GEMV_P];
+  for (int q = 0; q < np; q++) x[q] = _mm512_set1_ps(a[q * inca]);
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    __m512 acc = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + j);
+    for (int q = 0; q < np; q++) acc = _mm512_fmadd_ps(x[q], _mm512_loadu_ps(b + q * ldb + j), acc);
+    _mm512_storeu_ps(c + j, acc);
+  }
+  rows_c(n - j, np, a, inca, b + j, ldb, c + j, first);
+}
+#endif
+
+static rows_fn rows_of(nb_sgemm_isa isa) {
+#ifdef SGEMM_X86
+  if (isa == NB_SGEMM_AVX512) return rows_avx512;
+  if (isa == NB_SGEMM_AVX2) return rows_avx2;
+#endif
+  (void)isa;
+  return rows_c;
+}
+
+/* C = op(A) B for m <= GEMV_MAX_M, B not transposed, k >= 1 */
+static void gemv(nb_sgemm_isa isa, bool ta, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *B,
+                 int64_t ldb, float *C, int64_t ldc) {
+  rows_fn fn = rows_of(isa);
+  int64_t ars = ta ? 1 : lda, acs = ta ? lda : 1, width = GEMV_C_FLOATS / m / 16 * 16;
+  for (int64_t j0 = 0; j0 < n; j0 += width) {
+    int64_t nc = min64(width, n - j0);
+    for (int64_t p = 0; p < k; p += GEMV_P) {
+      int np = (int)min64(GEMV_P, k - p);
+      for (int64_t i = 0; i < m; i++) fn(nc, np, A + i * ars + p * acs, acs, B + p * ldb + j0, ldb, C + i * ldc + j0, p == 0);
+    }
+  }
+}
+
+/* One row of A times B^T, B stored n x k (a tied output embedding, attention's
+ * keys): element j is the chain over p of a[p] * B[j][p], B's row j read left
+ * to right. The C kernel runs each chain as it is written; the vector one
+ * takes 16 rows of B at a time and turns each 8 x 8 block into 8 vectors of
+ * columns with register transposes (data movement only), so lane l of a
+ * vector is element j + l's chain, in order of p: the same bits. */
+static void gemv_t_c(int64_t n, int64_t k, const float *a, int64_t inca, const float *B, int64_t ldb, float *c) {
+  for (int64_t j = 0; j < n; j++) {
+    float acc = 0.0f;
+    for (int64_t p = 0; p < k; p++) acc = fmaf(a[p * inca], B[j * ldb + p], acc);
+    c[j] = acc;
+  }
+}
+
+#ifdef SGEMM_X86
+/* t[q] lane l = src[l*lds + q], for an 8 x 8 block */
+__attribute__((target("avx2"))) static inline void transpose8_regs(const float *src, int64_t lds, __m256 t[8]) {
+  __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + lds), r2 = _mm256_loadu_ps(src + 2 * lds),
+         r3 = _mm256_loadu_ps(src + 3 * lds), r4 = _mm256_loadu_ps(src + 4 * lds), r5 = _mm256_loadu_ps(src + 5 * lds),
+         r6 = _mm256_loadu_ps(src + 6 * lds), r7 = _mm256_loadu_ps(src + 7 * lds);
+  __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1), t2 = _mm256_unpacklo_ps(r2, r3),
+         t3 = _mm256_unpackhi_ps(r2, r3), t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
+         t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+  __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE), s2 = _mm256_shuffle_ps(t1, t3, 0x44),
+         s3 = _mm256_shuffle_ps(t1, t3, 0xEE), s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE),
+         s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  t[0] = _mm256_permute2f128_ps(s0, s4, 0x20), t[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+  t[2] = _mm256_permute2f128_ps(s2, s6, 0x20), t[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+  t[4] = _mm256_permute2f128_ps(s0, s4, 0x31), t[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+  t[6] = _mm256_permute2f128_ps(s2, s6, 0x31), t[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+/* lane l = b[l*ldb] */
+__attribute__((target("avx2"))) static inline __m256 column8(const float *b, int64_t ldb) {
+  return _mm256_set_ps(b[7 * ldb], b[6 * ldb], b[5 * ldb], b[4 * ldb], b[3 * ldb], b[2 * ldb], b[ldb], b[0]);
+}
+
+/* Two blocks of 8 columns at a time: two independent chains hide the fma
+ * latency that one chain of 8 dependent fmas per block would expose. */
+__attribute__((target("avx2,fma"))) static void gemv_t_avx2(int64_t n, int64_t k, const float *a, int64_t inca, const float *B,
+                                                            int64_t ldb, float *c) {
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const float *b0 = B + j * ldb, *b1 = b0 + 8 * ldb;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), t0[8], t1[8];
+    int64_t p = 0;
+    for (; p + 8 <= k; p += 8) {
+      transpose8_regs(b0 + p, ldb, t0);
+      transpose8_regs(b1 + p, ldb, t1);
+      for (int q = 0; q < 8; q++) {
+        __m256 x = _mm256_set1_ps(a[(p + q) * inca]);
+        acc0 = _mm256_fmadd_ps(x, t0[q], acc0), acc1 = _mm256_fmadd_ps(x, t1[q], acc1);
+      }
+    }
+    for (; p < k; p++) {
+      __m256 x = _mm256_set1_ps(a[p * inca]);
+      acc0 = _mm256_fmadd_ps(x, column8(b0 + p, ldb), acc0), acc1 = _mm256_fmadd_ps(x, column8(b1 + p, ldb), acc1);
+    }
+    _mm256_storeu_ps(c + j, acc0), _mm256_storeu_ps(c + j + 8, acc1);
+  }
+  gemv_t_c(n - j, k, a, inca, B + j * ldb, ldb, c + j);
+}
+#endif
+
+/* ---------------------------------------------------------------- driver */
 
 bool nb_cpu__sgemm_on(nb_sgemm_isa isa, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
                       const float *B, int64_t ldb, float *C, int64_t ldc) {
@@ -266,6 +410,19 @@ bool nb_cpu__sgemm_on(nb_sgemm_isa isa, bool ta, bool tb, int64_t m, int64_t n, 
   if (m <= 0 || n <= 0) return true;
   if (k <= 0) {
     for (int64_t i = 0; i < m; i++) memset(C + i * ldc, 0, sizeof(float) * (size_t)n);
+    return true;
+  }
+  if (m <= GEMV_MAX_M && !tb) {
+    gemv(isa, ta, m, n, k, A, lda, B, ldb, C, ldc);
+    return true;
+  }
+  if (m == 1 && tb) {
+    int64_t inca = ta ? lda : 1;
+#ifdef SGEMM_X86
+    if (isa != NB_SGEMM_C) gemv_t_avx2(n, k, A, inca, B, ldb, C);
+    else
+#endif
+      gemv_t_c(n, k, A, inca, B, ldb, C);
     return true;
   }
   int mr = kr.mr, nr = kr.nr;

@@ -1,0 +1,296 @@
+#!/usr/bin/env python3
+"""Single-stream greedy decode, nabla against llama.cpp, side by side in one run.
+
+Claim under test (issue 14, "Performance"): single-stream decode tokens/s at
+least 1.0x llama.cpp's on the same f32 weights and threads, and how far each
+is from the memory-bandwidth floor.
+
+The model is a random Llama-architecture one (default: d_model 768, 12
+layers, 12 heads, ffn 2048, vocab 32000: 134M parameters), written once from
+a seed as a Hugging Face folder (config.json + model.safetensors, which
+`nabla generate --hf` and bench_serve_decode load) and as GGUF f32 with the
+`gguf` package's writer (q and k rows permuted as llama.cpp's converter
+does, so both sides compute the same function and their greedy ids can be
+compared). No tokenizer: the prompt is token ids (the bytes of a short
+text), given to both sides as ids.
+
+Per round and thread count, each side in its own process:
+  llama.cpp  llama_cpp.Llama(n_ctx = context, n_threads = n_threads_batch = T),
+             prompt evaluated, then N greedy tokens (argmax of the logits)
+             one llama_decode each; decode tok/s = (N - 1) / time of those.
+  generate   `nabla generate --hf DIR --temperature 0 --max-tokens N
+             --threads T --max-seq-len context` (its own decode tok/s line).
+  serve      build/bench_serve_decode --hf DIR: one request through
+             nb_serve_engine + nb_serve_model_step.
+Medians over rounds (rounds interleave the sides, so load drifts hit all).
+"tok per CPU-s": decode tokens per CPU second of the process (llama, serve):
+at one thread the figure a busy machine's other processes do not stretch
+(they still take memory bandwidth); at two it counts spinning threads.
+
+Floor: weights a decode step reads (all parameters but the input embedding,
+of which one row) plus the keys and values of the average context (prompt +
+N/2 tokens), over the read bandwidth bench_serve_decode measures with the
+same thread count (1 GiB buffer, best of 5).
+
+Usage (the venv has llama-cpp-python, gguf, numpy, safetensors):
+  /work/venv-llamacpp/bin/python bench/decode_vs_llamacpp.py [--build build] [--rounds 3]
+      [--tokens 128] [--threads 1,2] [--model-dir /tmp/nabla-llama134m] [--vocab 32000] ...
+Not run by ctest: llama.cpp is a heavy peer.
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+PROMPT_TEXT = "The quick brown fox"
+FIRST_BYTE_ID = 3  # ids 0-2 are <unk> <s> </s>
+
+
+def byte_chars():
+    """GPT-2's byte-level alphabet: byte b -> a printable character."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    extra = [b for b in range(256) if b not in keep]
+    chars = {b: chr(b) for b in keep}
+    chars.update({b: chr(256 + i) for i, b in enumerate(extra)})
+    return chars
+
+
+def write_tokenizer(d, V):
+    """A byte-level BPE without merges: byte b is id FIRST_BYTE_ID + b (the GGUF's <0xXX> ids), the rest fillers;
+    no special tokens, so neither side stops early on an end-of-text id."""
+    c = byte_chars()
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for b in range(256):
+        vocab[c[b]] = FIRST_BYTE_ID + b
+    for i in range(len(vocab), V):
+        vocab[f"<filler{i}>"] = i
+    tok = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+           "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+           "post_processor": None,
+           "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+           "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                     "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "vocab": vocab, "merges": []}}
+    with open(os.path.join(d, "tokenizer.json"), "w") as f:
+        json.dump(tok, f)
+
+
+def make_model(d, a):
+    """Writes the HF folder and the GGUF file under d once (seeded)."""
+    import numpy as np
+
+    gguf_path = os.path.join(d, "model-f32.gguf")
+    if os.path.exists(gguf_path):
+        if not os.path.exists(os.path.join(d, "tokenizer.json")):
+            write_tokenizer(d, a.vocab)
+        return gguf_path
+    from safetensors.numpy import save_file
+    import gguf
+
+    os.makedirs(d, exist_ok=True)
+    rng = np.random.default_rng(a.seed)
+    D, L, H, F, V = a.d_model, a.layers, a.heads, a.ffn, a.vocab
+    hd = D // H
+
+    def w(out_dim, in_dim):  # PyTorch layout [out, in]
+        return (rng.standard_normal((out_dim, in_dim), dtype=np.float32) * 0.02).astype(np.float32)
+
+    t = {"model.embed_tokens.weight": w(V, D), "model.norm.weight": np.ones(D, np.float32), "lm_head.weight": w(V, D)}
+    for i in range(L):
+        p = f"model.layers.{i}."
+        for n in "qkvo":
+            t[p + f"self_attn.{n}_proj.weight"] = w(D, D)
+        t[p + "mlp.gate_proj.weight"] = w(F, D)
+        t[p + "mlp.up_proj.weight"] = w(F, D)
+        t[p + "mlp.down_proj.weight"] = w(D, F)
+        t[p + "input_layernorm.weight"] = np.ones(D, np.float32)
+        t[p + "post_attention_layernorm.weight"] = np.ones(D, np.float32)
+    save_file(t, os.path.join(d, "model.safetensors"))
+    write_tokenizer(d, V)
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": D, "intermediate_size": F,
+           "num_attention_heads": H, "num_key_value_heads": H, "num_hidden_layers": L, "vocab_size": V,
+           "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu",
+           "tie_word_embeddings": False, "torch_dtype": "float32"}
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+
+    def permute(x, n_head):  # HF's rotate-half rows -> llama.cpp's interleaved pairs (its converter's permute)
+        return x.reshape(n_head, 2, x.shape[0] // n_head // 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
+
+    g = gguf.GGUFWriter(gguf_path + ".tmp", "llama")
+    g.add_name("nabla-bench-llama")
+    g.add_context_length(2048)
+    g.add_embedding_length(D)
+    g.add_block_count(L)
+    g.add_feed_forward_length(F)
+    g.add_head_count(H)
+    g.add_head_count_kv(H)
+    g.add_rope_dimension_count(hd)
+    g.add_rope_freq_base(10000.0)
+    g.add_layer_norm_rms_eps(1e-5)
+    g.add_file_type(gguf.LlamaFileType.ALL_F32)
+    g.add_vocab_size(V)
+    # a SentencePiece-style vocabulary: <unk> <s> </s>, the 256 byte tokens, fillers
+    toks, types = [b"<unk>", b"<s>", b"</s>"], [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+    toks += [f"<0x{i:02X}>".encode() for i in range(256)]
+    types += [gguf.TokenType.BYTE] * 256
+    toks += [f"t{i}".encode() for i in range(len(toks), V)]
+    types += [gguf.TokenType.NORMAL] * (V - len(types))
+    g.add_tokenizer_model("llama")
+    g.add_token_list(toks)
+    g.add_token_scores([0.0] * V)
+    g.add_token_types(types)
+    g.add_bos_token_id(1)
+    g.add_eos_token_id(2)
+    g.add_add_bos_token(False)
+    g.add_tensor("token_embd.weight", t["model.embed_tokens.weight"])
+    g.add_tensor("output_norm.weight", t["model.norm.weight"])
+    g.add_tensor("output.weight", t["lm_head.weight"])
+    for i in range(L):
+        p = f"model.layers.{i}."
+        g.add_tensor(f"blk.{i}.attn_q.weight", permute(t[p + "self_attn.q_proj.weight"], H))
+        g.add_tensor(f"blk.{i}.attn_k.weight", permute(t[p + "self_attn.k_proj.weight"], H))
+        g.add_tensor(f"blk.{i}.attn_v.weight", t[p + "self_attn.v_proj.weight"])
+        g.add_tensor(f"blk.{i}.attn_output.weight", t[p + "self_attn.o_proj.weight"])
+        g.add_tensor(f"blk.{i}.ffn_gate.weight", t[p + "mlp.gate_proj.weight"])
+        g.add_tensor(f"blk.{i}.ffn_up.weight", t[p + "mlp.up_proj.weight"])
+        g.add_tensor(f"blk.{i}.ffn_down.weight", t[p + "mlp.down_proj.weight"])
+        g.add_tensor(f"blk.{i}.attn_norm.weight", t[p + "input_layernorm.weight"])
+        g.add_tensor(f"blk.{i}.ffn_norm.weight", t[p + "post_attention_layernorm.weight"])
+    g.write_header_to_file()
+    g.write_kv_data_to_file()
+    g.write_tensors_to_file()
+    g.close()
+    os.rename(gguf_path + ".tmp", gguf_path)
+    return gguf_path
+
+
+def llama_worker(gguf_path, ids, n, threads, ctx):
+    """Runs in a child process: prints 'RESULT llama decode_tok_s' and the ids."""
+    import numpy as np
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=gguf_path, n_ctx=ctx, n_batch=64, n_threads=threads, n_threads_batch=threads,
+                          logits_all=False, verbose=False)
+    out = []
+    for rep in range(2):  # the first run warms up (page cache, first-touch of the KV cache)
+        llm.reset()
+        llm.eval(ids)
+        out = []
+        t0 = c0 = None
+        for i in range(n):
+            logits = llm._ctx.get_logits()  # the last evaluated position's row
+            tok = int(np.argmax(np.ctypeslib.as_array(logits, shape=(llm.n_vocab(),))))
+            out.append(tok)
+            if i == 0:
+                t0, c0 = time.perf_counter(), time.process_time()
+            if i + 1 < n:
+                llm.eval([tok])
+        dt, dc = time.perf_counter() - t0, time.process_time() - c0
+    print("RESULT llama %.4f %.4f" % ((n - 1) / dt, (n - 1) / dc))
+    print("IDS " + ",".join(map(str, out)))
+
+
+def run(cmd, env=None):
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    if r.returncode != 0:
+        sys.exit(f"failed ({r.returncode}): {' '.join(cmd)}\n{r.stdout[-3000:]}")
+    return r.stdout
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--model-dir", default="/tmp/nabla-bench-llama134m")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--d-model", type=int, default=768)
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--heads", type=int, default=12)
+    ap.add_argument("--ffn", type=int, default=2048)
+    ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--sides", default="llama,generate,serve")
+    ap.add_argument("--serve-reps", type=int, default=2)
+    ap.add_argument("--llama-worker", nargs=5, metavar=("GGUF", "IDS", "N", "T", "CTX"), help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.llama_worker:
+        g, ids, n, t, ctx = a.llama_worker
+        llama_worker(g, [int(x) for x in ids.split(",")], int(n), int(t), int(ctx))
+        return
+    gguf_path = make_model(a.model_dir, a)
+    ids = [FIRST_BYTE_ID + b for b in PROMPT_TEXT.encode()]
+    N = a.tokens
+    ctx = 256
+    while ctx < len(ids) + N:
+        ctx *= 2
+    sides = a.sides.split(",")
+    nabla = os.path.join(a.build, "nabla")
+    serve_bench = os.path.join(a.build, "bench_serve_decode")
+    res = {}  # (side, T) -> [tok/s]
+    cpu = {}  # (side, T) -> [tokens per CPU second of the process] (llama, serve)
+    floor = {}  # T -> [(floor tok/s, bytes, GB/s)]
+    last_ids = {}
+    for r in range(a.rounds):
+        for T in [int(x) for x in a.threads.split(",")]:
+            for side in sides:
+                if side == "llama":
+                    out = run([sys.executable, __file__, "--llama-worker", gguf_path, ",".join(map(str, ids)), str(N), str(T),
+                               str(ctx)])
+                    f = re.search(r"RESULT llama (\S+) (\S+)", out)
+                    v = float(f.group(1))
+                    cpu.setdefault((side, T), []).append(float(f.group(2)))
+                elif side == "generate":
+                    out = run([nabla, "generate", "--hf", a.model_dir, "--prompt", PROMPT_TEXT, "--temperature", "0",
+                               "--max-tokens", str(N), "--threads", str(T), "--max-seq-len", str(ctx), "--show-ids"])
+                    v = float(re.search(r"decode\s+\S+ ms\s+(\S+) tokens/s", out).group(1))
+                    m = re.search(r"generated ids:([0-9 ]*)", out)
+                    if m:
+                        out = "IDS " + ",".join(m.group(1).split())
+                else:
+                    out = run([serve_bench, "--hf", a.model_dir, "--prompt-ids", ",".join(map(str, ids)), "--tokens", str(N),
+                               "--reps", str(a.serve_reps), "--threads", str(T), "--ids"])
+                    f = re.search(r"RESULT serve \S+ (\S+) (\S+) (\S+) (\S+) (\S+)", out)
+                    v = float(f.group(1))
+                    cpu.setdefault((side, T), []).append(float(f.group(5)))
+                    floor.setdefault(T, []).append((float(f.group(2)), float(f.group(3)), float(f.group(4))))
+                m = re.search(r"IDS (\S+)", out)
+                if m:
+                    last_ids[side] = m.group(1).split(",")
+                res.setdefault((side, T), []).append(v)
+                print(f"round {r + 1} T={T} {side}: {v:.2f} tok/s", flush=True)
+    print()
+    print(f"model: {a.model_dir} (d {a.d_model}, {a.layers} layers, {a.heads} heads, ffn {a.ffn}, vocab {a.vocab}, f32), "
+          f"prompt {len(ids)} ids, {N} greedy tokens, context {ctx}, {a.rounds} rounds")
+    if "llama" in last_ids:
+        for s in sides:
+            if s != "llama" and s in last_ids:
+                same = 0
+                for x, y in zip(last_ids[s], last_ids["llama"]):
+                    if x != y:
+                        break
+                    same += 1
+                print(f"greedy ids: {s} agrees with llama.cpp on the first {same} of {N}")
+    print()
+    print("| threads | side | decode tok/s (median) | all rounds | vs llama.cpp | floor tok/s | of floor | tok per CPU-s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for T in [int(x) for x in a.threads.split(",")]:
+        fl = statistics.median([f[0] for f in floor[T]]) if T in floor else float("nan")
+        base = statistics.median(res[("llama", T)]) if ("llama", T) in res else float("nan")
+        for side in sides:
+            v = res[(side, T)]
+            med = statistics.median(v)
+            c = f"{statistics.median(cpu[(side, T)]):.2f}" if (side, T) in cpu else "-"
+            print(f"| {T} | {side} | {med:.2f} | {', '.join('%.2f' % x for x in v)} | {med / base:.2f}x | {fl:.1f} | "
+                  f"{100 * med / fl:.0f}% | {c} |")
+    for T, f in sorted(floor.items()):
+        print(f"floor T={T}: {statistics.median([x[1] for x in f]) / 1e6:.1f} MB/token, read bandwidth "
+              f"{', '.join('%.1f' % x[2] for x in f)} GB/s")
+
+
+if __name__ == "__main__":
+    main()

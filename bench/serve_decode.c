@@ -1,0 +1,183 @@
+/* Claim: single-stream decode through the serving engine (nb_serve_engine
+ * scheduling one request, nb_serve_model_step running the compiled step:
+ * paged KV cache write + paged attention) against its memory-bandwidth
+ * floor, beside `nabla generate` and llama.cpp in bench/decode_vs_llamacpp.py.
+ * A decode step must read every weight it multiplies (all but the untied
+ * input embedding, of which one row) and the keys and values of the
+ * sequence's context; floor tokens/s = read bandwidth / those bytes, the
+ * bandwidth measured here (bench_util.h) with the same thread count.
+ *
+ *   ./build/bench_serve_decode (--hf DIR | --preset NAME) [--prompt N] [--tokens M] [--reps R] [--threads T]
+ *                              [--block B] [--ids]
+ *
+ * The prompt is ids (i * 7919 + 13) % vocab unless --prompt-ids a,b,c.
+ * --ids prints the greedy ids of the last run. Medians of R runs after one
+ * warm-up run (which compiles the step buckets). Prints a line
+ * "RESULT serve prefill_tok_s decode_tok_s floor_tok_s bytes_per_token bandwidth_GB_s
+ * decode_tok_per_cpu_s". */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bench_util.h"
+#include "nabla/nabla.h"
+#include "nabla/serve.h"
+
+/* uniform(-0.05, 0.05) weights, norm scales 1 (as bench_generate_decode) */
+static nb_tree *random_params(nb_ctx *ctx, const nb_model_config *cfg) {
+  nb_tree *spec = nb_model_param_spec(ctx, cfg, NB_F32), *p = nb_tree_create(ctx);
+  uint64_t s = 0x9E3779B97F4A7C15ull;
+  for (size_t i = 0; spec && i < nb_tree_size(spec); i++) {
+    nb_aval a = nb_leaf_get_aval(nb_tree_leaf(spec, i));
+    bool scale = strstr(nb_tree_path(spec, i), "norm") != NULL;
+    nb_array *x = nb_array_empty(ctx, NB_F32, a.shape.rank, a.shape.dims);
+    float *d = nb_array_data_mut(x);
+    for (int64_t k = 0; k < nb_array_size(x); k++) {
+      s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+      d[k] = scale ? 1.0f : (float)((double)(s >> 11) / 9007199254740992.0 * 0.1 - 0.05);
+    }
+    nb_tree_set_array(p, nb_tree_path(spec, i), x);
+    nb_array_release(x);
+  }
+  nb_tree_destroy(spec);
+  return p;
+}
+
+/* weights a decode step multiplies (see the header) */
+static double weight_bytes(const nb_model_config *c, const nb_tree *params) {
+  double b = 0;
+  for (size_t i = 0; i < nb_tree_size(params); i++) {
+    const char *p = nb_tree_path(params, i);
+    nb_array *a = nb_tree_leaf(params, i)->array;
+    bool one_row = !strcmp(p, "pos_embed/embedding") || (!strcmp(p, "embed/embedding") && !c->tie_embeddings);
+    b += one_row ? (double)nb_array_dims(a)[1] * 4 : (double)nb_array_nbytes(a);
+  }
+  return b;
+}
+
+typedef struct run_times {
+  double prefill_s, decode_s, decode_cpu_s; /* decode_cpu_s: the process's CPU time in the decode steps */
+  int n_tokens;
+} run_times;
+
+/* the process's CPU time: with one thread, what other processes on a busy
+ * machine do not stretch (their share of the memory bandwidth still does) */
+static double cpu_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* One request through the engine and the model, greedy, exactly M tokens. */
+static int run_one(nb_ctx *ctx, nb_serve_engine *e, nb_serve_model *m, int64_t id, const int32_t *prompt, int32_t P,
+                   int32_t M, int32_t *out, run_times *t) {
+  nb_serve_request r = {.id = id, .prompt = prompt, .prompt_len = P, .max_tokens = M, .n = 1};
+  if (nb_serve_add_request(e, &r)) return fprintf(stderr, "add_request: %s\n", nb_ctx_error(ctx)), 1;
+  *t = (run_times){0};
+  double t0 = now_s();
+  while (nb_serve_has_unfinished(e)) {
+    const nb_serve_batch *b;
+    double s0 = now_s(), c0 = cpu_s();
+    if (nb_serve_schedule(e, &b)) return fprintf(stderr, "schedule: %s\n", nb_ctx_error(ctx)), 1;
+    if (b->num_seqs == 0) return fprintf(stderr, "schedule: an empty batch with a request unfinished\n"), 1;
+    nb_serve_sample_out drawn[1];
+    int32_t n_drawn = 0;
+    if (nb_serve_model_step(m, b, drawn, &n_drawn)) return fprintf(stderr, "step: %s\n", nb_ctx_error(ctx)), 1;
+    bool decode = b->seqs[0].num_tokens == 1 && t->n_tokens > 0;
+    if (n_drawn == 1) {
+      out[t->n_tokens++] = drawn[0].token;
+      if (nb_serve_append_token(e, id, 0, drawn[0].token, NULL)) return fprintf(stderr, "append: %s\n", nb_ctx_error(ctx)), 1;
+    }
+    double s1 = now_s();
+    if (decode) t->decode_s += s1 - s0, t->decode_cpu_s += cpu_s() - c0;
+    else t->prefill_s = s1 - t0;
+  }
+  return t->n_tokens == M ? 0 : (fprintf(stderr, "got %d tokens, wanted %d\n", t->n_tokens, M), 1);
+}
+
+int main(int argc, char **argv) {
+  const char *hf = NULL, *preset = NULL, *ids = NULL;
+  int32_t P = 8, M = 128, block = 16;
+  int reps = 5, threads = 0;
+  bool print_ids = false;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--hf") && i + 1 < argc) hf = argv[++i];
+    else if (!strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
+    else if (!strcmp(argv[i], "--prompt") && i + 1 < argc) P = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--prompt-ids") && i + 1 < argc) ids = argv[++i];
+    else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) M = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--block") && i + 1 < argc) block = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--ids")) print_ids = true;
+    else return fprintf(stderr, "unknown argument '%s'\n", argv[i]), 2;
+  }
+  if (!hf == !preset) return fprintf(stderr, "give exactly one of --hf DIR, --preset NAME\n"), 2;
+  if (reps < 1 || reps > 64 || P < 1 || M < 2 || block < 1) return fprintf(stderr, "bad --reps/--prompt/--tokens/--block\n"), 2;
+  nb_ctx *ctx = nb_ctx_create();
+  nb_model_loaded lm = {0};
+  nb_model_config cfg;
+  nb_tree *params = NULL;
+  if (hf) {
+    if (nb_model_load_hf(ctx, hf, &lm)) return fprintf(stderr, "%s\n", nb_ctx_error(ctx)), 1;
+    cfg = lm.cfg, params = lm.params;
+  } else {
+    if (nb_model_config_preset(ctx, preset, &cfg)) return fprintf(stderr, "%s\n", nb_ctx_error(ctx)), 1;
+    params = random_params(ctx, &cfg);
+  }
+  int32_t *prompt = malloc(sizeof(int32_t) * (size_t)(P + 4096)), *out = malloc(sizeof(int32_t) * (size_t)M);
+  if (ids) {
+    P = 0;
+    for (const char *c = ids; *c && P < 4096; P++) {
+      prompt[P] = (int32_t)strtol(c, (char **)&c, 10);
+      if (*c == ',') c++;
+    }
+  } else
+    for (int32_t i = 0; i < P; i++) prompt[i] = (int32_t)(((int64_t)i * 7919 + 13) % cfg.vocab_size);
+  int bw_threads = threads ? threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+  double bw = read_bandwidth(bw_threads < 64 ? bw_threads : 64);
+  int64_t hd = nb_model_head_dim(&cfg);
+  nb_serve_config ec = {.block_size = block, .num_blocks = (P + M) / block + 2, .max_num_seqs = 1,
+                        .max_num_batched_tokens = 64, .max_model_len = P + M,
+                        .kv = {.num_layers = cfg.n_layers, .num_kv_heads = cfg.n_kv_heads, .head_dim = hd, .dtype_size = 4}};
+  nb_serve_engine *e = nb_serve_engine_create(ctx, &ec);
+  nb_serve_model_opts mo = {.threads = threads};
+  nb_serve_model *m = e ? nb_serve_model_create(ctx, &cfg, params, nb_serve_engine_config(e), &mo) : NULL;
+  if (!m) return fprintf(stderr, "%s\n", nb_ctx_error(ctx)), 1;
+  run_times t;
+  double t0 = now_s();
+  if (run_one(ctx, e, m, 0, prompt, P, M, out, &t)) return 1;
+  double warm = now_s() - t0;
+  double pre[64], dec[64], dec_cpu[64];
+  for (int k = 0; k < reps; k++) {
+    if (run_one(ctx, e, m, k + 1, prompt, P, M, out, &t)) return 1;
+    pre[k] = P / t.prefill_s;
+    dec[k] = (M - 1) / t.decode_s;
+    dec_cpu[k] = (M - 1) / t.decode_cpu_s;
+  }
+  /* keys and values of the average context of a decode step, P + M/2 tokens */
+  double kv = 2.0 * (double)cfg.n_layers * (double)(cfg.n_kv_heads * hd) * 4 * (P + M / 2.0);
+  double bytes = weight_bytes(&cfg, params) + kv, floor_tps = bw * 1e9 / bytes;
+  double p_med = median(pre, reps), d_med = median(dec, reps), c_med = median(dec_cpu, reps);
+  printf("read bandwidth (1 GiB, %d threads, best of 5): %.2f GB/s\n", bw_threads, bw);
+  printf("serve decode: prompt %d, %d tokens, %d threads, %d executables; prefill %.1f tok/s, decode %.2f tok/s "
+         "(min %.2f, max %.2f), floor %.2f MB/token = %.1f tok/s (%.1f%%), first run %.2f s\n",
+         P, M, bw_threads, nb_serve_model_num_executables(m), p_med, d_med, dec[0], dec[reps - 1], bytes / 1e6, floor_tps,
+         100 * d_med / floor_tps, warm);
+  printf("decode per CPU second of the process: %.2f tok/s (the figure to compare at one thread on a busy machine)\n", c_med);
+  if (print_ids) {
+    printf("IDS");
+    for (int32_t i = 0; i < M; i++) printf("%c%d", i ? ',' : ' ', out[i]);
+    printf("\n");
+  }
+  printf("RESULT serve %.3f %.3f %.3f %.0f %.3f %.3f\n", p_med, d_med, floor_tps, bytes, bw, c_med);
+  nb_serve_model_destroy(m);
+  nb_serve_engine_destroy(e);
+  if (hf) nb_model_loaded_free(&lm);
+  else nb_tree_destroy(params);
+  free(prompt);
+  free(out);
+  nb_ctx_destroy(ctx);
+  return 0;
+}
