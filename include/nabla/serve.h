@@ -371,8 +371,9 @@ nb_status nb_serve_kv_cache_write_op(nb_val *k_cache, nb_val *v_cache, nb_val *k
  * S_max x log2 MB_max executables exist, however long the run
  * (nb_serve_model_num_executables).
  *
- * Families: gpt2 and llama (dense), and MoE when dropless (capacity_factor
- * <= 0: a token's experts do not depend on the other tokens of the batch).
+ * Families: gpt2 and llama (dense), and MoE, always run dropless (the
+ * config's capacity_factor is ignored: with a capacity a token's experts
+ * would depend on the other tokens of the batch).
  * The custom calls are registered on ctx on first use (nb_serve_register_kernels,
  * lending the compiled step's threads through nb_jit_parallel_for). */
 typedef struct nb_serve_model nb_serve_model;

@@ -166,13 +166,6 @@ nb_serve_model *nb_serve_model_create(nb_ctx *ctx, const nb_model_config *cfg, c
                                       const nb_serve_config *ec, const nb_serve_model_opts *opts) {
   if (!cfg || !params || !ec) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "serve model: NULL config, params or engine config"), NULL;
   if (nb_model_config_validate(ctx, cfg)) return NULL;
-  for (int64_t l = 0; l < cfg->n_layers; l++)
-    if (nb_model_block_cfg(cfg, l).use_moe && cfg->capacity_factor > 0)
-      return nb_errorf(ctx, NB_ERR_UNIMPLEMENTED,
-                       "serve model: model.capacity_factor %g: an MoE layer with a capacity makes a token's experts depend on "
-                       "the batch; only dropless MoE (capacity_factor <= 0) is served",
-                       cfg->capacity_factor),
-             NULL;
   if (ec->block_size < 1 || ec->num_blocks < 1 || ec->num_blocks > INT32_MAX / ec->block_size || ec->max_num_batched_tokens < 1 ||
       ec->max_num_seqs < 1 || ec->max_model_len < 1)
     return nb_errorf(ctx, NB_ERR_INVALID_ARG,
@@ -188,6 +181,10 @@ nb_serve_model *nb_serve_model_create(nb_ctx *ctx, const nb_model_config *cfg, c
   if (!m) return NULL;
   m->ctx = ctx;
   m->cfg = *cfg;
+  /* MoE is served dropless, as inference engines do: an expert capacity makes
+   * a token's experts depend on the rest of the batch (and a capacity is a
+   * training-time device for balanced expert load) */
+  m->cfg.capacity_factor = 0;
   m->opts = opts ? *opts : (nb_serve_model_opts){0};
   m->block_size = ec->block_size;
   m->num_blocks = (int32_t)ec->num_blocks;
