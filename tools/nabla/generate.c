@@ -206,6 +206,10 @@ static nb_status drive(nb_serve_llm *l, const nb_serve_llm_request *req, stream 
     for (int32_t i = 0; !s && i < n_ev; i++) {
       int32_t k = ev[i].s.sample_index;
       if (ev[i].s.token < 0) continue; /* aborts: none here */
+      if (k < 0 || k >= req->r.n || n_out[k] >= req->r.max_tokens) { /* never: the engine keeps to the request */
+        fprintf(stderr, "nabla generate: the engine gave sample %d a token past its request\n", k);
+        return NB_ERR_INTERNAL;
+      }
       out[(size_t)k * (size_t)req->r.max_tokens + (size_t)n_out[k]++] = ev[i].s.token;
       why[k] = ev[i].finish;
       drawn++;
