@@ -170,7 +170,12 @@ nb_tree *nb_model_cache_create(nb_ctx *ctx, const nb_model_config *cfg, int64_t 
 /* Generation: sampling, the KV-cached generator, model loaders              */
 /* ------------------------------------------------------------------------ */
 
-/* Example: greedy continuation of a Hugging Face Llama's prompt.
+/* The generator is a single-sequence reference: dense attention over a
+ * fixed-length cache, its own sampler and decode loop. What generates text
+ * in nabla (`nabla generate`, the server, rollouts) is the serving engine,
+ * nb_serve_llm in nabla/serve.h; the engine's tests compare against this.
+ *
+ * Example: greedy continuation of a Hugging Face Llama's prompt.
  *
  *   nb_model_loaded m;
  *   if (nb_model_load_hf(ctx, "models/llama", &m)) fail(nb_ctx_error(ctx));

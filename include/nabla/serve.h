@@ -420,8 +420,11 @@ nb_status nb_serve_model_step(nb_serve_model *m, const nb_serve_batch *b, nb_ser
  * is added so that one bad request is refused alone instead of failing a
  * step. NULL sampling is fine. */
 nb_status nb_serve_model_check_sampling(const nb_serve_model *m, int64_t id, const nb_serve_sampling *sampling);
-/* Step executables compiled (or graphs traced, when interpreting) so far. */
+/* Step executables compiled (or graphs traced, when interpreting) so far,
+ * and the seconds spent tracing and compiling them (inside the steps that
+ * first needed them: subtract it from a step's time to get its run time). */
 int nb_serve_model_num_executables(const nb_serve_model *m);
+double nb_serve_model_compile_s(const nb_serve_model *m);
 
 /* ------------------------------------------------------------------------ */
 /* The engine and the model together                                        */

@@ -3,7 +3,9 @@
  * one-token decode steps as compiled executables over a donated KV cache,
  * each with the sampler fused in. Not here: text (tokenizing and streaming
  * are the caller's), loading models (load.c, hf.c), batching requests
- * (the server's job). */
+ * (the server's job). `nabla generate` no longer uses it: the command is a
+ * client of the serving engine (nb_serve_llm); this stays as the independent
+ * reference the engine's tests compare against (tests/serve/test_step.c). */
 #include <math.h>
 #include <string.h>
 #include <time.h>

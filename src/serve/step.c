@@ -10,6 +10,7 @@
 #include "nabla/compile.h"
 #include "nabla/nn.h"
 #include "serve/internal.h"
+#include "util/util.h"
 
 /* ---------------------------------------------------------------- the step graph */
 
@@ -138,6 +139,7 @@ struct nb_serve_model {
   nb_array **cache;             /* 2 * n_layers: layers/<l>/k, layers/<l>/v, held only here */
   bucket **buckets;
   int n_buckets, cap_buckets;
+  double compile_s;             /* tracing and compiling buckets, so far */
 };
 
 static int32_t pow2_at_least(int32_t n, int32_t lo) {
@@ -228,6 +230,7 @@ void nb_serve_model_destroy(nb_serve_model *m) {
 }
 
 int nb_serve_model_num_executables(const nb_serve_model *m) { return m ? m->n_buckets : 0; }
+double nb_serve_model_compile_s(const nb_serve_model *m) { return m ? m->compile_s : 0; }
 
 /* "cache/layers/<l>/k" -> 2l, ".../v" -> 2l + 1; -1 otherwise */
 static int cache_slot(const char *path, int64_t n_layers) {
@@ -316,6 +319,7 @@ static bucket *get_bucket(nb_serve_model *m, int32_t T, int32_t S, int32_t MB, b
     s = nb_tree_set(spec, p, nb_leaf_aval(nb_array_aval(m->cache[i])));
   }
   step_job job = {.cfg = &m->cfg, .adjust = adjust};
+  double t0 = nb_util__now_s();
   if (!s) b->graph = nb_trace(ctx, step_fn, &job, spec);
   nb_tree_destroy(spec);
   if (!s && !b->graph) s = nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_INTERNAL;
@@ -326,6 +330,7 @@ static bucket *get_bucket(nb_serve_model *m, int32_t T, int32_t S, int32_t MB, b
     if (!b->exe) s = nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_INTERNAL;
   }
   if (!s) s = bind_io(m, b);
+  m->compile_s += nb_util__now_s() - t0;
   if (s) {
     bucket_free(ctx, b);
     return NULL;

@@ -3,7 +3,8 @@
  * that chunks prompts and a block budget that preempts, equal the
  * single-sequence generator's tokens for each request alone (which also
  * shows batch invariance at temperature 0); the shape buckets stay bounded
- * over a long random run; bad input is refused by name; the cache write
+ * over a long random run, and compile time accrues only in the steps that
+ * build one; bad input is refused by name; the cache write
  * updates donated caches in place, without copying them. */
 #include <string.h>
 
@@ -136,7 +137,13 @@ static void test_bounded_buckets(nb_ctx *ctx) {
     CHECK_OK(ctx, nb_serve_schedule(e, &b));
     nb_serve_sample_out so[64];
     int32_t nso = 0;
+    int n0 = nb_serve_model_num_executables(m);
+    double c0 = nb_serve_model_compile_s(m);
     CHECK_OK(ctx, nb_serve_model_step(m, b, so, &nso));
+    /* compile time accrues exactly in the steps that built a bucket */
+    bool built = nb_serve_model_num_executables(m) > n0;
+    CHECK_MSG(built ? nb_serve_model_compile_s(m) > c0 : nb_serve_model_compile_s(m) == c0, "step built %d: %g -> %g s", built,
+              c0, nb_serve_model_compile_s(m));
     tokens += b->num_tokens;
     for (int32_t i = 0; i < nso; i++) {
       CHECK(so[i].token >= 0 && so[i].token < 64);
