@@ -8,10 +8,10 @@
  * everywhere. Branch-free, so the compiler vectorizes loops over them (twice
  * the lanes of the double formulas these replace).
  *
- * Accuracy against libm's double results rounded to float, every finite
- * float checked (tests/core/test_numerics.c samples the range, the numbers
- * are from an exhaustive run of the same check): exp within 1 ulp, tanh and
- * logistic within 2 ulp (most results are the correctly rounded float).
+ * Accuracy against libm's double results, over every 97th float bit pattern
+ * (44 M floats, every binade; tests/core/test_numerics.c checks every
+ * 4093rd): exp 0.92 ulp, tanh 1.34 ulp, logistic 1.87 ulp at most; 97-99.8%
+ * of results are libm's rounded to float.
  *
  * exp: Cody-Waite reduction x = k ln2 + r, |r| <= ln2 / 2 (ln2's head has
  * 12 trailing zero bits), a degree-7 Taylor polynomial of e^r (truncation
