@@ -22,7 +22,7 @@
  * half of every attention softmax there.
  * tanh: below |x| = 0.625 the odd polynomial x + x^3 P(x^2), P a weighted
  * least-squares fit (0.1 ulp); above, 1 - 2 / (e^{2|x|} + 1), where the
- * subtraction cannot cancel (the quotient is below 0.45); 1 from |x| = 44.
+ * subtraction cannot cancel (the quotient is below 0.45; 1 where e^{2|x|} overflows).
  * logistic: 1 / (1 + e) for x >= 0 and e / (1 + e) below, e = exp(-|x|) <= 1,
  * the quotient corrected for the rounding of 1 + e (2.4 ulp -> 1.9 ulp).
  * Only functions, no macros or comments inside, so the stringized text
