@@ -20,6 +20,15 @@ static inline double now_s(void) {
 
 static inline double now_ms(void) { return 1e3 * now_s(); }
 
+/* Seconds of CPU time this process has used, all its threads together: on a
+ * loaded machine, one pinned thread's step costs its CPU time, whatever share
+ * of the core the other processes took (the wall clock counts their turns). */
+static inline double cpu_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 /* qsort order of doubles, ascending. */
 static inline int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;

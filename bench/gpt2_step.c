@@ -132,13 +132,14 @@ int main(int argc, char **argv) {
   nb_tree_merge(state, "batch", batch);
   nb_tree_destroy(params);
   nb_tree_destroy(opt);
-  double t[101], loss0 = 0, loss = 0, last = 0;
+  double t[101], tc[101], loss0 = 0, loss = 0, last = 0;
   for (int r = 0; r <= steps; r++) { /* run 0 is the warm-up */
     nb_tree *out = nb_tree_create(ctx);
     t0 = now_s();
+    double c0 = cpu_s();
     if (nb_exe_run(exe, state, out) != NB_OK) return die(ctx, "run");
     double dt = now_s() - t0;
-    if (r > 0) t[r - 1] = dt;
+    if (r > 0) t[r - 1] = dt, tc[r - 1] = cpu_s() - c0;
     last = dt;
     loss = nb_array_get(nb_tree_get_array(out, "loss"), 0);
     if (r == 0) loss0 = loss;
@@ -155,9 +156,11 @@ int main(int argc, char **argv) {
   }
   double per_step = median(t, steps);
   printf("RESULT nabla %s B=%lld T=%lld vocab=%lld params=%lld threads=%d: step %.4f s (median of %d), %.0f tokens/s, "
-         "model %.1f GFLOP/step, %.2f GFLOP/s, FMA peak %.2f GFLOP/s, MFU %.1f%%, loss %.4f -> %.4f, compile %.2f s\n",
+         "model %.1f GFLOP/step, %.2f GFLOP/s, FMA peak %.2f GFLOP/s, MFU %.1f%%, loss %.4f -> %.4f, compile %.2f s, "
+         "cpu %.4f s/step\n",
          preset, (long long)B, (long long)T, (long long)cfg.vocab_size, (long long)n, threads, per_step, steps, tokens / per_step,
-         model_flops / 1e9, model_flops / per_step / 1e9, peak / 1e9, 100 * model_flops / per_step / peak, loss0, loss, t_jit);
+         model_flops / 1e9, model_flops / per_step / 1e9, peak / 1e9, 100 * model_flops / per_step / peak, loss0, loss, t_jit,
+         median(tc, steps));
   printf("graph cost: %.1f GFLOP, %.2f GB per step; dot_general on %s\n", graph_flops / 1e9, graph_bytes / 1e9,
          nb_jit_blas_core());
   if (profile > 0) {

@@ -321,7 +321,8 @@ static void test_transcendentals(void) {
   nb_graph *g = nb_trace(ctx, f_transcendental, NULL, in);
   CHECK(g != NULL);
   if (g) check_modes("exp/tanh/logistic over special values and [-102, 102]", g, in, NULL);
-  /* exactness of the rounded results: at most one float ulp from libm */
+  /* accuracy of the float formulas (core/prims/float_math.h): exp within one
+   * float ulp of libm's double result, tanh and logistic within two */
   nb_tree *out = nb_tree_create(ctx);
   nb_jit_opts o = nb_test_jit_opts(NULL);
   nb_exe *e = g ? nb_jit(ctx, g, &o) : NULL;
@@ -335,11 +336,11 @@ static void test_transcendentals(void) {
       float wf = (float)want, got = (float)nb_array_get(r, i);
       float ulp = fmaxf(nextafterf(fabsf(wf), INFINITY) - fabsf(wf), 0x1p-149f); /* subnormals: 2^-149 */
       if (wf != wf) bad += got == got;
-      else if (got != wf && !(fabsf(got - wf) <= ulp)) {
+      else if (got != wf && !(fabsf(got - wf) <= (f == 0 ? 1 : 2) * ulp)) {
         if (bad++ < 3) fprintf(stderr, "%s(%a) = %a, libm %a\n", names[f], v[i], got, wf);
       }
     }
-    CHECK_MSG(r && bad == 0, "%s: %d values more than one ulp from libm", names[f], bad);
+    CHECK_MSG(r && bad == 0, "%s: %d values more than %d ulp from libm", names[f], bad, f == 0 ? 1 : 2);
   }
   nb_exe_destroy(e);
   nb_tree_destroy(out);

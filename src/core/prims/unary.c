@@ -6,6 +6,7 @@
 
 #include "core/prims/elementwise.h"
 #include "core/prims/erf_inv.h"
+#include "core/prims/float_math.h"
 
 typedef nb_val *(*deriv_fn)(nb_loc loc, nb_val *x, nb_val *y);
 
@@ -16,9 +17,11 @@ typedef struct unary_def {
   int64_t (*fi)(int64_t);   /* integer/bool version, NULL: computed through f */
   deriv_fn deriv;           /* NULL: zero derivative */
   nb_c_expr c;              /* the compiler's C expression (ir.h) */
+  float (*f32)(float);      /* f32/bf16/f16 version, the one the compiled code calls (float_math.h); NULL: through f */
 } unary_def;
 
 NB__ERF_INV_DEF(erf_inv)
+NB__FLOAT_MATH_DEF(fm_)
 
 static double f_neg(double x) { return -x; }
 static double f_sign(double x) { return x > 0 ? 1 : x < 0 ? -1 : x; }
@@ -72,15 +75,15 @@ static const unary_def unary_defs[NB_PRIM_COUNT] = {
     [NB_PRIM_neg] = {NB_CLASS_NUMERIC, false, f_neg, i_neg, d_neg, {.f = "-$0", .i = "($T)(0 - (uint64_t)(int64_t)$0)"}},
     [NB_PRIM_abs] = {NB_CLASS_NUMERIC, false, fabs, i_abs, d_abs, {.f = "fabs($0)", .i = "($T)((int64_t)$0 < 0 ? 0 - (uint64_t)(int64_t)$0 : (uint64_t)(int64_t)$0)"}},
     [NB_PRIM_sign] = {NB_CLASS_NUMERIC, false, f_sign, i_sign, NULL, {.f = "nbx_sign($0)", .i = "($T)(((int64_t)$0 > 0) - ((int64_t)$0 < 0))"}},
-    [NB_PRIM_exp] = {NB_CLASS_FLOAT, false, exp, NULL, d_exp, {.f = "exp($0)", .f32 = "nbx_expf($0)"}},
+    [NB_PRIM_exp] = {NB_CLASS_FLOAT, false, exp, NULL, d_exp, {.f = "exp($0)", .f32 = "nbx_expf($0)"}, fm_expf},
     [NB_PRIM_exp2] = {NB_CLASS_FLOAT, false, exp2, NULL, d_exp2, {.f = "exp2($0)"}},
     [NB_PRIM_log] = {NB_CLASS_FLOAT, false, log, NULL, d_log, {.f = "log($0)"}},
     [NB_PRIM_log1p] = {NB_CLASS_FLOAT, false, log1p, NULL, d_log1p, {.f = "log1p($0)"}},
     [NB_PRIM_expm1] = {NB_CLASS_FLOAT, false, expm1, NULL, d_expm1, {.f = "expm1($0)"}},
     [NB_PRIM_sqrt] = {NB_CLASS_FLOAT, false, sqrt, NULL, d_sqrt, {.f = "sqrt($0)"}},
     [NB_PRIM_rsqrt] = {NB_CLASS_FLOAT, false, f_rsqrt, NULL, d_rsqrt, {.f = "1 / sqrt($0)"}},
-    [NB_PRIM_tanh] = {NB_CLASS_FLOAT, false, tanh, NULL, d_tanh, {.f = "tanh($0)", .f32 = "nbx_tanhd($0)"}},
-    [NB_PRIM_logistic] = {NB_CLASS_FLOAT, false, f_logistic, NULL, d_logistic, {.f = "nbx_logistic($0)", .f32 = "nbx_logisticd($0)"}},
+    [NB_PRIM_tanh] = {NB_CLASS_FLOAT, false, tanh, NULL, d_tanh, {.f = "tanh($0)", .f32 = "nbx_tanhf($0)"}, fm_tanhf},
+    [NB_PRIM_logistic] = {NB_CLASS_FLOAT, false, f_logistic, NULL, d_logistic, {.f = "nbx_logistic($0)", .f32 = "nbx_logisticf($0)"}, fm_logisticf},
     [NB_PRIM_erf] = {NB_CLASS_FLOAT, false, erf, NULL, d_erf, {.f = "erf($0)"}},
     [NB_PRIM_erf_inv] = {NB_CLASS_FLOAT, false, erf_inv, NULL, d_erf_inv, {.f = "nbx_erf_inv((double)$0)"}},
     [NB_PRIM_sin] = {NB_CLASS_FLOAT, false, sin, NULL, d_sin, {.f = "sin($0)"}},
@@ -111,6 +114,8 @@ static nb_status unary_eval(nb_ctx *ctx, const nb_eqn *e, nb_array *const *in, n
     for (int64_t i = 0; i < n; i++) ((uint8_t *)y)[i] = !((const uint8_t *)x)[i];
   } else if (!nb_dtype_is_float(t) && d->fi) {
     for (int64_t i = 0; i < n; i++) nb__store_i64(to, y, i, d->fi(nb__load_i64(t, x, i)));
+  } else if (d->f32 && t != NB_F64) {
+    for (int64_t i = 0; i < n; i++) nb__store_f64(to, y, i, d->f32((float)nb__load_f64(t, x, i)));
   } else {
     for (int64_t i = 0; i < n; i++) nb__store_f64(to, y, i, d->f(nb__load_f64(t, x, i)));
   }
