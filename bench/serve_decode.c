@@ -61,13 +61,6 @@ typedef struct run_times {
   int n_tokens;
 } run_times;
 
-/* the process's CPU time: with one thread, what other processes on a busy
- * machine do not stretch (their share of the memory bandwidth still does) */
-static double cpu_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* One request through the engine and the model, greedy, exactly M tokens. */
 static int run_one(nb_ctx *ctx, nb_serve_engine *e, nb_serve_model *m, int64_t id, const int32_t *prompt, int32_t P,
