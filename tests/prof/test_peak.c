@@ -68,7 +68,7 @@ int main(void) {
    * loop bound by its own loads and stores measured 74.6 GFLOP/s on a Zen 5
    * core where sgemm ran at 110, and MFU read over 100% */
   double gemm = sgemm_flops(), best = p.flops;
-  for (int retry = 0; retry < 2 && best < 0.8 * gemm; retry++) { /* a busy machine slowed one of the two: again */
+  for (int retry = 0; retry < 6 && best < 0.8 * gemm; retry++) { /* a busy machine (ctest -j, other processes) slowed one of the two: again */
     unlink(file);
     best = fmax(best, nb_prof_peak_flops(1).flops);
     gemm = fmin(gemm, sgemm_flops());
