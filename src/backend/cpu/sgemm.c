@@ -57,19 +57,10 @@ static void ukr_c(int64_t kc, const float *a, int64_t rsa, int64_t csa, const fl
 }
 
 #ifdef SGEMM_X86
-/* B read in place (rsb = ldb, not NR: the rows of a panel far apart, each
- * 1-2 cache lines) defeats the hardware prefetcher, which follows streams
- * within a page: the kernel asks for the panel's row PREFETCH_ROWS ahead
- * itself (16-row batched decode products, AVX-512: 43 -> 61 GFLOP/s on
- * 16 x 768 x 2048, bench/RESULTS.md). A packed panel is contiguous: no hints. */
-#define PREFETCH_ROWS 16
-
 /* 6 x 16: twelve 8-lane accumulators */
 enum { AVX2_MR = 6, AVX2_NR = 16 };
-__attribute__((target("avx2,fma"), always_inline)) static inline void ukr_avx2_body(int64_t kc, const float *a, int64_t rsa,
-                                                                                   int64_t csa, const float *b, int64_t rsb,
-                                                                                   float *c, int64_t ldc, bool first,
-                                                                                   bool prefetch) {
+__attribute__((target("avx2,fma"))) static void ukr_avx2(int64_t kc, const float *a, int64_t rsa, int64_t csa,
+                                                         const float *b, int64_t rsb, float *c, int64_t ldc, bool first) {
 #define ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
 #define DECL(r) __m256 c##r##0, c##r##1;
   ROWS(DECL)
@@ -84,7 +75,6 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void ukr_avx2_b
 #undef LOAD
   }
   for (int64_t p = 0; p < kc; p++, a += csa, b += rsb) {
-    if (prefetch) _mm_prefetch((const char *)(b + PREFETCH_ROWS * rsb), _MM_HINT_T0);
     __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8), x;
 #define FMA(r) x = _mm256_broadcast_ss(a + r * rsa), c##r##0 = _mm256_fmadd_ps(x, b0, c##r##0), c##r##1 = _mm256_fmadd_ps(x, b1, c##r##1);
     ROWS(FMA)
@@ -96,13 +86,13 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void ukr_avx2_b
 #undef ROWS
 }
 
-__attribute__((target("avx2,fma"))) static void ukr_avx2(int64_t kc, const float *a, int64_t rsa, int64_t csa,
-                                                         const float *b, int64_t rsb, float *c, int64_t ldc, bool first) {
-  if (rsb != AVX2_NR) ukr_avx2_body(kc, a, rsa, csa, b, rsb, c, ldc, first, true);
-  else ukr_avx2_body(kc, a, rsa, csa, b, rsb, c, ldc, first, false);
-}
-
-/* 8 x 32: sixteen 16-lane accumulators */
+/* 8 x 32: sixteen 16-lane accumulators. B read in place (rsb = ldb, not NR:
+ * a panel's rows far apart, two cache lines each, as in a batched decode
+ * step's products) is a pattern the hardware prefetcher does not follow, so
+ * the kernel asks for the row PREFETCH_ROWS ahead itself (16 x 768 x 2048:
+ * 43 -> 61 GFLOP/s, bench/RESULTS.md). A packed panel is contiguous: no hints.
+ * The AVX2 kernel has none: no gain measured there (AVX2 proxy, loaded). */
+#define PREFETCH_ROWS 16
 enum { AVX512_MR = 8, AVX512_NR = 32 };
 __attribute__((target("avx512f,fma"), always_inline)) static inline void ukr_avx512_body(int64_t kc, const float *a,
                                                                                        int64_t rsa, int64_t csa,
