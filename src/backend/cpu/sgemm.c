@@ -90,7 +90,7 @@ __attribute__((target("avx2,fma"))) static void ukr_avx2(int64_t kc, const float
  * a panel's rows far apart, two cache lines each, as in a batched decode
  * step's products) is a pattern the hardware prefetcher does not follow, so
  * the kernel asks for the row PREFETCH_ROWS ahead itself (16 x 768 x 2048:
- * 43 -> 61 GFLOP/s, bench/RESULTS.md). A packed panel is contiguous: no hints.
+ * 47 -> 62 GFLOP/s, bench/RESULTS.md). A packed panel is contiguous: no hints.
  * The AVX2 kernel has none: no gain measured there (AVX2 proxy, loaded). */
 #define PREFETCH_ROWS 16
 enum { AVX512_MR = 8, AVX512_NR = 32 };
