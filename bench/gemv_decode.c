@@ -8,9 +8,11 @@
  * over the median run time, against the read bandwidth (bench_util.h)
  * measured with the same thread count, interleaved with the runs.
  * --transposed: the weights stored [N, K] (x @ W^T: tied output embeddings,
- * attention's keys).
+ * attention's keys). --rows M: a batched decode step, x [M, K] (M running
+ * sequences); GFLOP/s is reported beside GB/s, since with many rows the
+ * products approach the FMA rate instead of the bandwidth.
  *
- *   ./build/bench_gemv_decode [--threads T] [--reps R] [--d D] [--ffn F] [--vocab V] [--layers L] [--transposed]
+ *   ./build/bench_gemv_decode [--threads T] [--reps R] [--d D] [--ffn F] [--vocab V] [--layers L] [--rows M] [--transposed]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,7 +45,7 @@ static nb_status fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
 
 int main(int argc, char **argv) {
   int threads = 1, reps = 7;
-  int64_t d = 768, ffn = 2048, vocab = 32000, layers = 12;
+  int64_t rows = 1, d = 768, ffn = 2048, vocab = 32000, layers = 12;
   shapes s = {0};
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
@@ -52,10 +54,11 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--ffn") && i + 1 < argc) ffn = atoll(argv[++i]);
     else if (!strcmp(argv[i], "--vocab") && i + 1 < argc) vocab = atoll(argv[++i]);
     else if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers = atoll(argv[++i]);
+    else if (!strcmp(argv[i], "--rows") && i + 1 < argc) rows = atoll(argv[++i]);
     else if (!strcmp(argv[i], "--transposed")) s.transposed = true;
     else return fprintf(stderr, "unknown argument '%s'\n", argv[i]), 2;
   }
-  if (threads < 1 || reps < 1 || reps > 64 || layers < 0 || 7 * layers + 1 > 512) return fprintf(stderr, "bad arguments\n"), 2;
+  if (threads < 1 || reps < 1 || rows < 1 || rows > 4096 || reps > 64 || layers < 0 || 7 * layers + 1 > 512) return fprintf(stderr, "bad arguments\n"), 2;
   for (int64_t l = 0; l < layers; l++) {
     int64_t k[7] = {d, d, d, d, d, d, ffn}, m[7] = {d, d, d, d, ffn, ffn, d};
     for (int q = 0; q < 7; q++) s.k[s.n] = k[q], s.m[s.n++] = m[q];
@@ -63,14 +66,14 @@ int main(int argc, char **argv) {
   s.k[s.n] = d, s.m[s.n++] = vocab;
   nb_ctx *ctx = nb_ctx_create();
   nb_tree *in = nb_tree_create(ctx);
-  double bytes = 0;
+  double bytes = 0, flops = 0;
   uint64_t r = 88172645463325252ull;
   for (int i = 0; i < s.n; i++) {
-    int64_t wd[2] = {s.transposed ? s.m[i] : s.k[i], s.transposed ? s.k[i] : s.m[i]}, xd[2] = {1, s.k[i]};
+    int64_t wd[2] = {s.transposed ? s.m[i] : s.k[i], s.transposed ? s.k[i] : s.m[i]}, xd[2] = {rows, s.k[i]};
     nb_array *w = nb_array_empty(ctx, NB_F32, 2, wd), *x = nb_array_empty(ctx, NB_F32, 2, xd);
     float *wv = nb_array_data_mut(w), *xv = nb_array_data_mut(x);
     for (int64_t e = 0; e < wd[0] * wd[1]; e++) r ^= r << 13, r ^= r >> 7, r ^= r << 17, wv[e] = (float)(r >> 40) * 1e-8f;
-    for (int64_t e = 0; e < s.k[i]; e++) xv[e] = 1.0f / (float)(e + 1);
+    for (int64_t e = 0; e < rows * s.k[i]; e++) xv[e] = 1.0f / (float)(e % s.k[i] + 1 + e / s.k[i]);
     char p[32];
     snprintf(p, sizeof p, "w/%03d", i);
     nb_tree_set_array(in, p, w);
@@ -78,6 +81,7 @@ int main(int argc, char **argv) {
     nb_tree_set_array(in, p, x);
     nb_array_release(w), nb_array_release(x);
     bytes += (double)(wd[0] * wd[1]) * 4;
+    flops += 2.0 * (double)rows * (double)(wd[0] * wd[1]);
   }
   nb_graph *g = nb_trace(ctx, fn, &s, in);
   nb_jit_opts o = {.threads = threads};
@@ -95,11 +99,11 @@ int main(int argc, char **argv) {
     bw[k] = read_bandwidth(threads); /* interleaved: the machine's state of the moment */
   }
   double tm = median(t, reps), bm = median(bw, reps), gbs = bytes / tm / 1e9;
-  printf("%d products (%lld layers, d %lld, ffn %lld, vocab %lld)%s, %.1f MB of weights, %d threads: median %.2f ms = %.2f GB/s; "
-         "read bandwidth median %.2f GB/s; products at %.0f%% of it (min run %.2f ms, max %.2f ms)\n",
-         s.n, (long long)layers, (long long)d, (long long)ffn, (long long)vocab, s.transposed ? ", weights transposed" : "",
-         bytes / 1e6, threads, 1e3 * tm, gbs, bm, 100 * gbs / bm, 1e3 * t[0], 1e3 * t[reps - 1]);
-  printf("RESULT gemv %.4f %.3f %.3f\n", tm, gbs, bm);
+  printf("%d products of %lld rows (%lld layers, d %lld, ffn %lld, vocab %lld)%s, %.1f MB of weights, %d threads: median %.2f ms "
+         "= %.2f GB/s, %.1f GFLOP/s; read bandwidth median %.2f GB/s; products at %.0f%% of it (min run %.2f ms, max %.2f ms)\n",
+         s.n, (long long)rows, (long long)layers, (long long)d, (long long)ffn, (long long)vocab, s.transposed ? ", weights transposed" : "",
+         bytes / 1e6, threads, 1e3 * tm, gbs, flops / tm / 1e9, bm, 100 * gbs / bm, 1e3 * t[0], 1e3 * t[reps - 1]);
+  printf("RESULT gemv %lld %.4f %.3f %.3f %.2f\n", (long long)rows, tm, gbs, bm, flops / tm / 1e9);
   nb_exe_destroy(e);
   nb_graph_destroy(g);
   nb_tree_destroy(in);

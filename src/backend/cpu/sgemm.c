@@ -86,10 +86,19 @@ __attribute__((target("avx2,fma"))) static void ukr_avx2(int64_t kc, const float
 #undef ROWS
 }
 
-/* 8 x 32: sixteen 16-lane accumulators */
+/* 8 x 32: sixteen 16-lane accumulators. B read in place (rsb = ldb, not NR:
+ * a panel's rows far apart, two cache lines each, as in a batched decode
+ * step's products) is a pattern the hardware prefetcher does not follow, so
+ * the kernel asks for the row PREFETCH_ROWS ahead itself (16 x 768 x 2048:
+ * 47 -> 62 GFLOP/s, bench/RESULTS.md). A packed panel is contiguous: no hints.
+ * The AVX2 kernel has none: no gain measured there (AVX2 proxy, loaded). */
+#define PREFETCH_ROWS 16
 enum { AVX512_MR = 8, AVX512_NR = 32 };
-__attribute__((target("avx512f,fma"))) static void ukr_avx512(int64_t kc, const float *a, int64_t rsa, int64_t csa,
-                                                              const float *b, int64_t rsb, float *c, int64_t ldc, bool first) {
+__attribute__((target("avx512f,fma"), always_inline)) static inline void ukr_avx512_body(int64_t kc, const float *a,
+                                                                                       int64_t rsa, int64_t csa,
+                                                                                       const float *b, int64_t rsb, float *c,
+                                                                                       int64_t ldc, bool first,
+                                                                                       bool prefetch) {
 #define ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
 #define DECL(r) __m512 c##r##0, c##r##1;
   ROWS(DECL)
@@ -104,6 +113,9 @@ __attribute__((target("avx512f,fma"))) static void ukr_avx512(int64_t kc, const 
 #undef LOAD
   }
   for (int64_t p = 0; p < kc; p++, a += csa, b += rsb) {
+    if (prefetch)
+      _mm_prefetch((const char *)(b + PREFETCH_ROWS * rsb), _MM_HINT_T0),
+          _mm_prefetch((const char *)(b + PREFETCH_ROWS * rsb + 16), _MM_HINT_T0);
     __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16), x;
 #define FMA(r) x = _mm512_set1_ps(a[r * rsa]), c##r##0 = _mm512_fmadd_ps(x, b0, c##r##0), c##r##1 = _mm512_fmadd_ps(x, b1, c##r##1);
     ROWS(FMA)
@@ -113,6 +125,12 @@ __attribute__((target("avx512f,fma"))) static void ukr_avx512(int64_t kc, const 
   ROWS(STORE)
 #undef STORE
 #undef ROWS
+}
+
+__attribute__((target("avx512f,fma"))) static void ukr_avx512(int64_t kc, const float *a, int64_t rsa, int64_t csa,
+                                                              const float *b, int64_t rsb, float *c, int64_t ldc, bool first) {
+  if (rsb != AVX512_NR) ukr_avx512_body(kc, a, rsa, csa, b, rsb, c, ldc, first, true);
+  else ukr_avx512_body(kc, a, rsa, csa, b, rsb, c, ldc, first, false);
 }
 #endif
 
