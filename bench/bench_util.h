@@ -1,12 +1,13 @@
 /* Shared by the benchmarks (header-only, static): a monotonic clock, the
- * median of repeated timings, a synthetic language-model batch and the
- * read-bandwidth probe of the decode benches. Not here:
+ * median of repeated timings, a synthetic language-model batch, and the
+ * read-bandwidth probe and random parameters of the decode benches. Not here:
  * anything one benchmark alone needs. */
 #ifndef NABLA_BENCH_UTIL_H
 #define NABLA_BENCH_UTIL_H
 
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "nabla/nabla.h"
@@ -101,6 +102,28 @@ static inline double read_bandwidth(int threads) {
   }
   free(buf);
   return sink > 0 ? best : best; /* sink keeps the sums alive */
+}
+
+/* Random model parameters for the decode benches: uniform(-0.05, 0.05)
+ * weights, norm scales 1 (values do not change the work); cheap to make for
+ * 124M parameters. */
+static inline nb_tree *bench_random_params(nb_ctx *ctx, const nb_model_config *cfg) {
+  nb_tree *spec = nb_model_param_spec(ctx, cfg, NB_F32), *p = nb_tree_create(ctx);
+  uint64_t s = 0x9E3779B97F4A7C15ull;
+  for (size_t i = 0; spec && i < nb_tree_size(spec); i++) {
+    nb_aval a = nb_leaf_get_aval(nb_tree_leaf(spec, i));
+    bool scale = strstr(nb_tree_path(spec, i), "norm") != NULL;
+    nb_array *x = nb_array_empty(ctx, NB_F32, a.shape.rank, a.shape.dims);
+    float *d = nb_array_data_mut(x);
+    for (int64_t k = 0; k < nb_array_size(x); k++) {
+      s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+      d[k] = scale ? 1.0f : (float)((double)(s >> 11) / 9007199254740992.0 * 0.1 - 0.05);
+    }
+    nb_tree_set_array(p, nb_tree_path(spec, i), x);
+    nb_array_release(x);
+  }
+  nb_tree_destroy(spec);
+  return p;
 }
 
 #endif

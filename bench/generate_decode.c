@@ -21,25 +21,6 @@
 
 /* ---------------------------------------------------------------- one preset */
 
-/* uniform(-0.05, 0.05) weights, norm scales 1: cheap to make for 124M parameters */
-static nb_tree *random_params(nb_ctx *ctx, const nb_model_config *cfg) {
-  nb_tree *spec = nb_model_param_spec(ctx, cfg, NB_F32), *p = nb_tree_create(ctx);
-  uint64_t s = 0x9E3779B97F4A7C15ull;
-  for (size_t i = 0; spec && i < nb_tree_size(spec); i++) {
-    nb_aval a = nb_leaf_get_aval(nb_tree_leaf(spec, i));
-    bool scale = strstr(nb_tree_path(spec, i), "norm") != NULL;
-    nb_array *x = nb_array_empty(ctx, NB_F32, a.shape.rank, a.shape.dims);
-    float *d = nb_array_data_mut(x);
-    for (int64_t k = 0; k < nb_array_size(x); k++) {
-      s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-      d[k] = scale ? 1.0f : (float)((double)(s >> 11) / 9007199254740992.0 * 0.1 - 0.05);
-    }
-    nb_tree_set_array(p, nb_tree_path(spec, i), x);
-    nb_array_release(x);
-  }
-  nb_tree_destroy(spec);
-  return p;
-}
 
 /* bytes one decode step must read: see the header */
 static double floor_bytes(const nb_model_config *c, const nb_tree *params, int64_t cache_len) {
@@ -58,7 +39,7 @@ static int bench(nb_ctx *ctx, const char *name, int64_t P, int64_t M, int reps, 
   if (nb_model_config_preset(ctx, name, &cfg)) return fprintf(stderr, "%s\n", nb_ctx_error(ctx)), 1;
   int64_t max_len = P + M < cfg.max_seq_len ? P + M : cfg.max_seq_len, chunk = 64 < max_len ? 64 : max_len;
   int64_t cache_len = (max_len + chunk - 1) / chunk * chunk;
-  nb_tree *params = random_params(ctx, &cfg);
+  nb_tree *params = bench_random_params(ctx, &cfg);
   nb_model_gen_opts go = {.max_seq_len = max_len, .prefill_chunk = chunk, .threads = threads};
   nb_model_generator *gen = nb_model_generator_create(ctx, &cfg, params, &go);
   int32_t *prompt = malloc(sizeof(int32_t) * (size_t)P);

@@ -24,25 +24,6 @@
 #include "nabla/nabla.h"
 #include "nabla/serve.h"
 
-/* uniform(-0.05, 0.05) weights, norm scales 1 (as bench_generate_decode) */
-static nb_tree *random_params(nb_ctx *ctx, const nb_model_config *cfg) {
-  nb_tree *spec = nb_model_param_spec(ctx, cfg, NB_F32), *p = nb_tree_create(ctx);
-  uint64_t s = 0x9E3779B97F4A7C15ull;
-  for (size_t i = 0; spec && i < nb_tree_size(spec); i++) {
-    nb_aval a = nb_leaf_get_aval(nb_tree_leaf(spec, i));
-    bool scale = strstr(nb_tree_path(spec, i), "norm") != NULL;
-    nb_array *x = nb_array_empty(ctx, NB_F32, a.shape.rank, a.shape.dims);
-    float *d = nb_array_data_mut(x);
-    for (int64_t k = 0; k < nb_array_size(x); k++) {
-      s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-      d[k] = scale ? 1.0f : (float)((double)(s >> 11) / 9007199254740992.0 * 0.1 - 0.05);
-    }
-    nb_tree_set_array(p, nb_tree_path(spec, i), x);
-    nb_array_release(x);
-  }
-  nb_tree_destroy(spec);
-  return p;
-}
 
 /* weights a decode step multiplies (see the header) */
 static double weight_bytes(const nb_model_config *c, const nb_tree *params) {
@@ -117,7 +98,7 @@ int main(int argc, char **argv) {
     cfg = lm.cfg, params = lm.params;
   } else {
     if (nb_model_config_preset(ctx, preset, &cfg)) return fprintf(stderr, "%s\n", nb_ctx_error(ctx)), 1;
-    params = random_params(ctx, &cfg);
+    params = bench_random_params(ctx, &cfg);
   }
   int32_t *prompt = malloc(sizeof(int32_t) * (size_t)(P + 4096)), *out = malloc(sizeof(int32_t) * (size_t)M);
   if (ids) {
