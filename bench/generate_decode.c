@@ -21,7 +21,6 @@
 
 /* ---------------------------------------------------------------- one preset */
 
-
 /* bytes one decode step must read: see the header */
 static double floor_bytes(const nb_model_config *c, const nb_tree *params, int64_t cache_len) {
   double b = 0;
