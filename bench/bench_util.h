@@ -126,4 +126,18 @@ static inline nb_tree *bench_random_params(nb_ctx *ctx, const nb_model_config *c
   return p;
 }
 
+/* Bytes of weights one decode step reads: every parameter but the input
+ * embedding and a learned position table (of those, one row) unless the
+ * embedding is tied to the output. */
+static inline double bench_decode_weight_bytes(const nb_model_config *c, const nb_tree *params) {
+  double b = 0;
+  for (size_t i = 0; i < nb_tree_size(params); i++) {
+    const char *p = nb_tree_path(params, i);
+    nb_array *a = nb_tree_leaf(params, i)->array;
+    bool one_row = !strcmp(p, "pos_embed/embedding") || (!strcmp(p, "embed/embedding") && !c->tie_embeddings);
+    b += one_row ? (double)nb_array_dims(a)[1] * 4 : (double)nb_array_nbytes(a);
+  }
+  return b;
+}
+
 #endif

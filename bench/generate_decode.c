@@ -23,14 +23,8 @@
 
 /* bytes one decode step must read: see the header */
 static double floor_bytes(const nb_model_config *c, const nb_tree *params, int64_t cache_len) {
-  double b = 0;
-  for (size_t i = 0; i < nb_tree_size(params); i++) {
-    const char *p = nb_tree_path(params, i);
-    nb_array *a = nb_tree_leaf(params, i)->array;
-    bool one_row = !strcmp(p, "pos_embed/embedding") || (!strcmp(p, "embed/embedding") && !c->tie_embeddings);
-    b += one_row ? (double)nb_array_dims(a)[1] * 4 : (double)nb_array_nbytes(a);
-  }
-  return b + 2.0 * (double)c->n_layers * (double)c->n_kv_heads * (double)cache_len * (double)nb_model_head_dim(c) * 4;
+  return bench_decode_weight_bytes(c, params) +
+         2.0 * (double)c->n_layers * (double)c->n_kv_heads * (double)cache_len * (double)nb_model_head_dim(c) * 4;
 }
 
 static int bench(nb_ctx *ctx, const char *name, int64_t P, int64_t M, int reps, int threads, double bw) {

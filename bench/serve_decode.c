@@ -24,19 +24,6 @@
 #include "nabla/nabla.h"
 #include "nabla/serve.h"
 
-
-/* weights a decode step multiplies (see the header) */
-static double weight_bytes(const nb_model_config *c, const nb_tree *params) {
-  double b = 0;
-  for (size_t i = 0; i < nb_tree_size(params); i++) {
-    const char *p = nb_tree_path(params, i);
-    nb_array *a = nb_tree_leaf(params, i)->array;
-    bool one_row = !strcmp(p, "pos_embed/embedding") || (!strcmp(p, "embed/embedding") && !c->tie_embeddings);
-    b += one_row ? (double)nb_array_dims(a)[1] * 4 : (double)nb_array_nbytes(a);
-  }
-  return b;
-}
-
 typedef struct run_times {
   double prefill_s, decode_s, decode_cpu_s; /* decode_cpu_s: the process's CPU time in the decode steps */
   int n_tokens;
@@ -132,7 +119,7 @@ int main(int argc, char **argv) {
   }
   /* keys and values of the average context of a decode step, P + M/2 tokens */
   double kv = 2.0 * (double)cfg.n_layers * (double)(cfg.n_kv_heads * hd) * 4 * (P + M / 2.0);
-  double bytes = weight_bytes(&cfg, params) + kv, floor_tps = bw * 1e9 / bytes;
+  double bytes = bench_decode_weight_bytes(&cfg, params) + kv, floor_tps = bw * 1e9 / bytes;
   double p_med = median(pre, reps), d_med = median(dec, reps), c_med = median(dec_cpu, reps);
   printf("read bandwidth (1 GiB, %d threads, best of 5): %.2f GB/s\n", bw_threads, bw);
   printf("serve decode: prompt %d, %d tokens, %d threads, %d executables; prefill %.1f tok/s, decode %.2f tok/s "
