@@ -31,28 +31,11 @@ static const char *model = "run"; /* what start_server serves */
 static int port;
 static pid_t server = -1;
 
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static int connect_server(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a)) {
-    if (fd >= 0) close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 /* Reads until the server closes (or 20 s pass); returns the bytes read. */
 static size_t read_all(int fd, char *dst, size_t cap) {
   size_t n = 0;
-  double t0 = now();
-  while (n + 1 < cap && now() - t0 < 20) {
+  double t0 = nb_test_now();
+  while (n + 1 < cap && nb_test_now() - t0 < 20) {
     struct pollfd p = {.fd = fd, .events = POLLIN};
     if (poll(&p, 1, 200) <= 0) continue;
     ssize_t k = read(fd, dst + n, cap - 1 - n);
@@ -69,7 +52,7 @@ static int http_into(const char *method, const char *path, const char *headers, 
                      char *dst, size_t cap, const char **body_out) {
   dst[0] = 0;
   *body_out = "";
-  int fd = connect_server();
+  int fd = nb_test_connect_loopback(port);
   if (fd < 0) return -1;
   char head[2048];
   int hn = snprintf(head, sizeof head, "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%sContent-Length: %zu\r\n\r\n",
@@ -114,8 +97,8 @@ static bool start_server(const char *args) {
     _exit(127);
   }
   /* the port, once it is listening (model load + first line) */
-  double t0 = now();
-  while (now() - t0 < 60) {
+  double t0 = nb_test_now();
+  while (nb_test_now() - t0 < 60) {
     size_t n = 0;
     char *o = nb_test_read_file("serve.out", &n);
     const char *at = o ? strstr(o, "http://127.0.0.1:") : NULL;
@@ -135,19 +118,19 @@ static bool start_server(const char *args) {
 /* SIGTERM: the server stops and exits 0 within a few seconds. */
 static void stop_server(void) {
   kill(server, SIGTERM);
-  double t0 = now();
+  double t0 = nb_test_now();
   int st = 0;
   pid_t w = 0;
-  while (now() - t0 < 10 && (w = waitpid(server, &st, WNOHANG)) == 0) usleep(20000);
+  while (nb_test_now() - t0 < 10 && (w = waitpid(server, &st, WNOHANG)) == 0) usleep(20000);
   if (w != server) {
     kill(server, SIGKILL);
     waitpid(server, &st, 0);
     CHECK_MSG(false, "the server did not exit within 10 s of SIGTERM");
   } else {
     CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "SIGTERM: exit status %d", st);
-    fprintf(stderr, "  exited %.2f s after SIGTERM\n", now() - t0);
+    fprintf(stderr, "  exited %.2f s after SIGTERM\n", nb_test_now() - t0);
   }
-  CHECK_MSG(connect_server() < 0, "the port still accepts connections after the server exited");
+  CHECK_MSG(nb_test_connect_loopback(port) < 0, "the port still accepts connections after the server exited");
   server = -1;
 }
 
@@ -243,7 +226,7 @@ static void test_errors(void) {
   memset(big, ' ', sizeof big);
   memcpy(big, "{\"prompt\": \"x\"}", 15);
   CHECK_ERROR(http("POST", "/v1/completions", auth, big, sizeof big), 413, "over the limit of 2000 bytes", "\"param\":null");
-  int fd = connect_server();
+  int fd = nb_test_connect_loopback(port);
   char req[8192];
   int n = snprintf(req, sizeof req,
                    "POST /tokenize HTTP/1.1\r\nHost: x\r\nConnection: close\r\n%sTransfer-Encoding: chunked\r\n\r\n"
@@ -259,14 +242,14 @@ static void test_errors(void) {
 
 /* A half-sent request is closed after --timeout (1 s here). */
 static void test_timeout(void) {
-  int fd = connect_server();
+  int fd = nb_test_connect_loopback(port);
   char half[512];
   int n = snprintf(half, sizeof half, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n%sContent-Length: 100\r\n\r\n{\"prompt\":", auth);
   CHECK(fd >= 0 && write(fd, half, (size_t)n) == n);
-  double t0 = now();
+  double t0 = nb_test_now();
   char junk[4096];
   size_t got = read_all(fd, junk, sizeof junk); /* returns when the server closes */
-  double dt = now() - t0;
+  double dt = nb_test_now() - t0;
   close(fd);
   CHECK_MSG(dt > 0.5 && dt < 5 && !strstr(junk, "HTTP/1.1 2"), "a half-sent request was closed after %.2f s (timeout 1 s): %zu bytes: %s", dt, got, junk);
   CHECK_MSG(http("GET", "/health", NULL, NULL, 0) == 200, "%s", resp);
@@ -718,8 +701,8 @@ static void test_metrics(void) {
  * waiting sequence, no KV block in use) and at least min_aborts samples
  * were aborted; the metrics come from the last step. */
 static bool engine_idle(char *m, size_t cap, double min_aborts) {
-  double t0 = now();
-  while (now() - t0 < 10) {
+  double t0 = nb_test_now();
+  while (nb_test_now() - t0 < 10) {
     if (get_metrics(m, cap) && metric_of(m, "nabla:num_requests_running") == 0 && metric_of(m, "nabla:num_requests_waiting") == 0 &&
         metric_of(m, "nabla:kv_cache_blocks_used") == 0 &&
         metric_of(m, "nabla:request_success_total{finished_reason=\"abort\"}") >= min_aborts)
@@ -745,13 +728,13 @@ static void test_disconnect(void) {
                       streamed ? "\"line 1\"" : "[\"line 1\", \"line 2\", \"line 3\", \"line 4\"], \"n\": 16",
                       streamed ? ", \"stream\": true" : "");
     int n = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n%sContent-Length: %d\r\n\r\n%s", auth, bl, body);
-    int fd = connect_server();
+    int fd = nb_test_connect_loopback(port);
     CHECK(fd >= 0 && write(fd, req, (size_t)n) == n);
     if (streamed) { /* the first chunk, then away */
       char got[4096] = "";
       size_t have = 0;
-      double t0 = now();
-      while (!strstr(got, "data: ") && now() - t0 < 10 && have + 1 < sizeof got) {
+      double t0 = nb_test_now();
+      while (!strstr(got, "data: ") && nb_test_now() - t0 < 10 && have + 1 < sizeof got) {
         struct pollfd p = {.fd = fd, .events = POLLIN};
         if (poll(&p, 1, 100) <= 0) continue;
         ssize_t k = read(fd, got + have, sizeof got - 1 - have);
@@ -779,12 +762,12 @@ static void test_sigterm_stream(void) {
   const char *body = "{\"prompt\": \"line 1\", \"max_tokens\": 1000, \"temperature\": 0, \"ignore_eos\": true, \"stream\": true}";
   char req[1024];
   int n = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n%sContent-Length: %zu\r\n\r\n%s", auth, strlen(body), body);
-  int fd = connect_server();
+  int fd = nb_test_connect_loopback(port);
   CHECK(fd >= 0 && write(fd, req, (size_t)n) == n);
   static char got[1 << 20];
   size_t have = 0;
-  double t0 = now();
-  while (!strstr(got, "data: ") && now() - t0 < 10) {
+  double t0 = nb_test_now();
+  while (!strstr(got, "data: ") && nb_test_now() - t0 < 10) {
     struct pollfd p = {.fd = fd, .events = POLLIN};
     if (poll(&p, 1, 100) <= 0) continue;
     ssize_t k = read(fd, got + have, sizeof got - 1 - have);

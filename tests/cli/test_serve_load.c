@@ -34,27 +34,10 @@ static pid_t server = -1;
 static double deadline;
 static atomic_long ok_requests, failed_requests, tokens;
 
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static int connect_server(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a)) {
-    if (fd >= 0) close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 /* One request (Connection: close) into dst; the bytes read (until the
  * server closes, or 60 s pass). */
 static size_t request(const char *method, const char *path, const char *body, char *dst, size_t cap) {
-  int fd = connect_server();
+  int fd = nb_test_connect_loopback(port);
   dst[0] = 0;
   if (fd < 0) return 0;
   char head[512];
@@ -62,8 +45,8 @@ static size_t request(const char *method, const char *path, const char *body, ch
                     path, body ? strlen(body) : 0);
   size_t n = 0;
   if (write(fd, head, (size_t)hn) == hn && (!body || write(fd, body, strlen(body)) == (ssize_t)strlen(body))) {
-    double t0 = now();
-    while (n + 1 < cap && now() - t0 < 60) {
+    double t0 = nb_test_now();
+    while (n + 1 < cap && nb_test_now() - t0 < 60) {
       struct pollfd p = {.fd = fd, .events = POLLIN};
       if (poll(&p, 1, 200) <= 0) continue;
       ssize_t k = read(fd, dst + n, cap - 1 - n);
@@ -94,7 +77,7 @@ static void *client(void *arg) {
   int id = (int)(intptr_t)arg;
   static __thread char r[1 << 18];
   char body[512], why[128];
-  for (int k = 0; now() < deadline; k++) {
+  for (int k = 0; nb_test_now() < deadline; k++) {
     int n = (id + k) % 7 == 0 ? 2 : 1, max_tokens = 8 + (id * 13 + k * 7) % 56;
     snprintf(body, sizeof body,
              "{\"prompt\": \"line %d of a\", \"max_tokens\": %d, \"temperature\": 0, \"n\": %d, \"stream\": true, "
@@ -160,7 +143,7 @@ int main(void) {
     execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
     _exit(127);
   }
-  for (double t0 = now(); !port && now() - t0 < 60; usleep(50000)) {
+  for (double t0 = nb_test_now(); !port && nb_test_now() - t0 < 60; usleep(50000)) {
     char *o = nb_test_read_file("serve.out", NULL);
     const char *at = o ? strstr(o, "http://127.0.0.1:") : NULL;
     if (at) port = atoi(at + strlen("http://127.0.0.1:"));
@@ -173,7 +156,7 @@ int main(void) {
     return nb_test_summary("cli/serve_load");
   }
 
-  double start = now();
+  double start = nb_test_now();
   deadline = start + seconds;
   pthread_t th[CLIENTS];
   for (int i = 0; i < CLIENTS; i++) pthread_create(&th[i], NULL, client, (void *)(intptr_t)i);
@@ -183,12 +166,12 @@ int main(void) {
   double exe_warm = -1;
   int samples = 0;
   static char m[1 << 16];
-  while (now() < deadline) {
+  while (nb_test_now() < deadline) {
     usleep(500000);
     long v = rss_kib();
     if (v < 0) continue;
     samples++;
-    int q = (int)(4 * (now() - start) / seconds);
+    int q = (int)(4 * (nb_test_now() - start) / seconds);
     if (q > 3) q = 3;
     if (v > quarter[q]) quarter[q] = v;
     if (q == 0) warm = v > warm ? v : warm;
@@ -197,12 +180,12 @@ int main(void) {
       request("GET", "/metrics", NULL, m, sizeof m);
       if (q == 0 || exe_warm < 0) exe_warm = metric_of(m, "nabla:step_executables");
       if (getenv("NABLA_SERVE_LOAD_VERBOSE"))
-        fprintf(stderr, "%.1f s: RSS %ld KiB, %g executables\n", now() - start, v, metric_of(m, "nabla:step_executables"));
+        fprintf(stderr, "%.1f s: RSS %ld KiB, %g executables\n", nb_test_now() - start, v, metric_of(m, "nabla:step_executables"));
     }
   }
   printf("largest RSS per quarter of the run: %ld %ld %ld %ld KiB\n", quarter[0], quarter[1], quarter[2], quarter[3]);
   for (int i = 0; i < CLIENTS; i++) pthread_join(th[i], NULL);
-  double elapsed = now() - start;
+  double elapsed = nb_test_now() - start;
   long done = atomic_load(&ok_requests), failed = atomic_load(&failed_requests);
   printf("%d clients, %.1f s: %ld requests complete, %ld failed, %ld tokens (%.0f tokens/s); RSS %ld KiB after warm-up, "
          "at most %ld KiB later (%d samples)\n",
@@ -223,7 +206,7 @@ int main(void) {
   kill(server, SIGTERM);
   int st = 0;
   pid_t w = 0;
-  for (double t0 = now(); now() - t0 < 20 && (w = waitpid(server, &st, WNOHANG)) == 0;) usleep(20000);
+  for (double t0 = nb_test_now(); nb_test_now() - t0 < 20 && (w = waitpid(server, &st, WNOHANG)) == 0;) usleep(20000);
   if (w != server) {
     kill(server, SIGKILL);
     waitpid(server, &st, 0);

@@ -1,6 +1,10 @@
 /* Files, scratch directories and child commands for the tests (see
  * testfs.h). */
 #include "testfs.h"
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <time.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -98,4 +102,21 @@ int nb_test_run2(const char *cmd, char *out, size_t cap, char *err, size_t ecap)
   if (f) fclose(f);
   unlink(errfile);
   return rc;
+}
+
+double nb_test_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+int nb_test_connect_loopback(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a)) {
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  return fd;
 }

@@ -37,4 +37,9 @@ int nb_test_run(const char *cmd, char *out, size_t cap);
 /* The same with stderr kept apart, in err[ecap]. */
 int nb_test_run2(const char *cmd, char *out, size_t cap, char *err, size_t ecap);
 
+/* Seconds on the monotonic clock. */
+double nb_test_now(void);
+/* A TCP connection to 127.0.0.1:port, or -1. */
+int nb_test_connect_loopback(int port);
+
 #endif
