@@ -78,6 +78,17 @@ def write_tokenizer(d, V):
         json.dump(tok, f)
 
 
+def add_model_args(ap):
+    """The model's options, which make_model reads (shared with serve_vs_llamacpp.py)."""
+    ap.add_argument("--model-dir", default="/tmp/nabla-bench-llama134m")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--d-model", type=int, default=768)
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--heads", type=int, default=12)
+    ap.add_argument("--ffn", type=int, default=2048)
+    ap.add_argument("--vocab", type=int, default=32000)
+
+
 def make_model(d, a):
     """Writes the HF folder and the GGUF file under d once (seeded)."""
     import numpy as np
@@ -207,13 +218,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--threads", default="1,2")
-    ap.add_argument("--model-dir", default="/tmp/nabla-bench-llama134m")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--d-model", type=int, default=768)
-    ap.add_argument("--layers", type=int, default=12)
-    ap.add_argument("--heads", type=int, default=12)
-    ap.add_argument("--ffn", type=int, default=2048)
-    ap.add_argument("--vocab", type=int, default=32000)
+    add_model_args(ap)
     ap.add_argument("--sides", default="llama,generate,serve")
     ap.add_argument("--serve-reps", type=int, default=2)
     ap.add_argument("--llama-worker", nargs=5, metavar=("GGUF", "IDS", "N", "T", "CTX"), help=argparse.SUPPRESS)
