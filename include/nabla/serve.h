@@ -113,10 +113,11 @@ void nb_serve_engine_destroy(nb_serve_engine *e);
 const nb_serve_config *nb_serve_engine_config(const nb_serve_engine *e);
 
 /* How the next token of a request is chosen (vLLM's SamplingParams). All
- * zero is greedy with no penalties; the model step applies it as traced ops
- * (nb_serve_model_step), in this order on each sequence's logits: logit_bias,
- * min_tokens masking of stop_token_ids, repetition, frequency and presence
- * penalties, then temperature, top_k, top_p, min_p, and the draw.
+ * zero is greedy with no penalties; the model step applies it inside its
+ * executable (nb_serve_model_step), in this order on each sequence's logits:
+ * logit_bias, min_tokens masking of stop_token_ids, repetition, frequency
+ * and presence penalties (traced ops), then temperature, top_k, top_p, min_p
+ * and the draw (the serve.sample kernel, a custom call: docs/serve.md).
  *
  * Reproducible: token j (counted from 0 among the generated tokens) of
  * sample k of a request is drawn with the key
