@@ -115,7 +115,10 @@ static void *cuda_alloc(nb_ctx *ctx, size_t bytes) {
 
 static void cuda_free(nb_ctx *ctx, void *p, size_t bytes) {
   (void)bytes;
-  if (p && enter(ctx)) check(ctx, dev.api->MemFree(dptr(p)), "cuMemFree");
+  if (!p || !enter(ctx)) return;
+  /* work queued on the stream may still use it */
+  if (check(ctx, dev.api->StreamSynchronize(dev.stream), "cuStreamSynchronize") == NB_OK)
+    check(ctx, dev.api->MemFree(dptr(p)), "cuMemFree");
 }
 
 static nb_status cuda_to_device(nb_ctx *ctx, void *dst, const void *src, size_t bytes) {
@@ -148,7 +151,11 @@ struct nb_backend_module {
 
 static void cuda_release(nb_backend_module *m) {
   if (!m) return;
-  if (m->mod && dev.ok) dev.api->ModuleUnload(m->mod);
+  if (m->mod && dev.ok && dev.api->CtxSetCurrent(dev.cuctx) == CUDA_SUCCESS) { /* release has no nb_ctx: this thread's context set here */
+    ctx_current = true;
+    dev.api->StreamSynchronize(dev.stream);
+    dev.api->ModuleUnload(m->mod);
+  }
   free(m->fns);
   free(m);
 }
