@@ -6,7 +6,8 @@
 # torch peer (gpt2_step_torch.py, gpt2_step_args.py). Runs, within SECONDS
 # (default 215): the machine's facts; the cuda tests proper one by one
 # (backend/test_backend, compile/test_jit_prims, train/test_cuda_step,
-# backend/test_cuda_codegen); then the other unit tests under
+# backend/test_cuda_codegen, compile/test_jit_dot under NABLA_BACKEND=cuda);
+# then the other unit tests under
 # NABLA_BACKEND=cuda in parallel; then the gpt2 step benchmark on cuda,
 # on the CPU and in PyTorch on the GPU. Logs go to $OUT (logs.tar.gz,
 # summary.txt, env.txt); the summary is printed last.
@@ -49,11 +50,13 @@ for t in backend_test_cuda_codegen backend_test_backend compile_test_jit_prims t
   run "$t" 70
   tail -n 1 "$summary"
 done
+run compile_test_jit_dot 70 NABLA_BACKEND=cuda # every dot layout and dtype pair: which go to cuBLASLt, all against the interpreter
+tail -n 1 "$summary"
 echo "== the suite under NABLA_BACKEND=cuda ($(left) s left)" >> "$summary"
 to=$(( $(left) - 75 ))
 [ "$to" -gt 100 ] && to=100
 if [ "$to" -gt 10 ]; then
-  ls "$d/bin" | grep _test_ | grep -v -E "test_cuda_codegen|test_cuda_step|backend_test_backend|compile_test_jit_prims" |
+  ls "$d/bin" | grep _test_ | grep -v -E "test_cuda_codegen|test_cuda_step|backend_test_backend|compile_test_jit_prims|compile_test_jit_dot" |
     xargs -P 12 -I{} bash -c "run {} $to NABLA_BACKEND=cuda"
 fi
 echo "== gpt2 step ($(left) s left)" >> "$summary"

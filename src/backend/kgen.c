@@ -315,6 +315,13 @@ static void acc_final(cg *g, int i, int depth) {
   const nb_knode *r = &g->k->nodes[i];
   char a[32];
   snprintf(a, sizeof a, g->strip ? "acc%d[j_]" : "acc%d", i);
+  if (g->block) { /* every thread's partial, combined (the generator's nbx_bred_<op>_<acc type>) */
+    const nb_reduce_lowering *l = lowering(r);
+    const char *op = !l->extremum ? (l->op[0] == '*' ? "mul" : "add") : l->op[0] == '>' ? "max" : "min";
+    const char *at = acc_type(r), *ty = !strcmp(at, "double") ? "d" : !strcmp(at, "float") ? "f" : !strcmp(at, "int64_t") ? "i" : "u";
+    indent(g, depth);
+    nb_jit__printf(g->t, "%s = nbx_bred_%s_%s(%s);\n", a, op, ty, a);
+  }
   indent(g, depth);
   if (g->strip) nb_jit__printf(g->t, "v%d[j_] = ", i);
   else nb_jit__printf(g->t, "const %s v%d = ", nb_kgen__ctype(r->dtype), i);
@@ -349,6 +356,22 @@ static void close_strip(cg *g, int depth) {
 static int open_inner(cg *g, int depth) {
   indent(g, depth);
   nb_jit__printf(g->t, "{\n");
+  if (g->block) { /* the R space flattened, strided over the block's threads */
+    int64_t n = 1;
+    for (int v = 0; v < g->k->rr; v++) n *= g->k->dims[g->k->ro + v];
+    indent(g, depth + 1);
+    nb_jit__printf(g->t, "for (int64_t f_ = threadIdx.x; f_ < INT64_C(%lld); f_ += blockDim.x) {\n", (long long)n);
+    indent(g, depth + 2);
+    nb_jit__printf(g->t, "int64_t fq_ = f_;\n");
+    for (int v = g->k->rr - 1; v >= 0; v--) {
+      indent(g, depth + 2);
+      nb_jit__printf(g->t, "const int64_t r%d = fq_ %% INT64_C(%lld);\n", v, (long long)g->k->dims[g->k->ro + v]);
+      indent(g, depth + 2);
+      nb_jit__printf(g->t, "fq_ /= INT64_C(%lld);\n", (long long)g->k->dims[g->k->ro + v]);
+    }
+    memset(g->emitted, 0, (size_t)g->k->nnodes + 1);
+    return depth + 2;
+  }
   for (int v = 0; v < g->k->rr; v++) {
     if (v == g->k->rr - 1 && g->pragma) nb_jit__printf(g->t, "%s\n", g->pragma);
     indent(g, depth + 1 + v);
@@ -360,7 +383,7 @@ static int open_inner(cg *g, int depth) {
 
 static void close_inner(cg *g, int depth, int inner_depth) {
   close_strip(g, inner_depth);
-  for (int v = g->k->rr; v >= 0; v--) {
+  for (int v = g->block ? 1 : g->k->rr; v >= 0; v--) {
     indent(g, depth + v);
     nb_jit__printf(g->t, "}\n");
   }
@@ -472,8 +495,16 @@ void nb_kgen__emit_body(cg *g, int depth) {
   }
   if (any_outer) {
     int d = open_strip(g, depth);
+    if (g->block) { /* every thread holds the outer values: one stores them */
+      indent(g, d);
+      nb_jit__printf(g->t, "if (threadIdx.x == 0) {\n");
+    }
     for (int s = 0; s < k->nstores; s++)
-      if (!k->stores[s].inner) nb_kgen__emit_store(g, &k->stores[s], d);
+      if (!k->stores[s].inner) nb_kgen__emit_store(g, &k->stores[s], d + g->block);
+    if (g->block) {
+      indent(g, d);
+      nb_jit__printf(g->t, "}\n");
+    }
     close_strip(g, d);
   }
 }

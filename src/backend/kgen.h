@@ -19,6 +19,11 @@ typedef struct nb_kgen {
   int *scratch;     /* stores + 4 * nodes + 1 ints, for store_groups */
   bool simd;        /* ROW: the innermost reduced loop is a simd reduction (reassociated) */
   const char *pragma; /* printed before the innermost R loop that open_inner opens next */
+  /* CUDA: the threads of a block share one outer point; each walks the R
+   * space strided by the block size, and every accumulator is combined
+   * across the block (nbx_bred_<add|mul|max|min>_<d|f|i|u>, which the
+   * generator defines) before its phase's outer values */
+  bool block;
 } nb_kgen;
 
 /* The nbx_* functions the expressions call, as C source. */

@@ -73,6 +73,26 @@ static nb_status f_empty(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
   return st ? st : nb_tree_set_val(out, "z", nb_exp(nb_matmul(x, w)));
 }
 
+/* Long rows and whole-array reductions (the cuda backend gives such a row
+ * a block of threads): softmax along rows of 700, a column sum, a sum of
+ * everything, extrema in f64 and i32, an integer sum, a bf16 sum and a
+ * product. */
+static nb_status f_rows(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
+  nb_val *x = nb_tree_get_val(in, "x"), *n = nb_tree_get_val(in, "n"), *m = nb_tree_get_val(in, "m");
+  int ax1[1] = {1}, ax0[1] = {0}, all[2] = {0, 1};
+  nb_val *e = nb_exp(nb_sub(x, bcast_rows(nb_reduce_max(x, 1, ax1), x)));
+  nb_status st = nb_tree_set_val(out, "softmax", nb_div(e, bcast_rows(nb_reduce_sum(e, 1, ax1), e)));
+  if (!st) st = nb_tree_set_val(out, "colsum", nb_reduce_sum(x, 1, ax0));
+  if (!st) st = nb_tree_set_val(out, "total", nb_reduce_sum(nb_mul(x, x), 2, all));
+  nb_val *xd = nb_convert(x, NB_F64);
+  if (!st) st = nb_tree_set_val(out, "min64", nb_reduce_min(xd, 1, ax1));
+  if (!st) st = nb_tree_set_val(out, "imax", nb_reduce_max(n, 1, ax1));
+  if (!st) st = nb_tree_set_val(out, "isum", nb_reduce_sum(n, 2, all));
+  if (!st) st = nb_tree_set_val(out, "bsum", nb_reduce_sum(nb_convert(x, NB_BF16), 1, ax1));
+  if (!st) st = nb_tree_set_val(out, "prod", nb_reduce_prod(m, 1, ax1));
+  return st;
+}
+
 /* ---------------------------------------------------------------- checks */
 
 static nb_tree *loss_inputs(void) {
@@ -235,6 +255,22 @@ static void test_graphs(void) {
   g = nb_trace(ctx, f_empty, NULL, in);
   CHECK_MSG(g, "%s", nb_ctx_error(ctx));
   if (g) check_graph("no elements", g, in, NULL, 0, false);
+  nb_graph_destroy(g);
+  nb_tree_destroy(in);
+
+  in = nb_tree_create(ctx);
+  nb_test_set_randn(in, &rng, "x", NB_F32, 2, (int64_t[]){3, 700});
+  nb_array *ints = nb_test_randint(ctx, &rng, NB_I32, 2, (int64_t[]){3, 700}, -1000, 1000);
+  nb_tree_set_array(in, "n", ints);
+  nb_array_release(ints);
+  nb_array *near1 = nb_array_empty(ctx, NB_F32, 2, (int64_t[]){3, 700});
+  float *nd = nb_array_data_mut(near1);
+  for (int i = 0; i < 3 * 700; i++) nd[i] = 1.0f + 0.001f * (float)((i * 37) % 19 - 9);
+  nb_tree_set_array(in, "m", near1);
+  nb_array_release(near1);
+  g = nb_trace(ctx, f_rows, NULL, in);
+  CHECK_MSG(g, "%s", nb_ctx_error(ctx));
+  if (g) check_graph("long rows", g, in, NULL, 0, false);
   nb_graph_destroy(g);
   nb_tree_destroy(in);
 

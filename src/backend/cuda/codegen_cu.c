@@ -1,12 +1,14 @@
 /* The CUDA backend's code generation: one __global__ function per kernel of
  * the plan, from the loop-nest IR, one thread per point of the kernel's
  * outer space (a row kernel's thread walks its rows' phase loops, as the
- * CPU's ROW schedule does per point). The statements are the shared
+ * CPU's ROW schedule does per point), or, for long rows, a block of threads
+ * per point that share each row and combine their partials in shared
+ * memory (then sums are no longer in the CPU's order). The statements are the shared
  * generator's (backend/kgen.c: the primitives' own C templates, the
  * conversions, the accumulators), so both backends compute the same
  * expressions; NVRTC compiles the helpers as device functions
  * (-default-device) with contraction off (--fmad=false). Sums accumulate in
- * double, in order, as on the CPU; the device's libm differs from glibc's in
+ * double; the device's libm differs from glibc's in
  * the last bits of some double functions. Not here: compiling (cuda.c). */
 #ifdef NABLA_HAVE_CUDA
 #include <string.h>
@@ -28,17 +30,57 @@ static const char prelude[] =
     "#define __builtin_nanf(s) __int_as_float(0x7fc00000)\n#define __builtin_inff() __int_as_float(0x7f800000)\n"
     "#define __builtin_nan(s) __longlong_as_double(0x7ff8000000000000LL)\n"
     "#define __builtin_inf() __longlong_as_double(0x7ff0000000000000LL)\n"
-    "#define NBX_IVDEP\n";
+    "#define NBX_IVDEP\n"
+    /* a block's partials combined in shared memory (block kernels) */
+    "#define NBX_BRED(name, T, combine) static __device__ T name(T v) { __shared__ T sh[NBX_BLOCK];\\\n"
+    "  sh[threadIdx.x] = v; __syncthreads();\\\n"
+    "  for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {\\\n"
+    "    if (threadIdx.x < s) { T a = sh[threadIdx.x], b = sh[threadIdx.x + s]; sh[threadIdx.x] = combine; }\\\n"
+    "    __syncthreads(); }\\\n"
+    "  T r = sh[0]; __syncthreads(); return r; }\n";
 
-#define BLOCK 256
+/* after the helpers: NAN and the bit-exact float functions are defined */
+static const char block_reductions[] =
+    "NBX_BRED(nbx_bred_add_d, double, a + b)\nNBX_BRED(nbx_bred_mul_d, double, a * b)\n"
+    "NBX_BRED(nbx_bred_add_u, uint64_t, a + b)\nNBX_BRED(nbx_bred_mul_u, uint64_t, a * b)\n"
+    "NBX_BRED(nbx_bred_max_f, float, a != a || b != b ? NAN : a > b ? a : b)\n"
+    "NBX_BRED(nbx_bred_min_f, float, a != a || b != b ? NAN : a < b ? a : b)\n"
+    "NBX_BRED(nbx_bred_max_d, double, a != a || b != b ? NAN : a > b ? a : b)\n"
+    "NBX_BRED(nbx_bred_min_d, double, a != a || b != b ? NAN : a < b ? a : b)\n"
+    "NBX_BRED(nbx_bred_max_i, int64_t, a > b ? a : b)\nNBX_BRED(nbx_bred_min_i, int64_t, a < b ? a : b)\n";
+
+#define BLOCK 256 /* a power of two: the block reductions halve it */
+/* A row kernel gets a block per outer point when its rows are long enough
+ * to share and either few points would leave the GPU idle or its loads
+ * walk the rows contiguously (coalesced across the block's threads); a
+ * column sum keeps one thread per point, whose neighbours read neighbouring
+ * columns. */
+#define BLOCK_MIN_ROW 64
+#define BLOCK_FEW_POINTS 4096
+
+static bool use_block(const nb_kernel *k, int64_t points) {
+  if (k->rr == 0) return false;
+  int64_t row = 1;
+  for (int v = k->ro; v < k->ro + k->rr; v++) row *= k->dims[v];
+  if (row < BLOCK_MIN_ROW) return false;
+  if (points < BLOCK_FEW_POINTS) return true;
+  int r = k->ro + k->rr - 1;
+  for (int i = 0; i < k->nnodes; i++)
+    if (k->nodes[i].kind == NB_KN_LOAD && k->nodes[i].inner && k->nodes[i].map.coef[r] == 1) return true;
+  return false;
+}
 
 static uint64_t text_hash(const nb_jit_text *t) { return nb__hash_bytes(t->s, t->n, 0x6375646163756461ull); }
 
 /* The body of kernel ki, after its name: parameters, the thread's outer
  * point, the statements. */
-static bool emit_kernel(nb_jit_text *t, const nb_jplan *p, int ki, uint8_t *emitted, uint8_t *inv) {
+static bool emit_kernel(nb_jit_text *t, const nb_jplan *p, int ki, uint8_t *emitted, uint8_t *inv, int64_t *blocks) {
   const nb_kernel *k = &p->kernels[ki];
-  nb_kgen g = {t, k, emitted, true, false, inv, NULL, false, NULL};
+  int64_t total = 1;
+  for (int v = 0; v < k->ro; v++) total *= k->dims[v];
+  bool block = use_block(k, total);
+  *blocks = block ? total : (total + BLOCK - 1) / BLOCK;
+  nb_kgen g = {t, k, emitted, true, false, inv, NULL, false, NULL, block};
   nb_kgen__mark_invariant(&g);
   nb_jit__printf(t, "(");
   for (int a = 0; a < k->nargs; a++) nb_jit__printf(t, "%schar *p%d", a ? ", " : "", a);
@@ -49,10 +91,12 @@ static bool emit_kernel(nb_jit_text *t, const nb_jplan *p, int ki, uint8_t *emit
     const char *c = k->arg_written[a] ? "" : "const ", *ty = nb_kgen__stype(nb_kgen__arg_dtype(k, a));
     nb_jit__printf(t, "  %s%s *a%d = (%s%s *)p%d;\n", c, ty, a, c, ty, a);
   }
-  int64_t total = 1;
-  for (int v = 0; v < k->ro; v++) total *= k->dims[v];
-  nb_jit__printf(t, "  const int64_t o_ = (int64_t)blockIdx.x * %d + threadIdx.x;\n", BLOCK);
-  nb_jit__printf(t, "  if (o_ >= INT64_C(%lld)) return;\n", (long long)total);
+  if (block) { /* no thread may leave: all take part in the block reductions */
+    nb_jit__printf(t, "  const int64_t o_ = blockIdx.x;\n");
+  } else {
+    nb_jit__printf(t, "  const int64_t o_ = (int64_t)blockIdx.x * %d + threadIdx.x;\n", BLOCK);
+    nb_jit__printf(t, "  if (o_ >= INT64_C(%lld)) return;\n", (long long)total);
+  }
   if (k->ro > 0) {
     nb_jit__printf(t, "  int64_t q_ = o_;\n");
     for (int v = k->ro - 1; v >= 0; v--)
@@ -66,18 +110,18 @@ static bool emit_kernel(nb_jit_text *t, const nb_jplan *p, int ki, uint8_t *emit
   return g.ok;
 }
 
-nb_status nb_cuda__codegen(nb_ctx *ctx, const nb_jplan *p, nb_jit_text *out, int *alias) {
+nb_status nb_cuda__codegen(nb_ctx *ctx, const nb_jplan *p, nb_jit_text *out, int *alias, int64_t *blocks) {
   int maxn = 1, nk = p->nkernels;
   for (int ki = 0; ki < nk; ki++) maxn = p->kernels[ki].nnodes + 1 > maxn ? p->kernels[ki].nnodes + 1 : maxn;
   uint8_t *emitted = nb_alloc(ctx, (size_t)maxn + 1), *inv = nb_alloc(ctx, (size_t)maxn + 1);
   nb_jit_text *bodies = nb_calloc(ctx, sizeof(nb_jit_text) * ((size_t)nk + 1));
   uint64_t *hashes = nb_calloc(ctx, sizeof(uint64_t) * ((size_t)nk + 1));
   bool ok = emitted && inv && bodies && hashes;
-  if (ok) nb_jit__printf(out, "%s%s", prelude, nb_kgen__helpers);
+  if (ok) nb_jit__printf(out, "#define NBX_BLOCK %d\n%s%s%s", BLOCK, prelude, nb_kgen__helpers, block_reductions);
   for (int ki = 0; ki < nk && ok; ki++) {
     nb_jit_text *b = &bodies[ki];
     b->ctx = ctx;
-    ok = emit_kernel(b, p, ki, emitted, inv) && !b->oom;
+    ok = emit_kernel(b, p, ki, emitted, inv, &blocks[ki]) && !b->oom;
     if (!ok) break;
     hashes[ki] = text_hash(b);
     alias[ki] = ki;

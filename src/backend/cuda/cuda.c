@@ -147,6 +147,7 @@ struct nb_backend_module {
   const nb_jplan *plan;
   CUmodule mod;      /* 0 when the plan has no kernels */
   CUfunction *fns;   /* per kernel */
+  int64_t *blocks;   /* per kernel: the launch's grid */
 };
 
 static void cuda_release(nb_backend_module *m) {
@@ -157,6 +158,7 @@ static void cuda_release(nb_backend_module *m) {
     dev.api->ModuleUnload(m->mod);
   }
   free(m->fns);
+  free(m->blocks);
   free(m);
 }
 
@@ -165,9 +167,10 @@ static nb_status load_kernels(nb_ctx *ctx, const nb_jplan *plan, nb_backend_modu
   nb_jit_text src = {ctx, NULL, 0, 0, false};
   int *alias = calloc((size_t)nk, sizeof *alias);
   m->fns = calloc((size_t)nk, sizeof *m->fns);
-  if (!alias || !m->fns) return free(alias), nb_errorf(ctx, NB_ERR_NOMEM, "cuda: out of memory");
+  m->blocks = calloc((size_t)nk, sizeof *m->blocks);
+  if (!alias || !m->fns || !m->blocks) return free(alias), nb_errorf(ctx, NB_ERR_NOMEM, "cuda: out of memory");
   double t0 = nb_util__now_ms();
-  nb_status st = nb_cuda__codegen(ctx, plan, &src, alias);
+  nb_status st = nb_cuda__codegen(ctx, plan, &src, alias, m->blocks);
   b->codegen_ms = nb_util__now_ms() - t0;
   t0 = nb_util__now_ms();
   char *bin = NULL;
@@ -211,12 +214,10 @@ static nb_status cuda_compile(nb_ctx *ctx, const nb_jit_config *cfg, const nb_jp
 
 static nb_status cuda_launch(nb_ctx *ctx, nb_backend_module *m, int kernel, char *const *args) {
   const nb_kernel *k = &m->plan->kernels[kernel];
-  int64_t total = 1;
-  for (int v = 0; v < k->ro; v++) total *= k->dims[v];
-  if (total == 0) return NB_OK;
+  int64_t block = nb_cuda__block_size(), grid = m->blocks[kernel];
+  if (grid == 0) return NB_OK; /* no points */
   if (!enter(ctx)) return nb_ctx_status(ctx);
-  int64_t block = nb_cuda__block_size(), grid = (total + block - 1) / block;
-  if (grid > INT32_MAX) return nb_errorf(ctx, NB_ERR_UNIMPLEMENTED, "cuda: kernel %d has %lld points, more than one launch takes", kernel, (long long)total);
+  if (grid > INT32_MAX) return nb_errorf(ctx, NB_ERR_UNIMPLEMENTED, "cuda: kernel %d needs %lld blocks, more than one launch takes", kernel, (long long)grid);
   void *params[2 * NB_MAX_RANK + 64];
   void **p = k->nargs <= (int)(sizeof params / sizeof params[0]) ? params : malloc(sizeof(void *) * (size_t)k->nargs);
   if (!p) return nb_errorf(ctx, NB_ERR_NOMEM, "cuda: out of memory");

@@ -69,10 +69,10 @@ const nb_cuda_api *nb_cuda__nvrtc(char *why, size_t cap);
 const nb_cuda_api *nb_cuda__load(char *why, size_t cap);
 
 /* codegen_cu.c: CUDA C for the plan's kernels; kernel i is
- * extern "C" __global__ nbk_<alias[i]>(one pointer per argument), one
- * thread per point of its outer space. alias[i]: the kernel whose
- * function kernel i runs (an identical body is emitted once). */
-nb_status nb_cuda__codegen(nb_ctx *ctx, const nb_jplan *plan, nb_jit_text *out, int *alias);
+ * extern "C" __global__ nbk_<alias[i]>(one pointer per argument), launched
+ * as blocks[i] blocks of nb_cuda__block_size() threads. alias[i]: the
+ * kernel whose function kernel i runs (an identical body is emitted once). */
+nb_status nb_cuda__codegen(nb_ctx *ctx, const nb_jplan *plan, nb_jit_text *out, int *alias, int64_t *blocks);
 int nb_cuda__block_size(void); /* threads per block of every kernel */
 /* The CUDA C of codegen compiled by NVRTC into a cubin for sm_<arch>
  * (malloc'ed into *bin), or an error on ctx with NVRTC's log. Cached in
