@@ -93,6 +93,38 @@ static nb_status f_rows(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
   return st;
 }
 
+/* gather and scatter_add: an embedding lookup with repeated and
+ * out-of-range ids (clamped), the scatter of rows into a table (repeats
+ * accumulate; out-of-range windows skipped), in f32 and i32, a gather with
+ * batching dims, and a scatter of windows 3 wide along the indexed dim
+ * (windows overlap: the cuda backend leaves it to the reference rule). */
+static nb_status f_walk(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
+  nb_val *t = nb_tree_get_val(in, "table"), *ids = nb_tree_get_val(in, "ids"), *rows = nb_tree_get_val(in, "rows");
+  nb_val *ti = nb_tree_get_val(in, "itable"), *irows = nb_tree_get_val(in, "irows");
+  nb_status st = nb_tree_set_val(out, "take", nb_take(t, ids));
+  nb_scatter_dims sd = {.n_update_window = 1, .n_inserted_window = 1, .n_scatter_to_operand = 1,
+                        .update_window_dims = {1}, .inserted_window_dims = {0}, .scatter_dims_to_operand_dims = {0},
+                        .index_vector_dim = 1};
+  int64_t idims[2] = {nb_val_dim(ids, 0), 1};
+  nb_val *ix = nb_reshape(ids, 2, idims);
+  if (!st) st = nb_tree_set_val(out, "scatter", nb_scatter_add(t, ix, rows, &sd));
+  if (!st) st = nb_tree_set_val(out, "iscatter", nb_scatter_add(ti, ix, irows, &sd));
+  /* per batch b (dim 0 of table3 and of bidx): row bidx[b] of table3[b] */
+  nb_val *t3 = nb_tree_get_val(in, "table3"), *bidx = nb_tree_get_val(in, "bidx");
+  nb_gather_dims gd = {.n_offset = 1, .n_collapsed = 1, .n_start_index_map = 1, .n_operand_batching = 1,
+                       .offset_dims = {1}, .collapsed_slice_dims = {1}, .start_index_map = {1}, .operand_batching_dims = {0},
+                       .start_indices_batching_dims = {0}, .index_vector_dim = 1};
+  int64_t ss[3] = {1, 1, nb_val_dim(t3, 2)};
+  int64_t bdims[2] = {nb_val_dim(bidx, 0), 1};
+  if (!st) st = nb_tree_set_val(out, "batched", nb_gather(t3, nb_reshape(bidx, 2, bdims), &gd, ss));
+  /* windows of 3 rows starting at ids: overlapping */
+  nb_scatter_dims wd = {.n_update_window = 2, .n_scatter_to_operand = 1, .update_window_dims = {1, 2},
+                        .scatter_dims_to_operand_dims = {0}, .index_vector_dim = 1};
+  nb_val *wide = nb_tree_get_val(in, "wide");
+  if (!st) st = nb_tree_set_val(out, "overlap", nb_scatter_add(t, ix, wide, &wd));
+  return st;
+}
+
 /* ---------------------------------------------------------------- checks */
 
 static nb_tree *loss_inputs(void) {
@@ -271,6 +303,39 @@ static void test_graphs(void) {
   g = nb_trace(ctx, f_rows, NULL, in);
   CHECK_MSG(g, "%s", nb_ctx_error(ctx));
   if (g) check_graph("long rows", g, in, NULL, 0, false);
+  nb_graph_destroy(g);
+  nb_tree_destroy(in);
+
+  in = nb_tree_create(ctx);
+  nb_test_set_randn(in, &rng, "table", NB_F32, 2, (int64_t[]){11, 300});
+  nb_test_set_randn(in, &rng, "rows", NB_F32, 2, (int64_t[]){9, 300});
+  nb_test_set_randn(in, &rng, "wide", NB_F32, 3, (int64_t[]){9, 3, 300});
+  nb_test_set_randn(in, &rng, "table3", NB_F32, 3, (int64_t[]){4, 6, 5});
+  int32_t idv[9] = {3, 0, 10, 3, 12, -2, 7, 3, 9}, bv[4] = {5, 0, 2, 9};
+  nb_array *ida = nb_array_create(ctx, NB_I32, 1, (int64_t[]){9}, idv), *ba = nb_array_create(ctx, NB_I32, 1, (int64_t[]){4}, bv);
+  nb_array *ti = nb_test_randint(ctx, &rng, NB_I32, 2, (int64_t[]){11, 300}, -50, 50);
+  nb_array *ir = nb_test_randint(ctx, &rng, NB_I32, 2, (int64_t[]){9, 300}, -50, 50);
+  nb_tree_set_array(in, "ids", ida);
+  nb_tree_set_array(in, "bidx", ba);
+  nb_tree_set_array(in, "itable", ti);
+  nb_tree_set_array(in, "irows", ir);
+  nb_array_release(ida);
+  nb_array_release(ba);
+  nb_array_release(ti);
+  nb_array_release(ir);
+  g = nb_trace(ctx, f_walk, NULL, in);
+  CHECK_MSG(g, "%s", nb_ctx_error(ctx));
+  if (g) check_graph("gather and scatter_add", g, in, NULL, 0, false);
+  if (g && nbackends == 3) { /* on the device: all but the overlapping scatter */
+    nb_jit_opts o = nb_test_jit_opts(NULL);
+    o.backend = "cuda";
+    nb_exe *e = nb_jit(ctx, g, &o);
+    nb_exe_stats s = {0};
+    nb_exe_get_stats(e, &s);
+    CHECK_MSG(e && s.nblas == 4 && s.neval == 1, "gather and scatter_add on cuda: %zu library steps, %zu evaluated (want 4, 1)",
+              s.nblas, s.neval);
+    nb_exe_destroy(e);
+  }
   nb_graph_destroy(g);
   nb_tree_destroy(in);
 

@@ -3,7 +3,8 @@
  * and a small model's loss and gradient, planned (on the interp backend:
  * the kernel IR does not depend on the backend) and turned into CUDA C
  * (backend/cuda/codegen_cu.c), which NVRTC must compile for sm_90 without
- * an error. Needs NVRTC only, not a GPU or its driver: SKIPPED where the
+ * an error, and so must the gather/scatter_add kernels (backend/cuda/walk.c).
+ * Needs NVRTC only, not a GPU or its driver: SKIPPED where the
  * backend is not built or NVRTC is not found. Whether the code computes the
  * right values is for the device (backend/test_backend, compile/test_jit_prims
  * on "cuda"). */
@@ -93,6 +94,11 @@ int main(void) {
     }
     nb_graph_destroy(all);
     nb_tree_destroy(inputs);
+    char *wbin = NULL;
+    size_t wn = 0;
+    CHECK_MSG(nb_cuda__walk_compile(ctx, 90, &wbin, &wn) == NB_OK && wn > 0, "gather/scatter kernels: %s", nb_ctx_error(ctx));
+    printf("gather/scatter kernels: cubin %zu bytes\n", wn);
+    free(wbin);
     nb_tree *rin = nb_tree_create(ctx);
     nb_test_rng rng = {99};
     nb_test_set_randn(rin, &rng, "x", NB_F32, 2, (int64_t[]){3, 700});

@@ -1,7 +1,8 @@
 /* The CUDA backend behind backend/backend.h: device memory from cuMemAlloc
  * (plain allocations), the plan's kernels as CUDA C (codegen_cu.c) compiled
- * by NVRTC for the device's compute capability and loaded as a module, and
- * contractions through cuBLASLt (gemm.c). Everything is queued on one stream
+ * by NVRTC for the device's compute capability and loaded as a module,
+ * contractions through cuBLASLt (gemm.c), gather and scatter_add through
+ * kernels of their own (walk.c). Everything is queued on one stream
  * of the device's primary context, in the order the runtime calls (copies,
  * launches, GEMMs); to_host and synchronize wait for it. One device (the
  * first) and one stream per process for now: every nb_ctx shares them, so
@@ -228,9 +229,13 @@ static nb_status cuda_launch(nb_ctx *ctx, nb_backend_module *m, int kernel, char
   return st;
 }
 
+/* the fusion pass asks for every equation the kernel IR does not express */
+static bool cuda_library_supported(const nb_eqn *e) { return nb_cuda__gemm_supported(e) || nb_cuda__walk_supported(e); }
+
 static nb_status cuda_library(nb_ctx *ctx, nb_backend_module *m, const nb_eqn *e, char *const *args) {
   (void)m;
   if (!enter(ctx)) return nb_ctx_status(ctx);
+  if (e->prim == NB_PRIM_gather || e->prim == NB_PRIM_scatter_add) return nb_cuda__walk_run(ctx, dev.api, dev.stream, dev.arch, e, args);
   return nb_cuda__gemm_run(ctx, dev.api, dev.lt, dev.stream, (void *)(uintptr_t)dev.workspace, WORKSPACE_BYTES, e, args[0], args[1],
                            args[2]);
 }
@@ -249,7 +254,7 @@ const nb_backend nb_cuda__backend = {
     .to_device = cuda_to_device,
     .to_host = cuda_to_host,
     .copy = cuda_copy,
-    .library_supported = nb_cuda__gemm_supported,
+    .library_supported = cuda_library_supported,
     .compile = cuda_compile,
     .release = cuda_release,
     .launch = cuda_launch,

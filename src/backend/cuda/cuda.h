@@ -86,4 +86,11 @@ bool nb_cuda__gemm_supported(const nb_eqn *e);
 nb_status nb_cuda__gemm_run(nb_ctx *ctx, const nb_cuda_api *api, cublasLtHandle_t lt, CUstream stream, void *workspace,
                             size_t workspace_bytes, const nb_eqn *e, const void *lhs, const void *rhs, void *out);
 
+/* walk.c: gather and scatter_add through kernels of their own (library
+ * steps, like the GEMMs), where their dtypes and geometry allow. */
+bool nb_cuda__walk_supported(const nb_eqn *e);
+/* Their kernels' cubin for sm_<arch> (malloc'ed), or an error. */
+nb_status nb_cuda__walk_compile(nb_ctx *ctx, int arch, char **bin, size_t *bin_len);
+nb_status nb_cuda__walk_run(nb_ctx *ctx, const nb_cuda_api *api, CUstream stream, int arch, const nb_eqn *e, char *const *args);
+
 #endif
