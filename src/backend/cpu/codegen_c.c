@@ -2,13 +2,12 @@
  * from the loop-nest IR. Each function walks a range of the flattened outer space,
  * one contiguous run of the innermost outer loop at a time (the loop the C
  * compiler vectorizes), with the phase loops of row kernels nested inside.
- * Arithmetic follows the interpreter's rules (integer wrap-around, x/0, NaN
- * propagation of max/min, saturating float->int converts); libm functions
- * are called in double and rounded, as the interpreter does (exp, tanh and
- * logistic of floats narrower than f64: the interpreter's float functions,
- * core/prims/float_math.h), and floating contraction is off, so elementwise
- * results match it exactly; sums are
- * accumulated in double, in order. Not here: compiling or loading (backend/cpu/cc.c). */
+ * The statements (expressions, accumulators, stores) and the helpers they
+ * call come from backend/kgen.c, shared with the CUDA generator; here are
+ * the schedules (row, column strips, tiles), the loops and the functions'
+ * framing. Floating contraction is off, so elementwise results match the
+ * interpreter exactly; sums are accumulated in double, in order. Not here:
+ * compiling or loading (backend/cpu/cc.c). */
 #include <math.h>
 #include <string.h>
 
