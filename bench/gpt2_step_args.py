@@ -20,6 +20,7 @@ def parse_args():
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="the peer's device (torch: cpu or cuda)")
     return ap.parse_args()
 
 

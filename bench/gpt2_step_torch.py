@@ -5,7 +5,8 @@ embedding, learned positions, pre-LayerNorm blocks, GELU (tanh), causal
 softmax attention (written out: Debian's torch 1.13 has no fused SDPA), mean
 cross-entropy, and
 torch.optim.AdamW(lr 3e-4, betas (0.9, 0.95), eps 1e-8, weight decay 0.1 on
-every parameter), torch.set_num_threads(2).
+every parameter), torch.set_num_threads(2). --device cuda runs it on the GPU
+in f32 with TF32 off (the CUDA backend's comparison).
 
   /usr/bin/python3 bench/gpt2_step_torch.py [--preset gpt2-124m] [--vocab 50304] [--batch 4] [--seq 256] [--steps 3]
 """
@@ -34,7 +35,7 @@ class Block(nn.Module):
         q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
         q, k, v = (t.view(B, T, self.h, C // self.h).transpose(1, 2) for t in (q, k, v))
         s = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(C // self.h))
-        s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+        s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool, device=x.device).tril(), float("-inf"))
         a = F.softmax(s, dim=-1) @ v
         x = x + self.attn_proj(a.transpose(1, 2).contiguous().view(B, T, C))
         return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
@@ -55,7 +56,7 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets):
         T = idx.shape[1]
-        x = self.wte(idx) + self.wpe(torch.arange(T))
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
         for b in self.blocks:
             x = b(x)
         logits = self.ln_f(x) @ self.wte.weight.t()  # tied head
@@ -68,12 +69,14 @@ def main():
     torch.manual_seed(0)
     vocab, d, layers, heads, ff, max_pos = PRESETS[a.preset]
     vocab = a.vocab or vocab
-    model = GPT(vocab, d, layers, heads, ff, max_pos)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    model = GPT(vocab, d, layers, heads, ff, max_pos).to(a.device)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
     n = sum(p.numel() for name, p in model.named_parameters() if "wpe" not in name)
     B, T = a.batch, a.seq
     tok = (torch.arange(B * T + 1) * 7919 + 13) % vocab
-    x, y = tok[:-1].view(B, T), tok[1:].view(B, T)
+    x, y = tok[:-1].view(B, T).to(a.device), tok[1:].view(B, T).to(a.device)
 
     def run_step():
         loss = model(x, y)
@@ -82,7 +85,7 @@ def main():
         opt.step()
         return loss.item()
 
-    time_steps(a, "torch", torch.__version__, n, layers, d, vocab, run_step)
+    time_steps(a, "torch", torch.__version__, n, layers, d, vocab, run_step, f", device {a.device}")
 
 if __name__ == "__main__":
     main()

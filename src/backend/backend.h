@@ -10,8 +10,10 @@
  * Backends: "cpu" (backend/cpu: C from the kernel IR built by the system C
  * compiler, cblas GEMMs, the thread pool) and "interp" (backend/interp: the
  * reference rules behind the same interface, with device memory apart from
- * host memory, so that the tests run the seam without the CPU's shortcuts).
- * A CUDA backend would be a third (docs/compiler.md, "Backends"). */
+ * host memory, so that the tests run the seam without the CPU's shortcuts)
+ * and, when built with the CUDA toolkit's headers, "cuda" (backend/cuda:
+ * CUDA C through NVRTC, cuBLASLt, device memory; docs/compiler.md,
+ * "Backends"). */
 #ifndef NABLA_BACKEND_H
 #define NABLA_BACKEND_H
 
@@ -54,9 +56,11 @@ typedef struct nb_backend {
    * carry and a body's passed-through outputs with it. */
   nb_status (*copy)(nb_ctx *ctx, void *dst, const void *src, size_t bytes);
 
-  /* ---- planning. Can e (a contraction the kernel IR does not express) run
-   * as one library call (a GEMM)? Asked by the fusion pass (fuse.c); a yes
-   * makes it an NB_EXE_STEP_BLAS step that `library` runs. */
+  /* ---- planning. Can e (an equation the kernel IR does not express: a
+   * contraction, a gather) run as one library call (a GEMM, a routine of the
+   * backend's own)? Asked by the fusion pass (fuse.c) for every such
+   * equation; a yes makes it an NB_EXE_STEP_BLAS step that `library` runs,
+   * a no an evaluated step (its reference rule, on the host). */
   bool (*library_supported)(const nb_eqn *e);
 
   /* ---- compiling. Turns the plan's kernels into a module. *out NULL with

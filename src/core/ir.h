@@ -164,6 +164,31 @@ void nb__store_f64(nb_dtype t, void *base, int64_t i, double v);
 int64_t nb__load_i64(nb_dtype t, const void *base, int64_t i);
 void nb__store_i64(nb_dtype t, void *base, int64_t i, int64_t v);
 
+/* gather and scatter_add as one flat walk (core/prims/gather.c), the form
+ * their reference rules run and a backend may run on a device. Batch
+ * position b in [0, nbatch) (row-major over bext) and window position v in
+ * [0, nwin) (row-major over wext) pair window-array element
+ *   sum_j bc_j bw[j] + sum_k c_k ww[k]
+ * with operand element
+ *   sum_k start_k mo[k] + sum_i bc_{batj[i]} bato[i] + sum_k c_k wo[k],
+ * where start_k = indices[sum_j bc_j bi[j] + k iv] clamped to [0, mhi[k]]
+ * (gather) or, out of it, the whole window skipped (scatter_add). */
+typedef struct nb_walk {
+  int nbd, nm, nbat, nwd;
+  /* every operand dim an index starts has a window of 1: two window
+   * positions never reach one operand element (a scatter over the window
+   * positions in parallel, each walking the batch in order, does not race) */
+  bool disjoint;
+  int64_t nbatch, nwin;
+  int64_t bext[NB_MAX_RANK], bw[NB_MAX_RANK], bi[NB_MAX_RANK]; /* batch dims */
+  int64_t mo[NB_MAX_RANK], mhi[NB_MAX_RANK], iv;              /* index vector entries */
+  int batj[NB_MAX_RANK];                                      /* batching dims */
+  int64_t bato[NB_MAX_RANK];
+  int64_t wext[NB_MAX_RANK], ww[NB_MAX_RANK], wo[NB_MAX_RANK]; /* window dims */
+} nb_walk;
+/* The walk of e, a gather or a scatter_add equation. */
+void nb__walk_of(const nb_eqn *e, nb_walk *w);
+
 /* Row-major strides in elements for shape s. */
 void nb__strides(const nb_shape *s, int64_t *strides);
 uint64_t nb__hash_bytes(const void *p, size_t n, uint64_t seed);

@@ -81,3 +81,63 @@ bool nb_test_jit_matches(nb_ctx *ctx, const nb_graph *g, const nb_tree *in, cons
   nb_ctx_clear_error(ctx);
   return ok;
 }
+
+nb_graph *nb_test_prim_table_graph(nb_ctx *ctx, nb_tree *inputs, int *nrows) {
+  nb_graph *all = nb_graph_create(ctx);
+  nb_test_rng rng = {4242};
+  int rows = 0;
+  size_t nfamilies;
+  const nb_case_list_fn *families = nb_test_case_families(&nfamilies);
+  for (size_t f = 0; f < nfamilies; f++) {
+    size_t n;
+    const nb_prim_case *cases = families[f](&n);
+    for (size_t i = 0; i < n; i++) {
+      const nb_prim_case *c = &cases[i];
+      nb_tree *in = nb_tree_create(ctx), *vin = nb_tree_create(ctx), *out = nb_tree_create(ctx);
+      CHECK_MSG(c->make_inputs(ctx, &rng, in) == NB_OK, "%s: inputs", c->name);
+      nb_graph *g = nb_trace(ctx, c->fn, c->user, in);
+      CHECK_MSG(g != NULL, "%s: %s", c->name, nb_ctx_error(ctx));
+      for (size_t k = 0; g && k < nb_tree_size(in); k++) {
+        char path[256];
+        snprintf(path, sizeof path, "r%d/%s", rows, nb_tree_path(in, k));
+        nb_array *a = nb_tree_leaf(in, k)->array;
+        nb_tree_set_val(vin, nb_tree_path(in, k), nb_graph_input(all, path, nb_array_aval(a)));
+        nb_tree_set_array(inputs, path, a);
+      }
+      if (g) CHECK_MSG(nb_graph_call(all, g, vin, out) == NB_OK, "%s: call", c->name);
+      for (size_t k = 0; k < nb_tree_size(out); k++) {
+        char path[256];
+        snprintf(path, sizeof path, "r%d/%s %s/%s", rows, c->prim, c->name, nb_tree_path(out, k));
+        for (char *p = path; *p; p++)
+          if (*p == '/' && p > path && p[-1] == '/') *p = '_';
+        nb_graph_output(all, path, nb_tree_leaf(out, k)->val);
+      }
+      nb_graph_destroy(g);
+      nb_tree_destroy(in);
+      nb_tree_destroy(vin);
+      nb_tree_destroy(out);
+      rows++;
+    }
+  }
+  *nrows = rows;
+  return all;
+}
+
+bool nb_test_cuda_usable(nb_ctx *ctx, char *why, size_t cap) {
+  static int usable = -1;
+  static char reason[512];
+  if (usable < 0) {
+    nb_graph *g = nb_graph_create(ctx);
+    nb_graph_output(g, "y", nb_exp(nb_graph_input(g, "x", nb_aval_make(NB_F32, 0, NULL))));
+    nb_jit_opts o = nb_test_jit_opts(NULL);
+    o.backend = "cuda";
+    nb_exe *e = nb_jit(ctx, g, &o);
+    usable = e != NULL;
+    if (!e) snprintf(reason, sizeof reason, "%s", nb_ctx_error(ctx));
+    nb_ctx_clear_error(ctx);
+    nb_exe_destroy(e);
+    nb_graph_destroy(g);
+  }
+  snprintf(why, cap, "%s", reason);
+  return usable == 1;
+}

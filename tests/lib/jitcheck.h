@@ -19,5 +19,12 @@ double nb_test_jit_tol(nb_dtype t);
  * executable's stats. */
 bool nb_test_jit_matches(nb_ctx *ctx, const nb_graph *g, const nb_tree *in, const nb_jit_opts *opts, const char *what,
                          nb_exe_stats *stats_out);
+/* Every row of the primitive table (tests/lib/cases_*.c) inlined into one
+ * graph, its inputs set in `inputs` (custom calls registered on ctx first);
+ * *rows: how many rows. */
+nb_graph *nb_test_prim_table_graph(nb_ctx *ctx, nb_tree *inputs, int *rows);
+/* Can graphs be run on the "cuda" backend here? If not, why (not built, no
+ * driver, no device): tests print it as SKIPPED. Probed once. */
+bool nb_test_cuda_usable(nb_ctx *ctx, char *why, size_t cap);
 
 #endif

@@ -22,6 +22,7 @@
 
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/sgemm.h"
+#include "backend/dot_layout.h"
 #ifdef NABLA_HAVE_CBLAS
 #include <cblas.h>
 #endif
@@ -139,103 +140,16 @@ const char *nb_jit_blas_core(void) {
   return dot_note;
 }
 
-/* One operand as a batch of rows x cols matrices: rows are its free dims in
- * order, cols its contracting dims in the dimension numbers' order. Strides
- * are in elements. */
-typedef struct operand {
-  const char *base;
-  nb_dtype dt;
-  int nfree, ncon;
-  int64_t fext[NB_MAX_RANK], fstr[NB_MAX_RANK];
-  int64_t cext[NB_MAX_RANK], cstr[NB_MAX_RANK];
-  int64_t bstr[NB_MAX_RANK];
-  int64_t rows, cols;
-  bool merged;      /* free dims and contracting dims each collapse to one axis */
-  int64_t rs, cs;   /* merged: the strides of those two axes */
-} operand;
-
-typedef struct dot_plan {
-  int nb;
-  int64_t bext[NB_MAX_RANK];
-  int64_t batch, m, n, k;
-  operand a, b;     /* a is M x K, b is N x K */
-  nb_dtype ct, ot;  /* compute dtype (f32/f64), output dtype */
-} dot_plan;
-
 static bool is_float(nb_dtype t) { return t == NB_F16 || t == NB_BF16 || t == NB_F32 || t == NB_F64; }
 
-/* Can dims (ext, str) in this order be walked as one axis? Its stride in
- * *stride. Dims of extent 1 do not count. */
-static bool collapse(int n, const int64_t *ext, const int64_t *str, int64_t *stride) {
-  int64_t expect = -1;
-  *stride = 1;
-  for (int i = n - 1; i >= 0; i--) {
-    if (ext[i] == 1) continue;
-    if (expect < 0) *stride = str[i];
-    else if (str[i] != expect) return false;
-    expect = str[i] * ext[i];
-  }
-  return true;
-}
-
-static void operand_of(const nb_val *v, int nb, const int *batch, int nc, const int *con, operand *o) {
-  const nb_shape *s = &v->aval.shape;
-  int64_t str[NB_MAX_RANK];
-  int64_t acc = 1;
-  for (int i = s->rank - 1; i >= 0; i--) str[i] = acc, acc *= s->dims[i];
-  memset(o, 0, sizeof *o);
-  o->dt = v->aval.dtype;
-  o->rows = o->cols = 1;
-  bool used[NB_MAX_RANK] = {false};
-  for (int i = 0; i < nb; i++) o->bstr[i] = str[batch[i]], used[batch[i]] = true;
-  for (int i = 0; i < nc; i++) {
-    o->cext[o->ncon] = s->dims[con[i]], o->cstr[o->ncon++] = str[con[i]], used[con[i]] = true;
-    o->cols *= s->dims[con[i]];
-  }
-  for (int i = 0; i < s->rank; i++)
-    if (!used[i]) o->fext[o->nfree] = s->dims[i], o->fstr[o->nfree++] = str[i], o->rows *= s->dims[i];
-  o->merged = collapse(o->nfree, o->fext, o->fstr, &o->rs) && collapse(o->ncon, o->cext, o->cstr, &o->cs);
-}
-
-static void plan_of(const nb_eqn *e, dot_plan *p) {
-  const nb_dot_params *dp = e->params;
-  const nb_dot_dims *dn = &dp->dn;
-  memset(p, 0, sizeof *p);
-  p->nb = dn->n_batch;
-  p->batch = 1;
-  for (int i = 0; i < dn->n_batch; i++) p->bext[i] = e->in[0]->aval.shape.dims[dn->lhs_batch[i]], p->batch *= p->bext[i];
-  operand_of(e->in[0], dn->n_batch, dn->lhs_batch, dn->n_contract, dn->lhs_contract, &p->a);
-  operand_of(e->in[1], dn->n_batch, dn->rhs_batch, dn->n_contract, dn->rhs_contract, &p->b);
-  p->m = p->a.rows, p->n = p->b.rows, p->k = p->a.cols;
-  p->ot = e->out[0]->aval.dtype;
-  p->ct = p->ot == NB_F64 || e->in[0]->aval.dtype == NB_F64 ? NB_F64 : NB_F32;
-}
-
-/* How a rows x cols matrix with strides (rs, cs) goes to BLAS as a row-major
- * rows x cols operand: as it is (trans false, ld the row stride) or as the
- * transpose of a cols x rows matrix (trans true, ld the col stride). The
- * stride of an axis of extent <= 1 does not matter. */
-static bool as_blas(int64_t rows, int64_t cols, int64_t rs, int64_t cs, bool *trans, int64_t *ld) {
-  int64_t r1 = rows > 1 ? rows : 1, c1 = cols > 1 ? cols : 1;
-  if (cs == 1 || cols <= 1) {
-    int64_t l = rows <= 1 ? c1 : rs;
-    if (l >= c1 && l < (1ll << 31)) return *trans = false, *ld = l, true;
-  }
-  if (rs == 1 || rows <= 1) {
-    int64_t l = cols <= 1 ? r1 : cs;
-    if (l >= r1 && l < (1ll << 31)) return *trans = true, *ld = l, true;
-  }
-  return false;
-}
-
-static bool direct(const operand *o, nb_dtype ct) {
+static bool direct(const nb_dot_operand *o, nb_dtype ct) {
   bool t;
   int64_t ld;
-  return o->dt == ct && o->merged && as_blas(o->rows, o->cols, o->rs, o->cs, &t, &ld);
+  return o->dt == ct && o->merged && nb_dot__as_blas(o->rows, o->cols, o->rs, o->cs, &t, &ld);
 }
 
 /* element offset of batch item b in an operand with batch strides bstr */
-static int64_t batch_offset(const dot_plan *p, const int64_t *bstr, int64_t b) {
+static int64_t batch_offset(const nb_dot_plan *p, const int64_t *bstr, int64_t b) {
   int64_t off = 0;
   for (int i = p->nb - 1; i >= 0; i--) {
     off += b % p->bext[i] * bstr[i];
@@ -274,8 +188,8 @@ static double load(nb_dtype t, const char *base, int64_t i) {
 
 /* One packing: rows [lo, hi) of the flattened (batch, outer) space. */
 typedef struct pack_job {
-  const dot_plan *p;
-  const operand *o;
+  const nb_dot_plan *p;
+  const nb_dot_operand *o;
   nb_dtype ct;
   char *dst;
   const int64_t *outer, *inner;
@@ -283,7 +197,7 @@ typedef struct pack_job {
 } pack_job;
 
 static void pack_rows(const pack_job *j, int64_t lo, int64_t hi) {
-  const operand *o = j->o;
+  const nb_dot_operand *o = j->o;
   const char *src = o->base;
   int64_t C = j->C, item = o->rows * o->cols;
   for (int64_t u = lo; u < hi; u++) {
@@ -317,7 +231,7 @@ static void pack_task(void *arg, int t) {
  * source walks the contracting dims faster: reads and writes then both run
  * along memory) as dtype ct, split over the pool; sets o to describe dst.
  * tab holds rows + cols offsets. */
-static void pack(const dot_plan *p, operand *o, nb_dtype ct, char *dst, int64_t *tab, nb_pool *pool) {
+static void pack(const nb_dot_plan *p, nb_dot_operand *o, nb_dtype ct, char *dst, int64_t *tab, nb_pool *pool) {
   int64_t *ro = tab, *co = tab + o->rows;
   offsets(o->nfree, o->fext, o->fstr, ro);
   offsets(o->ncon, o->cext, o->cstr, co);
@@ -369,7 +283,7 @@ static void pack(const dot_plan *p, operand *o, nb_dtype ct, char *dst, int64_t 
 #define TILE_ALIGN 16 /* tile sides are multiples of this: whole micro-kernel blocks of OpenBLAS */
 
 typedef struct gemm_job {
-  const dot_plan *p;
+  const nb_dot_plan *p;
   bool ta, tb;
   int64_t lda, ldb;
   char *c;          /* [batch][m][n] of ct */
@@ -390,7 +304,7 @@ static int64_t tile_side(int64_t side, int64_t tiles) {
 /* Sets j's tiling from the product's shape (see above). An f32 product's
  * elements do not depend on its tiles (sgemm.h), so it is cut only as far as
  * the threads need: whole at one thread (each tile packs its operands again). */
-static void plan_tiles(const dot_plan *p, gemm_job *j, int threads) {
+static void plan_tiles(const nb_dot_plan *p, gemm_job *j, int threads) {
   int64_t tm = 1, tn = 1, target = p->ct == NB_F32 ? (threads > 1 ? TASKS_PER_THREAD * threads : 1) : TARGET_TASKS;
   while (p->batch * tm * tn < target) {
     int64_t bm = cdiv(p->m, tm), bn = cdiv(p->n, tn);
@@ -408,7 +322,7 @@ static void plan_tiles(const dot_plan *p, gemm_job *j, int threads) {
 
 static void gemm_task(void *arg, int t) {
   const gemm_job *j = arg;
-  const dot_plan *p = j->p;
+  const nb_dot_plan *p = j->p;
   int64_t task = j->first + t, per_item = j->tm * j->tn, b = task / per_item, tile = task % per_item;
   int64_t i0 = tile / j->tn * j->bm, j0 = tile % j->tn * j->bn;
   int64_t m = p->m - i0 < j->bm ? p->m - i0 : j->bm, n = p->n - j0 < j->bn ? p->n - j0 : j->bn;
@@ -436,7 +350,7 @@ static void run_gemms(gemm_job *j, nb_pool *pool) {
     nb_cpu__pool_run(pool, (int)(ntasks - j->first < INT32_MAX ? ntasks - j->first : INT32_MAX), gemm_task, j);
 }
 
-static void convert_out(const dot_plan *p, const char *src, void *out) {
+static void convert_out(const nb_dot_plan *p, const char *src, void *out) {
   int64_t n = p->batch * p->m * p->n;
   if (p->ct == NB_F32)
     for (int64_t i = 0; i < n; i++) nb__store_f64(p->ot, out, i, ((const float *)src)[i]);
@@ -453,8 +367,8 @@ bool nb_cpu__blas_supported(const nb_eqn *e) {
   if (!nb__rules(e->prim)->gemm || e->nin != 2 || e->nout != 1 || !e->params) return false;
   nb_dtype t = e->in[0]->aval.dtype;
   if (!is_float(t) || e->in[1]->aval.dtype != t || !is_float(e->out[0]->aval.dtype)) return false;
-  dot_plan p;
-  plan_of(e, &p);
+  nb_dot_plan p;
+  nb_dot__plan_of(e, &p);
   /* packed operands have leading dims of at most max(m, n, k) */
   return p.m < (1ll << 31) && p.n < (1ll << 31) && p.k < (1ll << 31);
 #else
@@ -465,8 +379,8 @@ bool nb_cpu__blas_supported(const nb_eqn *e) {
 
 nb_status nb_cpu__blas_run(nb_ctx *ctx, nb_pool *pool, const nb_eqn *e, const void *lhs, const void *rhs, void *out) {
 #ifdef NABLA_HAVE_CBLAS
-  dot_plan p;
-  plan_of(e, &p);
+  nb_dot_plan p;
+  nb_dot__plan_of(e, &p);
   p.a.base = lhs, p.b.base = rhs;
   size_t es = p.ct == NB_F32 ? 4 : 8;
   if (p.batch == 0 || p.m == 0 || p.n == 0) return NB_OK;
@@ -490,8 +404,8 @@ nb_status nb_cpu__blas_run(nb_ctx *ctx, nb_pool *pool, const nb_eqn *e, const vo
   if (pb) pack(&p, &p.b, p.ct, scratch + st + sa, tab + p.m + p.k, pool);
   gemm_job j = {.p = &p, .c = pc ? scratch + st + sa + sb : out};
   bool t = false; /* as_blas sets it whenever it succeeds, and it does here (both operands are direct now) */
-  as_blas(p.m, p.k, p.a.rs, p.a.cs, &j.ta, &j.lda);
-  as_blas(p.n, p.k, p.b.rs, p.b.cs, &t, &j.ldb);
+  nb_dot__as_blas(p.m, p.k, p.a.rs, p.a.cs, &j.ta, &j.lda);
+  nb_dot__as_blas(p.n, p.k, p.b.rs, p.b.cs, &t, &j.ldb);
   j.tb = !t; /* b is N x K; BLAS wants K x N */
   run_gemms(&j, pool);
   if (pc && !atomic_load(&j.oom)) convert_out(&p, j.c, out);

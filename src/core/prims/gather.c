@@ -153,19 +153,6 @@ static void shape_str(const nb_shape *s, char *buf, size_t cap) {
 
 /* ---------------------------------------------------------------- the walk */
 
-/* Visits every element of the window array with the operand element it
- * pairs with: gather copies operand -> window array (starts clamped);
- * scatter_add adds window array -> operand (windows that do not fit are
- * skipped). */
-typedef enum walk_mode { WALK_GATHER, WALK_SCATTER_ADD } walk_mode;
-
-typedef struct walk_args {
-  const geom *g;
-  const nb_shape *op, *ix, *wa; /* operand, indices, window array shapes */
-  nb_dtype it, t;               /* indices dtype, element dtype */
-  const void *ixd;
-} walk_args;
-
 static void add_elem(nb_dtype t, void *dst, int64_t i, const void *src, int64_t j) {
   if (nb_dtype_is_float(t)) {
     nb__store_f64(t, dst, i, nb__load_f64(t, dst, i) + nb__load_f64(t, src, j));
@@ -175,74 +162,95 @@ static void add_elem(nb_dtype t, void *dst, int64_t i, const void *src, int64_t 
   }
 }
 
-/* Start of the window for batch position bc (coordinates over the window
- * array's batch dims); false when scatter's window does not fit. */
-static bool window_start(const walk_args *w, walk_mode mode, const int64_t *bc, int64_t *start) {
-  const geom *g = w->g;
-  int ri = w->ix->rank;
-  int64_t istr[NB_MAX_RANK], ibase = 0;
-  nb__strides(w->ix, istr);
-  for (int d = 0, j = 0; d < ri; d++)
-    if (d != g->ivd) ibase += bc[j++] * istr[d];
-  memset(start, 0, NB_MAX_RANK * sizeof(int64_t));
-  for (int k = 0; k < g->nm; k++) {
-    int d = g->map[k];
-    int64_t v = nb__load_i64(w->it, w->ixd, ibase + (g->ivd < ri ? k * istr[g->ivd] : 0));
-    int64_t hi = w->op->dims[d] - g->win[d];
-    if (mode == WALK_GATHER) v = v < 0 ? 0 : v > hi ? hi : v;
-    else if (v < 0 || v > hi) return false;
-    start[d] = v;
-  }
-  for (int i = 0; i < g->nb; i++) start[g->obat[i]] = bc[g->ibat[i] - (g->ibat[i] > g->ivd)];
-  return true;
-}
+static geom scatter_geom_of(const nb_eqn *e);
 
-static void walk(const walk_args *w, walk_mode mode, const void *src, void *dst) {
-  const geom *g = w->g;
+/* The walk's numbers from the geometry and the three shapes (operand,
+ * indices, window array). */
+static void walk_from(const geom *g, const nb_shape *op, const nb_shape *ix, const nb_shape *wa, nb_walk *w) {
+  memset(w, 0, sizeof *w);
   bool skip[NB_MAX_RANK], is_w[NB_MAX_RANK] = {false};
   mark_unwindowed(g, skip);
   for (int i = 0; i < g->nw; i++) is_w[g->wdims[i]] = true;
-  int bpos[NB_MAX_RANK], wop[NB_MAX_RANK], nbd = 0, nwd = 0;
-  for (int pos = 0; pos < w->wa->rank; pos++)
-    if (!is_w[pos]) bpos[nbd++] = pos;
-  for (int d = 0; d < w->op->rank; d++)
-    if (!skip[d]) wop[nwd++] = d;
-  int64_t ostr[NB_MAX_RANK], wstr[NB_MAX_RANK], nbatch = 1, nwin = 1;
-  nb__strides(w->op, ostr);
-  nb__strides(w->wa, wstr);
-  for (int j = 0; j < nbd; j++) nbatch *= w->wa->dims[bpos[j]];
-  for (int k = 0; k < nwd; k++) nwin *= g->win[wop[k]];
-  size_t es = nb_dtype_size(w->t);
+  int64_t ostr[NB_MAX_RANK], wstr[NB_MAX_RANK], istr[NB_MAX_RANK];
+  nb__strides(op, ostr);
+  nb__strides(wa, wstr);
+  nb__strides(ix, istr);
+  /* the window array's batch dims follow the indices' dims other than index_vector_dim, in order */
+  int d = 0;
+  for (int pos = 0; pos < wa->rank; pos++) {
+    if (is_w[pos]) continue;
+    while (d == g->ivd) d++;
+    w->bext[w->nbd] = wa->dims[pos];
+    w->bw[w->nbd] = wstr[pos];
+    w->bi[w->nbd++] = istr[d++];
+  }
+  w->nm = g->nm;
+  w->iv = g->ivd < ix->rank ? istr[g->ivd] : 0;
+  w->disjoint = true;
+  for (int k = 0; k < g->nm; k++) w->disjoint &= skip[g->map[k]] || g->win[g->map[k]] == 1;
+  for (int k = 0; k < g->nm; k++) w->mo[k] = ostr[g->map[k]], w->mhi[k] = op->dims[g->map[k]] - g->win[g->map[k]];
+  w->nbat = g->nb;
+  for (int i = 0; i < g->nb; i++) w->batj[i] = g->ibat[i] - (g->ibat[i] > g->ivd), w->bato[i] = ostr[g->obat[i]];
+  for (int o = 0; o < op->rank; o++)
+    if (!skip[o]) {
+      w->wext[w->nwd] = g->win[o];
+      w->ww[w->nwd] = wstr[g->wdims[w->nwd]];
+      w->wo[w->nwd++] = ostr[o];
+    }
+  w->nbatch = w->nwin = 1;
+  for (int j = 0; j < w->nbd; j++) w->nbatch *= w->bext[j];
+  for (int k = 0; k < w->nwd; k++) w->nwin *= w->wext[k];
+}
+
+void nb__walk_of(const nb_eqn *e, nb_walk *w) {
+  bool gather = e->prim == NB_PRIM_gather;
+  geom g = gather ? gather_geom(e->params) : scatter_geom_of(e);
+  walk_from(&g, &e->in[0]->aval.shape, &e->in[1]->aval.shape, gather ? &e->out[0]->aval.shape : &e->in[2]->aval.shape, w);
+}
+
+/* Visits every element of the window array with the operand element it
+ * pairs with (nb_walk): gather copies operand -> window array (starts
+ * clamped); scatter_add adds window array -> operand (windows that do not
+ * fit are skipped). */
+static void walk(const nb_walk *w, bool gather, nb_dtype it, const void *ixd, nb_dtype t, const void *src, void *dst) {
+  size_t es = nb_dtype_size(t);
   /* the innermost window dim contiguous on both sides: its runs move at once
    * (an embedding's rows: 2-5 ns an element one by one) */
   int64_t run = 1;
-  if (nwd > 0 && wstr[g->wdims[nwd - 1]] == 1 && ostr[wop[nwd - 1]] == 1 && g->win[wop[nwd - 1]] > 1)
-    run = g->win[wop[nwd - 1]];
-  for (int64_t b = 0; b < nbatch; b++) {
-    int64_t bc[NB_MAX_RANK], start[NB_MAX_RANK], rest = b, wbase = 0, obase = 0;
-    for (int j = nbd - 1; j >= 0; j--) {
-      bc[j] = rest % w->wa->dims[bpos[j]];
-      rest /= w->wa->dims[bpos[j]];
-      wbase += bc[j] * wstr[bpos[j]];
+  if (w->nwd > 0 && w->ww[w->nwd - 1] == 1 && w->wo[w->nwd - 1] == 1 && w->wext[w->nwd - 1] > 1) run = w->wext[w->nwd - 1];
+  for (int64_t b = 0; b < w->nbatch; b++) {
+    int64_t bc[NB_MAX_RANK], rest = b, wbase = 0, obase = 0, ibase = 0;
+    for (int j = w->nbd - 1; j >= 0; j--) {
+      bc[j] = rest % w->bext[j];
+      rest /= w->bext[j];
+      wbase += bc[j] * w->bw[j];
+      ibase += bc[j] * w->bi[j];
     }
-    if (!window_start(w, mode, bc, start)) continue;
-    for (int d = 0; d < w->op->rank; d++) obase += start[d] * ostr[d];
-    for (int64_t v = 0; v < nwin; v += run) {
+    bool fits = true;
+    for (int k = 0; k < w->nm; k++) {
+      int64_t v = nb__load_i64(it, ixd, ibase + k * w->iv);
+      if (gather) v = v < 0 ? 0 : v > w->mhi[k] ? w->mhi[k] : v;
+      else fits &= v >= 0 && v <= w->mhi[k];
+      obase += v * w->mo[k];
+    }
+    if (!fits) continue;
+    for (int i = 0; i < w->nbat; i++) obase += bc[w->batj[i]] * w->bato[i];
+    for (int64_t v = 0; v < w->nwin; v += run) {
       int64_t r = v, woff = wbase, ooff = obase;
-      for (int k = nwd - 1; k >= 0; k--) {
-        int64_t c = r % g->win[wop[k]];
-        r /= g->win[wop[k]];
-        woff += c * wstr[g->wdims[k]];
-        ooff += c * ostr[wop[k]];
+      for (int k = w->nwd - 1; k >= 0; k--) {
+        int64_t c = r % w->wext[k];
+        r /= w->wext[k];
+        woff += c * w->ww[k];
+        ooff += c * w->wo[k];
       }
-      if (mode == WALK_GATHER) {
+      if (gather) {
         memcpy((char *)dst + woff * (int64_t)es, (const char *)src + ooff * (int64_t)es, es * (size_t)run);
-      } else if (w->t == NB_F32) { /* f32 + f32 rounds as add_elem's sum in f64 does (53 >= 2 * 24 + 2) */
+      } else if (t == NB_F32) { /* f32 + f32 rounds as add_elem's sum in f64 does (53 >= 2 * 24 + 2) */
         float *d = (float *)dst + ooff;
         const float *u = (const float *)src + woff;
         for (int64_t i = 0; i < run; i++) d[i] += u[i];
       } else {
-        for (int64_t i = 0; i < run; i++) add_elem(w->t, dst, ooff + i, src, woff + i);
+        for (int64_t i = 0; i < run; i++) add_elem(t, dst, ooff + i, src, woff + i);
       }
     }
   }
@@ -377,10 +385,9 @@ static nb_status gather_infer(const void *params, int nin, const nb_aval *in, in
 }
 
 static nb_status gather_eval(nb_ctx *ctx, const nb_eqn *e, nb_array *const *in, nb_array **out) {
-  geom g = gather_geom(e->params);
-  walk_args w = {&g, &e->in[0]->aval.shape, &e->in[1]->aval.shape, &e->out[0]->aval.shape,
-                 e->in[1]->aval.dtype, e->in[0]->aval.dtype, nb_array_data(in[1])};
-  walk(&w, WALK_GATHER, nb_array_data(in[0]), nb_array_data_mut(out[0]));
+  nb_walk w;
+  nb__walk_of(e, &w);
+  walk(&w, true, e->in[1]->aval.dtype, nb_array_data(in[1]), e->in[0]->aval.dtype, nb_array_data(in[0]), nb_array_data_mut(out[0]));
   return NB_OK;
 }
 
@@ -525,12 +532,11 @@ static geom scatter_geom_of(const nb_eqn *e) {
 }
 
 static nb_status scatter_eval(nb_ctx *ctx, const nb_eqn *e, nb_array *const *in, nb_array **out) {
-  geom g = scatter_geom_of(e);
   if (nb_array_data(out[0]) != nb_array_data(in[0])) /* else in place: only the windows change */
     memcpy(nb_array_data_mut(out[0]), nb_array_data(in[0]), nb_array_nbytes(in[0]));
-  walk_args w = {&g, &e->in[0]->aval.shape, &e->in[1]->aval.shape, &e->in[2]->aval.shape,
-                 e->in[1]->aval.dtype, e->in[0]->aval.dtype, nb_array_data(in[1])};
-  walk(&w, WALK_SCATTER_ADD, nb_array_data(in[2]), nb_array_data_mut(out[0]));
+  nb_walk w;
+  nb__walk_of(e, &w);
+  walk(&w, false, e->in[1]->aval.dtype, nb_array_data(in[1]), e->in[0]->aval.dtype, nb_array_data(in[2]), nb_array_data_mut(out[0]));
   return NB_OK;
 }
 

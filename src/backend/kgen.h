@@ -1,0 +1,48 @@
+/* The kernel body generator shared by the code-generating backends (kgen.c):
+ * the C and CUDA generators frame these statements in their own loops or
+ * threads. Private to src/backend/. */
+#ifndef NABLA_BACKEND_KGEN_H
+#define NABLA_BACKEND_KGEN_H
+
+#include "compile/jit.h"
+
+/* The state of one kernel's generation. The emitters name the outer loop
+ * variables i0.., the reduced ones r0.., the kernel's arguments a0.. (typed
+ * pointers the generator declares), node values v<n>. */
+typedef struct nb_kgen {
+  nb_jit_text *t;
+  const nb_kernel *k;
+  uint8_t *emitted; /* per node, for the current inner block */
+  bool ok;          /* false: a node had no C form */
+  bool strip;       /* COLUMN: outer values are arrays indexed by j_ over the strip [0, w_), and i<ro-1> = s_ + b_ + j_ */
+  uint8_t *inv;     /* per node: depends on no loop variable (emitted once, before the loops) */
+  int *scratch;     /* stores + 4 * nodes + 1 ints, for store_groups */
+  bool simd;        /* ROW: the innermost reduced loop is a simd reduction (reassociated) */
+  const char *pragma; /* printed before the innermost R loop that open_inner opens next */
+  /* CUDA: the threads of a block share one outer point; each walks the R
+   * space strided by the block size, and every accumulator is combined
+   * across the block (nbx_bred_<add|mul|max|min>_<d|f|i|u>, which the
+   * generator defines) before its phase's outer values */
+  bool block;
+} nb_kgen;
+
+/* The nbx_* functions the expressions call, as C source. */
+extern const char nb_kgen__helpers[];
+
+bool nb_kgen__is_float(nb_dtype t);
+const char *nb_kgen__ctype(nb_dtype t); /* the C type a value is computed in */
+const char *nb_kgen__stype(nb_dtype t); /* the C type it is stored in */
+/* The dtype of kernel argument a (what its loads read or its stores write). */
+nb_dtype nb_kgen__arg_dtype(const nb_kernel *k, int a);
+
+/* Fills g->inv. */
+void nb_kgen__mark_invariant(nb_kgen *g);
+/* `const T v<i> = <expression>;` (g->ok false when node i has no C form). */
+void nb_kgen__emit_node(nb_kgen *g, int i, int depth);
+void nb_kgen__emit_store(nb_kgen *g, const nb_kstore *s, int depth);
+/* Everything one outer point (or strip) computes: the phases, their
+ * accumulators and the outer values after each, then the stores. The outer
+ * variables and the invariant nodes must be defined before. */
+void nb_kgen__emit_body(nb_kgen *g, int depth);
+
+#endif
