@@ -1,0 +1,286 @@
+/* GGUF in and out, checked against llama.cpp (goldens written by
+ * tests/models/golden/make_gguf_llamacpp.py through llama-cpp-python):
+ *   - a small Llama with weights from a fixed integer formula (the same on
+ *     every machine) is written by nb_model_save_gguf as F32, F16, Q8_0 and
+ *     Q4_0; nabla's logits of each file (loaded back through
+ *     nb_model_load_gguf) match llama.cpp's logits of the same file within
+ *     the format's tolerance, and the F32 file loads back bit-exactly (the
+ *     q/k permutation and its inverse included);
+ *   - GGUF files written by gguf-py (as llama.cpp's converter writes them,
+ *     q/k rows permuted) with a SentencePiece ("llama") and a byte-level
+ *     ("gpt2") vocabulary: nabla's token ids of test texts equal llama.cpp's
+ *     and its logits match;
+ *   - malformed models are refused naming the key or tensor.
+ * `models_test_gguf --write DIR` writes the four exported files (what the
+ * golden script feeds llama.cpp) and exits. */
+#include <unistd.h>
+
+#include "json_golden.h"
+#include "testfs.h"
+
+#define GOLDEN "tests/models/golden/gguf_llamacpp.json"
+
+static const struct {
+  const char *name;
+  nb_gguf_type type;
+  double tol; /* max |nabla - llama.cpp| over max |logit| */
+} formats[] = {
+    /* ggml's f32 matmul and nabla's differ in summation order only */
+    {"f32", NB_GGUF_F32, 1e-4},
+    /* ggml rounds the activations to f16 before an f16 matmul (measured
+     * 1.5e-3 relative) */
+    {"f16", NB_GGUF_F16, 5e-3},
+    /* ggml quantizes the activations to Q8_0 blocks for Q8_0 / Q4_0
+     * weights (up to 1/254 of a block's largest value per element,
+     * accumulating over the layers); nabla multiplies the dequantized
+     * weights in f32. Measured 3.2% and 1.7% of the largest logit, exactly
+     * llama.cpp's own difference between the quantized file and an F32
+     * copy of its dequantized weights (which nabla matches to 1e-4 below) */
+    {"q8_0", NB_GGUF_Q8_0, 5e-2},
+    {"q4_0", NB_GGUF_Q4_0, 5e-2},
+};
+
+/* Width 64 and d_ff 128 (multiples of 32, so every linear quantizes), GQA
+ * with 2 KV heads (the K permutation uses the KV head count), untied head. */
+static nb_model_config model_config(void) {
+  nb_model_config c;
+  nb_model_config_preset(NULL, "llama-tiny", &c);
+  c.vocab_size = 96;
+  c.d_model = 64;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.d_ff = 128;
+  c.max_seq_len = 64;
+  c.norm_eps = 1e-5;
+  c.rope_cfg.theta = 10000;
+  return c;
+}
+
+/* weights: a hash of (tensor index, element index) scaled into +-0.25
+ * (norm scales 1 +- 0.25): exact integers over 1024, so no libm or
+ * random-number code can make two machines differ */
+static nb_tree *model_params(nb_ctx *ctx, const nb_model_config *c) {
+  nb_tree *spec = nb_model_param_spec(ctx, c, NB_F32), *p = nb_tree_create(ctx);
+  for (size_t k = 0; k < nb_tree_size(spec); k++) {
+    nb_aval av = nb_leaf_get_aval(nb_tree_leaf(spec, k));
+    nb_array *a = nb_array_empty(ctx, NB_F32, av.shape.rank, av.shape.dims);
+    float *d = nb_array_data_mut(a);
+    bool norm = strstr(nb_tree_path(spec, k), "norm") != NULL;
+    for (int64_t i = 0; i < nb_array_size(a); i++) {
+      uint64_t h = (k + 1) * 0x9e3779b97f4a7c15ull ^ (uint64_t)i * 0xbf58476d1ce4e5b9ull;
+      h ^= h >> 31, h *= 0x94d049bb133111ebull, h ^= h >> 29;
+      d[i] = (float)((int)(h % 513) - 256) / 1024 + (norm ? 1 : 0);
+    }
+    nb_tree_set_array(p, nb_tree_path(spec, k), a);
+    nb_array_release(a);
+  }
+  nb_tree_destroy(spec);
+  return p;
+}
+
+static nb_array *forward(nb_ctx *ctx, const nb_model_loaded *m, const int32_t *ids, int n) {
+  nb_array *tok = nb_array_create(ctx, NB_I32, 2, (int64_t[2]){1, n}, ids);
+  nb_tree *batch = nb_tree_create(ctx), *in = nb_tree_create(ctx), *out = nb_tree_create(ctx);
+  nb_tree_set_array(batch, "inputs", tok);
+  nb_graph *g = nb_model_trace_forward(ctx, &m->cfg, NULL, m->params, batch);
+  CHECK_MSG(g, "%s", nb_ctx_error(ctx));
+  nb_tree_merge(in, "params", m->params);
+  nb_tree_merge(in, "batch", batch);
+  if (g) CHECK_OK(ctx, nb_graph_run(ctx, g, in, out));
+  nb_array *logits = nb_tree_get_array(out, "logits");
+  if (logits) nb_array_retain(logits);
+  nb_graph_destroy(g);
+  nb_tree_destroy(batch);
+  nb_tree_destroy(in);
+  nb_tree_destroy(out);
+  nb_array_release(tok);
+  return logits;
+}
+
+/* nabla's logits against the golden's, relative to the largest logit */
+static void check_logits(const char *what, const nb_array *got, const cJSON *want, double tol) {
+  CHECK_MSG(got && cJSON_IsArray(want) && nb_array_size(got) == cJSON_GetArraySize(want), "%s: logits count", what);
+  if (!got || !cJSON_IsArray(want)) return;
+  double maxd = 0, maxv = 0;
+  int i = 0;
+  const cJSON *v;
+  cJSON_ArrayForEach(v, want) {
+    if (i >= nb_array_size(got)) break;
+    maxd = fmax(maxd, fabs(nb_array_get(got, i) - v->valuedouble));
+    maxv = fmax(maxv, fabs(v->valuedouble));
+    i++;
+  }
+  printf("%-10s %d logits up to %.3g, max |nabla - llama.cpp| = %.3g (%.2g relative, tolerance %.0e)\n", what, i, maxv, maxd,
+         maxd / maxv, tol);
+  CHECK_MSG(maxd <= tol * maxv, "%s: logits differ from llama.cpp's by %g (max logit %g)", what, maxd, maxv);
+}
+
+static int write_exports(nb_ctx *ctx, const char *dir) {
+  nb_model_loaded m = {.cfg = model_config(), .bos_id = -1};
+  m.params = model_params(ctx, &m.cfg);
+  int rc = 0;
+  for (size_t f = 0; f < sizeof formats / sizeof *formats; f++) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s.gguf", dir, formats[f].name);
+    if (nb_model_save_gguf(ctx, &m, path, &(nb_model_gguf_opts){.type = formats[f].type, .name = "nabla-gguf-test"}))
+      fprintf(stderr, "%s: %s\n", path, nb_ctx_error(ctx)), rc = 1;
+  }
+  nb_tree_destroy(m.params);
+  return rc;
+}
+
+static void test_exports(nb_ctx *ctx, const cJSON *golden, const char *tmp) {
+  CHECK(write_exports(ctx, tmp) == 0);
+  nb_model_config c = model_config();
+  nb_tree *orig = model_params(ctx, &c);
+  int64_t ids64[64];
+  int n = nb_test_golden_ints(golden, "prompt_ids", ids64, 64);
+  int32_t ids[64];
+  for (int i = 0; i < n; i++) ids[i] = (int32_t)ids64[i];
+  CHECK(n > 1);
+  const cJSON *exports = cJSON_GetObjectItemCaseSensitive(golden, "exports");
+  for (size_t f = 0; f < sizeof formats / sizeof *formats; f++) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s.gguf", tmp, formats[f].name);
+    nb_model_loaded m;
+    CHECK_OK(ctx, nb_model_load_gguf(ctx, path, &m));
+    if (!m.params) continue;
+    CHECK(m.cfg.d_model == 64 && m.cfg.n_layers == 2 && m.cfg.n_heads == 4 && m.cfg.n_kv_heads == 2 && m.cfg.d_ff == 128 &&
+          m.cfg.vocab_size == 96 && m.cfg.max_seq_len == 64 && !m.cfg.tie_embeddings && m.tok == NULL);
+    if (formats[f].type == NB_GGUF_F32)
+      for (size_t k = 0; k < nb_tree_size(orig); k++) {
+        const char *p = nb_tree_path(orig, k);
+        nb_array *got = nb_tree_get_array(m.params, p);
+        CHECK_MSG(got && nb_array_equal(got, nb_tree_leaf(orig, k)->array), "f32 round trip of '%s'", p);
+      }
+    nb_array *logits = n > 1 ? forward(ctx, &m, ids, n) : NULL;
+    char what[32];
+    snprintf(what, sizeof what, "export %s", formats[f].name);
+    check_logits(what, logits, cJSON_GetObjectItemCaseSensitive(exports, formats[f].name), formats[f].tol);
+    /* the same weights, activations unquantized on llama.cpp's side: nabla
+     * decodes exactly what llama.cpp reads */
+    char key[32];
+    snprintf(key, sizeof key, "%s_as_f32", formats[f].name);
+    snprintf(what, sizeof what, "%s as f32", formats[f].name);
+    check_logits(what, logits, cJSON_GetObjectItemCaseSensitive(exports, key), 1e-4);
+    nb_array_release(logits);
+    nb_model_loaded_free(&m);
+  }
+  nb_tree_destroy(orig);
+}
+
+/* a gguf-py-written model with a vocabulary: llama.cpp's ids and logits */
+static void test_vocab_model(nb_ctx *ctx, const cJSON *golden, const char *key) {
+  const cJSON *g = cJSON_GetObjectItemCaseSensitive(golden, key);
+  const char *file = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(g, "file"));
+  CHECK_MSG(file != NULL, "golden '%s' missing", key);
+  if (!file) return;
+  char path[4200];
+  snprintf(path, sizeof path, "tests/models/golden/%s", file);
+  nb_model_loaded m;
+  CHECK_OK(ctx, nb_model_load_gguf(ctx, path, &m));
+  if (!m.params) return;
+  CHECK(m.tok != NULL);
+  const cJSON *texts = cJSON_GetObjectItemCaseSensitive(g, "texts"), *t;
+  cJSON_ArrayForEach(t, texts) {
+    const char *text = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(t, "text"));
+    int64_t want[256];
+    int n = nb_test_golden_ints(t, "ids", want, 256);
+    nb_tok_ids ids = {0};
+    int32_t all[257];
+    int k = 0;
+    if (m.bos_id >= 0) all[k++] = m.bos_id;
+    if (m.tok && text) CHECK_OK(ctx, nb_tok_encode(m.tok, text, strlen(text), &(nb_tok_encode_opts){.special = NB_TOK_SPECIAL_AS_TEXT}, &ids));
+    for (size_t i = 0; i < ids.len && k < 257; i++) all[k++] = ids.ids[i];
+    bool same = k == n;
+    for (int i = 0; same && i < n; i++) same = all[i] == want[i];
+    CHECK_MSG(same, "%s: '%s': nabla's %d ids differ from llama.cpp's %d", key, text ? text : "?", k, n);
+    if (!same)
+      for (int i = 0; i < k || i < n; i++)
+        fprintf(stderr, "  %d: nabla %d llama.cpp %lld\n", i, i < k ? all[i] : -1, i < n ? (long long)want[i] : -1LL);
+    /* decoding gives the text back (llama.cpp's detokenizer drops the leading space too) */
+    nb_tok_text back = {0};
+    if (m.tok && ids.len) CHECK_OK(ctx, nb_tok_decode(m.tok, ids.ids, ids.len, NULL, &back));
+    CHECK_MSG(!ids.len || (back.data && !strcmp(back.data, text)), "%s: decode gives '%s' for '%s'", key, back.data ? back.data : "", text);
+    nb_tok_text_free(m.tok, &back);
+    nb_tok_ids_free(m.tok, &ids);
+  }
+  int64_t ids64[64];
+  int n = nb_test_golden_ints(g, "prompt_ids", ids64, 64);
+  int32_t ids[64];
+  for (int i = 0; i < n; i++) ids[i] = (int32_t)ids64[i];
+  nb_array *logits = n > 0 ? forward(ctx, &m, ids, n) : NULL;
+  check_logits(key, logits, cJSON_GetObjectItemCaseSensitive(g, "logits"), 1e-4);
+  nb_array_release(logits);
+  nb_model_loaded_free(&m);
+}
+
+static void expect_refused(nb_ctx *ctx, nb_gguf_writer *w, const char *tmp, nb_status want, const char *needle) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/bad.gguf", tmp);
+  CHECK_OK(ctx, nb_gguf_writer_save(w, path));
+  nb_gguf_writer_destroy(w);
+  nb_model_loaded m;
+  CHECK(nb_model_load_gguf(ctx, path, &m) == want);
+  CHECK(m.params == NULL);
+  CHECK_ERR(ctx, want, needle);
+}
+
+static nb_gguf_writer *llama_keys(nb_ctx *ctx, const char *skip) {
+  nb_gguf_writer *w = nb_gguf_writer_create(ctx);
+  nb_gguf_write_string(w, "general.architecture", "llama", 5);
+  static const char *const keys[] = {"llama.embedding_length", "llama.block_count", "llama.feed_forward_length",
+                                     "llama.attention.head_count", "llama.context_length"};
+  static const uint32_t vals[] = {64, 2, 128, 4, 64};
+  for (int i = 0; i < 5; i++)
+    if (strcmp(keys[i], skip)) nb_gguf_write_u32(w, keys[i], vals[i]);
+  if (strcmp(skip, "llama.attention.layer_norm_rms_epsilon")) nb_gguf_write_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  return w;
+}
+
+static void test_malformed(nb_ctx *ctx, const char *tmp) {
+  nb_gguf_writer *w = nb_gguf_writer_create(ctx);
+  nb_gguf_write_string(w, "general.architecture", "gpt2", 4);
+  expect_refused(ctx, w, tmp, NB_ERR_UNIMPLEMENTED, "key 'general.architecture' is 'gpt2'; only 'llama' is supported");
+  expect_refused(ctx, llama_keys(ctx, "llama.block_count"), tmp, NB_ERR_NOT_FOUND, "key 'llama.block_count' is missing");
+  w = llama_keys(ctx, "llama.context_length");
+  nb_gguf_write_string(w, "llama.context_length", "x", 1);
+  expect_refused(ctx, w, tmp, NB_ERR_FORMAT, "key 'llama.context_length' is a STRING, expected an integer");
+  expect_refused(ctx, llama_keys(ctx, ""), tmp, NB_ERR_FORMAT, "tensor 'token_embd.weight' is missing");
+  /* an embedding but no layers: the first missing tensor is named */
+  w = llama_keys(ctx, "");
+  nb_array *emb = nb_array_empty(ctx, NB_F32, 2, (int64_t[2]){96, 64});
+  memset(nb_array_data_mut(emb), 0, 96 * 64 * 4);
+  nb_gguf_write_tensor(w, "token_embd.weight", NB_GGUF_F32, emb);
+  expect_refused(ctx, w, tmp, NB_ERR_NOT_FOUND, "tensor 'blk.0.attn_norm.weight'");
+  /* a mis-shaped tensor */
+  w = llama_keys(ctx, "");
+  nb_gguf_write_tensor(w, "token_embd.weight", NB_GGUF_F32, emb);
+  nb_gguf_write_tensor(w, "blk.0.attn_norm.weight", NB_GGUF_F32, emb);
+  expect_refused(ctx, w, tmp, NB_ERR_SHAPE, "tensor 'blk.0.attn_norm.weight' is [96, 64] (ggml ne reversed), the metadata wants [64]");
+  nb_array_release(emb);
+}
+
+int main(int argc, char **argv) {
+  nb_ctx *ctx = nb_ctx_create();
+  if (argc == 3 && !strcmp(argv[1], "--write")) {
+    int rc = write_exports(ctx, argv[2]);
+    nb_ctx_destroy(ctx);
+    return rc;
+  }
+  char tmp[4096];
+  nb_test_scratch_dir(tmp, sizeof tmp, "models", "gguf");
+  cJSON *golden = nb_test_golden_load(GOLDEN);
+  CHECK(golden != NULL);
+  if (golden) {
+    test_exports(ctx, golden, tmp);
+    test_vocab_model(ctx, golden, "spm");
+    test_vocab_model(ctx, golden, "bpe");
+  }
+  test_malformed(ctx, tmp);
+  cJSON_Delete(golden);
+  nb_test_rm_rf(tmp);
+  nb_ctx_destroy(ctx);
+  return nb_test_summary("models/test_gguf");
+}
