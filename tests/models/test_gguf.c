@@ -216,6 +216,57 @@ static void test_vocab_model(nb_ctx *ctx, const cJSON *golden, const char *key) 
   nb_model_loaded_free(&m);
 }
 
+/* `nabla generate --gguf` continues the first text greedily as llama.cpp
+ * does; `nabla quantize` re-exports the model (its BPE vocabulary
+ * included) to a file that tokenizes and runs the same. */
+static void test_cli(nb_ctx *ctx, const cJSON *golden, const char *tmp) {
+  const char *bin = nb_test_nabla_bin();
+  if (!bin) return;
+  static const char *const keys[] = {"spm", "bpe"};
+  for (int k = 0; k < 2; k++) {
+    const cJSON *g = cJSON_GetObjectItemCaseSensitive(golden, keys[k]);
+    const cJSON *t0 = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(g, "texts"), 0);
+    const char *file = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(g, "file"));
+    const char *text = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(t0, "text"));
+    int64_t want[16];
+    int n = nb_test_golden_ints(g, "greedy", want, 16);
+    CHECK(file && text && n == 8);
+    if (!file || !text || n != 8) continue;
+    char cmd[8192], out[4096], err[8192];
+    snprintf(cmd, sizeof cmd, "%s generate --gguf tests/models/golden/%s --prompt '%s' --max-tokens 8 --temperature 0 --show-ids", bin,
+             file, text);
+    int rc = nb_test_run2(cmd, out, sizeof out, err, sizeof err);
+    CHECK_MSG(rc == 0, "%s: %s", cmd, err);
+    char expect[256];
+    size_t at = (size_t)snprintf(expect, sizeof expect, "generated ids:");
+    for (int i = 0; i < n; i++) at += (size_t)snprintf(expect + at, sizeof expect - at, " %lld", (long long)want[i]);
+    CHECK_MSG(strstr(err, expect) != NULL, "%s: llama.cpp's greedy '%s' not in:\n%s", keys[k], expect, err);
+  }
+  /* quantize: the BPE model to Q8_0, the vocabulary carried over */
+  char cmd[8192], out[4096], err[4096], path[4200];
+  snprintf(path, sizeof path, "%s/bpe_q8.gguf", tmp);
+  snprintf(cmd, sizeof cmd, "%s quantize tests/models/golden/bpe_tiny.gguf --format gguf --type q8_0 -o %s", bin, path);
+  CHECK_MSG(nb_test_run2(cmd, out, sizeof out, err, sizeof err) == 0, "%s: %s", cmd, err);
+  nb_model_loaded a, b;
+  CHECK_OK(ctx, nb_model_load_gguf(ctx, "tests/models/golden/bpe_tiny.gguf", &a));
+  CHECK_OK(ctx, nb_model_load_gguf(ctx, path, &b));
+  if (a.tok && b.tok) {
+    const char *text = "Hello, world! \xc3\xbcn the theater<|endoftext|>";
+    nb_tok_ids x = {0}, y = {0};
+    CHECK_OK(ctx, nb_tok_encode(a.tok, text, strlen(text), NULL, &x));
+    CHECK_OK(ctx, nb_tok_encode(b.tok, text, strlen(text), NULL, &y));
+    CHECK(x.len == y.len && x.len > 0 && !memcmp(x.ids, y.ids, x.len * sizeof *x.ids));
+    CHECK(b.n_eos == 1 && b.eos_ids[0] == a.eos_ids[0] && nb_tok_is_special(b.tok, b.eos_ids[0]));
+    nb_tok_ids_free(a.tok, &x);
+    nb_tok_ids_free(b.tok, &y);
+  }
+  CHECK(b.params && nb_tree_size(b.params) == nb_tree_size(a.params));
+  nb_model_loaded_free(&a);
+  nb_model_loaded_free(&b);
+  snprintf(cmd, sizeof cmd, "%s quantize tests/models/golden/bpe_tiny.gguf --format gguf --type q5_0 -o %s 2>&1", bin, path);
+  CHECK(nb_test_run(cmd, out, sizeof out) == 2 && strstr(out, "--type 'q5_0': one of f32, f16, bf16, q8_0, q4_0"));
+}
+
 static void expect_refused(nb_ctx *ctx, nb_gguf_writer *w, const char *tmp, nb_status want, const char *needle) {
   char path[4200];
   snprintf(path, sizeof path, "%s/bad.gguf", tmp);
@@ -277,6 +328,7 @@ int main(int argc, char **argv) {
     test_exports(ctx, golden, tmp);
     test_vocab_model(ctx, golden, "spm");
     test_vocab_model(ctx, golden, "bpe");
+    test_cli(ctx, golden, tmp);
   }
   test_malformed(ctx, tmp);
   cJSON_Delete(golden);

@@ -15,8 +15,8 @@
 
 static const char usage_text[] =
     "usage: nabla serve MODEL [options]\n"
-    "  MODEL                a nabla run dir (config.yaml), a checkpoint step dir, or a Hugging Face\n"
-    "                       Llama folder (config.json)\n"
+    "  MODEL                a nabla run dir (config.yaml), a checkpoint step dir, a Hugging Face\n"
+    "                       Llama folder (config.json), or a Llama GGUF file (llama.cpp's format)\n"
     "  --config FILE        the run config for a run dir / checkpoint\n"
     "  --host ADDR          IPv4 address to listen on (default 127.0.0.1)\n"
     "  --port N             TCP port (default 8000; 0 picks a free one; the port is printed)\n"
@@ -183,9 +183,7 @@ static bool make_engine(server *sv) {
 static int serve(server *sv) {
   const options *o = &sv->opt;
   nb_model_loaded *m = &sv->m;
-  nb_status s = is_file(o->model, "config.yaml") ? nb_train_load_run_dir(sv->ctx, o->model, o->config, m)
-                : is_file(o->model, "config.json") && !o->config ? nb_model_load_hf(sv->ctx, o->model, m)
-                                                                  : nb_train_load_checkpoint(sv->ctx, o->model, o->config, m);
+  nb_status s = nb_cli_load_model(sv->ctx, o->model, o->config, m);
   if (s) return fprintf(stderr, "nabla serve: %s\n", nb_ctx_error(sv->ctx)), 1;
   sv->max_model_len = o->max_model_len ? o->max_model_len : m->cfg.max_seq_len < 4096 ? m->cfg.max_seq_len : 4096;
   if (sv->max_model_len > m->cfg.max_seq_len)

@@ -17,7 +17,8 @@ and gguf-py, e.g. /work/venv-llamacpp, or: pip install llama-cpp-python gguf num
    RoPE), with a SentencePiece vocabulary ("llama": scores, byte fallback)
    and a byte-level BPE one ("gpt2": merges, pre-tokenizer gpt-2), checked in
    as spm_tiny.gguf and bpe_tiny.gguf; llama.cpp's token ids for TEXTS and
-   its logits for the first text are recorded ("spm", "bpe").
+   its logits for the first text and its greedy continuation (8 tokens) are
+   recorded ("spm", "bpe").
 Writes tests/models/golden/gguf_llamacpp.json (and the two .gguf files).
 """
 import json
@@ -175,8 +176,14 @@ def vocab_golden(name, vocab, seed):
     llm = Llama(model_path=path, n_ctx=64, vocab_only=True, verbose=False)
     texts = [{"text": t, "ids": llm.tokenize(t.encode(), add_bos=True, special=False)} for t in TEXTS]
     ids = texts[0]["ids"]
-    _, logits = run(path, ids)
-    return {"file": name, "texts": texts, "prompt_ids": ids, "logits": logits}
+    llm, logits = run(path, ids)
+    greedy = []  # llama.cpp's greedy continuation of the first text
+    llm.reset()
+    for t in llm.generate(ids, temp=0):
+        greedy.append(t)
+        if len(greedy) == 8:
+            break
+    return {"file": name, "texts": texts, "prompt_ids": ids, "logits": logits, "greedy": greedy}
 
 
 def main():
