@@ -28,6 +28,7 @@
 #define GGUF_DEFAULT_ALIGNMENT 32
 #define GGUF_MAX_DIMS 4
 #define GGUF_MAX_DEPTH 8 /* nested arrays */
+#define GGUF_MAX_ITEMS (1 << 24) /* strings or arrays in one array */
 #define QK_K 256
 
 /* ---- the type table -------------------------------------------------------------- */
@@ -377,6 +378,11 @@ static nb_status read_array(rd *r, nb_gguf_value *v, int depth) {
         if (v->raw[j] > 1) return bad(r, "array element %llu is a BOOL of value %u (0 or 1)", (unsigned long long)j, v->raw[j]);
     return NB_OK;
   }
+  /* each element is a value struct here (~11x a string's least size in
+   * the file): a bound keeps a hostile file from asking for gigabytes
+   * (vocabularies hold a few hundred thousand strings) */
+  if (v->n > GGUF_MAX_ITEMS)
+    return bad(r, "array of %llu %s values exceeds nabla's limit of %d", (unsigned long long)v->n, vtype_names[et], GGUF_MAX_ITEMS);
   nb_gguf_value *items = calloc(v->n ? v->n : 1, sizeof *items);
   if (!items || track(r->g, items)) return nb_errorf(r->g->ctx, NB_ERR_NOMEM, "gguf: out of memory");
   v->items = items;

@@ -348,18 +348,19 @@ static nb_tok *gpt2_tokenizer(gg_load *L, const nb_gguf_value *tokens) {
                      "implement (supported: gpt-2, llama-bpe, llama3, llama-v3)", L->path), NULL;
   /* a vocab.json and merges.txt in memory: the tokenizer library's GPT-2 loader */
   sbuf v = {0}, mg = {0};
-  const char **special = calloc(n + 1, sizeof *special);
+  char **special = calloc(n + 1, sizeof *special); /* control tokens (3), NUL-terminated copies */
   int n_special = 0;
+  bool oom = !special;
   sb_put(&v, "{", 1);
   for (uint64_t i = 0; i < n; i++) {
+    const nb_gguf_value *it = &tokens->items[i];
     char num[32];
     if (i) sb_put(&v, ",", 1);
-    sb_json(&v, tokens->items[i].str, (size_t)tokens->items[i].len);
+    sb_json(&v, it->str, (size_t)it->len);
     int len = snprintf(num, sizeof num, ":%llu", (unsigned long long)i);
     sb_put(&v, num, (size_t)len);
-    /* control tokens (3) are special; their text must be a C string for the loader */
-    if (types && special && nb_gguf_array_i64(types, i) == 3 && !memchr(tokens->items[i].str, 0, (size_t)tokens->items[i].len))
-      special[n_special++] = tokens->items[i].str;
+    if (special && types && nb_gguf_array_i64(types, i) == 3 && !memchr(it->str, 0, (size_t)it->len))
+      oom |= !(special[n_special++] = strndup(it->str, (size_t)it->len));
   }
   sb_put(&v, "}", 1);
   sb_put(&mg, "#version: 0.2\n", 14);
@@ -368,24 +369,10 @@ static nb_tok *gpt2_tokenizer(gg_load *L, const nb_gguf_value *tokens) {
     sb_put(&mg, "\n", 1);
   }
   nb_tok *t = NULL;
-  if (v.oom || mg.oom || !special) {
-    nb_errorf(L->ctx, NB_ERR_NOMEM, "gguf: out of memory");
-  } else {
-    /* the specials point into the file unterminated: copy each */
-    char **copies = calloc((size_t)n_special + 1, sizeof *copies);
-    bool ok = copies != NULL;
-    for (int i = 0; ok && i < n_special; i++) {
-      const nb_gguf_value *it = NULL;
-      for (uint64_t j = 0; j < n && !it; j++)
-        if (tokens->items[j].str == special[i]) it = &tokens->items[j];
-      ok = it && (copies[i] = strndup(it->str, (size_t)it->len));
-    }
-    nb_tok_gpt2_opts o = {.pattern = pattern, .special = (const char *const *)copies, .n_special = n_special};
-    if (ok) t = nb_tok_load_gpt2_strings(L->ctx, v.p, v.n, mg.p, mg.n, &o);
-    else nb_errorf(L->ctx, NB_ERR_NOMEM, "gguf: out of memory");
-    for (int i = 0; copies && i < n_special; i++) free(copies[i]);
-    free(copies);
-  }
+  nb_tok_gpt2_opts o = {.pattern = pattern, .special = (const char *const *)special, .n_special = n_special};
+  if (v.oom || mg.oom || oom) nb_errorf(L->ctx, NB_ERR_NOMEM, "gguf: out of memory");
+  else t = nb_tok_load_gpt2_strings(L->ctx, v.p, v.n, mg.p, mg.n, &o);
+  for (int i = 0; special && i < n_special; i++) free(special[i]);
   free(special);
   free(v.p);
   free(mg.p);
