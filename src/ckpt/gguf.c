@@ -71,7 +71,7 @@ bool nb_gguf_can_decode(nb_gguf_type t) {
 }
 
 bool nb_gguf_can_encode(nb_gguf_type t) {
-  return t == NB_GGUF_F32 || t == NB_GGUF_F16 || t == NB_GGUF_BF16 || t == NB_GGUF_Q8_0 || t == NB_GGUF_Q4_0;
+  return t == NB_GGUF_F32 || t == NB_GGUF_F16 || t == NB_GGUF_BF16 || t == NB_GGUF_Q8_0 || t == NB_GGUF_Q4_0 || t == NB_GGUF_Q4_K;
 }
 
 /* ---- block codecs ------------------------------------------------------------------ */
@@ -175,6 +175,116 @@ static void enc_q4_0(const float *x, uint8_t *b) {
   }
 }
 
+/* ggml's nearest_int: round half to even through the float adder (valid
+ * for |x| < 2^22) */
+static int nearest(float x) {
+  float v = x + 12582912.f;
+  int32_t i;
+  memcpy(&i, &v, 4);
+  return (i & 0x007fffff) - 0x00400000;
+}
+
+static int clampi(int v, int hi) { return v < 0 ? 0 : v > hi ? hi : v; }
+
+/* A 4-bit scale and min for 32 values: ggml's make_qkx2_quants with its
+ * Q4_K arguments (weights av_x + |x|, squared error, rmin -1, rdelta 0.1,
+ * 20 steps): start from the min/max grid, then try 21 stretched grids and
+ * keep the least-squares (scale, min) of the one with the least weighted
+ * error. Float operations in ggml's order, so the bytes match. Returns the
+ * scale; *neg_min = -min (>= 0). */
+static float fit_scale_min(const float *x, const float *w, uint8_t *L, float *neg_min) {
+  enum { N = 32, NMAX = 15, NSTEP = 20 };
+  float lo = x[0], hi = x[0], sum_w = w[0], sum_x = sum_w * x[0];
+  for (int i = 1; i < N; i++) {
+    if (x[i] < lo) lo = x[i];
+    if (x[i] > hi) hi = x[i];
+    sum_w += w[i];
+    sum_x += w[i] * x[i];
+  }
+  if (lo > 0) lo = 0;
+  if (hi == lo) {
+    memset(L, 0, N);
+    *neg_min = -lo;
+    return 0;
+  }
+  float iscale = NMAX / (hi - lo), scale = 1 / iscale, best = 0;
+  for (int i = 0; i < N; i++) {
+    L[i] = (uint8_t)clampi(nearest(iscale * (x[i] - lo)), NMAX);
+    float diff = scale * L[i] + lo - x[i];
+    best += w[i] * (diff * diff);
+  }
+  uint8_t aux[N];
+  for (int step = 0; step <= NSTEP; step++) {
+    iscale = (-1.f + 0.1f * step + NMAX) / (hi - lo);
+    float sl = 0, sl2 = 0, sxl = 0;
+    for (int i = 0; i < N; i++) {
+      int l = clampi(nearest(iscale * (x[i] - lo)), NMAX);
+      aux[i] = (uint8_t)l;
+      sl += w[i] * l;
+      sl2 += w[i] * l * l;
+      sxl += w[i] * l * x[i];
+    }
+    float D = sum_w * sl2 - sl * sl;
+    if (!(D > 0)) continue;
+    float sc = (sum_w * sxl - sum_x * sl) / D, mn = (sl2 * sum_x - sl * sxl) / D;
+    if (mn > 0) mn = 0, sc = sxl / sl2;
+    float err = 0;
+    for (int i = 0; i < N; i++) {
+      float diff = sc * aux[i] + mn - x[i];
+      err += w[i] * (diff * diff);
+    }
+    if (err < best) memcpy(L, aux, N), best = err, scale = sc, lo = mn;
+  }
+  *neg_min = -lo;
+  return scale;
+}
+
+/* quantize_row_q4_K_ref: 8 sub-blocks' scales and mins fitted, then
+ * themselves quantized to 6 bits against the block's f16 d and dmin, and
+ * the values requantized with the rounded scales */
+static void enc_q4_k(const float *x, uint8_t *b) {
+  uint8_t L[QK_K], *scales = b + 4, *qs = b + 16;
+  float sc[8], mn[8], w[32], max_sc = 0, max_mn = 0;
+  for (int j = 0; j < 8; j++) {
+    const float *xj = x + 32 * j;
+    float sum_x2 = 0;
+    for (int l = 0; l < 32; l++) sum_x2 += xj[l] * xj[l];
+    float av = sqrtf(sum_x2 / 32);
+    for (int l = 0; l < 32; l++) w[l] = av + fabsf(xj[l]);
+    sc[j] = fit_scale_min(xj, w, L + 32 * j, &mn[j]);
+    if (sc[j] > max_sc) max_sc = sc[j];
+    if (mn[j] > max_mn) max_mn = mn[j];
+  }
+  float inv_sc = max_sc > 0 ? 63.f / max_sc : 0.f, inv_mn = max_mn > 0 ? 63.f / max_mn : 0.f;
+  memset(scales, 0, 12);
+  for (int j = 0; j < 8; j++) {
+    uint8_t ls = (uint8_t)nearest(inv_sc * sc[j]), lm = (uint8_t)nearest(inv_mn * mn[j]);
+    ls = ls < 63 ? ls : 63;
+    lm = lm < 63 ? lm : 63;
+    if (j < 4) {
+      scales[j] = ls;
+      scales[j + 4] = lm;
+    } else { /* low 4 bits in bytes 8..11, high 2 bits on top of bytes 0..7 */
+      scales[j + 4] = (uint8_t)((ls & 0xF) | (lm & 0xF) << 4);
+      scales[j - 4] |= (uint8_t)((ls >> 4) << 6);
+      scales[j] |= (uint8_t)((lm >> 4) << 6);
+    }
+  }
+  wr16(b, nb_f32_to_f16(max_sc / 63.f));
+  wr16(b + 2, nb_f32_to_f16(max_mn / 63.f));
+  float d_all = nb_f16_to_f32(rd16(b)), dmin_all = nb_f16_to_f32(rd16(b + 2));
+  for (int j = 0; j < 8; j++) {
+    uint8_t s6, m6;
+    scale_min_k4(j, scales, &s6, &m6);
+    float d = d_all * s6;
+    if (!d) continue;
+    float dm = dmin_all * m6;
+    for (int i = 0; i < 32; i++) L[32 * j + i] = (uint8_t)clampi(nearest((x[32 * j + i] + dm) / d), 15);
+  }
+  for (int j = 0; j < QK_K; j += 64, qs += 32)
+    for (int l = 0; l < 32; l++) qs[l] = (uint8_t)(L[j + l] | L[j + l + 32] << 4);
+}
+
 static nb_status codec_check(nb_ctx *ctx, nb_gguf_type t, int64_t n, bool encode) {
   const type_info *ti = type_of((uint32_t)t);
   if (!ti || !(encode ? nb_gguf_can_encode(t) : nb_gguf_can_decode(t)))
@@ -213,6 +323,7 @@ nb_status nb_gguf_encode(nb_ctx *ctx, nb_gguf_type t, const float *src, void *ds
   case NB_GGUF_BF16: for (int64_t i = 0; i < n; i++) wr16(p + 2 * i, f32_to_bf16(src[i])); break;
   case NB_GGUF_Q8_0: for (int64_t i = 0; i < n / 32; i++) enc_q8_0(src + 32 * i, p + 34 * i); break;
   case NB_GGUF_Q4_0: for (int64_t i = 0; i < n / 32; i++) enc_q4_0(src + 32 * i, p + 18 * i); break;
+  case NB_GGUF_Q4_K: for (int64_t i = 0; i < n / QK_K; i++) enc_q4_k(src + QK_K * i, p + 144 * i); break;
   default: break;
   }
   return NB_OK;
