@@ -305,8 +305,8 @@ nb_status nb_model_loaded_make(nb_ctx *ctx, const nb_model_config *cfg, const nb
  * missing key, bad value, missing or mis-shaped tensor names the file and
  * the field or tensor. */
 nb_status nb_model_load_hf(nb_ctx *ctx, const char *dir, nb_model_loaded *out);
-/* A GGUF file of a Llama-architecture model (llama.cpp's format, versions 2
- * and 3): the config from the llama.* metadata, tensors renamed from
+/* A GGUF file of a Llama- or GPT-2-architecture model (llama.cpp's format,
+ * versions 2 and 3): the config from the llama.* / gpt2.* metadata, tensors renamed from
  * llama.cpp's names and decoded to f32 (F32, F16, BF16, Q8_0, Q4_0, Q4_K,
  * Q6_K; quantized execution comes with the quant kernels), llama.cpp's
  * permutation of the attn_q / attn_k rows undone, and the tokenizer from
@@ -319,8 +319,8 @@ typedef struct nb_model_gguf_opts {
   nb_gguf_type type;      /* of the 2-D weights: F32 (0), F16, BF16, Q8_0, Q4_0 */
   const char *name;       /* general.name; NULL: none */
 } nb_model_gguf_opts;
-/* Writes a dense Llama model as a GGUF file llama.cpp loads: llama.*
- * metadata, the tokenizer (none: "no_vocab" with llama.vocab_size;
+/* Writes a dense Llama or a GPT-2 model as a GGUF file llama.cpp loads:
+ * llama.* / gpt2.* metadata, the tokenizer (none: "no_vocab" with llama.vocab_size;
  * byte-level BPE: "gpt2" tokens and merges; others are not written yet and
  * refused), tensors under llama.cpp's names with the q/k rows permuted for
  * its RoPE. 1-D tensors stay F32; in a Q4_0 file the output projection is

@@ -1,13 +1,15 @@
-/* Llama-architecture GGUF files (llama.cpp's format) as nabla models, and
- * nabla models as such files.
+/* Llama- and GPT-2-architecture GGUF files (llama.cpp's format) as nabla
+ * models, and nabla models as such files.
  *
- * In: the config from the `llama.*` metadata, the tensors renamed from
+ * In: the config from the `llama.*` (`gpt2.*`) metadata, the tensors renamed from
  * llama.cpp's names (token_embd, blk.N.attn_q, ..., output) and decoded to
- * f32 (quantized execution comes with the quant kernels), ggml's [in, out]
- * linears (rows of `in` values) transposed to nabla's [in, out] kernels,
+ * f32 (quantized execution comes with the quant kernels), ggml's linears
+ * (ne = [in, out]: `out` rows of `in` values) transposed to nabla's
+ * row-major [in, out] kernels,
  * and the rows of attn_q / attn_k put back in Hugging Face order: llama.cpp's
  * converter permutes them so that its RoPE, which rotates adjacent pairs,
- * computes what HF's rotate-half does; nabla rotates halves like HF. The
+ * computes what HF's rotate-half does; nabla rotates halves like HF.
+ * GPT-2's fused attn_qkv is split into wq, wk, wv (and stacked back). The
  * tokenizer comes from `tokenizer.ggml.*`: "llama" (SentencePiece BPE with
  * scores and byte fallback) or "gpt2" (byte-level BPE with merges).
  *
@@ -23,40 +25,60 @@
 
 /* ---------------------------------------------------------------- names */
 
+/* How a nabla parameter sits in a GGUF tensor: as is (embeddings, norms,
+ * biases), a linear (transposed), a q/k linear (transposed, rows permuted
+ * for llama.cpp's RoPE), or the part'th third of GPT-2's fused attn_qkv
+ * (weight rows or bias elements). */
+enum { AS_IS, LINEAR, LINEAR_Q, LINEAR_K, QKV, QKV_BIAS };
+
 typedef struct name_map {
   const char *ours, *theirs;
-  int kind; /* 0: as is (embedding, norms), 1: linear (transpose), 2: linear with q/k rows permuted */
+  int kind, part;
 } name_map;
 
-enum { AS_IS, LINEAR, LINEAR_Q, LINEAR_K };
-
-static const name_map layer_names[] = {
-    {"attn_norm/scale", "attn_norm.weight", AS_IS},  {"mlp_norm/scale", "ffn_norm.weight", AS_IS},
-    {"attn/wq/kernel", "attn_q.weight", LINEAR_Q},   {"attn/wk/kernel", "attn_k.weight", LINEAR_K},
-    {"attn/wv/kernel", "attn_v.weight", LINEAR},     {"attn/wo/kernel", "attn_output.weight", LINEAR},
-    {"mlp/wi_0/kernel", "ffn_gate.weight", LINEAR},  {"mlp/wi_1/kernel", "ffn_up.weight", LINEAR},
-    {"mlp/wo/kernel", "ffn_down.weight", LINEAR},
+static const name_map llama_layer[] = {
+    {"attn_norm/scale", "attn_norm.weight", AS_IS, 0},  {"mlp_norm/scale", "ffn_norm.weight", AS_IS, 0},
+    {"attn/wq/kernel", "attn_q.weight", LINEAR_Q, 0},   {"attn/wk/kernel", "attn_k.weight", LINEAR_K, 0},
+    {"attn/wv/kernel", "attn_v.weight", LINEAR, 0},     {"attn/wo/kernel", "attn_output.weight", LINEAR, 0},
+    {"mlp/wi_0/kernel", "ffn_gate.weight", LINEAR, 0},  {"mlp/wi_1/kernel", "ffn_up.weight", LINEAR, 0},
+    {"mlp/wo/kernel", "ffn_down.weight", LINEAR, 0},    {NULL, NULL, 0, 0},
 };
-static const name_map top_names[] = {
-    {"embed/embedding", "token_embd.weight", AS_IS},
-    {"final_norm/scale", "output_norm.weight", AS_IS},
-    {"lm_head/kernel", "output.weight", LINEAR},
+static const name_map llama_top[] = {
+    {"embed/embedding", "token_embd.weight", AS_IS, 0}, {"final_norm/scale", "output_norm.weight", AS_IS, 0},
+    {"lm_head/kernel", "output.weight", LINEAR, 0},     {NULL, NULL, 0, 0},
+};
+static const name_map gpt2_layer[] = {
+    {"attn_norm/scale", "attn_norm.weight", AS_IS, 0}, {"attn_norm/bias", "attn_norm.bias", AS_IS, 0},
+    {"attn/wq/kernel", "attn_qkv.weight", QKV, 0},     {"attn/wk/kernel", "attn_qkv.weight", QKV, 1},
+    {"attn/wv/kernel", "attn_qkv.weight", QKV, 2},     {"attn/wq/bias", "attn_qkv.bias", QKV_BIAS, 0},
+    {"attn/wk/bias", "attn_qkv.bias", QKV_BIAS, 1},    {"attn/wv/bias", "attn_qkv.bias", QKV_BIAS, 2},
+    {"attn/wo/kernel", "attn_output.weight", LINEAR, 0}, {"attn/wo/bias", "attn_output.bias", AS_IS, 0},
+    {"mlp_norm/scale", "ffn_norm.weight", AS_IS, 0},   {"mlp_norm/bias", "ffn_norm.bias", AS_IS, 0},
+    {"mlp/wi/kernel", "ffn_up.weight", LINEAR, 0},     {"mlp/wi/bias", "ffn_up.bias", AS_IS, 0},
+    {"mlp/wo/kernel", "ffn_down.weight", LINEAR, 0},   {"mlp/wo/bias", "ffn_down.bias", AS_IS, 0},
+    {NULL, NULL, 0, 0},
+};
+static const name_map gpt2_top[] = {
+    {"embed/embedding", "token_embd.weight", AS_IS, 0}, {"pos_embed/embedding", "position_embd.weight", AS_IS, 0},
+    {"final_norm/scale", "output_norm.weight", AS_IS, 0}, {"final_norm/bias", "output_norm.bias", AS_IS, 0},
+    {"lm_head/kernel", "output.weight", LINEAR, 0},     {NULL, NULL, 0, 0},
 };
 
-/* the llama.cpp name and kind of a nabla path; false when it has none */
-static bool gguf_name(const char *path, char *name, size_t cap, int *kind) {
-  for (size_t i = 0; i < sizeof top_names / sizeof *top_names; i++)
-    if (!strcmp(path, top_names[i].ours)) {
-      snprintf(name, cap, "%s", top_names[i].theirs);
-      return *kind = top_names[i].kind, true;
+/* the llama.cpp name, kind and part of a nabla path; false when it has none */
+static bool gguf_name(nb_model_family fam, const char *path, char *name, size_t cap, int *kind, int *part) {
+  const name_map *top = fam == NB_MODEL_GPT2 ? gpt2_top : llama_top, *layer = fam == NB_MODEL_GPT2 ? gpt2_layer : llama_layer;
+  for (const name_map *m = top; m->ours; m++)
+    if (!strcmp(path, m->ours)) {
+      snprintf(name, cap, "%s", m->theirs);
+      return *kind = m->kind, *part = m->part, true;
     }
   long long l;
   int at = 0;
   if (sscanf(path, "layers/%lld/%n", &l, &at) != 1 || !at) return false;
-  for (size_t i = 0; i < sizeof layer_names / sizeof *layer_names; i++)
-    if (!strcmp(path + at, layer_names[i].ours)) {
-      snprintf(name, cap, "blk.%lld.%s", l, layer_names[i].theirs);
-      return *kind = layer_names[i].kind, true;
+  for (const name_map *m = layer; m->ours; m++)
+    if (!strcmp(path + at, m->ours)) {
+      snprintf(name, cap, "blk.%lld.%s", l, m->theirs);
+      return *kind = m->kind, *part = m->part, true;
     }
   return false;
 }
@@ -135,24 +157,11 @@ static bool key_is(gg_load *L, const char *key, const char *want) {
   return v && v->type == NB_GGUF_STRING && v->len == strlen(want) && !memcmp(v->str, want, v->len);
 }
 
-static nb_status parse_config(gg_load *L, nb_model_loaded *m) {
+/* the llama.* keys beyond the common ones: GQA, head size, RoPE */
+static nb_status parse_llama(gg_load *L, nb_model_config *c) {
   nb_ctx *ctx = L->ctx;
-  const char *arch;
-  size_t n;
-  nb_status s = nb_gguf_get_string(L->g, "general.architecture", &arch, &n);
-  if (s) return s;
-  if (n != 5 || memcmp(arch, "llama", 5))
-    return nb_errorf(ctx, NB_ERR_UNIMPLEMENTED, "%s: key 'general.architecture' is '%.*s'; only 'llama' is supported", L->path,
-                     (int)(n < 64 ? n : 64), arch);
-  nb_model_config *c = &m->cfg;
-  nb_model_config_preset(ctx, "llama-tiny", c); /* the family's switches; every size is set below */
   int64_t key_len = 0, rope_dims = 0, experts = 0;
-  if (!s) s = key_int(L, "llama.embedding_length", -1, &c->d_model);
-  if (!s) s = key_int(L, "llama.block_count", -1, &c->n_layers);
-  if (!s) s = key_int(L, "llama.feed_forward_length", -1, &c->d_ff);
-  if (!s) s = key_int(L, "llama.attention.head_count", -1, &c->n_heads);
-  if (!s) s = key_int(L, "llama.attention.head_count_kv", c->n_heads, &c->n_kv_heads);
-  if (!s) s = key_int(L, "llama.context_length", -1, &c->max_seq_len);
+  nb_status s = key_int(L, "llama.attention.head_count_kv", c->n_heads, &c->n_kv_heads);
   if (!s) s = key_float(L, "llama.attention.layer_norm_rms_epsilon", -1, &c->norm_eps);
   if (!s) s = key_float(L, "llama.rope.freq_base", 10000, &c->rope_cfg.theta);
   if (!s) s = key_int(L, "llama.attention.key_length", 0, &key_len);
@@ -177,14 +186,51 @@ static nb_status parse_config(gg_load *L, nb_model_loaded *m) {
   }
   if (nb_gguf_find_tensor(L->g, "rope_freqs.weight"))
     return nb_errorf(ctx, NB_ERR_UNIMPLEMENTED, "%s: tensor 'rope_freqs.weight' (Llama-3.1 RoPE scaling factors) is not supported", L->path);
+  return NB_OK;
+}
+
+/* gpt2.*: one head count (no GQA), LayerNorm epsilon */
+static nb_status parse_gpt2(gg_load *L, nb_model_config *c) {
+  int64_t kv = c->n_heads;
+  nb_status s = key_int(L, "gpt2.attention.head_count_kv", c->n_heads, &kv);
+  if (!s && kv != c->n_heads)
+    return nb_errorf(L->ctx, NB_ERR_UNIMPLEMENTED, "%s: key 'gpt2.attention.head_count_kv' is %lld; GPT-2 models have as many KV heads "
+                     "as heads (%lld)", L->path, (long long)kv, (long long)c->n_heads);
+  if (!s) s = key_float(L, "gpt2.attention.layer_norm_epsilon", -1, &c->norm_eps);
+  return s;
+}
+
+static nb_status parse_config(gg_load *L, nb_model_loaded *m) {
+  nb_ctx *ctx = L->ctx;
+  const char *arch;
+  size_t n;
+  nb_status s = nb_gguf_get_string(L->g, "general.architecture", &arch, &n);
+  if (s) return s;
+  bool llama = n == 5 && !memcmp(arch, "llama", 5), gpt2 = n == 4 && !memcmp(arch, "gpt2", 4);
+  if (!llama && !gpt2)
+    return nb_errorf(ctx, NB_ERR_UNIMPLEMENTED, "%s: key 'general.architecture' is '%.*s'; supported: llama, gpt2", L->path,
+                     (int)(n < 64 ? n : 64), arch);
+  nb_model_config *c = &m->cfg;
+  nb_model_config_preset(ctx, llama ? "llama-tiny" : "gpt2-tiny", c); /* the family's switches; every size is set below */
+  char key[64];
+#define KEY(suffix) (snprintf(key, sizeof key, "%s.%s", llama ? "llama" : "gpt2", suffix), key)
+  if (!s) s = key_int(L, KEY("embedding_length"), -1, &c->d_model);
+  if (!s) s = key_int(L, KEY("block_count"), -1, &c->n_layers);
+  if (!s) s = key_int(L, KEY("feed_forward_length"), -1, &c->d_ff);
+  if (!s) s = key_int(L, KEY("attention.head_count"), -1, &c->n_heads);
+  if (!s) s = key_int(L, KEY("context_length"), -1, &c->max_seq_len);
+  if (!s) c->n_kv_heads = c->n_heads;
+  if (!s) s = llama ? parse_llama(L, c) : parse_gpt2(L, c);
+  if (s) return s;
   const nb_gguf_tensor *emb = nb_gguf_find_tensor(L->g, "token_embd.weight");
   if (!emb || emb->n_dims != 2)
     return nb_errorf(ctx, NB_ERR_FORMAT, "%s: tensor 'token_embd.weight' is %s", L->path, emb ? "not 2-D" : "missing");
   c->vocab_size = emb->ne[1];
   int64_t vs = 0;
-  if (nb_gguf_get(L->g, "llama.vocab_size") && !(s = key_int(L, "llama.vocab_size", -1, &vs)) && vs != c->vocab_size)
-    return nb_errorf(ctx, NB_ERR_FORMAT, "%s: key 'llama.vocab_size' is %lld but tensor 'token_embd.weight' has %lld rows", L->path,
+  if (nb_gguf_get(L->g, KEY("vocab_size")) && !(s = key_int(L, key, -1, &vs)) && vs != c->vocab_size)
+    return nb_errorf(ctx, NB_ERR_FORMAT, "%s: key '%s' is %lld but tensor 'token_embd.weight' has %lld rows", L->path, key,
                      (long long)vs, (long long)c->vocab_size);
+#undef KEY
   if (s) return s;
   c->tie_embeddings = !nb_gguf_find_tensor(L->g, "output.weight");
   if (nb_model_config_validate(ctx, c)) {
@@ -203,6 +249,15 @@ static void shape_str(const nb_shape *s, char *buf, size_t cap) {
   if (n < cap) snprintf(buf + n, cap - n, "]");
 }
 
+/* rows [r0, r0 + n) of x (rank 1: elements) as a new array */
+static nb_array *slice_rows(nb_ctx *ctx, const nb_array *x, int64_t r0, int64_t n) {
+  int rank = nb_array_rank(x);
+  int64_t cols = rank == 2 ? nb_array_dims(x)[1] : 1, d[2] = {n, cols};
+  nb_array *y = nb_array_empty(ctx, NB_F32, rank, d);
+  if (y) memcpy(nb_array_data_mut(y), (const float *)nb_array_data(x) + r0 * cols, (size_t)(n * cols) * sizeof(float));
+  return y;
+}
+
 static nb_status load_weights(gg_load *L, nb_model_loaded *m) {
   nb_ctx *ctx = L->ctx;
   nb_tree *spec = nb_model_param_spec(ctx, &m->cfg, NB_F32);
@@ -213,13 +268,18 @@ static nb_status load_weights(gg_load *L, nb_model_loaded *m) {
   for (size_t i = 0; !s && i < nb_tree_size(spec); i++) {
     const char *p = nb_tree_path(spec, i);
     char name[256];
-    int kind = AS_IS;
-    if (!gguf_name(p, name, sizeof name, &kind)) {
+    int kind = AS_IS, part = 0;
+    if (!gguf_name(m->cfg.family, p, name, sizeof name, &kind, &part)) {
       s = nb_errorf(ctx, NB_ERR_INTERNAL, "gguf: no llama.cpp name for parameter '%s'", p);
       break;
     }
-    nb_shape want = nb_leaf_get_aval(nb_tree_leaf(spec, i)).shape; /* the decoded (row-major) shape: linears [out, in] */
-    if (kind != AS_IS) want = nb_shape_make(2, (int64_t[2]){want.dims[1], want.dims[0]});
+    /* the tensor's decoded (row-major) shape: linears [out, in], a fused
+     * q/k/v three of them stacked */
+    nb_shape want = nb_leaf_get_aval(nb_tree_leaf(spec, i)).shape;
+    int64_t out = kind == QKV ? want.dims[1] : want.dims[0];
+    if (kind == LINEAR || kind == LINEAR_Q || kind == LINEAR_K) want = nb_shape_make(2, (int64_t[2]){want.dims[1], want.dims[0]});
+    if (kind == QKV) want = nb_shape_make(2, (int64_t[2]){3 * want.dims[1], want.dims[0]});
+    if (kind == QKV_BIAS) want.dims[0] *= 3;
     const nb_gguf_tensor *t = nb_gguf_find_tensor(L->g, name);
     char ws[96], hs[96];
     shape_str(&want, ws, sizeof ws);
@@ -236,16 +296,18 @@ static nb_status load_weights(gg_load *L, nb_model_loaded *m) {
       break;
     }
     nb_array *x = nb_gguf_tensor_f32(L->g, t), *y = x;
+    if (x && (kind == QKV || kind == QKV_BIAS)) y = slice_rows(ctx, x, part * out, out);
+    if (y != x) nb_array_release(x), x = y;
     int64_t heads = kind == LINEAR_Q ? m->cfg.n_heads : kind == LINEAR_K ? m->cfg.n_kv_heads : 0;
-    if (x && kind != AS_IS) y = kernel_from_rows(ctx, x, heads);
+    if (x && kind != AS_IS && kind != QKV_BIAS) y = kernel_from_rows(ctx, x, heads);
     if (y != x) nb_array_release(x);
     s = y ? nb_tree_set_array(m->params, p, y) : nb_ctx_status(ctx);
     nb_array_release(y);
   }
   for (size_t i = 0; !s && i < nt; i++)
     if (!used[i])
-      s = nb_errorf(ctx, NB_ERR_UNIMPLEMENTED, "%s: tensor '%s' is not part of the Llama architecture nabla implements", L->path,
-                    nb_gguf_tensor_at(L->g, i)->name);
+      s = nb_errorf(ctx, NB_ERR_UNIMPLEMENTED, "%s: tensor '%s' is not part of the %s architecture nabla implements", L->path,
+                    nb_gguf_tensor_at(L->g, i)->name, m->cfg.family == NB_MODEL_GPT2 ? "GPT-2" : "Llama");
   free(used);
   nb_tree_destroy(spec);
   return s;
@@ -467,7 +529,8 @@ static nb_status save_tokenizer(gg_save *S) {
   nb_gguf_writer *w = S->w;
   if (!m->tok) { /* ids only: llama.cpp's vocabulary-less mode with dummy tokens */
     nb_status s = nb_gguf_write_string(w, "tokenizer.ggml.model", "no_vocab", 8);
-    return s ? s : nb_gguf_write_u32(w, "llama.vocab_size", (uint32_t)m->cfg.vocab_size);
+    const char *key = m->cfg.family == NB_MODEL_GPT2 ? "gpt2.vocab_size" : "llama.vocab_size";
+    return s ? s : nb_gguf_write_u32(w, key, (uint32_t)m->cfg.vocab_size);
   }
   if (nb_tok_get_kind(m->tok) != NB_TOK_BYTE_LEVEL)
     return nb_errorf(S->ctx, NB_ERR_UNIMPLEMENTED, "gguf export: only byte-level BPE tokenizers (GPT-2 / Llama-3 style) are "
@@ -519,17 +582,31 @@ static nb_status save_tokenizer(gg_save *S) {
 static nb_status save_config(gg_save *S, const char *name) {
   const nb_model_config *c = &S->m->cfg;
   nb_gguf_writer *w = S->w;
-  if (c->family != NB_MODEL_LLAMA || c->n_experts > 0 || c->bias || !c->gated_mlp || c->act != NB_NN_SILU || c->norm != NB_NN_RMSNORM ||
-      c->rope_cfg.interleaved || c->rope_cfg.scaling == NB_NN_ROPE_LLAMA3)
+  bool llama = c->family == NB_MODEL_LLAMA && !c->n_experts && !c->bias && c->gated_mlp && c->act == NB_NN_SILU &&
+               c->norm == NB_NN_RMSNORM && c->rope && !c->learned_pos && !c->rope_cfg.interleaved &&
+               c->rope_cfg.scaling != NB_NN_ROPE_LLAMA3;
+  bool gpt2 = c->family == NB_MODEL_GPT2 && !c->n_experts && c->bias && !c->gated_mlp && c->act == NB_NN_GELU_TANH &&
+              c->norm == NB_NN_LAYERNORM && !c->rope && c->learned_pos && c->n_kv_heads == c->n_heads && !c->head_dim;
+  if (!llama && !gpt2)
     return nb_errorf(S->ctx, NB_ERR_UNIMPLEMENTED, "gguf export: only dense Llama models (RMSNorm, SwiGLU, no biases, RoPE without "
-                     "llama3 scaling) are written");
+                     "llama3 scaling) and GPT-2 models (LayerNorm, GELU, biases, learned positions) are written");
   /* llama.cpp's file types: ALL_F32 0, MOSTLY_F16 1, MOSTLY_Q4_0 2, MOSTLY_Q8_0 7, MOSTLY_BF16 32 */
   uint32_t ftype = S->type == NB_GGUF_F16 ? 1 : S->type == NB_GGUF_Q4_0 ? 2 : S->type == NB_GGUF_Q8_0 ? 7 : S->type == NB_GGUF_BF16 ? 32 : 0;
-  int64_t hd = nb_model_head_dim(c);
-  nb_status s = nb_gguf_write_string(w, "general.architecture", "llama", 5);
+  const char *arch = llama ? "llama" : "gpt2";
+  nb_status s = nb_gguf_write_string(w, "general.architecture", arch, strlen(arch));
   if (!s && name) s = nb_gguf_write_string(w, "general.name", name, strlen(name));
   if (!s) s = nb_gguf_write_u32(w, "general.file_type", ftype);
   if (!s) s = nb_gguf_write_u32(w, "general.quantization_version", 2);
+  if (gpt2) {
+    if (!s) s = nb_gguf_write_u32(w, "gpt2.context_length", (uint32_t)c->max_seq_len);
+    if (!s) s = nb_gguf_write_u32(w, "gpt2.embedding_length", (uint32_t)c->d_model);
+    if (!s) s = nb_gguf_write_u32(w, "gpt2.block_count", (uint32_t)c->n_layers);
+    if (!s) s = nb_gguf_write_u32(w, "gpt2.feed_forward_length", (uint32_t)c->d_ff);
+    if (!s) s = nb_gguf_write_u32(w, "gpt2.attention.head_count", (uint32_t)c->n_heads);
+    if (!s) s = nb_gguf_write_f32(w, "gpt2.attention.layer_norm_epsilon", (float)c->norm_eps);
+    return s;
+  }
+  int64_t hd = nb_model_head_dim(c);
   if (!s) s = nb_gguf_write_u32(w, "llama.context_length", (uint32_t)c->max_seq_len);
   if (!s) s = nb_gguf_write_u32(w, "llama.embedding_length", (uint32_t)c->d_model);
   if (!s) s = nb_gguf_write_u32(w, "llama.block_count", (uint32_t)c->n_layers);
@@ -562,6 +639,44 @@ static nb_gguf_type tensor_type(gg_save *S, const char *name, const nb_array *ro
   return t;
 }
 
+/* parameter p (any float dtype) as f32, or NULL with an error */
+static nb_array *param_f32(gg_save *S, const char *p) {
+  nb_array *x = nb_tree_get_array(S->m->params, p);
+  if (!x) return nb_errorf(S->ctx, NB_ERR_NOT_FOUND, "gguf export: parameter '%s' is missing", p), NULL;
+  return nb_array_astype(S->ctx, x, NB_F32);
+}
+
+/* the GGUF tensor (ggml rows) of nabla parameter p; for a fused q/k/v,
+ * p's siblings wk and wv are stacked under it */
+static nb_array *tensor_rows(gg_save *S, const char *p, int kind) {
+  nb_ctx *ctx = S->ctx;
+  if (kind == QKV || kind == QKV_BIAS) {
+    char sib[256];
+    size_t n = strlen(p), at = n - strlen(kind == QKV ? "wq/kernel" : "wq/bias");
+    nb_array *part[3] = {0}, *y = NULL;
+    for (int k = 0; k < 3; k++) {
+      snprintf(sib, sizeof sib, "%.*sw%c%s", (int)at, p, "qkv"[k], p + at + 2);
+      nb_array *f = param_f32(S, sib);
+      part[k] = f && kind == QKV ? rows_from_kernel(ctx, f, 0) : f;
+      if (part[k] != f) nb_array_release(f);
+    }
+    if (part[0] && part[1] && part[2]) {
+      int rank = nb_array_rank(part[0]);
+      int64_t out = nb_array_dims(part[0])[0], cols = rank == 2 ? nb_array_dims(part[0])[1] : 1, d[2] = {3 * out, cols};
+      if ((y = nb_array_empty(ctx, NB_F32, rank, d)))
+        for (int k = 0; k < 3; k++)
+          memcpy((float *)nb_array_data_mut(y) + k * out * cols, nb_array_data(part[k]), (size_t)(out * cols) * sizeof(float));
+    }
+    for (int k = 0; k < 3; k++) nb_array_release(part[k]);
+    return y;
+  }
+  nb_array *f = param_f32(S, p), *rows = f;
+  int64_t heads = kind == LINEAR_Q ? S->m->cfg.n_heads : kind == LINEAR_K ? S->m->cfg.n_kv_heads : 0;
+  if (f && kind != AS_IS) rows = rows_from_kernel(ctx, f, heads);
+  if (rows != f) nb_array_release(f);
+  return rows;
+}
+
 nb_status nb_model_save_gguf(nb_ctx *ctx, const nb_model_loaded *m, const char *path, const nb_model_gguf_opts *opts) {
   if (!m || !path || !m->params) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "gguf export: NULL argument");
   nb_gguf_type type = opts ? opts->type : NB_GGUF_F32;
@@ -577,15 +692,11 @@ nb_status nb_model_save_gguf(nb_ctx *ctx, const nb_model_loaded *m, const char *
   for (size_t i = 0; !s && i < nb_tree_size(spec); i++) {
     const char *p = nb_tree_path(spec, i);
     char name[256];
-    int kind = AS_IS;
-    nb_array *x = nb_tree_get_array(m->params, p);
-    if (!gguf_name(p, name, sizeof name, &kind)) s = nb_errorf(ctx, NB_ERR_INTERNAL, "gguf export: no llama.cpp name for '%s'", p);
-    else if (!x) s = nb_errorf(ctx, NB_ERR_NOT_FOUND, "gguf export: parameter '%s' is missing", p);
-    if (s) break;
-    nb_array *f = nb_array_astype(ctx, x, NB_F32), *rows = f;
-    int64_t heads = kind == LINEAR_Q ? m->cfg.n_heads : kind == LINEAR_K ? m->cfg.n_kv_heads : 0;
-    if (f && kind != AS_IS) rows = rows_from_kernel(ctx, f, heads);
-    if (rows != f) nb_array_release(f);
+    int kind = AS_IS, part = 0;
+    if (!gguf_name(m->cfg.family, p, name, sizeof name, &kind, &part))
+      s = nb_errorf(ctx, NB_ERR_INTERNAL, "gguf export: no llama.cpp name for '%s'", p);
+    if (s || part > 0) continue; /* a fused q/k/v is written with its first part */
+    nb_array *rows = tensor_rows(&S, p, kind);
     s = rows ? nb_gguf_write_tensor(S.w, name, tensor_type(&S, name, rows), rows) : nb_ctx_status(ctx);
     nb_array_release(rows);
   }

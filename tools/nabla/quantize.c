@@ -20,7 +20,7 @@ static const char usage_text[] =
     "  --config FILE        the run config for a run dir / checkpoint\n"
     "  --name NAME          general.name in the file (default: none)\n"
     "The tokenizer is written when it is byte-level BPE (GPT-2 / Llama-3 style); a model without\n"
-    "one gets llama.cpp's vocabulary-less mode (ids only). Dense Llama models only.\n";
+    "one gets llama.cpp's vocabulary-less mode (ids only). Dense Llama and GPT-2 models.\n";
 
 static const struct {
   const char *name;

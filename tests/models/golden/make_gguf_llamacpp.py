@@ -7,7 +7,8 @@ Runs in a Python with llama-cpp-python (which builds llama.cpp from source)
 and gguf-py, e.g. /work/venv-llamacpp, or: pip install llama-cpp-python gguf numpy.
 
 1. `BUILD_DIR/models_test_gguf --write TMP` writes nabla's export of a small
-   Llama (weights from an integer formula) as F32, F16, Q8_0 and Q4_0; llama.cpp
+   Llama (weights from an integer formula) as F32, F16, Q8_0 and Q4_0, and of
+   a small GPT-2 as F32 and Q8_0; llama.cpp
    runs each on PROMPT (logits_all) and its logits are recorded ("exports"),
    and so are its logits of an F32 copy whose tensors gguf-py dequantized
    ("<type>_as_f32"): the same weights without ggml's quantization of the
@@ -51,7 +52,8 @@ def dequantized_copy(src, dst):
     copied; nabla's exports carry no arrays): llama.cpp then runs the same
     weights without quantizing its activations."""
     r = gguf.GGUFReader(src)
-    w = gguf.GGUFWriter(dst, arch="llama")
+    arch = str(bytes(r.fields["general.architecture"].parts[-1]), "utf-8")
+    w = gguf.GGUFWriter(dst, arch=arch)
     for k, f in r.fields.items():
         t = f.types[0]
         if k.startswith("GGUF.") or k == "general.architecture" or k == "general.file_type":
@@ -191,7 +193,7 @@ def main():
     out = {"prompt_ids": PROMPT, "exports": {}}
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.check_call([os.path.join(build, "models_test_gguf"), "--write", tmp])
-        for t in ("f32", "f16", "q8_0", "q4_0"):
+        for t in ("f32", "f16", "q8_0", "q4_0", "gpt2_f32", "gpt2_q8_0"):
             path = os.path.join(tmp, t + ".gguf")
             _, out["exports"][t] = run(path, PROMPT)
             dequantized_copy(path, path + ".f32")
