@@ -271,6 +271,14 @@ static void test_cli(nb_ctx *ctx, const cJSON *golden, const char *tmp) {
   CHECK(b.params && nb_tree_size(b.params) == nb_tree_size(a.params));
   nb_model_loaded_free(&a);
   nb_model_loaded_free(&b);
+  /* ckpt show: metadata and each tensor's type */
+  static char show[1 << 16];
+  snprintf(cmd, sizeof cmd, "%s ckpt show %s", bin, path);
+  CHECK(nb_test_run(cmd, show, sizeof show) == 0);
+  CHECK_MSG(strstr(show, "GGUF version 3, alignment 32") && strstr(show, "tokenizer.ggml.model                             \"gpt2\"") &&
+            strstr(show, "tokenizer.ggml.merges                            string[") &&
+            strstr(show, "blk.0.attn_q.weight                              Q8_0   [32, 32]") &&
+            strstr(show, "blk.0.attn_norm.weight                           F32    [32]"), "%s", show);
   snprintf(cmd, sizeof cmd, "%s quantize tests/models/golden/bpe_tiny.gguf --format gguf --type q5_0 -o %s 2>&1", bin, path);
   CHECK(nb_test_run(cmd, out, sizeof out) == 2 && strstr(out, "--type 'q5_0': one of f32, f16, bf16, q8_0, q4_0"));
 }
