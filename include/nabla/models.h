@@ -320,10 +320,10 @@ typedef struct nb_model_gguf_opts {
   const char *name;       /* general.name; NULL: none */
 } nb_model_gguf_opts;
 /* Writes a dense Llama or a GPT-2 model as a GGUF file llama.cpp loads:
- * llama.* / gpt2.* metadata, the tokenizer (none: "no_vocab" with llama.vocab_size;
- * byte-level BPE: "gpt2" tokens and merges; others are not written yet and
- * refused), tensors under llama.cpp's names with the q/k rows permuted for
- * its RoPE. 1-D tensors stay F32; in a Q4_0 file the output projection is
+ * llama.* / gpt2.* metadata, the tokenizer (none: "no_vocab" with
+ * <arch>.vocab_size; byte-level BPE: "gpt2" tokens and merges; char-level
+ * BPE: "llama" pieces and scores; others are refused by name), tensors
+ * under llama.cpp's names with the q/k rows permuted for its RoPE. 1-D tensors stay F32; in a Q4_0 file the output projection is
  * Q8_0; rows not a multiple of the block fall back to F16. opts may be NULL
  * (F32). */
 nb_status nb_model_save_gguf(nb_ctx *ctx, const nb_model_loaded *m, const char *path, const nb_model_gguf_opts *opts);

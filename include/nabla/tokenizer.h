@@ -115,6 +115,16 @@ typedef struct nb_tok_spm_opts {
 } nb_tok_spm_opts;
 nb_tok *nb_tok_create_sentencepiece(nb_ctx *ctx, const nb_tok_spm_piece *pieces, size_t n, const nb_tok_spm_opts *opts,
                                     const char *name);
+/* The other way: a char-level BPE tokenizer (a SentencePiece BPE .model,
+ * or a tokenizer.json BPE with "▁" for spaces as Llama-2's) as pieces that
+ * nb_tok_create_sentencepiece (and llama.cpp's "llama" vocabulary) turn
+ * back into the same tokenizer: pieces[id] for id < nb_tok_vocab_size (text
+ * pointing into t; unused ids get type 5 and an empty text), scores
+ * -(rank of the first merge giving the piece) (0 for single characters,
+ * bytes and special tokens), opts filled. NB_ERR_UNIMPLEMENTED naming what
+ * cannot be expressed (byte-level or Unigram models, a normalizer, another
+ * pre-tokenizer). */
+nb_status nb_tok_sentencepiece_pieces(const nb_tok *t, nb_tok_spm_piece *pieces, size_t cap, nb_tok_spm_opts *opts);
 void nb_tok_destroy(nb_tok *t); /* NULL is allowed */
 
 /* ------------------------------------------------------------------------ */

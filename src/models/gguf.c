@@ -524,6 +524,61 @@ typedef struct gg_save {
   nb_gguf_type type;
 } gg_save;
 
+/* the special ids and whether bos is added, shared by both vocabularies */
+static nb_status save_special_ids(gg_save *S) {
+  const nb_model_loaded *m = S->m;
+  nb_status s = NB_OK;
+  if (m->n_eos) s = nb_gguf_write_u32(S->w, "tokenizer.ggml.eos_token_id", (uint32_t)m->eos_ids[0]);
+  if (!s && m->bos_id >= 0) s = nb_gguf_write_u32(S->w, "tokenizer.ggml.bos_token_id", (uint32_t)m->bos_id);
+  if (!s) s = nb_gguf_write_bool(S->w, "tokenizer.ggml.add_bos_token", m->bos_id >= 0);
+  return s;
+}
+
+/* a char-level BPE tokenizer as llama.cpp's "llama" vocabulary: pieces,
+ * scores (merge ranks, negated), SentencePiece token types */
+static nb_status save_spm_tokenizer(gg_save *S) {
+  const nb_model_loaded *m = S->m;
+  int32_t nv = (int32_t)m->cfg.vocab_size, nt = nb_tok_vocab_size(m->tok);
+  if (nt > nv)
+    return nb_errorf(S->ctx, NB_ERR_SHAPE, "gguf export: the tokenizer has %d tokens, the model %d", nt, nv);
+  nb_tok_spm_piece *p = calloc((size_t)nv + 1, sizeof *p);
+  const char **text = calloc((size_t)nv + 1, sizeof *text);
+  size_t *lens = calloc((size_t)nv + 1, sizeof *lens);
+  float *scores = calloc((size_t)nv + 1, sizeof *scores);
+  int32_t *types = calloc((size_t)nv + 1, sizeof *types);
+  char (*pad)[24] = calloc((size_t)nv + 1, sizeof *pad);
+  nb_tok_spm_opts o;
+  nb_status s = p && text && lens && scores && types && pad ? NB_OK : nb_errorf(S->ctx, NB_ERR_NOMEM, "gguf export: out of memory");
+  if (!s && (s = nb_tok_sentencepiece_pieces(m->tok, p, (size_t)nv, &o))) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", nb_ctx_error(S->ctx));
+    s = nb_errorf(S->ctx, s, "gguf export: %s", why);
+  }
+  for (int32_t id = 0; !s && id < nv; id++) {
+    /* ids the tokenizer does not use (and the model's padding rows) get
+     * unique unused pieces: llama.cpp wants one piece per row */
+    bool unused = id >= nt || (p[id].type == 5 && !p[id].len);
+    if (unused) snprintf(pad[id], sizeof pad[id], "[PAD%d]", id);
+    text[id] = unused ? pad[id] : p[id].text;
+    lens[id] = unused ? strlen(pad[id]) : p[id].len;
+    scores[id] = unused ? 0 : p[id].score;
+    types[id] = unused ? 5 : p[id].type;
+  }
+  if (!s) s = nb_gguf_write_string(S->w, "tokenizer.ggml.model", "llama", 5);
+  if (!s) s = nb_gguf_write_strings(S->w, "tokenizer.ggml.tokens", text, lens, (size_t)nv);
+  if (!s) s = nb_gguf_write_f32s(S->w, "tokenizer.ggml.scores", scores, (size_t)nv);
+  if (!s) s = nb_gguf_write_i32s(S->w, "tokenizer.ggml.token_type", types, (size_t)nv);
+  if (!s) s = nb_gguf_write_bool(S->w, "tokenizer.ggml.add_space_prefix", o.add_dummy_prefix);
+  if (!s && !o.byte_fallback)
+    s = nb_errorf(S->ctx, NB_ERR_UNIMPLEMENTED, "gguf export: llama.cpp's SentencePiece vocabulary always falls back to bytes; "
+                  "this tokenizer does not");
+  for (int32_t id = 0; !s && id < nt; id++)
+    if (p[id].type == 2) s = nb_gguf_write_u32(S->w, "tokenizer.ggml.unknown_token_id", (uint32_t)id);
+  if (!s) s = save_special_ids(S);
+  free(p), free(text), free(lens), free(scores), free(types), free(pad);
+  return s;
+}
+
 static nb_status save_tokenizer(gg_save *S) {
   const nb_model_loaded *m = S->m;
   nb_gguf_writer *w = S->w;
@@ -532,9 +587,7 @@ static nb_status save_tokenizer(gg_save *S) {
     const char *key = m->cfg.family == NB_MODEL_GPT2 ? "gpt2.vocab_size" : "llama.vocab_size";
     return s ? s : nb_gguf_write_u32(w, key, (uint32_t)m->cfg.vocab_size);
   }
-  if (nb_tok_get_kind(m->tok) != NB_TOK_BYTE_LEVEL)
-    return nb_errorf(S->ctx, NB_ERR_UNIMPLEMENTED, "gguf export: only byte-level BPE tokenizers (GPT-2 / Llama-3 style) are "
-                     "written so far; this model's tokenizer is SentencePiece-style");
+  if (nb_tok_get_kind(m->tok) != NB_TOK_BYTE_LEVEL) return save_spm_tokenizer(S);
   int32_t nv = (int32_t)m->cfg.vocab_size, nm = nb_tok_num_merges(m->tok);
   char **toks = calloc((size_t)nv + 1, sizeof *toks), **merges = calloc((size_t)nm + 1, sizeof *merges);
   int32_t *types = calloc((size_t)nv + 1, sizeof *types), *pairs = calloc(2 * (size_t)nm + 1, sizeof *pairs);
@@ -570,9 +623,7 @@ static nb_status save_tokenizer(gg_save *S) {
   if (!s) s = nb_gguf_write_strings(w, "tokenizer.ggml.tokens", (const char *const *)toks, NULL, (size_t)nv);
   if (!s) s = nb_gguf_write_i32s(w, "tokenizer.ggml.token_type", types, (size_t)nv);
   if (!s) s = nb_gguf_write_strings(w, "tokenizer.ggml.merges", (const char *const *)merges, NULL, (size_t)nm);
-  if (!s && m->n_eos) s = nb_gguf_write_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)m->eos_ids[0]);
-  if (!s && m->bos_id >= 0) s = nb_gguf_write_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)m->bos_id);
-  if (!s) s = nb_gguf_write_bool(w, "tokenizer.ggml.add_bos_token", m->bos_id >= 0);
+  if (!s) s = save_special_ids(S);
   for (int32_t i = 0; toks && i < nv; i++) free(toks[i]);
   for (int32_t i = 0; merges && i < nm; i++) free(merges[i]);
   free(toks), free(merges), free(types), free(pairs);

@@ -122,6 +122,90 @@ static void check_logits(const char *what, const nb_array *got, const cJSON *wan
   CHECK_MSG(maxd <= tol * maxv, "%s: logits differ from llama.cpp's by %g (max logit %g)", what, maxd, maxv);
 }
 
+/* SentencePiece-style tokenizers written into GGUF files (as llama.cpp's
+ * "llama" vocabulary) with a small model of their vocabulary size */
+static const struct {
+  const char *name, *tokenizer;
+} tok_exports[] = {
+    {"tok_spm", "tests/tokenizer/golden/spm/tokenizer.model"},          /* a SentencePiece BPE .model */
+    {"tok_spm_ws", "tests/tokenizer/golden/spm_ws/tokenizer.model"},    /* ... with whitespace-only pieces */
+    {"tok_hf_llama", "tests/tokenizer/golden/llama/tokenizer.json"},    /* Llama-2's tokenizer.json layout */
+};
+
+static int write_tok_exports(nb_ctx *ctx, const char *dir) {
+  int rc = 0;
+  for (size_t k = 0; k < sizeof tok_exports / sizeof *tok_exports; k++) {
+    nb_model_loaded m = {.cfg = model_config(false), .bos_id = -1};
+    m.tok = nb_tok_load(ctx, tok_exports[k].tokenizer);
+    if (!m.tok) {
+      fprintf(stderr, "%s: %s\n", tok_exports[k].tokenizer, nb_ctx_error(ctx));
+      rc = 1;
+      continue;
+    }
+    m.cfg.vocab_size = nb_tok_vocab_size(m.tok);
+    m.cfg.n_layers = 1;
+    m.params = model_params(ctx, &m.cfg);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s.gguf", dir, tok_exports[k].name);
+    if (nb_model_save_gguf(ctx, &m, path, NULL)) fprintf(stderr, "%s: %s\n", path, nb_ctx_error(ctx)), rc = 1;
+    nb_model_loaded_free(&m);
+  }
+  return rc;
+}
+
+/* nabla's ids of each text with the original tokenizer, with the one read
+ * back from the GGUF file, and llama.cpp's with that file, all equal */
+static void test_tok_exports(nb_ctx *ctx, const cJSON *golden, const char *tmp) {
+  CHECK(write_tok_exports(ctx, tmp) == 0);
+  cJSON *texts = nb_test_golden_load("tests/tokenizer/golden/texts.json");
+  const cJSON *hex = cJSON_GetObjectItemCaseSensitive(texts, "texts"), *tg = cJSON_GetObjectItemCaseSensitive(golden, "tok_exports");
+  for (size_t k = 0; k < sizeof tok_exports / sizeof *tok_exports; k++) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s.gguf", tmp, tok_exports[k].name);
+    nb_tok *orig = nb_tok_load(ctx, tok_exports[k].tokenizer);
+    nb_model_loaded m;
+    CHECK_OK(ctx, nb_model_load_gguf(ctx, path, &m));
+    const cJSON *want = cJSON_GetObjectItemCaseSensitive(tg, tok_exports[k].name), *h;
+    CHECK_MSG(orig && m.tok && cJSON_GetArraySize(want) == cJSON_GetArraySize(hex) && cJSON_GetArraySize(hex) > 0, "%s", tok_exports[k].name);
+    int i = 0, same_llama = 0, same_back = 0;
+    cJSON_ArrayForEach(h, hex) {
+      const char *hx = cJSON_GetStringValue(h);
+      char text[4096];
+      size_t n = 0;
+      for (; hx && hx[2 * n] && hx[2 * n + 1] && n < sizeof text - 1; n++) sscanf(hx + 2 * n, "%2hhx", (unsigned char *)&text[n]);
+      nb_tok_ids a = {0}, b = {0};
+      nb_tok_encode_opts o = {.special = NB_TOK_SPECIAL_AS_TEXT};
+      if (orig) CHECK_OK(ctx, nb_tok_encode(orig, text, n, &o, &a));
+      if (m.tok) CHECK_OK(ctx, nb_tok_encode(m.tok, text, n, &o, &b));
+      bool back = a.len == b.len && !memcmp(a.ids, b.ids, a.len * sizeof *a.ids);
+      const cJSON *w = cJSON_GetArrayItem(want, i), *v;
+      bool llama = cJSON_GetArraySize(w) == (int)a.len;
+      int j = 0;
+      cJSON_ArrayForEach(v, w) llama = llama && j < (int)a.len && v->valueint == a.ids[j++];
+      same_back += back, same_llama += llama;
+      if (!llama) fprintf(stderr, "%s: text %d: nabla's %zu ids differ from llama.cpp's %d\n", tok_exports[k].name, i, a.len, cJSON_GetArraySize(w));
+      if (!back) {
+        fprintf(stderr, "%s: text %d '%.40s': read back: %zu ids, originally %zu:", tok_exports[k].name, i, text, b.len, a.len);
+        for (size_t q = 0; q < a.len || q < b.len; q++) fprintf(stderr, " %d/%d", q < a.len ? a.ids[q] : -1, q < b.len ? b.ids[q] : -1);
+        fputc('\n', stderr);
+      }
+      if (orig) nb_tok_ids_free(orig, &a);
+      if (m.tok) nb_tok_ids_free(m.tok, &b);
+      i++;
+    }
+    printf("%-12s %d texts: %d read back the same, %d equal llama.cpp's ids\n", tok_exports[k].name, i, same_back, same_llama);
+    /* Known: in the tokenizer.json fixture a merge forms "</s>" (a control
+     * token) from "</" + "s>" and another merges it on ("▁text</s>", text
+     * 17). llama.cpp merges through control pieces; nabla's SentencePiece
+     * tokenizer, like sentencepiece itself, never forms them. */
+    int known = !strcmp(tok_exports[k].name, "tok_hf_llama");
+    CHECK(same_back == i - known && same_llama == i);
+    nb_model_loaded_free(&m);
+    nb_tok_destroy(orig);
+  }
+  cJSON_Delete(texts);
+}
+
 static int write_exports(nb_ctx *ctx, const char *dir) {
   int rc = 0;
   for (size_t f = 0; f < sizeof formats / sizeof *formats; f++) {
@@ -332,7 +416,7 @@ static void test_malformed(nb_ctx *ctx, const char *tmp) {
 int main(int argc, char **argv) {
   nb_ctx *ctx = nb_ctx_create();
   if (argc == 3 && !strcmp(argv[1], "--write")) {
-    int rc = write_exports(ctx, argv[2]);
+    int rc = write_exports(ctx, argv[2]) | write_tok_exports(ctx, argv[2]);
     nb_ctx_destroy(ctx);
     return rc;
   }
@@ -345,6 +429,7 @@ int main(int argc, char **argv) {
     test_vocab_model(ctx, golden, "spm");
     test_vocab_model(ctx, golden, "bpe");
     test_cli(ctx, golden, tmp);
+    test_tok_exports(ctx, golden, tmp);
   }
   test_malformed(ctx, tmp);
   cJSON_Delete(golden);

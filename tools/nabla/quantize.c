@@ -19,8 +19,9 @@ static const char usage_text[] =
     "  -o, --output FILE    the file to write (atomically)\n"
     "  --config FILE        the run config for a run dir / checkpoint\n"
     "  --name NAME          general.name in the file (default: none)\n"
-    "The tokenizer is written when it is byte-level BPE (GPT-2 / Llama-3 style); a model without\n"
-    "one gets llama.cpp's vocabulary-less mode (ids only). Dense Llama and GPT-2 models.\n";
+    "The tokenizer is written when it is BPE (byte-level as GPT-2 / Llama-3, or SentencePiece-style\n"
+    "as Llama-2); a model without one gets llama.cpp's vocabulary-less mode (ids only).\n"
+    "Dense Llama and GPT-2 models.\n";
 
 static const struct {
   const char *name;

@@ -289,3 +289,44 @@ nb_tok *nb_tok_load_sentencepiece(nb_ctx *ctx, const char *path) {
   nb_dealloc(ctx, data, n + 1);
   return t;
 }
+
+nb_status nb_tok_sentencepiece_pieces(const nb_tok *t, nb_tok_spm_piece *pieces, size_t cap, nb_tok_spm_opts *opts) {
+  const char *why = t->kind != NB_TOK_CHAR_LEVEL || t->model != NB_TOK__MODEL_BPE ? "only char-level BPE models are"
+                    : t->n_norm > 0 || t->spm_trie_n > 0 || t->spm_remove_extra ? "a normalizer is not"
+                    : t->pattern ? "a split pattern is not"
+                                 : NULL;
+  /* where "▁" comes from: SentencePiece's own rule, or tokenizer.json's
+   * Prepend("▁") + Replace(" ", "▁") normalizer */
+  bool dummy = t->spm_normalizer ? t->spm_dummy_prefix : !strcmp(t->norm_prepend, "\xE2\x96\x81");
+  if (!why && !t->spm_normalizer && (!t->norm_replace_space || (t->norm_prepend[0] && !dummy) || t->metaspace))
+    why = "this space handling is not";
+  if (why) return nb_errorf(t->ctx, NB_ERR_UNIMPLEMENTED, "tokenizer: %s expressible as SentencePiece pieces", why);
+  int32_t n = t->n_tokens;
+  if (cap < (size_t)n) return nb_errorf(t->ctx, NB_ERR_INVALID_ARG, "nb_tok_sentencepiece_pieces: room for %zu pieces, %d needed", cap, n);
+  int32_t *rank = nb_alloc(t->ctx, ((size_t)n + 1) * sizeof *rank);
+  if (!rank) return NB_ERR_NOMEM;
+  for (int32_t id = 0; id < n; id++) rank[id] = -1;
+  for (size_t i = 0; t->merges && i < t->merges_cap; i++) {
+    const nb_tok__merge *m = &t->merges[i];
+    if (m->key != UINT64_MAX && m->result >= 0 && m->result < n && (rank[m->result] < 0 || m->rank < rank[m->result]))
+      rank[m->result] = m->rank;
+  }
+  for (int32_t id = 0; id < n; id++) {
+    const nb_tok__token *tk = &t->tokens[id];
+    nb_tok_spm_piece *p = &pieces[id];
+    *p = (nb_tok_spm_piece){.text = "", .len = 0, .score = 0, .type = SP_UNUSED};
+    if (!(tk->flags & NB_TOK__F_PRESENT)) continue;
+    p->text = (const char *)nb_tok__bytes(t, id);
+    p->len = tk->len;
+    p->score = rank[id] >= 0 ? -(float)rank[id] : 0;
+    p->type = id == t->unk_id ? SP_UNKNOWN
+              : tk->flags & NB_TOK__F_BYTE ? SP_BYTE
+              : tk->flags & NB_TOK__F_SPECIAL ? SP_CONTROL
+              : tk->flags & NB_TOK__F_ADDED ? SP_USER
+              : tk->flags & NB_TOK__F_HIDDEN ? SP_UNUSED
+                                              : SP_NORMAL;
+  }
+  nb_dealloc(t->ctx, rank, ((size_t)n + 1) * sizeof *rank);
+  *opts = (nb_tok_spm_opts){.byte_fallback = t->byte_fallback, .add_dummy_prefix = dummy};
+  return NB_OK;
+}

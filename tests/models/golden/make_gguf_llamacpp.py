@@ -20,6 +20,11 @@ and gguf-py, e.g. /work/venv-llamacpp, or: pip install llama-cpp-python gguf num
    as spm_tiny.gguf and bpe_tiny.gguf; llama.cpp's token ids for TEXTS and
    its logits for the first text and its greedy continuation (8 tokens) are
    recorded ("spm", "bpe").
+3. The same binary writes small models carrying SentencePiece-style
+   tokenizers of the tokenizer tests (a BPE .model, one with whitespace-only
+   pieces, Llama-2's tokenizer.json layout) as llama.cpp "llama"
+   vocabularies; llama.cpp's ids for the tokenizer tests' 32 texts are
+   recorded ("tok_exports").
 Writes tests/models/golden/gguf_llamacpp.json (and the two .gguf files).
 """
 import json
@@ -33,6 +38,7 @@ import gguf
 from llama_cpp import Llama
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 PROMPT = [1, 5, 17, 42, 3, 88, 60, 7, 23, 95]
 TEXTS = ["the cat sat on the mat", "Hello, world! ünïcödé 日本", "  two  spaces\nand a newline", "tea at the theater"]
 
@@ -192,12 +198,20 @@ def main():
     build = sys.argv[1] if len(sys.argv) > 1 else "build"
     out = {"prompt_ids": PROMPT, "exports": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.check_call([os.path.join(build, "models_test_gguf"), "--write", tmp])
+        subprocess.check_call([os.path.abspath(os.path.join(build, "models_test_gguf")), "--write", tmp], cwd=ROOT)
         for t in ("f32", "f16", "q8_0", "q4_0", "gpt2_f32", "gpt2_q8_0"):
             path = os.path.join(tmp, t + ".gguf")
             _, out["exports"][t] = run(path, PROMPT)
             dequantized_copy(path, path + ".f32")
             _, out["exports"][t + "_as_f32"] = run(path + ".f32", PROMPT)
+        # the SentencePiece-style tokenizers nabla exported: llama.cpp's ids
+        # for every text of the tokenizer tests (special tokens as text)
+        with open(os.path.join(ROOT, "tests/tokenizer/golden/texts.json")) as f:
+            texts = [bytes.fromhex(h) for h in json.load(f)["texts"]]
+        out["tok_exports"] = {}
+        for name in ("tok_spm", "tok_spm_ws", "tok_hf_llama"):
+            llm = Llama(model_path=os.path.join(tmp, name + ".gguf"), vocab_only=True, verbose=False)
+            out["tok_exports"][name] = [llm.tokenize(t, add_bos=False, special=False) for t in texts]
     out["spm"] = vocab_golden("spm_tiny.gguf", spm_vocab, 1)
     out["bpe"] = vocab_golden("bpe_tiny.gguf", bpe_vocab, 2)
     with open(os.path.join(HERE, "gguf_llamacpp.json"), "w") as f:
