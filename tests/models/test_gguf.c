@@ -10,6 +10,10 @@
  *     q/k rows permuted) with a SentencePiece ("llama") and a byte-level
  *     ("gpt2") vocabulary: nabla's token ids of test texts equal llama.cpp's
  *     and its logits match;
+ *   - a Q4_K_M file llama.cpp's own quantizer wrote (Q4_K, Q6_K) decodes to
+ *     exactly what llama.cpp computes with;
+ *   - nabla's SentencePiece-style tokenizers exported as "llama"
+ *     vocabularies tokenize the tokenizer tests' texts as llama.cpp does;
  *   - malformed models are refused naming the key or tensor.
  * `models_test_gguf --write DIR` writes the four exported files (what the
  * golden script feeds llama.cpp) and exits. */
@@ -367,6 +371,34 @@ static void test_cli(nb_ctx *ctx, const cJSON *golden, const char *tmp) {
   CHECK(nb_test_run(cmd, out, sizeof out) == 2 && strstr(out, "--type 'q5_0': one of f32, f16, bf16, q8_0, q4_0"));
 }
 
+/* A file llama.cpp's own quantizer wrote (Q4_K_M: Q4_K and Q6_K tensors):
+ * nabla decodes what llama.cpp reads (its logits on an F32 copy of the
+ * dequantized weights), and stays within the activation-quantization
+ * error of llama.cpp's logits on the file itself. */
+static void test_llamacpp_quantized(nb_ctx *ctx, const cJSON *golden) {
+  const cJSON *g = cJSON_GetObjectItemCaseSensitive(golden, "q4_k_m");
+  const char *file = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(g, "file"));
+  CHECK(file != NULL);
+  if (!file) return;
+  char path[4200];
+  snprintf(path, sizeof path, "tests/models/golden/%s", file);
+  nb_model_loaded m;
+  CHECK_OK(ctx, nb_model_load_gguf(ctx, path, &m));
+  if (!m.params) return;
+  CHECK(m.cfg.d_model == 256 && m.cfg.n_kv_heads == 2 && m.cfg.vocab_size == 64);
+  int64_t ids64[16];
+  int n = nb_test_golden_ints(g, "prompt_ids", ids64, 16);
+  int32_t ids[16];
+  for (int i = 0; i < n; i++) ids[i] = (int32_t)ids64[i];
+  nb_array *logits = n > 0 ? forward(ctx, &m, ids, n) : NULL;
+  check_logits("q4_k_m as f32", logits, cJSON_GetObjectItemCaseSensitive(g, "logits_as_f32"), 1e-4);
+  /* ggml quantizes the activations to Q8_K (one scale per 256 values) for
+   * K-quant weights: measured 4.9% of the largest logit */
+  check_logits("q4_k_m", logits, cJSON_GetObjectItemCaseSensitive(g, "logits"), 1e-1);
+  nb_array_release(logits);
+  nb_model_loaded_free(&m);
+}
+
 static void expect_refused(nb_ctx *ctx, nb_gguf_writer *w, const char *tmp, nb_status want, const char *needle) {
   char path[4200];
   snprintf(path, sizeof path, "%s/bad.gguf", tmp);
@@ -430,6 +462,7 @@ int main(int argc, char **argv) {
     test_vocab_model(ctx, golden, "bpe");
     test_cli(ctx, golden, tmp);
     test_tok_exports(ctx, golden, tmp);
+    test_llamacpp_quantized(ctx, golden);
   }
   test_malformed(ctx, tmp);
   cJSON_Delete(golden);

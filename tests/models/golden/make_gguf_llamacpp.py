@@ -25,7 +25,11 @@ and gguf-py, e.g. /work/venv-llamacpp, or: pip install llama-cpp-python gguf num
    pieces, Llama-2's tokenizer.json layout) as llama.cpp "llama"
    vocabularies; llama.cpp's ids for the tokenizer tests' 32 texts are
    recorded ("tok_exports").
-Writes tests/models/golden/gguf_llamacpp.json (and the two .gguf files).
+4. A width-256 Llama quantized by llama.cpp itself to Q4_K_M (Q4_K and Q6_K
+   tensors as llama-quantize mixes them), checked in as
+   q4_k_m_tiny.gguf; llama.cpp's logits on it and on a dequantized F32 copy
+   ("q4_k_m").
+Writes tests/models/golden/gguf_llamacpp.json (and the three .gguf files).
 """
 import json
 import os
@@ -40,6 +44,7 @@ from llama_cpp import Llama
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 PROMPT = [1, 5, 17, 42, 3, 88, 60, 7, 23, 95]
+Q_PROMPT = [1, 5, 17, 42, 3, 24, 60, 7]  # the Q4_K_M model has 64 tokens
 TEXTS = ["the cat sat on the mat", "Hello, world! ünïcödé 日本", "  two  spaces\nand a newline", "tea at the theater"]
 
 
@@ -194,6 +199,61 @@ def vocab_golden(name, vocab, seed):
     return {"file": name, "texts": texts, "prompt_ids": ids, "logits": logits, "greedy": greedy}
 
 
+def llamacpp_quantized(rng):
+    """A Llama of width 256 (K-quant super-blocks) written in F32 by gguf-py
+    and quantized by llama.cpp itself to Q4_K_M (Q4_K and Q6_K tensors mixed
+    as llama-quantize chooses), checked in as q4_k_m_tiny.gguf; its
+    logits through llama.cpp, and through llama.cpp on an F32 copy of the
+    weights gguf-py dequantized."""
+    import ctypes
+    import llama_cpp
+    name = "q4_k_m_tiny.gguf"
+    out = os.path.join(HERE, name)
+    with tempfile.TemporaryDirectory() as tmp:
+        f32 = os.path.join(tmp, "f32.gguf")
+        d, ff, nh, nkv = 256, 256, 4, 2
+        hd = d // nh
+        w = gguf.GGUFWriter(f32, arch="llama")
+        for k, v in (("context_length", 64), ("embedding_length", d), ("block_count", 1), ("feed_forward_length", ff)):
+            w.add_uint32("llama." + k, v)
+        w.add_rope_dimension_count(hd)
+        w.add_head_count(nh)
+        w.add_head_count_kv(nkv)
+        w.add_layer_norm_rms_eps(1e-5)
+        w.add_file_type(0)
+        w.add_tokenizer_model("no_vocab")
+        w.add_vocab_size(64)
+
+        def mat(*shape, scale=0.15):
+            return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+        w.add_tensor("token_embd.weight", mat(64, d, scale=1.0))
+        w.add_tensor("blk.0.attn_norm.weight", 1 + mat(d, scale=0.1))
+        w.add_tensor("blk.0.attn_q.weight", permute(mat(nh * hd, d), nh))
+        w.add_tensor("blk.0.attn_k.weight", permute(mat(nkv * hd, d), nkv))
+        w.add_tensor("blk.0.attn_v.weight", mat(nkv * hd, d))
+        w.add_tensor("blk.0.attn_output.weight", mat(d, nh * hd))
+        w.add_tensor("blk.0.ffn_norm.weight", 1 + mat(d, scale=0.1))
+        w.add_tensor("blk.0.ffn_gate.weight", mat(ff, d))
+        w.add_tensor("blk.0.ffn_up.weight", mat(ff, d))
+        w.add_tensor("blk.0.ffn_down.weight", mat(d, ff))
+        w.add_tensor("output_norm.weight", 1 + mat(d, scale=0.1))
+        w.add_tensor("output.weight", mat(64, d))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        p = llama_cpp.llama_model_quantize_default_params()
+        p.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
+        p.nthread = 1
+        assert llama_cpp.llama_model_quantize(f32.encode(), out.encode(), ctypes.byref(p)) == 0
+        _, logits = run(out, Q_PROMPT)
+        dequantized_copy(out, os.path.join(tmp, "deq.gguf"))
+        _, as_f32 = run(os.path.join(tmp, "deq.gguf"), Q_PROMPT)
+    types = sorted({t.tensor_type.name for t in gguf.GGUFReader(out).tensors})
+    return {"file": name, "prompt_ids": Q_PROMPT, "types": types, "logits": logits, "logits_as_f32": as_f32}
+
+
 def main():
     build = sys.argv[1] if len(sys.argv) > 1 else "build"
     out = {"prompt_ids": PROMPT, "exports": {}}
@@ -214,6 +274,7 @@ def main():
             out["tok_exports"][name] = [llm.tokenize(t, add_bos=False, special=False) for t in texts]
     out["spm"] = vocab_golden("spm_tiny.gguf", spm_vocab, 1)
     out["bpe"] = vocab_golden("bpe_tiny.gguf", bpe_vocab, 2)
+    out["q4_k_m"] = llamacpp_quantized(np.random.default_rng(3))
     with open(os.path.join(HERE, "gguf_llamacpp.json"), "w") as f:
         json.dump(out, f, separators=(",", ":"))
         f.write("\n")
