@@ -316,7 +316,7 @@ nb_status nb_model_load_hf(nb_ctx *ctx, const char *dir, nb_model_loaded *out);
 nb_status nb_model_load_gguf(nb_ctx *ctx, const char *path, nb_model_loaded *out);
 
 typedef struct nb_model_gguf_opts {
-  nb_gguf_type type;      /* of the 2-D weights: F32 (0), F16, BF16, Q8_0, Q4_0 */
+  nb_gguf_type type;      /* of the 2-D weights: F32 (0), F16, BF16, Q8_0, Q4_0, Q4_K */
   const char *name;       /* general.name; NULL: none */
 } nb_model_gguf_opts;
 /* Writes a dense Llama or a GPT-2 model as a GGUF file llama.cpp loads:

@@ -641,8 +641,9 @@ static nb_status save_config(gg_save *S, const char *name) {
   if (!llama && !gpt2)
     return nb_errorf(S->ctx, NB_ERR_UNIMPLEMENTED, "gguf export: only dense Llama models (RMSNorm, SwiGLU, no biases, RoPE without "
                      "llama3 scaling) and GPT-2 models (LayerNorm, GELU, biases, learned positions) are written");
-  /* llama.cpp's file types: ALL_F32 0, MOSTLY_F16 1, MOSTLY_Q4_0 2, MOSTLY_Q8_0 7, MOSTLY_BF16 32 */
-  uint32_t ftype = S->type == NB_GGUF_F16 ? 1 : S->type == NB_GGUF_Q4_0 ? 2 : S->type == NB_GGUF_Q8_0 ? 7 : S->type == NB_GGUF_BF16 ? 32 : 0;
+  /* llama.cpp's file types: ALL_F32 0, MOSTLY_F16 1, MOSTLY_Q4_0 2, MOSTLY_Q8_0 7, MOSTLY_Q4_K_S 14, MOSTLY_BF16 32 */
+  uint32_t ftype = S->type == NB_GGUF_F16 ? 1 : S->type == NB_GGUF_Q4_0 ? 2 : S->type == NB_GGUF_Q8_0 ? 7
+                   : S->type == NB_GGUF_Q4_K ? 14 : S->type == NB_GGUF_BF16 ? 32 : 0;
   const char *arch = llama ? "llama" : "gpt2";
   nb_status s = nb_gguf_write_string(w, "general.architecture", arch, strlen(arch));
   if (!s && name) s = nb_gguf_write_string(w, "general.name", name, strlen(name));
@@ -675,18 +676,21 @@ static nb_status save_config(gg_save *S, const char *name) {
 }
 
 /* the type a tensor is written in: 1-D ones stay F32; the output
- * projection (and a tied embedding, which is it) is Q8_0 in a Q4_0 file
- * (llama.cpp's quantizer keeps it at higher precision, Q6_K, which nabla
- * does not encode yet); a row length that is not a multiple of the block
- * falls back to F16, as llama.cpp's converter does */
+ * projection (and a tied embedding, which is it) is Q8_0 in a Q4_0 or Q4_K
+ * file (llama.cpp's quantizer keeps it at higher precision, Q6_K, which
+ * nabla does not encode yet); rows not a multiple of 256 in a Q4_K file
+ * are Q4_0, and a row length that is not a multiple of the block falls
+ * back to F16, as llama.cpp's converter does */
 static nb_gguf_type tensor_type(gg_save *S, const char *name, const nb_array *rows) {
   if (nb_array_rank(rows) < 2) return NB_GGUF_F32;
   nb_gguf_type t = S->type;
   bool head = !strcmp(name, "output.weight") || (S->m->cfg.tie_embeddings && !strcmp(name, "token_embd.weight"));
-  if (t == NB_GGUF_Q4_0 && head) t = NB_GGUF_Q8_0;
+  if ((t == NB_GGUF_Q4_0 || t == NB_GGUF_Q4_K) && head) t = NB_GGUF_Q8_0;
+  int64_t row = nb_array_dims(rows)[nb_array_rank(rows) - 1];
+  if (t == NB_GGUF_Q4_K && row % 256) t = NB_GGUF_Q4_0; /* llama.cpp falls back to a 32-block type too */
   int64_t block = 1;
   nb_gguf_type_block(t, &block, NULL);
-  if (nb_array_dims(rows)[nb_array_rank(rows) - 1] % block) t = NB_GGUF_F16;
+  if (row % block) t = NB_GGUF_F16;
   return t;
 }
 
@@ -731,8 +735,9 @@ static nb_array *tensor_rows(gg_save *S, const char *p, int kind) {
 nb_status nb_model_save_gguf(nb_ctx *ctx, const nb_model_loaded *m, const char *path, const nb_model_gguf_opts *opts) {
   if (!m || !path || !m->params) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "gguf export: NULL argument");
   nb_gguf_type type = opts ? opts->type : NB_GGUF_F32;
-  if (type != NB_GGUF_F32 && type != NB_GGUF_F16 && type != NB_GGUF_BF16 && type != NB_GGUF_Q8_0 && type != NB_GGUF_Q4_0)
-    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "gguf export: type %s is not written (F32, F16, BF16, Q8_0, Q4_0 are)",
+  if (type != NB_GGUF_F32 && type != NB_GGUF_F16 && type != NB_GGUF_BF16 && type != NB_GGUF_Q8_0 && type != NB_GGUF_Q4_0 &&
+      type != NB_GGUF_Q4_K)
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "gguf export: type %s is not written (F32, F16, BF16, Q8_0, Q4_0, Q4_K are)",
                      nb_gguf_type_name(type) ? nb_gguf_type_name(type) : "(unknown)");
   gg_save S = {.ctx = ctx, .m = m, .type = type, .w = nb_gguf_writer_create(ctx)};
   if (!S.w) return nb_ctx_status(ctx);

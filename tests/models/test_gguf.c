@@ -29,38 +29,42 @@ static const struct {
   nb_gguf_type type;
   double tol; /* max |nabla - llama.cpp| over max |logit| */
   bool gpt2;
+  int64_t width; /* 0: 64 */
 } formats[] = {
     /* ggml's f32 matmul and nabla's differ in summation order only */
-    {"f32", NB_GGUF_F32, 1e-4, false},
+    {"f32", NB_GGUF_F32, 1e-4, false, 0},
     /* ggml rounds the activations to f16 before an f16 matmul (measured
      * 1.5e-3 relative) */
-    {"f16", NB_GGUF_F16, 5e-3, false},
+    {"f16", NB_GGUF_F16, 5e-3, false, 0},
     /* ggml quantizes the activations to Q8_0 blocks for Q8_0 / Q4_0
      * weights (up to 1/254 of a block's largest value per element,
      * accumulating over the layers); nabla multiplies the dequantized
      * weights in f32. Measured 3.2% and 1.7% of the largest logit, exactly
      * llama.cpp's own difference between the quantized file and an F32
      * copy of its dequantized weights (which nabla matches to 1e-4 below) */
-    {"q8_0", NB_GGUF_Q8_0, 5e-2, false},
-    {"q4_0", NB_GGUF_Q4_0, 5e-2, false},
+    {"q8_0", NB_GGUF_Q8_0, 5e-2, false, 0},
+    {"q4_0", NB_GGUF_Q4_0, 5e-2, false, 0},
     /* GPT-2 (fused attn_qkv, biases, learned positions, tied head): ggml's
      * GELU reads an f16 table: measured 2.5e-4 even for F32 */
-    {"gpt2_f32", NB_GGUF_F32, 1e-3, true},
-    {"gpt2_q8_0", NB_GGUF_Q8_0, 5e-2, true},
+    {"gpt2_f32", NB_GGUF_F32, 1e-3, true, 0},
+    {"gpt2_q8_0", NB_GGUF_Q8_0, 5e-2, true, 0},
+    /* Q4_K needs rows of 256: a wider Llama; ggml quantizes the activations
+     * to Q8_K for it */
+    {"q4_k", NB_GGUF_Q4_K, 1e-1, false, 256},
 };
 
 /* Width 64 and d_ff 128 (multiples of 32, so every linear quantizes); the
  * Llama has GQA with 2 KV heads (the K permutation uses the KV head count)
  * and an untied head, the GPT-2 ties its head to the embedding. */
-static nb_model_config model_config(bool gpt2) {
+static nb_model_config model_config(bool gpt2, int64_t width) {
   nb_model_config c;
   nb_model_config_preset(NULL, gpt2 ? "gpt2-tiny" : "llama-tiny", &c);
   c.vocab_size = 96;
-  c.d_model = 64;
+  c.d_model = width ? width : 64;
   c.n_layers = 2;
   c.n_heads = 4;
   c.n_kv_heads = gpt2 ? 4 : 2;
-  c.d_ff = 128;
+  c.d_ff = width ? width : 128;
   c.max_seq_len = 64;
   c.norm_eps = 1e-5;
   c.rope_cfg.theta = 10000;
@@ -139,7 +143,7 @@ static const struct {
 static int write_tok_exports(nb_ctx *ctx, const char *dir) {
   int rc = 0;
   for (size_t k = 0; k < sizeof tok_exports / sizeof *tok_exports; k++) {
-    nb_model_loaded m = {.cfg = model_config(false), .bos_id = -1};
+    nb_model_loaded m = {.cfg = model_config(false, 0), .bos_id = -1};
     m.tok = nb_tok_load(ctx, tok_exports[k].tokenizer);
     if (!m.tok) {
       fprintf(stderr, "%s: %s\n", tok_exports[k].tokenizer, nb_ctx_error(ctx));
@@ -213,7 +217,7 @@ static void test_tok_exports(nb_ctx *ctx, const cJSON *golden, const char *tmp) 
 static int write_exports(nb_ctx *ctx, const char *dir) {
   int rc = 0;
   for (size_t f = 0; f < sizeof formats / sizeof *formats; f++) {
-    nb_model_loaded m = {.cfg = model_config(formats[f].gpt2), .bos_id = -1};
+    nb_model_loaded m = {.cfg = model_config(formats[f].gpt2, formats[f].width), .bos_id = -1};
     m.params = model_params(ctx, &m.cfg);
     char path[4200];
     snprintf(path, sizeof path, "%s/%s.gguf", dir, formats[f].name);
@@ -239,9 +243,9 @@ static void test_exports(nb_ctx *ctx, const cJSON *golden, const char *tmp) {
     CHECK_OK(ctx, nb_model_load_gguf(ctx, path, &m));
     if (!m.params) continue;
     bool gpt2 = formats[f].gpt2;
-    nb_model_config c = model_config(gpt2);
-    CHECK(m.cfg.family == c.family && m.cfg.d_model == 64 && m.cfg.n_layers == 2 && m.cfg.n_heads == 4 &&
-          m.cfg.n_kv_heads == c.n_kv_heads && m.cfg.d_ff == 128 && m.cfg.vocab_size == 96 && m.cfg.max_seq_len == 64 &&
+    nb_model_config c = model_config(gpt2, formats[f].width);
+    CHECK(m.cfg.family == c.family && m.cfg.d_model == c.d_model && m.cfg.n_layers == 2 && m.cfg.n_heads == 4 &&
+          m.cfg.n_kv_heads == c.n_kv_heads && m.cfg.d_ff == c.d_ff && m.cfg.vocab_size == 96 && m.cfg.max_seq_len == 64 &&
           m.cfg.tie_embeddings == gpt2 && m.tok == NULL);
     nb_tree *orig = model_params(ctx, &c);
     if (formats[f].type == NB_GGUF_F32)
@@ -368,7 +372,7 @@ static void test_cli(nb_ctx *ctx, const cJSON *golden, const char *tmp) {
             strstr(show, "blk.0.attn_q.weight                              Q8_0   [32, 32]") &&
             strstr(show, "blk.0.attn_norm.weight                           F32    [32]"), "%s", show);
   snprintf(cmd, sizeof cmd, "%s quantize tests/models/golden/bpe_tiny.gguf --format gguf --type q5_0 -o %s 2>&1", bin, path);
-  CHECK(nb_test_run(cmd, out, sizeof out) == 2 && strstr(out, "--type 'q5_0': one of f32, f16, bf16, q8_0, q4_0"));
+  CHECK(nb_test_run(cmd, out, sizeof out) == 2 && strstr(out, "--type 'q5_0': one of f32, f16, bf16, q8_0, q4_0, q4_k"));
 }
 
 /* A file llama.cpp's own quantizer wrote (Q4_K_M: Q4_K and Q6_K tensors):

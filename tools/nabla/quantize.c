@@ -1,5 +1,5 @@
 /* `nabla quantize`: a model written in another format. So far: GGUF out
- * (llama.cpp's format) as F32, F16, BF16, Q8_0 or Q4_0, from any model
+ * (llama.cpp's format) as F32, F16, BF16, Q8_0, Q4_0 or Q4_K, from any model
  * `nabla generate` loads (run dir, checkpoint, Hugging Face folder, GGUF
  * file). docs/gguf.md says what is written. */
 #include <stdio.h>
@@ -13,9 +13,10 @@ static const char usage_text[] =
     "  MODEL                a nabla run dir (config.yaml), a checkpoint step dir, a Hugging Face\n"
     "                       Llama folder (config.json), or a GGUF file\n"
     "  --format gguf        llama.cpp's file format (the only one so far)\n"
-    "  --type TYPE          f32, f16, bf16, q8_0 or q4_0: the 2-D weights' type (default f16).\n"
-    "                       Norms stay f32; a q4_0 file keeps the output projection at q8_0;\n"
-    "                       rows not a multiple of 32 fall back to f16 (as llama.cpp's converter)\n"
+    "  --type TYPE          f32, f16, bf16, q8_0, q4_0 or q4_k: the 2-D weights' type (default f16).\n"
+    "                       Norms stay f32; q4_0 and q4_k files keep the output projection at q8_0;\n"
+    "                       in q4_k, rows not a multiple of 256 are q4_0; rows not a multiple of 32\n"
+    "                       fall back to f16 (as llama.cpp's converter)\n"
     "  -o, --output FILE    the file to write (atomically)\n"
     "  --config FILE        the run config for a run dir / checkpoint\n"
     "  --name NAME          general.name in the file (default: none)\n"
@@ -26,7 +27,7 @@ static const char usage_text[] =
 static const struct {
   const char *name;
   nb_gguf_type type;
-} types[] = {{"f32", NB_GGUF_F32}, {"f16", NB_GGUF_F16}, {"bf16", NB_GGUF_BF16}, {"q8_0", NB_GGUF_Q8_0}, {"q4_0", NB_GGUF_Q4_0}};
+} types[] = {{"f32", NB_GGUF_F32}, {"f16", NB_GGUF_F16}, {"bf16", NB_GGUF_BF16}, {"q8_0", NB_GGUF_Q8_0}, {"q4_0", NB_GGUF_Q4_0}, {"q4_k", NB_GGUF_Q4_K}};
 
 int nb_cmd_quantize(int argc, char **argv) {
   if (nb_cli_help_asked(argc, argv)) return nb_cli_usage(usage_text, true);
@@ -52,7 +53,7 @@ int nb_cmd_quantize(int argc, char **argv) {
   int t = -1;
   for (int k = 0; k < (int)(sizeof types / sizeof *types); k++)
     if (!strcmp(type, types[k].name)) t = k;
-  if (t < 0) return fprintf(stderr, "nabla quantize: --type '%s': one of f32, f16, bf16, q8_0, q4_0\n", type), 2;
+  if (t < 0) return fprintf(stderr, "nabla quantize: --type '%s': one of f32, f16, bf16, q8_0, q4_0, q4_k\n", type), 2;
   const char *inputs[] = {model, config};
   if (!nb_cli_output_ok("quantize", out, false, config ? 2 : 1, inputs)) return 1;
   nb_ctx *ctx = nb_ctx_create();

@@ -8,7 +8,7 @@ and gguf-py, e.g. /work/venv-llamacpp, or: pip install llama-cpp-python gguf num
 
 1. `BUILD_DIR/models_test_gguf --write TMP` writes nabla's export of a small
    Llama (weights from an integer formula) as F32, F16, Q8_0 and Q4_0, and of
-   a small GPT-2 as F32 and Q8_0; llama.cpp
+   a small GPT-2 as F32 and Q8_0, and of a width-256 Llama as Q4_K; llama.cpp
    runs each on PROMPT (logits_all) and its logits are recorded ("exports"),
    and so are its logits of an F32 copy whose tensors gguf-py dequantized
    ("<type>_as_f32"): the same weights without ggml's quantization of the
@@ -259,7 +259,7 @@ def main():
     out = {"prompt_ids": PROMPT, "exports": {}}
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.check_call([os.path.abspath(os.path.join(build, "models_test_gguf")), "--write", tmp], cwd=ROOT)
-        for t in ("f32", "f16", "q8_0", "q4_0", "gpt2_f32", "gpt2_q8_0"):
+        for t in ("f32", "f16", "q8_0", "q4_0", "gpt2_f32", "gpt2_q8_0", "q4_k"):
             path = os.path.join(tmp, t + ".gguf")
             _, out["exports"][t] = run(path, PROMPT)
             dequantized_copy(path, path + ".f32")
