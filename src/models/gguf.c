@@ -135,6 +135,7 @@ typedef struct gg_load {
   nb_ctx *ctx;
   nb_gguf *g;
   const char *path;
+  bool rope_freqs;   /* rope_freqs.weight was read into the config */
 } gg_load;
 
 /* a required (def < 0) or optional positive integer key */
@@ -155,6 +156,58 @@ static nb_status key_float(gg_load *L, const char *key, double def, double *out)
 static bool key_is(gg_load *L, const char *key, const char *want) {
   const nb_gguf_value *v = nb_gguf_get(L->g, key);
   return v && v->type == NB_GGUF_STRING && v->len == strlen(want) && !memcmp(v->str, want, v->len);
+}
+
+/* The per-frequency divisors of Llama-3.1's RoPE scaling for cfg:
+ * unscaled frequency over scaled one, as llama.cpp's converter computes
+ * them into rope_freqs.weight. */
+static nb_status llama3_factors(nb_ctx *ctx, const nb_nn_rope_cfg *cfg, int64_t hd, float *out) {
+  double scaled[2048];
+  nb_nn_rope_cfg plain = *cfg;
+  plain.scaling = NB_NN_ROPE_NONE;
+  double base[2048];
+  nb_status s = hd / 2 > 2048 ? nb_errorf(ctx, NB_ERR_UNIMPLEMENTED, "gguf: head_dim %lld exceeds 4096", (long long)hd) : NB_OK;
+  if (!s) s = nb_nn_rope_freqs(ctx, cfg, hd, scaled);
+  if (!s) s = nb_nn_rope_freqs(ctx, &plain, hd, base);
+  for (int64_t i = 0; !s && i < hd / 2; i++) out[i] = (float)(base[i] / scaled[i]);
+  return s;
+}
+
+/* rope_freqs.weight holds only the divisors; nabla's config holds Llama
+ * 3.1's parameters. The divisors depend on (factor, original context,
+ * low and high frequency factors) only through the largest divisor and the
+ * ramp between, so the first of the usual parameter sets that reproduces
+ * every divisor (to 1e-5) computes the same model; none is refused. */
+static nb_status llama3_from_factors(gg_load *L, const nb_gguf_tensor *t, nb_model_config *c, int64_t hd) {
+  nb_ctx *ctx = L->ctx;
+  if (t->n_dims != 1 || t->ne[0] != hd / 2)
+    return nb_errorf(ctx, NB_ERR_SHAPE, "%s: tensor 'rope_freqs.weight' has %lld values, the heads need %lld", L->path,
+                     (long long)t->n_elems, (long long)(hd / 2));
+  nb_array *fa = nb_gguf_tensor_f32(L->g, t);
+  if (!fa) return nb_ctx_status(ctx);
+  const float *want = nb_array_data(fa);
+  float top = 0, got[2048];
+  for (int64_t i = 0; i < hd / 2; i++) top = want[i] > top ? want[i] : top;
+  nb_status s = NB_ERR_UNIMPLEMENTED;
+  bool ones = true;
+  for (int64_t i = 0; i < hd / 2; i++) ones &= fabsf(want[i] - 1) <= 1e-6f;
+  if (ones) s = NB_OK;
+  static const double highs[] = {4, 2, 8, 3};
+  for (int h = 0; s && h < 4; h++)
+    for (int k = 0; s && k <= 20; k++) {
+      nb_nn_rope_cfg r = c->rope_cfg;
+      r.scaling = NB_NN_ROPE_LLAMA3, r.factor = top, r.low_freq_factor = 1, r.high_freq_factor = highs[h];
+      r.original_max_pos = (int64_t)1 << k;
+      if (llama3_factors(ctx, &r, hd, got)) break;
+      bool same = true;
+      for (int64_t i = 0; same && i < hd / 2; i++) same = fabsf(got[i] - want[i]) <= 1e-5f * want[i];
+      if (same) c->rope_cfg = r, s = NB_OK;
+    }
+  nb_array_release(fa);
+  if (s) return nb_errorf(ctx, NB_ERR_UNIMPLEMENTED, "%s: tensor 'rope_freqs.weight': these RoPE divisors are not a Llama-3.1 "
+                          "scaling nabla can express (largest %g)", L->path, top);
+  L->rope_freqs = true;
+  return NB_OK;
 }
 
 /* the llama.* keys beyond the common ones: GQA, head size, RoPE */
@@ -184,9 +237,8 @@ static nb_status parse_llama(gg_load *L, nb_model_config *c) {
     c->rope_cfg.scaling = NB_NN_ROPE_LINEAR;
     if ((s = key_float(L, "llama.rope.scaling.factor", -1, &c->rope_cfg.factor))) return s;
   }
-  if (nb_gguf_find_tensor(L->g, "rope_freqs.weight"))
-    return nb_errorf(ctx, NB_ERR_UNIMPLEMENTED, "%s: tensor 'rope_freqs.weight' (Llama-3.1 RoPE scaling factors) is not supported", L->path);
-  return NB_OK;
+  const nb_gguf_tensor *rf = nb_gguf_find_tensor(L->g, "rope_freqs.weight");
+  return rf ? llama3_from_factors(L, rf, c, hd) : NB_OK;
 }
 
 /* gpt2.*: one head count (no GQA), LayerNorm epsilon */
@@ -304,6 +356,8 @@ static nb_status load_weights(gg_load *L, nb_model_loaded *m) {
     s = y ? nb_tree_set_array(m->params, p, y) : nb_ctx_status(ctx);
     nb_array_release(y);
   }
+  const nb_gguf_tensor *rf = L->rope_freqs ? nb_gguf_find_tensor(L->g, "rope_freqs.weight") : NULL;
+  if (rf && used) used[rf - nb_gguf_tensor_at(L->g, 0)] = true;
   for (size_t i = 0; !s && i < nt; i++)
     if (!used[i])
       s = nb_errorf(ctx, NB_ERR_UNIMPLEMENTED, "%s: tensor '%s' is not part of the %s architecture nabla implements", L->path,
@@ -634,13 +688,12 @@ static nb_status save_config(gg_save *S, const char *name) {
   const nb_model_config *c = &S->m->cfg;
   nb_gguf_writer *w = S->w;
   bool llama = c->family == NB_MODEL_LLAMA && !c->n_experts && !c->bias && c->gated_mlp && c->act == NB_NN_SILU &&
-               c->norm == NB_NN_RMSNORM && c->rope && !c->learned_pos && !c->rope_cfg.interleaved &&
-               c->rope_cfg.scaling != NB_NN_ROPE_LLAMA3;
+               c->norm == NB_NN_RMSNORM && c->rope && !c->learned_pos && !c->rope_cfg.interleaved;
   bool gpt2 = c->family == NB_MODEL_GPT2 && !c->n_experts && c->bias && !c->gated_mlp && c->act == NB_NN_GELU_TANH &&
               c->norm == NB_NN_LAYERNORM && !c->rope && c->learned_pos && c->n_kv_heads == c->n_heads && !c->head_dim;
   if (!llama && !gpt2)
-    return nb_errorf(S->ctx, NB_ERR_UNIMPLEMENTED, "gguf export: only dense Llama models (RMSNorm, SwiGLU, no biases, RoPE without "
-                     "llama3 scaling) and GPT-2 models (LayerNorm, GELU, biases, learned positions) are written");
+    return nb_errorf(S->ctx, NB_ERR_UNIMPLEMENTED, "gguf export: only dense Llama models (RMSNorm, SwiGLU, no biases, rotate-half "
+                     "RoPE) and GPT-2 models (LayerNorm, GELU, biases, learned positions) are written");
   /* llama.cpp's file types: ALL_F32 0, MOSTLY_F16 1, MOSTLY_Q4_0 2, MOSTLY_Q8_0 7, MOSTLY_Q4_K_S 14, MOSTLY_BF16 32 */
   uint32_t ftype = S->type == NB_GGUF_F16 ? 1 : S->type == NB_GGUF_Q4_0 ? 2 : S->type == NB_GGUF_Q8_0 ? 7
                    : S->type == NB_GGUF_Q4_K ? 14 : S->type == NB_GGUF_BF16 ? 32 : 0;
@@ -757,6 +810,14 @@ nb_status nb_model_save_gguf(nb_ctx *ctx, const nb_model_loaded *m, const char *
     nb_array_release(rows);
   }
   nb_tree_destroy(spec);
+  if (!s && m->cfg.family == NB_MODEL_LLAMA && m->cfg.rope_cfg.scaling == NB_NN_ROPE_LLAMA3) {
+    /* Llama 3.1's scaling as llama.cpp's converter writes it: the divisors */
+    int64_t hd = nb_model_head_dim(&m->cfg), n = hd / 2;
+    nb_array *f = nb_array_empty(ctx, NB_F32, 1, &n);
+    s = f ? llama3_factors(ctx, &m->cfg.rope_cfg, hd, nb_array_data_mut(f)) : nb_ctx_status(ctx);
+    if (!s) s = nb_gguf_write_tensor(S.w, "rope_freqs.weight", NB_GGUF_F32, f);
+    nb_array_release(f);
+  }
   if (!s) s = nb_gguf_writer_save(S.w, path);
   nb_gguf_writer_destroy(S.w);
   return s;

@@ -125,7 +125,7 @@ static void check_logits(const char *what, const nb_array *got, const cJSON *wan
     maxv = fmax(maxv, fabs(v->valuedouble));
     i++;
   }
-  printf("%-10s %d logits up to %.3g, max |nabla - llama.cpp| = %.3g (%.2g relative, tolerance %.0e)\n", what, i, maxv, maxd,
+  printf("%-10s %d logits up to %.3g, max |nabla - reference| = %.3g (%.2g relative, tolerance %.0e)\n", what, i, maxv, maxd,
          maxd / maxv, tol);
   CHECK_MSG(maxd <= tol * maxv, "%s: logits differ from llama.cpp's by %g (max logit %g)", what, maxd, maxv);
 }
@@ -214,12 +214,21 @@ static void test_tok_exports(nb_ctx *ctx, const cJSON *golden, const char *tmp) 
   cJSON_Delete(texts);
 }
 
+#define HF_DIR "tests/models/golden/hf_llama_tiny" /* transformers' tiny Llama (test_generate_hf.c) */
+
 static int write_exports(nb_ctx *ctx, const char *dir) {
   int rc = 0;
+  /* the Hugging Face Llama (Llama-3.1 RoPE scaling, byte-level BPE with
+   * Llama-3's split pattern) as nabla exports it */
+  nb_model_loaded hf;
+  char path[4200];
+  snprintf(path, sizeof path, "%s/hf_tiny.gguf", dir);
+  if (nb_model_load_hf(ctx, HF_DIR, &hf) || nb_model_save_gguf(ctx, &hf, path, NULL))
+    fprintf(stderr, "%s: %s\n", path, nb_ctx_error(ctx)), rc = 1;
+  nb_model_loaded_free(&hf);
   for (size_t f = 0; f < sizeof formats / sizeof *formats; f++) {
     nb_model_loaded m = {.cfg = model_config(formats[f].gpt2, formats[f].width), .bos_id = -1};
     m.params = model_params(ctx, &m.cfg);
-    char path[4200];
     snprintf(path, sizeof path, "%s/%s.gguf", dir, formats[f].name);
     if (nb_model_save_gguf(ctx, &m, path, &(nb_model_gguf_opts){.type = formats[f].type, .name = "nabla-gguf-test"}))
       fprintf(stderr, "%s: %s\n", path, nb_ctx_error(ctx)), rc = 1;
@@ -403,6 +412,43 @@ static void test_llamacpp_quantized(nb_ctx *ctx, const cJSON *golden) {
   nb_model_loaded_free(&m);
 }
 
+/* Hugging Face -> nabla -> GGUF: llama.cpp reads nabla's file as
+ * transformers computes the model (logits, prompt ids, greedy ids), and
+ * nabla reads it back the same (the RoPE divisors back into Llama-3.1
+ * parameters). */
+static void test_hf_export(nb_ctx *ctx, const cJSON *golden, const char *tmp) {
+  cJSON *hf = nb_test_golden_load("tests/models/golden/hf_llama_tiny.json");
+  const cJSON *g = cJSON_GetObjectItemCaseSensitive(golden, "hf_tiny");
+  char path[4200];
+  snprintf(path, sizeof path, "%s/hf_tiny.gguf", tmp);
+  nb_model_loaded m;
+  CHECK_OK(ctx, nb_model_load_gguf(ctx, path, &m));
+  if (!hf || !m.params) return cJSON_Delete(hf);
+  const nb_nn_rope_cfg *r = &m.cfg.rope_cfg;
+  CHECK(r->scaling == NB_NN_ROPE_LLAMA3 && r->factor == 8 && m.cfg.vocab_size == 304 && m.tok);
+  int64_t ids64[64], want[64], greedy[64], lg[64];
+  int n = nb_test_golden_ints(hf, "prompt_ids", ids64, 64);
+  int32_t ids[64];
+  for (int i = 0; i < n; i++) ids[i] = (int32_t)ids64[i];
+  CHECK(n == nb_test_golden_ints(g, "prompt_ids", want, 64) && !memcmp(want, ids64, (size_t)n * sizeof *want));
+  int ng = nb_test_golden_ints(hf, "greedy_ids", greedy, 64);
+  CHECK_MSG(ng > 0 && ng == nb_test_golden_ints(g, "greedy", lg, 64) && !memcmp(greedy, lg, (size_t)ng * sizeof *lg),
+            "llama.cpp's greedy ids differ from transformers' generate()");
+  nb_array *logits = n > 0 ? forward(ctx, &m, ids, n) : NULL;
+  check_logits("hf vs transformers", logits, cJSON_GetObjectItemCaseSensitive(hf, "logits"), 1e-5);
+  check_logits("hf vs llama.cpp", logits, cJSON_GetObjectItemCaseSensitive(g, "logits"), 1e-5);
+  /* llama.cpp against transformers, both recorded */
+  const cJSON *a = cJSON_GetObjectItemCaseSensitive(g, "logits"), *b = cJSON_GetObjectItemCaseSensitive(hf, "logits");
+  double maxd = 0, maxv = 0;
+  for (const cJSON *x = a ? a->child : NULL, *y = b ? b->child : NULL; x && y; x = x->next, y = y->next)
+    maxd = fmax(maxd, fabs(x->valuedouble - y->valuedouble)), maxv = fmax(maxv, fabs(y->valuedouble));
+  printf("hf tiny: llama.cpp on nabla's GGUF vs transformers: max |diff| %.3g (%.2g relative)\n", maxd, maxd / maxv);
+  CHECK(cJSON_GetArraySize(a) == cJSON_GetArraySize(b) && maxd <= 1e-5 * maxv);
+  nb_array_release(logits);
+  nb_model_loaded_free(&m);
+  cJSON_Delete(hf);
+}
+
 static void expect_refused(nb_ctx *ctx, nb_gguf_writer *w, const char *tmp, nb_status want, const char *needle) {
   char path[4200];
   snprintf(path, sizeof path, "%s/bad.gguf", tmp);
@@ -467,6 +513,7 @@ int main(int argc, char **argv) {
     test_cli(ctx, golden, tmp);
     test_tok_exports(ctx, golden, tmp);
     test_llamacpp_quantized(ctx, golden);
+    test_hf_export(ctx, golden, tmp);
   }
   test_malformed(ctx, tmp);
   cJSON_Delete(golden);

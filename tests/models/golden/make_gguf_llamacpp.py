@@ -29,6 +29,9 @@ and gguf-py, e.g. /work/venv-llamacpp, or: pip install llama-cpp-python gguf num
    tensors as llama-quantize mixes them), checked in as
    q4_k_m_tiny.gguf; llama.cpp's logits on it and on a dequantized F32 copy
    ("q4_k_m").
+5. nabla's export of the Hugging Face tiny Llama (tests/models/golden/
+   hf_llama_tiny: Llama-3.1 RoPE scaling, Llama-3-style byte-level BPE):
+   llama.cpp's ids for its prompt, logits and greedy ids ("hf_tiny").
 Writes tests/models/golden/gguf_llamacpp.json (and the three .gguf files).
 """
 import json
@@ -264,6 +267,20 @@ def main():
             _, out["exports"][t] = run(path, PROMPT)
             dequantized_copy(path, path + ".f32")
             _, out["exports"][t + "_as_f32"] = run(path + ".f32", PROMPT)
+        # the Hugging Face tiny Llama nabla exported: llama.cpp's ids for its
+        # prompt, logits, greedy continuation (transformers' are in
+        # hf_llama_tiny.json)
+        with open(os.path.join(HERE, "hf_llama_tiny.json")) as f:
+            hf = json.load(f)
+        llm, logits = run(os.path.join(tmp, "hf_tiny.gguf"), hf["prompt_ids"])
+        ids = llm.tokenize(hf["prompt"].encode(), add_bos=True, special=False)
+        llm.reset()
+        greedy = []
+        for t in llm.generate(ids, temp=0):
+            greedy.append(t)
+            if len(greedy) == len(hf["greedy_ids"]):
+                break
+        out["hf_tiny"] = {"prompt_ids": ids, "logits": logits, "greedy": greedy}
         # the SentencePiece-style tokenizers nabla exported: llama.cpp's ids
         # for every text of the tokenizer tests (special tokens as text)
         with open(os.path.join(ROOT, "tests/tokenizer/golden/texts.json")) as f:
