@@ -351,6 +351,23 @@ static void test_cli(nb_ctx *ctx, const cJSON *golden, const char *tmp) {
     for (int i = 0; i < n; i++) at += (size_t)snprintf(expect + at, sizeof expect - at, " %lld", (long long)want[i]);
     CHECK_MSG(strstr(err, expect) != NULL, "%s: llama.cpp's greedy '%s' not in:\n%s", keys[k], expect, err);
   }
+  /* serve picks the chat format from tokenizer.chat_template: ChatML's
+   * markers in the BPE model's, an unknown one in the SentencePiece's */
+  char req[4200];
+  snprintf(req, sizeof req, "%s/chat.jsonl", tmp);
+  nb_test_write_text(req, "{\"custom_id\":\"a\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{\"model\":\"m\","
+                          "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":2}}\n");
+  for (int k = 0; k < 2; k++) {
+    char cmd2[16384], ans[4200], log[4096];
+    snprintf(ans, sizeof ans, "%s/chat_out_%d.jsonl", tmp, k);
+    snprintf(cmd2, sizeof cmd2, "%s serve tests/models/golden/%s --served-model-name m --batch %s --output %s 2>&1", bin,
+             k ? "spm_tiny.gguf" : "bpe_tiny.gguf", req, ans);
+    CHECK_MSG(nb_test_run(cmd2, log, sizeof log) == 0, "%s", log);
+    char *got = nb_test_read_file(ans, NULL);
+    CHECK_MSG(got && (k ? strstr(got, "chat_template is none nabla knows") != NULL : strstr(got, "\"status_code\":200") != NULL),
+              "serve %s chat: %s", k ? "spm" : "bpe", got ? got : "(no output)");
+    free(got);
+  }
   /* quantize: the BPE model to Q8_0, the vocabulary carried over */
   char cmd[8192], out[4096], err[4096], path[4200];
   snprintf(path, sizeof path, "%s/bpe_q8.gguf", tmp);

@@ -149,6 +149,7 @@ def spm_vocab(w):
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)
     w.add_add_bos_token(True)
+    w.add_chat_template("{% for m in messages %}### {{ m.role }}: {{ m.content }}\n{% endfor %}")  # a format nabla does not know
     return len(toks)
 
 
@@ -183,6 +184,7 @@ def bpe_vocab(w):
     w.add_token_merges(BPE_MERGES)
     w.add_eos_token_id(len(toks) - 1)
     w.add_add_bos_token(False)
+    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}")
     return len(toks)
 
 
