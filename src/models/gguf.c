@@ -378,21 +378,19 @@ static const nb_gguf_value *str_array(gg_load *L, const char *key, uint64_t n) {
   return v;
 }
 
-/* a numeric array `key` of n entries, or NULL (absent: NULL without error
- * when optional) */
-static const nb_gguf_value *num_array(gg_load *L, const char *key, uint64_t n, bool required) {
-  const nb_gguf_value *v = nb_gguf_get(L->g, key);
-  if (!v) return required ? (nb_errorf(L->ctx, NB_ERR_NOT_FOUND, "%s: key '%s' is missing", L->path, key), NULL) : NULL;
-  if (v->type != NB_GGUF_ARRAY || !v->raw || v->elem == NB_GGUF_BOOL || v->n != n)
-    return nb_errorf(L->ctx, NB_ERR_FORMAT, "%s: key '%s' is not an array of %llu numbers", L->path, key, (unsigned long long)n), NULL;
-  return v;
+/* the optional numeric array `key` of n entries into *out (NULL when
+ * absent); an error when it is something else */
+static nb_status num_array(gg_load *L, const char *key, uint64_t n, const nb_gguf_value **out) {
+  const nb_gguf_value *v = *out = nb_gguf_get(L->g, key);
+  if (v && (v->type != NB_GGUF_ARRAY || !v->raw || v->elem == NB_GGUF_BOOL || v->n != n))
+    return nb_errorf(L->ctx, NB_ERR_FORMAT, "%s: key '%s' is not an array of %llu numbers", L->path, key, (unsigned long long)n);
+  return NB_OK;
 }
 
 static nb_tok *spm_tokenizer(gg_load *L, const nb_gguf_value *tokens) {
   uint64_t n = tokens->n;
-  const nb_gguf_value *scores = num_array(L, "tokenizer.ggml.scores", n, false);
-  const nb_gguf_value *types = num_array(L, "tokenizer.ggml.token_type", n, false);
-  if (nb_ctx_status(L->ctx)) return NULL;
+  const nb_gguf_value *scores, *types;
+  if (num_array(L, "tokenizer.ggml.scores", n, &scores) || num_array(L, "tokenizer.ggml.token_type", n, &types)) return NULL;
   nb_tok_spm_piece *p = calloc(n ? n : 1, sizeof *p);
   if (!p) return nb_errorf(L->ctx, NB_ERR_NOMEM, "gguf: out of memory"), NULL;
   for (uint64_t i = 0; i < n; i++) {
@@ -412,7 +410,7 @@ static nb_tok *spm_tokenizer(gg_load *L, const nb_gguf_value *tokens) {
   return t;
 }
 
-/* the JSON string of bytes s[0..n) appended to a growing buffer */
+/* a growing text buffer (a vocab.json or merges.txt being written) */
 typedef struct sbuf {
   char *p;
   size_t n, cap;
@@ -436,6 +434,7 @@ static void sb_put(sbuf *b, const char *s, size_t n) {
   b->p[b->n] = 0;
 }
 
+/* bytes s[0..n) as a JSON string */
 static void sb_json(sbuf *b, const char *s, size_t n) {
   sb_put(b, "\"", 1);
   for (size_t i = 0; i < n; i++) {
@@ -450,9 +449,8 @@ static void sb_json(sbuf *b, const char *s, size_t n) {
 
 static nb_tok *gpt2_tokenizer(gg_load *L, const nb_gguf_value *tokens) {
   uint64_t n = tokens->n;
-  const nb_gguf_value *merges = str_array(L, "tokenizer.ggml.merges", 0);
-  const nb_gguf_value *types = num_array(L, "tokenizer.ggml.token_type", n, false);
-  if (!merges || nb_ctx_status(L->ctx)) return NULL;
+  const nb_gguf_value *merges = str_array(L, "tokenizer.ggml.merges", 0), *types;
+  if (!merges || num_array(L, "tokenizer.ggml.token_type", n, &types)) return NULL;
   const char *pattern = NULL;
   if (key_is(L, "tokenizer.ggml.pre", "gpt-2"))
     pattern = NB_TOK_PATTERN_GPT2;
