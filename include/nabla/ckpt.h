@@ -337,7 +337,7 @@ const char *nb_gguf_type_name(nb_gguf_type t);   /* "Q8_0"; NULL for an unknown 
 /* Elements and bytes per block; false for an unknown type. */
 bool nb_gguf_type_block(nb_gguf_type t, int64_t *block_elems, int64_t *block_bytes);
 bool nb_gguf_can_decode(nb_gguf_type t);         /* F32 F16 BF16 Q8_0 Q4_0 Q4_K Q6_K */
-bool nb_gguf_can_encode(nb_gguf_type t);         /* F32 F16 BF16 Q8_0 Q4_0 Q4_K */
+bool nb_gguf_can_encode(nb_gguf_type t);         /* F32 F16 BF16 Q8_0 Q4_0 Q4_K Q6_K */
 /* n elements (a multiple of the block size) from src to dst. */
 nb_status nb_gguf_decode(nb_ctx *ctx, nb_gguf_type t, const void *src, float *dst, int64_t n);
 nb_status nb_gguf_encode(nb_ctx *ctx, nb_gguf_type t, const float *src, void *dst, int64_t n);

@@ -323,9 +323,12 @@ typedef struct nb_model_gguf_opts {
  * llama.* / gpt2.* metadata, the tokenizer (none: "no_vocab" with
  * <arch>.vocab_size; byte-level BPE: "gpt2" tokens and merges; char-level
  * BPE: "llama" pieces and scores; others are refused by name), tensors
- * under llama.cpp's names with the q/k rows permuted for its RoPE. 1-D tensors stay F32; in a Q4_0 file the output projection is
- * Q8_0; rows not a multiple of the block fall back to F16. opts may be NULL
- * (F32). */
+ * under llama.cpp's names with the q/k rows permuted for its RoPE (Llama
+ * 3.1 RoPE scaling as rope_freqs.weight). 1-D tensors stay F32; in a Q4_0
+ * or Q4_K file the output projection is Q6_K (Q8_0 when its rows are not a
+ * multiple of 256); in a Q4_K file other rows not a multiple of 256 are
+ * Q4_0; rows not a multiple of the block fall back to F16. opts may be
+ * NULL (F32). */
 nb_status nb_model_save_gguf(nb_ctx *ctx, const nb_model_loaded *m, const char *path, const nb_model_gguf_opts *opts);
 void nb_model_loaded_free(nb_model_loaded *m); /* zeroes *m; NULL ok */
 

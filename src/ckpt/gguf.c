@@ -71,7 +71,8 @@ bool nb_gguf_can_decode(nb_gguf_type t) {
 }
 
 bool nb_gguf_can_encode(nb_gguf_type t) {
-  return t == NB_GGUF_F32 || t == NB_GGUF_F16 || t == NB_GGUF_BF16 || t == NB_GGUF_Q8_0 || t == NB_GGUF_Q4_0 || t == NB_GGUF_Q4_K;
+  return t == NB_GGUF_F32 || t == NB_GGUF_F16 || t == NB_GGUF_BF16 || t == NB_GGUF_Q8_0 || t == NB_GGUF_Q4_0 || t == NB_GGUF_Q4_K ||
+         t == NB_GGUF_Q6_K;
 }
 
 /* ---- block codecs ------------------------------------------------------------------ */
@@ -285,6 +286,90 @@ static void enc_q4_k(const float *x, uint8_t *b) {
     for (int l = 0; l < 32; l++) qs[l] = (uint8_t)(L[j + l] | L[j + l + 32] << 4);
 }
 
+/* A signed scale for n values on the grid [-nmax, nmax - 1]: ggml's
+ * make_qx_quants with Q6_K's arguments (weights x^2): start from the
+ * largest magnitude mapped to -nmax, keep the least-squares scale, and try
+ * 18 stretched grids for a better one. *L gets level + nmax. */
+static float fit_signed(const float *x, int n, int nmax, int8_t *L) {
+  float max = 0, amax = 0;
+  for (int i = 0; i < n; i++)
+    if (fabsf(x[i]) > amax) amax = fabsf(x[i]), max = x[i];
+  if (amax < 1e-15f) { /* ggml's GROUP_MAX_EPS: all zero */
+    memset(L, 0, (size_t)n);
+    return 0;
+  }
+  float iscale = -nmax / max, sumlx = 0, suml2 = 0;
+  for (int i = 0; i < n; i++) {
+    int l = nearest(iscale * x[i]);
+    l = l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l;
+    L[i] = (int8_t)(l + nmax);
+    float w = x[i] * x[i];
+    sumlx += w * x[i] * l;
+    suml2 += w * l * l;
+  }
+  float scale = suml2 ? sumlx / suml2 : 0.0f, best = scale * sumlx;
+  for (int step = -9; step <= 9; step++) {
+    if (!step) continue;
+    iscale = -(nmax + 0.1f * step) / max;
+    sumlx = suml2 = 0;
+    for (int i = 0; i < n; i++) {
+      int l = nearest(iscale * x[i]);
+      l = l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l;
+      float w = x[i] * x[i];
+      sumlx += w * x[i] * l;
+      suml2 += w * l * l;
+    }
+    if (suml2 > 0 && sumlx * sumlx > best * suml2) {
+      for (int i = 0; i < n; i++) {
+        int l = nearest(iscale * x[i]);
+        L[i] = (int8_t)(nmax + (l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l));
+      }
+      scale = sumlx / suml2;
+      best = scale * sumlx;
+    }
+  }
+  return scale;
+}
+
+/* quantize_row_q6_K_ref: 16 sub-blocks of 16 fitted, their scales
+ * quantized to int8 against the block's f16 d (the largest-magnitude scale
+ * maps to -128), the values requantized to 6 bits with them; low 4 bits in
+ * ql, high 2 in qh */
+static void enc_q6_k(const float *x, uint8_t *b) {
+  int8_t L[QK_K];
+  float sc[16], max_sc = 0, max_abs = 0;
+  uint8_t *ql = b, *qh = b + 128;
+  int8_t *scales = (int8_t *)(b + 192);
+  for (int j = 0; j < 16; j++) {
+    sc[j] = fit_signed(x + 16 * j, 16, 32, L + 16 * j);
+    if (fabsf(sc[j]) > max_abs) max_abs = fabsf(sc[j]), max_sc = sc[j];
+  }
+  memset(b, 0, 210);
+  if (max_abs < 1e-15f) return; /* d = 0 */
+  float iscale = -128.f / max_sc;
+  wr16(b + 208, nb_f32_to_f16(1 / iscale));
+  for (int j = 0; j < 16; j++) {
+    int q = nearest(iscale * sc[j]);
+    scales[j] = (int8_t)(q < 127 ? q : 127);
+  }
+  float d_all = nb_f16_to_f32(rd16(b + 208));
+  for (int j = 0; j < 16; j++) {
+    float d = d_all * scales[j];
+    if (!d) continue;
+    for (int i = 0; i < 16; i++) {
+      int l = nearest(x[16 * j + i] / d);
+      L[16 * j + i] = (int8_t)((l < -32 ? -32 : l > 31 ? 31 : l) + 32);
+    }
+  }
+  for (int j = 0; j < QK_K; j += 128, ql += 64, qh += 32)
+    for (int l = 0; l < 32; l++) {
+      const int8_t *q = L + j + l;
+      ql[l] = (uint8_t)((q[0] & 0xF) | (q[64] & 0xF) << 4);
+      ql[l + 32] = (uint8_t)((q[32] & 0xF) | (q[96] & 0xF) << 4);
+      qh[l] = (uint8_t)((q[0] >> 4) | (q[32] >> 4) << 2 | (q[64] >> 4) << 4 | (q[96] >> 4) << 6);
+    }
+}
+
 static nb_status codec_check(nb_ctx *ctx, nb_gguf_type t, int64_t n, bool encode) {
   const type_info *ti = type_of((uint32_t)t);
   if (!ti || !(encode ? nb_gguf_can_encode(t) : nb_gguf_can_decode(t)))
@@ -324,6 +409,7 @@ nb_status nb_gguf_encode(nb_ctx *ctx, nb_gguf_type t, const float *src, void *ds
   case NB_GGUF_Q8_0: for (int64_t i = 0; i < n / 32; i++) enc_q8_0(src + 32 * i, p + 34 * i); break;
   case NB_GGUF_Q4_0: for (int64_t i = 0; i < n / 32; i++) enc_q4_0(src + 32 * i, p + 18 * i); break;
   case NB_GGUF_Q4_K: for (int64_t i = 0; i < n / QK_K; i++) enc_q4_k(src + QK_K * i, p + 144 * i); break;
+  case NB_GGUF_Q6_K: for (int64_t i = 0; i < n / QK_K; i++) enc_q6_k(src + QK_K * i, p + 210 * i); break;
   default: break;
   }
   return NB_OK;

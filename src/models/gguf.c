@@ -726,18 +726,17 @@ static nb_status save_config(gg_save *S, const char *name) {
   return s;
 }
 
-/* the type a tensor is written in: 1-D ones stay F32; the output
- * projection (and a tied embedding, which is it) is Q8_0 in a Q4_0 or Q4_K
- * file (llama.cpp's quantizer keeps it at higher precision, Q6_K, which
- * nabla does not encode yet); rows not a multiple of 256 in a Q4_K file
- * are Q4_0, and a row length that is not a multiple of the block falls
- * back to F16, as llama.cpp's converter does */
+/* the type a tensor is written in, as llama.cpp's quantizer and converter
+ * choose: 1-D ones stay F32; the output projection (and a tied embedding,
+ * which is it) is Q6_K in a Q4_0 or Q4_K file (Q8_0 when its rows are not
+ * a multiple of 256); rows not a multiple of 256 in a Q4_K file are Q4_0;
+ * a row length that is not a multiple of the block falls back to F16 */
 static nb_gguf_type tensor_type(gg_save *S, const char *name, const nb_array *rows) {
   if (nb_array_rank(rows) < 2) return NB_GGUF_F32;
   nb_gguf_type t = S->type;
   bool head = !strcmp(name, "output.weight") || (S->m->cfg.tie_embeddings && !strcmp(name, "token_embd.weight"));
-  if ((t == NB_GGUF_Q4_0 || t == NB_GGUF_Q4_K) && head) t = NB_GGUF_Q8_0;
   int64_t row = nb_array_dims(rows)[nb_array_rank(rows) - 1];
+  if ((t == NB_GGUF_Q4_0 || t == NB_GGUF_Q4_K) && head) t = row % 256 ? NB_GGUF_Q8_0 : NB_GGUF_Q6_K;
   if (t == NB_GGUF_Q4_K && row % 256) t = NB_GGUF_Q4_0; /* llama.cpp falls back to a 32-block type too */
   int64_t block = 1;
   nb_gguf_type_block(t, &block, NULL);

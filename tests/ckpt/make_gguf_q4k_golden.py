@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
-"""Golden Q4_K blocks from llama.cpp's own quantizer (gguf-py has no Q4_K
-encoder), for nabla's Q4_K encoder in tests/ckpt/test_gguf.c.
+"""Golden Q4_K and Q6_K blocks from llama.cpp's own quantizer (gguf-py has
+no K-quant encoders), for nabla's encoders in tests/ckpt/test_gguf.c.
 
   make_gguf_q4k_golden.py     writes tests/ckpt/golden/q4k_llamacpp.gguf
 
 Writes a one-layer Llama (width 256) in F32 with gguf-py, quantizes it with
-llama.cpp (llama_model_quantize, ftype Q4_K_S, pure: every 2-D tensor
-Q4_K, no importance matrix, so ggml's quantize_row_q4_K_ref), and keeps the
-first 4 rows of each 2-D tensor: "src.<name>" (f32 [4, 256]) and
-"enc.<name>" (Q4_K [4, 256]). The source values mix normal, uniform,
+llama.cpp twice (llama_model_quantize, ftype Q4_K_S and Q6_K, pure: every
+2-D tensor of that type, no importance matrix, so ggml's
+quantize_row_q4_K_ref / _q6_K_ref), and keeps the first 4 rows of each 2-D
+tensor: "src.<name>" (f32 [4, 256]), "enc.<name>" (Q4_K) and "enc6.<name>"
+(Q6_K). The source values mix normal, uniform,
 all-positive and all-zero rows. Needs llama-cpp-python and gguf-py (e.g.
 /work/venv-llamacpp).
 """
@@ -69,19 +70,20 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         f32, q4k = os.path.join(tmp, "f32.gguf"), os.path.join(tmp, "q4k.gguf")
         src = source_model(f32, rng)
-        p = llama_cpp.llama_model_quantize_default_params()
-        p.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_S
-        p.pure = True
-        p.nthread = 1
-        assert llama_cpp.llama_model_quantize(f32.encode(), q4k.encode(), ctypes.byref(p)) == 0
-        r = gguf.GGUFReader(q4k)
         w = gguf.GGUFWriter(out, arch="nabla-test")
-        for t in r.tensors:
-            if t.name not in src or t.tensor_type != gguf.GGMLQuantizationType.Q4_K:
-                continue
-            enc = np.array(t.data).reshape(-1, 144 * 256 // 256)[:ROWS]
-            w.add_tensor("src." + t.name, src[t.name][:ROWS])
-            w.add_tensor("enc." + t.name, enc, raw_dtype=gguf.GGMLQuantizationType.Q4_K)
+        for name in src:
+            w.add_tensor("src." + name, src[name][:ROWS])
+        for prefix, ftype, qtype in (("enc.", llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_S, gguf.GGMLQuantizationType.Q4_K),
+                                     ("enc6.", llama_cpp.LLAMA_FTYPE_MOSTLY_Q6_K, gguf.GGMLQuantizationType.Q6_K)):
+            p = llama_cpp.llama_model_quantize_default_params()
+            p.ftype = ftype
+            p.pure = True
+            p.nthread = 1
+            assert llama_cpp.llama_model_quantize(f32.encode(), q4k.encode(), ctypes.byref(p)) == 0
+            bytes_per_row = gguf.GGML_QUANT_SIZES[qtype][1]
+            for t in gguf.GGUFReader(q4k).tensors:
+                if t.name in src and t.tensor_type == qtype:
+                    w.add_tensor(prefix + t.name, np.array(t.data).reshape(-1, bytes_per_row)[:ROWS], raw_dtype=qtype)
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_tensors_to_file()

@@ -257,6 +257,17 @@ static void test_exports(nb_ctx *ctx, const cJSON *golden, const char *tmp) {
           m.cfg.n_kv_heads == c.n_kv_heads && m.cfg.d_ff == c.d_ff && m.cfg.vocab_size == 96 && m.cfg.max_seq_len == 64 &&
           m.cfg.tie_embeddings == gpt2 && m.tok == NULL);
     nb_tree *orig = model_params(ctx, &c);
+    /* llama.cpp's choice of types: norms F32, the output projection Q6_K
+     * next to Q4 weights when its rows allow, Q8_0 otherwise */
+    nb_gguf *gf = nb_gguf_open(ctx, path);
+    const nb_gguf_tensor *norm = gf ? nb_gguf_find_tensor(gf, "blk.0.attn_norm.weight") : NULL;
+    const nb_gguf_tensor *up = gf ? nb_gguf_find_tensor(gf, "blk.0.ffn_up.weight") : NULL;
+    const nb_gguf_tensor *head = gf ? nb_gguf_find_tensor(gf, gpt2 ? "token_embd.weight" : "output.weight") : NULL;
+    nb_gguf_type t = formats[f].type;
+    nb_gguf_type want_head = t == NB_GGUF_Q4_K ? NB_GGUF_Q6_K : t == NB_GGUF_Q4_0 ? NB_GGUF_Q8_0 : t;
+    CHECK_MSG(norm && up && head && norm->type == NB_GGUF_F32 && up->type == t && head->type == want_head, "%s: tensor types",
+              formats[f].name);
+    nb_gguf_close(gf);
     if (formats[f].type == NB_GGUF_F32)
       for (size_t k = 0; k < nb_tree_size(orig); k++) {
         const char *p = nb_tree_path(orig, k);
