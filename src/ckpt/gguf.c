@@ -401,6 +401,12 @@ nb_status nb_gguf_decode(nb_ctx *ctx, nb_gguf_type t, const void *src, float *ds
 nb_status nb_gguf_encode(nb_ctx *ctx, nb_gguf_type t, const float *src, void *dst, int64_t n) {
   nb_status s = codec_check(ctx, t, n, true);
   if (s) return s;
+  /* a block scale cannot hold NaN or infinity (and converting them to
+   * integer levels is undefined) */
+  for (int64_t i = 0; t != NB_GGUF_F32 && t != NB_GGUF_F16 && t != NB_GGUF_BF16 && i < n; i++)
+    if (!isfinite(src[i]))
+      return nb_errorf(ctx, NB_ERR_INVALID_ARG, "gguf: %s: element %lld is %g; quantized blocks hold finite values only",
+                       nb_gguf_type_name(t), (long long)i, (double)src[i]);
   uint8_t *p = dst;
   switch (t) {
   case NB_GGUF_F32: memcpy(dst, src, (size_t)n * 4); break;

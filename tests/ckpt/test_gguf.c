@@ -99,6 +99,11 @@ static void check_codecs(nb_ctx *ctx, nb_gguf *g) {
   uint8_t o[64];
   CHECK(nb_gguf_encode(ctx, NB_GGUF_Q8_0, x, o, 31) == NB_ERR_INVALID_ARG);
   CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "not a multiple of the block size 32");
+  x[5] = NAN;
+  CHECK(nb_gguf_encode(ctx, NB_GGUF_Q8_0, x, o, 32) == NB_ERR_INVALID_ARG);
+  CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "Q8_0: element 5 is nan; quantized blocks hold finite values only");
+  CHECK_OK(ctx, nb_gguf_encode(ctx, NB_GGUF_F16, x, o, 32)); /* F16 holds NaN */
+  x[5] = 0;
   CHECK(nb_gguf_encode(ctx, NB_GGUF_Q5_0, x, o, 32) == NB_ERR_UNIMPLEMENTED);
   CHECK_ERR(ctx, NB_ERR_UNIMPLEMENTED, "encoding Q5_0");
 }
