@@ -1068,8 +1068,10 @@ nb_status nb_gguf_write_tensor(nb_gguf_writer *w, const char *name, nb_gguf_type
   nb_status s = t.name && t.data ? nb_gguf_encode(ctx, type, nb_array_data(f), t.data, n) : nb_errorf(ctx, NB_ERR_NOMEM, "gguf: out of memory");
   nb_array_release(f);
   if (s) {
+    char why[400];
+    snprintf(why, sizeof why, "%s", nb_ctx_error(ctx));
     free(t.name), free(t.data);
-    return s;
+    return nb_errorf(ctx, s, "gguf writer: tensor '%s': %s", name, why);
   }
   w->tensors[w->n_tensors++] = t;
   return NB_OK;
