@@ -194,6 +194,7 @@ static void test_roundtrip(nb_ctx *ctx, const char *tmp) {
   nb_array *bad = nb_array_empty(ctx, NB_F32, 1, odd);
   CHECK(nb_gguf_write_tensor(w, "odd", NB_GGUF_Q8_0, bad) == NB_ERR_SHAPE);
   CHECK_ERR(ctx, NB_ERR_SHAPE, "last dim 33 is not a multiple of Q8_0's block of 32");
+  nb_array_release(bad);
   int64_t d32[1] = {32};
   bad = nb_array_empty(ctx, NB_F32, 1, d32);
   for (int i = 0; i < 32; i++) ((float *)nb_array_data_mut(bad))[i] = i == 7 ? INFINITY : 1;
