@@ -240,5 +240,129 @@ nb_status nb_ckpt_safetensors_save_sharded(nb_ctx *ctx, const char *dir, const c
 /* Frees a string returned by this library. NULL ok. */
 void nb_ckpt_string_free(nb_ctx *ctx, char *s);
 
+/* ------------------------------------------------------------------------ */
+/* GGUF (ggml / llama.cpp model files)                                       */
+/* ------------------------------------------------------------------------ */
+
+/* GGUF versions 2 and 3, little-endian, as ggml's docs/gguf.md specifies:
+ * a header, typed key/value metadata (arrays nested to any depth up to 8),
+ * tensor infos (name, up to 4 dims, ggml type, offset) and the aligned data
+ * section (general.alignment, default 32). Every count, length, offset,
+ * size and type is checked against the file before it is used; an error
+ * names the file, the field and the key or tensor ("m.gguf: tensor
+ * 'blk.3.attn_q.weight': offset 123 + 4096 bytes beyond the file (size 100)").
+ * docs/gguf.md says what is read and written. */
+
+/* ggml tensor types (the numbers are the file's). The table knows the block
+ * sizes of all ggml types, so any file parses; decode and encode cover the
+ * types listed in nb_gguf_can_decode / nb_gguf_can_encode. */
+typedef enum nb_gguf_type {
+  NB_GGUF_F32 = 0, NB_GGUF_F16 = 1, NB_GGUF_Q4_0 = 2, NB_GGUF_Q4_1 = 3, NB_GGUF_Q5_0 = 6, NB_GGUF_Q5_1 = 7,
+  NB_GGUF_Q8_0 = 8, NB_GGUF_Q8_1 = 9, NB_GGUF_Q2_K = 10, NB_GGUF_Q3_K = 11, NB_GGUF_Q4_K = 12, NB_GGUF_Q5_K = 13,
+  NB_GGUF_Q6_K = 14, NB_GGUF_Q8_K = 15, NB_GGUF_BF16 = 30, NB_GGUF_TYPE_LIMIT = 64
+} nb_gguf_type;
+
+/* Metadata value types (the numbers are the file's). */
+typedef enum nb_gguf_vtype {
+  NB_GGUF_UINT8 = 0, NB_GGUF_INT8 = 1, NB_GGUF_UINT16 = 2, NB_GGUF_INT16 = 3, NB_GGUF_UINT32 = 4, NB_GGUF_INT32 = 5,
+  NB_GGUF_FLOAT32 = 6, NB_GGUF_BOOL = 7, NB_GGUF_STRING = 8, NB_GGUF_ARRAY = 9, NB_GGUF_UINT64 = 10,
+  NB_GGUF_INT64 = 11, NB_GGUF_FLOAT64 = 12, NB_GGUF_VTYPE_COUNT
+} nb_gguf_vtype;
+
+/* A metadata value; everything points into the opened file (valid until
+ * nb_gguf_close). */
+typedef struct nb_gguf_value {
+  nb_gguf_vtype type;
+  int64_t i;              /* signed integers; unsigned ones that fit; bool (0/1) */
+  uint64_t u;             /* unsigned integers */
+  double f;               /* floats (and every number, converted) */
+  const char *str;        /* STRING: len bytes, not NUL-terminated */
+  uint64_t len;
+  nb_gguf_vtype elem;     /* ARRAY: element type and count */
+  uint64_t n;
+  const uint8_t *raw;     /* ARRAY of numbers or bools: n little-endian elements */
+  const struct nb_gguf_value *items; /* ARRAY of STRING or ARRAY: n values */
+} nb_gguf_value;
+
+typedef struct nb_gguf_tensor {
+  const char *name;       /* NUL-terminated, valid UTF-8 */
+  nb_gguf_type type;
+  int n_dims;             /* 1..4 */
+  int64_t ne[4];          /* ggml order: ne[0] is contiguous; unused dims are 1 */
+  int64_t n_elems;
+  uint64_t offset;        /* of the data, from the start of the file */
+  uint64_t nbytes;
+  const void *data;       /* the mapped bytes */
+} nb_gguf_tensor;
+
+typedef struct nb_gguf nb_gguf;
+
+/* Opens and validates a file (mapped read-only). NULL with NB_ERR_FORMAT (or
+ * NB_ERR_IO / NB_ERR_NOT_FOUND) naming the file and field. */
+nb_gguf *nb_gguf_open(nb_ctx *ctx, const char *path);
+/* The same over size bytes in memory (borrowed until close); name is for
+ * messages (NULL: "gguf"). */
+nb_gguf *nb_gguf_parse(nb_ctx *ctx, const void *data, size_t size, const char *name);
+void nb_gguf_close(nb_gguf *g); /* NULL ok */
+uint32_t nb_gguf_version(const nb_gguf *g);
+uint64_t nb_gguf_alignment(const nb_gguf *g);
+const char *nb_gguf_name(const nb_gguf *g);
+
+size_t nb_gguf_n_kv(const nb_gguf *g);
+const char *nb_gguf_kv_key(const nb_gguf *g, size_t i);
+const nb_gguf_value *nb_gguf_kv_value(const nb_gguf *g, size_t i);
+/* The value of key, or NULL. */
+const nb_gguf_value *nb_gguf_get(const nb_gguf *g, const char *key);
+/* Typed reads of a key: NB_ERR_NOT_FOUND when absent, NB_ERR_FORMAT when of
+ * another type (both naming the file and key). Integers accept every
+ * integer type that fits int64; floats accept FLOAT32/FLOAT64. */
+nb_status nb_gguf_get_int(const nb_gguf *g, const char *key, int64_t *out);
+nb_status nb_gguf_get_float(const nb_gguf *g, const char *key, double *out);
+nb_status nb_gguf_get_bool(const nb_gguf *g, const char *key, bool *out);
+nb_status nb_gguf_get_string(const nb_gguf *g, const char *key, const char **s, size_t *len);
+/* Element j < v->n of an array of numbers (any integer, float or bool type). */
+double nb_gguf_array_f64(const nb_gguf_value *v, uint64_t j);
+int64_t nb_gguf_array_i64(const nb_gguf_value *v, uint64_t j);
+
+size_t nb_gguf_n_tensors(const nb_gguf *g);
+const nb_gguf_tensor *nb_gguf_tensor_at(const nb_gguf *g, size_t i);
+const nb_gguf_tensor *nb_gguf_find_tensor(const nb_gguf *g, const char *name);
+/* The tensor decoded to a new f32 array of shape [ne[n_dims-1], ..., ne[0]]
+ * (row-major, so a ggml [in, out] weight is nabla [out, in]). An undecodable
+ * type is NB_ERR_UNIMPLEMENTED naming the tensor and type. */
+nb_array *nb_gguf_tensor_f32(const nb_gguf *g, const nb_gguf_tensor *t);
+
+/* Block codecs, bit-exact with ggml's reference (de)quantizers. */
+const char *nb_gguf_type_name(nb_gguf_type t);   /* "Q8_0"; NULL for an unknown type */
+/* Elements and bytes per block; false for an unknown type. */
+bool nb_gguf_type_block(nb_gguf_type t, int64_t *block_elems, int64_t *block_bytes);
+bool nb_gguf_can_decode(nb_gguf_type t);         /* F32 F16 BF16 Q8_0 Q4_0 Q4_K Q6_K */
+bool nb_gguf_can_encode(nb_gguf_type t);         /* F32 F16 BF16 Q8_0 Q4_0 Q4_K Q6_K */
+/* n elements (a multiple of the block size) from src to dst. */
+nb_status nb_gguf_decode(nb_ctx *ctx, nb_gguf_type t, const void *src, float *dst, int64_t n);
+nb_status nb_gguf_encode(nb_ctx *ctx, nb_gguf_type t, const float *src, void *dst, int64_t n);
+
+/* Writing: metadata in the order added, tensors encoded when added (held in
+ * memory until saved), alignment 32. Keys and tensor names must be unique
+ * and valid UTF-8. */
+typedef struct nb_gguf_writer nb_gguf_writer;
+nb_gguf_writer *nb_gguf_writer_create(nb_ctx *ctx);
+void nb_gguf_writer_destroy(nb_gguf_writer *w); /* NULL ok */
+nb_status nb_gguf_write_u32(nb_gguf_writer *w, const char *key, uint32_t v);
+nb_status nb_gguf_write_i32(nb_gguf_writer *w, const char *key, int32_t v);
+nb_status nb_gguf_write_f32(nb_gguf_writer *w, const char *key, float v);
+nb_status nb_gguf_write_bool(nb_gguf_writer *w, const char *key, bool v);
+nb_status nb_gguf_write_string(nb_gguf_writer *w, const char *key, const char *s, size_t len);
+/* Arrays: strings (lens NULL: NUL-terminated), f32, i32. */
+nb_status nb_gguf_write_strings(nb_gguf_writer *w, const char *key, const char *const *s, const size_t *lens, size_t n);
+nb_status nb_gguf_write_f32s(nb_gguf_writer *w, const char *key, const float *v, size_t n);
+nb_status nb_gguf_write_i32s(nb_gguf_writer *w, const char *key, const int32_t *v, size_t n);
+/* A float array of rank 1..4, row-major (nabla [out, in] becomes ggml
+ * ne = [in, out]), encoded as type; its last dim must be a multiple of the
+ * type's block size. */
+nb_status nb_gguf_write_tensor(nb_gguf_writer *w, const char *name, nb_gguf_type type, const nb_array *x);
+/* Writes the file atomically (path.tmp, fsync, rename). */
+nb_status nb_gguf_writer_save(nb_gguf_writer *w, const char *path);
+
 NB_END_DECLS
 #endif /* NABLA_CKPT_H */

@@ -35,6 +35,7 @@
 #define NABLA_MODELS_H
 
 #include "nabla/export.h"
+#include "nabla/ckpt.h"
 #include "nabla/core.h"
 #include "nabla/nn.h"
 #include "nabla/tokenizer.h"
@@ -304,6 +305,31 @@ nb_status nb_model_loaded_make(nb_ctx *ctx, const nb_model_config *cfg, const nb
  * missing key, bad value, missing or mis-shaped tensor names the file and
  * the field or tensor. */
 nb_status nb_model_load_hf(nb_ctx *ctx, const char *dir, nb_model_loaded *out);
+/* A GGUF file of a Llama- or GPT-2-architecture model (llama.cpp's format,
+ * versions 2 and 3): the config from the llama.* / gpt2.* metadata, tensors renamed from
+ * llama.cpp's names and decoded to f32 (F32, F16, BF16, Q8_0, Q4_0, Q4_K,
+ * Q6_K; quantized execution comes with the quant kernels), llama.cpp's
+ * permutation of the attn_q / attn_k rows undone, and the tokenizer from
+ * tokenizer.ggml.* ("llama": SentencePiece BPE; "gpt2": byte-level BPE;
+ * "no_vocab" or none: ids only). Errors name the file and the key or
+ * tensor. docs/gguf.md has the mapping. */
+nb_status nb_model_load_gguf(nb_ctx *ctx, const char *path, nb_model_loaded *out);
+
+typedef struct nb_model_gguf_opts {
+  nb_gguf_type type;      /* of the 2-D weights: F32 (0), F16, BF16, Q8_0, Q4_0, Q4_K */
+  const char *name;       /* general.name; NULL: none */
+} nb_model_gguf_opts;
+/* Writes a dense Llama or a GPT-2 model as a GGUF file llama.cpp loads:
+ * llama.* / gpt2.* metadata, the tokenizer (none: "no_vocab" with
+ * <arch>.vocab_size; byte-level BPE: "gpt2" tokens and merges; char-level
+ * BPE: "llama" pieces and scores; others are refused by name), tensors
+ * under llama.cpp's names with the q/k rows permuted for its RoPE (Llama
+ * 3.1 RoPE scaling as rope_freqs.weight). 1-D tensors stay F32; in a Q4_0
+ * or Q4_K file the output projection is Q6_K (Q8_0 when its rows are not a
+ * multiple of 256); in a Q4_K file other rows not a multiple of 256 are
+ * Q4_0; rows not a multiple of the block fall back to F16. opts may be
+ * NULL (F32). */
+nb_status nb_model_save_gguf(nb_ctx *ctx, const nb_model_loaded *m, const char *path, const nb_model_gguf_opts *opts);
 void nb_model_loaded_free(nb_model_loaded *m); /* zeroes *m; NULL ok */
 
 NB_END_DECLS

@@ -97,6 +97,34 @@ nb_tok *nb_tok_load_gpt2_strings(nb_ctx *ctx, const char *vocab_json, size_t voc
  * and CHAR models fail with NB_ERR_UNIMPLEMENTED naming the field. */
 nb_tok *nb_tok_load_sentencepiece(nb_ctx *ctx, const char *path);
 nb_tok *nb_tok_load_sentencepiece_bytes(nb_ctx *ctx, const void *data, size_t len, const char *name);
+/* A SentencePiece model from its pieces in memory (a GGUF file's
+ * tokenizer.ggml.tokens / scores / token_type): BPE with merges by score as
+ * a .model file of model_type BPE gives, "▁" for spaces, identity
+ * normalization (no charsmap, extra whitespace kept). Types are
+ * SentencePiece's: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused,
+ * 6 byte. Pieces are copied. `name` is for messages. */
+typedef struct nb_tok_spm_piece {
+  const char *text;
+  size_t len;
+  float score;
+  int type;
+} nb_tok_spm_piece;
+typedef struct nb_tok_spm_opts {
+  bool byte_fallback;     /* <0xNN> pieces stand in for bytes no piece covers */
+  bool add_dummy_prefix;  /* "▁" before the text, as add_dummy_prefix / add_space_prefix */
+} nb_tok_spm_opts;
+nb_tok *nb_tok_create_sentencepiece(nb_ctx *ctx, const nb_tok_spm_piece *pieces, size_t n, const nb_tok_spm_opts *opts,
+                                    const char *name);
+/* The other way: a char-level BPE tokenizer (a SentencePiece BPE .model,
+ * or a tokenizer.json BPE with "▁" for spaces as Llama-2's) as pieces that
+ * nb_tok_create_sentencepiece (and llama.cpp's "llama" vocabulary) turn
+ * back into the same tokenizer: pieces[id] for id < nb_tok_vocab_size (text
+ * pointing into t; unused ids get type 5 and an empty text), scores
+ * -(rank of the first merge giving the piece) (0 for single characters,
+ * bytes and special tokens), opts filled. NB_ERR_UNIMPLEMENTED naming what
+ * cannot be expressed (byte-level or Unigram models, a normalizer, another
+ * pre-tokenizer). */
+nb_status nb_tok_sentencepiece_pieces(const nb_tok *t, nb_tok_spm_piece *pieces, size_t cap, nb_tok_spm_opts *opts);
 void nb_tok_destroy(nb_tok *t); /* NULL is allowed */
 
 /* ------------------------------------------------------------------------ */
@@ -125,6 +153,9 @@ int32_t nb_tok_added_id(const nb_tok *t, const char *content);
 bool nb_tok_is_special(const nb_tok *t, int32_t id);
 int32_t nb_tok_num_added(const nb_tok *t);
 int32_t nb_tok_added_at(const nb_tok *t, int32_t i); /* i in [0, nb_tok_num_added) */
+/* The BPE merges by rank: pairs[2 r], pairs[2 r + 1] are the left and right
+ * ids of the merge of rank r, for r < min(cap, nb_tok_num_merges). */
+nb_status nb_tok_merges(const nb_tok *t, int32_t *pairs, size_t cap);
 
 /* ------------------------------------------------------------------------ */
 /* Encoding and decoding                                                     */

@@ -1,5 +1,6 @@
 /* `nabla ckpt`: inspect and convert checkpoints. Subcommands: list (steps of
- * a checkpoint directory), show (a step's or a safetensors file's tree),
+ * a checkpoint directory), show (a step's, a safetensors file's or a GGUF
+ * file's tree),
  * verify (checksums), export (checkpoint -> safetensors) and import
  * (safetensors -> checkpoint). Only the public ckpt API is used. */
 #include <stdio.h>
@@ -13,7 +14,8 @@
 
 static const char usage_text[] =
           "usage: nabla ckpt list DIR\n"
-          "       nabla ckpt show DIR [STEP|latest]      (DIR: checkpoint dir, step dir, or safetensors file/dir/index)\n"
+          "       nabla ckpt show DIR [STEP|latest]      (DIR: checkpoint dir, step dir, safetensors file/dir/index,\n"
+          "                                              or a GGUF file: metadata and each tensor's type)\n"
           "       nabla ckpt verify DIR [STEP|all]\n"
           "       nabla ckpt export DIR STEP|latest OUT [--item NAME] [--hf-names] [--shard-size BYTES]\n"
           "       nabla ckpt import IN DIR --step N [--item NAME] [--hf-names]\n";
@@ -133,8 +135,66 @@ static void print_info(const nb_ckpt_info *info) {
   }
 }
 
+static const char *const vtype_names[] = {"u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "string", "array", "u64", "i64", "f64"};
+
+/* one metadata value on the rest of a line: scalars as is, strings quoted
+ * (cut at 60 bytes), arrays as their type and length and first items */
+static void print_value(const nb_gguf_value *v) {
+  switch (v->type) {
+  case NB_GGUF_STRING: printf("\"%.*s%s\"", (int)(v->len < 60 ? v->len : 60), v->str, v->len > 60 ? "..." : ""); break;
+  case NB_GGUF_ARRAY:
+    printf("%s[%llu]", vtype_names[v->elem], (unsigned long long)v->n);
+    for (uint64_t j = 0; j < v->n && j < 4; j++) {
+      fputs(j ? ", " : " ", stdout);
+      if (v->items) print_value(&v->items[j]);
+      else if (v->elem == NB_GGUF_FLOAT32 || v->elem == NB_GGUF_FLOAT64) printf("%g", nb_gguf_array_f64(v, j));
+      else printf("%lld", (long long)nb_gguf_array_i64(v, j));
+    }
+    if (v->n > 4) fputs(", ...", stdout);
+    break;
+  case NB_GGUF_FLOAT32: case NB_GGUF_FLOAT64: printf("%g", v->f); break;
+  case NB_GGUF_BOOL: fputs(v->u ? "true" : "false", stdout); break;
+  case NB_GGUF_UINT64: printf("%llu", (unsigned long long)v->u); break;
+  default: printf("%lld", (long long)v->i); break;
+  }
+}
+
+/* A GGUF file: its metadata and each tensor's type (its quantization),
+ * shape in nabla's order (ggml's ne reversed) and bytes. */
+static int show_gguf(const char *path) {
+  nb_ctx *ctx = nb_ctx_create();
+  nb_gguf *g = nb_gguf_open(ctx, path);
+  if (!g) return fail(ctx, "show");
+  printf("GGUF version %u, alignment %llu, %zu metadata keys, %zu tensors\n", nb_gguf_version(g),
+         (unsigned long long)nb_gguf_alignment(g), nb_gguf_n_kv(g), nb_gguf_n_tensors(g));
+  for (size_t i = 0; i < nb_gguf_n_kv(g); i++) {
+    printf("  %-48s ", nb_gguf_kv_key(g, i));
+    print_value(nb_gguf_kv_value(g, i));
+    putchar('\n');
+  }
+  size_t total = 0;
+  for (size_t i = 0; i < nb_gguf_n_tensors(g); i++) {
+    const nb_gguf_tensor *t = nb_gguf_tensor_at(g, i);
+    char shape[128], bytes[32];
+    size_t n = (size_t)snprintf(shape, sizeof shape, "[");
+    for (int d = t->n_dims - 1; d >= 0 && n < sizeof shape; d--)
+      n += (size_t)snprintf(shape + n, sizeof shape - n, d == t->n_dims - 1 ? "%lld" : ", %lld", (long long)t->ne[d]);
+    if (n < sizeof shape) snprintf(shape + n, sizeof shape - n, "]");
+    human((size_t)t->nbytes, bytes, sizeof bytes);
+    printf("%-48s %-6s %-20s %s\n", t->name, nb_gguf_type_name(t->type), shape, bytes);
+    total += (size_t)t->nbytes;
+  }
+  char tot[32];
+  human(total, tot, sizeof tot);
+  printf("total %s of tensor data\n", tot);
+  nb_gguf_close(g);
+  nb_ctx_destroy(ctx);
+  return 0;
+}
+
 static int cmd_show(int argc, char **argv) {
   if (argc < 1 || argc > 2) return usage();
+  if (argc == 1 && nb_cli_is_gguf(argv[0])) return show_gguf(argv[0]);
   if (argc == 1 && is_safetensors(argv[0])) return show_safetensors(argv[0]);
   nb_ctx *ctx = nb_ctx_create();
   nb_ckpt_info *info = NULL;

@@ -125,3 +125,26 @@ bool nb_cli_output_ok(const char *cmd, const char *out, bool out_is_dir, int n_i
   }
   return true;
 }
+
+bool nb_cli_is_gguf(const char *path) {
+  struct stat st;
+  char magic[4] = {0};
+  FILE *f = !stat(path, &st) && S_ISREG(st.st_mode) ? fopen(path, "rb") : NULL;
+  bool yes = f && fread(magic, 1, 4, f) == 4 && !memcmp(magic, "GGUF", 4);
+  if (f) fclose(f);
+  return yes;
+}
+
+int nb_cli_load_model(nb_ctx *ctx, const char *model, const char *config, nb_model_loaded *out) {
+  char p[4200];
+  struct stat st;
+  if (nb_cli_is_gguf(model)) {
+    if (config) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "--config goes with a run dir or checkpoint, not a GGUF file");
+    return nb_model_load_gguf(ctx, model, out);
+  }
+  snprintf(p, sizeof p, "%s/config.yaml", model);
+  if (!stat(p, &st) && S_ISREG(st.st_mode)) return nb_train_load_run_dir(ctx, model, config, out);
+  snprintf(p, sizeof p, "%s/config.json", model);
+  if (!config && !stat(p, &st) && S_ISREG(st.st_mode)) return nb_model_load_hf(ctx, model, out);
+  return nb_train_load_checkpoint(ctx, model, config, out);
+}

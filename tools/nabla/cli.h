@@ -32,4 +32,13 @@ char *nb_cli_read_input(const char *cmd, const char *path, size_t *n);
  * output is refused too. Inputs that do not exist are skipped. */
 bool nb_cli_output_ok(const char *cmd, const char *out, bool out_is_dir, int n_in, const char *const *inputs);
 
+/* Whether path is a regular file starting with GGUF's magic. */
+bool nb_cli_is_gguf(const char *path);
+/* A model as the commands take one: a GGUF file, a run dir (config.yaml),
+ * a Hugging Face folder (config.json, unless --config is given) or a
+ * checkpoint step dir (config from --config or the run dir above it). */
+typedef struct nb_model_loaded nb_model_loaded;
+typedef struct nb_ctx nb_ctx;
+int nb_cli_load_model(nb_ctx *ctx, const char *model, const char *config, nb_model_loaded *out);
+
 #endif

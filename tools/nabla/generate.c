@@ -15,10 +15,11 @@
 #include "util/util.h"
 
 static const char usage_text[] =
-          "usage: nabla generate (--run-dir DIR | --checkpoint STEP_DIR | --hf DIR) --prompt TEXT [options]\n"
+          "usage: nabla generate (--run-dir DIR | --checkpoint STEP_DIR | --hf DIR | --gguf FILE) --prompt TEXT [options]\n"
           "  --run-dir DIR        a nabla run: DIR/config.yaml and the latest step of DIR/checkpoints\n"
           "  --checkpoint DIR     one checkpoint step (config: DIR/../../config.yaml, or --config)\n"
           "  --hf DIR             a Hugging Face Llama folder (config.json, safetensors, tokenizer.json)\n"
+          "  --gguf FILE          a Llama GGUF file (llama.cpp's format; weights dequantized to f32)\n"
           "  --config FILE        the run config for --run-dir / --checkpoint\n"
           "  --prompt TEXT        the text to continue\n"
           "  --max-tokens N       new tokens at most (default 128)\n"
@@ -42,7 +43,7 @@ static const char usage_text[] =
 static int usage(void) { return nb_cli_usage(usage_text, false); }
 
 typedef struct options {
-  const char *run_dir, *checkpoint, *hf, *config, *prompt;
+  const char *run_dir, *checkpoint, *hf, *gguf, *config, *prompt;
   int64_t max_tokens, top_k, max_seq_len, chunk, n;
   double temperature, top_p, min_p, presence, frequency, repetition;
   uint64_t seed;
@@ -64,6 +65,7 @@ static int parse(int argc, char **argv, options *o) {
     else if (!strcmp(a, "--run-dir")) o->run_dir = v;
     else if (!strcmp(a, "--checkpoint")) o->checkpoint = v;
     else if (!strcmp(a, "--hf")) o->hf = v;
+    else if (!strcmp(a, "--gguf")) o->gguf = v;
     else if (!strcmp(a, "--config")) o->config = v;
     else if (!strcmp(a, "--prompt")) o->prompt = v;
     else if (!strcmp(a, "--max-tokens")) ok = nb_cli_int("generate", a, v, 0, 1000000000, &o->max_tokens);
@@ -83,10 +85,10 @@ static int parse(int argc, char **argv, options *o) {
     if (!ok) return 2;
     if (strcmp(a, "--no-bos") && strcmp(a, "--show-ids")) i++;
   }
-  int sources = !!o->run_dir + !!o->checkpoint + !!o->hf;
-  if (sources != 1) return fprintf(stderr, "nabla generate: give exactly one of --run-dir, --checkpoint, --hf\n"), usage();
+  int sources = !!o->run_dir + !!o->checkpoint + !!o->hf + !!o->gguf;
+  if (sources != 1) return fprintf(stderr, "nabla generate: give exactly one of --run-dir, --checkpoint, --hf, --gguf\n"), usage();
   if (!o->prompt) return fprintf(stderr, "nabla generate: --prompt is required\n"), usage();
-  if (o->config && o->hf) return fprintf(stderr, "nabla generate: --config goes with --run-dir or --checkpoint\n"), usage();
+  if (o->config && (o->hf || o->gguf)) return fprintf(stderr, "nabla generate: --config goes with --run-dir or --checkpoint\n"), usage();
   return 0;
 }
 
@@ -224,6 +226,7 @@ static nb_status drive(nb_serve_llm *l, const nb_serve_llm_request *req, stream 
 static int run(nb_ctx *ctx, const options *o) {
   nb_model_loaded m;
   nb_status s = o->hf           ? nb_model_load_hf(ctx, o->hf, &m)
+                : o->gguf       ? nb_model_load_gguf(ctx, o->gguf, &m)
                 : o->checkpoint ? nb_train_load_checkpoint(ctx, o->checkpoint, o->config, &m)
                                 : nb_train_load_run_dir(ctx, o->run_dir, o->config, &m);
   if (s) return fprintf(stderr, "nabla generate: %s\n", nb_ctx_error(ctx)), 1;

@@ -15,8 +15,8 @@
 
 static const char usage_text[] =
     "usage: nabla serve MODEL [options]\n"
-    "  MODEL                a nabla run dir (config.yaml), a checkpoint step dir, or a Hugging Face\n"
-    "                       Llama folder (config.json)\n"
+    "  MODEL                a nabla run dir (config.yaml), a checkpoint step dir, a Hugging Face\n"
+    "                       Llama folder (config.json), or a Llama GGUF file (llama.cpp's format)\n"
     "  --config FILE        the run config for a run dir / checkpoint\n"
     "  --host ADDR          IPv4 address to listen on (default 127.0.0.1)\n"
     "  --port N             TCP port (default 8000; 0 picks a free one; the port is printed)\n"
@@ -110,13 +110,44 @@ static bool is_file(const char *dir, const char *name) {
   return !stat(p, &st) && S_ISREG(st.st_mode);
 }
 
+/* A GGUF file's tokenizer.chat_template as a new string (NULL: none). */
+static char *gguf_chat_template(const char *path) {
+  nb_ctx *ctx = nb_ctx_create();
+  nb_gguf *g = ctx ? nb_gguf_open(ctx, path) : NULL;
+  const char *t = NULL;
+  size_t n = 0;
+  char *copy = NULL;
+  if (g && nb_gguf_get(g, "tokenizer.chat_template") && !nb_gguf_get_string(g, "tokenizer.chat_template", &t, &n) &&
+      (copy = malloc(n + 1)))
+    memcpy(copy, t, n), copy[n] = 0;
+  nb_gguf_close(g);
+  nb_ctx_destroy(ctx);
+  return copy;
+}
+
+/* The chat format a declared template is (markers of the known ones), or
+ * CHAT_NONE with why. */
+static void match_template(server *sv, const char *tmpl, const char *where) {
+  sv->chat = CHAT_NONE;
+  for (int k = 0; k < CHAT_COUNT && sv->chat == CHAT_NONE; k++)
+    if (strstr(tmpl, chat_formats[k].marker)) sv->chat = (chat_template)k;
+  if (sv->chat == CHAT_NONE)
+    snprintf(sv->chat_why, sizeof sv->chat_why, "%s's chat_template is none nabla knows (known: %s); pass --chat-template NAME",
+             where, chat_known);
+}
+
 /* The chat format: --chat-template, else the one tokenizer_config.json's
- * chat_template is, else ChatML when the model declares none. A declared
- * template nabla does not know turns chat off (requests say why). */
+ * (or a GGUF file's tokenizer.chat_template) is, else ChatML when the
+ * model declares none. A declared template nabla does not know turns chat
+ * off (requests say why). */
 static void pick_chat_template(server *sv) {
   sv->chat = CHAT_CHATML;
   if (sv->opt.chat_template) { /* a known name: parse() refused the others */
     while (strcmp(sv->opt.chat_template, chat_formats[sv->chat].name)) sv->chat++;
+  } else if (nb_cli_is_gguf(sv->opt.model)) {
+    char *tmpl = gguf_chat_template(sv->opt.model);
+    if (tmpl) match_template(sv, tmpl, sv->opt.model);
+    free(tmpl);
   } else {
     char p[4096];
     snprintf(p, sizeof p, "%s/tokenizer_config.json", sv->opt.model);
@@ -128,12 +159,7 @@ static void pick_chat_template(server *sv) {
       sv->chat = CHAT_NONE;
       snprintf(sv->chat_why, sizeof sv->chat_why, "%s is not valid JSON; pass --chat-template NAME", p);
     } else if (!absent(t)) {
-      sv->chat = CHAT_NONE;
-      for (int k = 0; k < CHAT_COUNT && sv->chat == CHAT_NONE; k++)
-        if (cJSON_IsString(t) && strstr(t->valuestring, chat_formats[k].marker)) sv->chat = (chat_template)k;
-      if (sv->chat == CHAT_NONE)
-        snprintf(sv->chat_why, sizeof sv->chat_why,
-                 "%s's chat_template is none nabla knows (known: %s); pass --chat-template NAME", p, chat_known);
+      match_template(sv, cJSON_IsString(t) ? t->valuestring : "", p);
     }
     cJSON_Delete(j);
     free(text);
@@ -183,9 +209,7 @@ static bool make_engine(server *sv) {
 static int serve(server *sv) {
   const options *o = &sv->opt;
   nb_model_loaded *m = &sv->m;
-  nb_status s = is_file(o->model, "config.yaml") ? nb_train_load_run_dir(sv->ctx, o->model, o->config, m)
-                : is_file(o->model, "config.json") && !o->config ? nb_model_load_hf(sv->ctx, o->model, m)
-                                                                  : nb_train_load_checkpoint(sv->ctx, o->model, o->config, m);
+  nb_status s = nb_cli_load_model(sv->ctx, o->model, o->config, m);
   if (s) return fprintf(stderr, "nabla serve: %s\n", nb_ctx_error(sv->ctx)), 1;
   sv->max_model_len = o->max_model_len ? o->max_model_len : m->cfg.max_seq_len < 4096 ? m->cfg.max_seq_len : 4096;
   if (sv->max_model_len > m->cfg.max_seq_len)

@@ -73,6 +73,8 @@ typedef struct spm_load {
   float min_normal; /* the lowest NORMAL piece score (Unigram's unknown score comes from it) */
 } spm_load;
 
+static nb_status add_piece(spm_load *L, const uint8_t *text, size_t len, float score, uint64_t type);
+
 static nb_status piece(spm_load *L, pb sub) {
   const uint8_t *text = NULL;
   size_t len = 0;
@@ -86,12 +88,16 @@ static nb_status piece(spm_load *L, pb sub) {
     else if (f == 2 && wt == 5) {
       uint32_t u = (uint32_t)val;
       memcpy(&score, &u, 4);
-      if (score != score) score = -1e30f; /* NaN would break the sort's order */
     }
     else if (f == 3 && wt == 0) type = val;
   }
+  if (sub.bad || !text) return nb_errorf(L->t->ctx, NB_ERR_FORMAT, "%s: pieces[%d]: malformed (no piece text)", L->name, (int32_t)L->n_pieces);
+  return add_piece(L, text, len, score, type);
+}
+
+static nb_status add_piece(spm_load *L, const uint8_t *text, size_t len, float score, uint64_t type) {
   int32_t id = (int32_t)L->n_pieces;
-  if (sub.bad || !text) return nb_errorf(L->t->ctx, NB_ERR_FORMAT, "%s: pieces[%d]: malformed (no piece text)", L->name, id);
+  if (score != score) score = -1e30f; /* NaN would break the sort's order */
   if (type < SP_NORMAL || type > SP_BYTE) return nb_errorf(L->t->ctx, NB_ERR_FORMAT, "%s: pieces[%d]: unknown type %llu", L->name, id, (unsigned long long)type);
   uint8_t fl = type == SP_UNKNOWN || type == SP_UNUSED ? NB_TOK__F_HIDDEN
                : type == SP_CONTROL ? (NB_TOK__F_SPECIAL | NB_TOK__F_HIDDEN)
@@ -208,17 +214,56 @@ static nb_status derive(spm_load *L) {
   return r;
 }
 
-nb_tok *nb_tok_load_sentencepiece_bytes(nb_ctx *ctx, const void *data, size_t len, const char *name) {
-  if (!data && len) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "nb_tok_load_sentencepiece_bytes: NULL data"), NULL;
+/* A new char-level tokenizer with SentencePiece's defaults. */
+static nb_tok *spm_create(nb_ctx *ctx) {
   nb_tok *t = nb_tok__create(ctx, NB_TOK_CHAR_LEVEL);
   if (!t) return NULL;
-  spm_load L = {.t = t, .name = name ? name : "tokenizer.model", .min_normal = 3.0e38f};
   t->metaspace = true;
   t->ms_prepend = NB_TOK__PREPEND_NEVER;
   t->spm_dummy_prefix = true;
   t->spm_normalizer = true;
   strcpy(t->unk_surface, " \xE2\x81\x87 "); /* " ⁇ ", sentencepiece's default */
   t->strip_leading = 1;
+  return t;
+}
+
+/* The pieces are in: index, derive the model, finish. Frees L's scratch;
+ * destroys t on failure. */
+static nb_tok *spm_finish(spm_load *L, nb_status r) {
+  nb_tok *t = L->t;
+  if (!r) r = nb_tok__index(t, L->name);
+  if (!r && !L->unigram) choose_split(t); /* Unigram: float path scores depend on where the text starts */
+  if (!r) r = L->unigram ? unigram(L) : derive(L);
+  if (!r) r = nb_tok__finish(t);
+  if (L->scores) nb_dealloc(t->ctx, L->scores, L->cap_scores * sizeof *L->scores);
+  if (r) {
+    nb_tok_destroy(t);
+    return NULL;
+  }
+  return t;
+}
+
+nb_tok *nb_tok_create_sentencepiece(nb_ctx *ctx, const nb_tok_spm_piece *pieces, size_t n, const nb_tok_spm_opts *opts,
+                                    const char *name) {
+  if ((!pieces && n) || !opts) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "nb_tok_create_sentencepiece: NULL pieces or options"), NULL;
+  nb_tok *t = spm_create(ctx);
+  if (!t) return NULL;
+  spm_load L = {.t = t, .name = name ? name : "sentencepiece", .min_normal = 3.0e38f};
+  t->byte_fallback = opts->byte_fallback;
+  t->spm_dummy_prefix = opts->add_dummy_prefix;
+  t->strip_leading = opts->add_dummy_prefix ? 1 : 0;
+  t->spm_remove_extra = false;
+  nb_status r = n ? NB_OK : nb_errorf(ctx, NB_ERR_FORMAT, "%s: no pieces", L.name);
+  for (size_t i = 0; !r && i < n; i++)
+    r = add_piece(&L, (const uint8_t *)pieces[i].text, pieces[i].len, pieces[i].score, (uint64_t)(pieces[i].type > 0 ? pieces[i].type : 0));
+  return spm_finish(&L, r);
+}
+
+nb_tok *nb_tok_load_sentencepiece_bytes(nb_ctx *ctx, const void *data, size_t len, const char *name) {
+  if (!data && len) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "nb_tok_load_sentencepiece_bytes: NULL data"), NULL;
+  nb_tok *t = spm_create(ctx);
+  if (!t) return NULL;
+  spm_load L = {.t = t, .name = name ? name : "tokenizer.model", .min_normal = 3.0e38f};
   pb b = {data, (const uint8_t *)data + len, false}, s;
   uint32_t f;
   int wt;
@@ -233,16 +278,7 @@ nb_tok *nb_tok_load_sentencepiece_bytes(nb_ctx *ctx, const void *data, size_t le
   if (!r && b.bad) r = nb_errorf(ctx, NB_ERR_FORMAT, "%s: not a SentencePiece model (malformed protobuf)", L.name);
   if (!r && (L.n_pieces == 0 || !saw_trainer))
     r = nb_errorf(ctx, NB_ERR_FORMAT, "%s: not a SentencePiece model (%s missing)", L.name, L.n_pieces ? "trainer_spec" : "pieces");
-  if (!r) r = nb_tok__index(t, L.name);
-  if (!r && !L.unigram) choose_split(t); /* Unigram: float path scores depend on where the text starts */
-  if (!r) r = L.unigram ? unigram(&L) : derive(&L);
-  if (!r) r = nb_tok__finish(t);
-  if (L.scores) nb_dealloc(ctx, L.scores, L.cap_scores * sizeof *L.scores);
-  if (r) {
-    nb_tok_destroy(t);
-    return NULL;
-  }
-  return t;
+  return spm_finish(&L, r);
 }
 
 nb_tok *nb_tok_load_sentencepiece(nb_ctx *ctx, const char *path) {
@@ -252,4 +288,45 @@ nb_tok *nb_tok_load_sentencepiece(nb_ctx *ctx, const char *path) {
   nb_tok *t = nb_tok_load_sentencepiece_bytes(ctx, data, n, path);
   nb_dealloc(ctx, data, n + 1);
   return t;
+}
+
+nb_status nb_tok_sentencepiece_pieces(const nb_tok *t, nb_tok_spm_piece *pieces, size_t cap, nb_tok_spm_opts *opts) {
+  const char *why = t->kind != NB_TOK_CHAR_LEVEL || t->model != NB_TOK__MODEL_BPE ? "only char-level BPE models are"
+                    : t->n_norm > 0 || t->spm_trie_n > 0 || t->spm_remove_extra ? "a normalizer is not"
+                    : t->pattern ? "a split pattern is not"
+                                 : NULL;
+  /* where "▁" comes from: SentencePiece's own rule, or tokenizer.json's
+   * Prepend("▁") + Replace(" ", "▁") normalizer */
+  bool dummy = t->spm_normalizer ? t->spm_dummy_prefix : !strcmp(t->norm_prepend, "\xE2\x96\x81");
+  if (!why && !t->spm_normalizer && (!t->norm_replace_space || (t->norm_prepend[0] && !dummy) || t->metaspace))
+    why = "this space handling is not";
+  if (why) return nb_errorf(t->ctx, NB_ERR_UNIMPLEMENTED, "tokenizer: %s expressible as SentencePiece pieces", why);
+  int32_t n = t->n_tokens;
+  if (cap < (size_t)n) return nb_errorf(t->ctx, NB_ERR_INVALID_ARG, "nb_tok_sentencepiece_pieces: room for %zu pieces, %d needed", cap, n);
+  int32_t *rank = nb_alloc(t->ctx, ((size_t)n + 1) * sizeof *rank);
+  if (!rank) return NB_ERR_NOMEM;
+  for (int32_t id = 0; id < n; id++) rank[id] = -1;
+  for (size_t i = 0; t->merges && i < t->merges_cap; i++) {
+    const nb_tok__merge *m = &t->merges[i];
+    if (m->key != UINT64_MAX && m->result >= 0 && m->result < n && (rank[m->result] < 0 || m->rank < rank[m->result]))
+      rank[m->result] = m->rank;
+  }
+  for (int32_t id = 0; id < n; id++) {
+    const nb_tok__token *tk = &t->tokens[id];
+    nb_tok_spm_piece *p = &pieces[id];
+    *p = (nb_tok_spm_piece){.text = "", .len = 0, .score = 0, .type = SP_UNUSED};
+    if (!(tk->flags & NB_TOK__F_PRESENT)) continue;
+    p->text = (const char *)nb_tok__bytes(t, id);
+    p->len = tk->len;
+    p->score = rank[id] >= 0 ? -(float)rank[id] : 0;
+    p->type = id == t->unk_id ? SP_UNKNOWN
+              : tk->flags & NB_TOK__F_BYTE ? SP_BYTE
+              : tk->flags & NB_TOK__F_SPECIAL ? SP_CONTROL
+              : tk->flags & NB_TOK__F_ADDED ? SP_USER
+              : tk->flags & NB_TOK__F_HIDDEN ? SP_UNUSED
+                                              : SP_NORMAL;
+  }
+  nb_dealloc(t->ctx, rank, ((size_t)n + 1) * sizeof *rank);
+  *opts = (nb_tok_spm_opts){.byte_fallback = t->byte_fallback, .add_dummy_prefix = dummy};
+  return NB_OK;
 }

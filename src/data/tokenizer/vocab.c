@@ -1,6 +1,7 @@
 /* The tokenizer object: token table, bytes->id and pair->merge hash maps,
  * the GPT-2 byte alphabet, UTF-8 helpers and the public inspection calls.
  * Not here: file formats (load_*.c), encoding (encode.c), training. */
+#include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
 
@@ -406,3 +407,24 @@ bool nb_tok_is_special(const nb_tok *t, int32_t id) {
 }
 int32_t nb_tok_num_added(const nb_tok *t) { return t->n_added; }
 int32_t nb_tok_added_at(const nb_tok *t, int32_t i) { return i >= 0 && i < t->n_added ? t->added[i] : -1; }
+
+static int by_rank(const void *a, const void *b) {
+  const nb_tok__merge *x = a, *y = b;
+  if (x->rank != y->rank) return x->rank < y->rank ? -1 : 1;
+  return (x->key > y->key) - (x->key < y->key);
+}
+
+nb_status nb_tok_merges(const nb_tok *t, int32_t *pairs, size_t cap) {
+  size_t n = (size_t)t->n_merges, k = 0;
+  nb_tok__merge *all = nb_alloc(t->ctx, (n + 1) * sizeof *all);
+  if (!all) return NB_ERR_NOMEM;
+  for (size_t i = 0; t->merges && i < t->merges_cap; i++)
+    if (t->merges[i].key != UINT64_MAX && k < n) all[k++] = t->merges[i];
+  qsort(all, k, sizeof *all, by_rank);
+  for (size_t r = 0; r < k && r < cap; r++) {
+    pairs[2 * r] = (int32_t)(all[r].key >> 32);
+    pairs[2 * r + 1] = (int32_t)(uint32_t)all[r].key;
+  }
+  nb_dealloc(t->ctx, all, (n + 1) * sizeof *all);
+  return NB_OK;
+}
