@@ -126,20 +126,21 @@ static inline v16x2 a2_load_x(const float *p, int valid) {
   if (valid == 16) return (v16x2){_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)};
   return (v16x2){_mm256_maskload_ps(p, a2_lanes_below(valid, 0)), _mm256_maskload_ps(p + 8, a2_lanes_below(valid, 8))};
 }
-static inline v16x2 a2_mul_s(v16x2 v, float s) {
-  __m256 sv = _mm256_set1_ps(s);
-  return (v16x2){_mm256_mul_ps(v.lo, sv), _mm256_mul_ps(v.hi, sv)};
-}
+static inline v16x2 a2_set1(float s) { return (v16x2){_mm256_set1_ps(s), _mm256_set1_ps(s)}; }
+static inline v16x2 a2_mul(v16x2 a, v16x2 b) { return (v16x2){_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
 static inline float a2_reduce(v16x2 v) {
   __m256 a = _mm256_add_ps(v.lo, v.hi);
   __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
   __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
   return _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps(c, c, 1)));
 }
-/* 8 bytes of nibbles -> 16 bytes, one code each, in the order of k */
-static inline __m128i a2_unpack_nibbles(const uint8_t *p) {
+/* 8 bytes of nibbles -> 16 bytes, one code each in bits 0..3 (bits 4..7
+ * junk: the lookups read only the low bits), in the order of k: a byte b
+ * widened to 16 bits, b | b << 4, has b's low nibble in its low byte and
+ * its high nibble as the whole high byte */
+static inline __m128i a2_nibble_bytes(const uint8_t *p) {
   __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
-  return _mm_or_si128(_mm_and_si128(w, _mm_set1_epi16(0x0f)), _mm_and_si128(_mm_slli_epi16(w, 4), _mm_set1_epi16(0x0f00)));
+  return _mm_or_si128(w, _mm_slli_epi16(w, 4));
 }
 /* fp8 codes (i32) -> f32: the magnitude's bits placed in an f32's exponent
  * and mantissa and scaled by 2^(127 - bias) (exact, subnormals included);
@@ -154,27 +155,34 @@ static inline __m256 a2_fp8(__m256i c, dec_kind kind) {
                      : _mm256_or_si256(_mm256_set1_epi32(0x7f800000), _mm256_slli_epi32(_mm256_and_si256(mag, _mm256_set1_epi32(3)), 21));
   return _mm256_castsi256_ps(_mm256_blendv_epi8(bits, _mm256_or_si256(sbits, sign), special));
 }
-static inline __m256 a2_nf4(__m256i idx) {
-  __m256 lo = _mm256_loadu_ps(nb_quant__nf4_table), hi = _mm256_loadu_ps(nb_quant__nf4_table + 8);
-  __m256 sel = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)); /* bit 3 of the code -> the sign bit */
-  return _mm256_blendv_ps(_mm256_permutevar8x32_ps(lo, idx), _mm256_permutevar8x32_ps(hi, idx), sel);
-}
 static inline v16x2 a2_dec(dec_kind kind, const uint8_t *p, int z) {
-  __m128i bytes = kind == DEC_I4 || kind == DEC_NF4 ? a2_unpack_nibbles(p) : _mm_loadu_si128((const __m128i *)p);
+  __m128i bytes = _mm_loadu_si128((const __m128i *)p);
   __m128i b8 = _mm_unpackhi_epi64(bytes, bytes);
-  __m256i c0, c1;
-  if (kind == DEC_I8) c0 = _mm256_cvtepi8_epi32(bytes), c1 = _mm256_cvtepi8_epi32(b8);
-  else c0 = _mm256_cvtepu8_epi32(bytes), c1 = _mm256_cvtepu8_epi32(b8);
-  switch (kind) {
-  case DEC_NF4: return (v16x2){a2_nf4(c0), a2_nf4(c1)};
-  case DEC_E4M3:
-  case DEC_E5M2: return (v16x2){a2_fp8(c0, kind), a2_fp8(c1, kind)};
-  default: {
-    __m256i zv = _mm256_set1_epi32(z);
-    return (v16x2){_mm256_cvtepi32_ps(_mm256_sub_epi32(c0, zv)), _mm256_cvtepi32_ps(_mm256_sub_epi32(c1, zv))};
-  }
-  }
+  if (kind == DEC_I8) return (v16x2){_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b8))};
+  __m256i c0 = _mm256_cvtepu8_epi32(bytes), c1 = _mm256_cvtepu8_epi32(b8);
+  if (kind == DEC_E4M3 || kind == DEC_E5M2) return (v16x2){a2_fp8(c0, kind), a2_fp8(c1, kind)};
+  __m256i zv = _mm256_set1_epi32(z);
+  return (v16x2){_mm256_cvtepi32_ps(_mm256_sub_epi32(c0, zv)), _mm256_cvtepi32_ps(_mm256_sub_epi32(c1, zv))};
 }
+typedef struct i16x2 {
+  __m256i lo, hi;
+} i16x2;
+static inline i16x2 a2_nibbles(const uint8_t *p) {
+  __m128i b = a2_nibble_bytes(p);
+  return (i16x2){_mm256_cvtepu8_epi32(b), _mm256_cvtepu8_epi32(_mm_unpackhi_epi64(b, b))};
+}
+static inline v16x2 a2_tile_table(dec_kind kind, int z) {
+  if (kind == DEC_NF4) return (v16x2){_mm256_loadu_ps(nb_quant__nf4_table), _mm256_loadu_ps(nb_quant__nf4_table + 8)};
+  __m256i zv = _mm256_set1_epi32(z);
+  return (v16x2){_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), zv)),
+                 _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15), zv))};
+}
+/* t[idx & 15]: the two halves permuted by idx's low 3 bits, picked by bit 3 */
+static inline __m256 a2_lut8(v16x2 t, __m256i idx) {
+  __m256 sel = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28));
+  return _mm256_blendv_ps(_mm256_permutevar8x32_ps(t.lo, idx), _mm256_permutevar8x32_ps(t.hi, idx), sel);
+}
+static inline v16x2 a2_lut(v16x2 t, i16x2 idx) { return (v16x2){a2_lut8(t, idx.lo), a2_lut8(t, idx.hi)}; }
 
 #define SFX avx2
 #define MB_MAX 2
@@ -184,9 +192,14 @@ static inline v16x2 a2_dec(dec_kind kind, const uint8_t *p, int z) {
 #define v_fma a2_fma
 #define v_fma_masked a2_fma_masked
 #define v_load_x a2_load_x
-#define v_mul_s a2_mul_s
+#define v_set1 a2_set1
+#define v_mul a2_mul
 #define v_reduce a2_reduce
 #define v_dec a2_dec
+#define VI i16x2
+#define v_nibbles a2_nibbles
+#define v_tile_table a2_tile_table
+#define v_lut a2_lut
 #include "quant/kernel_f32.inc"
 #undef SFX
 #undef MB_MAX
@@ -196,9 +209,14 @@ static inline v16x2 a2_dec(dec_kind kind, const uint8_t *p, int z) {
 #undef v_fma
 #undef v_fma_masked
 #undef v_load_x
-#undef v_mul_s
+#undef v_set1
+#undef v_mul
 #undef v_reduce
 #undef v_dec
+#undef VI
+#undef v_nibbles
+#undef v_tile_table
+#undef v_lut
 #pragma GCC pop_options
 
 /* ---------------------------------------------------------------- weight-only: AVX-512 */
@@ -215,7 +233,7 @@ static inline __m512 a5_fma_masked(int valid, __m512 x, __m512 w, __m512 acc) {
 static inline __m512 a5_load_x(const float *p, int valid) {
   return valid == 16 ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(a5_mask(valid), p);
 }
-static inline __m512 a5_mul_s(__m512 v, float s) { return _mm512_mul_ps(v, _mm512_set1_ps(s)); }
+static inline __m512 a5_set1(float s) { return _mm512_set1_ps(s); }
 static inline float a5_reduce(__m512 v) {
   __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
   __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
@@ -233,15 +251,19 @@ static inline __m512 a5_fp8(__m512i c, dec_kind kind) {
   return _mm512_castsi512_ps(_mm512_mask_blend_epi32(special, bits, _mm512_or_si512(sbits, sign)));
 }
 static inline __m512 a5_dec(dec_kind kind, const uint8_t *p, int z) {
-  __m128i bytes = kind == DEC_I4 || kind == DEC_NF4 ? a2_unpack_nibbles(p) : _mm_loadu_si128((const __m128i *)p);
-  __m512i c = kind == DEC_I8 ? _mm512_cvtepi8_epi32(bytes) : _mm512_cvtepu8_epi32(bytes);
-  switch (kind) {
-  case DEC_NF4: return _mm512_permutexvar_ps(c, _mm512_loadu_ps(nb_quant__nf4_table));
-  case DEC_E4M3:
-  case DEC_E5M2: return a5_fp8(c, kind);
-  default: return _mm512_cvtepi32_ps(_mm512_sub_epi32(c, _mm512_set1_epi32(z)));
-  }
+  __m128i bytes = _mm_loadu_si128((const __m128i *)p);
+  if (kind == DEC_I8) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+  __m512i c = _mm512_cvtepu8_epi32(bytes);
+  if (kind == DEC_E4M3 || kind == DEC_E5M2) return a5_fp8(c, kind);
+  return _mm512_cvtepi32_ps(_mm512_sub_epi32(c, _mm512_set1_epi32(z)));
 }
+static inline __m512i a5_nibbles(const uint8_t *p) { return _mm512_cvtepu8_epi32(a2_nibble_bytes(p)); }
+static inline __m512 a5_tile_table(dec_kind kind, int z) {
+  if (kind == DEC_NF4) return _mm512_loadu_ps(nb_quant__nf4_table);
+  __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  return _mm512_cvtepi32_ps(_mm512_sub_epi32(iota, _mm512_set1_epi32(z)));
+}
+static inline __m512 a5_lut(__m512 t, __m512i idx) { return _mm512_permutexvar_ps(idx, t); }
 
 #define SFX avx512
 #define MB_MAX 4
@@ -251,9 +273,14 @@ static inline __m512 a5_dec(dec_kind kind, const uint8_t *p, int z) {
 #define v_fma a5_fma
 #define v_fma_masked a5_fma_masked
 #define v_load_x a5_load_x
-#define v_mul_s a5_mul_s
+#define v_set1 a5_set1
+#define v_mul _mm512_mul_ps
 #define v_reduce a5_reduce
 #define v_dec a5_dec
+#define VI __m512i
+#define v_nibbles a5_nibbles
+#define v_tile_table a5_tile_table
+#define v_lut a5_lut
 #include "quant/kernel_f32.inc"
 #undef SFX
 #undef MB_MAX
@@ -263,9 +290,14 @@ static inline __m512 a5_dec(dec_kind kind, const uint8_t *p, int z) {
 #undef v_fma
 #undef v_fma_masked
 #undef v_load_x
-#undef v_mul_s
+#undef v_set1
+#undef v_mul
 #undef v_reduce
 #undef v_dec
+#undef VI
+#undef v_nibbles
+#undef v_tile_table
+#undef v_lut
 #pragma GCC pop_options
 #endif /* QUANT_X86 */
 
