@@ -1,7 +1,10 @@
 /* Claim: quant.matmul's kernels make a decode step's products (M = 1) and a
  * small batch's (M = 16) faster than nabla's f32 sgemm by reading fewer
- * weight bytes, and M = 1 runs near the floor: weight bytes / the measured
- * read bandwidth (bench_util.h's read_bandwidth, one thread).
+ * weight bytes. The floor of a product is the larger of its weight bytes /
+ * the measured read bandwidth (bench_util.h's read_bandwidth, one thread)
+ * and its arithmetic at the measured f32 FMA peak (prof's
+ * nb_prof_peak_flops(1)); W8A8's int8 multiply-adds at 4x that rate
+ * (vpdpbusd: 64 per instruction against vfmadd's 16).
  *
  * The Llama-134M shapes (N x K: 768x768 attention, 2048x768 and 768x2048
  * MLP, 32000x768 the head), y[M, N] = x[M, K] @ W^T, one thread, each
@@ -96,10 +99,12 @@ int main(int argc, char **argv) {
   nb_quant__iisa ii;
   nb_quant__current_isa(&fi, &ii);
   double bw = read_bandwidth(1);
-  printf("quant_gemv: one thread, kernels %s (float) / %s (int8), sgemm %s, read bandwidth %.1f GB/s (1 thread)\n",
-         nb_quant__fisa_name(fi), nb_quant__iisa_name(ii), nb_cpu__sgemm_name(nb_cpu__sgemm_best()), bw);
+  nb_prof_peak peak = nb_prof_peak_flops(1);
+  printf("quant_gemv: one thread, kernels %s (float) / %s (int8), sgemm %s, read bandwidth %.1f GB/s, f32 peak %.1f GFLOP/s (%s)\n",
+         nb_quant__fisa_name(fi), nb_quant__iisa_name(ii), nb_cpu__sgemm_name(nb_cpu__sgemm_best()), bw, peak.flops / 1e9, peak.source);
   int64_t shapes[4][2] = {{768, 768}, {2048, 768}, {768, 2048}, {32000, 768}};
   printf("%-6s %-11s %-9s %9s %11s %11s %8s %8s\n", "M", "N x K", "format", "MB", "us", "floor us", "x floor", "vs f32");
+  printf("(floor: m = memory-bound, c = compute-bound)\n");
   for (int s = 0; s < 4; s++) {
     int64_t N = shapes[s][0], K = shapes[s][1];
     copies *c = calloc(NFMT, sizeof *c);
@@ -116,9 +121,11 @@ int main(int argc, char **argv) {
         }
       double f32 = median(t[F32], rounds);
       for (int f = 0; f < NFMT; f++) {
-        double med = median(t[f], rounds), floor_s = c[f].bytes / (bw * 1e9);
-        printf("%-6lld %5lldx%-5lld %-9s %9.2f %11.1f %11.1f %8.2f %8.2f\n", (long long)M, (long long)N, (long long)K, fmt_names[f],
-               c[f].bytes / 1e6, med * 1e6, floor_s * 1e6, med / floor_s, f32 / med);
+        double med = median(t[f], rounds), mem_s = c[f].bytes / (bw * 1e9);
+        double flop_s = 2.0 * (double)(M * N * K) / (peak.flops * (f == W8A8 ? 4 : 1));
+        double floor_s = mem_s > flop_s ? mem_s : flop_s;
+        printf("%-6lld %5lldx%-5lld %-9s %9.2f %11.1f %10.1f%c %8.2f %8.2f\n", (long long)M, (long long)N, (long long)K, fmt_names[f],
+               c[f].bytes / 1e6, med * 1e6, floor_s * 1e6, mem_s > flop_s ? 'm' : 'c', med / floor_s, f32 / med);
       }
       free(x), free(y);
     }
