@@ -348,18 +348,22 @@ static inline __m256i madd_avx2(__m256i acc, __m256i u, __m256i s) {
   __attribute__((target(TARGET), always_inline)) static inline void dots_##SFX##_body(                                     \
       const uint8_t *const *x, const uint8_t *const *w, int64_t len, int32_t *r, const int MB) {                            \
     uint8_t tmp[32];                                                                                                       \
+    _Pragma("GCC unroll 8")                                                                                             \
     for (int jp = 0; jp < NBI; jp += 2) {                                                                                  \
       __m256i acc[MBI][2];                                                                                                 \
+      _Pragma("GCC unroll 8")                                                                                           \
       for (int i = 0; i < MB; i++) acc[i][0] = acc[i][1] = _mm256_setzero_si256();                                         \
       for (int64_t c0 = 0; c0 < len; c0 += 32) {                                                                           \
         __m256i w0 = load32(w[jp] + c0, len - c0, tmp), w1 = load32(w[jp + 1] + c0, len - c0, tmp);                         \
         __m256i a0 = _mm256_sign_epi8(w0, w0), a1 = _mm256_sign_epi8(w1, w1);                                               \
+        _Pragma("GCC unroll 8")                                                                                         \
         for (int i = 0; i < MB; i++) {                                                                                     \
           __m256i xv = load32(x[i] + c0, len - c0, tmp);                                                                   \
           acc[i][0] = ACC(acc[i][0], a0, _mm256_sign_epi8(xv, w0));                                                        \
           acc[i][1] = ACC(acc[i][1], a1, _mm256_sign_epi8(xv, w1));                                                        \
         }                                                                                                                  \
       }                                                                                                                    \
+      _Pragma("GCC unroll 8")                                                                                           \
       for (int i = 0; i < MB; i++) r[i * NBI + jp] = hsum8(acc[i][0]), r[i * NBI + jp + 1] = hsum8(acc[i][1]);             \
     }                                                                                                                      \
   }                                                                                                                        \
@@ -381,21 +385,28 @@ DOTS_256(avxvnni, "avx2,fma,avxvnni", _mm256_dpbusd_avx_epi32)
 static inline __attribute__((always_inline)) void dots_512_body(const uint8_t *const *x, const uint8_t *const *w, int64_t len,
                                                                 int32_t *r, const int MB) {
   __m512i acc[MBI][NBI], ws[NBI], ones = _mm512_set1_epi8(1);
+  _Pragma("GCC unroll 8")
   for (int j = 0; j < NBI; j++) {
     ws[j] = _mm512_setzero_si512();
+    _Pragma("GCC unroll 8")
     for (int i = 0; i < MB; i++) acc[i][j] = _mm512_setzero_si512();
   }
   for (int64_t c0 = 0; c0 < len; c0 += 64) {
     __mmask64 m = len - c0 >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << (len - c0)) - 1);
     __m512i wv[NBI];
+    _Pragma("GCC unroll 8")
     for (int j = 0; j < NBI; j++) wv[j] = _mm512_maskz_loadu_epi8(m, w[j] + c0), ws[j] = _mm512_dpbusd_epi32(ws[j], ones, wv[j]);
+    _Pragma("GCC unroll 8")
     for (int i = 0; i < MB; i++) {
       __m512i xv = _mm512_maskz_loadu_epi8(m, x[i] + c0);
+      _Pragma("GCC unroll 8")
       for (int j = 0; j < NBI; j++) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], xv, wv[j]);
     }
   }
+  _Pragma("GCC unroll 8")
   for (int j = 0; j < NBI; j++) {
     int32_t sw = _mm512_reduce_add_epi32(ws[j]);
+    _Pragma("GCC unroll 8")
     for (int i = 0; i < MB; i++) r[i * NBI + j] = _mm512_reduce_add_epi32(acc[i][j]) - 128 * sw;
   }
 }
@@ -408,12 +419,22 @@ static void dots_avx512vnni_4(const uint8_t *const *x, const uint8_t *const *w, 
 #pragma GCC pop_options
 #endif /* QUANT_X86 */
 
-float nb_quant__quantize_row_i8(const float *x, int64_t k, int8_t *q) {
+/* Correctly rounded IEEE operations only (divide, round to nearest even,
+ * fused multiply-add): each clone, vectorized for its ISA, gives the same
+ * bits; the clone is picked by the CPU at load time. */
+#define QUANT_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+
+QUANT_CLONES float nb_quant__quantize_row_i8(const float *x, int64_t k, int8_t *q) {
   float amax = 0;
-  for (int64_t i = 0; i < k; i++) amax = fabsf(x[i]) > amax || x[i] != x[i] ? fabsf(x[i]) : amax;
-  if (!isfinite(amax) || amax == 0) {
+  bool finite = true;
+  for (int64_t i = 0; i < k; i++) {
+    float a = fabsf(x[i]);
+    amax = a > amax ? a : amax;
+    finite &= a <= 3.40282347e38f; /* false for NaN and infinity */
+  }
+  if (!finite || amax == 0) {
     for (int64_t i = 0; i < k; i++) q[i] = 0;
-    return amax == 0 ? 0.0f : NAN;
+    return finite ? 0.0f : NAN;
   }
   float s = amax / 127.0f;
   for (int64_t i = 0; i < k; i++) {
@@ -425,7 +446,7 @@ float nb_quant__quantize_row_i8(const float *x, int64_t k, int8_t *q) {
 
 /* y for rows [n0, n1): tile dots in blocks of MBI x NBI (rows past the end
  * run on copies of the last one and are not stored), combined in C */
-static void ikernel(const nb_quant__mm *p, const uint8_t *xq, const float *xs, tile_dots_fn dots1, tile_dots_fn dots4,
+QUANT_CLONES static void ikernel(const nb_quant__mm *p, const uint8_t *xq, const float *xs, tile_dots_fn dots1, tile_dots_fn dots4,
                     int64_t n0, int64_t n1) {
   const int64_t K = p->l.k, T = nb_quant_num_tiles(&p->l), N = p->l.n;
   for (int64_t n = n0; n < n1; n += NBI)
@@ -440,7 +461,7 @@ static void ikernel(const nb_quant__mm *p, const uint8_t *xq, const float *xs, t
         int32_t r[MBI * NBI];
         (mb == 1 ? dots1 : dots4)(xr, wr, len, r);
         for (int i = 0; i < mb && m + i < p->m; i++)
-          for (int j = 0; j < NBI && n + j < n1; j++) y[i][j] = fmaf((float)r[i * NBI + j], p->scales[(n + j) * T + t] * xs[m + i], y[i][j]);
+          for (int j = 0; j < NBI && n + j < n1; j++) y[i][j] = __builtin_fmaf((float)r[i * NBI + j], p->scales[(n + j) * T + t] * xs[m + i], y[i][j]);
       }
       for (int i = 0; i < mb && m + i < p->m; i++)
         for (int j = 0; j < NBI && n + j < n1; j++) p->y[(m + i) * N + n + j] = y[i][j];
