@@ -151,9 +151,10 @@ static inline __m256 a2_fp8(__m256i c, dec_kind kind) {
   __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(mag, e4 ? 20 : 21)), _mm256_set1_ps(e4 ? 0x1p120f : 0x1p112f));
   __m256i bits = _mm256_or_si256(_mm256_castps_si256(f), sign);
   __m256i special = e4 ? _mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7f)) : _mm256_cmpgt_epi32(mag, _mm256_set1_epi32(0x7b));
-  __m256i sbits = e4 ? _mm256_set1_epi32(0x7fc00000)
-                     : _mm256_or_si256(_mm256_set1_epi32(0x7f800000), _mm256_slli_epi32(_mm256_and_si256(mag, _mm256_set1_epi32(3)), 21));
-  return _mm256_castsi256_ps(_mm256_blendv_epi8(bits, _mm256_or_si256(sbits, sign), special));
+  /* nb_quant_fp8_decode's bits: NaN 0x7fc00000 whatever the sign, e5m2's infinities signed */
+  __m256i inf = _mm256_and_si256(_mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7c)), _mm256_set1_epi32(e4 ? 0 : -1));
+  __m256i sbits = _mm256_blendv_epi8(_mm256_set1_epi32(0x7fc00000), _mm256_or_si256(_mm256_set1_epi32(0x7f800000), sign), inf);
+  return _mm256_castsi256_ps(_mm256_blendv_epi8(bits, sbits, special));
 }
 static inline v16x2 a2_dec(dec_kind kind, const uint8_t *p, int z) {
   __m128i bytes = _mm_loadu_si128((const __m128i *)p);
@@ -246,9 +247,9 @@ static inline __m512 a5_fp8(__m512i c, dec_kind kind) {
   __m512 f = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(mag, e4 ? 20 : 21)), _mm512_set1_ps(e4 ? 0x1p120f : 0x1p112f));
   __m512i bits = _mm512_or_si512(_mm512_castps_si512(f), sign);
   __mmask16 special = e4 ? _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7f)) : _mm512_cmpgt_epi32_mask(mag, _mm512_set1_epi32(0x7b));
-  __m512i sbits = e4 ? _mm512_set1_epi32(0x7fc00000)
-                     : _mm512_or_si512(_mm512_set1_epi32(0x7f800000), _mm512_slli_epi32(_mm512_and_si512(mag, _mm512_set1_epi32(3)), 21));
-  return _mm512_castsi512_ps(_mm512_mask_blend_epi32(special, bits, _mm512_or_si512(sbits, sign)));
+  __mmask16 inf = e4 ? 0 : _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7c)); /* as a2_fp8 */
+  __m512i sbits = _mm512_mask_blend_epi32(inf, _mm512_set1_epi32(0x7fc00000), _mm512_or_si512(_mm512_set1_epi32(0x7f800000), sign));
+  return _mm512_castsi512_ps(_mm512_mask_blend_epi32(special, bits, sbits));
 }
 static inline __m512 a5_dec(dec_kind kind, const uint8_t *p, int z) {
   __m128i bytes = _mm_loadu_si128((const __m128i *)p);

@@ -20,6 +20,7 @@ typedef struct cfg {
   nb_quant_layout l;
   nb_quant_act act;
   bool reference;
+  bool specials; /* fp8: NaN and infinity codes planted in the values */
 } cfg;
 
 static nb_status trace_mm(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
@@ -46,6 +47,14 @@ static nb_tree *make_inputs(nb_ctx *ctx, const cfg *c, int64_t m, nb_test_rng *r
   nb_status st = nb_quant_quantize(ctx, w, c->l.qtype, c->l.tile, &cal, q);
   nb_array_release(w);
   if (st != NB_OK) return NULL;
+  if (c->specials) { /* a tree from elsewhere may hold any code: NaN and (e5m2) infinities */
+    uint8_t *v = (uint8_t *)nb_array_data(q->values);
+    const uint8_t e4[2] = {0x7f, 0xff}, e5[4] = {0x7c, 0xfc, 0x7d, 0xfe};
+    for (int i = 0; i < 4; i++) {
+      int64_t at = (int64_t)(nb_test_uniform(r) * (double)(c->l.n * c->l.k));
+      v[at] = c->l.qtype == NB_QUANT_FP8_E4M3 ? e4[i % 2] : e5[i];
+    }
+  }
   nb_array *x = m % 2 == 0 ? random_f32(ctx, 3, (int64_t[]){2, m / 2, c->l.k}, r, 1.0) : random_f32(ctx, 2, (int64_t[]){m, c->l.k}, r, 1.0);
   nb_tree *t = nb_tree_create(ctx);
   nb_tree_set_array(t, "x", x);
@@ -72,8 +81,11 @@ static double worst_ratio(nb_ctx *ctx, const nb_array *x, const nb_quant_weight 
   for (int64_t m = 0; m < M; m++)
     for (int64_t n = 0; n < N; n++) {
       double mag = 0;
-      for (int64_t k = 0; k < K; k++) mag += fabs((double)xp[m * K + k] * wp[n * K + k]);
-      double d = fabs((double)gp[m * N + n] - rp[m * N + n]) / (mag + 1e-30);
+      for (int64_t k = 0; k < K; k++)
+        if (isfinite(wp[n * K + k])) mag += fabs((double)xp[m * K + k] * wp[n * K + k]);
+      double g = gp[m * N + n], w = rp[m * N + n];
+      double d = isnan(g) || isnan(w) || isinf(g) || isinf(w) ? (g == w || (isnan(g) && isnan(w)) ? 0 : INFINITY)
+                                                             : fabs(g - w) / (mag + 1e-30);
       worst = d > worst ? d : worst;
     }
   nb_array_release(wd);
@@ -82,6 +94,14 @@ static double worst_ratio(nb_ctx *ctx, const nb_array *x, const nb_quant_weight 
 
 #define TOL 1e-6 /* about 8 f32 epsilons of sum |x w|: two orders of summation (seen: under 1e-7) */
 static double seen_worst; /* printed: how close the kernels come to TOL */
+
+/* equal bits, any NaN equal to any NaN */
+static bool same_bits(const nb_array *a, const nb_array *b) {
+  const float *p = nb_array_data(a), *q = nb_array_data(b);
+  for (int64_t i = 0; i < nb_array_size(a); i++)
+    if (memcmp(&p[i], &q[i], sizeof(float)) != 0 && !(isnan(p[i]) && isnan(q[i]))) return false;
+  return true;
+}
 
 static void check_config(nb_ctx *ctx, cfg c, int64_t m, uint64_t seed) {
   nb_test_rng r = {seed};
@@ -112,7 +132,7 @@ static void check_config(nb_ctx *ctx, cfg c, int64_t m, uint64_t seed) {
       seen_worst = ratio > seen_worst ? ratio : seen_worst;
       if (!first) first = got;
       else {
-        CHECK_MSG(memcmp(nb_array_data(first), nb_array_data(got), nb_array_nbytes(got)) == 0, "%s tile %lld m %lld: %s/%s differs from c",
+        CHECK_MSG(same_bits(first, got), "%s tile %lld m %lld: %s/%s differs from c",
                   what, (long long)c.l.tile, (long long)m, nb_quant__fisa_name((nb_quant__fisa)f), nb_quant__iisa_name((nb_quant__iisa)i));
         nb_array_release(got);
       }
@@ -125,6 +145,16 @@ static void check_config(nb_ctx *ctx, cfg c, int64_t m, uint64_t seed) {
   nb_tree_destroy(spec);
   nb_tree_destroy(in);
   nb_quant_weight_release(&q);
+}
+
+/* fp8 values holding NaN and infinity codes: NaN / inf in the same places
+ * as the reference on every kernel */
+static void test_special_codes(nb_ctx *ctx) {
+  for (int t = NB_QUANT_FP8_E4M3; t <= NB_QUANT_FP8_E5M2; t++)
+    for (int64_t m = 1; m <= 7; m += 6) {
+      cfg c = {.l = {.qtype = (nb_quant_type)t, .n = 13, .k = 100, .tile = 32}, .act = NB_QUANT_ACT_NONE, .specials = true};
+      check_config(ctx, c, m, 500 + (uint64_t)(t * 10 + m));
+    }
 }
 
 static void test_against_reference(nb_ctx *ctx) {
@@ -295,6 +325,7 @@ int main(void) {
     printf("int kernel %s: %s\n", nb_quant__iisa_name((nb_quant__iisa)i), nb_quant__iisa_supported((nb_quant__iisa)i) ? "tested" : "SKIPPED (not on this CPU)");
   test_against_reference(ctx);
   printf("largest error against the reference: %.3g x sum|x w| (tolerance %g)\n", seen_worst, TOL);
+  test_special_codes(ctx);
   test_compiled(ctx);
   test_vjp(ctx);
   test_errors(ctx);
