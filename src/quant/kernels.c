@@ -425,7 +425,7 @@ static void dots_avx512vnni_4(const uint8_t *const *x, const uint8_t *const *w, 
  * bits; the clone is picked by the CPU at load time. */
 #define QUANT_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 
-QUANT_CLONES float nb_quant__quantize_row_i8(const float *x, int64_t k, int8_t *q) {
+QUANT_CLONES static float quantize_row_i8(const float *x, int64_t k, int8_t *q) {
   float amax = 0;
   bool finite = true;
   for (int64_t i = 0; i < k; i++) {
@@ -444,6 +444,9 @@ QUANT_CLONES float nb_quant__quantize_row_i8(const float *x, int64_t k, int8_t *
   }
   return s;
 }
+
+/* (a clone set is a symbol of its own, kept static: not exported) */
+float nb_quant__quantize_row_i8(const float *x, int64_t k, int8_t *q) { return quantize_row_i8(x, k, q); }
 
 /* y for rows [n0, n1): tile dots in blocks of MBI x NBI (rows past the end
  * run on copies of the last one and are not stored), combined in C */
@@ -518,7 +521,13 @@ bool nb_quant__force_isa(int f, int i) {
 }
 
 void nb_quant__current_isa(nb_quant__fisa *f, nb_quant__iisa *i) {
-  best_isa(f, i);
+  static _Atomic int best = -1; /* f * 16 + i, found once */
+  int b = best;
+  if (b < 0) {
+    best_isa(f, i);
+    best = b = (int)*f * 16 + (int)*i;
+  }
+  *f = (nb_quant__fisa)(b / 16), *i = (nb_quant__iisa)(b % 16);
   if (forced_f >= 0) *f = (nb_quant__fisa)forced_f;
   if (forced_i >= 0) *i = (nb_quant__iisa)forced_i;
 }
@@ -564,7 +573,7 @@ nb_status nb_quant__matmul(nb_ctx *ctx, const nb_quant__mm *p) {
       free(xq), free(xs);
       return nb_errorf(ctx, NB_ERR_NOMEM, "quant.matmul: out of memory for %lld quantized activations", (long long)(p->m * p->l.k));
     }
-    for (int64_t m = 0; m < p->m; m++) xs[m] = nb_quant__quantize_row_i8(p->x + m * p->l.k, p->l.k, (int8_t *)xq + m * p->l.k);
+    for (int64_t m = 0; m < p->m; m++) xs[m] = quantize_row_i8(p->x + m * p->l.k, p->l.k, (int8_t *)xq + m * p->l.k);
 #ifdef QUANT_X86
     if (isa == NB_QUANT__I_AVX512VNNI) {
       for (int64_t e = 0; e < p->m * p->l.k; e++) xq[e] ^= 0x80; /* code + 128 as u8 */
