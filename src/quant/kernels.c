@@ -34,12 +34,14 @@
 
 /* ---------------------------------------------------------------- shared pieces */
 
-typedef enum dec_kind { DEC_I8, DEC_U8, DEC_I4, DEC_NF4, DEC_E4M3, DEC_E5M2 } dec_kind;
+/* U8 and U4: asymmetric, a zero point per tile (the symmetric kinds' is a
+ * constant, so their tile tables fold) */
+typedef enum dec_kind { DEC_I8, DEC_U8, DEC_I4, DEC_U4, DEC_NF4, DEC_E4M3, DEC_E5M2 } dec_kind;
 
 static dec_kind dec_kind_of(const nb_quant_layout *l) {
   switch (l->qtype) {
   case NB_QUANT_INT8: return l->asymmetric ? DEC_U8 : DEC_I8;
-  case NB_QUANT_INT4: return DEC_I4;
+  case NB_QUANT_INT4: return l->asymmetric ? DEC_U4 : DEC_I4;
   case NB_QUANT_NF4: return DEC_NF4;
   case NB_QUANT_FP8_E4M3: return DEC_E4M3;
   default: return DEC_E5M2;
@@ -64,7 +66,8 @@ static float c_decode(dec_kind kind, const uint8_t *row, int64_t k, int z) {
   switch (kind) {
   case DEC_I8: return (float)(int8_t)row[k];
   case DEC_U8: return (float)((int)row[k] - z);
-  case DEC_I4: return (float)(((row[k / 2] >> (4 * (k % 2))) & 15) - z);
+  case DEC_I4:
+  case DEC_U4: return (float)(((row[k / 2] >> (4 * (k % 2))) & 15) - z);
   case DEC_NF4: return nb_quant__nf4_table[(row[k / 2] >> (4 * (k % 2))) & 15];
   case DEC_E4M3: return nb_quant_fp8_decode(row[k], NB_QUANT_FP8_E4M3);
   default: return nb_quant_fp8_decode(row[k], NB_QUANT_FP8_E5M2);
