@@ -1,9 +1,10 @@
 /* The quant.matmul kernels: y[m, n] = x[m, k] @ dequant(W)^T.
  *
  * Weight-only (int8, int4, nf4, fp8): each 16 codes of a row are decoded in
- * registers, multiplied by their tile's scale, and accumulated with f32
- * fused multiply-adds into 16 lanes (lane = k mod 16, in the order of k),
- * summed at the end by a fixed tree (reduce16). A register block reuses a
+ * registers, multiplied by their tile's scale (or, per-channel byte codes,
+ * the sum by the row's: folds), and accumulated with f32 fused
+ * multiply-adds into 16 lanes (lane = k mod 16, in the order of k), summed
+ * at the end by a fixed tree (reduce16). A register block reuses a
  * decoded vector for up to 4 rows of x (small M) and streams W once per
  * block of rows (M = 1 decode: once). Every path, C or vector, computes the
  * same chain per lane, so all give the same bits.
@@ -51,6 +52,14 @@ static dec_kind dec_kind_of(const nb_quant_layout *l) {
 /* the zero point of a symmetric layout: int4 codes are stored with +8 */
 static inline int default_zero(dec_kind kind) { return kind == DEC_I4 ? 8 : 0; }
 
+/* A row of byte codes in one tile (per-channel int8, fp8) takes its scale
+ * once, on the sum: y = reduce16(lanes of fma(x, code, .)) * s, one
+ * multiply per weight fewer. Tiled and 4-bit rows scale each weight:
+ * y = reduce16(lanes of fma(x, code * s_t, .)). */
+static inline bool folds(const nb_quant_layout *l) {
+  return nb_quant_num_tiles(l) == 1 && l->qtype != NB_QUANT_INT4 && l->qtype != NB_QUANT_NF4;
+}
+
 /* The 16 lanes summed as ((l_i + l_{i+8}) + (.. i+4)) + (.. i+2)) + (.. i+1):
  * what the vector reductions below do. */
 static inline float reduce16(const float *l) {
@@ -79,13 +88,14 @@ static float c_decode(dec_kind kind, const uint8_t *row, int64_t k, int z) {
 static void fkernel_c(const nb_quant__mm *p, int64_t n0, int64_t n1) {
   const int64_t K = p->l.k, T = nb_quant_num_tiles(&p->l), rb = nb_quant__row_bytes(&p->l);
   dec_kind kind = dec_kind_of(&p->l);
+  bool fold = folds(&p->l);
   float *w = malloc(sizeof(float) * (size_t)K); /* one decoded row, reused for every row of x */
   for (int64_t n = n0; n < n1; n++) {
     const uint8_t *row = p->values + n * rb;
     for (int64_t k = 0; k < K; k++) {
       int64_t t = k / p->l.tile;
       int z = p->zero_points ? p->zero_points[n * T + t] : default_zero(kind);
-      float v = c_decode(kind, row, k, z) * p->scales[n * T + t];
+      float v = fold ? c_decode(kind, row, k, z) : c_decode(kind, row, k, z) * p->scales[n * T + t];
       if (w) w[k] = v;
     }
     for (int64_t m = 0; m < p->m; m++) {
@@ -94,10 +104,10 @@ static void fkernel_c(const nb_quant__mm *p, int64_t n0, int64_t n1) {
       for (int64_t k = 0; k < K; k++) {
         int64_t t = k / p->l.tile;
         int z = p->zero_points ? p->zero_points[n * T + t] : default_zero(kind);
-        float wk = w ? w[k] : c_decode(kind, row, k, z) * p->scales[n * T + t];
+        float wk = w ? w[k] : fold ? c_decode(kind, row, k, z) : c_decode(kind, row, k, z) * p->scales[n * T + t];
         acc[k % 16] = fmaf(x[k], wk, acc[k % 16]);
       }
-      p->y[m * p->l.n + n] = reduce16(acc);
+      p->y[m * p->l.n + n] = fold ? reduce16(acc) * p->scales[n * T] : reduce16(acc);
     }
   }
   free(w);
