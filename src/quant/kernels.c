@@ -117,7 +117,7 @@ static void fkernel_c(const nb_quant__mm *p, int64_t n0, int64_t n1) {
 /* ---------------------------------------------------------------- weight-only: AVX2 */
 
 #pragma GCC push_options
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
 
 typedef struct v16x2 {
   __m256 lo, hi;
@@ -155,26 +155,27 @@ static inline __m128i a2_nibble_bytes(const uint8_t *p) {
   __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
   return _mm_or_si128(w, _mm_slli_epi16(w, 4));
 }
-/* fp8 codes (i32) -> f32: the magnitude's bits placed in an f32's exponent
- * and mantissa and scaled by 2^(127 - bias) (exact, subnormals included);
- * the codes past the finite range (NaN, e5m2's infinities) by their bits */
-static inline __m256 a2_fp8(__m256i c, dec_kind kind) {
-  __m256i mag = _mm256_and_si256(c, _mm256_set1_epi32(0x7f)), sign = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24);
-  bool e4 = kind == DEC_E4M3;
-  __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(mag, e4 ? 20 : 21)), _mm256_set1_ps(e4 ? 0x1p120f : 0x1p112f));
-  __m256i bits = _mm256_or_si256(_mm256_castps_si256(f), sign);
-  __m256i special = e4 ? _mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7f)) : _mm256_cmpgt_epi32(mag, _mm256_set1_epi32(0x7b));
-  /* nb_quant_fp8_decode's bits: NaN 0x7fc00000 whatever the sign, e5m2's infinities signed */
-  __m256i inf = _mm256_and_si256(_mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7c)), _mm256_set1_epi32(e4 ? 0 : -1));
-  __m256i sbits = _mm256_blendv_epi8(_mm256_set1_epi32(0x7fc00000), _mm256_or_si256(_mm256_set1_epi32(0x7f800000), sign), inf);
-  return _mm256_castsi256_ps(_mm256_blendv_epi8(bits, sbits, special));
+/* 8 fp8 codes -> f32 through fp16 (vcvtph2ps, exact): an e5m2 code is the
+ * high byte of the fp16 of its value (infinities and NaN included); an e4m3
+ * code's magnitude placed in fp16 bits 7..13 (sign in 15) is its value /
+ * 2^8 (subnormals included), times 2^8 exactly; its NaN code (s1111111)
+ * becomes fp16's NaN. Bits as nb_quant_fp8_decode's, NaN payloads aside. */
+static inline __m128i a2_fp8_half(__m128i h, dec_kind kind) {
+  if (kind == DEC_E5M2) return _mm_slli_epi16(h, 8);
+  h = _mm_and_si128(_mm_srai_epi16(_mm_slli_epi16(h, 8), 1), _mm_set1_epi16((short)0xbfff));
+  __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7fff)), _mm_set1_epi16(0x3f80));
+  return _mm_blendv_epi8(h, _mm_set1_epi16(0x7e00), nan);
+}
+static inline __m256 a2_fp8(__m128i bytes8, dec_kind kind) {
+  __m256 f = _mm256_cvtph_ps(a2_fp8_half(_mm_cvtepu8_epi16(bytes8), kind));
+  return kind == DEC_E4M3 ? _mm256_mul_ps(f, _mm256_set1_ps(256.0f)) : f;
 }
 static inline v16x2 a2_dec(dec_kind kind, const uint8_t *p, int z) {
   __m128i bytes = _mm_loadu_si128((const __m128i *)p);
   __m128i b8 = _mm_unpackhi_epi64(bytes, bytes);
   if (kind == DEC_I8) return (v16x2){_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b8))};
+  if (kind == DEC_E4M3 || kind == DEC_E5M2) return (v16x2){a2_fp8(bytes, kind), a2_fp8(b8, kind)};
   __m256i c0 = _mm256_cvtepu8_epi32(bytes), c1 = _mm256_cvtepu8_epi32(b8);
-  if (kind == DEC_E4M3 || kind == DEC_E5M2) return (v16x2){a2_fp8(c0, kind), a2_fp8(c1, kind)};
   __m256i zv = _mm256_set1_epi32(z);
   return (v16x2){_mm256_cvtepi32_ps(_mm256_sub_epi32(c0, zv)), _mm256_cvtepi32_ps(_mm256_sub_epi32(c1, zv))};
 }
@@ -236,7 +237,7 @@ static inline v16x2 a2_lut(v16x2 t, i16x2 idx) { return (v16x2){a2_lut8(t, idx.l
 /* ---------------------------------------------------------------- weight-only: AVX-512 */
 
 #pragma GCC push_options
-#pragma GCC target("avx512f,fma")
+#pragma GCC target("avx512f,avx512bw,avx512vl,fma,avx2,f16c")
 
 static inline __m512 a5_zero(void) { return _mm512_setzero_ps(); }
 static inline __m512 a5_fma(__m512 x, __m512 w, __m512 acc) { return _mm512_fmadd_ps(x, w, acc); }
@@ -254,21 +255,20 @@ static inline float a5_reduce(__m512 v) {
   __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
   return _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps(c, c, 1)));
 }
-static inline __m512 a5_fp8(__m512i c, dec_kind kind) {
-  __m512i mag = _mm512_and_si512(c, _mm512_set1_epi32(0x7f)), sign = _mm512_slli_epi32(_mm512_and_si512(c, _mm512_set1_epi32(0x80)), 24);
-  bool e4 = kind == DEC_E4M3;
-  __m512 f = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(mag, e4 ? 20 : 21)), _mm512_set1_ps(e4 ? 0x1p120f : 0x1p112f));
-  __m512i bits = _mm512_or_si512(_mm512_castps_si512(f), sign);
-  __mmask16 special = e4 ? _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7f)) : _mm512_cmpgt_epi32_mask(mag, _mm512_set1_epi32(0x7b));
-  __mmask16 inf = e4 ? 0 : _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7c)); /* as a2_fp8 */
-  __m512i sbits = _mm512_mask_blend_epi32(inf, _mm512_set1_epi32(0x7fc00000), _mm512_or_si512(_mm512_set1_epi32(0x7f800000), sign));
-  return _mm512_castsi512_ps(_mm512_mask_blend_epi32(special, bits, sbits));
+/* as a2_fp8, 16 codes at once */
+static inline __m512 a5_fp8(__m128i bytes, dec_kind kind) {
+  __m256i h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(bytes), 8);
+  if (kind == DEC_E5M2) return _mm512_cvtph_ps(h);
+  h = _mm256_and_si256(_mm256_srai_epi16(h, 1), _mm256_set1_epi16((short)0xbfff));
+  __mmask16 nan = _mm256_cmpeq_epi16_mask(_mm256_and_si256(h, _mm256_set1_epi16(0x7fff)), _mm256_set1_epi16(0x3f80));
+  h = _mm256_mask_mov_epi16(h, nan, _mm256_set1_epi16(0x7e00));
+  return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
 }
 static inline __m512 a5_dec(dec_kind kind, const uint8_t *p, int z) {
   __m128i bytes = _mm_loadu_si128((const __m128i *)p);
   if (kind == DEC_I8) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+  if (kind == DEC_E4M3 || kind == DEC_E5M2) return a5_fp8(bytes, kind);
   __m512i c = _mm512_cvtepu8_epi32(bytes);
-  if (kind == DEC_E4M3 || kind == DEC_E5M2) return a5_fp8(c, kind);
   return _mm512_cvtepi32_ps(_mm512_sub_epi32(c, _mm512_set1_epi32(z)));
 }
 static inline __m512i a5_nibbles(const uint8_t *p) { return _mm512_cvtepu8_epi32(a2_nibble_bytes(p)); }
@@ -490,9 +490,11 @@ QUANT_CLONES static void ikernel(const nb_quant__mm *p, const uint8_t *xq, const
 static bool cpu_has(const char *f) {
 #ifdef QUANT_X86
   __builtin_cpu_init();
-  if (strcmp(f, "avx2") == 0) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (strcmp(f, "avx2") == 0) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   if (strcmp(f, "avxvnni") == 0) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avxvnni");
-  if (strcmp(f, "avx512") == 0) return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
+  if (strcmp(f, "avx512") == 0)
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   if (strcmp(f, "avx512vnni") == 0)
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
 #endif
