@@ -2,7 +2,8 @@
  * definitions: fp8 e4m3fn / e5m2 decoding of every code against known
  * points, encoding against a brute-force nearest-code search (ties to the
  * even code, saturation) over random floats, every midpoint and the
- * specials; NF4 against its nearest value; quantize -> dequantize round
+ * specials, and against ml_dtypes' casts (a table made by
+ * tests/quant/golden/make_fp8.py); NF4 against its nearest value; quantize -> dequantize round
  * trips per qtype x tile (ragged last tiles) x calibration within their
  * bounds in f64; the tree form; errors naming the field. */
 #include <math.h>
@@ -88,6 +89,28 @@ static void test_fp8_encode_model(void) {
     }
     CHECK_MSG(bad == 0, "%d fp8 encodings differ from the model", bad);
   }
+}
+
+/* ml_dtypes' casts (tests/quant/golden/make_fp8.py), in range */
+static void test_fp8_ml_dtypes(void) {
+  FILE *f = fopen("tests/quant/golden/fp8.txt", "r");
+  CHECK_MSG(f != NULL, "tests/quant/golden/fp8.txt: cannot open (run from the repository root)");
+  if (!f) return;
+  char line[128], name[8];
+  unsigned bits, code;
+  int n = 0, bad = 0;
+  while (fgets(line, sizeof line, f)) {
+    if (line[0] == '#' || sscanf(line, "%7s %x %x", name, &bits, &code) != 3) continue;
+    nb_quant_type t = strcmp(name, "e4m3") == 0 ? NB_QUANT_FP8_E4M3 : NB_QUANT_FP8_E5M2;
+    float x;
+    uint32_t b = bits;
+    memcpy(&x, &b, sizeof x);
+    uint8_t got = nb_quant_fp8_encode(x, t);
+    n++;
+    if (got != code && bad++ < 5) fprintf(stderr, "%s: %.9g -> 0x%02x, ml_dtypes 0x%02x\n", name, (double)x, got, code);
+  }
+  fclose(f);
+  CHECK_MSG(n > 3000 && bad == 0, "%d of %d fp8 encodings differ from ml_dtypes", bad, n);
 }
 
 static void test_nf4(void) {
@@ -249,6 +272,7 @@ int main(void) {
   nb_ctx *ctx = nb_ctx_create();
   test_fp8_known();
   test_fp8_encode_model();
+  test_fp8_ml_dtypes();
   test_nf4();
   test_round_trips(ctx);
   test_errors(ctx);
