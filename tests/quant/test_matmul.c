@@ -147,6 +147,46 @@ static void check_config(nb_ctx *ctx, cfg c, int64_t m, uint64_t seed) {
   nb_quant_weight_release(&q);
 }
 
+/* dequantize_traced (interpreted and compiled) gives nb_quant_dequantize's
+ * bits: every weight is one f32 multiply of an exact code by its scale */
+static nb_status trace_deq(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
+  (void)g;
+  const cfg *c = u;
+  nb_val *z = c->l.asymmetric ? nb_tree_get_val(in, "w/zero_points") : NULL;
+  return nb_tree_set_val(out, "y", nb_quant_dequantize_traced(nb_tree_get_val(in, "w/values"), nb_tree_get_val(in, "w/scales"), z, &c->l));
+}
+
+static void test_dequantize_traced(nb_ctx *ctx) {
+  int64_t tiles[3] = {0, 32, 64};
+  for (int qt = 0; qt < NB_QUANT_TYPE_COUNT; qt++)
+    for (int asym = 0; asym < 2; asym++)
+      for (int ti = 0; ti < 3; ti++) {
+        if (asym && qt > NB_QUANT_INT4) continue;
+        cfg c = {.l = {.qtype = (nb_quant_type)qt, .n = 9, .k = 101, .tile = tiles[ti] ? tiles[ti] : 101, .asymmetric = asym}};
+        nb_test_rng r = {(uint64_t)(31 + qt * 7 + ti)};
+        nb_quant_weight q;
+        nb_tree *in = make_inputs(ctx, &c, 1, &r, &q);
+        nb_graph *g = in ? nb_trace(ctx, trace_deq, &c, in) : NULL;
+        nb_array *want = g ? nb_quant_dequantize(ctx, &q) : NULL, *got = g ? run1(ctx, g, in) : NULL;
+        CHECK_MSG(want && got && same_bits(want, got), "%s%s tile %lld: dequantize_traced differs from nb_quant_dequantize",
+                  nb_quant_type_name(c.l.qtype), asym ? " asym" : "", (long long)tiles[ti]);
+        if (g && qt == NB_QUANT_INT4 && ti == 1) { /* and compiled */
+          nb_jit_opts o = nb_test_jit_opts(NULL);
+          nb_exe *e = nb_jit(ctx, g, &o);
+          nb_tree *out = nb_tree_create(ctx);
+          CHECK_MSG(e && nb_exe_run(e, in, out) == NB_OK, "jit: %s", nb_ctx_error(ctx));
+          nb_array *cg = nb_tree_get_array(out, "y");
+          CHECK(want && cg && same_bits(want, cg));
+          nb_tree_destroy(out);
+          nb_exe_destroy(e);
+        }
+        nb_array_release(want), nb_array_release(got);
+        nb_graph_destroy(g);
+        nb_tree_destroy(in);
+        nb_quant_weight_release(&q);
+      }
+}
+
 /* fp8 values holding NaN and infinity codes: NaN / inf in the same places
  * as the reference on every kernel */
 static void test_special_codes(nb_ctx *ctx) {
@@ -326,6 +366,7 @@ int main(void) {
   test_against_reference(ctx);
   printf("largest error against the reference: %.3g x sum|x w| (tolerance %g)\n", seen_worst, TOL);
   test_special_codes(ctx);
+  test_dequantize_traced(ctx);
   test_compiled(ctx);
   test_vjp(ctx);
   test_errors(ctx);
