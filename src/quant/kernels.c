@@ -198,6 +198,13 @@ static inline __m256 a2_lut8(v16x2 t, __m256i idx) {
   return _mm256_blendv_ps(_mm256_permutevar8x32_ps(t.lo, idx), _mm256_permutevar8x32_ps(t.hi, idx), sel);
 }
 static inline v16x2 a2_lut(v16x2 t, i16x2 idx) { return (v16x2){a2_lut8(t, idx.lo), a2_lut8(t, idx.hi)}; }
+/* 16 int4 codes minus z, as f32 */
+static inline v16x2 a2_dec4(const uint8_t *p, int z) {
+  __m128i b = _mm_and_si128(a2_nibble_bytes(p), _mm_set1_epi8(0x0f));
+  __m256i zv = _mm256_set1_epi32(z);
+  return (v16x2){_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(b), zv)),
+                 _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(b, b)), zv))};
+}
 
 #define SFX avx2
 #define MB_MAX 2
@@ -215,6 +222,8 @@ static inline v16x2 a2_lut(v16x2 t, i16x2 idx) { return (v16x2){a2_lut8(t, idx.l
 #define v_nibbles a2_nibbles
 #define v_tile_table a2_tile_table
 #define v_lut a2_lut
+#define INT4_BY_CONVERT 1
+#define v_dec4 a2_dec4
 #include "quant/kernel_f32.inc"
 #undef SFX
 #undef MB_MAX
@@ -232,6 +241,8 @@ static inline v16x2 a2_lut(v16x2 t, i16x2 idx) { return (v16x2){a2_lut8(t, idx.l
 #undef v_nibbles
 #undef v_tile_table
 #undef v_lut
+#undef INT4_BY_CONVERT
+#undef v_dec4
 #pragma GCC pop_options
 
 /* ---------------------------------------------------------------- weight-only: AVX-512 */
@@ -278,6 +289,10 @@ static inline __m512 a5_tile_table(dec_kind kind, int z) {
   return _mm512_cvtepi32_ps(_mm512_sub_epi32(iota, _mm512_set1_epi32(z)));
 }
 static inline __m512 a5_lut(__m512 t, __m512i idx) { return _mm512_permutexvar_ps(idx, t); }
+static inline __m512 a5_dec4(const uint8_t *p, int z) { /* unused: AVX-512 looks int4 up (INT4_BY_CONVERT 0) */
+  __m128i b = _mm_and_si128(a2_nibble_bytes(p), _mm_set1_epi8(0x0f));
+  return _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(b), _mm512_set1_epi32(z)));
+}
 
 #define SFX avx512
 #define MB_MAX 4
@@ -295,6 +310,8 @@ static inline __m512 a5_lut(__m512 t, __m512i idx) { return _mm512_permutexvar_p
 #define v_nibbles a5_nibbles
 #define v_tile_table a5_tile_table
 #define v_lut a5_lut
+#define INT4_BY_CONVERT 0
+#define v_dec4 a5_dec4
 #include "quant/kernel_f32.inc"
 #undef SFX
 #undef MB_MAX
@@ -312,6 +329,8 @@ static inline __m512 a5_lut(__m512 t, __m512i idx) { return _mm512_permutexvar_p
 #undef v_nibbles
 #undef v_tile_table
 #undef v_lut
+#undef INT4_BY_CONVERT
+#undef v_dec4
 #pragma GCC pop_options
 #endif /* QUANT_X86 */
 
