@@ -12,4 +12,5 @@
 #include "nabla/prof.h"
 #include "nabla/train.h"
 #include "nabla/serve.h"
+#include "nabla/quant.h"
 #endif

@@ -1,0 +1,169 @@
+/* nabla quant: quantized weights and their CPU kernels (the core of the
+ * analogue of Qwix; the rules, PTQ/QAT commands and GGUF build on it).
+ *
+ * A quantized weight is a small tree of ordinary arrays, so checkpoints,
+ * trees and traced programs carry it without new machinery. For a linear
+ * weight W[N, K] (N outputs, K inputs; the product contracts over K), each
+ * row is cut along K into tiles of `tile` elements (the last one ragged when
+ * K % tile != 0; tile = K is per-channel), and each tile has one scale:
+ *
+ *   values       the codes, row-major, one row per output:
+ *                  int8 symmetric   i8[N, K]        w = v * s, v in [-127, 127]
+ *                  int8 asymmetric  u8[N, K]        w = (v - z) * s
+ *                  int4             u8[N, ceil(K/2)] two codes per byte: k = 2j in
+ *                                   the low nibble of byte j, k = 2j + 1 in the high
+ *                                   one (0 past an odd K); symmetric w = (c - 8) * s,
+ *                                   c in [1, 15]; asymmetric w = (c - z) * s
+ *                  nf4              u8[N, ceil(K/2)] packed as int4; w = NF4[c] * s
+ *                                   (the QLoRA table, nb_quant_nf4_value)
+ *                  fp8 e4m3 / e5m2  u8[N, K]        w = fp8(v) * s (OCP float8
+ *                                   e4m3fn / e5m2, as ml_dtypes)
+ *   scales       f32[N, T], T = ceil(K / tile), scale of tile t of row n
+ *   zero_points  u8[N, T], asymmetric int8/int4 only: the code of 0.0
+ *
+ * nb_quant_weight_to_tree stores them as "<prefix>/values", "/scales",
+ * "/zero_points". What the arrays do not say (the qtype, K, the tile) is the
+ * layout, static like a rule's configuration.
+ *
+ * Calibration picks each tile's range: absmax [-a, a] (a = max |w|),
+ * minmax [min(w, 0), max(w, 0)] (asymmetric: zero points), rms,K [-K r, K r]
+ * (r the tile's root mean square), fixed,MIN,MAX [MIN, MAX] (asymmetric for
+ * the integer types). Weights outside the range saturate. Integer codes
+ * round half to even; fp8 rounds to nearest even and saturates at the
+ * format's largest finite value.
+ *
+ * The product y[..., N] = x[..., K] @ dequant(W)^T is the custom call
+ * "quant.matmul" (nb_quant_matmul), whose kernel dequantizes in registers
+ * (weight-only) or multiplies int8 by int8 into int32 (W8A8: x quantized per
+ * token, symmetric absmax, at run time). nb_quant_matmul_reference is the
+ * same product as ordinary traced ops (the oracle of the tests).
+ *
+ * Example: an int4 weight with 32-wide tiles, used in a traced step.
+ *
+ *   nb_quant_weight q;
+ *   nb_quant_calib c = {.kind = NB_QUANT_ABSMAX};
+ *   nb_quant_quantize(ctx, w, NB_QUANT_INT4, 32, &c, &q);   // w: f32[N, K]
+ *   ...while tracing, with values/scales inputs of the step:
+ *   nb_val *y = nb_quant_matmul(x, values, scales, NULL, &q.layout, NB_QUANT_ACT_NONE);
+ *   ...
+ *   nb_quant_weight_release(&q);
+ */
+#ifndef NABLA_QUANT_H
+#define NABLA_QUANT_H
+
+#include "nabla/core.h"
+
+NB_BEGIN_DECLS
+
+typedef enum nb_quant_type {
+  NB_QUANT_INT8,
+  NB_QUANT_INT4,
+  NB_QUANT_NF4,
+  NB_QUANT_FP8_E4M3, /* float8_e4m3fn: no infinities, largest 448 */
+  NB_QUANT_FP8_E5M2, /* float8_e5m2: largest finite 57344 */
+  NB_QUANT_TYPE_COUNT
+} nb_quant_type;
+
+/* "int8", "int4", "nf4", "fp8_e4m3", "fp8_e5m2" (also read by _parse). */
+const char *nb_quant_type_name(nb_quant_type t);
+nb_status nb_quant_type_parse(nb_ctx *ctx, const char *s, nb_quant_type *out);
+
+typedef enum nb_quant_calib_kind { NB_QUANT_ABSMAX, NB_QUANT_MINMAX, NB_QUANT_RMS, NB_QUANT_FIXED } nb_quant_calib_kind;
+typedef struct nb_quant_calib {
+  nb_quant_calib_kind kind;
+  double k;        /* rms,K: K > 0 */
+  double min, max; /* fixed,MIN,MAX: MIN < MAX, finite */
+} nb_quant_calib;
+/* "absmax", "minmax", "rms,K", "fixed,MIN,MAX". */
+nb_status nb_quant_calib_parse(nb_ctx *ctx, const char *s, nb_quant_calib *out);
+
+/* The static half of a quantized W[n, k]: the qtype, the tile (1 <= tile;
+ * tile >= k is per-channel; otherwise a multiple of 16, so tiles start on
+ * vector and byte boundaries) and whether zero points are present. */
+typedef struct nb_quant_layout {
+  nb_quant_type qtype;
+  int64_t n, k, tile;
+  bool asymmetric;
+} nb_quant_layout;
+
+/* Scale tiles per row: ceil(k / tile). */
+int64_t nb_quant_num_tiles(const nb_quant_layout *l);
+/* The avals the layout's arrays must have (values, scales, zero_points). */
+nb_aval nb_quant_values_aval(const nb_quant_layout *l);
+nb_aval nb_quant_scales_aval(const nb_quant_layout *l);
+nb_aval nb_quant_zero_points_aval(const nb_quant_layout *l);
+/* NB_OK, or NB_ERR_INVALID_ARG naming the field that is wrong. */
+nb_status nb_quant_layout_check(nb_ctx *ctx, const nb_quant_layout *l);
+
+typedef struct nb_quant_weight {
+  nb_quant_layout layout;
+  nb_array *values, *scales, *zero_points; /* zero_points NULL unless asymmetric */
+} nb_quant_weight;
+
+/* Quantizes w (f32[N, K], borrowed) tile by tile; tile 0 means per-channel.
+ * minmax and fixed make int8/int4 asymmetric; nf4 and fp8 are symmetric
+ * (minmax is refused for them, fixed uses max(|MIN|, |MAX|)). A weight with
+ * a NaN or infinity is refused naming the element. *out holds new
+ * references (nb_quant_weight_release). */
+nb_status nb_quant_quantize(nb_ctx *ctx, const nb_array *w, nb_quant_type qtype, int64_t tile, const nb_quant_calib *calib,
+                            nb_quant_weight *out);
+/* dequant(W): f32[N, K], a new reference, or NULL with an error. */
+nb_array *nb_quant_dequantize(nb_ctx *ctx, const nb_quant_weight *w);
+/* NB_OK when the arrays have the layout's avals (error naming the field). */
+nb_status nb_quant_weight_check(nb_ctx *ctx, const nb_quant_weight *w);
+void nb_quant_weight_release(nb_quant_weight *w);
+/* The arrays under "<prefix>/values", "<prefix>/scales" (and
+ * "<prefix>/zero_points"); from_tree checks them against *layout and
+ * retains them into *out. */
+nb_status nb_quant_weight_to_tree(nb_tree *t, const char *prefix, const nb_quant_weight *w);
+nb_status nb_quant_weight_from_tree(nb_ctx *ctx, const nb_tree *t, const char *prefix, const nb_quant_layout *layout,
+                                    nb_quant_weight *out);
+
+/* Elementwise codecs. fp8: t is NB_QUANT_FP8_E4M3 or _E5M2; encode rounds
+ * to nearest even and saturates finite values at the largest finite code
+ * (NaN stays NaN; e5m2 infinities stay infinite). */
+uint8_t nb_quant_fp8_encode(float x, nb_quant_type t);
+float nb_quant_fp8_decode(uint8_t code, nb_quant_type t);
+float nb_quant_fp8_max(nb_quant_type t);
+/* NF4 code (0..15) -> value in [-1, 1]; encode picks the nearest value
+ * (ties to the lower code) of x in [-1, 1]. */
+float nb_quant_nf4_value(int code);
+uint8_t nb_quant_nf4_encode(float x);
+
+/* ---------------------------------------------------------------- traced */
+
+typedef enum nb_quant_act {
+  NB_QUANT_ACT_NONE,         /* weight-only: f32 activations */
+  NB_QUANT_ACT_INT8_DYNAMIC, /* W8A8: x row-wise absmax to int8 at run time (int8 symmetric weights) */
+  NB_QUANT_ACT_COUNT
+} nb_quant_act;
+
+/* Registers the custom call "quant.matmul" on ctx (nb_quant_matmul does it
+ * on first use; call it first when tracing from several threads). */
+nb_status nb_quant_register(nb_ctx *ctx);
+
+/* y[..., n] = x[..., k] (f32) @ dequant(W)^T through the custom call; zero_points
+ * NULL unless layout->asymmetric. With act = NB_QUANT_ACT_INT8_DYNAMIC each
+ * row of x is quantized to int8 (scale max |x| / 127, round half to even)
+ * and multiplied in int32. Under grad, x gets ct @ dequant(W) (W8A8's
+ * activation rounding passes the gradient straight through); the weight's
+ * arrays get none. Bad operands or layouts poison the graph with an error
+ * naming the field. */
+nb_val *nb_quant_matmul_at(nb_loc loc, nb_val *x, nb_val *values, nb_val *scales, nb_val *zero_points,
+                           const nb_quant_layout *layout, nb_quant_act act);
+/* dequant(W) as traced ops (converts, a table take for nf4 and fp8, one
+ * multiply by the scales broadcast over their tiles): f32[n, k]. */
+nb_val *nb_quant_dequantize_traced_at(nb_loc loc, nb_val *values, nb_val *scales, nb_val *zero_points,
+                                      const nb_quant_layout *layout);
+/* The product as ordinary traced ops: the activation rounding (W8A8) and
+ * dequantize_traced, then dot_general in f32. The custom call equals it
+ * within the f32 rounding of a length-k dot product (docs/quant.md). */
+nb_val *nb_quant_matmul_reference_at(nb_loc loc, nb_val *x, nb_val *values, nb_val *scales, nb_val *zero_points,
+                                     const nb_quant_layout *layout, nb_quant_act act);
+
+#define nb_quant_matmul(x, v, s, z, l, a) nb_quant_matmul_at(NB_HERE, x, v, s, z, l, a)
+#define nb_quant_dequantize_traced(v, s, z, l) nb_quant_dequantize_traced_at(NB_HERE, v, s, z, l)
+#define nb_quant_matmul_reference(x, v, s, z, l, a) nb_quant_matmul_reference_at(NB_HERE, x, v, s, z, l, a)
+
+NB_END_DECLS
+#endif /* NABLA_QUANT_H */
