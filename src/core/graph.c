@@ -155,7 +155,7 @@ nb_status nb__graph_hold_graph(nb_graph *g, const nb_graph *sub) {
 nb_val *nb__poison(nb_graph *g) { return &g->poison; }
 bool nb__is_poison(const nb_val *v) { return v->id == UINT32_MAX; }
 
-static nb_val *fail_v(nb_graph *g, nb_loc loc, nb_status s, const char *fmt, va_list ap) {
+__attribute__((format(printf, 4, 0))) static nb_val *fail_v(nb_graph *g, nb_loc loc, nb_status s, const char *fmt, va_list ap) {
   if (g->err != NB_OK) return &g->poison; /* sticky: keep the first error */
   char msg[NB_ERRMSG_CAP];
   int n = vsnprintf(msg, sizeof msg, fmt, ap);

@@ -321,7 +321,7 @@ static void plan_tiles(const nb_dot_plan *p, gemm_job *j, int threads) {
 }
 
 static void gemm_task(void *arg, int t) {
-  const gemm_job *j = arg;
+  gemm_job *j = arg; /* not const: a task may set j->oom */
   const nb_dot_plan *p = j->p;
   int64_t task = j->first + t, per_item = j->tm * j->tn, b = task / per_item, tile = task % per_item;
   int64_t i0 = tile / j->tn * j->bm, j0 = tile % j->tn * j->bn;
