@@ -139,6 +139,7 @@ static inline v16x2 a2_load_x(const float *p, int valid) {
   if (valid == 16) return (v16x2){_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)};
   return (v16x2){_mm256_maskload_ps(p, a2_lanes_below(valid, 0)), _mm256_maskload_ps(p + 8, a2_lanes_below(valid, 8))};
 }
+static inline void a2_store(float *p, v16x2 v) { _mm256_storeu_ps(p, v.lo), _mm256_storeu_ps(p + 8, v.hi); }
 static inline v16x2 a2_set1(float s) { return (v16x2){_mm256_set1_ps(s), _mm256_set1_ps(s)}; }
 static inline v16x2 a2_mul(v16x2 a, v16x2 b) { return (v16x2){_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
 static inline float a2_reduce(v16x2 v) {
@@ -214,6 +215,7 @@ static inline v16x2 a2_dec4(const uint8_t *p, int z) {
 #define v_fma a2_fma
 #define v_fma_masked a2_fma_masked
 #define v_load_x a2_load_x
+#define v_store a2_store
 #define v_set1 a2_set1
 #define v_mul a2_mul
 #define v_reduce a2_reduce
@@ -233,6 +235,7 @@ static inline v16x2 a2_dec4(const uint8_t *p, int z) {
 #undef v_fma
 #undef v_fma_masked
 #undef v_load_x
+#undef v_store
 #undef v_set1
 #undef v_mul
 #undef v_reduce
@@ -259,6 +262,7 @@ static inline __m512 a5_fma_masked(int valid, __m512 x, __m512 w, __m512 acc) {
 static inline __m512 a5_load_x(const float *p, int valid) {
   return valid == 16 ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(a5_mask(valid), p);
 }
+static inline void a5_store(float *p, __m512 v) { _mm512_storeu_ps(p, v); }
 static inline __m512 a5_set1(float s) { return _mm512_set1_ps(s); }
 static inline float a5_reduce(__m512 v) {
   __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
@@ -302,6 +306,7 @@ static inline __m512 a5_dec4(const uint8_t *p, int z) { /* unused: AVX-512 looks
 #define v_fma a5_fma
 #define v_fma_masked a5_fma_masked
 #define v_load_x a5_load_x
+#define v_store a5_store
 #define v_set1 a5_set1
 #define v_mul _mm512_mul_ps
 #define v_reduce a5_reduce
@@ -321,6 +326,7 @@ static inline __m512 a5_dec4(const uint8_t *p, int z) { /* unused: AVX-512 looks
 #undef v_fma
 #undef v_fma_masked
 #undef v_load_x
+#undef v_store
 #undef v_set1
 #undef v_mul
 #undef v_reduce
