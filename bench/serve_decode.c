@@ -7,7 +7,7 @@
  * sequence's context; floor tokens/s = read bandwidth / those bytes, the
  * bandwidth measured here (bench_util.h) with the same thread count.
  *
- *   ./build/bench_serve_decode (--hf DIR | --preset NAME) [--prompt N] [--tokens M] [--reps R] [--threads T]
+ *   ./build/bench_serve_decode (--hf DIR | --run-dir DIR | --preset NAME) [--prompt N] [--tokens M] [--reps R] [--threads T]
  *                              [--block B] [--ids]
  *
  * The prompt is ids (i * 7919 + 13) % vocab unless --prompt-ids a,b,c.
@@ -58,12 +58,13 @@ static int run_one(nb_ctx *ctx, nb_serve_engine *e, nb_serve_model *m, int64_t i
 }
 
 int main(int argc, char **argv) {
-  const char *hf = NULL, *preset = NULL, *ids = NULL;
+  const char *hf = NULL, *run_dir = NULL, *preset = NULL, *ids = NULL;
   int32_t P = 8, M = 128, block = 16;
   int reps = 5, threads = 0;
   bool print_ids = false;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--hf") && i + 1 < argc) hf = argv[++i];
+    else if (!strcmp(argv[i], "--run-dir") && i + 1 < argc) run_dir = argv[++i];
     else if (!strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
     else if (!strcmp(argv[i], "--prompt") && i + 1 < argc) P = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--prompt-ids") && i + 1 < argc) ids = argv[++i];
@@ -74,14 +75,15 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--ids")) print_ids = true;
     else return fprintf(stderr, "unknown argument '%s'\n", argv[i]), 2;
   }
-  if (!hf == !preset) return fprintf(stderr, "give exactly one of --hf DIR, --preset NAME\n"), 2;
+  if (!!hf + !!run_dir + !!preset != 1) return fprintf(stderr, "give exactly one of --hf DIR, --run-dir DIR, --preset NAME\n"), 2;
   if (reps < 1 || reps > 64 || P < 1 || M < 2 || block < 1) return fprintf(stderr, "bad --reps/--prompt/--tokens/--block\n"), 2;
   nb_ctx *ctx = nb_ctx_create();
   nb_model_loaded lm = {0};
   nb_model_config cfg;
   nb_tree *params = NULL;
-  if (hf) {
-    if (nb_model_load_hf(ctx, hf, &lm)) return fprintf(stderr, "%s\n", nb_ctx_error(ctx)), 1;
+  if (hf || run_dir) { /* a Hugging Face Llama, or a nabla run dir (any family: gpt2-124m) */
+    if (hf ? nb_model_load_hf(ctx, hf, &lm) : nb_train_load_run_dir(ctx, run_dir, NULL, &lm))
+      return fprintf(stderr, "%s\n", nb_ctx_error(ctx)), 1;
     cfg = lm.cfg, params = lm.params;
   } else {
     if (nb_model_config_preset(ctx, preset, &cfg)) return fprintf(stderr, "%s\n", nb_ctx_error(ctx)), 1;
@@ -135,7 +137,7 @@ int main(int argc, char **argv) {
   printf("RESULT serve %.3f %.3f %.3f %.0f %.3f %.3f\n", p_med, d_med, floor_tps, bytes, bw, c_med);
   nb_serve_model_destroy(m);
   nb_serve_engine_destroy(e);
-  if (hf) nb_model_loaded_free(&lm);
+  if (hf || run_dir) nb_model_loaded_free(&lm);
   else nb_tree_destroy(params);
   free(prompt);
   free(out);
