@@ -112,30 +112,39 @@ static float dot(const float *x, const float *y, int32_t n) {
   return ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
 }
 
-/* acc[d] = acc[d] * alpha */
-static void rescale_acc(float *acc, float alpha, int32_t hd) {
+/* acc = acc * alpha (when rescale) + sum over j of p[j] * v_j, the products
+ * added in j order, each element kept in a register across the block (an
+ * accumulator through memory per key stalled on store-to-load forwarding,
+ * and costs a prefill's rows a third of their speed). */
+static void accumulate_block(float *acc, float alpha, bool rescale, const float *p, const float *v, int64_t v_stride,
+                             int32_t n, int32_t hd) {
   int32_t d = 0;
   v4 va = {alpha, alpha, alpha, alpha};
-  for (; d + 4 <= hd; d += 4) store4(acc + d, load4(acc + d) * va);
-  for (; d < hd; d++) acc[d] = acc[d] * alpha;
-}
-
-/* acc[d] = acc[d] + p * v[d] */
-static void add_scaled(float *acc, float p, const float *v, int32_t hd) {
-  int32_t d = 0;
-  v4 vp = {p, p, p, p};
-  for (; d + 4 <= hd; d += 4) store4(acc + d, load4(acc + d) + vp * load4(v + d));
-  for (; d < hd; d++) acc[d] = acc[d] + p * v[d];
+  for (; d + 8 <= hd; d += 8) {
+    v4 a0 = load4(acc + d), a1 = load4(acc + d + 4);
+    if (rescale) a0 *= va, a1 *= va;
+    for (int32_t j = 0; j < n; j++) {
+      v4 vp = {p[j], p[j], p[j], p[j]};
+      a0 += vp * load4(v + j * v_stride + d);
+      a1 += vp * load4(v + j * v_stride + d + 4);
+    }
+    store4(acc + d, a0), store4(acc + d + 4, a1);
+  }
+  for (; d < hd; d++) {
+    float a = rescale ? acc[d] * alpha : acc[d];
+    for (int32_t j = 0; j < n; j++) a += p[j] * v[j * v_stride + d];
+    acc[d] = a;
+  }
 }
 
 /* One query row, the query heads of kv heads [kvh0, kvh0 + nkv): out =
  * softmax(scale q.K[0..pos]) V per head. Each head's numbers are its own
  * chain: keys in position order, a block at a time (the block's maximum
  * rescales what came before), each value added into acc in key order. The
- * heads are visited inside each block and each slot, so a block's keys and
- * values are read once, slot row by slot row (a row holds every kv head),
- * instead of once per head at a stride of a row: the cache is what a
- * batched decode step waits on. */
+ * heads are visited inside each block: its keys slot row by slot row (a row
+ * holds every kv head), then its values head by head, while the block is
+ * at hand, instead of the whole context once per head at a stride of a
+ * row: the cache is what a batched decode step waits on. */
 static void attend_row(const nb_serve_attn *a, const int32_t *table, int32_t kvh0, int32_t nkv, int32_t pos, const float *q,
                        float *out, float *scr) {
   int32_t hd = a->head_dim, bs = a->block_size, group = a->num_heads / a->num_kv_heads, nh = nkv * group;
@@ -160,10 +169,8 @@ static void attend_row(const nb_serve_attn *a, const int32_t *table, int32_t kvh
         si[j] = expf(si[j] - m[i]);
         l[i] += si[j];
       }
-      if (rescale) rescale_acc(acc + (size_t)i * hd, alpha, hd);
+      accumulate_block(acc + (size_t)i * hd, alpha, rescale, si, vb + (i / group) * hd, row_stride, n, hd);
     }
-    for (int32_t j = 0; j < n; j++)
-      for (int32_t i = 0; i < nh; i++) add_scaled(acc + (size_t)i * hd, s[i * bs + j], vb + j * row_stride + (i / group) * hd, hd);
   }
   for (int32_t i = 0; i < nh; i++) {
     float inv = 1.0f / l[i];
@@ -186,11 +193,17 @@ static void attn_task(void *arg, int t) {
   const int32_t *table = a->block_tables + (int64_t)seq * a->max_blocks_per_seq;
   float *scr = job->scratch + (size_t)t * job->scratch_per_task;
   int32_t r_end = (tile + 1) * Q_TILE < n ? (tile + 1) * Q_TILE : n;
-  for (int32_t r = tile * Q_TILE; r < r_end; r++) {
-    int32_t pos = a->context_lens[seq] - n + r;
-    int64_t off = (int64_t)(q0 + r) * a->num_heads * a->head_dim;
-    attend_row(a, table, kvh0, nkv, pos, a->q + off, a->out + off, scr);
-  }
+  /* One row (a decode): all the task's heads at once, the cache read once.
+   * Several (a prefill tile): one kv head at a time for all rows, so that
+   * they find its keys and values in L2 (all heads of a long context would
+   * not fit). The same numbers either way. */
+  int32_t step = r_end - tile * Q_TILE == 1 ? nkv : 1;
+  for (int32_t h = kvh0; h < kvh0 + nkv; h += step)
+    for (int32_t r = tile * Q_TILE; r < r_end; r++) {
+      int32_t pos = a->context_lens[seq] - n + r;
+      int64_t off = (int64_t)(q0 + r) * a->num_heads * a->head_dim;
+      attend_row(a, table, h, step, pos, a->q + off, a->out + off, scr);
+    }
 }
 
 nb_status nb_serve_paged_attention(nb_ctx *ctx, const nb_serve_attn *a, nb_serve_parallel_fn par, void *runner) {
