@@ -211,8 +211,11 @@ def main():
     gguf_path = dec.make_model(a)
     EOS["id"] = a.eos_id
     clients = [int(x) for x in a.clients.split(",")]
-    ctx = 2048
-    sides = a.sides.split(",") + (["llama-server"] if a.llama_server else [])
+    ctx = 1024 if a.arch == "gpt2" else 2048  # gpt2: its 1024 learned positions
+    if a.prefix + 32 > ctx:  # the prefix, 16 new tokens and 16 generated must fit the context
+        a.prefix = ctx - 32
+        print(f"prefix caching: a {a.prefix}-token shared prefix (the context is {ctx})")
+    sides = list(dict.fromkeys([x for x in a.sides.split(",") if x] + (["llama-server"] if a.llama_server else [])))
     rows = []
     for side in sides:
         for C in clients:
