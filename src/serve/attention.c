@@ -114,8 +114,7 @@ static float dot(const float *x, const float *y, int32_t n) {
 
 /* acc = acc * alpha (when rescale) + sum over j of p[j] * v_j, the products
  * added in j order, each element kept in a register across the block (an
- * accumulator through memory per key stalled on store-to-load forwarding,
- * and costs a prefill's rows a third of their speed). */
+ * accumulator through memory per key stalled on store-to-load forwarding). */
 static void accumulate_block(float *acc, float alpha, bool rescale, const float *p, const float *v, int64_t v_stride,
                              int32_t n, int32_t hd) {
   int32_t d = 0;
