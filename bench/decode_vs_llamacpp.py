@@ -14,11 +14,20 @@ does, so both sides compute the same function and their greedy ids can be
 compared). No tokenizer: the prompt is token ids (the bytes of a short
 text), given to both sides as ids.
 
+--arch gpt2: gpt2-124m's shape (d 768, 12 layers, 12 heads, ffn 3072, vocab
+50257, 1024 learned positions, biases, LayerNorm, tanh GELU, tied head),
+random, written as a Hugging Face GPT2LMHeadModel folder (transformers'
+GPT2Config, safetensors) and converted to GGUF f32 by llama.cpp's own
+convert_hf_to_gguf.py (--convert-python: a Python with transformers and
+torch); nabla reads the same tensors from a run dir (nabla ckpt import),
+since its Hugging Face loader reads Llama folders only. The vocabulary maps
+byte b to id b on both sides.
+
 Per round and thread count, each side in its own process:
   llama.cpp  llama_cpp.Llama(n_ctx = context, n_threads = n_threads_batch = T),
              prompt evaluated, then N greedy tokens (argmax of the logits)
              one llama_decode each; decode tok/s = (N - 1) / time of those.
-  generate   `nabla generate --hf DIR --temperature 0 --max-tokens N
+  generate   `nabla generate --hf DIR (gpt2: --run-dir DIR/nabla) --temperature 0 --max-tokens N
              --threads T --max-seq-len context` (its own decode tok/s line).
   serve      build/bench_serve_decode --hf DIR: one request through
              nb_serve_engine + nb_serve_model_step.
@@ -78,19 +87,62 @@ def write_tokenizer(d, V):
         json.dump(tok, f)
 
 
+ARCH_DEFAULTS = {  # --arch: model folder, vocabulary, ffn, first byte id, the id llama.cpp would stop at
+    "llama": dict(model_dir="/tmp/nabla-bench-llama134m", vocab=32000, ffn=2048, first_byte=3, eos=2),
+    "gpt2": dict(model_dir="/tmp/nabla-bench-gpt2-124m", vocab=50257, ffn=3072, first_byte=0, eos=50256),
+}
+VENDOR = "/work/llamacpp-src/llama_cpp_python-0.3.36/vendor/llama.cpp"
+
+
 def add_model_args(ap):
-    """The model's options, which make_model reads (shared with serve_vs_llamacpp.py)."""
-    ap.add_argument("--model-dir", default="/tmp/nabla-bench-llama134m")
+    """The model's options, which make_model reads (shared with serve_vs_llamacpp.py). --arch gpt2 is
+    GPT-2 small's shape (d 768, 12 layers, 12 heads, ffn 3072, vocab 50257, 1024 positions, tied head)."""
+    ap.add_argument("--arch", choices=sorted(ARCH_DEFAULTS), default="llama")
+    ap.add_argument("--model-dir", default=None, help="default: by --arch, under /tmp")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--d-model", type=int, default=768)
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--heads", type=int, default=12)
-    ap.add_argument("--ffn", type=int, default=2048)
-    ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--ffn", type=int, default=None, help="default: by --arch (gpt2: 4 x d-model)")
+    ap.add_argument("--vocab", type=int, default=None, help="default: by --arch")
+    ap.add_argument("--convert-python", default="/tmp/venv-conv/bin/python",
+                    help="--arch gpt2: a Python with transformers and torch for llama.cpp's convert_hf_to_gguf.py")
+    ap.add_argument("--llama-vendor", default=VENDOR, help="llama.cpp's source folder (convert_hf_to_gguf.py)")
 
 
-def make_model(d, a):
-    """Writes the HF folder and the GGUF file under d once (seeded)."""
+def fill_arch_defaults(a):
+    d = ARCH_DEFAULTS[a.arch]
+    for k in ("model_dir", "vocab", "ffn"):
+        if getattr(a, k) is None:
+            setattr(a, k, d[k])
+    a.first_byte_id, a.eos_id = d["first_byte"], d["eos"]
+    if a.arch == "gpt2" and a.ffn != 4 * a.d_model:
+        sys.exit("--arch gpt2: llama.cpp's converter takes ffn = 4 x d-model")
+
+
+def prompt_ids(a, text):
+    """ids of an ASCII text on both sides: one token per byte"""
+    return [a.first_byte_id + b for b in text.encode()]
+
+
+def nabla_model_args(a):
+    """how nabla generate / serve / bench_serve_decode are told the model"""
+    return ["--hf", a.model_dir] if a.arch == "llama" else ["--run-dir", os.path.join(a.model_dir, "nabla")]
+
+
+def nabla_serve_model(a):
+    return a.model_dir if a.arch == "llama" else os.path.join(a.model_dir, "nabla")
+
+
+def make_model(a):
+    """Writes the model under --model-dir once (seeded); returns the GGUF file's path."""
+    fill_arch_defaults(a)
+    d = a.model_dir
+    return make_gpt2(d, a) if a.arch == "gpt2" else make_llama(d, a)
+
+
+def make_llama(d, a):
+    """The HF folder (nabla reads it) and the GGUF file, written here with gguf's writer."""
     import numpy as np
 
     gguf_path = os.path.join(d, "model-f32.gguf")
@@ -179,6 +231,117 @@ def make_model(d, a):
     return gguf_path
 
 
+GPT2_CONVERT = """
+import sys
+vendor = sys.argv[1]  # llama.cpp's folder: its conversion package and gguf-py
+sys.path[:0] = [vendor, vendor + "/gguf-py"]
+from transformers import GPT2Config
+hf, out, V, D, L, H = sys.argv[2], sys.argv[3], *map(int, sys.argv[4:8])
+GPT2Config(vocab_size=V, n_positions=1024, n_ctx=1024, n_embd=D, n_layer=L, n_head=H, activation_function="gelu_new",
+           layer_norm_epsilon=1e-5, bos_token_id=V - 1, eos_token_id=V - 1, tie_word_embeddings=True,
+           architectures=["GPT2LMHeadModel"]).save_pretrained(hf)
+import conversion.base
+# the converter names a BPE pre-tokenizer by the hash of its tokens for a test text, known only for
+# published tokenizers; this one is GPT-2's (ByteLevel with GPT-2's regex) without merges
+conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+import runpy
+sys.argv = [vendor + "/convert_hf_to_gguf.py", hf, "--outtype", "f32", "--outfile", out]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def make_gpt2(d, a):
+    """GPT-2 (random, seeded) three ways from the same numbers:
+    d/hf     a Hugging Face GPT2LMHeadModel folder: config.json by transformers' GPT2Config, model.safetensors
+             (HF names, Conv1D [in, out] layout, fused c_attn, tied head), a byte-level tokenizer.json;
+    d/model-f32.gguf  that folder through llama.cpp's own convert_hf_to_gguf.py --outtype f32;
+    d/nabla  a nabla run dir (config.yaml: preset gpt2-124m's family with these sizes, byte-level
+             tokenizer; checkpoints/ step 0 imported with `nabla ckpt import --hf-names` from the same
+             tensors under nabla's paths: c_attn split into wq, wk, wv)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    gguf_path = os.path.join(d, "model-f32.gguf")
+    if os.path.exists(gguf_path):
+        return gguf_path
+    hf, nd = os.path.join(d, "hf"), os.path.join(d, "nabla")
+    os.makedirs(hf, exist_ok=True)
+    rng = np.random.default_rng(a.seed)
+    D, L, H, V, F, P = a.d_model, a.layers, a.heads, a.vocab, a.ffn, 1024
+
+    def r(*shape, std=0.02, mean=0.0):
+        return (mean + rng.standard_normal(shape, dtype=np.float32) * std).astype(np.float32)
+
+    t = {"transformer.wte.weight": r(V, D), "transformer.wpe.weight": r(P, D, std=0.01),
+         "transformer.ln_f.weight": r(D, std=0.1, mean=1.0), "transformer.ln_f.bias": r(D)}
+    for i in range(L):
+        p = f"transformer.h.{i}."
+        t[p + "ln_1.weight"], t[p + "ln_1.bias"] = r(D, std=0.1, mean=1.0), r(D)
+        t[p + "attn.c_attn.weight"], t[p + "attn.c_attn.bias"] = r(D, 3 * D), r(3 * D)
+        t[p + "attn.c_proj.weight"], t[p + "attn.c_proj.bias"] = r(D, D), r(D)
+        t[p + "ln_2.weight"], t[p + "ln_2.bias"] = r(D, std=0.1, mean=1.0), r(D)
+        t[p + "mlp.c_fc.weight"], t[p + "mlp.c_fc.bias"] = r(D, F), r(F)
+        t[p + "mlp.c_proj.weight"], t[p + "mlp.c_proj.bias"] = r(F, D), r(D)
+    save_file(t, os.path.join(hf, "model.safetensors"), metadata={"format": "pt"})
+    write_gpt2_tokenizer(hf, V)
+
+    # nabla's tree: the same arrays under its paths (kernels are [in, out] like Conv1D's)
+    n = {"embed.embedding": t["transformer.wte.weight"], "pos_embed.embedding": t["transformer.wpe.weight"],
+         "final_norm.scale": t["transformer.ln_f.weight"], "final_norm.bias": t["transformer.ln_f.bias"]}
+    for i in range(L):
+        p, q = f"transformer.h.{i}.", f"layers.{i}."
+        n[q + "attn_norm.scale"], n[q + "attn_norm.bias"] = t[p + "ln_1.weight"], t[p + "ln_1.bias"]
+        w, b = t[p + "attn.c_attn.weight"], t[p + "attn.c_attn.bias"]
+        for k, name in enumerate("qkv"):
+            n[q + f"attn.w{name}.kernel"] = np.ascontiguousarray(w[:, k * D:(k + 1) * D])
+            n[q + f"attn.w{name}.bias"] = np.ascontiguousarray(b[k * D:(k + 1) * D])
+        n[q + "attn.wo.kernel"], n[q + "attn.wo.bias"] = t[p + "attn.c_proj.weight"], t[p + "attn.c_proj.bias"]
+        n[q + "mlp_norm.scale"], n[q + "mlp_norm.bias"] = t[p + "ln_2.weight"], t[p + "ln_2.bias"]
+        n[q + "mlp.wi.kernel"], n[q + "mlp.wi.bias"] = t[p + "mlp.c_fc.weight"], t[p + "mlp.c_fc.bias"]
+        n[q + "mlp.wo.kernel"], n[q + "mlp.wo.bias"] = t[p + "mlp.c_proj.weight"], t[p + "mlp.c_proj.bias"]
+    os.makedirs(nd, exist_ok=True)
+    st = os.path.join(d, "nabla-params.safetensors")
+    save_file(n, st)
+    with open(os.path.join(nd, "config.yaml"), "w") as f:
+        f.write(f"model:\n  preset: gpt2-124m\n  vocab_size: {V}\n  d_model: {D}\n  n_layers: {L}\n  n_heads: {H}\n"
+                f"  n_kv_heads: {H}\n  d_ff: {F}\n  max_seq_len: {P}\n  dropout: 0.0\n"
+                "data:\n  tokenizer: \"\"\nseed: 0\n")
+    nabla = os.path.join(getattr(a, "build", "build"), "nabla")
+    run([nabla, "ckpt", "import", st, os.path.join(nd, "checkpoints"), "--step", "0", "--item", "params", "--hf-names"])
+    os.remove(st)
+
+    out = run([a.convert_python, "-c", GPT2_CONVERT, a.llama_vendor, hf, gguf_path + ".tmp", str(V), str(D), str(L), str(H)])
+    if not os.path.exists(gguf_path + ".tmp"):
+        sys.exit("convert_hf_to_gguf.py wrote no file:\n" + out[-3000:])
+    os.rename(gguf_path + ".tmp", gguf_path)
+    return gguf_path
+
+
+def write_gpt2_tokenizer(d, V):
+    """GPT-2's byte-level BPE: byte b is id b (so a text of n bytes is the same n ids for nabla's byte-level
+    tokenizer and for llama.cpp), fillers up to V - 1, <|endoftext|> = V - 1 as GPT-2's. One merge (two NUL
+    bytes, id 256), as llama.cpp refuses a BPE vocabulary without merges; no ASCII text ever uses it."""
+    c = byte_chars()
+    vocab = {c[b]: b for b in range(256)}
+    vocab[c[0] + c[0]] = 256
+    for i in range(257, V - 1):
+        vocab[f"<filler{i}>"] = i
+    vocab["<|endoftext|>"] = V - 1
+    eot = {"id": V - 1, "content": "<|endoftext|>", "single_word": False, "lstrip": False, "rstrip": False,
+           "normalized": True, "special": True}
+    bl = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    tok = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [eot], "normalizer": None,
+           "pre_tokenizer": bl, "post_processor": bl, "decoder": bl,
+           "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
+                     "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False, "vocab": vocab,
+                     "merges": [[c[0], c[0]]]}}
+    with open(os.path.join(d, "tokenizer.json"), "w") as f:
+        json.dump(tok, f)
+    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "GPT2Tokenizer", "model_max_length": 1024, "add_prefix_space": False,
+                   "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>"}, f)
+
+
 def llama_worker(gguf_path, ids, n, threads, ctx):
     """Runs in a child process: prints 'RESULT llama decode_tok_s' and the ids."""
     import numpy as np
@@ -227,8 +390,8 @@ def main():
         g, ids, n, t, ctx = a.llama_worker
         llama_worker(g, [int(x) for x in ids.split(",")], int(n), int(t), int(ctx))
         return
-    gguf_path = make_model(a.model_dir, a)
-    ids = [FIRST_BYTE_ID + b for b in PROMPT_TEXT.encode()]
+    gguf_path = make_model(a)
+    ids = prompt_ids(a, PROMPT_TEXT)
     N = a.tokens
     ctx = 256
     while ctx < len(ids) + N:
@@ -250,14 +413,14 @@ def main():
                     v = float(f.group(1))
                     cpu.setdefault((side, T), []).append(float(f.group(2)))
                 elif side == "generate":
-                    out = run([nabla, "generate", "--hf", a.model_dir, "--prompt", PROMPT_TEXT, "--temperature", "0",
+                    out = run([nabla, "generate", *nabla_model_args(a), "--prompt", PROMPT_TEXT, "--temperature", "0",
                                "--max-tokens", str(N), "--threads", str(T), "--max-seq-len", str(ctx), "--show-ids"])
                     v = float(re.search(r"decode\s+\S+ ms\s+(\S+) tokens/s", out).group(1))
                     m = re.search(r"generated ids:([0-9 ]*)", out)
                     if m:
                         out = "IDS " + ",".join(m.group(1).split())
                 else:
-                    out = run([serve_bench, "--hf", a.model_dir, "--prompt-ids", ",".join(map(str, ids)), "--tokens", str(N),
+                    out = run([serve_bench, *nabla_model_args(a), "--prompt-ids", ",".join(map(str, ids)), "--tokens", str(N),
                                "--reps", str(a.serve_reps), "--threads", str(T), "--ids"])
                     f = re.search(r"RESULT serve \S+ (\S+) (\S+) (\S+) (\S+) (\S+)", out)
                     v = float(f.group(1))
@@ -269,7 +432,7 @@ def main():
                 res.setdefault((side, T), []).append(v)
                 print(f"round {r + 1} T={T} {side}: {v:.2f} tok/s", flush=True)
     print()
-    print(f"model: {a.model_dir} (d {a.d_model}, {a.layers} layers, {a.heads} heads, ffn {a.ffn}, vocab {a.vocab}, f32), "
+    print(f"model: {a.arch} {a.model_dir} (d {a.d_model}, {a.layers} layers, {a.heads} heads, ffn {a.ffn}, vocab {a.vocab}, f32), "
           f"prompt {len(ids)} ids, {N} greedy tokens, context {ctx}, {a.rounds} rounds")
     if "llama" in last_ids:
         for s in sides:

@@ -8,11 +8,13 @@ Claims under test (issue 14, "Performance"):
   - prefix caching: with a shared 1,000-token system prompt, TTFT of later
     requests at most 10% of the first request's.
 
-The model is bench/decode_vs_llamacpp.py's (make_model: a random
-Llama-architecture model, default 134M parameters, written from a seed as a
-Hugging Face folder for nabla and as GGUF f32 for llama.cpp, with a
-byte-level vocabulary without merges, so a text of n ASCII bytes is n tokens
-on both sides and no special token is added).
+The model is bench/decode_vs_llamacpp.py's (make_model: a random model
+written from a seed; --arch llama (default): 134M parameters, a Hugging Face
+folder for nabla and GGUF f32 for llama.cpp; --arch gpt2: gpt2-124m's shape,
+a Hugging Face GPT-2 folder converted to GGUF f32 by llama.cpp's
+convert_hf_to_gguf.py, and a nabla run dir of the same tensors; both with a
+byte-level vocabulary, so a text of n ASCII bytes is n tokens on both sides
+and no special token is added).
 
 Servers, each started by this script on loopback and stopped by PID:
   nabla      build/nabla serve DIR --port 0 --threads T --max-num-seqs C ...
@@ -25,8 +27,8 @@ Servers, each started by this script on loopback and stopped by PID:
              --parallel C (continuous batching with C slots).
 
 Load: C client threads; each sends its requests one after another, streamed
-(/v1/completions, temperature 0, max_tokens N, logit_bias -100 on id 2 so
-that llama.cpp never stops at its </s>); every prompt is a different random
+(/v1/completions, temperature 0, max_tokens N, logit_bias -100 on the
+end-of-text id, 2 or gpt2's 50256, so that llama.cpp never stops there); every prompt is a different random
 text of P bytes, so no prefix is shared. Throughput = generated tokens /
 wall time from the first request sent to the last response completed; TTFT =
 time from sending a request to its first streamed chunk.
@@ -107,10 +109,13 @@ def nabla_port(proc):
     return int(m.group(1))
 
 
+EOS = {"id": 2}  # the end-of-text id llama.cpp would stop at (--arch: </s> 2, gpt2's <|endoftext|> 50256)
+
+
 def stream_completion(port, prompt, n, out):
     """One streamed completion; appends (ttft_s, total_s, tokens, finish) to out."""
     body = json.dumps({"model": "m", "prompt": prompt, "max_tokens": n, "temperature": 0, "stream": True,
-                       "logit_bias": {"2": -100}})
+                       "logit_bias": {str(EOS["id"]): -100}})
     t0 = time.perf_counter()
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     c.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
@@ -203,15 +208,19 @@ def main():
     ap.add_argument("--llama-server", default="", help="llama.cpp's own server binary (optional third side)")
     dec.add_model_args(ap)
     a = ap.parse_args()
-    gguf_path = dec.make_model(a.model_dir, a)
+    gguf_path = dec.make_model(a)
+    EOS["id"] = a.eos_id
     clients = [int(x) for x in a.clients.split(",")]
-    ctx = 2048
-    sides = a.sides.split(",") + (["llama-server"] if a.llama_server else [])
+    ctx = 1024 if a.arch == "gpt2" else 2048  # gpt2: its 1024 learned positions
+    if a.prefix + 32 > ctx:  # the prefix, 16 new tokens and 16 generated must fit the context
+        a.prefix = ctx - 32
+        print(f"prefix caching: a {a.prefix}-token shared prefix (the context is {ctx})")
+    sides = list(dict.fromkeys([x for x in a.sides.split(",") if x] + (["llama-server"] if a.llama_server else [])))
     rows = []
     for side in sides:
         for C in clients:
             if side == "nabla":
-                srv = Server([os.path.join(a.build, "nabla"), "serve", a.model_dir, "--port", "0", "--threads", str(a.threads),
+                srv = Server([os.path.join(a.build, "nabla"), "serve", dec.nabla_serve_model(a), "--port", "0", "--threads", str(a.threads),
                               "--max-num-seqs", str(C), "--max-model-len", str(ctx), "--enable-prefix-caching",
                               "--served-model-name", "m"],
                              nabla_port)
@@ -239,7 +248,7 @@ def main():
             if r["failed"]:
                 print("  not complete:", r["why"])
     print()
-    print(f"model: {a.model_dir} (d {a.d_model}, {a.layers} layers, vocab {a.vocab}, f32), threads {a.threads}, "
+    print(f"model: {a.arch} {a.model_dir} (d {a.d_model}, {a.layers} layers, vocab {a.vocab}, f32), threads {a.threads}, "
           f"prompt {a.prompt} tokens, {a.tokens} generated, {a.requests} requests per client")
     print("| side | clients | generated tok/s | vs llama_cpp.server | TTFT p50 | TTFT p99 | failed |")
     print("|---|---|---|---|---|---|---|")

@@ -297,7 +297,9 @@ typedef void (*nb_serve_parallel_fn)(void *runner, int ntasks, void (*task)(void
  * every shape and table entry first and fails with NB_ERR_INVALID_ARG
  * naming the field (a context longer than its table, a block id out of
  * range, more new tokens than context, ...), writing nothing. Tasks are
- * (sequence, kv head, tile of 16 query rows). */
+ * (sequence, tile of 16 query rows, run of kv heads): all kv heads in one
+ * task unless there are fewer than 16 tiles, then runs short enough for
+ * about 16 tasks. */
 nb_status nb_serve_paged_attention(nb_ctx *ctx, const nb_serve_attn *a, nb_serve_parallel_fn par, void *runner);
 
 /* The cache write of one layer: the keys and values of token t go to slot

@@ -74,10 +74,16 @@ static nb_status check_attn(nb_ctx *ctx, const nb_serve_attn *a) {
 
 /* ---------------------------------------------------------------- kernel */
 
+/* A task is one sequence's tile of query rows for a run of its kv heads
+ * (all of them unless there are too few tiles to keep MIN_TASKS tasks). */
+#define MIN_TASKS 16
+
 typedef struct attn_job {
   const nb_serve_attn *a;
-  int32_t *task_start; /* [num_seqs + 1]: first task of each sequence */
-  float *scratch;      /* per task: acc [head_dim] + scores [block_size] */
+  int32_t *task_start;   /* [num_seqs + 1]: first task of each sequence */
+  int32_t heads_per_task; /* kv heads of one task; the last run may be shorter */
+  int32_t chunks;         /* runs of kv heads per tile */
+  float *scratch;         /* per task: m, l [nh], acc [nh * head_dim], scores [nh * block_size] */
   size_t scratch_per_task;
 } attn_job;
 
@@ -130,33 +136,45 @@ static void accumulate_block(float *acc, float alpha, bool rescale, const float 
   }
 }
 
-/* One query row of one head: out[hd] = softmax(scale q.K[0..pos]) V. */
-static void attend_row(const nb_serve_attn *a, const int32_t *table, int32_t kvh, int32_t pos, const float *q, float *out,
-                       float *acc, float *s) {
-  int32_t hd = a->head_dim, bs = a->block_size;
+/* One query row, the query heads of kv heads [kvh0, kvh0 + nkv): out =
+ * softmax(scale q.K[0..pos]) V per head. Each head's numbers are its own
+ * chain: keys in position order, a block at a time (the block's maximum
+ * rescales what came before), each value added into acc in key order. The
+ * heads are visited inside each block: its keys slot row by slot row (a row
+ * holds every kv head), then its values head by head, while the block is
+ * at hand, instead of the whole context once per head at a stride of a
+ * row: the cache is what a batched decode step waits on. */
+static void attend_row(const nb_serve_attn *a, const int32_t *table, int32_t kvh0, int32_t nkv, int32_t pos, const float *q,
+                       float *out, float *scr) {
+  int32_t hd = a->head_dim, bs = a->block_size, group = a->num_heads / a->num_kv_heads, nh = nkv * group;
+  int32_t h0 = kvh0 * group; /* first query head */
   int64_t row_stride = (int64_t)a->num_kv_heads * hd; /* floats between consecutive slots */
-  float m = -INFINITY, l = 0.0f;
-  memset(acc, 0, sizeof(float) * (size_t)hd);
+  float *m = scr, *l = m + nh, *acc = l + nh, *s = acc + (size_t)nh * hd; /* s: [nh][bs] */
+  for (int32_t i = 0; i < nh; i++) m[i] = -INFINITY, l[i] = 0.0f;
+  memset(acc, 0, sizeof(float) * (size_t)nh * (size_t)hd);
   for (int32_t first = 0, b = 0; first <= pos; first += bs, b++) {
     int32_t n = pos - first + 1 < bs ? pos - first + 1 : bs;
-    const float *kb = a->k_cache + ((int64_t)table[b] * bs) * row_stride + (int64_t)kvh * hd;
-    const float *vb = a->v_cache + ((int64_t)table[b] * bs) * row_stride + (int64_t)kvh * hd;
-    float bm = -INFINITY;
-    for (int32_t j = 0; j < n; j++) {
-      s[j] = a->scale * dot(q, kb + j * row_stride, hd);
-      bm = s[j] > bm ? s[j] : bm;
+    const float *kb = a->k_cache + ((int64_t)table[b] * bs) * row_stride + (int64_t)kvh0 * hd;
+    const float *vb = a->v_cache + ((int64_t)table[b] * bs) * row_stride + (int64_t)kvh0 * hd;
+    for (int32_t j = 0; j < n; j++)
+      for (int32_t i = 0; i < nh; i++) s[i * bs + j] = a->scale * dot(q + (int64_t)(h0 + i) * hd, kb + j * row_stride + (i / group) * hd, hd);
+    for (int32_t i = 0; i < nh; i++) {
+      float *si = s + i * bs, bm = -INFINITY;
+      for (int32_t j = 0; j < n; j++) bm = si[j] > bm ? si[j] : bm;
+      bool rescale = bm > m[i]; /* scale what came before to the new maximum, with the first key */
+      float alpha = rescale ? expf(m[i] - bm) : 1.0f;
+      if (rescale) l[i] *= alpha, m[i] = bm;
+      for (int32_t j = 0; j < n; j++) {
+        si[j] = expf(si[j] - m[i]);
+        l[i] += si[j];
+      }
+      accumulate_block(acc + (size_t)i * hd, alpha, rescale, si, vb + (i / group) * hd, row_stride, n, hd);
     }
-    bool rescale = bm > m; /* scale what came before to the new maximum, with the first key */
-    float alpha = rescale ? expf(m - bm) : 1.0f;
-    if (rescale) l *= alpha, m = bm;
-    for (int32_t j = 0; j < n; j++) {
-      s[j] = expf(s[j] - m);
-      l += s[j];
-    }
-    accumulate_block(acc, alpha, rescale, s, vb, row_stride, n, hd);
   }
-  float inv = 1.0f / l;
-  for (int32_t d = 0; d < hd; d++) out[d] = acc[d] * inv;
+  for (int32_t i = 0; i < nh; i++) {
+    float inv = 1.0f / l[i];
+    for (int32_t d = 0; d < hd; d++) out[(int64_t)(h0 + i) * hd + d] = acc[(size_t)i * hd + d] * inv;
+  }
 }
 
 static void attn_task(void *arg, int t) {
@@ -168,18 +186,23 @@ static void attn_task(void *arg, int t) {
     if (job->task_start[mid] <= t) lo = mid; else hi = mid;
   }
   int32_t seq = lo, k = t - job->task_start[seq];
-  int32_t q0 = a->query_start[seq], n = a->query_start[seq + 1] - q0, tiles = (n + Q_TILE - 1) / Q_TILE;
-  int32_t kvh = k / tiles, tile = k % tiles, group = a->num_heads / a->num_kv_heads, hd = a->head_dim;
+  int32_t q0 = a->query_start[seq], n = a->query_start[seq + 1] - q0;
+  int32_t tile = k / job->chunks, kvh0 = k % job->chunks * job->heads_per_task;
+  int32_t nkv = a->num_kv_heads - kvh0 < job->heads_per_task ? a->num_kv_heads - kvh0 : job->heads_per_task;
   const int32_t *table = a->block_tables + (int64_t)seq * a->max_blocks_per_seq;
-  float *acc = job->scratch + (size_t)t * job->scratch_per_task, *s = acc + hd;
+  float *scr = job->scratch + (size_t)t * job->scratch_per_task;
   int32_t r_end = (tile + 1) * Q_TILE < n ? (tile + 1) * Q_TILE : n;
-  for (int32_t r = tile * Q_TILE; r < r_end; r++) {
-    int32_t pos = a->context_lens[seq] - n + r;
-    for (int32_t h = kvh * group; h < (kvh + 1) * group; h++) {
-      int64_t off = ((int64_t)(q0 + r) * a->num_heads + h) * hd;
-      attend_row(a, table, kvh, pos, a->q + off, a->out + off, acc, s);
+  /* One row (a decode): all the task's heads at once, the cache read once.
+   * Several (a prefill tile): one kv head at a time for all rows, so that
+   * they find its keys and values in L2 (all heads of a long context would
+   * not fit). The same numbers either way. */
+  int32_t step = r_end - tile * Q_TILE == 1 ? nkv : 1;
+  for (int32_t h = kvh0; h < kvh0 + nkv; h += step)
+    for (int32_t r = tile * Q_TILE; r < r_end; r++) {
+      int32_t pos = a->context_lens[seq] - n + r;
+      int64_t off = (int64_t)(q0 + r) * a->num_heads * a->head_dim;
+      attend_row(a, table, h, step, pos, a->q + off, a->out + off, scr);
     }
-  }
 }
 
 nb_status nb_serve_paged_attention(nb_ctx *ctx, const nb_serve_attn *a, nb_serve_parallel_fn par, void *runner) {
@@ -192,34 +215,37 @@ nb_status nb_serve_paged_attention(nb_ctx *ctx, const nb_serve_attn *a, nb_serve
   memset(a->out + qs1 * row, 0, sizeof(float) * (size_t)((a->num_tokens - qs1) * row));
   if (a->num_seqs == 0) return NB_OK;
 
+  int64_t tiles = 0;
+  for (int32_t i = 0; i < a->num_seqs; i++) tiles += (a->query_start[i + 1] - a->query_start[i] + Q_TILE - 1) / Q_TILE;
+  /* all kv heads in one task, unless that leaves too few tasks for the threads */
+  int32_t kvh = a->num_kv_heads, per = tiles >= MIN_TASKS ? kvh : (int32_t)((kvh * tiles + MIN_TASKS - 1) / MIN_TASKS);
+  per = per < 1 ? 1 : per;
+  attn_job job = {.a = a, .heads_per_task = per, .chunks = (kvh + per - 1) / per};
+  if (tiles * job.chunks > INT32_MAX / 2) return bad(ctx, "nb_serve_paged_attention", "too many tasks (sequences x query tiles x head runs)");
   size_t ts_bytes = sizeof(int32_t) * ((size_t)a->num_seqs + 1);
-  int32_t *task_start = nb_alloc(ctx, ts_bytes);
-  if (!task_start) return NB_ERR_NOMEM;
-  int64_t ntasks = 0;
+  job.task_start = nb_alloc(ctx, ts_bytes);
+  if (!job.task_start) return NB_ERR_NOMEM;
+  int32_t ntasks = 0;
   for (int32_t i = 0; i < a->num_seqs; i++) {
-    task_start[i] = (int32_t)ntasks;
-    int32_t n = a->query_start[i + 1] - a->query_start[i];
-    ntasks += (int64_t)a->num_kv_heads * ((n + Q_TILE - 1) / Q_TILE);
-    if (ntasks > INT32_MAX / 2) {
-      nb_dealloc(ctx, task_start, ts_bytes);
-      return bad(ctx, "nb_serve_paged_attention", "too many tasks (sequences x kv heads x query tiles)");
-    }
+    job.task_start[i] = ntasks;
+    ntasks += job.chunks * ((a->query_start[i + 1] - a->query_start[i] + Q_TILE - 1) / Q_TILE);
   }
-  task_start[a->num_seqs] = (int32_t)ntasks;
-  attn_job job = {.a = a, .task_start = task_start, .scratch_per_task = (size_t)a->head_dim + (size_t)a->block_size};
+  job.task_start[a->num_seqs] = ntasks;
+  size_t nh = (size_t)per * (size_t)(a->num_heads / a->num_kv_heads);
+  job.scratch_per_task = nh * (2 + (size_t)a->head_dim + (size_t)a->block_size);
   size_t scratch_bytes = sizeof(float) * job.scratch_per_task * (size_t)(ntasks > 0 ? ntasks : 1);
   job.scratch = nb_alloc(ctx, scratch_bytes);
   if (!job.scratch) {
-    nb_dealloc(ctx, task_start, ts_bytes);
+    nb_dealloc(ctx, job.task_start, ts_bytes);
     return NB_ERR_NOMEM;
   }
   if (par) {
-    par(runner, (int)ntasks, attn_task, &job);
+    par(runner, ntasks, attn_task, &job);
   } else {
-    for (int t = 0; t < (int)ntasks; t++) attn_task(&job, t);
+    for (int t = 0; t < ntasks; t++) attn_task(&job, t);
   }
   nb_dealloc(ctx, job.scratch, scratch_bytes);
-  nb_dealloc(ctx, task_start, ts_bytes);
+  nb_dealloc(ctx, job.task_start, ts_bytes);
   return NB_OK;
 }
 

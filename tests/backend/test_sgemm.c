@@ -87,9 +87,11 @@ int main(void) {
       for (int t = 0; t < 4; t++) one(m, few[s][0], few[s][1], t & 1, t & 2);
   /* a batched decode step (one row per running sequence, 9..64 rows): ragged
    * row tails for every micro-kernel's MR, columns past one packed block
-   * (NC = 1024) and ragged NR tails, k across packed slices (KC = 256) */
-  static const int64_t batch_m[] = {9, 15, 16, 17, 33, 64, 65};
-  static const int64_t batch_nk[][2] = {{33, 7}, {100, 300}, {1030, 40}, {2049, 5}};
+   * (NC = 1024) and ragged NR tails, k across packed slices (KC = 256), B's
+   * rows far enough apart (ldb = n + 5 >= 4096) for the AVX-512 kernel's
+   * next-panel hint, and up to one block of rows (MC = 128, B in place) */
+  static const int64_t batch_m[] = {9, 15, 16, 17, 33, 64, 65, 128};
+  static const int64_t batch_nk[][2] = {{33, 7}, {100, 300}, {1030, 40}, {2049, 5}, {4100, 19}};
   for (size_t a = 0; a < sizeof batch_m / sizeof batch_m[0]; a++)
     for (size_t s = 0; s < sizeof batch_nk / sizeof batch_nk[0]; s++)
       for (int t = 0; t < 4; t++) one(batch_m[a], batch_nk[s][0], batch_nk[s][1], t & 1, t & 2);

@@ -90,15 +90,22 @@ __attribute__((target("avx2,fma"))) static void ukr_avx2(int64_t kc, const float
  * a panel's rows far apart, two cache lines each, as in a batched decode
  * step's products) is a pattern the hardware prefetcher does not follow, so
  * the kernel asks for the row PREFETCH_ROWS ahead itself (16 x 768 x 2048:
- * 47 -> 62 GFLOP/s, bench/RESULTS.md). A packed panel is contiguous: no hints.
- * The AVX2 kernel has none: no gain measured there (AVX2 proxy, loaded). */
+ * 47 -> 62 GFLOP/s, bench/RESULTS.md). When B's rows are at least
+ * PREFETCH_NEXT_LDB floats apart (every row of a panel on its own page: the
+ * 32000-wide output head), 16 rows ahead is too short for the latency of
+ * such loads, and it also asks for the next panel's same row into L2, a
+ * whole panel ahead (16 x 768 x 32000: 50 -> 63 GFLOP/s by CPU time; with
+ * narrower B the hint cost as much as it gained). A packed panel is
+ * contiguous: no hints. The AVX2 kernel has none: no gain measured there
+ * (AVX2 proxy, loaded). */
 #define PREFETCH_ROWS 16
+#define PREFETCH_NEXT_LDB 4096
 enum { AVX512_MR = 8, AVX512_NR = 32 };
 __attribute__((target("avx512f,fma"), always_inline)) static inline void ukr_avx512_body(int64_t kc, const float *a,
                                                                                        int64_t rsa, int64_t csa,
                                                                                        const float *b, int64_t rsb, float *c,
                                                                                        int64_t ldc, bool first,
-                                                                                       bool prefetch) {
+                                                                                       bool prefetch, bool prefetch_next) {
 #define ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
 #define DECL(r) __m512 c##r##0, c##r##1;
   ROWS(DECL)
@@ -116,6 +123,8 @@ __attribute__((target("avx512f,fma"), always_inline)) static inline void ukr_avx
     if (prefetch)
       _mm_prefetch((const char *)(b + PREFETCH_ROWS * rsb), _MM_HINT_T0),
           _mm_prefetch((const char *)(b + PREFETCH_ROWS * rsb + 16), _MM_HINT_T0);
+    if (prefetch_next) /* the next panel's same row, into L2 */
+      _mm_prefetch((const char *)(b + AVX512_NR), _MM_HINT_T1), _mm_prefetch((const char *)(b + AVX512_NR + 16), _MM_HINT_T1);
     __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16), x;
 #define FMA(r) x = _mm512_set1_ps(a[r * rsa]), c##r##0 = _mm512_fmadd_ps(x, b0, c##r##0), c##r##1 = _mm512_fmadd_ps(x, b1, c##r##1);
     ROWS(FMA)
@@ -129,8 +138,9 @@ __attribute__((target("avx512f,fma"), always_inline)) static inline void ukr_avx
 
 __attribute__((target("avx512f,fma"))) static void ukr_avx512(int64_t kc, const float *a, int64_t rsa, int64_t csa,
                                                               const float *b, int64_t rsb, float *c, int64_t ldc, bool first) {
-  if (rsb != AVX512_NR) ukr_avx512_body(kc, a, rsa, csa, b, rsb, c, ldc, first, true);
-  else ukr_avx512_body(kc, a, rsa, csa, b, rsb, c, ldc, first, false);
+  if (rsb >= PREFETCH_NEXT_LDB) ukr_avx512_body(kc, a, rsa, csa, b, rsb, c, ldc, first, true, true);
+  else if (rsb != AVX512_NR) ukr_avx512_body(kc, a, rsa, csa, b, rsb, c, ldc, first, true, false);
+  else ukr_avx512_body(kc, a, rsa, csa, b, rsb, c, ldc, first, false, false);
 }
 #endif
 
