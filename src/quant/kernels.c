@@ -24,14 +24,16 @@
 
 #include "nabla/compile.h"
 #include "quant/internal.h"
+#include "util/util.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define QUANT_X86 1
 #endif
 
 /* fused multiply-adds only where written (fmaf): the C kernel is the definition */
-#pragma GCC optimize("fp-contract=off")
+NB_FP_CONTRACT_OFF
 
 /* ---------------------------------------------------------------- shared pieces */
 
@@ -116,8 +118,7 @@ static void fkernel_c(const nb_quant__mm *p, int64_t n0, int64_t n1) {
 #ifdef QUANT_X86
 /* ---------------------------------------------------------------- weight-only: AVX2 */
 
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
+NB_TARGET_BEGIN("avx2,fma,f16c")
 
 typedef struct v16x2 {
   __m256 lo, hi;
@@ -246,12 +247,11 @@ static inline v16x2 a2_dec4(const uint8_t *p, int z) {
 #undef v_lut
 #undef INT4_BY_CONVERT
 #undef v_dec4
-#pragma GCC pop_options
+NB_TARGET_END
 
 /* ---------------------------------------------------------------- weight-only: AVX-512 */
 
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,fma,avx2,f16c")
+NB_TARGET_BEGIN("avx512f,avx512bw,avx512vl,fma,avx2,f16c")
 
 static inline __m512 a5_zero(void) { return _mm512_setzero_ps(); }
 static inline __m512 a5_fma(__m512 x, __m512 w, __m512 acc) { return _mm512_fmadd_ps(x, w, acc); }
@@ -337,7 +337,7 @@ static inline __m512 a5_dec4(const uint8_t *p, int z) { /* unused: AVX-512 looks
 #undef v_lut
 #undef INT4_BY_CONVERT
 #undef v_dec4
-#pragma GCC pop_options
+NB_TARGET_END
 #endif /* QUANT_X86 */
 
 /* ---------------------------------------------------------------- W8A8 */
@@ -361,8 +361,7 @@ static void dots_c_1(const uint8_t *const *x, const uint8_t *const *w, int64_t l
 static void dots_c_4(const uint8_t *const *x, const uint8_t *const *w, int64_t len, int32_t *r) { dots_c_body(x, w, len, r, MBI); }
 
 #ifdef QUANT_X86
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
+NB_TARGET_BEGIN("avx2,fma")
 static inline int32_t hsum8(__m256i v) {
   __m128i a = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
   a = _mm_add_epi32(a, _mm_shuffle_epi32(a, 0x4e));
@@ -378,7 +377,7 @@ static inline __m256i load32(const uint8_t *p, int64_t len, uint8_t *tmp) {
 static inline __m256i madd_avx2(__m256i acc, __m256i u, __m256i s) {
   return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
 }
-#pragma GCC pop_options
+NB_TARGET_END
 
 /* The sign trick: x*w = |w| * (x with w's sign), |w| as u8 (|-128| = 128)
  * and |x| <= 127, so vpmaddubsw's pairs stay within 2 * 128 * 127 < 2^15.
@@ -417,8 +416,7 @@ static inline __m256i madd_avx2(__m256i acc, __m256i u, __m256i s) {
 DOTS_256(avx2, "avx2,fma", madd_avx2)
 DOTS_256(avxvnni, "avx2,fma,avxvnni", _mm256_dpbusd_avx_epi32)
 
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vnni")
+NB_TARGET_BEGIN("avx512f,avx512bw,avx512vnni")
 /* x as u8 = code + 128: sum (x + 128) w = sum x w + 128 sum w, sum w taken
  * by one more vpdpbusd of ones per vector of W (shared by the rows of x). */
 static inline __attribute__((always_inline)) void dots_512_body(const uint8_t *const *x, const uint8_t *const *w, int64_t len,
@@ -455,7 +453,7 @@ static void dots_avx512vnni_1(const uint8_t *const *x, const uint8_t *const *w, 
 static void dots_avx512vnni_4(const uint8_t *const *x, const uint8_t *const *w, int64_t len, int32_t *r) {
   dots_512_body(x, w, len, r, MBI);
 }
-#pragma GCC pop_options
+NB_TARGET_END
 #endif /* QUANT_X86 */
 
 /* Correctly rounded IEEE operations only (divide, round to nearest even,
@@ -512,14 +510,25 @@ QUANT_CLONES static void ikernel(const nb_quant__mm *p, const uint8_t *xq, const
 
 /* ---------------------------------------------------------------- dispatch */
 
+#ifdef QUANT_X86
+/* F16C and AVX-VNNI from cpuid: clang 14's __builtin_cpu_supports knows
+ * neither name. Leaf 1 ECX bit 29; leaf 7 subleaf 1 EAX bit 4. */
+static bool cpuid_bit(unsigned leaf, unsigned sub, int reg, int bit) {
+  unsigned r[4];
+  return __get_cpuid_count(leaf, sub, &r[0], &r[1], &r[2], &r[3]) && (r[reg] >> bit & 1);
+}
+static bool has_f16c(void) { return cpuid_bit(1, 0, 2, 29); }
+static bool has_avxvnni(void) { return cpuid_bit(7, 1, 0, 4); }
+#endif
+
 static bool cpu_has(const char *f) {
 #ifdef QUANT_X86
   __builtin_cpu_init();
-  if (strcmp(f, "avx2") == 0) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-  if (strcmp(f, "avxvnni") == 0) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avxvnni");
+  if (strcmp(f, "avx2") == 0) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
+  if (strcmp(f, "avxvnni") == 0) return __builtin_cpu_supports("avx2") && has_avxvnni();
   if (strcmp(f, "avx512") == 0)
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+           __builtin_cpu_supports("fma") && has_f16c();
   if (strcmp(f, "avx512vnni") == 0)
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
 #endif

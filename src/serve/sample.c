@@ -15,10 +15,11 @@
 #include <string.h>
 
 #include "serve/internal.h"
+#include "util/util.h"
 
 /* No contraction into fused multiply-adds: the exp below gives the same
  * bits in its vector and scalar forms, on every ISA. */
-#pragma GCC optimize("fp-contract=off")
+NB_FP_CONTRACT_OFF
 
 /* ---------------------------------------------------------------- exp */
 
@@ -129,9 +130,16 @@ typedef struct row_ops {
   static const row_ops ops_##isa = {exp_shifted_##isa, scale_row_##isa, mask_below_##isa, count_at_least_##isa,             \
                                     sum_lanes_##isa, max_lanes_##isa};
 
-ROW_OPS(avx512, __attribute__((target("avx512f"), optimize("O3", "fp-contract=off"))))
-ROW_OPS(avx2, __attribute__((target("avx2"), optimize("O3", "fp-contract=off"))))
-ROW_OPS(base, __attribute__((optimize("O3", "fp-contract=off"))))
+/* gcc: O3 for the loops whatever the build type (clang has no optimize
+ * attribute; its fp-contract is off by NB_FP_CONTRACT_OFF above) */
+#ifdef __clang__
+#define ROW_OPT
+#else
+#define ROW_OPT optimize("O3", "fp-contract=off")
+#endif
+ROW_OPS(avx512, __attribute__((target("avx512f"), ROW_OPT)))
+ROW_OPS(avx2, __attribute__((target("avx2"), ROW_OPT)))
+ROW_OPS(base, __attribute__((ROW_OPT)))
 
 static _Atomic int forced_isa = -1;
 

@@ -29,4 +29,21 @@ int nb_util__read_file(const char *path, size_t max, char **data, size_t *len);
 /* CRC-32C (Castagnoli), as TFRecord and the record files use. */
 uint32_t nb_util__crc32c(const void *p, size_t n);
 
+/* Compiler portability for kernels (gcc and clang; scripts/fuzz.sh builds
+ * with clang). NB_FP_CONTRACT_OFF, at file scope: no fusing of a * b + c
+ * into one rounding in the functions that follow (gcc contracts by default
+ * in C), so a kernel's vector and scalar forms give the same bits.
+ * NB_TARGET_BEGIN("avx2,fma") ... NB_TARGET_END: the functions between are
+ * compiled for that ISA (gcc's target pragma, clang's attribute push). */
+#define NB__PRAGMA(x) _Pragma(#x)
+#ifdef __clang__
+#define NB_FP_CONTRACT_OFF _Pragma("STDC FP_CONTRACT OFF")
+#define NB_TARGET_BEGIN(t) NB__PRAGMA(clang attribute push(__attribute__((target(t))), apply_to = function))
+#define NB_TARGET_END _Pragma("clang attribute pop")
+#else
+#define NB_FP_CONTRACT_OFF _Pragma("GCC optimize(\"fp-contract=off\")")
+#define NB_TARGET_BEGIN(t) _Pragma("GCC push_options") NB__PRAGMA(GCC target(t))
+#define NB_TARGET_END _Pragma("GCC pop_options")
+#endif
+
 #endif

@@ -173,7 +173,8 @@ int serve_batch(server *sv) {
   }
   free(lines);
   free(text);
-  bool wrote = !ferror(out) & !fclose(out);
+  bool write_error = ferror(out) != 0; /* before fclose, which must run either way */
+  bool wrote = fclose(out) == 0 && !write_error;
   pthread_cond_destroy(&cv);
   pthread_mutex_destroy(&mu);
   if (!ok || !wrote || answered != count)
