@@ -95,12 +95,14 @@ bool encode(server *sv, const char *text, size_t n, bool add_bos, nb_tok_ids *id
   return true;
 }
 
-/* ids to raw bytes (appended), special tokens left out. */
+/* ids to raw bytes (appended), special tokens left out. Without a tokenizer
+ * token i is byte i, and ids past 255 (a vocabulary wider than the bytes)
+ * have no text: left out, as nabla generate does (they were cut to a byte). */
 bool decode(server *sv, const int32_t *ids, size_t n, buf *out) {
   if (!sv->m.tok) {
     for (size_t i = 0; i < n; i++) {
       char c = (char)ids[i];
-      if (!buf_add(out, &c, 1)) return false;
+      if (ids[i] >= 0 && ids[i] < 256 && !buf_add(out, &c, 1)) return false;
     }
     return true;
   }
