@@ -382,6 +382,8 @@ typedef struct nb_serve_model nb_serve_model;
 typedef struct nb_serve_model_opts {
   bool interpret;               /* run the step graphs on the reference interpreter instead of nb_jit */
   int threads;                  /* nb_jit's thread count; 0: its default */
+  nb_nn_linear_hook linear_hook; /* every linear of the step goes through it (quantized models: nb_quant_linear_hook); NULL: plain */
+  void *hook_ud;
 } nb_serve_model_opts;
 
 /* cfg copied; params: f32 arrays with exactly the model's parameter paths

@@ -148,3 +148,14 @@ int nb_cli_load_model(nb_ctx *ctx, const char *model, const char *config, nb_mod
   if (!config && !stat(p, &st) && S_ISREG(st.st_mode)) return nb_model_load_hf(ctx, model, out);
   return nb_train_load_checkpoint(ctx, model, config, out);
 }
+
+bool nb_cli_quant_hook(const char *cmd, nb_ctx *ctx, const nb_tree *params, nb_serve_model_opts *mo, nb_quant_plan **plan) {
+  *plan = NULL;
+  int64_t n = nb_quant_tree_count(ctx, params);
+  if (n < 0) return fprintf(stderr, "nabla %s: %s\n", cmd, nb_ctx_error(ctx)), false;
+  if (n == 0) return true;
+  *plan = nb_quant_plan_create(ctx, params);
+  if (!*plan) return fprintf(stderr, "nabla %s: %s\n", cmd, nb_ctx_error(ctx)), false;
+  mo->linear_hook = nb_quant_linear_hook, mo->hook_ud = *plan;
+  return true;
+}

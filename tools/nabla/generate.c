@@ -240,6 +240,7 @@ static int run(nb_ctx *ctx, const options *o) {
   char **text = NULL;
   size_t *text_len = NULL;
   nb_serve_llm *l = NULL;
+  nb_quant_plan *plan = NULL;
   if (!m.tok && o->hf) {
     fprintf(stderr, "nabla generate: %s/tokenizer.json is missing: cannot encode the prompt\n", o->hf);
     goto done;
@@ -293,6 +294,7 @@ static int run(nb_ctx *ctx, const options *o) {
       goto done;
     }
   }
+  if (!nb_cli_quant_hook("generate", ctx, m.params, &lc.model, &plan)) goto done;
   l = nb_serve_llm_create(ctx, &m.cfg, m.params, &lc);
   if (!l) {
     fprintf(stderr, "nabla generate: %s\n", nb_ctx_error(ctx));
@@ -364,6 +366,7 @@ done:
   free(ids);
   if (m.tok) nb_tok_ids_free(m.tok, &enc);
   nb_serve_llm_destroy(l);
+  nb_quant_plan_destroy(plan);
   nb_model_loaded_free(&m);
   return rc;
 }
