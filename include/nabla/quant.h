@@ -223,6 +223,9 @@ nb_status nb_quant_tree_linear(nb_ctx *ctx, const nb_tree *t, const char *module
 /* The f32 tree: quantized kernels dequantized back to "<m>/kernel"
  * [d_in, d_out], the rest shared (the reference of the quantized model). */
 nb_tree *nb_quant_dequantize_tree(nb_ctx *ctx, const nb_tree *t);
+/* Puts w into t as the quantized kernel of module_path (replacing an f32
+ * "<m>/kernel"); rule -1: none (e.g. read from a GGUF file). */
+nb_status nb_quant_tree_set_linear(nb_tree *t, const char *module_path, const nb_quant_weight *w, nb_quant_act act, int rule);
 /* How many linears of t are quantized (an error gives -1). */
 int64_t nb_quant_tree_count(nb_ctx *ctx, const nb_tree *t);
 
@@ -241,6 +244,22 @@ int64_t nb_quant_plan_count(const nb_quant_plan *p);
  * (x converted to f32 and y back to x's dtype), plus "<m>/bias" when
  * present; any other module is nb_nn_linear_default. */
 nb_val *nb_quant_linear_hook(void *plan, nb_nn_apply *a, const char *path, nb_val *x, bool stacked);
+
+/* ---------------------------------------------------------------- GGUF blocks */
+
+/* A GGUF (ggml) Q8_0 or Q4_0 weight [n, k] (ggml_type 8 or 2: ggml's own
+ * numbers; k a multiple of 32; data the n * k / 32 blocks, row-major) as a
+ * symmetric 32-wide-tile quantized weight with the same dequantized values:
+ *   Q8_0 {f16 d; i8 q[32]}       -> int8 g32: values q, scale f32(d)
+ *   Q4_0 {f16 d; u8 q[16]}       -> int4 g32: element j of a block is the low
+ *        nibble of q[j], element j + 16 the high one, w = (c - 8) d; nabla
+ *        packs elements 2i, 2i + 1 into byte i: the codes are repacked, the
+ *        scale is f32(d) (c = 0, which ggml allows, is -8 d here too)
+ * Row r of the result is row row_of[r] of the file (NULL: r), for
+ * permutations of whole rows. A Q8_0 code of -128 (outside int8's symmetric
+ * range; ggml's quantizer never writes it) is refused naming the row. */
+nb_status nb_quant_from_ggml(nb_ctx *ctx, int ggml_type, const void *data, int64_t n, int64_t k, const int64_t *row_of,
+                             nb_quant_weight *out);
 
 NB_END_DECLS
 #endif /* NABLA_QUANT_H */

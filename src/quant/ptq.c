@@ -42,15 +42,27 @@ static nb_status quantize_kernel(nb_ctx *ctx, nb_tree *out, const char *path, co
   nb_status s = nb_quant_quantize(ctx, w, rule->weight_qtype, rule->tile_size, &rule->weight_calibration, &q);
   nb_array_release(w);
   if (s) return nb_errorf(ctx, s, "ptq: %s (rule %d): %s", path, rule_index, nb_ctx_error(ctx));
-  int64_t meta[Q_LEN] = {q.layout.qtype, q.layout.k, q.layout.tile, q.layout.asymmetric, rule->act_qtype, rule_index};
-  int64_t len = Q_LEN;
-  nb_array *m = nb_array_create(ctx, NB_I64, 1, &len, meta);
-  char p[1024];
-  snprintf(p, sizeof p, "%s/quant", path);
-  s = m ? nb_quant_weight_to_tree(out, path, &q) : NB_ERR_NOMEM;
-  if (!s) s = nb_tree_set_array(out, p, m);
-  nb_array_release(m);
+  char m[1024];
+  module_of_kernel(path, m, sizeof m);
+  s = nb_quant_tree_set_linear(out, m, &q, rule->act_qtype, rule_index);
   nb_quant_weight_release(&q);
+  return s;
+}
+
+nb_status nb_quant_tree_set_linear(nb_tree *t, const char *module_path, const nb_quant_weight *w, nb_quant_act act, int rule) {
+  nb_ctx *ctx = nb_tree_ctx(t);
+  char kp[1024], qp[1100];
+  snprintf(kp, sizeof kp, "%s/kernel", module_path);
+  snprintf(qp, sizeof qp, "%s/quant", kp);
+  nb_status s = nb_quant_weight_check(ctx, w);
+  if (s) return s;
+  int64_t meta[Q_LEN] = {w->layout.qtype, w->layout.k, w->layout.tile, w->layout.asymmetric, act, rule}, len = Q_LEN;
+  nb_array *m = nb_array_create(ctx, NB_I64, 1, &len, meta);
+  if (!m) return nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_NOMEM;
+  if (nb_tree_find(t, kp) >= 0) s = nb_tree_remove(t, kp);
+  if (!s) s = nb_quant_weight_to_tree(t, kp, w);
+  if (!s) s = nb_tree_set_array(t, qp, m);
+  nb_array_release(m);
   return s;
 }
 

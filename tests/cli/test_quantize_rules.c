@@ -5,7 +5,9 @@
  * reference generator on the dequantized f32 weights, at 1 and 2 threads;
  * the serving engine's tokens for a request do not change when other
  * requests share its steps (the quant kernels' rows do not depend on the
- * batch); bad rules and arguments are refused by name. */
+ * batch); a GGUF's Q8_0 / Q4_0 linears run quantized with the tokens of
+ * the f32 decode of the same file; bad rules and arguments are refused by
+ * name. */
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -127,6 +129,39 @@ static void test_batch_invariance(nb_ctx *ctx, const nb_model_loaded *q) {
   nb_quant_plan_destroy(plan);
 }
 
+/* GGUF in: Q8_0 / Q4_0 linears run quantized; greedy ids of `nabla generate
+ * --gguf` equal the reference generator's on the loader's f32 decode of
+ * the same file (the quant trees dequantize to exactly those values) */
+static void test_gguf_in(nb_ctx *ctx) {
+  for (int t = 0; t < 2; t++) {
+    const char *type = t ? "q4_0" : "q8_0";
+    int rc = nabla("quantize '%s/" HF "' --format gguf --type %s -o m-%s.gguf", src, type, type);
+    CHECK_MSG(rc == 0, "rc %d: %s", rc, err);
+    rc = nabla("generate --gguf m-%s.gguf --prompt 'merges merge the tokenizer' --temperature 0 --max-tokens 24 --show-ids "
+               "--threads 1", type);
+    CHECK_MSG(rc == 0 && strstr(err, "15 Q8_0/Q4_0 linears of"), "%s: rc %d: %s", type, rc, err);
+    int32_t prompt[64], got[64], want[64];
+    int np = parse_ids(err, "prompt ids", prompt, 64), ng = parse_ids(err, "generated ids", got, 64);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/m-%s.gguf", work, type);
+    nb_model_loaded f;
+    CHECK_OK(ctx, nb_model_load_gguf(ctx, path, &f));
+    if (nb_ctx_status(ctx) || np <= 0 || ng <= 0) {
+      nb_ctx_clear_error(ctx);
+      CHECK_MSG(false, "%s: %s", type, err);
+      continue;
+    }
+    nb_model_generator *gen = nb_model_generator_create(ctx, &f.cfg, f.params, &(nb_model_gen_opts){.max_seq_len = 64});
+    nb_model_gen_result res = {0};
+    nb_model_gen_request r = {.prompt = prompt, .n_prompt = np, .max_tokens = 24, .stop = f.eos_ids, .n_stop = f.n_eos, .out = want};
+    if (gen) CHECK_OK(ctx, nb_model_generate(gen, &r, &res));
+    nb_model_generator_destroy(gen);
+    CHECK_MSG(res.n_tokens == ng && !memcmp(got, want, (size_t)ng * sizeof *got), "%s: %d tokens vs %lld of the reference", type,
+              ng, (long long)res.n_tokens);
+    nb_model_loaded_free(&f);
+  }
+}
+
 static void test_errors(void) {
   write_file("bad.yaml", "quant:\n  rules:\n    - {module_path: a, weight_qtype: int8}\n    - {module_path: b, weight_qtype: int3}\n");
   int rc = nabla("quantize '%s/" HF "' --rules bad.yaml -o bad", src);
@@ -162,6 +197,7 @@ int main(void) {
     test_batch_invariance(ctx, &q);
     nb_model_loaded_free(&q);
   }
+  test_gguf_in(ctx);
   test_errors();
   nb_ctx_destroy(ctx);
   if (!nb_test_failures) nb_test_rm_rf(work);

@@ -140,7 +140,10 @@ int nb_cli_load_model(nb_ctx *ctx, const char *model, const char *config, nb_mod
   struct stat st;
   if (nb_cli_is_gguf(model)) {
     if (config) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "--config goes with a run dir or checkpoint, not a GGUF file");
-    return nb_model_load_gguf(ctx, model, out);
+    int64_t nq;
+    nb_status s = nb_model_load_gguf(ctx, model, out);
+    if (!s && (s = nb_cli_gguf_keep_quantized(ctx, model, out, &nq))) nb_model_loaded_free(out);
+    return s;
   }
   snprintf(p, sizeof p, "%s/config.yaml", model);
   if (!stat(p, &st) && S_ISREG(st.st_mode)) return nb_train_load_run_dir(ctx, model, config, out);

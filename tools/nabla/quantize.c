@@ -41,6 +41,8 @@ static const struct {
   nb_gguf_type type;
 } types[] = {{"f32", NB_GGUF_F32}, {"f16", NB_GGUF_F16}, {"bf16", NB_GGUF_BF16}, {"q8_0", NB_GGUF_Q8_0}, {"q4_0", NB_GGUF_Q4_0}, {"q4_k", NB_GGUF_Q4_K}};
 
+static nb_status load_f32(nb_ctx *ctx, const char *model, const char *config, nb_model_loaded *m);
+
 /* "int4 g32 asymmetric, weight-only, rule 0 'layers/0/mlp/.*'" */
 static void describe(const nb_quant_linear *l, const nb_quant_rules *r, char *buf, size_t cap) {
   char tile[32];
@@ -92,7 +94,7 @@ static int quantize_by_rules(const char *model, const char *config, const char *
   char *meta = NULL, path[4200];
   int rc = 1;
   if (!r) goto fail;
-  if (nb_cli_load_model(ctx, model, config, &m)) goto fail;
+  if (load_f32(ctx, model, config, &m)) goto fail;
   q = nb_quant_ptq(ctx, m.params, r);
   if (!q) goto fail;
   int64_t nq = nb_quant_tree_count(ctx, q);
@@ -150,6 +152,18 @@ done:
   return rc;
 }
 
+/* A GGUF input's Q8_0 / Q4_0 linears come as quant trees (nb_cli_load_model):
+ * back to f32, the input of both outputs. */
+static nb_status load_f32(nb_ctx *ctx, const char *model, const char *config, nb_model_loaded *m) {
+  nb_status s = nb_cli_load_model(ctx, model, config, m);
+  if (s || nb_quant_tree_count(ctx, m->params) == 0) return s;
+  nb_tree *f = nb_quant_dequantize_tree(ctx, m->params);
+  if (!f) return nb_model_loaded_free(m), nb_ctx_status(ctx);
+  nb_tree_destroy(m->params);
+  m->params = f;
+  return NB_OK;
+}
+
 int nb_cmd_quantize(int argc, char **argv) {
   if (nb_cli_help_asked(argc, argv)) return nb_cli_usage(usage_text, true);
   const char *model = NULL, *format = NULL, *type = "f16", *out = NULL, *config = NULL, *name = NULL, *rules = NULL;
@@ -184,7 +198,7 @@ int nb_cmd_quantize(int argc, char **argv) {
   if (!ctx) return 1;
   nb_model_loaded m;
   int rc = 0;
-  if (nb_cli_load_model(ctx, model, config, &m)) {
+  if (load_f32(ctx, model, config, &m)) {
     fprintf(stderr, "nabla quantize: %s\n", nb_ctx_error(ctx));
     rc = 1;
   } else {
