@@ -39,7 +39,9 @@ runs the run dir `nabla quantize --rules` writes: int8 g32 (q8_0: the same
 codes as Q8_0 up to the f16 rounding of its scales) or int4 g32 symmetric
 (q4_0) for every linear, lm_head int8 g32 under q4_0 (more bytes than
 llama.cpp's q6_k: conservative). The f32 side ("generate-f32", nabla on
-the f32 HF folder) gives the speed-up over nabla's own f32 decode.
+the f32 HF folder) gives the speed-up over nabla's own f32 decode;
+"generate-gguf" is nabla on llama.cpp's very file (its Q8_0 / Q4_0 linears
+as int8 / int4 g32; q4_0's q6_k output.weight in f32).
 
 Usage (the venv has llama-cpp-python, gguf, numpy, safetensors):
   /work/venv-llamacpp/bin/python bench/decode_vs_llamacpp.py [--build build] [--rounds 3]
@@ -195,17 +197,27 @@ QUANT_RULES = {
 }
 
 
-def make_quantized(nabla, d, quant):
-    """The GGUF of type quant (llama.cpp's side) and nabla's run dir quantized by rules, written once."""
+def make_quantized(nabla, d, quant, w8a8=False, rules_file=None):
+    """The GGUF of type quant (llama.cpp's side) and nabla's run dir quantized by rules, written once.
+    w8a8 (q8_0 only): int8 g32 weights with int8 dynamic activations, which is what llama.cpp's
+    Q8_0 product does on the CPU (it quantizes the activations to Q8_0 blocks)."""
     d = d.rstrip("/")  # outputs beside the HF folder (nabla quantize refuses to write into its input)
     gguf_path = f"{d}-{quant}.gguf"
     if not os.path.exists(gguf_path):
         run([nabla, "quantize", d, "--format", "gguf", "--type", quant, "-o", gguf_path])
-    run_dir = f"{d}-nabla-{quant}"
+    tag = quant + ("-w8a8" if w8a8 else "")
+    if rules_file:  # nabla's side quantized by these rules instead
+        tag = os.path.splitext(os.path.basename(rules_file))[0]
+    run_dir = f"{d}-nabla-{tag}"
+    if rules_file and not os.path.exists(run_dir):
+        run([nabla, "quantize", d, "--rules", rules_file, "-o", run_dir])
     if not os.path.exists(run_dir):
-        rules = f"{d}-rules-{quant}.yaml"
+        rules = f"{d}-rules-{tag}.yaml"
+        text = QUANT_RULES[quant]
+        if w8a8:
+            text = text.replace("tile_size: 32}", "tile_size: 32, act_qtype: int8_dynamic}")
         with open(rules, "w") as f:
-            f.write(QUANT_RULES[quant])
+            f.write(text)
         run([nabla, "quantize", d, "--rules", rules, "-o", run_dir])
     return gguf_path, run_dir
 
@@ -250,8 +262,10 @@ def main():
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--threads", default="1,2")
     add_model_args(ap)
-    ap.add_argument("--sides", default=None, help="default llama,generate,serve; with --quant llama,generate,generate-f32")
+    ap.add_argument("--sides", default=None, help="default llama,generate,serve; with --quant llama,generate,generate-gguf,generate-f32")
     ap.add_argument("--quant", choices=["none", "q8_0", "q4_0"], default="none")
+    ap.add_argument("--nabla-rules", help="with --quant: a rules file for nabla's side instead of the built-in ones")
+    ap.add_argument("--w8a8", action="store_true", help="with --quant q8_0: nabla's int8 weights with int8 dynamic activations")
     ap.add_argument("--serve-reps", type=int, default=2)
     ap.add_argument("--llama-worker", nargs=5, metavar=("GGUF", "IDS", "N", "T", "CTX"), help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -266,10 +280,12 @@ def main():
     while ctx < len(ids) + N:
         ctx *= 2
     nabla = os.path.join(a.build, "nabla")
-    sides = (a.sides or ("llama,generate,serve" if a.quant == "none" else "llama,generate,generate-f32")).split(",")
+    sides = (a.sides or ("llama,generate,serve" if a.quant == "none" else "llama,generate,generate-gguf,generate-f32")).split(",")
     run_dir = None
     if a.quant != "none":
-        gguf_path, run_dir = make_quantized(nabla, a.model_dir, a.quant)
+        if a.w8a8 and a.quant != "q8_0":
+            sys.exit("--w8a8 goes with --quant q8_0 (W8A8 needs int8 weights)")
+        gguf_path, run_dir = make_quantized(nabla, a.model_dir, a.quant, a.w8a8, a.nabla_rules)
     serve_bench = os.path.join(a.build, "bench_serve_decode")
     res = {}  # (side, T) -> [tok/s]
     cpu = {}  # (side, T) -> [tokens per CPU second of the process] (llama, serve)
@@ -285,7 +301,8 @@ def main():
                     v = float(f.group(1))
                     cpu.setdefault((side, T), []).append(float(f.group(2)))
                 elif side.startswith("generate"):
-                    src = ["--run-dir", run_dir] if run_dir and side == "generate" else ["--hf", a.model_dir]
+                    src = (["--run-dir", run_dir] if run_dir and side == "generate" else
+                           ["--gguf", gguf_path] if side == "generate-gguf" else ["--hf", a.model_dir])
                     out = run([nabla, "generate", *src, "--prompt", PROMPT_TEXT, "--temperature", "0",
                                "--max-tokens", str(N), "--threads", str(T), "--max-seq-len", str(ctx), "--show-ids"])
                     v = float(re.search(r"decode\s+\S+ ms\s+(\S+) tokens/s", out).group(1))

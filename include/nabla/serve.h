@@ -387,7 +387,8 @@ typedef struct nb_serve_model_opts {
 } nb_serve_model_opts;
 
 /* cfg copied; params: f32 arrays with exactly the model's parameter paths
- * (retained). The engine config gives block_size, num_blocks,
+ * (retained), or quantized kernels in their place with opts->linear_hook
+ * set to nb_quant_linear_hook (nabla/quant.h). The engine config gives block_size, num_blocks,
  * max_num_batched_tokens, max_num_seqs and max_model_len (pass
  * nb_serve_engine_config of the engine the model will serve). Compiles
  * nothing yet. NULL with an error naming the field otherwise. */
