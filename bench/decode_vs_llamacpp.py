@@ -41,6 +41,17 @@ of which one row) plus the keys and values of the average context (prompt +
 N/2 tokens), over the read bandwidth bench_serve_decode measures with the
 same thread count (1 GiB buffer, best of 5).
 
+--quant q8_0 | q4_0 (issue 15): llama.cpp runs the GGUF of that type that
+`nabla quantize --format gguf --type TYPE` writes from the same HF folder
+(q4_0 keeps output.weight at q6_k, as llama.cpp's quantizer does); nabla
+runs the run dir `nabla quantize --rules` writes: int8 g32 (q8_0: the same
+codes as Q8_0 up to the f16 rounding of its scales) or int4 g32 symmetric
+(q4_0) for every linear, lm_head int8 g32 under q4_0 (more bytes than
+llama.cpp's q6_k: conservative). The f32 side ("generate-f32", nabla on
+the f32 HF folder) gives the speed-up over nabla's own f32 decode;
+"generate-gguf" is nabla on llama.cpp's very file (its Q8_0 / Q4_0 linears
+as int8 / int4 g32; q4_0's q6_k output.weight in f32).
+
 Usage (the venv has llama-cpp-python, gguf, numpy, safetensors):
   /work/venv-llamacpp/bin/python bench/decode_vs_llamacpp.py [--build build] [--rounds 3]
       [--tokens 128] [--threads 1,2] [--model-dir /tmp/nabla-llama134m] [--vocab 32000] ...
@@ -342,6 +353,38 @@ def write_gpt2_tokenizer(d, V):
                    "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>"}, f)
 
 
+QUANT_RULES = {
+    "q8_0": "quant:\n  rules:\n    - {module_path: '.*', weight_qtype: int8, tile_size: 32}\n",
+    "q4_0": "quant:\n  rules:\n    - {module_path: lm_head, weight_qtype: int8, tile_size: 32}\n"
+            "    - {module_path: '.*', weight_qtype: int4, tile_size: 32}\n",
+}
+
+
+def make_quantized(nabla, d, quant, w8a8=False, rules_file=None):
+    """The GGUF of type quant (llama.cpp's side) and nabla's run dir quantized by rules, written once.
+    w8a8 (q8_0 only): int8 g32 weights with int8 dynamic activations, which is what llama.cpp's
+    Q8_0 product does on the CPU (it quantizes the activations to Q8_0 blocks)."""
+    d = d.rstrip("/")  # outputs beside the HF folder (nabla quantize refuses to write into its input)
+    gguf_path = f"{d}-{quant}.gguf"
+    if not os.path.exists(gguf_path):
+        run([nabla, "quantize", d, "--format", "gguf", "--type", quant, "-o", gguf_path])
+    tag = quant + ("-w8a8" if w8a8 else "")
+    if rules_file:  # nabla's side quantized by these rules instead
+        tag = os.path.splitext(os.path.basename(rules_file))[0]
+    run_dir = f"{d}-nabla-{tag}"
+    if rules_file and not os.path.exists(run_dir):
+        run([nabla, "quantize", d, "--rules", rules_file, "-o", run_dir])
+    if not os.path.exists(run_dir):
+        rules = f"{d}-rules-{tag}.yaml"
+        text = QUANT_RULES[quant]
+        if w8a8:
+            text = text.replace("tile_size: 32}", "tile_size: 32, act_qtype: int8_dynamic}")
+        with open(rules, "w") as f:
+            f.write(text)
+        run([nabla, "quantize", d, "--rules", rules, "-o", run_dir])
+    return gguf_path, run_dir
+
+
 def llama_worker(gguf_path, ids, n, threads, ctx):
     """Runs in a child process: prints 'RESULT llama decode_tok_s' and the ids."""
     import numpy as np
@@ -382,7 +425,10 @@ def main():
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--threads", default="1,2")
     add_model_args(ap)
-    ap.add_argument("--sides", default="llama,generate,serve")
+    ap.add_argument("--sides", default=None, help="default llama,generate,serve; with --quant llama,generate,generate-gguf,generate-f32")
+    ap.add_argument("--quant", choices=["none", "q8_0", "q4_0"], default="none")
+    ap.add_argument("--nabla-rules", help="with --quant: a rules file for nabla's side instead of the built-in ones")
+    ap.add_argument("--w8a8", action="store_true", help="with --quant q8_0: nabla's int8 weights with int8 dynamic activations")
     ap.add_argument("--serve-reps", type=int, default=2)
     ap.add_argument("--llama-worker", nargs=5, metavar=("GGUF", "IDS", "N", "T", "CTX"), help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -396,8 +442,15 @@ def main():
     ctx = 256
     while ctx < len(ids) + N:
         ctx *= 2
-    sides = a.sides.split(",")
     nabla = os.path.join(a.build, "nabla")
+    sides = (a.sides or ("llama,generate,serve" if a.quant == "none" else "llama,generate,generate-gguf,generate-f32")).split(",")
+    run_dir = None
+    if a.quant != "none":
+        if a.arch != "llama":
+            sys.exit("--quant goes with --arch llama (the quantized run dir is made from the Llama HF folder)")
+        if a.w8a8 and a.quant != "q8_0":
+            sys.exit("--w8a8 goes with --quant q8_0 (W8A8 needs int8 weights)")
+        gguf_path, run_dir = make_quantized(nabla, a.model_dir, a.quant, a.w8a8, a.nabla_rules)
     serve_bench = os.path.join(a.build, "bench_serve_decode")
     res = {}  # (side, T) -> [tok/s]
     cpu = {}  # (side, T) -> [tokens per CPU second of the process] (llama, serve)
@@ -412,8 +465,10 @@ def main():
                     f = re.search(r"RESULT llama (\S+) (\S+)", out)
                     v = float(f.group(1))
                     cpu.setdefault((side, T), []).append(float(f.group(2)))
-                elif side == "generate":
-                    out = run([nabla, "generate", *nabla_model_args(a), "--prompt", PROMPT_TEXT, "--temperature", "0",
+                elif side.startswith("generate"):
+                    src = (["--run-dir", run_dir] if run_dir and side == "generate" else
+                           ["--gguf", gguf_path] if side == "generate-gguf" else nabla_model_args(a))
+                    out = run([nabla, "generate", *src, "--prompt", PROMPT_TEXT, "--temperature", "0",
                                "--max-tokens", str(N), "--threads", str(T), "--max-seq-len", str(ctx), "--show-ids"])
                     v = float(re.search(r"decode\s+\S+ ms\s+(\S+) tokens/s", out).group(1))
                     m = re.search(r"generated ids:([0-9 ]*)", out)
@@ -433,7 +488,9 @@ def main():
                 print(f"round {r + 1} T={T} {side}: {v:.2f} tok/s", flush=True)
     print()
     print(f"model: {a.arch} {a.model_dir} (d {a.d_model}, {a.layers} layers, {a.heads} heads, ffn {a.ffn}, vocab {a.vocab}, f32), "
-          f"prompt {len(ids)} ids, {N} greedy tokens, context {ctx}, {a.rounds} rounds")
+          f"prompt {len(ids)} ids, {N} greedy tokens, context {ctx}, {a.rounds} rounds"
+          + (f"; quant {a.quant}: llama.cpp {os.path.basename(gguf_path)}, nabla {run_dir} (generate-f32: the f32 HF folder)"
+             if run_dir else ""))
     if "llama" in last_ids:
         for s in sides:
             if s != "llama" and s in last_ids:
@@ -455,6 +512,9 @@ def main():
             c = f"{statistics.median(cpu[(side, T)]):.2f}" if (side, T) in cpu else "-"
             print(f"| {T} | {side} | {med:.2f} | {', '.join('%.2f' % x for x in v)} | {med / base:.2f}x | {fl:.1f} | "
                   f"{100 * med / fl:.0f}% | {c} |")
+        if ("generate", T) in res and ("generate-f32", T) in res:
+            print(f"nabla quantized over nabla f32, T={T}: "
+                  f"{statistics.median(res[('generate', T)]) / statistics.median(res[('generate-f32', T)]):.2f}x")
     for T, f in sorted(floor.items()):
         print(f"floor T={T}: {statistics.median([x[1] for x in f]) / 1e6:.1f} MB/token, read bandwidth "
               f"{', '.join('%.1f' % x[2] for x in f)} GB/s")

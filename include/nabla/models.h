@@ -292,7 +292,9 @@ typedef struct nb_model_loaded {
  * copies are made) with exactly the paths of nb_model_param_spec, and a
  * tokenizer file (NULL or "": byte-level ids; its end-of-text special tokens
  * become the stop ids). A missing, mis-shaped or extra weight is an error
- * naming `where` and the path. Fills *out, out->what left empty (free with
+ * naming `where` and the path. A linear's kernel may be a quantized tree
+ * (nabla/quant.h: "<kernel>/{values,scales,zero_points,quant}"), kept as
+ * it is: run such a model with quant's linear hook (nb_quant_linear_hook). Fills *out, out->what left empty (free with
  * nb_model_loaded_free). Trained runs: nb_train_load_run_dir (train.h). */
 nb_status nb_model_loaded_make(nb_ctx *ctx, const nb_model_config *cfg, const nb_tree *params, const char *tokenizer_path,
                                const char *where, nb_model_loaded *out);

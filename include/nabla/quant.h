@@ -52,6 +52,7 @@
 #define NABLA_QUANT_H
 
 #include "nabla/core.h"
+#include "nabla/nn.h"
 
 NB_BEGIN_DECLS
 
@@ -164,6 +165,101 @@ nb_val *nb_quant_matmul_reference_at(nb_loc loc, nb_val *x, nb_val *values, nb_v
 #define nb_quant_matmul(x, v, s, z, l, a) nb_quant_matmul_at(NB_HERE, x, v, s, z, l, a)
 #define nb_quant_dequantize_traced(v, s, z, l) nb_quant_dequantize_traced_at(NB_HERE, v, s, z, l)
 #define nb_quant_matmul_reference(x, v, s, z, l, a) nb_quant_matmul_reference_at(NB_HERE, x, v, s, z, l, a)
+
+/* ---------------------------------------------------------------- rules */
+/* (docs/quant.md "Rules, PTQ and quantized models") */
+
+/* A rule: which linears to quantize and how. module_path is a PCRE2 regex
+ * matched in full against a linear's module path, the path of its kernel
+ * without "/kernel" ("layers/3/attn/wq"). tile_size 0 is per-channel. */
+typedef struct nb_quant_rule {
+  const char *module_path;
+  nb_quant_type weight_qtype;
+  nb_quant_act act_qtype;
+  int64_t tile_size;
+  nb_quant_calib weight_calibration;
+} nb_quant_rule;
+
+/* An ordered list of rules: the first whose module_path matches wins. */
+typedef struct nb_quant_rules nb_quant_rules;
+/* Copies rules[0 .. n); a bad regex, tile or combination is refused naming
+ * "rule I: FIELD". */
+nb_quant_rules *nb_quant_rules_create(nb_ctx *ctx, int n, const nb_quant_rule *rules);
+/* From YAML: the list under quant.rules (other top-level keys are ignored,
+ * so a run config works), each item a mapping of module_path (required),
+ * weight_qtype (required), act_qtype (none | int8_dynamic; default none),
+ * tile_size (an integer or per_channel; default per_channel),
+ * weight_calibration (absmax, minmax, "rms,K", "fixed,MIN,MAX"; default
+ * absmax). Errors name `name`, the line, the rule index and the field. */
+nb_quant_rules *nb_quant_rules_parse_yaml(nb_ctx *ctx, const char *name, const char *text, size_t len);
+nb_quant_rules *nb_quant_rules_load_yaml(nb_ctx *ctx, const char *path);
+void nb_quant_rules_destroy(nb_quant_rules *r); /* NULL ok */
+int nb_quant_rules_count(const nb_quant_rules *r);
+const nb_quant_rule *nb_quant_rules_at(const nb_quant_rules *r, int i);
+/* The index of the first rule matching module_path, or -1. */
+int nb_quant_rules_match(const nb_quant_rules *r, const char *module_path);
+
+/* ---------------------------------------------------------------- PTQ */
+
+/* In a quantized parameter tree a linear's f32 kernel "<m>/kernel"
+ * [d_in, d_out] is replaced by the quantized tree of W = kernel^T
+ * [N = d_out, K = d_in] under "<m>/kernel" (values, scales, zero_points) and
+ * "<m>/kernel/quant", i64[6] = {qtype, k, tile, asymmetric, act, rule}:
+ * the static layout, carried by the checkpoint as an ordinary array. */
+typedef struct nb_quant_linear {
+  nb_quant_layout layout;
+  nb_quant_act act;
+  int rule;
+} nb_quant_linear;
+
+/* Post-training quantization: a new tree with every rank-2 "<m>/kernel"
+ * whose <m> a rule matches quantized by that rule; everything else
+ * (embeddings, norms, biases, unmatched linears) shared unchanged. */
+nb_tree *nb_quant_ptq(nb_ctx *ctx, const nb_tree *params, const nb_quant_rules *rules);
+/* Whether "<module_path>/kernel" is quantized in t; *out filled when it
+ * is. A malformed "quant" array or arrays that disagree with it are an
+ * error naming the path (returns NB_ERR_FORMAT, *found false). */
+nb_status nb_quant_tree_linear(nb_ctx *ctx, const nb_tree *t, const char *module_path, nb_quant_linear *out, bool *found);
+/* The f32 tree: quantized kernels dequantized back to "<m>/kernel"
+ * [d_in, d_out], the rest shared (the reference of the quantized model). */
+nb_tree *nb_quant_dequantize_tree(nb_ctx *ctx, const nb_tree *t);
+/* Puts w into t as the quantized kernel of module_path (replacing an f32
+ * "<m>/kernel"); rule -1: none (e.g. read from a GGUF file). */
+nb_status nb_quant_tree_set_linear(nb_tree *t, const char *module_path, const nb_quant_weight *w, nb_quant_act act, int rule);
+/* How many linears of t are quantized (an error gives -1). */
+int64_t nb_quant_tree_count(nb_ctx *ctx, const nb_tree *t);
+
+/* ---------------------------------------------------------------- running quantized */
+
+/* The quantized linears of a tree (by module path), for the hook. */
+typedef struct nb_quant_plan nb_quant_plan;
+/* Reads every "<m>/kernel/quant" of t (host arrays), checking each against
+ * its arrays; an error names the path. A tree without any gives an empty
+ * plan (the hook then is the default linear). */
+nb_quant_plan *nb_quant_plan_create(nb_ctx *ctx, const nb_tree *t);
+void nb_quant_plan_destroy(nb_quant_plan *p); /* NULL ok */
+int64_t nb_quant_plan_count(const nb_quant_plan *p);
+/* An nn linear hook (ud: the plan): a quantized module becomes
+ * nb_quant_matmul on "<m>/kernel/{values,scales,zero_points}" of a->params
+ * (x converted to f32 and y back to x's dtype), plus "<m>/bias" when
+ * present; any other module is nb_nn_linear_default. */
+nb_val *nb_quant_linear_hook(void *plan, nb_nn_apply *a, const char *path, nb_val *x, bool stacked);
+
+/* ---------------------------------------------------------------- GGUF blocks */
+
+/* A GGUF (ggml) Q8_0 or Q4_0 weight [n, k] (ggml_type 8 or 2: ggml's own
+ * numbers; k a multiple of 32; data the n * k / 32 blocks, row-major) as a
+ * symmetric 32-wide-tile quantized weight with the same dequantized values:
+ *   Q8_0 {f16 d; i8 q[32]}       -> int8 g32: values q, scale f32(d)
+ *   Q4_0 {f16 d; u8 q[16]}       -> int4 g32: element j of a block is the low
+ *        nibble of q[j], element j + 16 the high one, w = (c - 8) d; nabla
+ *        packs elements 2i, 2i + 1 into byte i: the codes are repacked, the
+ *        scale is f32(d) (c = 0, which ggml allows, is -8 d here too)
+ * Row r of the result is row row_of[r] of the file (NULL: r), for
+ * permutations of whole rows. A Q8_0 code of -128 (outside int8's symmetric
+ * range; ggml's quantizer never writes it) is refused naming the row. */
+nb_status nb_quant_from_ggml(nb_ctx *ctx, int ggml_type, const void *data, int64_t n, int64_t k, const int64_t *row_of,
+                             nb_quant_weight *out);
 
 NB_END_DECLS
 #endif /* NABLA_QUANT_H */

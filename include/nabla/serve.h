@@ -384,10 +384,13 @@ typedef struct nb_serve_model nb_serve_model;
 typedef struct nb_serve_model_opts {
   bool interpret;               /* run the step graphs on the reference interpreter instead of nb_jit */
   int threads;                  /* nb_jit's thread count; 0: its default */
+  nb_nn_linear_hook linear_hook; /* every linear of the step goes through it (quantized models: nb_quant_linear_hook); NULL: plain */
+  void *hook_ud;
 } nb_serve_model_opts;
 
 /* cfg copied; params: f32 arrays with exactly the model's parameter paths
- * (retained). The engine config gives block_size, num_blocks,
+ * (retained), or quantized kernels in their place with opts->linear_hook
+ * set to nb_quant_linear_hook (nabla/quant.h). The engine config gives block_size, num_blocks,
  * max_num_batched_tokens, max_num_seqs and max_model_len (pass
  * nb_serve_engine_config of the engine the model will serve). Compiles
  * nothing yet. NULL with an error naming the field otherwise. */

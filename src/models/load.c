@@ -4,6 +4,26 @@
 
 #include "models/internal.h"
 
+/* Whether `kernel` is a quantized tree in t (nabla/quant.h: the arrays
+ * under "<kernel>/", its layout in "<kernel>/quant"); the quant library
+ * checks the arrays against the layout when it runs them. */
+static bool quantized_kernel(const nb_tree *t, const char *kernel) {
+  size_t n = strlen(kernel);
+  char q[NB_NN_PATH_MAX + 8];
+  if (n < 7 || strcmp(kernel + n - 7, "/kernel") || n + 7 > sizeof q) return false;
+  snprintf(q, sizeof q, "%s/quant", kernel);
+  return nb_tree_find(t, q) >= 0;
+}
+
+/* The kernel path of spec that p ("<kernel>/values") lies under, quantized in t. */
+static bool under_quantized_kernel(const nb_tree *spec, const nb_tree *t, const char *p) {
+  const char *slash = strrchr(p, '/');
+  char k[NB_NN_PATH_MAX + 8];
+  if (!slash || (size_t)(slash - p) >= sizeof k) return false;
+  memcpy(k, p, (size_t)(slash - p)), k[slash - p] = 0;
+  return nb_tree_find(spec, k) >= 0 && quantized_kernel(t, k);
+}
+
 nb_tree *nb_model__params_f32(nb_ctx *ctx, const nb_model_config *cfg, const nb_tree *loaded, const char *where) {
   nb_tree *spec = nb_model_param_spec(ctx, cfg, NB_F32);
   nb_tree *out = spec ? nb_tree_create(ctx) : NULL;
@@ -13,6 +33,12 @@ nb_tree *nb_model__params_f32(nb_ctx *ctx, const nb_model_config *cfg, const nb_
     nb_aval want = nb_leaf_get_aval(nb_tree_leaf(spec, i));
     nb_array *x = nb_tree_get_array(loaded, p);
     char a[96], b[96];
+    if (!x && quantized_kernel(loaded, p)) { /* passed through as it is */
+      nb_tree *sub = nb_tree_select_prefix(loaded, p, true);
+      s = sub ? nb_tree_merge(out, p, sub) : NB_ERR_NOMEM;
+      nb_tree_destroy(sub);
+      continue;
+    }
     if (!x) {
       s = nb_errorf(ctx, NB_ERR_NOT_FOUND, "%s: parameter '%s' is missing (the model config wants %s)", where, p,
                     nb_aval_str(&want, b, sizeof b));
@@ -32,7 +58,7 @@ nb_tree *nb_model__params_f32(nb_ctx *ctx, const nb_model_config *cfg, const nb_
    * next to tied embeddings) mean the config describes another model */
   for (size_t i = 0; !s && i < nb_tree_size(loaded); i++) {
     const char *p = nb_tree_path(loaded, i);
-    if (nb_tree_find(spec, p) < 0) {
+    if (nb_tree_find(spec, p) < 0 && !under_quantized_kernel(spec, loaded, p)) {
       char a[96];
       nb_aval have = nb_leaf_get_aval(nb_tree_leaf(loaded, i));
       s = nb_errorf(ctx, NB_ERR_SHAPE, "%s: parameter '%s' (%s) is not in the model the config describes: the config "

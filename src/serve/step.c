@@ -23,6 +23,8 @@
 typedef struct step_job {
   const nb_model_config *cfg;
   bool adjust;
+  nb_nn_linear_hook hook;
+  void *hook_ud;
 } step_job;
 
 static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
@@ -35,7 +37,7 @@ static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
     nb_tree_destroy(caches);
     return NB_ERR_NOMEM;
   }
-  nb_nn_apply a = {.g = g, .params = params};
+  nb_nn_apply a = {.g = g, .params = params, .linear_hook = job->hook, .hook_ud = job->hook_ud};
   nb_val *tokens = nb_tree_get_val(in, "tokens"), *slots = nb_tree_get_val(in, "slots");
   nb_val *bt = nb_tree_get_val(in, "block_tables"), *cl = nb_tree_get_val(in, "context_lens");
   nb_val *qs = nb_tree_get_val(in, "query_start");
@@ -318,7 +320,7 @@ static bucket *get_bucket(nb_serve_model *m, int32_t T, int32_t S, int32_t MB, b
     snprintf(p, sizeof p, "cache/layers/%lld/%c", (long long)(i / 2), "kv"[i % 2]);
     s = nb_tree_set(spec, p, nb_leaf_aval(nb_array_aval(m->cache[i])));
   }
-  step_job job = {.cfg = &m->cfg, .adjust = adjust};
+  step_job job = {.cfg = &m->cfg, .adjust = adjust, .hook = m->opts.linear_hook, .hook_ud = m->opts.hook_ud};
   double t0 = nb_util__now_s();
   if (!s) b->graph = nb_trace(ctx, step_fn, &job, spec);
   nb_tree_destroy(spec);

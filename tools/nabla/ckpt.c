@@ -3,6 +3,7 @@
  * file's tree),
  * verify (checksums), export (checkpoint -> safetensors) and import
  * (safetensors -> checkpoint). Only the public ckpt API is used. */
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,20 +120,38 @@ static int show_safetensors(const char *path) {
   return 0;
 }
 
+/* The quantization of "<item>/<m>/kernel/..." as `nabla quantize --rules`
+ * records it in the metadata ("quant": {"tensors": {"params/<m>/kernel":
+ * description}}), or NULL. */
+static const char *quantization_of(const cJSON *tensors, const char *path) {
+  const char *slash = strrchr(path, '/');
+  if (!tensors || !slash) return NULL;
+  char kernel[512];
+  snprintf(kernel, sizeof kernel, "%.*s", (int)(slash - path), path);
+  const cJSON *d = cJSON_GetObjectItemCaseSensitive(tensors, kernel);
+  return cJSON_IsString(d) ? d->valuestring : NULL;
+}
+
 static void print_info(const nb_ckpt_info *info) {
   char h[32];
   double mv;
   human(nb_ckpt_info_total_bytes(info), h, sizeof h);
   printf("step %lld: %zu arrays, %s\n", (long long)nb_ckpt_info_step(info), nb_ckpt_info_count(info), h);
   if (nb_ckpt_info_metric(info, &mv)) printf("metric: %g\n", mv);
-  if (nb_ckpt_info_metadata(info)) printf("metadata: %s\n", nb_ckpt_info_metadata(info));
+  const char *meta = nb_ckpt_info_metadata(info);
+  if (meta) printf("metadata: %s\n", meta);
+  cJSON *mj = meta ? cJSON_Parse(meta) : NULL;
+  const cJSON *tensors = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(mj, "quant"), "tensors");
   for (size_t i = 0; i < nb_ckpt_info_count(info); i++) {
     const nb_ckpt_entry *e = nb_ckpt_info_entry(info, i);
     nb_aval av = nb_aval_make(e->dtype, e->shape.rank, e->shape.dims);
     char path[512], s[128];
     snprintf(path, sizeof path, "%s/%s", e->item, e->path);
-    printf("  %-48s %-24s %zu%s\n", path, nb_aval_str(&av, s, sizeof s), e->nbytes, e->n_shards > 1 ? " (sharded)" : "");
+    const char *q = quantization_of(tensors, path);
+    printf("  %-48s %-24s %zu%s%s%s\n", path, nb_aval_str(&av, s, sizeof s), e->nbytes, e->n_shards > 1 ? " (sharded)" : "",
+           q ? "  " : "", q ? q : "");
   }
+  cJSON_Delete(mj);
 }
 
 static const char *const vtype_names[] = {"u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "string", "array", "u64", "i64", "f64"};

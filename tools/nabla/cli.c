@@ -140,11 +140,25 @@ int nb_cli_load_model(nb_ctx *ctx, const char *model, const char *config, nb_mod
   struct stat st;
   if (nb_cli_is_gguf(model)) {
     if (config) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "--config goes with a run dir or checkpoint, not a GGUF file");
-    return nb_model_load_gguf(ctx, model, out);
+    int64_t nq;
+    nb_status s = nb_model_load_gguf(ctx, model, out);
+    if (!s && (s = nb_cli_gguf_keep_quantized(ctx, model, out, &nq))) nb_model_loaded_free(out);
+    return s;
   }
   snprintf(p, sizeof p, "%s/config.yaml", model);
   if (!stat(p, &st) && S_ISREG(st.st_mode)) return nb_train_load_run_dir(ctx, model, config, out);
   snprintf(p, sizeof p, "%s/config.json", model);
   if (!config && !stat(p, &st) && S_ISREG(st.st_mode)) return nb_model_load_hf(ctx, model, out);
   return nb_train_load_checkpoint(ctx, model, config, out);
+}
+
+bool nb_cli_quant_hook(const char *cmd, nb_ctx *ctx, const nb_tree *params, nb_serve_model_opts *mo, nb_quant_plan **plan) {
+  *plan = NULL;
+  int64_t n = nb_quant_tree_count(ctx, params);
+  if (n < 0) return fprintf(stderr, "nabla %s: %s\n", cmd, nb_ctx_error(ctx)), false;
+  if (n == 0) return true;
+  *plan = nb_quant_plan_create(ctx, params);
+  if (!*plan) return fprintf(stderr, "nabla %s: %s\n", cmd, nb_ctx_error(ctx)), false;
+  mo->linear_hook = nb_quant_linear_hook, mo->hook_ud = *plan;
+  return true;
 }

@@ -41,4 +41,19 @@ typedef struct nb_model_loaded nb_model_loaded;
 typedef struct nb_ctx nb_ctx;
 int nb_cli_load_model(nb_ctx *ctx, const char *model, const char *config, nb_model_loaded *out);
 
+/* A quantized model (linears as quant trees, nabla/quant.h) runs through
+ * quant's linear hook: sets it in *mo with a plan of the model's quantized
+ * linears in *plan (destroy it after the engine; NULL for a plain model).
+ * Prints why and returns false on a malformed quantized tree. */
+typedef struct nb_tree nb_tree;
+typedef struct nb_ctx nb_ctx;
+typedef struct nb_quant_plan nb_quant_plan;
+typedef struct nb_serve_model_opts nb_serve_model_opts;
+bool nb_cli_quant_hook(const char *cmd, nb_ctx *ctx, const nb_tree *params, nb_serve_model_opts *mo, nb_quant_plan **plan);
+/* After nb_model_load_gguf: a Llama file's Q8_0 / Q4_0 linears are put back
+ * into m->params as int8 / int4 g32 quant trees of the file's own codes and
+ * scales (the others stay f32); *n_quantized says how many. */
+typedef struct nb_model_loaded nb_model_loaded;
+int nb_cli_gguf_keep_quantized(nb_ctx *ctx, const char *path, nb_model_loaded *m, int64_t *n_quantized);
+
 #endif

@@ -19,7 +19,8 @@ static const char usage_text[] =
           "  --run-dir DIR        a nabla run: DIR/config.yaml and the latest step of DIR/checkpoints\n"
           "  --checkpoint DIR     one checkpoint step (config: DIR/../../config.yaml, or --config)\n"
           "  --hf DIR             a Hugging Face Llama folder (config.json, safetensors, tokenizer.json)\n"
-          "  --gguf FILE          a Llama GGUF file (llama.cpp's format; weights dequantized to f32)\n"
+          "  --gguf FILE          a Llama GGUF file (llama.cpp's format; Q8_0 / Q4_0 linears run as int8 / int4 g32,\n"
+          "                       other types dequantized to f32)\n"
           "  --config FILE        the run config for --run-dir / --checkpoint\n"
           "  --prompt TEXT        the text to continue\n"
           "  --max-tokens N       new tokens at most (default 128)\n"
@@ -229,7 +230,10 @@ static int run(nb_ctx *ctx, const options *o) {
                 : o->gguf       ? nb_model_load_gguf(ctx, o->gguf, &m)
                 : o->checkpoint ? nb_train_load_checkpoint(ctx, o->checkpoint, o->config, &m)
                                 : nb_train_load_run_dir(ctx, o->run_dir, o->config, &m);
+  int64_t n_quantized = 0;
+  if (!s && o->gguf && (s = nb_cli_gguf_keep_quantized(ctx, o->gguf, &m, &n_quantized))) nb_model_loaded_free(&m);
   if (s) return fprintf(stderr, "nabla generate: %s\n", nb_ctx_error(ctx)), 1;
+  if (n_quantized) fprintf(stderr, "nabla generate: %lld Q8_0/Q4_0 linears of %s run quantized (int8/int4 g32)\n", (long long)n_quantized, o->gguf);
   /* the prompt's ids: [bos] + the tokenizer's, or its bytes */
   size_t plen = strlen(o->prompt), n_ids = 0;
   nb_tok_ids enc = {0};
@@ -240,6 +244,7 @@ static int run(nb_ctx *ctx, const options *o) {
   char **text = NULL;
   size_t *text_len = NULL;
   nb_serve_llm *l = NULL;
+  nb_quant_plan *plan = NULL;
   if (!m.tok && o->hf) {
     fprintf(stderr, "nabla generate: %s/tokenizer.json is missing: cannot encode the prompt\n", o->hf);
     goto done;
@@ -293,6 +298,7 @@ static int run(nb_ctx *ctx, const options *o) {
       goto done;
     }
   }
+  if (!nb_cli_quant_hook("generate", ctx, m.params, &lc.model, &plan)) goto done;
   l = nb_serve_llm_create(ctx, &m.cfg, m.params, &lc);
   if (!l) {
     fprintf(stderr, "nabla generate: %s\n", nb_ctx_error(ctx));
@@ -364,6 +370,7 @@ done:
   free(ids);
   if (m.tok) nb_tok_ids_free(m.tok, &enc);
   nb_serve_llm_destroy(l);
+  nb_quant_plan_destroy(plan);
   nb_model_loaded_free(&m);
   return rc;
 }

@@ -1,15 +1,26 @@
-/* `nabla quantize`: a model written in another format. So far: GGUF out
- * (llama.cpp's format) as F32, F16, BF16, Q8_0, Q4_0 or Q4_K, from any model
- * `nabla generate` loads (run dir, checkpoint, Hugging Face folder, GGUF
- * file). docs/gguf.md says what is written. */
+/* `nabla quantize`: a model quantized by rules into a nabla run dir
+ * (docs/quant.md), or written as GGUF (llama.cpp's format) as F32, F16,
+ * BF16, Q8_0, Q4_0 or Q4_K (docs/gguf.md), from any model `nabla generate`
+ * loads (run dir, checkpoint, Hugging Face folder, GGUF file). */
+#include <cjson/cJSON.h>
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli.h"
 #include "nabla/nabla.h"
 
 static const char usage_text[] =
-    "usage: nabla quantize MODEL --format gguf --type TYPE -o OUT.gguf [options]\n"
+    "usage: nabla quantize MODEL --rules RULES.yaml -o OUT_DIR [--config FILE]\n"
+    "       nabla quantize MODEL --format gguf --type TYPE -o OUT.gguf [options]\n"
+    "  --rules FILE         quantization rules (quant.rules: a list of module_path regex, weight_qtype\n"
+    "                       int8|int4|nf4|fp8_e4m3|fp8_e5m2, act_qtype none|int8_dynamic, tile_size,\n"
+    "                       weight_calibration; the first rule matching a linear's path wins;\n"
+    "                       docs/quant.md). OUT_DIR becomes a run dir (config.yaml, checkpoints/step_0\n"
+    "                       with the quantized weights and the rules in its metadata, tokenizer.json)\n"
+    "                       that `nabla generate` and `nabla serve` run on the quant kernels\n"
     "  MODEL                a nabla run dir (config.yaml), a checkpoint step dir, a Hugging Face\n"
     "                       Llama folder (config.json), or a GGUF file\n"
     "  --format gguf        llama.cpp's file format (the only one so far)\n"
@@ -30,14 +41,137 @@ static const struct {
   nb_gguf_type type;
 } types[] = {{"f32", NB_GGUF_F32}, {"f16", NB_GGUF_F16}, {"bf16", NB_GGUF_BF16}, {"q8_0", NB_GGUF_Q8_0}, {"q4_0", NB_GGUF_Q4_0}, {"q4_k", NB_GGUF_Q4_K}};
 
+static nb_status load_f32(nb_ctx *ctx, const char *model, const char *config, nb_model_loaded *m);
+
+/* "int4 g32 asymmetric, weight-only, rule 0 'layers/0/mlp/.*'" */
+static void describe(const nb_quant_linear *l, const nb_quant_rules *r, char *buf, size_t cap) {
+  char tile[32];
+  if (l->layout.tile >= l->layout.k) snprintf(tile, sizeof tile, "per-channel");
+  else snprintf(tile, sizeof tile, "g%lld", (long long)l->layout.tile);
+  const nb_quant_rule *rule = nb_quant_rules_at(r, l->rule);
+  snprintf(buf, cap, "%s %s%s, %s, rule %d '%s'", nb_quant_type_name(l->layout.qtype), tile,
+           l->layout.asymmetric ? " asymmetric" : "", l->act == NB_QUANT_ACT_INT8_DYNAMIC ? "int8 dynamic activations" : "weight-only",
+           l->rule, rule ? rule->module_path : "?");
+}
+
+/* {"quant": {"rules": the YAML text, "tensors": {"params/<m>/kernel": description}}} */
+static char *quant_metadata(nb_ctx *ctx, const nb_tree *q, const nb_quant_rules *r, const char *rules_text) {
+  cJSON *root = cJSON_CreateObject(), *qj = cJSON_AddObjectToObject(root, "quant");
+  cJSON_AddStringToObject(qj, "rules", rules_text);
+  cJSON *tensors = cJSON_AddObjectToObject(qj, "tensors");
+  static const char suffix[] = "/kernel/quant";
+  for (size_t i = 0; i < nb_tree_size(q); i++) {
+    const char *p = nb_tree_path(q, i);
+    size_t n = strlen(p), ls = strlen(suffix);
+    if (n <= ls || strcmp(p + n - ls, suffix)) continue;
+    char m[1024], key[1100], d[512];
+    snprintf(m, sizeof m, "%.*s", (int)(n - ls), p);
+    nb_quant_linear l;
+    bool found;
+    if (nb_quant_tree_linear(ctx, q, m, &l, &found) || !found) continue;
+    describe(&l, r, d, sizeof d);
+    snprintf(key, sizeof key, "params/%s/kernel", m);
+    cJSON_AddStringToObject(tensors, key, d);
+  }
+  char *s = cJSON_PrintUnformatted(root);
+  cJSON_Delete(root);
+  return s;
+}
+
+static int quantize_by_rules(const char *model, const char *config, const char *rules_path, const char *out) {
+  const char *inputs[] = {model, rules_path, config};
+  if (!nb_cli_output_ok("quantize", out, true, config ? 3 : 2, inputs)) return 1;
+  struct stat st;
+  if (!stat(out, &st)) return fprintf(stderr, "nabla quantize: %s exists: give a new directory\n", out), 1;
+  size_t rules_len;
+  char *rules_text = nb_cli_read_input("quantize", rules_path, &rules_len);
+  if (!rules_text) return 1;
+  nb_ctx *ctx = nb_ctx_create();
+  nb_quant_rules *r = ctx ? nb_quant_rules_parse_yaml(ctx, rules_path, rules_text, rules_len) : NULL;
+  nb_model_loaded m = {0};
+  nb_tree *q = NULL;
+  nb_ckpt_manager *cm = NULL;
+  char *meta = NULL, path[4200];
+  int rc = 1;
+  if (!r) goto fail;
+  if (load_f32(ctx, model, config, &m)) goto fail;
+  q = nb_quant_ptq(ctx, m.params, r);
+  if (!q) goto fail;
+  int64_t nq = nb_quant_tree_count(ctx, q);
+  if (nq == 0) {
+    fprintf(stderr, "nabla quantize: no rule of %s matches a linear of the model (module paths such as "
+            "'layers/0/attn/wq', 'layers/0/mlp/wi_0', 'lm_head')\n", rules_path);
+    goto done;
+  }
+  if (mkdir(out, 0777)) {
+    fprintf(stderr, "nabla quantize: %s: %s\n", out, strerror(errno));
+    goto done;
+  }
+  /* the run config: this model, and its tokenizer beside it */
+  nb_train_config rc_out;
+  nb_train_config_defaults(&rc_out);
+  rc_out.model = m.cfg;
+  if (rc_out.data.seq_len > m.cfg.max_seq_len) rc_out.data.seq_len = m.cfg.max_seq_len; /* a valid config */
+  snprintf(rc_out.data.tokenizer, sizeof rc_out.data.tokenizer, "%s", m.tok ? "tokenizer.json" : "");
+  if (m.tok) {
+    snprintf(path, sizeof path, "%s/tokenizer.json", out);
+    if (nb_tok_save_hf(m.tok, path)) goto fail;
+  }
+  snprintf(path, sizeof path, "%s/config.yaml", out);
+  FILE *f = fopen(path, "w");
+  if (!f) {
+    fprintf(stderr, "nabla quantize: %s: %s\n", path, strerror(errno));
+    goto done;
+  }
+  nb_train_config_write(&rc_out, f);
+  if (fclose(f)) {
+    fprintf(stderr, "nabla quantize: %s: write error\n", path);
+    goto done;
+  }
+  snprintf(path, sizeof path, "%s/checkpoints", out);
+  nb_ckpt_options co = {.directory = path};
+  cm = nb_ckpt_manager_create(ctx, &co);
+  meta = cm ? quant_metadata(ctx, q, r, rules_text) : NULL;
+  nb_ckpt_item item = {"params", q};
+  nb_ckpt_save_opts so = {.metadata_json = meta, .force = true};
+  if (!cm || !meta || nb_ckpt_save(cm, 0, &item, 1, &so, NULL) || nb_ckpt_wait_until_finished(cm)) goto fail;
+  fprintf(stderr, "nabla quantize: wrote %s (%lld of the linears quantized by %d rules%s)\n", out, (long long)nq,
+          nb_quant_rules_count(r), m.tok ? ", with its tokenizer" : ", ids only");
+  rc = 0;
+  goto done;
+fail:
+  fprintf(stderr, "nabla quantize: %s\n", nb_ctx_error(ctx));
+done:
+  nb_ckpt_manager_destroy(cm);
+  free(meta);
+  nb_tree_destroy(q);
+  nb_model_loaded_free(&m);
+  nb_quant_rules_destroy(r);
+  nb_ctx_destroy(ctx);
+  free(rules_text);
+  return rc;
+}
+
+/* A GGUF input's Q8_0 / Q4_0 linears come as quant trees (nb_cli_load_model):
+ * back to f32, the input of both outputs. */
+static nb_status load_f32(nb_ctx *ctx, const char *model, const char *config, nb_model_loaded *m) {
+  nb_status s = nb_cli_load_model(ctx, model, config, m);
+  if (s || nb_quant_tree_count(ctx, m->params) == 0) return s;
+  nb_tree *f = nb_quant_dequantize_tree(ctx, m->params);
+  if (!f) return nb_model_loaded_free(m), nb_ctx_status(ctx);
+  nb_tree_destroy(m->params);
+  m->params = f;
+  return NB_OK;
+}
+
 int nb_cmd_quantize(int argc, char **argv) {
   if (nb_cli_help_asked(argc, argv)) return nb_cli_usage(usage_text, true);
-  const char *model = NULL, *format = NULL, *type = "f16", *out = NULL, *config = NULL, *name = NULL;
+  const char *model = NULL, *format = NULL, *type = "f16", *out = NULL, *config = NULL, *name = NULL, *rules = NULL;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     const char **dst = !strcmp(a, "--format") ? &format : !strcmp(a, "--type") ? &type
                        : !strcmp(a, "-o") || !strcmp(a, "--output") ? &out : !strcmp(a, "--config") ? &config
-                       : !strcmp(a, "--name") ? &name : NULL;
+                       : !strcmp(a, "--name") ? &name : !strcmp(a, "--rules") ? &rules : NULL;
     if (dst) {
       if (!v) return fprintf(stderr, "nabla quantize: %s needs a value\n", a), nb_cli_usage(usage_text, false);
       *dst = v, i++;
@@ -48,9 +182,12 @@ int nb_cmd_quantize(int argc, char **argv) {
     }
   }
   if (!model || !out) return fprintf(stderr, "nabla quantize: MODEL and -o are required\n"), nb_cli_usage(usage_text, false);
+  if (rules && format)
+    return fprintf(stderr, "nabla quantize: --rules writes a nabla run dir; --format gguf a GGUF file: give one\n"), 2;
+  if (rules) return quantize_by_rules(model, config, rules, out);
   if (!format || strcmp(format, "gguf"))
-    return fprintf(stderr, "nabla quantize: --format must be gguf (the quantization rules of the quant library are not "
-                   "here yet)\n"), nb_cli_usage(usage_text, false);
+    return fprintf(stderr, "nabla quantize: give --rules RULES.yaml (a nabla run dir) or --format gguf\n"),
+           nb_cli_usage(usage_text, false);
   int t = -1;
   for (int k = 0; k < (int)(sizeof types / sizeof *types); k++)
     if (!strcmp(type, types[k].name)) t = k;
@@ -61,7 +198,7 @@ int nb_cmd_quantize(int argc, char **argv) {
   if (!ctx) return 1;
   nb_model_loaded m;
   int rc = 0;
-  if (nb_cli_load_model(ctx, model, config, &m)) {
+  if (load_f32(ctx, model, config, &m)) {
     fprintf(stderr, "nabla quantize: %s\n", nb_ctx_error(ctx));
     rc = 1;
   } else {

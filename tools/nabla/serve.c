@@ -201,6 +201,7 @@ static bool make_engine(server *sv) {
   if (sv->im_end_id >= 0) eos[n_eos++] = sv->im_end_id;
   lc.eos_token_ids = eos;
   lc.num_eos_token_ids = n_eos;
+  if (!nb_cli_quant_hook("serve", sv->ctx, sv->m.params, &lc.model, &sv->plan)) return false;
   sv->llm = nb_serve_llm_create(sv->ctx, cfg, sv->m.params, &lc);
   if (!sv->llm) return fprintf(stderr, "nabla serve: %s\n", nb_ctx_error(sv->ctx)), false;
   return true;
@@ -232,6 +233,7 @@ int nb_cmd_serve(int argc, char **argv) {
     sv->created = time(NULL);
     rc = sv->ctx ? serve(sv) : 1;
     nb_serve_llm_destroy(sv->llm);
+    nb_quant_plan_destroy(sv->plan);
     nb_model_loaded_free(&sv->m);
     nb_ctx_destroy(sv->ctx);
     pthread_cond_destroy(&sv->cv);

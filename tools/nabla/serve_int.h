@@ -80,6 +80,7 @@ typedef struct server {
   options opt;
   nb_ctx *ctx;
   nb_model_loaded m;
+  nb_quant_plan *plan;          /* a quantized model's linears (NULL: plain) */
   int64_t max_model_len;
   chat_template chat;
   char chat_why[4400];          /* why chat is off (CHAT_NONE) */

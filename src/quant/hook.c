@@ -1,0 +1,74 @@
+/* Running a quantized tree: the nn linear hook that turns each quantized
+ * module's product into quant.matmul (Qwix's interception of dot_general on
+ * matching parameters, at the linear the model calls). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "nabla/quant.h"
+
+typedef struct plan_entry {
+  char *module; /* "layers/0/attn/wq" */
+  nb_quant_linear linear;
+} plan_entry;
+
+struct nb_quant_plan {
+  int64_t n;
+  plan_entry *e;
+};
+
+void nb_quant_plan_destroy(nb_quant_plan *p) {
+  if (!p) return;
+  for (int64_t i = 0; i < p->n; i++) free(p->e[i].module);
+  free(p->e);
+  free(p);
+}
+
+int64_t nb_quant_plan_count(const nb_quant_plan *p) { return p ? p->n : 0; }
+
+nb_quant_plan *nb_quant_plan_create(nb_ctx *ctx, const nb_tree *t) {
+  nb_quant_plan *p = calloc(1, sizeof *p);
+  size_t n = nb_tree_size(t);
+  if (p) p->e = calloc(n + 1, sizeof *p->e);
+  if (!p || !p->e) return nb_quant_plan_destroy(p), nb_errorf(ctx, NB_ERR_NOMEM, "quant plan: out of memory"), NULL;
+  static const char suffix[] = "/kernel/quant";
+  size_t ls = strlen(suffix);
+  for (size_t i = 0; i < n; i++) {
+    const char *path = nb_tree_path(t, i);
+    size_t len = strlen(path);
+    if (len <= ls || strcmp(path + len - ls, suffix)) continue;
+    char *m = strndup(path, len - ls);
+    if (!m) return nb_quant_plan_destroy(p), nb_errorf(ctx, NB_ERR_NOMEM, "quant plan: out of memory"), NULL;
+    bool found;
+    p->e[p->n].module = m;
+    p->n++;
+    if (nb_quant_tree_linear(ctx, t, m, &p->e[p->n - 1].linear, &found)) return nb_quant_plan_destroy(p), NULL;
+  }
+  return p;
+}
+
+static const nb_quant_linear *plan_find(const nb_quant_plan *p, const char *module) {
+  for (int64_t i = 0; p && i < p->n; i++)
+    if (!strcmp(p->e[i].module, module)) return &p->e[i].linear;
+  return NULL;
+}
+
+nb_val *nb_quant_linear_hook(void *plan, nb_nn_apply *a, const char *path, nb_val *x, bool stacked) {
+  const nb_quant_linear *l = plan_find(plan, path);
+  if (!l) return nb_nn_linear_default(a, path, x, stacked);
+  if (stacked) return nb_nn_fail(a, NB_ERR_UNIMPLEMENTED, "quant: '%s': stacked (per-expert) linears are not quantized yet", path);
+  char p[NB_NN_PATH_MAX + 32];
+  snprintf(p, sizeof p, "%s/kernel/values", path);
+  nb_val *values = nb_tree_get_val(a->params, p);
+  snprintf(p, sizeof p, "%s/kernel/scales", path);
+  nb_val *scales = nb_tree_get_val(a->params, p);
+  snprintf(p, sizeof p, "%s/kernel/zero_points", path);
+  nb_val *zero_points = l->layout.asymmetric ? nb_tree_get_val(a->params, p) : NULL;
+  if (!values || !scales || (l->layout.asymmetric && !zero_points))
+    return nb_nn_fail(a, NB_ERR_INVALID_ARG, "quant: '%s': the quantized kernel's arrays are not parameters of this step", path);
+  nb_dtype xt = nb_val_dtype(x);
+  nb_val *y = nb_quant_matmul(xt == NB_F32 ? x : nb_convert(x, NB_F32), values, scales, zero_points, &l->layout, l->act);
+  if (xt != NB_F32) y = nb_convert(y, xt);
+  snprintf(p, sizeof p, "%s/bias", path);
+  nb_val *b = nb_nn_param_opt(a, p);
+  return b ? nb_add(y, b) : y;
+}

@@ -1,0 +1,181 @@
+/* Post-training quantization of a parameter tree by rules, and reading the
+ * quantized linears of such a tree back (their static layout is the i64[6]
+ * array "<m>/kernel/quant", so a checkpoint carries it as it carries any
+ * array). nabla's kernels are [d_in, d_out]; quant's W is [N = d_out,
+ * K = d_in]: the kernel is transposed on the way in and out. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nabla/quant.h"
+
+enum { Q_QTYPE, Q_K, Q_TILE, Q_ASYM, Q_ACT, Q_RULE, Q_LEN };
+
+/* dst[c, r] = src[r, c] of a host f32 [rows, cols]. */
+static nb_array *transpose_f32(nb_ctx *ctx, const nb_array *src) {
+  const int64_t *d = nb_array_dims(src);
+  int64_t rows = d[0], cols = d[1], td[2] = {cols, rows};
+  nb_array *out = nb_array_empty(ctx, NB_F32, 2, td);
+  if (!out) return NULL;
+  const float *s = nb_array_data(src);
+  float *o = nb_array_data_mut(out);
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = 0; c < cols; c++) o[c * rows + r] = s[r * cols + c];
+  return out;
+}
+
+/* "<m>/kernel" -> m in buf; false when path is not a kernel's. */
+static bool module_of_kernel(const char *path, char *buf, size_t cap) {
+  size_t n = strlen(path), k = strlen("/kernel");
+  if (n <= k || strcmp(path + n - k, "/kernel") || n - k >= cap) return false;
+  memcpy(buf, path, n - k), buf[n - k] = 0;
+  return true;
+}
+
+static nb_status quantize_kernel(nb_ctx *ctx, nb_tree *out, const char *path, const nb_array *kernel, int rule_index,
+                                 const nb_quant_rule *rule) {
+  if (nb_array_dtype(kernel) != NB_F32)
+    return nb_errorf(ctx, NB_ERR_DTYPE, "ptq: %s: an f32 kernel wanted (rule %d)", path, rule_index);
+  nb_array *w = transpose_f32(ctx, kernel);
+  if (!w) return nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_NOMEM;
+  nb_quant_weight q;
+  nb_status s = nb_quant_quantize(ctx, w, rule->weight_qtype, rule->tile_size, &rule->weight_calibration, &q);
+  nb_array_release(w);
+  if (s) return nb_errorf(ctx, s, "ptq: %s (rule %d): %s", path, rule_index, nb_ctx_error(ctx));
+  char m[1024];
+  module_of_kernel(path, m, sizeof m);
+  s = nb_quant_tree_set_linear(out, m, &q, rule->act_qtype, rule_index);
+  nb_quant_weight_release(&q);
+  return s;
+}
+
+nb_status nb_quant_tree_set_linear(nb_tree *t, const char *module_path, const nb_quant_weight *w, nb_quant_act act, int rule) {
+  nb_ctx *ctx = nb_tree_ctx(t);
+  char kp[1024], qp[1100];
+  snprintf(kp, sizeof kp, "%s/kernel", module_path);
+  snprintf(qp, sizeof qp, "%s/quant", kp);
+  nb_status s = nb_quant_weight_check(ctx, w);
+  if (s) return s;
+  int64_t meta[Q_LEN] = {w->layout.qtype, w->layout.k, w->layout.tile, w->layout.asymmetric, act, rule}, len = Q_LEN;
+  nb_array *m = nb_array_create(ctx, NB_I64, 1, &len, meta);
+  if (!m) return nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_NOMEM;
+  if (nb_tree_find(t, kp) >= 0) s = nb_tree_remove(t, kp);
+  if (!s) s = nb_quant_weight_to_tree(t, kp, w);
+  if (!s) s = nb_tree_set_array(t, qp, m);
+  nb_array_release(m);
+  return s;
+}
+
+nb_tree *nb_quant_ptq(nb_ctx *ctx, const nb_tree *params, const nb_quant_rules *rules) {
+  if (!params || !rules) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "ptq: params and rules are required"), NULL;
+  nb_tree *out = nb_tree_create(ctx);
+  if (!out) return NULL;
+  nb_status s = NB_OK;
+  for (size_t i = 0; !s && i < nb_tree_size(params); i++) {
+    const char *path = nb_tree_path(params, i);
+    const nb_leaf *leaf = nb_tree_leaf(params, i);
+    char m[1024];
+    int r = -1;
+    if (leaf->kind == NB_LEAF_ARRAY && nb_array_rank(leaf->array) == 2 && module_of_kernel(path, m, sizeof m))
+      r = nb_quant_rules_match(rules, m);
+    if (r >= 0) s = quantize_kernel(ctx, out, path, leaf->array, r, nb_quant_rules_at(rules, r));
+    else s = nb_tree_set(out, path, *leaf);
+  }
+  if (s) return nb_tree_destroy(out), NULL;
+  return out;
+}
+
+nb_status nb_quant_tree_linear(nb_ctx *ctx, const nb_tree *t, const char *module_path, nb_quant_linear *out, bool *found) {
+  *found = false;
+  char kp[1024], qp[1100];
+  snprintf(kp, sizeof kp, "%s/kernel", module_path);
+  snprintf(qp, sizeof qp, "%s/quant", kp);
+  const nb_leaf *leaf = nb_tree_get(t, qp);
+  if (!leaf) return NB_OK;
+  if (leaf->kind != NB_LEAF_ARRAY || nb_array_dtype(leaf->array) != NB_I64 || nb_array_rank(leaf->array) != 1 ||
+      nb_array_dims(leaf->array)[0] != Q_LEN)
+    return nb_errorf(ctx, NB_ERR_FORMAT, "%s: an i64[%d] array {qtype, k, tile, asymmetric, act, rule} wanted", qp, Q_LEN);
+  const int64_t *q = nb_array_data(leaf->array);
+  if (q[Q_QTYPE] < 0 || q[Q_QTYPE] >= NB_QUANT_TYPE_COUNT)
+    return nb_errorf(ctx, NB_ERR_FORMAT, "%s: qtype %lld is not a quant type", qp, (long long)q[Q_QTYPE]);
+  if (q[Q_ACT] < 0 || q[Q_ACT] >= NB_QUANT_ACT_COUNT)
+    return nb_errorf(ctx, NB_ERR_FORMAT, "%s: act %lld is not an activation type", qp, (long long)q[Q_ACT]);
+  if (q[Q_ASYM] != 0 && q[Q_ASYM] != 1)
+    return nb_errorf(ctx, NB_ERR_FORMAT, "%s: asymmetric %lld is not 0 or 1", qp, (long long)q[Q_ASYM]);
+  snprintf(qp, sizeof qp, "%s/values", kp);
+  nb_array *values = nb_tree_get_array(t, qp);
+  if (!values || nb_array_rank(values) != 2) return nb_errorf(ctx, NB_ERR_FORMAT, "%s: missing or not 2-D", qp);
+  nb_quant_linear l = {.layout = {.qtype = (nb_quant_type)q[Q_QTYPE], .n = nb_array_dims(values)[0], .k = q[Q_K],
+                                  .tile = q[Q_TILE], .asymmetric = q[Q_ASYM]},
+                       .act = (nb_quant_act)q[Q_ACT], .rule = (int)q[Q_RULE]};
+  nb_status s = nb_quant_layout_check(ctx, &l.layout);
+  if (s) return nb_errorf(ctx, NB_ERR_FORMAT, "%s: %s", kp, nb_ctx_error(ctx));
+  nb_quant_weight w;
+  s = nb_quant_weight_from_tree(ctx, t, kp, &l.layout, &w);
+  if (s) return nb_errorf(ctx, NB_ERR_FORMAT, "%s", nb_ctx_error(ctx));
+  nb_quant_weight_release(&w);
+  if (l.act == NB_QUANT_ACT_INT8_DYNAMIC && (l.layout.qtype != NB_QUANT_INT8 || l.layout.asymmetric))
+    return nb_errorf(ctx, NB_ERR_FORMAT, "%s: act: int8 dynamic activations need int8 symmetric weights", kp);
+  *out = l, *found = true;
+  return NB_OK;
+}
+
+/* Whether path is one of the arrays of a quantized kernel of t; the
+ * kernel's path into kp. */
+static bool in_quantized_kernel(const nb_tree *t, const char *path, char *kp, size_t cap) {
+  const char *slash = strrchr(path, '/');
+  if (!slash || (size_t)(slash - path) >= cap) return false;
+  const char *leaf = slash + 1;
+  if (strcmp(leaf, "values") && strcmp(leaf, "scales") && strcmp(leaf, "zero_points") && strcmp(leaf, "quant")) return false;
+  memcpy(kp, path, (size_t)(slash - path)), kp[slash - path] = 0;
+  char m[1024], qp[1100];
+  if (!module_of_kernel(kp, m, sizeof m)) return false;
+  snprintf(qp, sizeof qp, "%s/quant", kp);
+  return nb_tree_get(t, qp) != NULL;
+}
+
+nb_tree *nb_quant_dequantize_tree(nb_ctx *ctx, const nb_tree *t) {
+  nb_tree *out = nb_tree_create(ctx);
+  if (!out) return NULL;
+  nb_status s = NB_OK;
+  for (size_t i = 0; !s && i < nb_tree_size(t); i++) {
+    const char *path = nb_tree_path(t, i);
+    char kp[1024], m[1024];
+    if (!in_quantized_kernel(t, path, kp, sizeof kp)) {
+      s = nb_tree_set(out, path, *nb_tree_leaf(t, i));
+      continue;
+    }
+    if (nb_tree_find(out, kp) >= 0) continue; /* the kernel's other arrays */
+    module_of_kernel(kp, m, sizeof m);
+    nb_quant_linear l;
+    bool found;
+    s = nb_quant_tree_linear(ctx, t, m, &l, &found);
+    nb_quant_weight w;
+    if (!s) s = nb_quant_weight_from_tree(ctx, t, kp, &l.layout, &w);
+    if (s) break;
+    nb_array *d = nb_quant_dequantize(ctx, &w);
+    nb_quant_weight_release(&w);
+    nb_array *k = d ? transpose_f32(ctx, d) : NULL;
+    nb_array_release(d);
+    s = k ? nb_tree_set_array(out, kp, k) : nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_NOMEM;
+    nb_array_release(k);
+  }
+  if (s) return nb_tree_destroy(out), NULL;
+  return out;
+}
+
+int64_t nb_quant_tree_count(nb_ctx *ctx, const nb_tree *t) {
+  int64_t n = 0;
+  for (size_t i = 0; i < nb_tree_size(t); i++) {
+    const char *path = nb_tree_path(t, i);
+    char kp[1024], m[1024];
+    size_t len = strlen(path);
+    if (len < 6 || strcmp(path + len - 6, "/quant") || !in_quantized_kernel(t, path, kp, sizeof kp)) continue;
+    module_of_kernel(kp, m, sizeof m);
+    nb_quant_linear l;
+    bool found;
+    if (nb_quant_tree_linear(ctx, t, m, &l, &found)) return -1;
+    n++;
+  }
+  return n;
+}

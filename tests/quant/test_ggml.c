@@ -1,0 +1,67 @@
+/* GGUF's Q8_0 / Q4_0 blocks as quant weights (nb_quant_from_ggml): the
+ * dequantized values are bit for bit the GGUF codec's f32 decode (ggml's
+ * dequantize_row_q8_0 / _q4_0), for random rows (Q4_0's code 0 included),
+ * with a row permutation; bad inputs named. */
+#include <string.h>
+
+#include "nabla/quant.h"
+#include "test.h"
+
+static void check_type(nb_ctx *ctx, nb_gguf_type type, int64_t n, int64_t k, bool permute) {
+  nb_test_rng rng = {(uint64_t)(type * 1000 + n + k)};
+  float *w = malloc((size_t)(n * k) * sizeof *w), *want = malloc((size_t)(n * k) * sizeof *w);
+  size_t block = type == NB_GGUF_Q8_0 ? 34 : 18;
+  uint8_t *blocks = malloc((size_t)(n * k / 32) * block);
+  for (int64_t i = 0; i < n * k; i++) w[i] = (float)(nb_test_normal(&rng) * (1 + i % 7));
+  CHECK_OK(ctx, nb_gguf_encode(ctx, type, w, blocks, n * k));
+  CHECK_OK(ctx, nb_gguf_decode(ctx, type, blocks, want, n * k));
+  int64_t *rows = malloc((size_t)n * sizeof *rows);
+  for (int64_t r = 0; r < n; r++) rows[r] = permute ? (r * 5 + 3) % n : r;
+  nb_quant_weight q;
+  nb_status s = nb_quant_from_ggml(ctx, (int)type, blocks, n, k, permute ? rows : NULL, &q);
+  CHECK_MSG(s == NB_OK, "%s", nb_ctx_error(ctx));
+  if (!s) {
+    CHECK(q.layout.qtype == (type == NB_GGUF_Q8_0 ? NB_QUANT_INT8 : NB_QUANT_INT4) && q.layout.tile == (k == 32 ? 32 : 32));
+    nb_array *d = nb_quant_dequantize(ctx, &q);
+    const float *got = d ? nb_array_data(d) : NULL;
+    int64_t bad = 0, zeros = 0;
+    for (int64_t r = 0; got && r < n; r++)
+      for (int64_t c = 0; c < k; c++) bad += memcmp(&got[r * k + c], &want[rows[r] * k + c], sizeof(float)) != 0;
+    if (type == NB_GGUF_Q4_0) /* code 0 (-8 d) occurs: ggml maps each block's signed extreme to it */
+      for (int64_t i = 0; i < n * k / 2; i++) zeros += (((const uint8_t *)nb_array_data(q.values))[i] & 15) == 0;
+    CHECK_MSG(got && bad == 0, "%s %lldx%lld: %lld values differ from the GGUF decode", nb_gguf_type_name(type), (long long)n,
+              (long long)k, (long long)bad);
+    if (type == NB_GGUF_Q4_0) CHECK(zeros > 0);
+    nb_array_release(d);
+    nb_quant_weight_release(&q);
+  }
+  free(rows), free(blocks), free(want), free(w);
+}
+
+static void test_errors(nb_ctx *ctx) {
+  uint8_t b[34] = {0x00, 0x3c}; /* d = 1 */
+  b[2 + 5] = 0x80;             /* -128 */
+  nb_quant_weight q;
+  CHECK(nb_quant_from_ggml(ctx, 8, b, 1, 32, NULL, &q) == NB_ERR_FORMAT);
+  CHECK_ERR(ctx, NB_ERR_FORMAT, "Q8_0 row 0 holds the code -128");
+  CHECK(nb_quant_from_ggml(ctx, 12, b, 1, 32, NULL, &q) == NB_ERR_INVALID_ARG);
+  CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "type 12");
+  CHECK(nb_quant_from_ggml(ctx, 8, b, 1, 48, NULL, &q) == NB_ERR_SHAPE);
+  CHECK_ERR(ctx, NB_ERR_SHAPE, "k = 48");
+  int64_t rows[1] = {1};
+  CHECK(nb_quant_from_ggml(ctx, 2, b, 1, 32, rows, &q) == NB_ERR_INVALID_ARG);
+  CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "row_of[0] = 1");
+}
+
+int main(void) {
+  nb_ctx *ctx = nb_ctx_create();
+  for (int t = 0; t < 2; t++) {
+    nb_gguf_type type = t ? NB_GGUF_Q4_0 : NB_GGUF_Q8_0;
+    check_type(ctx, type, 1, 32, false);
+    check_type(ctx, type, 13, 96, true);
+    check_type(ctx, type, 64, 768, true);
+  }
+  test_errors(ctx);
+  nb_ctx_destroy(ctx);
+  return nb_test_summary("quant/test_ggml");
+}
