@@ -227,26 +227,7 @@ static inline v16x2 a2_dec4(const uint8_t *p, int z) {
 #define v_lut a2_lut
 #define INT4_BY_CONVERT 1
 #define v_dec4 a2_dec4
-#include "quant/kernel_f32.inc"
-#undef SFX
-#undef MB_MAX
-#undef NB
-#undef V
-#undef v_zero
-#undef v_fma
-#undef v_fma_masked
-#undef v_load_x
-#undef v_store
-#undef v_set1
-#undef v_mul
-#undef v_reduce
-#undef v_dec
-#undef VI
-#undef v_nibbles
-#undef v_tile_table
-#undef v_lut
-#undef INT4_BY_CONVERT
-#undef v_dec4
+#include "quant/kernel_f32.inc" /* undefines the parameters above */
 NB_TARGET_END
 
 /* ---------------------------------------------------------------- weight-only: AVX-512 */
@@ -317,26 +298,7 @@ static inline __m512 a5_dec4(const uint8_t *p, int z) { /* unused: AVX-512 looks
 #define v_lut a5_lut
 #define INT4_BY_CONVERT 0
 #define v_dec4 a5_dec4
-#include "quant/kernel_f32.inc"
-#undef SFX
-#undef MB_MAX
-#undef NB
-#undef V
-#undef v_zero
-#undef v_fma
-#undef v_fma_masked
-#undef v_load_x
-#undef v_store
-#undef v_set1
-#undef v_mul
-#undef v_reduce
-#undef v_dec
-#undef VI
-#undef v_nibbles
-#undef v_tile_table
-#undef v_lut
-#undef INT4_BY_CONVERT
-#undef v_dec4
+#include "quant/kernel_f32.inc" /* undefines the parameters above */
 NB_TARGET_END
 #endif /* QUANT_X86 */
 
