@@ -310,7 +310,8 @@ nb_status nb_model_load_hf(nb_ctx *ctx, const char *dir, nb_model_loaded *out);
 /* A GGUF file of a Llama- or GPT-2-architecture model (llama.cpp's format,
  * versions 2 and 3): the config from the llama.* / gpt2.* metadata, tensors renamed from
  * llama.cpp's names and decoded to f32 (F32, F16, BF16, Q8_0, Q4_0, Q4_K,
- * Q6_K; quantized execution comes with the quant kernels), llama.cpp's
+ * Q6_K; to keep Q8_0 / Q4_0 linears quantized, nabla generate and serve
+ * put nb_quant_from_ggml's weights in their place, nabla/quant.h), llama.cpp's
  * permutation of the attn_q / attn_k rows undone, and the tokenizer from
  * tokenizer.ggml.* ("llama": SentencePiece BPE; "gpt2": byte-level BPE;
  * "no_vocab" or none: ids only). Errors name the file and the key or
