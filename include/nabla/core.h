@@ -223,6 +223,10 @@ nb_array *nb_array_wrap(nb_ctx *ctx, nb_dtype t, int rank, const int64_t *dims, 
 /* A host copy converted to dtype t (returns a new reference even if t is the
  * same dtype, unless it can share: then it retains a). */
 nb_array *nb_array_astype(nb_ctx *ctx, nb_array *a, nb_dtype t);
+/* A new host array [c, r] holding the rank-2 host array x [r, c] transposed
+ * (any dtype): weight layouts between formats ([in, out] kernels against
+ * [out, in] rows). */
+nb_array *nb_array_transpose2d(nb_ctx *ctx, const nb_array *x);
 
 void nb_array_retain(nb_array *a);
 void nb_array_release(nb_array *a);                 /* NULL is allowed */

@@ -135,6 +135,34 @@ nb_array *nb_array_astype(nb_ctx *ctx, nb_array *a, nb_dtype t) {
   return b;
 }
 
+/* Tiles of 32 x 32 keep both sides in cache. */
+#define TRANSPOSE_TILED(T)                                                                               \
+  do {                                                                                                    \
+    const T *src = x->data;                                                                               \
+    T *dst = y->data;                                                                                     \
+    for (int64_t i0 = 0; i0 < r; i0 += 32)                                                                \
+      for (int64_t j0 = 0; j0 < c; j0 += 32)                                                              \
+        for (int64_t i = i0; i < i0 + 32 && i < r; i++)                                                   \
+          for (int64_t j = j0; j < j0 + 32 && j < c; j++) dst[j * r + i] = src[i * c + j];                 \
+  } while (0)
+
+nb_array *nb_array_transpose2d(nb_ctx *ctx, const nb_array *x) {
+  if (!x || x->aval.shape.rank != 2 || !x->data)
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "nb_array_transpose2d: %s", !x ? "NULL array" : !x->data ? "not a host array" : "rank is not 2"),
+           NULL;
+  int64_t r = x->aval.shape.dims[0], c = x->aval.shape.dims[1], td[2] = {c, r};
+  nb_array *y = nb_array_empty(ctx, x->aval.dtype, 2, td);
+  if (!y) return NULL;
+  switch (nb_dtype_size(x->aval.dtype)) {
+  case 1: TRANSPOSE_TILED(uint8_t); break;
+  case 2: TRANSPOSE_TILED(uint16_t); break;
+  case 4: TRANSPOSE_TILED(uint32_t); break;
+  default: TRANSPOSE_TILED(uint64_t); break;
+  }
+  return y;
+}
+#undef TRANSPOSE_TILED
+
 void nb_array_retain(nb_array *a) {
   if (a) atomic_fetch_add(&a->refcount, 1);
 }

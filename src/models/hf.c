@@ -250,22 +250,6 @@ static void shape_str(const nb_shape *s, char *buf, size_t cap) {
   if (n < cap) snprintf(buf + n, cap - n, "]");
 }
 
-/* [r, c] f32 -> a new [c, r] array */
-static nb_array *transpose2(nb_ctx *ctx, nb_array *x) {
-  const int64_t *d = nb_array_dims(x);
-  int64_t r = d[0], c = d[1], td[2] = {c, r};
-  nb_array *y = nb_array_empty(ctx, NB_F32, 2, td);
-  if (!y) return NULL;
-  const float *src = nb_array_data(x);
-  float *dst = nb_array_data_mut(y);
-  enum { TILE = 32 }; /* tiles keep both sides in cache */
-  for (int64_t i0 = 0; i0 < r; i0 += TILE)
-    for (int64_t j0 = 0; j0 < c; j0 += TILE)
-      for (int64_t i = i0; i < i0 + TILE && i < r; i++)
-        for (int64_t j = j0; j < j0 + TILE && j < c; j++) dst[j * r + i] = src[i * c + j];
-  return y;
-}
-
 static nb_status convert_weights(hf_load *L, nb_model_loaded *m, nb_tree *raw) {
   nb_ctx *ctx = L->ctx;
   nb_tree *spec = nb_model_param_spec(ctx, &m->cfg, NB_F32);
@@ -298,7 +282,7 @@ static nb_status convert_weights(hf_load *L, nb_model_loaded *m, nb_tree *raw) {
                     file_of(L, name), name, nb_aval_str(&have, hs, sizeof hs), ws, L->cfg_path);
       break;
     }
-    nb_array *f = nb_array_astype(ctx, x, NB_F32), *y = f && tr ? transpose2(ctx, f) : f;
+    nb_array *f = nb_array_astype(ctx, x, NB_F32), *y = f && tr ? nb_array_transpose2d(ctx, f) : f;
     if (y && y != f) nb_array_release(f);
     s = y ? nb_tree_set_array(m->params, p, y) : NB_ERR_NOMEM;
     nb_array_release(y);

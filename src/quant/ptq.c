@@ -11,19 +11,6 @@
 
 enum { Q_QTYPE, Q_K, Q_TILE, Q_ASYM, Q_ACT, Q_RULE, Q_LEN };
 
-/* dst[c, r] = src[r, c] of a host f32 [rows, cols]. */
-static nb_array *transpose_f32(nb_ctx *ctx, const nb_array *src) {
-  const int64_t *d = nb_array_dims(src);
-  int64_t rows = d[0], cols = d[1], td[2] = {cols, rows};
-  nb_array *out = nb_array_empty(ctx, NB_F32, 2, td);
-  if (!out) return NULL;
-  const float *s = nb_array_data(src);
-  float *o = nb_array_data_mut(out);
-  for (int64_t r = 0; r < rows; r++)
-    for (int64_t c = 0; c < cols; c++) o[c * rows + r] = s[r * cols + c];
-  return out;
-}
-
 /* "<m>/kernel" -> m in buf; false when path is not a kernel's. */
 static bool module_of_kernel(const char *path, char *buf, size_t cap) {
   size_t n = strlen(path), k = strlen("/kernel");
@@ -36,7 +23,7 @@ static nb_status quantize_kernel(nb_ctx *ctx, nb_tree *out, const char *path, co
                                  const nb_quant_rule *rule) {
   if (nb_array_dtype(kernel) != NB_F32)
     return nb_errorf(ctx, NB_ERR_DTYPE, "ptq: %s: an f32 kernel wanted (rule %d)", path, rule_index);
-  nb_array *w = transpose_f32(ctx, kernel);
+  nb_array *w = nb_array_transpose2d(ctx, kernel);
   if (!w) return nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_NOMEM;
   nb_quant_weight q;
   nb_status s = nb_quant_quantize(ctx, w, rule->weight_qtype, rule->tile_size, &rule->weight_calibration, &q);
@@ -155,7 +142,7 @@ nb_tree *nb_quant_dequantize_tree(nb_ctx *ctx, const nb_tree *t) {
     if (s) break;
     nb_array *d = nb_quant_dequantize(ctx, &w);
     nb_quant_weight_release(&w);
-    nb_array *k = d ? transpose_f32(ctx, d) : NULL;
+    nb_array *k = d ? nb_array_transpose2d(ctx, d) : NULL;
     nb_array_release(d);
     s = k ? nb_tree_set_array(out, kp, k) : nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_NOMEM;
     nb_array_release(k);

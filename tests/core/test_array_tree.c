@@ -179,11 +179,40 @@ static void test_alloc_failures(void) {
   }
 }
 
+/* nb_array_transpose2d: every element of every element size lands at [j, i]
+ * (sizes past one 32-wide tile on both sides, ragged edges), and misuse is an
+ * error naming the function. */
+static void test_transpose2d(nb_ctx *ctx) {
+  const nb_dtype types[] = {NB_I8, NB_F16, NB_F32, NB_F64};
+  int64_t r = 37, c = 70, dims[2] = {r, c};
+  for (size_t t = 0; t < sizeof types / sizeof *types; t++) {
+    size_t es = nb_dtype_size(types[t]);
+    unsigned char *data = malloc((size_t)(r * c) * es);
+    for (size_t b = 0; b < (size_t)(r * c) * es; b++) data[b] = (unsigned char)(b * 131 + 7);
+    nb_array *x = nb_array_create(ctx, types[t], 2, dims, data);
+    nb_array *y = nb_array_transpose2d(ctx, x);
+    CHECK(y && nb_array_dims(y)[0] == c && nb_array_dims(y)[1] == r && nb_array_dtype(y) == types[t]);
+    int bad = 0;
+    for (int64_t i = 0; y && i < r; i++)
+      for (int64_t j = 0; j < c; j++)
+        bad += memcmp((const char *)nb_array_data(y) + (size_t)(j * r + i) * es, data + (size_t)(i * c + j) * es, es) != 0;
+    CHECK_MSG(bad == 0, "%s: %d elements misplaced", nb_dtype_name(types[t]), bad);
+    nb_array_release(y);
+    nb_array_release(x);
+    free(data);
+  }
+  int64_t d3[3] = {2, 3, 4};
+  nb_array *x3 = nb_array_zeros(ctx, NB_F32, 3, d3);
+  CHECK(nb_array_transpose2d(ctx, x3) == NULL && strstr(nb_ctx_error(ctx), "nb_array_transpose2d: rank is not 2"));
+  nb_array_release(x3);
+}
+
 int main(void) {
   nb_ctx *ctx = nb_ctx_create();
   test_dtype_conversions();
   test_arrays(ctx);
   test_trees(ctx);
+  test_transpose2d(ctx);
   CHECK_MSG(nb_ctx_bytes_in_use(ctx) == 0, "%zu bytes still allocated", nb_ctx_bytes_in_use(ctx));
   nb_ctx_destroy(ctx);
   test_alloc_failures();
