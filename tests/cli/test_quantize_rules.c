@@ -7,7 +7,10 @@
  * requests share its steps (the quant kernels' rows do not depend on the
  * batch); a GGUF's Q8_0 / Q4_0 linears run quantized with the tokens of
  * the f32 decode of the same file; bad rules and arguments are refused by
- * name. */
+ * name; `nabla serve` answers over HTTP with the greedy text of `nabla
+ * generate` for the quantized run dir and the Q8_0 GGUF file. */
+#include <cjson/cJSON.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +18,7 @@
 
 #include "nabla/nabla.h"
 #include "testfs.h"
+#include "testserve.h"
 
 #define HF "tests/models/golden/hf_llama_tiny"
 
@@ -162,6 +166,55 @@ static void test_gguf_in(nb_ctx *ctx) {
   }
 }
 
+/* `nabla serve MODEL` over HTTP: a greedy completion, whole and streamed,
+ * is the text of `nabla generate`'s ids for the same prompt (detokenized
+ * by the server after the last prompt id: it decodes in that context). */
+static void test_serve_http(const char *model, const char *generate_args) {
+  int rc = nabla("generate %s --prompt 'merges merge the tokenizer' --temperature 0 --max-tokens 24 --show-ids --threads 1",
+                 generate_args);
+  int32_t prompt[64], got[64];
+  int np = parse_ids(err, "prompt ids", prompt, 64), ng = parse_ids(err, "generated ids", got, 64);
+  CHECK_MSG(rc == 0 && np > 0 && ng > 0, "%s: rc %d: %s", model, rc, err);
+  if (rc || np <= 0 || ng <= 0) return;
+  nb_test_server s = {.pid = -1};
+  if (!nb_test_serve_start(&s, bin, work, NULL, model, "")) return;
+  static char resp[1 << 16], json[4096];
+  const char *body;
+  size_t n = (size_t)snprintf(json, sizeof json, "{\"tokens\": [%d", prompt[np - 1]);
+  for (int i = 0; i < ng; i++) n += (size_t)snprintf(json + n, sizeof json - n, ",%d", got[i]);
+  snprintf(json + n, sizeof json - n, "]}");
+  int st = nb_test_http(s.port, "POST", "/detokenize", NULL, json, strlen(json), resp, sizeof resp, &body, 20);
+  cJSON *all = cJSON_Parse(body);
+  snprintf(json, sizeof json, "{\"tokens\": [%d]}", prompt[np - 1]);
+  nb_test_http(s.port, "POST", "/detokenize", NULL, json, strlen(json), resp, sizeof resp, &body, 20);
+  cJSON *ctx_tok = cJSON_Parse(body);
+  const char *want = cJSON_GetStringValue(cJSON_GetObjectItem(all, "prompt")), *c = cJSON_GetStringValue(cJSON_GetObjectItem(ctx_tok, "prompt"));
+  CHECK_MSG(st == 200 && want && c && !strncmp(want, c, strlen(c)), "%s: /detokenize: %s, then %s", model, want ? want : "(none)", body);
+  if (want && c && !strncmp(want, c, strlen(c))) want += strlen(c);
+  for (int stream = 0; stream < 2 && want; stream++) {
+    snprintf(json, sizeof json,
+             "{\"prompt\": \"merges merge the tokenizer\", \"max_tokens\": 24, \"temperature\": 0, \"stream\": %s}",
+             stream ? "true" : "false");
+    st = nb_test_http(s.port, "POST", "/v1/completions", NULL, json, strlen(json), resp, sizeof resp, &body, 60);
+    /* the text: the one choice's, or the streamed chunks' joined */
+    static char text[8192];
+    size_t tn = 0;
+    text[0] = 0;
+    for (const char *at = body; (at = strstr(at, stream ? "data: {" : "{")); at++) {
+      cJSON *j = cJSON_Parse(stream ? at + 6 : at);
+      const char *t = cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "text"));
+      if (t) tn += (size_t)snprintf(text + tn, sizeof text - tn, "%s", t);
+      cJSON_Delete(j);
+      if (!stream) break;
+    }
+    CHECK_MSG(st == 200 && !strcmp(text, want), "%s%s: status %d, text '%s', generate's '%s'", model, stream ? " (streamed)" : "",
+              st, text, want);
+  }
+  cJSON_Delete(all);
+  cJSON_Delete(ctx_tok);
+  nb_test_serve_stop(&s);
+}
+
 static void test_errors(void) {
   write_file("bad.yaml", "quant:\n  rules:\n    - {module_path: a, weight_qtype: int8}\n    - {module_path: b, weight_qtype: int3}\n");
   int rc = nabla("quantize '%s/" HF "' --rules bad.yaml -o bad", src);
@@ -182,6 +235,7 @@ int main(void) {
   if (!bin) return nb_test_summary("cli/quantize_rules");
   if (!getcwd(src, sizeof src)) return 1;
   nb_test_scratch_dir(work, sizeof work, "cli", "quantize_rules");
+  signal(SIGPIPE, SIG_IGN);
   write_file("rules.yaml", rules);
   nb_ctx *ctx = nb_ctx_create();
   int rc = nabla("quantize '%s/" HF "' --rules rules.yaml -o q", src);
@@ -195,9 +249,11 @@ int main(void) {
     test_show();
     test_generate(ctx, &q);
     test_batch_invariance(ctx, &q);
+    test_serve_http("q", "--run-dir q");
     nb_model_loaded_free(&q);
   }
   test_gguf_in(ctx);
+  test_serve_http("m-q8_0.gguf", "--gguf m-q8_0.gguf");
   test_errors();
   nb_ctx_destroy(ctx);
   if (!nb_test_failures) nb_test_rm_rf(work);

@@ -24,51 +24,20 @@
 #include <pthread.h>
 
 #include "testfs.h"
+#include "testserve.h"
 
 static const char *bin;
 static char work[4096], out[1 << 16], err[1 << 16];
 static const char *model = "run"; /* what start_server serves */
-static int port;
-static pid_t server = -1;
-
-/* Reads until the server closes (or 20 s pass); returns the bytes read. */
-static size_t read_all(int fd, char *dst, size_t cap) {
-  size_t n = 0;
-  double t0 = nb_test_now();
-  while (n + 1 < cap && nb_test_now() - t0 < 20) {
-    struct pollfd p = {.fd = fd, .events = POLLIN};
-    if (poll(&p, 1, 200) <= 0) continue;
-    ssize_t k = read(fd, dst + n, cap - 1 - n);
-    if (k <= 0) break;
-    n += (size_t)k;
-  }
-  dst[n] = 0;
-  return n;
-}
-
-/* One request (Connection: close) answered into dst[cap] (any thread);
- * returns the status, the body in *body_out. */
-static int http_into(const char *method, const char *path, const char *headers, const char *body, size_t body_len,
-                     char *dst, size_t cap, const char **body_out) {
-  dst[0] = 0;
-  *body_out = "";
-  int fd = nb_test_connect_loopback(port);
-  if (fd < 0) return -1;
-  char head[2048];
-  int hn = snprintf(head, sizeof head, "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%sContent-Length: %zu\r\n\r\n",
-                    method, path, headers ? headers : "", body ? body_len : 0);
-  bool ok = write(fd, head, (size_t)hn) == hn && (!body || write(fd, body, body_len) == (ssize_t)body_len);
-  if (ok) read_all(fd, dst, cap);
-  close(fd);
-  int status = -1;
-  sscanf(dst, "HTTP/1.1 %d", &status);
-  const char *b = strstr(dst, "\r\n\r\n");
-  *body_out = b ? b + 4 : "";
-  return status;
-}
+static nb_test_server srv = {.pid = -1};
 
 static char resp[1 << 18];
 static const char *resp_body;
+
+static int http_into(const char *method, const char *path, const char *headers, const char *body, size_t body_len,
+                     char *dst, size_t cap, const char **body_out) {
+  return nb_test_http(srv.port, method, path, headers, body, body_len, dst, cap, body_out, 20);
+}
 
 static int http(const char *method, const char *path, const char *headers, const char *body, size_t body_len) {
   return http_into(method, path, headers, body, body_len, resp, sizeof resp, &resp_body);
@@ -87,52 +56,10 @@ static int post(const char *path, const char *json) { return http("POST", path, 
               "status %d (want %d), body: %s", s_, status_want, resp_body);                                          \
   } while (0)
 
-static bool start_server(const char *args) {
-  char cmd[8192];
-  snprintf(cmd, sizeof cmd, "cd '%s' && exec %s serve '%s' --port 0 --threads 1 %s >serve.out 2>serve.err", work, bin, model, args);
-  unlink("serve.out");
-  server = fork();
-  if (server == 0) {
-    execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-    _exit(127);
-  }
-  /* the port, once it is listening (model load + first line) */
-  double t0 = nb_test_now();
-  while (nb_test_now() - t0 < 60) {
-    size_t n = 0;
-    char *o = nb_test_read_file("serve.out", &n);
-    const char *at = o ? strstr(o, "http://127.0.0.1:") : NULL;
-    if (at) port = atoi(at + strlen("http://127.0.0.1:"));
-    free(o);
-    if (port) return true;
-    int st;
-    if (waitpid(server, &st, WNOHANG) == server) break;
-    usleep(50000);
-  }
-  char *e = nb_test_read_file("serve.err", NULL);
-  CHECK_MSG(false, "the server did not start: %s", e ? e : "");
-  free(e);
-  return false;
-}
+static bool start_server(const char *args) { return nb_test_serve_start(&srv, bin, work, NULL, model, args); }
 
 /* SIGTERM: the server stops and exits 0 within a few seconds. */
-static void stop_server(void) {
-  kill(server, SIGTERM);
-  double t0 = nb_test_now();
-  int st = 0;
-  pid_t w = 0;
-  while (nb_test_now() - t0 < 10 && (w = waitpid(server, &st, WNOHANG)) == 0) usleep(20000);
-  if (w != server) {
-    kill(server, SIGKILL);
-    waitpid(server, &st, 0);
-    CHECK_MSG(false, "the server did not exit within 10 s of SIGTERM");
-  } else {
-    CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "SIGTERM: exit status %d", st);
-    fprintf(stderr, "  exited %.2f s after SIGTERM\n", nb_test_now() - t0);
-  }
-  CHECK_MSG(nb_test_connect_loopback(port) < 0, "the port still accepts connections after the server exited");
-  server = -1;
-}
+static void stop_server(void) { nb_test_serve_stop(&srv); }
 
 static void test_endpoints(void) {
   CHECK_MSG(http("GET", "/health", NULL, NULL, 0) == 200, "%s", resp); /* no key needed */
@@ -226,14 +153,14 @@ static void test_errors(void) {
   memset(big, ' ', sizeof big);
   memcpy(big, "{\"prompt\": \"x\"}", 15);
   CHECK_ERROR(http("POST", "/v1/completions", auth, big, sizeof big), 413, "over the limit of 2000 bytes", "\"param\":null");
-  int fd = nb_test_connect_loopback(port);
+  int fd = nb_test_connect_loopback(srv.port);
   char req[8192];
   int n = snprintf(req, sizeof req,
                    "POST /tokenize HTTP/1.1\r\nHost: x\r\nConnection: close\r\n%sTransfer-Encoding: chunked\r\n\r\n"
                    "%x\r\n%.*s\r\n0\r\n\r\n",
                    auth, 3000, 3000, big);
   CHECK(fd >= 0 && write(fd, req, (size_t)n) == n);
-  read_all(fd, resp, sizeof resp);
+  nb_test_read_until_closed(fd, resp, sizeof resp, 20);
   close(fd);
   CHECK_MSG(strstr(resp, "HTTP/1.1 413") && strstr(resp, "over the limit"), "%s", resp);
   /* the server still answers */
@@ -242,13 +169,13 @@ static void test_errors(void) {
 
 /* A half-sent request is closed after --timeout (1 s here). */
 static void test_timeout(void) {
-  int fd = nb_test_connect_loopback(port);
+  int fd = nb_test_connect_loopback(srv.port);
   char half[512];
   int n = snprintf(half, sizeof half, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n%sContent-Length: 100\r\n\r\n{\"prompt\":", auth);
   CHECK(fd >= 0 && write(fd, half, (size_t)n) == n);
   double t0 = nb_test_now();
   char junk[4096];
-  size_t got = read_all(fd, junk, sizeof junk); /* returns when the server closes */
+  size_t got = nb_test_read_until_closed(fd, junk, sizeof junk, 20); /* returns when the server closes */
   double dt = nb_test_now() - t0;
   close(fd);
   CHECK_MSG(dt > 0.5 && dt < 5 && !strstr(junk, "HTTP/1.1 2"), "a half-sent request was closed after %.2f s (timeout 1 s): %zu bytes: %s", dt, got, junk);
@@ -293,7 +220,6 @@ static void test_chat_templates(void) {
   char args[256];
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     snprintf(args, sizeof args, "--api-key sekrit --chat-template %s", cases[i].name);
-    port = 0;
     if (!start_server(args)) return;
     byte_ids(cases[i].want, want, sizeof want);
     CHECK_MSG(post("/tokenize", cases[i].messages) == 200 && strstr(resp_body, want), "%s: %s\nwant %s", cases[i].name,
@@ -306,7 +232,6 @@ static void test_chat_templates(void) {
   /* picked from tokenizer_config.json */
   nb_test_write_text("run/tokenizer_config.json", "{\"chat_template\": \"{% for m in messages %}<|start_header_id|>"
                                                   "{{ m.role }}<|end_header_id|>{% endfor %}\"}");
-  port = 0;
   if (start_server("--api-key sekrit")) {
     char *o = nb_test_read_file("serve.out", NULL);
     CHECK_MSG(o && strstr(o, "chat template llama-3"), "%s", o ? o : "");
@@ -314,7 +239,6 @@ static void test_chat_templates(void) {
     stop_server();
   }
   nb_test_write_text("run/tokenizer_config.json", "{\"chat_template\": \"{{ messages }}\"}");
-  port = 0;
   if (start_server("--api-key sekrit")) {
     CHECK_ERROR(post("/v1/chat/completions", msgs), 400, "tokenizer_config.json's chat_template is none nabla knows",
                 "\"param\":\"messages\"");
@@ -618,14 +542,6 @@ static void test_field_errors(void) {
   }
 }
 
-/* A /metrics sample's value ("name" or "name{labels}"), -1 when absent. */
-static double metric_of(const char *text, const char *name) {
-  size_t n = strlen(name);
-  for (const char *at = text; (at = strstr(at, name)); at += n)
-    if ((at == text || at[-1] == '\n') && at[n] == ' ') return strtod(at + n + 1, NULL);
-  return -1;
-}
-
 static bool get_metrics(char *dst, size_t cap) {
   const char *body;
   int st = http_into("GET", "/metrics", NULL, NULL, 0, dst, cap, &body);
@@ -689,11 +605,11 @@ static void test_metrics(void) {
       "nabla:inter_token_latency_seconds_count", "nabla:e2e_request_latency_seconds_count",
       "nabla:time_to_first_token_seconds_bucket{le=\"+Inf\"}"};
   for (size_t i = 0; i < sizeof names / sizeof *names; i++)
-    CHECK_MSG(metric_of(m, names[i]) >= 0, "/metrics lacks %s", names[i]);
+    CHECK_MSG(nb_test_metric(m, names[i]) >= 0, "/metrics lacks %s", names[i]);
   /* after the requests above: tokens counted, the cache idle, prefixes hit */
-  CHECK_MSG(metric_of(m, "nabla:generation_tokens_total") > 100 && metric_of(m, "nabla:time_to_first_token_seconds_count") > 10 &&
-                metric_of(m, "nabla:kv_cache_blocks_used") == 0 && metric_of(m, "nabla:num_requests_running") == 0 &&
-                metric_of(m, "nabla:kv_cache_blocks_total") > 0 && metric_of(m, "nabla:prefix_cache_hits_total") > 0,
+  CHECK_MSG(nb_test_metric(m, "nabla:generation_tokens_total") > 100 && nb_test_metric(m, "nabla:time_to_first_token_seconds_count") > 10 &&
+                nb_test_metric(m, "nabla:kv_cache_blocks_used") == 0 && nb_test_metric(m, "nabla:num_requests_running") == 0 &&
+                nb_test_metric(m, "nabla:kv_cache_blocks_total") > 0 && nb_test_metric(m, "nabla:prefix_cache_hits_total") > 0,
             "%s", m);
 }
 
@@ -703,9 +619,9 @@ static void test_metrics(void) {
 static bool engine_idle(char *m, size_t cap, double min_aborts) {
   double t0 = nb_test_now();
   while (nb_test_now() - t0 < 10) {
-    if (get_metrics(m, cap) && metric_of(m, "nabla:num_requests_running") == 0 && metric_of(m, "nabla:num_requests_waiting") == 0 &&
-        metric_of(m, "nabla:kv_cache_blocks_used") == 0 &&
-        metric_of(m, "nabla:request_success_total{finished_reason=\"abort\"}") >= min_aborts)
+    if (get_metrics(m, cap) && nb_test_metric(m, "nabla:num_requests_running") == 0 && nb_test_metric(m, "nabla:num_requests_waiting") == 0 &&
+        nb_test_metric(m, "nabla:kv_cache_blocks_used") == 0 &&
+        nb_test_metric(m, "nabla:request_success_total{finished_reason=\"abort\"}") >= min_aborts)
       return true;
     usleep(20000);
   }
@@ -721,14 +637,14 @@ static void test_disconnect(void) {
   static char m[1 << 16];
   for (int streamed = 1; streamed >= 0; streamed--) {
     CHECK(engine_idle(m, sizeof m, 0));
-    double aborts = metric_of(m, "nabla:request_success_total{finished_reason=\"abort\"}");
-    double tokens = metric_of(m, "nabla:generation_tokens_total");
+    double aborts = nb_test_metric(m, "nabla:request_success_total{finished_reason=\"abort\"}");
+    double tokens = nb_test_metric(m, "nabla:generation_tokens_total");
     char body[256], req[1024];
     int bl = snprintf(body, sizeof body, "{\"prompt\": %s, \"max_tokens\": 1000, \"temperature\": 0, \"ignore_eos\": true%s}",
                       streamed ? "\"line 1\"" : "[\"line 1\", \"line 2\", \"line 3\", \"line 4\"], \"n\": 16",
                       streamed ? ", \"stream\": true" : "");
     int n = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n%sContent-Length: %d\r\n\r\n%s", auth, bl, body);
-    int fd = nb_test_connect_loopback(port);
+    int fd = nb_test_connect_loopback(srv.port);
     CHECK(fd >= 0 && write(fd, req, (size_t)n) == n);
     if (streamed) { /* the first chunk, then away */
       char got[4096] = "";
@@ -748,8 +664,8 @@ static void test_disconnect(void) {
     }
     close(fd);
     CHECK_MSG(engine_idle(m, sizeof m, aborts + 1), "the engine still holds the request 10 s after its client left: %s", m);
-    double generated = metric_of(m, "nabla:generation_tokens_total") - tokens, asked = streamed ? 1000 : 64000;
-    double aborted = metric_of(m, "nabla:request_success_total{finished_reason=\"abort\"}") - aborts;
+    double generated = nb_test_metric(m, "nabla:generation_tokens_total") - tokens, asked = streamed ? 1000 : 64000;
+    double aborted = nb_test_metric(m, "nabla:request_success_total{finished_reason=\"abort\"}") - aborts;
     CHECK_MSG((streamed ? aborted == 1 : aborted >= 1) && generated < asked,
               "%s: after the client left: %g samples aborted, %g tokens generated of %g", streamed ? "streamed" : "whole", aborted,
               generated, asked);
@@ -762,7 +678,7 @@ static void test_sigterm_stream(void) {
   const char *body = "{\"prompt\": \"line 1\", \"max_tokens\": 1000, \"temperature\": 0, \"ignore_eos\": true, \"stream\": true}";
   char req[1024];
   int n = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n%sContent-Length: %zu\r\n\r\n%s", auth, strlen(body), body);
-  int fd = nb_test_connect_loopback(port);
+  int fd = nb_test_connect_loopback(srv.port);
   CHECK(fd >= 0 && write(fd, req, (size_t)n) == n);
   static char got[1 << 20];
   size_t have = 0;
@@ -776,7 +692,7 @@ static void test_sigterm_stream(void) {
     got[have] = 0;
   }
   stop_server();
-  have += read_all(fd, got + have, sizeof got - have);
+  have += nb_test_read_until_closed(fd, got + have, sizeof got - have, 20);
   close(fd);
   answer a = {0};
   char *b = strstr(got, "\r\n\r\n");
@@ -868,7 +784,6 @@ static void test_hf_tokenizer(void) {
     else if (*at >= '0' && *at <= '9') ids[n++] = *at;
   ids[n] = 0;
   model = dir;
-  port = 0;
   if (!start_server("")) return;
   snprintf(json, sizeof json, "{\"tokens\": [%s]}", ids);
   CHECK_MSG(post("/detokenize", json) == 200, "%s", resp_body);
@@ -937,7 +852,6 @@ int main(void) {
   test_batch();
   stop_server();
   /* the model's whole context (1024), for requests that run a while */
-  port = 0;
   if (start_server("--api-key sekrit")) {
     test_disconnect();
     test_sigterm_stream(); /* stops the server */

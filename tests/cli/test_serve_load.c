@@ -25,38 +25,19 @@
 #include <unistd.h>
 
 #include "testfs.h"
+#include "testserve.h"
 
 enum { CLIENTS = 64 };
 
 static char work[4096], out[1 << 16], err[1 << 16];
-static int port;
-static pid_t server = -1;
+static nb_test_server srv = {.pid = -1};
 static double deadline;
 static atomic_long ok_requests, failed_requests, tokens;
 
-/* One request (Connection: close) into dst; the bytes read (until the
- * server closes, or 60 s pass). */
-static size_t request(const char *method, const char *path, const char *body, char *dst, size_t cap) {
-  int fd = nb_test_connect_loopback(port);
-  dst[0] = 0;
-  if (fd < 0) return 0;
-  char head[512];
-  int hn = snprintf(head, sizeof head, "%s %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: %zu\r\n\r\n", method,
-                    path, body ? strlen(body) : 0);
-  size_t n = 0;
-  if (write(fd, head, (size_t)hn) == hn && (!body || write(fd, body, strlen(body)) == (ssize_t)strlen(body))) {
-    double t0 = nb_test_now();
-    while (n + 1 < cap && nb_test_now() - t0 < 60) {
-      struct pollfd p = {.fd = fd, .events = POLLIN};
-      if (poll(&p, 1, 200) <= 0) continue;
-      ssize_t k = read(fd, dst + n, cap - 1 - n);
-      if (k <= 0) break;
-      n += (size_t)k;
-    }
-  }
-  dst[n] = 0;
-  close(fd);
-  return n;
+/* One request into dst (read until the server closes, or 60 s pass). */
+static void request(const char *method, const char *path, const char *body, char *dst, size_t cap) {
+  const char *b;
+  nb_test_http(srv.port, method, path, NULL, body, body ? strlen(body) : 0, dst, cap, &b, 60);
 }
 
 /* A streamed answer is complete: status 200, n finish reasons, the usage
@@ -98,19 +79,12 @@ static void *client(void *arg) {
 /* The server's resident set in KiB, -1 when unreadable. */
 static long rss_kib(void) {
   char path[64];
-  snprintf(path, sizeof path, "/proc/%d/status", (int)server);
+  snprintf(path, sizeof path, "/proc/%d/status", (int)srv.pid);
   char *s = nb_test_read_file(path, NULL);
   const char *at = s ? strstr(s, "VmRSS:") : NULL;
   long v = at ? atol(at + 6) : -1;
   free(s);
   return v;
-}
-
-static double metric_of(const char *text, const char *name) {
-  size_t n = strlen(name);
-  for (const char *at = text; (at = strstr(at, name)); at += n)
-    if ((at == text || at[-1] == '\n') && at[n] == ' ') return strtod(at + n + 1, NULL);
-  return -1;
 }
 
 int main(void) {
@@ -136,25 +110,10 @@ int main(void) {
   CHECK_MSG(rc == 0, "train: rc %d: %s", rc, err);
   /* under ASan, a small quarantine: freed memory it holds back would
    * otherwise fill 256 MiB during the run and hide (or fake) growth */
-  snprintf(cmd, sizeof cmd, "cd '%s' && %sexec %s serve run --port 0 --threads 1 >serve.out 2>serve.err", work,
-           sanitized ? "ASAN_OPTIONS=\"$ASAN_OPTIONS:quarantine_size_mb=8:thread_local_quarantine_size_kb=64\" " : "", bin);
-  server = fork();
-  if (server == 0) {
-    execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-    _exit(127);
-  }
-  for (double t0 = nb_test_now(); !port && nb_test_now() - t0 < 60; usleep(50000)) {
-    char *o = nb_test_read_file("serve.out", NULL);
-    const char *at = o ? strstr(o, "http://127.0.0.1:") : NULL;
-    if (at) port = atoi(at + strlen("http://127.0.0.1:"));
-    free(o);
-  }
-  CHECK_MSG(port, "the server did not start");
-  if (!port) {
-    kill(server, SIGKILL);
-    waitpid(server, NULL, 0);
+  if (!nb_test_serve_start(&srv, bin, work,
+                           sanitized ? "ASAN_OPTIONS=\"$ASAN_OPTIONS:quarantine_size_mb=8:thread_local_quarantine_size_kb=64\" " : NULL,
+                           "run", ""))
     return nb_test_summary("cli/serve_load");
-  }
 
   double start = nb_test_now();
   deadline = start + seconds;
@@ -178,9 +137,9 @@ int main(void) {
     else after = v > after ? v : after;
     if (q == 0 || exe_warm < 0 || getenv("NABLA_SERVE_LOAD_VERBOSE")) {
       request("GET", "/metrics", NULL, m, sizeof m);
-      if (q == 0 || exe_warm < 0) exe_warm = metric_of(m, "nabla:step_executables");
+      if (q == 0 || exe_warm < 0) exe_warm = nb_test_metric(m, "nabla:step_executables");
       if (getenv("NABLA_SERVE_LOAD_VERBOSE"))
-        fprintf(stderr, "%.1f s: RSS %ld KiB, %g executables\n", nb_test_now() - start, v, metric_of(m, "nabla:step_executables"));
+        fprintf(stderr, "%.1f s: RSS %ld KiB, %g executables\n", nb_test_now() - start, v, nb_test_metric(m, "nabla:step_executables"));
     }
   }
   printf("largest RSS per quarter of the run: %ld %ld %ld %ld KiB\n", quarter[0], quarter[1], quarter[2], quarter[3]);
@@ -192,7 +151,7 @@ int main(void) {
          CLIENTS, elapsed, done, failed, (long)atomic_load(&tokens), (double)atomic_load(&tokens) / elapsed, warm, after, samples);
   CHECK_MSG(failed == 0 && done >= CLIENTS, "%ld requests failed, %ld complete", failed, done);
   request("GET", "/metrics", NULL, m, sizeof m);
-  double exe_end = metric_of(m, "nabla:step_executables");
+  double exe_end = nb_test_metric(m, "nabla:step_executables");
   /* each step executable compiled after warm-up (a new shape bucket: at
    * most log2 T x log2 S x log2 MB of them) keeps its code and plan: about
    * 0.8 MiB for this model, allowed 2 MiB */
@@ -200,19 +159,9 @@ int main(void) {
   printf("step executables: %g after warm-up, %g at the end\n", exe_warm, exe_end);
   CHECK_MSG(warm > 0 && after > 0 && after <= warm + allowed, "RSS grew from %ld KiB to %ld KiB (bound: +%ld KiB)", warm, after,
             allowed);
-  CHECK_MSG(metric_of(m, "nabla:num_requests_running") == 0 && metric_of(m, "nabla:num_requests_waiting") == 0 &&
-                metric_of(m, "nabla:kv_cache_blocks_used") == 0 && metric_of(m, "nabla:request_success_total{finished_reason=\"abort\"}") == 0,
+  CHECK_MSG(nb_test_metric(m, "nabla:num_requests_running") == 0 && nb_test_metric(m, "nabla:num_requests_waiting") == 0 &&
+                nb_test_metric(m, "nabla:kv_cache_blocks_used") == 0 && nb_test_metric(m, "nabla:request_success_total{finished_reason=\"abort\"}") == 0,
             "the engine after the load: %s", m);
-  kill(server, SIGTERM);
-  int st = 0;
-  pid_t w = 0;
-  for (double t0 = nb_test_now(); nb_test_now() - t0 < 20 && (w = waitpid(server, &st, WNOHANG)) == 0;) usleep(20000);
-  if (w != server) {
-    kill(server, SIGKILL);
-    waitpid(server, &st, 0);
-    CHECK_MSG(false, "the server did not exit within 20 s of SIGTERM");
-  } else {
-    CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "SIGTERM: exit status %d", st);
-  }
+  nb_test_serve_stop(&srv);
   return nb_test_summary("cli/serve_load");
 }

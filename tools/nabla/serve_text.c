@@ -95,9 +95,11 @@ bool encode(server *sv, const char *text, size_t n, bool add_bos, nb_tok_ids *id
   return true;
 }
 
-/* ids to raw bytes (appended), special tokens left out. Without a tokenizer
- * token i is byte i, and ids past 255 (a vocabulary wider than the bytes)
- * have no text: left out, as nabla generate does (they were cut to a byte). */
+/* ids to raw bytes (appended), special tokens left out. Ids the tokenizer
+ * lacks have no text and are left out, as nabla generate does: without a
+ * tokenizer token i is byte i and ids past 255 have none; with one, a
+ * model's vocabulary padded past the tokenizer's (Qwen2's, the tiny test
+ * Llama's) has rows a model may still pick. */
 bool decode(server *sv, const int32_t *ids, size_t n, buf *out) {
   if (!sv->m.tok) {
     for (size_t i = 0; i < n; i++) {
@@ -106,10 +108,16 @@ bool decode(server *sv, const int32_t *ids, size_t n, buf *out) {
     }
     return true;
   }
+  int32_t *known = malloc((n ? n : 1) * sizeof *known);
+  if (!known) return false;
+  size_t k = 0, len;
+  for (size_t i = 0; i < n; i++)
+    if (nb_tok_token_bytes(sv->m.tok, ids[i], &len)) known[k++] = ids[i];
   nb_tok_text t = {0};
   nb_tok_decode_opts o = {.skip_special = true};
-  bool ok = !nb_tok_decode(sv->m.tok, ids, n, &o, &t) && buf_add(out, t.data ? t.data : "", t.len);
+  bool ok = !nb_tok_decode(sv->m.tok, known, k, &o, &t) && buf_add(out, t.data ? t.data : "", t.len);
   nb_tok_text_free(sv->m.tok, &t);
+  free(known);
   return ok;
 }
 
