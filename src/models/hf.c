@@ -208,7 +208,12 @@ static nb_status parse_window(hf_load *L, const cJSON *j, nb_model_loaded *m) {
   if (L->arch != HF_QWEN2 && L->arch != HF_MISTRAL) return NB_OK;
   int64_t w = 0;
   nb_status s = get_int(L, j, "sliding_window", 0, &w);
-  if (!s && w && w < m->cfg.max_seq_len) m->sliding_window = w;
+  if (!s && w && w < m->cfg.max_seq_len) {
+    m->sliding_window = w;
+    nb_logf(L->ctx, NB_LOG_WARN, "%s: sliding_window %lld is shorter than the context (%lld): nabla attends to every "
+            "earlier position, so past %lld tokens it computes another model than this one", L->cfg_path, (long long)w,
+            (long long)m->cfg.max_seq_len, (long long)w);
+  }
   return s;
 }
 
@@ -401,8 +406,8 @@ static void shape_str(const nb_shape *s, char *buf, size_t cap) {
 static bool benign(hf_load *L, const nb_model_config *c, const char *name) {
   size_t n = strlen(name);
   bool ends_rotary = n >= 19 && !strcmp(name + n - 19, "rotary_emb.inv_freq");
-  bool mask = L->arch == HF_GPT2 && ((n >= 9 && !strcmp(name + n - 9, "attn.bias")) ||
-                                     (n >= 16 && !strcmp(name + n - 16, "attn.masked_bias")));
+  bool mask = L->arch == HF_GPT2 && ((n >= 10 && !strcmp(name + n - 10, ".attn.bias")) ||
+                                     (n >= 17 && !strcmp(name + n - 17, ".attn.masked_bias")));
   return ends_rotary || mask || (c->tie_embeddings && !strcmp(name, "lm_head.weight"));
 }
 

@@ -81,7 +81,6 @@ static const key_def keys[] = {
     {"model.lb_loss_coef", K_FLOAT, O(model.lb_loss_coef), 0, BIG, NULL},
     {"model.z_loss_coef", K_FLOAT, O(model.z_loss_coef), 0, BIG, NULL},
     {"model.router_init_std", K_FLOAT, O(model.router_init_std), 0, 100, NULL},
-    {"init_from", K_STR, O(init_from), 0, 0, NULL},
     {"data.train", K_STR, O(data.train), 0, 0, NULL},
     {"data.eval", K_STR, O(data.eval), 0, 0, NULL},
     {"data.tokenizer", K_STR, O(data.tokenizer), 0, 0, NULL},
@@ -115,6 +114,7 @@ static const key_def keys[] = {
     {"checkpoint_dir", K_STR, O(checkpoint_dir), 0, 0, NULL},
     {"seed", K_INT, O(seed), 0, 9.2e18, NULL},
     {"on_nonfinite", K_ENUM, O(on_nonfinite), 0, 0, nonfinites},
+    {"init_from", K_STR, O(init_from), 0, 0, NULL},
     {"resume.allow_data_change", K_BOOL, O(resume.allow_data_change), 0, 0, NULL},
 };
 #define NKEYS (sizeof keys / sizeof keys[0])

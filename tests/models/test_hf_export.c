@@ -2,7 +2,8 @@
  * bit for bit (names, dtypes, bytes: the f32 Llama golden folder, and a bf16
  * export exported again), and export then import gives the same nabla
  * parameters for GPT-2 (fused c_attn), Qwen2 (q/k/v biases, tied) and a
- * sharded Llama; models no architecture computes are refused by key. */
+ * sharded Llama; models no architecture computes are refused by key; the
+ * `nabla ckpt export SRC --hf DIR` command. */
 #include <string.h>
 #include <sys/stat.h>
 
@@ -79,6 +80,23 @@ static void export_import(nb_ctx *ctx, const char *preset, int n_extra, const ch
   nb_model_loaded back;
   CHECK_OK(ctx, nb_model_load_hf(ctx, d, &back));
   same_params(m.params, back.params, name);
+  if (!strcmp(arch_want, "gpt2")) { /* the original GPT-2 files: no "transformer." prefix, causal-mask buffers */
+    nb_tree *t = nb_ckpt_safetensors_load(ctx, d, NULL, NULL), *u = nb_tree_create(ctx);
+    for (size_t i = 0; t && i < nb_tree_size(t); i++) {
+      const char *n = nb_tree_path(t, i);
+      CHECK_OK(ctx, nb_tree_set_array(u, strncmp(n, "transformer.", 12) ? n : n + 12, nb_tree_leaf(t, i)->array));
+    }
+    nb_array *mask = nb_array_zeros(ctx, NB_F32, 4, (int64_t[4]){1, 1, 16, 16});
+    CHECK_OK(ctx, nb_tree_set_array(u, "h.0.attn.bias", mask));
+    nb_array_release(mask);
+    snprintf(cj, sizeof cj, "%s/model.safetensors", d);
+    CHECK_OK(ctx, nb_ckpt_safetensors_save(ctx, cj, u, NULL, NULL));
+    nb_model_loaded_free(&back);
+    CHECK_OK(ctx, nb_model_load_hf(ctx, d, &back));
+    same_params(m.params, back.params, "gpt2 without the transformer. prefix");
+    nb_tree_destroy(t);
+    nb_tree_destroy(u);
+  }
   CHECK_MSG(back.cfg.qkv_bias == m.cfg.qkv_bias && back.cfg.tie_embeddings == m.cfg.tie_embeddings &&
                 back.cfg.d_ff == m.cfg.d_ff && back.cfg.n_kv_heads == m.cfg.n_kv_heads,
             "%s: the config did not come back", name);
@@ -109,11 +127,31 @@ static void test_architectures(nb_ctx *ctx) {
   nb_tree_destroy(m.params);
 }
 
+/* nabla ckpt export SRC --hf DIR */
+static void test_cli(nb_ctx *ctx) {
+  const char *bin = nb_test_nabla_bin();
+  if (!bin) return;
+  char cmd[2000], out[8192], d[600];
+  snprintf(d, sizeof d, "%s/cli", work);
+  snprintf(cmd, sizeof cmd, "%s ckpt export tests/models/golden/hf_llama_tiny --hf %s --dtype bf16 2>&1", bin, d);
+  CHECK_MSG(nb_test_run(cmd, out, sizeof out) == 0 && strstr(out, "(bf16)") && strstr(out, "with the tokenizer files"), "%s", out);
+  snprintf(cmd, sizeof cmd, "grep -q bfloat16 %s/config.json && test -s %s/tokenizer.json", d, d);
+  CHECK_MSG(system(cmd) == 0, "no bf16 config.json or no tokenizer.json in %s", d);
+  nb_model_loaded m;
+  CHECK_OK(ctx, nb_model_load_hf(ctx, d, &m));
+  nb_model_loaded_free(&m);
+  snprintf(cmd, sizeof cmd, "%s ckpt export tests/models/golden/hf_llama_tiny --hf %s --dtype f8 2>&1", bin, d);
+  CHECK_MSG(nb_test_run(cmd, out, sizeof out) == 2 && strstr(out, "--dtype 'f8' is not one of f32, bf16, f16"), "%s", out);
+  snprintf(cmd, sizeof cmd, "%s ckpt export %s/nothing --hf %s/x 2>&1", bin, work, work);
+  CHECK_MSG(nb_test_run(cmd, out, sizeof out) == 1 && strstr(out, "nothing"), "%s", out);
+}
+
 int main(void) {
   nb_test_scratch_dir(work, sizeof work, "models", "hf_export");
   nb_ctx *ctx = nb_ctx_create();
   test_import_export(ctx);
   test_architectures(ctx);
+  test_cli(ctx);
   nb_ctx_destroy(ctx);
   if (!nb_test_failures) nb_test_rm_rf(work);
   return nb_test_summary("models/hf_export");

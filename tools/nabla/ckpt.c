@@ -441,6 +441,8 @@ static int cmd_import(int argc, char **argv) {
   nb_tree_destroy(t);
   if (s != NB_OK) return fail(ctx, "import");
   printf("saved %zu tensors as step %lld, item '%s', in %s\n", n, (long long)co.step, co.item, pos[1]);
+  if (!strcmp(co.item, "params")) /* such a checkpoint is weights, not a run to resume */
+    printf("to train from these weights: nabla train CONFIG init_from=%s (in a new run dir)\n", pos[1]);
   nb_ctx_destroy(ctx);
   return 0;
 }
