@@ -609,6 +609,8 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_train_config *cfg, const nb_train_o
   nb_tree *init = NULL;
   if (cfg->init_from[0] && (s = nb_train_init_from(ctx, cfg->init_from, cfg, &resolved.model, &init))) return s;
   if (init && (s = nb_train_config_validate(ctx, &resolved))) return nb_tree_destroy(init), s;
+  /* config.yaml names a preset of the model's family (every model key follows it), not the default's */
+  if (init) snprintf(resolved.preset, sizeof resolved.preset, "%s", resolved.model.family == NB_MODEL_GPT2 ? "gpt2-tiny" : "llama-tiny");
   cfg = &resolved;
   trainer t = {.ctx = ctx, .cfg = cfg, .opts = opts, .t0 = nb_util__now_s(), .init = init};
   if (snprintf(t.dir, sizeof t.dir, "%s", opts->run_dir) >= (int)sizeof t.dir)
