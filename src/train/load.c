@@ -191,16 +191,20 @@ static nb_status load_checkpoint_params(nb_ctx *ctx, const char *src, bool step_
 }
 
 /* every leaf a fresh host array: the step updates its parameters in place,
- * never a file's mapping or an array someone else holds */
-static nb_tree *fresh_copy(nb_ctx *ctx, const nb_tree *src) {
+ * never a file's mapping or an array someone else holds. src is emptied
+ * leaf by leaf, so at most one leaf is held twice. */
+static nb_tree *fresh_copy(nb_ctx *ctx, nb_tree *src) {
   nb_tree *out = nb_tree_create(ctx);
   nb_status s = out ? NB_OK : NB_ERR_NOMEM;
-  for (size_t i = 0; !s && i < nb_tree_size(src); i++) {
-    nb_array *x = nb_tree_leaf(src, i)->array;
+  while (!s && nb_tree_size(src) > 0) {
+    char path[NB_NN_PATH_MAX];
+    snprintf(path, sizeof path, "%s", nb_tree_path(src, 0));
+    nb_array *x = nb_tree_leaf(src, 0)->array;
     nb_aval av = nb_array_aval(x);
     nb_array *y = nb_array_create(ctx, av.dtype, av.shape.rank, av.shape.dims, nb_array_data(x));
-    s = y ? nb_tree_set_array(out, nb_tree_path(src, i), y) : nb_ctx_status(ctx);
+    s = y ? nb_tree_set_array(out, path, y) : nb_ctx_status(ctx);
     nb_array_release(y);
+    if (!s) s = nb_tree_remove(src, path);
   }
   if (s) nb_tree_destroy(out);
   return s ? NULL : out;
