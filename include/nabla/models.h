@@ -314,6 +314,9 @@ nb_status nb_model_loaded_make(nb_ctx *ctx, const nb_model_config *cfg, const nb
  * value, missing, extra or mis-shaped tensor names the file and the field or
  * tensor. */
 nb_status nb_model_load_hf(nb_ctx *ctx, const char *dir, nb_model_loaded *out);
+/* The same from config.json alone: cfg, bos/eos ids and sliding_window;
+ * no params, no tokenizer (out->params NULL). */
+nb_status nb_model_load_hf_config(nb_ctx *ctx, const char *dir, nb_model_loaded *out);
 /* Writing a model as a Hugging Face folder (nb_model_save_hf). */
 typedef struct nb_model_hf_opts {
   nb_dtype dtype;          /* of the tensors: f32 (also 0), bf16 or f16 */

@@ -270,7 +270,8 @@ double nb_train_peak_flops_estimate(int threads);
  * source's is an error naming the key and both values. *params receives a
  * new tree of fresh f32 host arrays with exactly the paths of
  * nb_model_param_spec(*model); a missing, extra or mis-shaped tensor is an
- * error naming it. */
+ * error naming it. params NULL: the model only, from the source's configs
+ * and checkpoint metadata, no weights read (what a resumed run needs). */
 nb_status nb_train_init_from(nb_ctx *ctx, const char *source, const nb_train_config *run, nb_model_config *model,
                              nb_tree **params);
 

@@ -498,7 +498,7 @@ nb_status nb_model__hf_config_parse(nb_ctx *ctx, const char *name, const char *t
   return parse_config(&L, text, len, out);
 }
 
-nb_status nb_model_load_hf(nb_ctx *ctx, const char *dir, nb_model_loaded *out) {
+static nb_status load_hf(nb_ctx *ctx, const char *dir, bool weights, nb_model_loaded *out) {
   if (!dir || !out) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "load hf: NULL argument");
   memset(out, 0, sizeof *out);
   out->bos_id = -1;
@@ -511,14 +511,17 @@ nb_status nb_model_load_hf(nb_ctx *ctx, const char *dir, nb_model_loaded *out) {
   char *text = read_text(&L, L.cfg_path, &n);
   nb_status s = text ? parse_config(&L, text, n, out) : nb_ctx_status(ctx);
   free(text);
-  if (!s) s = load_weights(&L, out);
+  if (!s && weights) s = load_weights(&L, out);
   char tj[4200];
   snprintf(tj, sizeof tj, "%s/tokenizer.json", dir);
-  if (!s && access(tj, F_OK) == 0 && !(out->tok = nb_tok_load_hf(ctx, tj))) s = nb_ctx_status(ctx);
+  if (!s && weights && access(tj, F_OK) == 0 && !(out->tok = nb_tok_load_hf(ctx, tj))) s = nb_ctx_status(ctx);
   if (!s && out->n_eos == 0) nb_model__tok_stops(out);
   if (s) nb_model_loaded_free(out);
   return s;
 }
+
+nb_status nb_model_load_hf(nb_ctx *ctx, const char *dir, nb_model_loaded *out) { return load_hf(ctx, dir, true, out); }
+nb_status nb_model_load_hf_config(nb_ctx *ctx, const char *dir, nb_model_loaded *out) { return load_hf(ctx, dir, false, out); }
 
 /* ---------------------------------------------------------------- export */
 

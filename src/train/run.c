@@ -596,6 +596,19 @@ static void report(trainer *t) {
   diag(t, nb_prof_report_html(t->ctx, mp, rp, t->dir));
 }
 
+/* Whether run_dir/checkpoints holds a committed step (the run resumes: init_from's weights are not read) */
+static bool has_checkpoint(nb_ctx *ctx, const char *run_dir) {
+  char ck[NB_TRAIN_PATH_MAX + 16];
+  snprintf(ck, sizeof ck, "%s/checkpoints", run_dir);
+  if (access(ck, F_OK) != 0) return false;
+  nb_ckpt_manager *m = nb_ckpt_manager_create(ctx, &(nb_ckpt_options){.directory = ck, .read_only = true});
+  int64_t step = -1;
+  if (m) nb_ckpt_latest_step(m, &step);
+  nb_ckpt_manager_destroy(m);
+  nb_ctx_clear_error(ctx); /* a failure here is the trainer's to report, at set-up */
+  return step >= 0;
+}
+
 nb_status nb_train_run(nb_ctx *ctx, const nb_train_config *cfg, const nb_train_opts *opts, nb_train_result *out) {
   nb_train_result res = {.final_loss = NAN, .last_eval_loss = NAN, .exe_ms_median = NAN, .iter_ms_median = NAN};
   if (out) *out = res;
@@ -607,10 +620,12 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_train_config *cfg, const nb_train_o
    * written and stored in checkpoints is the resolved one */
   nb_train_config resolved = *cfg;
   nb_tree *init = NULL;
-  if (cfg->init_from[0] && (s = nb_train_init_from(ctx, cfg->init_from, cfg, &resolved.model, &init))) return s;
-  if (init && (s = nb_train_config_validate(ctx, &resolved))) return nb_tree_destroy(init), s;
+  if (cfg->init_from[0] &&
+      (s = nb_train_init_from(ctx, cfg->init_from, cfg, &resolved.model, has_checkpoint(ctx, opts->run_dir) ? NULL : &init)))
+    return s;
+  if (cfg->init_from[0] && (s = nb_train_config_validate(ctx, &resolved))) return nb_tree_destroy(init), s;
   /* config.yaml names a preset of the model's family (every model key follows it), not the default's */
-  if (init) snprintf(resolved.preset, sizeof resolved.preset, "%s", resolved.model.family == NB_MODEL_GPT2 ? "gpt2-tiny" : "llama-tiny");
+  if (cfg->init_from[0]) snprintf(resolved.preset, sizeof resolved.preset, "%s", resolved.model.family == NB_MODEL_GPT2 ? "gpt2-tiny" : "llama-tiny");
   cfg = &resolved;
   trainer t = {.ctx = ctx, .cfg = cfg, .opts = opts, .t0 = nb_util__now_s(), .init = init};
   if (snprintf(t.dir, sizeof t.dir, "%s", opts->run_dir) >= (int)sizeof t.dir)

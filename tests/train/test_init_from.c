@@ -4,7 +4,8 @@
  * first step, exactly the loss of a fresh run whose seed gives the same
  * parameters (the loss of step 1 is the loss of the parameters it starts
  * from). Also: a model key that disagrees with the source, a Mistral window
- * shorter than seq_len, and the `nabla ckpt import` + `nabla train` of the
+ * shorter than seq_len, a resumed init_from run that needs only the
+ * source's config.json, and the `nabla ckpt import` + `nabla train` of the
  * issue (a weights-only checkpoint in the run dir) are errors that say what
  * to do. */
 #include <cjson/cJSON.h>
@@ -228,6 +229,18 @@ static void test_gpt2_sources(nb_ctx *ctx) {
   snprintf(d, sizeof d, "%s/bad_key", work);
   CHECK(nb_train_run(ctx, &bad, &(nb_train_opts){.run_dir = d, .threads = 1}, NULL) == NB_ERR_INVALID_ARG);
   CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "model.d_ff is 128 in the run config but 64 in the model it starts from");
+  /* a resumed init_from run reads the source's config, not its weights */
+  char w[700];
+  snprintf(w, sizeof w, "%s/model.safetensors", hf);
+  CHECK(unlink(w) == 0);
+  nb_train_config more = plain;
+  more.steps = 2;
+  snprintf(more.init_from, sizeof more.init_from, "%.500s", hf);
+  snprintf(d, sizeof d, "%s/from_hf", work);
+  recorder r = {0};
+  nb_status rs = run_recorded(ctx, &more, d, &r, false, NULL);
+  CHECK_MSG(rs == NB_OK && r.first_step == 2 && r.last_step == 2, "resume of an init_from run: %s (steps %lld..%lld)",
+            nb_ctx_error(ctx), (long long)r.first_step, (long long)r.last_step);
   /* the issue's workaround: imported weights as the run dir's own checkpoint */
   snprintf(d, sizeof d, "%s/import_then_train", work);
   snprintf(ck, sizeof ck, "%s/checkpoints", d);
