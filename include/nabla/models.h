@@ -59,6 +59,7 @@ typedef struct nb_model_config {
   nb_nn_act act;
   bool gated_mlp;          /* SwiGLU / GeGLU */
   bool bias;               /* biases in attention and MLP linears, and LayerNorm */
+  bool qkv_bias;           /* biases on the q, k, v projections only (Qwen2) */
   bool learned_pos;        /* absolute position embeddings (gpt2) */
   bool rope;
   nb_nn_rope_cfg rope_cfg;
@@ -285,6 +286,9 @@ typedef struct nb_model_loaded {
   int32_t bos_id;         /* -1: none; prepended to prompts by the caller's choice */
   int32_t eos_ids[8];     /* stop ids */
   int n_eos;
+  int64_t sliding_window; /* a Hugging Face Mistral's or Qwen2's attention window when shorter than
+                             cfg.max_seq_len, else 0: nabla attends to every earlier position, so the
+                             model is that model only for contexts up to this length */
   char what[512];         /* where it came from, for messages */
 } nb_model_loaded;
 
@@ -298,15 +302,39 @@ typedef struct nb_model_loaded {
  * nb_model_loaded_free). Trained runs: nb_train_load_run_dir (train.h). */
 nb_status nb_model_loaded_make(nb_ctx *ctx, const nb_model_config *cfg, const nb_tree *params, const char *tokenizer_path,
                                const char *where, nb_model_loaded *out);
-/* A Hugging Face Llama-architecture directory: config.json, model.safetensors
- * or model.safetensors.index.json with its shards, tokenizer.json (optional:
- * without it, ids only). Weights are renamed to nabla's paths, PyTorch
- * [out, in] linears transposed to [in, out] kernels, bf16/f16 converted to
- * f32. Supported: model_type "llama" / LlamaForCausalLM, hidden_act silu, no
- * attention/MLP biases, rope_scaling null, "linear" or "llama3". Every
- * missing key, bad value, missing or mis-shaped tensor names the file and
- * the field or tensor. */
+/* A Hugging Face model directory: config.json, model.safetensors or
+ * model.safetensors.index.json with its shards, tokenizer.json (optional:
+ * without it, ids only). Architectures: LlamaForCausalLM, MistralForCausalLM
+ * (out->sliding_window set when the window is shorter than the context),
+ * Qwen2ForCausalLM (q/k/v biases: model.qkv_bias) and GPT2LMHeadModel
+ * (Conv1D weights, fused c_attn split into wq/wk/wv). Weights are renamed to
+ * nabla's paths, PyTorch [out, in] linears transposed to [in, out] kernels,
+ * bf16/f16 converted to f32. Llama-like: hidden_act silu, rope_scaling null,
+ * "linear" or "llama3"; GPT-2: activation gelu_new. Every missing key, bad
+ * value, missing, extra or mis-shaped tensor names the file and the field or
+ * tensor. */
 nb_status nb_model_load_hf(nb_ctx *ctx, const char *dir, nb_model_loaded *out);
+/* The same from config.json alone: cfg, bos/eos ids and sliding_window;
+ * no params, no tokenizer (out->params NULL). */
+nb_status nb_model_load_hf_config(nb_ctx *ctx, const char *dir, nb_model_loaded *out);
+/* Writing a model as a Hugging Face folder (nb_model_save_hf). */
+typedef struct nb_model_hf_opts {
+  nb_dtype dtype;          /* of the tensors: f32 (also 0), bf16 or f16 */
+  size_t shard_bytes;      /* tensor bytes above which the weights are sharded
+                              (model-0000i-of-0000n.safetensors + model.safetensors.index.json);
+                              0: 5 GB, save_pretrained's default */
+  const char *arch;        /* "llama", "mistral", "qwen2" or "gpt2"; NULL: gpt2 for the gpt2 family,
+                              qwen2 with model.qkv_bias, else llama */
+} nb_model_hf_opts;
+/* Writes config.json and model.safetensors (or shards and their index) into
+ * dir (made when missing) under the architecture's Hugging Face names and
+ * layouts (the table in src/models/hf.c that nb_model_load_hf reads):
+ * nn.Linear weights [out, in], GPT-2's Conv1D weights [in, out] with q, k, v
+ * fused into c_attn, a tied lm_head left out (tie_word_embeddings). A model
+ * the architecture does not compute (MoE, other norms or activations) is
+ * refused naming the key. Loading it back gives the same parameters
+ * bit for bit (f32; bf16/f16 as rounded). */
+nb_status nb_model_save_hf(nb_ctx *ctx, const nb_model_loaded *m, const char *dir, const nb_model_hf_opts *opts);
 /* A GGUF file of a Llama- or GPT-2-architecture model (llama.cpp's format,
  * versions 2 and 3): the config from the llama.* / gpt2.* metadata, tensors renamed from
  * llama.cpp's names and decoded to f32 (F32, F16, BF16, Q8_0, Q4_0, Q4_K,

@@ -222,6 +222,7 @@ nb_val *nb_nn_rope(nb_val *x, nb_val *positions, const nb_nn_rope_cfg *cfg);
 typedef struct nb_nn_attn_cfg {
   int64_t d_model, n_heads, n_kv_heads, head_dim;
   bool bias;             /* biases on the four projections */
+  bool qkv_bias;         /* biases on wq, wk, wv only (Qwen2); ignored when bias is set */
   bool rope;             /* apply rotary embeddings to q and k */
   nb_nn_rope_cfg rope_cfg;
   bool causal;

@@ -79,6 +79,14 @@ typedef enum nb_train_on_nonfinite { NB_TRAIN_NONFINITE_STOP, NB_TRAIN_NONFINITE
 typedef struct nb_train_config {
   char preset[64];         /* the model preset the file started from */
   nb_model_config model;
+  /* Start from existing weights (nb_train_init_from): a run dir, a
+   * checkpoint (a step dir or a checkpoint manager dir) or a Hugging Face
+   * directory; "": a fresh init from seed. */
+  char init_from[NB_TRAIN_STR_MAX];
+  /* Which model.* keys the file or the overrides set (bit i: the i-th
+   * model key of the key table in src/train/config.c; model.preset sets
+   * all): with init_from, those must agree with the source's model. */
+  uint64_t model_keys_set;
   struct {
     char train[NB_TRAIN_STR_MAX], eval[NB_TRAIN_STR_MAX]; /* token shard / record paths */
     char tokenizer[NB_TRAIN_STR_MAX];                      /* "" : byte level */
@@ -237,6 +245,35 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_train_config *cfg, const nb_train_o
  * train` uses without --peak-gflops): nb_prof_peak_flops(threads).flops,
  * $NABLA_PEAK_GFLOPS or a measured (and cached) f32 FMA peak. */
 double nb_train_peak_flops_estimate(int threads);
+
+/* ------------------------------------------------------------------------ */
+/* Starting from existing weights                                            */
+/* ------------------------------------------------------------------------ */
+
+/* The model and parameters a run with init_from=source starts from (what
+ * nb_train_run does with cfg.init_from; post-training commands call it too).
+ * source is one of:
+ *   - a Hugging Face directory (config.json + safetensors: nb_model_load_hf;
+ *     GPT-2, Llama, Mistral, Qwen2; a sliding_window shorter than
+ *     data.seq_len is refused, nabla has no windowed attention);
+ *   - a nabla run directory (config.yaml + checkpoints/: the latest committed
+ *     step's params);
+ *   - a checkpoint: a step directory (DIR/COMMIT) or a checkpoint manager
+ *     directory (its latest step); the model config is the one stored in the
+ *     checkpoint's metadata, else the run config two levels (step) or one
+ *     level (manager) up, else (a `nabla ckpt import`ed checkpoint) run's own.
+ * Only parameters are taken (no optimizer state, data position or step).
+ * *model receives the source's model config with run's training-time model
+ * keys (dropout, attn_dropout, init_std, scaled_init, router_init_std,
+ * lb_loss_coef, z_loss_coef, capacity_factor, scan_layers); an architecture
+ * key that run sets (run->model_keys_set) to another value than the
+ * source's is an error naming the key and both values. *params receives a
+ * new tree of fresh f32 host arrays with exactly the paths of
+ * nb_model_param_spec(*model); a missing, extra or mis-shaped tensor is an
+ * error naming it. params NULL: the model only, from the source's configs
+ * and checkpoint metadata, no weights read (what a resumed run needs). */
+nb_status nb_train_init_from(nb_ctx *ctx, const char *source, const nb_train_config *run, nb_model_config *model,
+                             nb_tree **params);
 
 /* ------------------------------------------------------------------------ */
 /* Loading a trained model                                                   */

@@ -685,7 +685,7 @@ static nb_status save_tokenizer(gg_save *S) {
 static nb_status save_config(gg_save *S, const char *name) {
   const nb_model_config *c = &S->m->cfg;
   nb_gguf_writer *w = S->w;
-  bool llama = c->family == NB_MODEL_LLAMA && !c->n_experts && !c->bias && c->gated_mlp && c->act == NB_NN_SILU &&
+  bool llama = c->family == NB_MODEL_LLAMA && !c->n_experts && !c->bias && !c->qkv_bias && c->gated_mlp && c->act == NB_NN_SILU &&
                c->norm == NB_NN_RMSNORM && c->rope && !c->learned_pos && !c->rope_cfg.interleaved;
   bool gpt2 = c->family == NB_MODEL_GPT2 && !c->n_experts && c->bias && !c->gated_mlp && c->act == NB_NN_GELU_TANH &&
               c->norm == NB_NN_LAYERNORM && !c->rope && c->learned_pos && c->n_kv_heads == c->n_heads && !c->head_dim;

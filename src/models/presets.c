@@ -163,7 +163,7 @@ nb_nn_block_cfg nb_model_block_cfg(const nb_model_config *c, int64_t layer) {
   memset(&b, 0, sizeof b);
   b.norm = (nb_nn_norm_cfg){.kind = c->norm, .eps = c->norm_eps, .bias = c->bias};
   b.attn = (nb_nn_attn_cfg){.d_model = c->d_model, .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads,
-                            .head_dim = nb_model_head_dim(c), .bias = c->bias, .rope = c->rope,
+                            .head_dim = nb_model_head_dim(c), .bias = c->bias, .qkv_bias = c->qkv_bias, .rope = c->rope,
                             .rope_cfg = c->rope_cfg, .causal = true, .dropout = c->attn_dropout};
   b.mlp = (nb_nn_mlp_cfg){.d_model = c->d_model, .d_ff = c->d_ff, .act = c->act, .gated = c->gated_mlp, .bias = c->bias};
   b.use_moe = c->n_experts > 0 && layer >= c->first_dense_layers;

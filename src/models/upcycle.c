@@ -10,7 +10,7 @@ static bool same_trunk(const nb_model_config *d, const nb_model_config *m) {
   return d->family == m->family && d->vocab_size == m->vocab_size && d->d_model == m->d_model &&
          d->n_layers == m->n_layers && d->n_heads == m->n_heads && d->n_kv_heads == m->n_kv_heads &&
          nb_model_head_dim(d) == nb_model_head_dim(m) && d->norm == m->norm && d->act == m->act &&
-         d->gated_mlp == m->gated_mlp && d->bias == m->bias && d->learned_pos == m->learned_pos &&
+         d->gated_mlp == m->gated_mlp && d->bias == m->bias && d->qkv_bias == m->qkv_bias && d->learned_pos == m->learned_pos &&
          d->rope == m->rope && d->tie_embeddings == m->tie_embeddings && d->max_seq_len == m->max_seq_len;
 }
 

@@ -110,9 +110,10 @@ nb_status nb_nn_attention_init(nb_nn_init *in, const char *path, const nb_nn_att
   const char *names[4] = {"wq", "wk", "wv", "wo"};
   for (int i = 0; i < 4; i++) {
     if (!nb_nn__init_path(in, p, path, names[i])) return NB_ERR_INVALID_ARG;
-    nb_status s = i == 3   ? nb_nn_linear_init(in, p, dq, cfg->d_model, cfg->bias, std_out)
-                  : i == 0 ? nb_nn_linear_init(in, p, cfg->d_model, dq, cfg->bias, std)
-                           : nb_nn_linear_init(in, p, cfg->d_model, dkv, cfg->bias, std);
+    bool bias = cfg->bias || (i < 3 && cfg->qkv_bias);
+    nb_status s = i == 3   ? nb_nn_linear_init(in, p, dq, cfg->d_model, bias, std_out)
+                  : i == 0 ? nb_nn_linear_init(in, p, cfg->d_model, dq, bias, std)
+                           : nb_nn_linear_init(in, p, cfg->d_model, dkv, bias, std);
     if (s) return s;
   }
   return NB_OK;

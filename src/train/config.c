@@ -54,6 +54,7 @@ static const key_def keys[] = {
     {"model.act", K_ENUM, O(model.act), 0, 0, acts},
     {"model.gated_mlp", K_BOOL, O(model.gated_mlp), 0, 0, NULL},
     {"model.bias", K_BOOL, O(model.bias), 0, 0, NULL},
+    {"model.qkv_bias", K_BOOL, O(model.qkv_bias), 0, 0, NULL},
     {"model.learned_pos", K_BOOL, O(model.learned_pos), 0, 0, NULL},
     {"model.rope", K_BOOL, O(model.rope), 0, 0, NULL},
     {"model.rope_theta", K_FLOAT, O(model.rope_cfg.theta), 1, BIG, NULL},
@@ -113,6 +114,7 @@ static const key_def keys[] = {
     {"checkpoint_dir", K_STR, O(checkpoint_dir), 0, 0, NULL},
     {"seed", K_INT, O(seed), 0, 9.2e18, NULL},
     {"on_nonfinite", K_ENUM, O(on_nonfinite), 0, 0, nonfinites},
+    {"init_from", K_STR, O(init_from), 0, 0, NULL},
     {"resume.allow_data_change", K_BOOL, O(resume.allow_data_change), 0, 0, NULL},
 };
 #define NKEYS (sizeof keys / sizeof keys[0])
@@ -179,6 +181,15 @@ static bool is_section(const char *key) {
   return false;
 }
 
+static nb_status set_value_(nb_ctx *ctx, nb_train_config *c, const char *where, const key_def *d, const char *key,
+                            const char *val);
+
+/* bit of a model key in model_keys_set (the model keys lead the table) */
+static uint64_t model_bit(const key_def *d) {
+  size_t i = (size_t)(d - keys);
+  return !strncmp(d->key, "model.", 6) && i < 64 ? (uint64_t)1 << i : 0;
+}
+
 /* `where` prefixes messages ("file.yaml:12" or "override 'a=b'"). */
 static nb_status set_value(nb_ctx *ctx, nb_train_config *c, const char *where, const char *key, const char *val) {
   const key_def *d = find_key(key);
@@ -194,6 +205,13 @@ static nb_status set_value(nb_ctx *ctx, nb_train_config *c, const char *where, c
     return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: unknown key '%s' (keys of %s: %s)", where, key,
                      section[0] ? section : "the top level", list);
   }
+  nb_status s = set_value_(ctx, c, where, d, key, val);
+  if (!s) c->model_keys_set |= d->k == K_PRESET ? ~(uint64_t)0 : model_bit(d);
+  return s;
+}
+
+static nb_status set_value_(nb_ctx *ctx, nb_train_config *c, const char *where, const key_def *d, const char *key,
+                            const char *val) {
   char *p = (char *)c + d->off;
   char allowed[512];
   switch (d->k) {
@@ -485,4 +503,48 @@ void nb_train_config_diff_values(const nb_train_config *a, const nb_train_config
   }
   if (fclose(f) == 0 && cap) snprintf(buf, cap, "%s", text); /* cut at cap */
   free(text);
+}
+
+/* ---------------------------------------------------------------- init_from */
+
+/* model keys that say how to train, not what the model computes: init_from
+ * takes them from the run */
+static bool training_key(const char *key) {
+  static const char *const k[] = {"model.dropout", "model.attn_dropout", "model.init_std", "model.scaled_init",
+                                  "model.router_init_std", "model.lb_loss_coef", "model.z_loss_coef",
+                                  "model.capacity_factor", NULL};
+  for (int i = 0; k[i]; i++)
+    if (!strcmp(key, k[i])) return true;
+  return false;
+}
+
+nb_status nb_train__model_from(nb_ctx *ctx, const nb_train_config *run, const nb_model_config *src, const char *src_name,
+                               nb_model_config *out) {
+  static const size_t size[] = {[K_INT] = sizeof(int64_t), [K_FLOAT] = sizeof(double), [K_BOOL] = sizeof(bool),
+                                [K_ENUM] = sizeof(int)};
+  nb_train_config theirs = *run;
+  theirs.model = *src;
+  nb_model_config m = *src;
+  for (size_t i = 0; i < NKEYS; i++) {
+    const key_def *d = &keys[i];
+    if (strncmp(d->key, "model.", 6) || d->k == K_PRESET) continue;
+    const char *ours = (const char *)run + d->off;
+    char *mine = (char *)&m + (d->off - O(model));
+    if (training_key(d->key)) {
+      memcpy(mine, ours, size[d->k]);
+      continue;
+    }
+    if (!(run->model_keys_set & model_bit(d)) || !memcmp(ours, (const char *)&theirs + d->off, size[d->k])) continue;
+    char a[64] = "", b[64] = "";
+    FILE *fa = fmemopen(a, sizeof a - 1, "w"), *fb = fmemopen(b, sizeof b - 1, "w");
+    if (fa) write_value(fa, d, run), fclose(fa);
+    if (fb) write_value(fb, d, &theirs), fclose(fb);
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG,
+                     "init_from '%s': %s is %s in the run config but %s in the model it starts from (the model comes "
+                     "from init_from: drop the key%s or make it agree)",
+                     src_name, d->key, a, b, run->model_keys_set == ~(uint64_t)0 ? " (model.preset sets every model key)" : "");
+  }
+  m.scan_layers = run->model.scan_layers; /* how the layers are traced: the run's */
+  *out = m;
+  return NB_OK;
 }

@@ -32,6 +32,11 @@ void nb_train__data_close(nb_train__data *d);
 nb_status nb_train__wrapf(nb_ctx *ctx, nb_status s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* mkdir -p */
 nb_status nb_train__mkdir_p(nb_ctx *ctx, const char *path);
+/* init_from's model (config.c, which knows the keys): src with run's
+ * training-time model keys; an architecture key run sets to another value
+ * is an error naming it, both values and src_name. */
+nb_status nb_train__model_from(nb_ctx *ctx, const nb_train_config *run, const nb_model_config *src, const char *src_name,
+                               nb_model_config *out);
 /* windows -> shuffle(seed) -> repeat -> batch -> {inputs, targets} -> prefetch */
 nb_data_iter *nb_train__data_iter(nb_ctx *ctx, const nb_train__data *d, const nb_train_config *cfg);
 /* Eval batches: element i is the i-th batch of eval windows (wrapping). */

@@ -107,6 +107,7 @@ typedef struct trainer {
   bool warned;                 /* a TensorBoard/report failure was logged once */
   bool interrupted;            /* a signal arrived during set-up */
   char *config;                /* the resolved config as YAML (stored in every checkpoint) */
+  nb_tree *init;               /* init_from's parameters (fresh arrays), or NULL: init from seed */
   int64_t step, last_saved;
   int64_t nonfinite_steps;     /* steps with a non-finite loss or gradient norm (skip, continue) */
   double elapsed_before;       /* seconds of earlier runs (from the checkpoint) */
@@ -275,9 +276,16 @@ static nb_status restore_step(trainer *t, int64_t step, bool *damaged) {
   const cJSON *el = cJSON_GetObjectItemCaseSensitive(j, "elapsed_s");
   const cJSON *cf = cJSON_GetObjectItemCaseSensitive(j, "config");
   char *dstxt = ds ? cJSON_PrintUnformatted(ds) : NULL;
-  nb_status s = dstxt ? check_data(t, step, cJSON_GetObjectItemCaseSensitive(j, "data"))
-                      : nb_errorf(ctx, NB_ERR_FORMAT, "train: checkpoint step %lld has no data_state in its metadata",
-                                  (long long)step);
+  bool has_opt = false;
+  for (size_t i = 0; i < nb_ckpt_info_count(info); i++) has_opt |= !strcmp(nb_ckpt_info_entry(info, i)->item, "opt_state");
+  /* a checkpoint of weights only (nabla ckpt import writes such) is no run to resume */
+  nb_status s = dstxt && has_opt ? check_data(t, step, cJSON_GetObjectItemCaseSensitive(j, "data"))
+                : nb_errorf(ctx, NB_ERR_INVALID_ARG,
+                            "train: checkpoint step %lld in %s/checkpoints is not a training state to resume (it has %s): "
+                            "weights written by `nabla ckpt import`? To start a run from them, give "
+                            "init_from=%s/checkpoints in another run dir (or move them out of this one)",
+                            (long long)step, t->dir, !has_opt ? "no item 'opt_state'" : "no data_state in its metadata",
+                            t->dir);
   nb_tree *target = s ? NULL : nb_tree_create(ctx);
   if (!s && !target) s = NB_ERR_NOMEM;
   for (size_t i = 0; !s && i < nb_tree_size(t->st); i++)
@@ -386,9 +394,15 @@ static nb_status setup(trainer *t, nb_train_start_info *info) {
   t->last_saved = -1;
   nb_status s = nb_train__data_open(ctx, c, t->dir, &t->data);
   if (s || interrupted(t)) return s;
-  nb_array *key = nb_key(ctx, (uint64_t)c->seed);
-  nb_tree *params = key ? nb_model_init(ctx, &c->model, key) : NULL;
-  nb_array_release(key);
+  nb_tree *params = NULL;
+  if (t->init) { /* the step takes its own tree: t->init stays until teardown */
+    params = t->init;
+    t->init = NULL;
+  } else {
+    nb_array *key = nb_key(ctx, (uint64_t)c->seed);
+    params = key ? nb_model_init(ctx, &c->model, key) : NULL;
+    nb_array_release(key);
+  }
   nb_optim_tx *tx = params ? nb_train_optimizer(ctx, c) : NULL;
   nb_tree *opt = tx ? nb_optim_init_arrays(ctx, tx, params) : NULL;
   nb_optim_tx_destroy(tx);
@@ -450,6 +464,8 @@ static nb_status setup(trainer *t, nb_train_start_info *info) {
 }
 
 static void teardown(trainer *t) {
+  nb_tree_destroy(t->init);
+  t->init = NULL;
   if (t->ckpt) {
     nb_status s = nb_ckpt_wait_until_finished(t->ckpt);
     if (s) nb_logf(t->ctx, NB_LOG_ERROR, "train: background checkpoint save failed: %s", nb_ctx_error(t->ctx));
@@ -580,6 +596,19 @@ static void report(trainer *t) {
   diag(t, nb_prof_report_html(t->ctx, mp, rp, t->dir));
 }
 
+/* Whether run_dir/checkpoints holds a committed step (the run resumes: init_from's weights are not read) */
+static bool has_checkpoint(nb_ctx *ctx, const char *run_dir) {
+  char ck[NB_TRAIN_PATH_MAX + 16];
+  snprintf(ck, sizeof ck, "%s/checkpoints", run_dir);
+  if (access(ck, F_OK) != 0) return false;
+  nb_ckpt_manager *m = nb_ckpt_manager_create(ctx, &(nb_ckpt_options){.directory = ck, .read_only = true});
+  int64_t step = -1;
+  if (m) nb_ckpt_latest_step(m, &step);
+  nb_ckpt_manager_destroy(m);
+  nb_ctx_clear_error(ctx); /* a failure here is the trainer's to report, at set-up */
+  return step >= 0;
+}
+
 nb_status nb_train_run(nb_ctx *ctx, const nb_train_config *cfg, const nb_train_opts *opts, nb_train_result *out) {
   nb_train_result res = {.final_loss = NAN, .last_eval_loss = NAN, .exe_ms_median = NAN, .iter_ms_median = NAN};
   if (out) *out = res;
@@ -587,14 +616,26 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_train_config *cfg, const nb_train_o
     return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train: need a config and options with a run_dir");
   nb_status s = nb_train_config_validate(ctx, cfg);
   if (s) return s;
-  trainer t = {.ctx = ctx, .cfg = cfg, .opts = opts, .t0 = nb_util__now_s()};
+  /* init_from: the model (and its params) come from there; the config
+   * written and stored in checkpoints is the resolved one */
+  nb_train_config resolved = *cfg;
+  nb_tree *init = NULL;
+  if (cfg->init_from[0] &&
+      (s = nb_train_init_from(ctx, cfg->init_from, cfg, &resolved.model, has_checkpoint(ctx, opts->run_dir) ? NULL : &init)))
+    return s;
+  if (cfg->init_from[0] && (s = nb_train_config_validate(ctx, &resolved))) return nb_tree_destroy(init), s;
+  /* config.yaml names a preset of the model's family (every model key follows it), not the default's */
+  if (cfg->init_from[0]) snprintf(resolved.preset, sizeof resolved.preset, "%s", resolved.model.family == NB_MODEL_GPT2 ? "gpt2-tiny" : "llama-tiny");
+  cfg = &resolved;
+  trainer t = {.ctx = ctx, .cfg = cfg, .opts = opts, .t0 = nb_util__now_s(), .init = init};
   if (snprintf(t.dir, sizeof t.dir, "%s", opts->run_dir) >= (int)sizeof t.dir)
-    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train: run_dir too long");
-  if ((s = nb_train__mkdir_p(ctx, t.dir))) return s;
-  if (!(t.config = config_text(ctx, cfg))) return nb_ctx_status(ctx);
+    return nb_tree_destroy(init), nb_errorf(ctx, NB_ERR_INVALID_ARG, "train: run_dir too long");
+  if ((s = nb_train__mkdir_p(ctx, t.dir))) return nb_tree_destroy(init), s;
+  if (!(t.config = config_text(ctx, cfg))) return nb_tree_destroy(init), nb_ctx_status(ctx);
   /* handlers before set-up: a signal there ends the run cleanly, not the process */
   if (opts->handle_signals && (s = nb_ckpt_preemption_install(ctx))) {
     free(t.config);
+    nb_tree_destroy(init);
     return s;
   }
   nb_train_start_info info = {0};
@@ -610,7 +651,7 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_train_config *cfg, const nb_train_o
       nb_ckpt_preemption_uninstall();
       nb_ckpt_preemption_clear();
     }
-    if (s) nb_errorf(ctx, s, "%s", msg ? msg : "train: set-up failed (out of memory for the message)");
+    if (s) nb_errorf(ctx, s, "%s", !msg ? "train: set-up failed (out of memory for the message)" : msg[0] ? msg : nb_status_name(s));
     free(msg);
     if (out) *out = res;
     return s;
@@ -702,7 +743,7 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_train_config *cfg, const nb_train_o
     nb_ckpt_preemption_uninstall();
     nb_ckpt_preemption_clear();
   }
-  if (s) nb_errorf(ctx, s, "%s", msg ? msg : "train: failed (out of memory for the message)");
+  if (s) nb_errorf(ctx, s, "%s", !msg ? "train: failed (out of memory for the message)" : msg[0] ? msg : nb_status_name(s));
   free(msg);
   if (out) *out = res;
   return s;

@@ -119,7 +119,8 @@ static void drop_hidden_size(cJSON *j) { cJSON_DeleteItemFromObject(j, "hidden_s
 static void yarn(cJSON *j) {
   cJSON_ReplaceItemInObject(cJSON_GetObjectItem(j, "rope_scaling"), "rope_type", cJSON_CreateString("yarn"));
 }
-static void mistral(cJSON *j) { cJSON_ReplaceItemInObject(j, "model_type", cJSON_CreateString("mistral")); }
+static void falcon(cJSON *j) { cJSON_ReplaceItemInObject(j, "model_type", cJSON_CreateString("falcon")); }
+static void mistral_class(cJSON *j) { cJSON_ReplaceItemInObject(j, "model_type", cJSON_CreateString("mistral")); }
 static void gelu(cJSON *j) { cJSON_ReplaceItemInObject(j, "hidden_act", cJSON_CreateString("gelu")); }
 static void no_factor(cJSON *j) { cJSON_DeleteItemFromObject(cJSON_GetObjectItem(j, "rope_scaling"), "factor"); }
 static void bad_layers(cJSON *j) { cJSON_ReplaceItemInObject(j, "num_hidden_layers", cJSON_CreateNumber(1.5)); }
@@ -184,7 +185,9 @@ static void test_variants(nb_ctx *ctx) {
       {"no_hidden", drop_hidden_size, NB_ERR_FORMAT, "config.json: field 'hidden_size' is missing"},
       {"yarn", yarn, NB_ERR_UNIMPLEMENTED,
        "config.json: field 'rope_scaling.rope_type' is 'yarn'; supported: default, linear, llama3"},
-      {"mistral", mistral, NB_ERR_UNIMPLEMENTED, "config.json: field 'model_type' is 'mistral'; only 'llama' is supported"},
+      {"falcon", falcon, NB_ERR_UNIMPLEMENTED, "config.json: field 'model_type' is 'falcon'; supported: llama, mistral, qwen2, gpt2"},
+      {"mistral_class", mistral_class, NB_ERR_UNIMPLEMENTED,
+       "config.json: field 'architectures' names 'LlamaForCausalLM'; supported: MistralForCausalLM (model_type says so)"},
       {"gelu", gelu, NB_ERR_UNIMPLEMENTED, "field 'hidden_act' is 'gelu'"},
       {"no_factor", no_factor, NB_ERR_FORMAT, "field 'rope_scaling' needs a positive number 'factor'"},
       {"bad_layers", bad_layers, NB_ERR_FORMAT, "field 'num_hidden_layers' must be a positive integer"},
@@ -214,7 +217,7 @@ static void test_variants(nb_ctx *ctx) {
   nb_tree_set_array(t, "model.layers.0.self_attn.q_proj.bias", bias);
   nb_array_release(bias);
   make_dir(ctx, "bias", NULL, t, dir, sizeof dir);
-  expect(ctx, dir, NB_ERR_UNIMPLEMENTED, "tensor 'model.layers.0.self_attn.q_proj.bias' is not part of the Llama architecture");
+  expect(ctx, dir, NB_ERR_UNIMPLEMENTED, "tensor 'model.layers.0.self_attn.q_proj.bias' is not part of the LlamaForCausalLM architecture");
   nb_tree_destroy(t);
   expect(ctx, "/nonexistent/hf_model", NB_ERR_NOT_FOUND, "does not exist");
   nb_tree_destroy(raw);

@@ -19,6 +19,9 @@ static const char usage_text[] =
           "                                              or a GGUF file: metadata and each tensor's type)\n"
           "       nabla ckpt verify DIR [STEP|all]\n"
           "       nabla ckpt export DIR STEP|latest OUT [--item NAME] [--hf-names] [--shard-size BYTES]\n"
+          "       nabla ckpt export SRC --hf OUT_DIR [--dtype f32|bf16|f16] [--shard-size BYTES] [--arch NAME]\n"
+          "                                              (SRC: a run dir, a checkpoint step dir or a Hugging Face dir;\n"
+          "                                              writes config.json + safetensors under Hugging Face names)\n"
           "       nabla ckpt import IN DIR --step N [--item NAME] [--hf-names]\n";
 
 static bool help_asked;
@@ -292,7 +295,96 @@ static int parse_conv(int argc, char **argv, int npos, const char **pos, conv_op
   return k == npos ? 0 : -1;
 }
 
+/* ---------------------------------------------------------------- export --hf */
+
+static bool copy_file(const char *from, const char *to) {
+  FILE *in = fopen(from, "rb"), *out = in ? fopen(to, "wb") : NULL;
+  char buf[65536];
+  size_t n;
+  bool ok = in && out;
+  while (ok && (n = fread(buf, 1, sizeof buf, in)) > 0) ok = fwrite(buf, 1, n, out) == n;
+  if (in) fclose(in);
+  if (out && fclose(out)) ok = false;
+  return ok;
+}
+
+/* The tokenizer and generation files of the folder `dir` that exist, into out */
+static int copy_side_files(const char *dir, const char *out) {
+  static const char *const names[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                                      "generation_config.json", "vocab.json", "merges.txt", "tokenizer.model", NULL};
+  int n = 0;
+  for (int i = 0; names[i]; i++) {
+    char a[4200], b[4200];
+    snprintf(a, sizeof a, "%s/%s", dir, names[i]);
+    snprintf(b, sizeof b, "%s/%s", out, names[i]);
+    if (access(a, F_OK) != 0) continue;
+    if (!copy_file(a, b)) return fprintf(stderr, "nabla ckpt export: cannot copy %s to %s\n", a, b), -1;
+    n++;
+  }
+  return n;
+}
+
+static int cmd_export_hf(int argc, char **argv) {
+  const char *src = NULL, *out = NULL, *arch = NULL;
+  nb_model_hf_opts o = {.dtype = NB_F32};
+  for (int i = 0; i < argc; i++) {
+    const char *next = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(argv[i], "--hf") && next) out = argv[++i];
+    else if (!strcmp(argv[i], "--arch") && next) arch = argv[++i];
+    else if (!strcmp(argv[i], "--dtype") && next) {
+      const char *d = argv[++i];
+      if (strcmp(d, "f32") && strcmp(d, "bf16") && strcmp(d, "f16"))
+        return fprintf(stderr, "nabla ckpt export: --dtype '%s' is not one of f32, bf16, f16\n", d), 2;
+      nb_dtype_from_name(d, &o.dtype);
+    } else if (!strcmp(argv[i], "--shard-size")) {
+      int64_t v;
+      if (!nb_cli_int("ckpt", "--shard-size", next, 1, INT64_MAX, &v)) return 2;
+      o.shard_bytes = (size_t)v, i++;
+    } else if (argv[i][0] != '-' && !src) src = argv[i];
+    else return usage();
+  }
+  if (!src || !out) return usage();
+  if (!nb_cli_output_ok("ckpt export", out, true, 1, &src)) return 2;
+  o.arch = arch;
+  nb_ctx *ctx = nb_ctx_create();
+  nb_model_loaded m;
+  char p[4200], tokdir[4200] = "";
+  nb_status s;
+  snprintf(p, sizeof p, "%s/config.json", src);
+  bool hf = access(p, F_OK) == 0;
+  snprintf(p, sizeof p, "%s/COMMIT", src);
+  bool step = access(p, F_OK) == 0;
+  if (hf) {
+    s = nb_model_load_hf(ctx, src, &m);
+    snprintf(tokdir, sizeof tokdir, "%s", src);
+  } else {
+    s = step ? nb_train_load_checkpoint(ctx, src, NULL, &m) : nb_train_load_run_dir(ctx, src, NULL, &m);
+    /* the run's tokenizer: data.tokenizer, a tokenizer.json whose folder may hold the rest */
+    nb_train_config rc;
+    snprintf(p, sizeof p, step ? "%s/../../config.yaml" : "%s/config.yaml", src);
+    if (!s && nb_train_config_load(ctx, p, 0, NULL, &rc) == NB_OK && rc.data.tokenizer[0]) {
+      const char *t = rc.data.tokenizer, *slash = strrchr(t, '/');
+      size_t n = strlen(t);
+      if (n >= 14 && !strcmp(t + n - 14, "tokenizer.json")) snprintf(tokdir, sizeof tokdir, "%.*s", slash ? (int)(slash - t) : 1, slash ? t : ".");
+      else snprintf(tokdir, sizeof tokdir, "%s", t); /* a folder (vocab.json + merges.txt) */
+    }
+  }
+  if (s) return fail(ctx, "export");
+  s = nb_model_save_hf(ctx, &m, out, &o);
+  size_t n = nb_tree_size(m.params);
+  nb_model_loaded_free(&m);
+  if (s) return fail(ctx, "export");
+  int copied = tokdir[0] ? copy_side_files(tokdir, out) : 0;
+  if (copied < 0) return nb_ctx_destroy(ctx), 1;
+  printf("wrote %zu parameters as a Hugging Face model (%s) to %s%s\n", n, nb_dtype_name(o.dtype), out,
+         copied ? ", with the tokenizer files" : "");
+  nb_ctx_destroy(ctx);
+  return 0;
+}
+
 static int cmd_export(int argc, char **argv) {
+  for (int i = 0; i < argc; i++)
+    if (!strcmp(argv[i], "--hf")) return cmd_export_hf(argc, argv);
   const char *pos[3];
   conv_opts co = {0};
   int64_t step;
@@ -349,6 +441,8 @@ static int cmd_import(int argc, char **argv) {
   nb_tree_destroy(t);
   if (s != NB_OK) return fail(ctx, "import");
   printf("saved %zu tensors as step %lld, item '%s', in %s\n", n, (long long)co.step, co.item, pos[1]);
+  if (!strcmp(co.item, "params")) /* such a checkpoint is weights, not a run to resume */
+    printf("to train from these weights: nabla train CONFIG init_from=%s (in a new run dir)\n", pos[1]);
   nb_ctx_destroy(ctx);
   return 0;
 }

@@ -18,7 +18,7 @@ static const char usage_text[] =
           "usage: nabla generate (--run-dir DIR | --checkpoint STEP_DIR | --hf DIR | --gguf FILE) --prompt TEXT [options]\n"
           "  --run-dir DIR        a nabla run: DIR/config.yaml and the latest step of DIR/checkpoints\n"
           "  --checkpoint DIR     one checkpoint step (config: DIR/../../config.yaml, or --config)\n"
-          "  --hf DIR             a Hugging Face Llama folder (config.json, safetensors, tokenizer.json)\n"
+          "  --hf DIR             a Hugging Face GPT-2, Llama, Mistral or Qwen2 folder (config.json, safetensors, tokenizer.json)\n"
           "  --gguf FILE          a Llama GGUF file (llama.cpp's format; Q8_0 / Q4_0 linears run as int8 / int4 g32,\n"
           "                       other types dequantized to f32)\n"
           "  --config FILE        the run config for --run-dir / --checkpoint\n"

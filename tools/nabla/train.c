@@ -140,8 +140,13 @@ int nb_cmd_train(int argc, char **argv) {
   if (!ctx) return free(over), 1;
   nb_train_config cfg;
   nb_status s = config ? nb_train_config_load(ctx, config, n_over, over, &cfg)
-                       : nb_train_config_parse(ctx, "<default config>", default_yaml, sizeof default_yaml - 1, n_over,
-                                                   over, &cfg);
+                       : nb_train_config_parse(ctx, "<default config>", default_yaml, sizeof default_yaml - 1, 0, NULL, &cfg);
+  if (!config && !s) {
+    /* the default's model keys are no claim about an init_from model: only the overrides' are */
+    cfg.model_keys_set = 0;
+    for (int i = 0; !s && i < n_over; i++) s = nb_train_config_set(ctx, &cfg, over[i]);
+    if (!s) s = nb_train_config_validate(ctx, &cfg);
+  }
   free(over);
   if (s) {
     fprintf(stderr, "nabla train: %s\n", nb_ctx_error(ctx));
