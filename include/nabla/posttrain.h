@@ -1,0 +1,80 @@
+/* nabla posttrain: post-training of a trained model (the analogue of Tunix
+ * and TRL): preference optimization (DPO, IPO, hinge, ORPO), with SFT, LoRA
+ * and GRPO to come beside it. Everything numerical is traced, so the losses
+ * compile into the step of the trainer (nabla/train.h) that runs them. */
+#ifndef NABLA_POSTTRAIN_H
+#define NABLA_POSTTRAIN_H
+
+#include "nabla/export.h"
+#include "nabla/core.h"
+#include "nabla/models.h"
+#include "nabla/nn.h"
+#include "nabla/train.h"
+
+NB_BEGIN_DECLS
+
+/* ------------------------------------------------------------------------ */
+/* preference optimization                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* A batch of B preference pairs is 2B rows: the B chosen completions, then
+ * the B rejected ones, each row prompt + completion, right-padded to T.
+ * Losses follow TRL (trl 1.16 DPOTrainer._compute_loss and ORPOTrainer;
+ * docs/posttrain.md "Preference optimization"), with
+ *   logratio_c = logp(chosen) - ref_logp(chosen),  the same for rejected,
+ *   d = logratio_c - logratio_r:
+ *   sigmoid  -(1 - ls) log sigmoid(beta d) - ls log sigmoid(-beta d)  (DPO; ls > 0 is cDPO)
+ *   ipo      (d' - 1 / (2 beta))^2, d' the difference of the logratios
+ *            divided by each completion's token count (TRL's normalization)
+ *   hinge    max(0, 1 - beta d)
+ *   orpo     NLL(chosen) - lambda log sigmoid(log_odds), log_odds =
+ *            (a_c - a_r) - (log(1 - e^a_c) - log(1 - e^a_r)), a = the mean
+ *            token log-prob of the completion; no reference model.
+ * Rewards: beta * logratio (ORPO: lambda * a), accuracy = mean(reward_c >
+ * reward_r), margin = mean(reward_c - reward_r). */
+typedef enum nb_pt_pref_loss_type {
+  NB_PT_PREF_SIGMOID, NB_PT_PREF_IPO, NB_PT_PREF_HINGE, NB_PT_PREF_ORPO, NB_PT_PREF_COUNT
+} nb_pt_pref_loss_type;
+/* "sigmoid", "ipo", "hinge", "orpo" (NULL out of range). */
+const char *nb_pt_pref_loss_name(nb_pt_pref_loss_type t);
+
+typedef struct nb_pt_pref_opts {
+  nb_pt_pref_loss_type loss_type;
+  double beta;             /* DPO's beta, IPO's tau; > 0 (TRL's default 0.1) */
+  double label_smoothing;  /* sigmoid only: the probability that a label is flipped, in [0, 0.5) */
+  double orpo_lambda;      /* ORPO: weight of the odds-ratio term, > 0 (TRL's ORPOConfig.beta, 0.1) */
+} nb_pt_pref_opts;
+
+/* Sequence log-probabilities: logits [N, T, V] (float), targets integer
+ * [N, T] (the next tokens), mask [N, T] (bool or float: 1 on the completion's
+ * targets) -> [N] sum over T of mask * log softmax(logits)[target]; with
+ * mean, divided by the mask's count (at least 1). Logits' dtype. NULL with
+ * the error on the graph for mismatched shapes or dtypes. */
+nb_val *nb_pt_seq_logps(nb_val *logits, nb_val *targets, nb_val *mask, bool mean);
+
+/* What the loss reads, all values of one graph. */
+typedef struct nb_pt_pref_in {
+  nb_val *logits;          /* the policy's [2B, T, V] */
+  nb_val *targets, *mask;  /* [2B, T]: next tokens; 1 on completion targets */
+  nb_val *valid;           /* [2B, T]: 1 on every non-padding target (ORPO's NLL, as TRL: prompt and
+                              completion); NULL: mask */
+  nb_val *ref_logps;       /* [2B] the reference model's sequence log-prob sums (of the same rows;
+                              gradients stopped here); required but for ORPO */
+} nb_pt_pref_in;
+
+typedef struct nb_pt_pref_out {
+  nb_val *loss;                                /* scalar: the mean over pairs */
+  nb_val *chosen_rewards, *rejected_rewards;   /* [B], no gradient */
+  nb_val *accuracy, *margin;                   /* scalars, no gradient */
+  nb_val *chosen_logps, *rejected_logps;       /* [B] sums (ORPO: means), no gradient */
+  nb_val *nll, *log_odds_ratio, *log_odds;     /* ORPO only (scalars: NLL, mean log sigmoid(log_odds),
+                                                  mean log_odds), else NULL */
+} nb_pt_pref_out;
+
+/* Traces the preference loss of o over in into out. NB_ERR_INVALID_ARG for
+ * options out of range (named), NB_ERR_SHAPE for mismatched inputs (an odd
+ * row count, ref_logps not [2B]). */
+nb_status nb_pt_pref_loss(const nb_pt_pref_opts *o, const nb_pt_pref_in *in, nb_pt_pref_out *out);
+
+NB_END_DECLS
+#endif /* NABLA_POSTTRAIN_H */
