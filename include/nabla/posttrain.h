@@ -7,6 +7,7 @@
 
 #include "nabla/export.h"
 #include "nabla/core.h"
+#include "nabla/data.h"
 #include "nabla/models.h"
 #include "nabla/nn.h"
 #include "nabla/train.h"
@@ -75,6 +76,31 @@ typedef struct nb_pt_pref_out {
  * options out of range (named), NB_ERR_SHAPE for mismatched inputs (an odd
  * row count, ref_logps not [2B]). */
 nb_status nb_pt_pref_loss(const nb_pt_pref_opts *o, const nb_pt_pref_in *in, nb_pt_pref_out *out);
+
+/* Preference data: JSONL, one pair per line, {"prompt": "...", "chosen":
+ * "...", "rejected": "..."} (strings; TRL's "explicit prompt" format).
+ * Prompt and completion are tokenized apart and joined (the tokenizer's eos,
+ * if any, closes each completion), so pair i becomes two rows, chosen and
+ * rejected, of T = seq_len next-token positions:
+ *   "inputs", "targets"  i32 [P, 2, T]  tokens and next tokens, 0 after the end
+ *   "mask"               f32 [P, 2, T]  1 where the target is a completion token
+ *   "valid"              f32 [P, 2, T]  1 where the target is a token (prompt or completion)
+ * Pair-major ([P, 2, T], not [2P, T]) so that any slice of pairs keeps its
+ * chosen and rejected rows together; the loss takes [2B, T] (chosen rows,
+ * then rejected: nb_pt_pref_rows). A completion longer than the room left
+ * is cut at the end (counted in n_truncated). Refused with file:line and
+ * the field: a line that is not a JSON object, a missing or empty field, a
+ * field that is not a string (a "messages" list needs a chat template: not
+ * supported yet), a prompt that leaves no room for a completion token in
+ * seq_len, an id at or above vocab_size (> 0). */
+typedef struct nb_pt_pref_data_info {
+  int64_t pairs, n_truncated, tokens; /* tokens: of all rows, before padding */
+  uint64_t xxh3;                      /* of the file's lines (XXH3 of each, combined in order) */
+} nb_pt_pref_data_info;
+nb_tree *nb_pt_pref_data_load(nb_ctx *ctx, const char *path, const nb_data_tokenizer *tok, int64_t seq_len,
+                              int64_t vocab_size, nb_pt_pref_data_info *info);
+/* x [B, 2, ...] (a value) -> [2B, ...]: the B chosen rows, then the B rejected. */
+nb_val *nb_pt_pref_rows(nb_val *x);
 
 NB_END_DECLS
 #endif /* NABLA_POSTTRAIN_H */
