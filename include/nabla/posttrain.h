@@ -5,6 +5,8 @@
 #ifndef NABLA_POSTTRAIN_H
 #define NABLA_POSTTRAIN_H
 
+#include <stdio.h>
+
 #include "nabla/export.h"
 #include "nabla/core.h"
 #include "nabla/data.h"
@@ -101,6 +103,43 @@ nb_tree *nb_pt_pref_data_load(nb_ctx *ctx, const char *path, const nb_data_token
                               int64_t vocab_size, nb_pt_pref_data_info *info);
 /* x [B, 2, ...] (a value) -> [2B, ...]: the B chosen rows, then the B rejected. */
 nb_val *nb_pt_pref_rows(nb_val *x);
+
+/* `nabla dpo`: preference optimization as a task of the trainer
+ * (nb_train_run: the run dir, checkpoints, resume, metrics.jsonl,
+ * TensorBoard and report are train's). The run config is a train config
+ * (data.train / data.eval: JSONL pairs as above, tokenized with
+ * data.tokenizer, else the base's tokenizer, else bytes) plus a pref:
+ * section, written back into the run dir's config.yaml:
+ *   pref:
+ *     loss_type: sigmoid        # sigmoid, ipo, hinge, orpo
+ *     beta: 0.1
+ *     label_smoothing: 0        # sigmoid only (cDPO)
+ *     orpo_lambda: 0.1          # orpo only
+ *     base: runs/sft            # a run dir or checkpoint step dir to start from ("": a fresh model)
+ * The policy starts from the base's parameters (model: its config) and the
+ * reference model is a frozen copy of them, run in the same step (ORPO has
+ * none). Metrics (means over the batch, TRL's names): rewards/chosen,
+ * rewards/rejected, rewards/accuracies, rewards/margins, logps/chosen,
+ * logps/rejected; ORPO also nll_loss, log_odds_ratio, log_odds_chosen;
+ * eval records the same as eval_<name>. */
+typedef struct nb_pt_pref_config {
+  nb_pt_pref_opts loss;
+  char base[NB_TRAIN_STR_MAX];
+} nb_pt_pref_config;
+
+/* sigmoid, beta 0.1, label_smoothing 0, orpo_lambda 0.1, no base. */
+void nb_pt_pref_config_defaults(nb_pt_pref_config *c);
+/* The pref: section of the YAML file at path (NULL: defaults; the file's
+ * other keys are the trainer's) and "pref.<key>=value" overrides; errors
+ * name file:line (or the override) and the key. */
+nb_status nb_pt_pref_config_load(nb_ctx *ctx, const char *path, int n_overrides, const char *const *overrides,
+                                 nb_pt_pref_config *out);
+nb_status nb_pt_pref_config_set(nb_ctx *ctx, nb_pt_pref_config *c, const char *assignment);
+void nb_pt_pref_config_write(const nb_pt_pref_config *c, FILE *f);
+/* Runs (or resumes) the preference training of cfg and pc in
+ * opts->run_dir (opts->task is set here); as nb_train_run. */
+nb_status nb_pt_pref_run(nb_ctx *ctx, const nb_train_config *cfg, const nb_pt_pref_config *pc, const nb_train_opts *opts,
+                         nb_train_result *out);
 
 NB_END_DECLS
 #endif /* NABLA_POSTTRAIN_H */
