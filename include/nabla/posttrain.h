@@ -116,6 +116,7 @@ nb_val *nb_pt_pref_rows(nb_val *x);
  *     label_smoothing: 0        # sigmoid only (cDPO)
  *     orpo_lambda: 0.1          # orpo only
  *     base: runs/sft            # a run dir or checkpoint step dir to start from ("": a fresh model)
+ *     precompute_ref: false     # true: reference log-probs once per pair at the start, not per step
  * The policy starts from the base's parameters (model: its config) and the
  * reference model is a frozen copy of them, run in the same step (ORPO has
  * none). Metrics (means over the batch, TRL's names): rewards/chosen,
@@ -125,6 +126,8 @@ nb_val *nb_pt_pref_rows(nb_val *x);
 typedef struct nb_pt_pref_config {
   nb_pt_pref_opts loss;
   char base[NB_TRAIN_STR_MAX];
+  bool precompute_ref;     /* the reference's log-probs computed once for every pair at the start (a
+                              batch field, TRL's precompute_ref_log_probs) instead of in every step */
 } nb_pt_pref_config;
 
 /* sigmoid, beta 0.1, label_smoothing 0, orpo_lambda 0.1, no base. */

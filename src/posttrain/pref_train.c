@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <yaml.h>
 
+#include "nabla/compile.h"
 #include "nabla/posttrain.h"
 #include "nabla/tokenizer.h"
 #include "util/util.h"
@@ -22,7 +23,7 @@ void nb_pt_pref_config_defaults(nb_pt_pref_config *c) {
   c->loss = (nb_pt_pref_opts){.loss_type = NB_PT_PREF_SIGMOID, .beta = 0.1, .orpo_lambda = 0.1};
 }
 
-static const char *const pref_keys = "loss_type, beta, label_smoothing, orpo_lambda, base";
+static const char *const pref_keys = "loss_type, beta, label_smoothing, orpo_lambda, base, precompute_ref";
 
 /* key: without "pref."; where: "file:line" or "override 'k=v'" */
 static nb_status set_key(nb_ctx *ctx, nb_pt_pref_config *c, const char *where, const char *key, const char *val) {
@@ -44,6 +45,12 @@ static nb_status set_key(nb_ctx *ctx, nb_pt_pref_config *c, const char *where, c
         return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: pref.%s: %s", where, key, why);
       return NB_OK;
     }
+  if (!strcmp(key, "precompute_ref")) {
+    if (!strcmp(val, "true")) c->precompute_ref = true;
+    else if (!strcmp(val, "false")) c->precompute_ref = false;
+    else return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: pref.precompute_ref: '%s' is not a boolean (true or false)", where, val);
+    return NB_OK;
+  }
   if (!strcmp(key, "base")) {
     if (strlen(val) >= sizeof c->base) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: pref.base: too long", where);
     snprintf(c->base, sizeof c->base, "%s", val);
@@ -143,19 +150,26 @@ void nb_pt_pref_config_write(const nb_pt_pref_config *c, FILE *f) {
     fputc(*p, f);
   }
   fputs("\"\n", f);
+  fprintf(f, "  precompute_ref: %s\n", c->precompute_ref ? "true" : "false");
 }
 
 /* ---------------------------------------------------------------- the task */
 
 typedef struct pref_task {
   const nb_pt_pref_config *pc;
+  const nb_model_config *model;
+  const nb_tree *start;        /* the reference's parameters (precompute_ref) */
+  int threads;
   nb_data_tokenizer tok;
   nb_pt_pref_data_info train_info, eval_info;
 } pref_task;
 
 static const char *const leaves[4] = {"inputs", "targets", "mask", "valid"};
 
+static bool precomputed(const nb_pt_pref_config *pc) { return pc->precompute_ref && pc->loss.loss_type != NB_PT_PREF_ORPO; }
+
 static nb_tree *batch_spec(void *ud, nb_ctx *ctx, const nb_train_config *c, int64_t rows) {
+  const pref_task *t = ud;
   nb_tree *b = nb_tree_create(ctx);
   int64_t d[3] = {rows, 2, c->data.seq_len};
   for (int i = 0; b && i < 4; i++)
@@ -163,6 +177,10 @@ static nb_tree *batch_spec(void *ud, nb_ctx *ctx, const nb_train_config *c, int6
       nb_tree_destroy(b);
       return NULL;
     }
+  if (b && precomputed(t->pc) && nb_tree_set(b, "ref_logps", nb_leaf_aval(nb_aval_make(NB_F32, 2, d)))) {
+    nb_tree_destroy(b);
+    return NULL;
+  }
   return b;
 }
 
@@ -186,8 +204,8 @@ static nb_status loss_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
   nb_nn_apply a = {.g = g, .params = params, .train = j->mo.train, .rng = nb_tree_get_val(in, "rng"),
                    .dtype = j->mo.dtype, .linear_hook = j->mo.linear_hook, .hook_ud = j->mo.hook_ud};
   nb_val *logits = s ? NULL : nb_model_forward(&a, &j->cfg->model, &(nb_model_fwd){.tokens = x, .remat = j->mo.remat}, NULL);
-  nb_val *ref = NULL;
-  if (!s && j->pc->loss.loss_type != NB_PT_PREF_ORPO) { /* the reference model: the frozen start, no dropout */
+  nb_val *ref = nb_tree_get_val(in, "batch/ref_logps") ? nb_pt_pref_rows(nb_tree_get_val(in, "batch/ref_logps")) : NULL;
+  if (!s && !ref && j->pc->loss.loss_type != NB_PT_PREF_ORPO) { /* the reference model: the frozen start, no dropout */
     nb_nn_apply r = {.g = g, .params = frozen, .dtype = j->mo.dtype};
     ref = nb_pt_seq_logps(nb_model_forward(&r, &j->cfg->model, &(nb_model_fwd){.tokens = x}, NULL), y, m, false);
   }
@@ -227,6 +245,64 @@ static nb_graph *trace_loss(void *ud, nb_ctx *ctx, const nb_train_config *c, con
   return g;
 }
 
+/* ref_logps [n, 2] of pairs [n, 2, T]: the reference's sequence log-probs */
+static nb_status ref_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
+  const pref_task *t = u;
+  nb_tree *params = nb_tree_select_prefix(in, "params", true);
+  nb_nn_apply a = {.g = g, .params = params};
+  nb_val *x = nb_pt_pref_rows(nb_tree_get_val(in, "inputs")), *y = nb_pt_pref_rows(nb_tree_get_val(in, "targets"));
+  nb_val *m = nb_pt_pref_rows(nb_tree_get_val(in, "mask"));
+  nb_val *lp = nb_pt_seq_logps(nb_model_forward(&a, t->model, &(nb_model_fwd){.tokens = x}, NULL), y, m, false);
+  int64_t dims[2] = {2, nb_val_dim(x, 0) / 2};
+  static const int swap[2] = {1, 0};
+  nb_tree_destroy(params);
+  nb_status s = nb_graph_status(g);
+  return s ? s : nb_tree_set_val(out, "ref_logps", nb_transpose(nb_reshape(lp, 2, dims), swap));
+}
+
+/* Adds "ref_logps" [P, 2] to pairs (TRL's precompute_ref_log_probs): the
+ * reference's forward over chunks of `chunk` pairs, compiled once (the last
+ * chunk padded with the first pairs, their results dropped). */
+static nb_status precompute_ref(pref_task *t, nb_ctx *ctx, nb_tree *pairs, int64_t chunk) {
+  const nb_array *in0 = nb_tree_get_array(pairs, "inputs");
+  int64_t P = nb_array_dims(in0)[0], T = nb_array_dims(in0)[2];
+  if (chunk > P) chunk = P;
+  nb_tree *spec = nb_tree_create(ctx), *in = nb_tree_create(ctx), *out = nb_tree_create(ctx);
+  int64_t d[3] = {chunk, 2, T};
+  nb_status s = spec && in && out ? nb_tree_merge(spec, "params", t->start) : NB_ERR_NOMEM;
+  for (int i = 0; !s && i < 3; i++) s = nb_tree_set(spec, leaves[i], nb_leaf_aval(nb_aval_make(i < 2 ? NB_I32 : NB_F32, 3, d)));
+  nb_graph *g = s ? NULL : nb_trace(ctx, ref_fn, t, spec);
+  nb_exe *e = g ? nb_jit(ctx, g, &(nb_jit_opts){.threads = t->threads}) : NULL;
+  nb_array *all = e ? nb_array_empty(ctx, NB_F32, 2, (int64_t[]){P, 2}) : NULL;
+  if (!s && !all) s = nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_INTERNAL;
+  if (!s) s = nb_tree_merge(in, "params", t->start);
+  float *dst = all ? nb_array_data_mut(all) : NULL;
+  for (int64_t lo = 0; !s && lo < P; lo += chunk) {
+    for (int i = 0; !s && i < 3; i++) { /* pairs [lo, lo + chunk), wrapping to the first ones past P */
+      const nb_array *src = nb_tree_get_array(pairs, leaves[i]);
+      size_t row = (size_t)(2 * T) * 4; /* i32 and f32 alike */
+      nb_array *c = nb_array_empty(ctx, nb_array_dtype(src), 3, d);
+      if (!c) s = nb_ctx_status(ctx);
+      for (int64_t k = 0; !s && k < chunk; k++)
+        memcpy((char *)nb_array_data_mut(c) + (size_t)k * row, (const char *)nb_array_data(src) + (size_t)((lo + k) % P) * row, row);
+      if (!s) s = nb_tree_set_array(in, leaves[i], c);
+      nb_array_release(c);
+    }
+    if (!s) s = nb_exe_run(e, in, out);
+    const nb_array *r = s ? NULL : nb_tree_get_array(out, "ref_logps");
+    for (int64_t k = 0; r && k < chunk && lo + k < P; k++)
+      for (int j = 0; j < 2; j++) dst[(lo + k) * 2 + j] = (float)nb_array_get(r, k * 2 + j);
+  }
+  if (!s) s = nb_tree_set_array(pairs, "ref_logps", all);
+  nb_array_release(all);
+  nb_exe_destroy(e);
+  nb_graph_destroy(g);
+  nb_tree_destroy(spec);
+  nb_tree_destroy(in);
+  nb_tree_destroy(out);
+  return s ? nb_errorf(ctx, s, "pref: precomputing the reference log-probs: %s", nb_ctx_error(ctx)) : NB_OK;
+}
+
 static nb_status open_data(void *ud, nb_ctx *ctx, const nb_train_config *c, const char *run_dir, nb_train_task_data *out) {
   pref_task *t = ud;
   memset(out, 0, sizeof *out);
@@ -237,8 +313,10 @@ static nb_status open_data(void *ud, nb_ctx *ctx, const nb_train_config *c, cons
     return nb_errorf(ctx, NB_ERR_INVALID_ARG, "pref: data.train '%s' holds %lld pairs, fewer than batch_size %lld",
                      c->data.train, (long long)t->train_info.pairs, (long long)c->batch_size);
   }
-  nb_data_map *ds = nb_data_map_arrays(ctx, tr);
+  nb_status s = precomputed(t->pc) ? precompute_ref(t, ctx, tr, c->batch_size) : NB_OK;
+  nb_data_map *ds = s ? NULL : nb_data_map_arrays(ctx, tr);
   nb_tree_destroy(tr);
+  if (s) return s;
   ds = nb_data_map_batch(nb_data_map_repeat(nb_data_map_shuffle(ds, (uint64_t)c->seed), 0), c->batch_size, true);
   out->train = ds ? nb_data_iter_create(ds) : NULL;
   if (out->train && c->data.workers > 0)
@@ -251,6 +329,10 @@ static nb_status open_data(void *ud, nb_ctx *ctx, const nb_train_config *c, cons
   nb_tree *ev = nb_pt_pref_data_load(ctx, c->data.eval, &t->tok, c->data.seq_len, c->model.vocab_size, &t->eval_info);
   if (!ev) return nb_errorf(ctx, nb_ctx_status(ctx), "pref: data.eval: %s", nb_ctx_error(ctx));
   out->n_eval = t->eval_info.pairs;
+  if (precomputed(t->pc) && (s = precompute_ref(t, ctx, ev, c->batch_size))) {
+    nb_tree_destroy(ev);
+    return s;
+  }
   if (c->eval_every > 0 && c->eval_steps * c->batch_size > out->n_eval) {
     nb_tree_destroy(ev);
     return nb_errorf(ctx, NB_ERR_INVALID_ARG, "pref: eval_steps = %lld batches of batch_size %lld, but data.eval '%s' holds "
@@ -297,7 +379,7 @@ nb_status nb_pt_pref_run(nb_ctx *ctx, const nb_train_config *cfg_in, const nb_pt
     nb_array_release(key);
     if (!start) s = nb_ctx_status(ctx);
   }
-  pref_task t = {.pc = pc, .tok = nb_data_tokenizer_bytes()};
+  pref_task t = {.pc = pc, .model = &cfg.model, .start = start, .threads = opts_in->threads, .tok = nb_data_tokenizer_bytes()};
   if (!s && cfg.data.tokenizer[0]) {
     if (!(own_tok = nb_tok_load(ctx, cfg.data.tokenizer)))
       s = nb_errorf(ctx, nb_ctx_status(ctx), "pref: data.tokenizer '%s': %s", cfg.data.tokenizer, nb_ctx_error(ctx));
@@ -307,7 +389,7 @@ nb_status nb_pt_pref_run(nb_ctx *ctx, const nb_train_config *cfg_in, const nb_pt
   }
   nb_train_task task = {.name = "dpo", .batch_spec = batch_spec, .trace_loss = trace_loss, .open_data = open_data,
                         .init_params = start, .write_config = write_config, .ud = &t,
-                        .frozen = pc->loss.loss_type == NB_PT_PREF_ORPO ? NULL : start};
+                        .frozen = pc->loss.loss_type == NB_PT_PREF_ORPO || precomputed(pc) ? NULL : start};
   nb_train_opts o = *opts_in;
   o.task = &task;
   if (!s) s = nb_train_run(ctx, &cfg, &o, out);
