@@ -68,8 +68,10 @@ static nb_val *rows(nb_val *v, int64_t lo, int64_t hi) { return nb_slice(v, &lo,
 
 static nb_status check(const nb_pt_pref_opts *o, const nb_pt_pref_in *in, nb_pt_pref_out *out) {
   nb_graph *g = in ? graph_of(in->logits) : NULL;
-  if (!o || !in || !out || !g || !in->targets || !in->mask) return NB_ERR_INVALID_ARG;
+  if (!g) return NB_ERR_INVALID_ARG; /* no graph, so no context to hold a message */
   nb_ctx *ctx = nb_graph_ctx(g);
+  if (!o || !out || !in->targets || !in->mask)
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "pref loss: need options, an output and the targets and mask");
   if ((int)o->loss_type < 0 || o->loss_type >= NB_PT_PREF_COUNT)
     return nb_errorf(ctx, NB_ERR_INVALID_ARG, "pref loss: loss_type %d is not one of sigmoid, ipo, hinge, orpo", o->loss_type);
   if (o->loss_type != NB_PT_PREF_ORPO && !(o->beta > 0 && isfinite(o->beta)))
