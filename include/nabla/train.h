@@ -56,6 +56,7 @@
 
 #include "nabla/export.h"
 #include "nabla/core.h"
+#include "nabla/data.h"
 #include "nabla/models.h"
 #include "nabla/optim.h"
 
@@ -169,6 +170,51 @@ nb_graph *nb_train_trace_step(nb_ctx *ctx, const nb_train_config *cfg, const nb_
 nb_graph *nb_train_trace_eval(nb_ctx *ctx, const nb_train_config *cfg, const nb_tree *param_spec);
 
 /* ------------------------------------------------------------------------ */
+/* Tasks: another loss and batch in the same loop (post-training)            */
+/* ------------------------------------------------------------------------ */
+
+/* The data a task trains on (what data.train's token windows are for
+ * language modeling); the trainer takes train and eval. */
+typedef struct nb_train_task_data {
+  nb_data_iter *train;      /* batches of batch_size (trees matching batch_spec), endless; its state is
+                               saved in every checkpoint */
+  nb_data_map *eval;        /* element i: the i-th eval batch; NULL: no eval */
+  int64_t n_train, n_eval;  /* examples */
+  int64_t tokens;           /* of the training data; with xxh3 its identity: a resume with other */
+  uint64_t xxh3;            /* data is refused (as for token shards) */
+} nb_train_task_data;
+
+/* A task replaces the language-model loss, batch and data of nb_train_run;
+ * everything else (optimizer, schedule, grad_accum, checkpoints, resume,
+ * metrics.jsonl, TensorBoard, report) is the trainer's. */
+typedef struct nb_train_task {
+  const char *name;         /* for messages ("dpo") */
+  /* Avals of the batch's leaves for `rows` examples (new tree): every leaf's
+   * axis 0 is the example, so grad_accum slices rows. */
+  nb_tree *(*batch_spec)(void *ud, nb_ctx *ctx, const nb_train_config *cfg, int64_t rows);
+  /* The loss of a micro-batch (new graph): inputs "params/<p>",
+   * "frozen/<f>" (frozen_spec, may be empty), "batch/<b>" and "rng" when
+   * mo->train; outputs "loss" (scalar) and "metrics/<name>" (scalars,
+   * means over the micro-batch). */
+  nb_graph *(*trace_loss)(void *ud, nb_ctx *ctx, const nb_train_config *cfg, const nb_model_trace_opts *mo,
+                          const nb_tree *param_spec, const nb_tree *frozen_spec, const nb_tree *batch_spec);
+  nb_status (*open_data)(void *ud, nb_ctx *ctx, const nb_train_config *cfg, const char *run_dir,
+                         nb_train_task_data *out);
+  const nb_tree *init_params; /* borrowed: the parameters a fresh run starts from; NULL: nb_model_init */
+  const nb_tree *frozen;      /* borrowed: inputs "frozen/<p>" of every step and eval, never updated
+                                 nor saved (a reference model); NULL: none */
+  void (*write_config)(void *ud, FILE *f); /* the task's own keys, appended to config.yaml; may be NULL */
+  void *ud;
+} nb_train_task;
+
+/* The step and eval graphs of a task (task NULL: language modeling, as
+ * nb_train_trace_step / nb_train_trace_eval). */
+nb_graph *nb_train_trace_task_step(nb_ctx *ctx, const nb_train_config *cfg, const nb_train_task *task,
+                                   const nb_tree *param_spec, const nb_tree *opt_state_spec);
+nb_graph *nb_train_trace_task_eval(nb_ctx *ctx, const nb_train_config *cfg, const nb_train_task *task,
+                                   const nb_tree *param_spec);
+
+/* ------------------------------------------------------------------------ */
 /* The training loop                                                         */
 /* ------------------------------------------------------------------------ */
 
@@ -199,6 +245,8 @@ typedef struct nb_train_step_info {
   bool logged;                  /* written to metrics.jsonl (every log_every steps and the last) */
   bool has_eval;                /* eval ran after this step */
   double eval_loss;
+  const nb_tree *metrics;       /* with a task: the step's "<name>" scalars (and "eval_<name>" after an
+                                   eval), valid during on_step; NULL otherwise */
 } nb_train_step_info;
 
 typedef struct nb_train_opts {
@@ -214,6 +262,7 @@ typedef struct nb_train_opts {
   void (*on_start)(void *ud, const nb_train_start_info *info);
   void (*on_step)(void *ud, const nb_train_step_info *info);
   void *ud;
+  const nb_train_task *task;    /* NULL: language modeling on data.train's tokens */
 } nb_train_opts;
 
 typedef struct nb_train_result {

@@ -291,12 +291,24 @@ typedef struct walk {
 
 static nb_status walk_mapping(walk *w, yaml_node_t *map, const char *prefix);
 
+/* Top-level sections of the post-training commands' own keys (`nabla dpo`
+ * reads pref:), stored in the same config.yaml: the trainer skips them, so a
+ * post-training run dir loads like any other (generate, serve, resume). */
+static const char *const foreign_sections[] = {"pref", NULL};
+
+static bool is_foreign(const char *key) {
+  for (int i = 0; foreign_sections[i]; i++)
+    if (!strcmp(key, foreign_sections[i])) return true;
+  return false;
+}
+
 static nb_status walk_pair(walk *w, yaml_node_pair_t *pr, const char *prefix) {
   yaml_node_t *k = yaml_document_get_node(w->doc, pr->key), *v = yaml_document_get_node(w->doc, pr->value);
   char where[600], key[256];
   snprintf(where, sizeof where, "%s:%zu", w->name, k->start_mark.line + 1);
   if (k->type != YAML_SCALAR_NODE) return nb_errorf(w->ctx, NB_ERR_FORMAT, "%s: keys must be plain names", where);
   snprintf(key, sizeof key, "%s%s%s", prefix, *prefix ? "." : "", (const char *)k->data.scalar.value);
+  if (!*prefix && v->type == YAML_MAPPING_NODE && is_foreign(key)) return NB_OK;
   if (v->type == YAML_MAPPING_NODE) {
     if (!is_section(key)) {
       if (find_key(key)) return nb_errorf(w->ctx, NB_ERR_FORMAT, "%s: '%s' takes a value, not a mapping", where, key);

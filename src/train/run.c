@@ -42,12 +42,13 @@ static void jnum(FILE *f, const char *key, double v) {
 /* ---------------------------------------------------------------- run-dir files */
 
 /* The resolved config as YAML text (new string; free it). */
-static char *config_text(nb_ctx *ctx, const nb_train_config *c) {
+static char *config_text(nb_ctx *ctx, const nb_train_config *c, const nb_train_task *task) {
   char *buf = NULL;
   size_t n = 0;
   FILE *f = open_memstream(&buf, &n);
   if (!f) return nb_errorf(ctx, NB_ERR_NOMEM, "train: out of memory writing the config"), NULL;
   nb_train_config_write(c, f);
+  if (task && task->write_config) task->write_config(task->ud, f);
   if (fclose(f)) return free(buf), nb_errorf(ctx, NB_ERR_NOMEM, "train: out of memory writing the config"), NULL;
   return buf;
 }
@@ -96,7 +97,8 @@ typedef struct trainer {
   nb_ctx *ctx;
   const nb_train_config *cfg;
   const nb_train_opts *opts;
-  nb_train__data data;
+  const nb_train_task *task;   /* NULL: language modeling */
+  nb_train__data data;         /* with a task: only train_id and train_shard (what checkpoints record) */
   nb_tree *st;                 /* "params/<p>", "opt_state/<s>" (sole holder: donation runs in place) */
   nb_exe *step_exe, *eval_exe;
   nb_data_iter *it;
@@ -354,22 +356,44 @@ static double scalar_out(const nb_tree *out, const char *path) {
   return a ? nb_array_get(a, 0) : NAN;
 }
 
-static nb_status run_eval(trainer *t, double *loss) {
+/* The mean eval loss over eval_steps batches; with `metrics`, the means of
+ * the eval graph's "metrics/<name>" scalars as "eval_<name>". */
+static nb_status run_eval(trainer *t, double *loss, nb_tree *metrics) {
   nb_ctx *ctx = t->ctx;
-  double sum = 0;
+  double sum = 0, msum[32] = {0};
+  char names[32][64];
+  int nm = 0;
   nb_status s = NB_OK;
   for (int64_t i = 0; i < t->cfg->eval_steps && !s; i++) {
     nb_data_elem b = NB_DATA_ELEM_INIT;
     nb_tree *in = nb_tree_select_prefix(t->st, "params", false), *out = nb_tree_create(ctx);
-    s = in && out ? nb_data_map_get(t->eval_ds, i, &b) : NB_ERR_NOMEM;
+    nb_tree *fz = nb_tree_select_prefix(t->st, "frozen", false);
+    s = in && out && fz ? nb_data_map_get(t->eval_ds, i, &b) : NB_ERR_NOMEM;
+    if (!s) s = nb_tree_merge(in, "", fz);
     if (!s) s = nb_tree_merge(in, "batch", b.tree);
     if (!s) s = nb_exe_run(t->eval_exe, in, out);
     if (!s) sum += scalar_out(out, "loss");
+    for (size_t k = 0; !s && metrics && k < nb_tree_size(out); k++) {
+      const char *p = nb_tree_path(out, k);
+      if (strncmp(p, "metrics/", 8) || nm >= 32) continue;
+      int m = 0;
+      while (m < nm && strcmp(names[m], p + 8)) m++;
+      if (m == nm) snprintf(names[nm++], sizeof names[0], "%s", p + 8);
+      msum[m] += nb_array_get(nb_tree_leaf(out, k)->array, 0);
+    }
     nb_data_elem_clear(ctx, &b);
     nb_tree_destroy(in);
+    nb_tree_destroy(fz);
     nb_tree_destroy(out);
   }
   *loss = sum / (double)t->cfg->eval_steps;
+  for (int m = 0; !s && m < nm; m++) {
+    char key[80];
+    snprintf(key, sizeof key, "eval_%.63s", names[m]);
+    nb_array *a = nb_array_scalar(ctx, NB_F64, msum[m] / (double)t->cfg->eval_steps);
+    s = a ? nb_tree_set_array(metrics, key, a) : nb_ctx_status(ctx);
+    nb_array_release(a);
+  }
   return s;
 }
 
@@ -392,12 +416,25 @@ static nb_status setup(trainer *t, nb_train_start_info *info) {
   t->ckpt = nb_ckpt_manager_create(ctx, &co);
   if (!t->ckpt) return nb_ctx_status(ctx);
   t->last_saved = -1;
-  nb_status s = nb_train__data_open(ctx, c, t->dir, &t->data);
+  nb_train_task_data td = {0};
+  nb_status s = t->task ? t->task->open_data(t->task->ud, ctx, c, t->dir, &td) : nb_train__data_open(ctx, c, t->dir, &t->data);
+  if (t->task) { /* the trainer owns the task's iterators now */
+    t->it = td.train;
+    t->eval_ds = td.eval;
+    t->data.train_id = (nb_train__shard_id){.tokens = td.tokens, .xxh3 = td.xxh3};
+    t->data.n_train = td.n_train;
+    t->data.n_eval = td.n_eval;
+    t->data.entropy = NAN;
+    snprintf(t->data.train_shard, sizeof t->data.train_shard, "%s", c->data.train);
+    if (!s && !t->it) s = nb_errorf(ctx, NB_ERR_INTERNAL, "train: task '%s' gave no training data", t->task->name);
+  }
   if (s || interrupted(t)) return s;
   nb_tree *params = NULL;
   if (t->init) { /* the step takes its own tree: t->init stays until teardown */
     params = t->init;
     t->init = NULL;
+  } else if (t->task && t->task->init_params) {
+    params = nb_tree_copy(t->task->init_params);
   } else {
     nb_array *key = nb_key(ctx, (uint64_t)c->seed);
     params = key ? nb_model_init(ctx, &c->model, key) : NULL;
@@ -412,19 +449,23 @@ static nb_status setup(trainer *t, nb_train_start_info *info) {
   nb_tree_destroy(params);
   nb_tree_destroy(opt);
   if (s) return s;
-  t->it = nb_train__data_iter(ctx, &t->data, c);
-  t->eval_ds = t->it ? nb_train__eval_batches(ctx, &t->data, c) : NULL;
-  if (!t->eval_ds) return nb_ctx_status(ctx);
+  if (!t->task) {
+    t->it = nb_train__data_iter(ctx, &t->data, c);
+    t->eval_ds = t->it ? nb_train__eval_batches(ctx, &t->data, c) : NULL;
+    if (!t->eval_ds) return nb_ctx_status(ctx);
+  }
   /* restore before compiling: a resume refused (other data, other model shape) is refused at once */
   if ((s = restore(t)) || interrupted(t)) return s;
+  /* a task's frozen tree: inputs of every step and eval, neither restored nor saved */
+  if (t->task && t->task->frozen && (s = nb_tree_merge(t->st, "frozen", t->task->frozen))) return s;
   params = nb_tree_select_prefix(t->st, "params", true);
   opt = nb_tree_select_prefix(t->st, "opt_state", true);
-  nb_graph *g = params && opt ? nb_train_trace_step(ctx, c, params, opt) : NULL;
-  nb_graph *eg = g ? nb_train_trace_eval(ctx, c, params) : NULL;
+  nb_graph *g = params && opt ? nb_train_trace_task_step(ctx, c, t->task, params, opt) : NULL;
+  nb_graph *eg = g && t->eval_ds ? nb_train_trace_task_eval(ctx, c, t->task, params) : NULL;
   const char *donate[] = {"params", "opt_state", NULL};
   nb_jit_opts jo = {.donate = donate, .threads = t->opts->threads};
-  t->step_exe = eg ? nb_jit(ctx, g, &jo) : NULL;
-  t->eval_exe = t->step_exe ? nb_jit(ctx, eg, &(nb_jit_opts){.threads = t->opts->threads}) : NULL;
+  t->step_exe = eg || (g && !t->eval_ds) ? nb_jit(ctx, g, &jo) : NULL;
+  t->eval_exe = t->step_exe && eg ? nb_jit(ctx, eg, &(nb_jit_opts){.threads = t->opts->threads}) : NULL;
   if (g) {
     double bytes;
     nb_graph_cost(g, &info->graph_flops_per_step, &bytes);
@@ -433,7 +474,7 @@ static nb_status setup(trainer *t, nb_train_start_info *info) {
   nb_graph_destroy(eg);
   nb_tree_destroy(params);
   nb_tree_destroy(opt);
-  if (!t->eval_exe) return nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_INTERNAL;
+  if (!t->step_exe || (t->eval_ds && !t->eval_exe)) return nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_INTERNAL;
   if (interrupted(t)) return NB_OK;
   /* the run is accepted (locked, data checked, restored, compiled): only now does config.yaml change */
   if ((s = write_config(ctx, t->dir, t->config))) return s;
@@ -513,7 +554,7 @@ static nb_status check_finite(trainer *t, const nb_train_step_info *si, const nb
 }
 
 /* One step: next batch, the compiled step, the state swapped for the outputs. */
-static nb_status one_step(trainer *t, nb_train_step_info *si, double *exe_ms, double *data_ms) {
+static nb_status one_step(trainer *t, nb_train_step_info *si, double *exe_ms, double *data_ms, nb_tree *metrics) {
   nb_ctx *ctx = t->ctx;
   double a = nb_util__now_s();
   nb_data_elem b = NB_DATA_ELEM_INIT;
@@ -531,9 +572,18 @@ static nb_status one_step(trainer *t, nb_train_step_info *si, double *exe_ms, do
   *exe_ms = (nb_util__now_s() - m) * 1e3;
   *data_ms = (m - a) * 1e3;
   /* the batch and step leave the state; check_finite puts the outputs in */
-  if (!s) s = nb_tree_remove(t->st, "batch/inputs");
-  if (!s) s = nb_tree_remove(t->st, "batch/targets");
+  for (size_t i = 0; !s && i < nb_tree_size(t->st);)
+    if (!strncmp(nb_tree_path(t->st, i), "batch/", 6)) {
+      char p[256]; /* the tree's own copy goes with the leaf */
+      snprintf(p, sizeof p, "%s", nb_tree_path(t->st, i));
+      s = nb_tree_remove(t->st, p);
+    } else {
+      i++;
+    }
   if (!s) s = nb_tree_remove(t->st, "step");
+  for (size_t i = 0; !s && metrics && i < nb_tree_size(out); i++) /* a task's metrics, as "<name>" */
+    if (!strncmp(nb_tree_path(out, i), "metrics/", 8))
+      s = nb_tree_set_array(metrics, nb_tree_path(out, i) + 8, nb_tree_leaf(out, i)->array);
   if (!s) {
     si->loss = scalar_out(out, "loss");
     si->lr = scalar_out(out, "lr");
@@ -542,6 +592,14 @@ static nb_status one_step(trainer *t, nb_train_step_info *si, double *exe_ms, do
   }
   nb_tree_destroy(out);
   return s;
+}
+
+/* a task's metrics (scalars) as more keys of the record */
+static void write_metrics(FILE *f, const nb_tree *m) {
+  for (size_t i = 0; m && i < nb_tree_size(m); i++) {
+    const nb_array *a = nb_tree_leaf(m, i)->array;
+    if (a && nb_array_size(a) == 1) jnum(f, nb_tree_path(m, i), nb_array_get(a, 0));
+  }
 }
 
 static void write_record(trainer *t, const nb_train_step_info *si) {
@@ -553,13 +611,17 @@ static void write_record(trainer *t, const nb_train_step_info *si) {
   jnum(f, "tokens_per_s", si->tokens_per_s);
   jnum(f, "mfu", si->mfu);
   jnum(f, "elapsed_s", si->elapsed_s);
+  write_metrics(f, si->metrics);
   fprintf(f, ",\"tokens\":%lld}\n", (long long)(si->step * t->cfg->batch_size * t->cfg->data.seq_len));
   fflush(f);
 }
 
-static void write_eval(trainer *t, int64_t step, double loss) {
+static void write_eval(trainer *t, int64_t step, double loss, const nb_tree *metrics) {
   fprintf(t->metrics, "{\"step\":%lld", (long long)step);
   jnum(t->metrics, "eval_loss", loss);
+  for (size_t i = 0; metrics && i < nb_tree_size(metrics); i++)
+    if (!strncmp(nb_tree_path(metrics, i), "eval_", 5))
+      jnum(t->metrics, nb_tree_path(metrics, i), nb_array_get(nb_tree_leaf(metrics, i)->array, 0));
   fputs("}\n", t->metrics);
   fflush(t->metrics);
 }
@@ -578,13 +640,27 @@ static void tb_train(trainer *t, const nb_train_step_info *si) {
   if (!s) s = nb_prof_tb_scalar(t->tb, "train/lr", si->step, si->lr);
   if (!s) s = nb_prof_tb_scalar(t->tb, "train/grad_norm", si->step, si->grad_norm);
   if (!s) s = nb_prof_tb_scalar(t->tb, "train/tokens_per_s", si->step, si->tokens_per_s);
+  for (size_t i = 0; !s && si->metrics && i < nb_tree_size(si->metrics); i++) {
+    const char *p = nb_tree_path(si->metrics, i);
+    char tag[96];
+    if (!strncmp(p, "eval_", 5)) continue;
+    snprintf(tag, sizeof tag, "train/%s", p);
+    s = nb_prof_tb_scalar(t->tb, tag, si->step, nb_array_get(nb_tree_leaf(si->metrics, i)->array, 0));
+  }
   if (!s && isfinite(si->mfu)) s = nb_prof_tb_scalar(t->tb, "train/mfu", si->step, si->mfu);
   if (!s) s = nb_prof_tb_flush(t->tb);
   diag(t, s);
 }
 
-static void tb_eval(trainer *t, int64_t step, double loss) {
+static void tb_eval(trainer *t, int64_t step, double loss, const nb_tree *metrics) {
   nb_status s = nb_prof_tb_scalar(t->tb, "eval/loss", step, loss);
+  for (size_t i = 0; !s && metrics && i < nb_tree_size(metrics); i++) {
+    const char *p = nb_tree_path(metrics, i);
+    char tag[96];
+    if (strncmp(p, "eval_", 5)) continue;
+    snprintf(tag, sizeof tag, "eval/%s", p + 5);
+    s = nb_prof_tb_scalar(t->tb, tag, step, nb_array_get(nb_tree_leaf(metrics, i)->array, 0));
+  }
   if (!s) s = nb_prof_tb_flush(t->tb);
   diag(t, s);
 }
@@ -627,11 +703,11 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_train_config *cfg, const nb_train_o
   /* config.yaml names a preset of the model's family (every model key follows it), not the default's */
   if (cfg->init_from[0]) snprintf(resolved.preset, sizeof resolved.preset, "%s", resolved.model.family == NB_MODEL_GPT2 ? "gpt2-tiny" : "llama-tiny");
   cfg = &resolved;
-  trainer t = {.ctx = ctx, .cfg = cfg, .opts = opts, .t0 = nb_util__now_s(), .init = init};
+  trainer t = {.ctx = ctx, .cfg = cfg, .opts = opts, .task = opts->task, .t0 = nb_util__now_s(), .init = init};
   if (snprintf(t.dir, sizeof t.dir, "%s", opts->run_dir) >= (int)sizeof t.dir)
     return nb_tree_destroy(init), nb_errorf(ctx, NB_ERR_INVALID_ARG, "train: run_dir too long");
   if ((s = nb_train__mkdir_p(ctx, t.dir))) return nb_tree_destroy(init), s;
-  if (!(t.config = config_text(ctx, cfg))) return nb_tree_destroy(init), nb_ctx_status(ctx);
+  if (!(t.config = config_text(ctx, cfg, opts->task))) return nb_tree_destroy(init), nb_ctx_status(ctx);
   /* handlers before set-up: a signal there ends the run cleanly, not the process */
   if (opts->handle_signals && (s = nb_ckpt_preemption_install(ctx))) {
     free(t.config);
@@ -667,7 +743,13 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_train_config *cfg, const nb_train_o
   while (!s && t.step < cfg->steps) {
     double a = nb_util__now_s(), ems = 0, dms = 0, eval_t = 0;
     nb_train_step_info si = {.total_steps = cfg->steps, .tokens_per_s = NAN, .mfu = NAN, .eval_loss = NAN};
-    if ((s = one_step(&t, &si, &ems, &dms))) break;
+    nb_tree *metrics = t.task ? nb_tree_create(ctx) : NULL;
+    si.metrics = metrics;
+    if (t.task && !metrics) s = NB_ERR_NOMEM;
+    if (s || (s = one_step(&t, &si, &ems, &dms, metrics))) {
+      nb_tree_destroy(metrics);
+      break;
+    }
     si.step = t.step;
     since_log++;
     res.final_loss = si.loss;
@@ -680,13 +762,16 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_train_config *cfg, const nb_train_o
       write_record(&t, &si);
       tb_train(&t, &si);
     }
-    if (cfg->eval_every > 0 && cfg->eval_steps > 0 && (t.step % cfg->eval_every == 0 || t.step == cfg->steps)) {
+    if (t.eval_exe && cfg->eval_every > 0 && cfg->eval_steps > 0 && (t.step % cfg->eval_every == 0 || t.step == cfg->steps)) {
       double e0 = nb_util__now_s();
-      if ((s = run_eval(&t, &si.eval_loss))) break;
+      if ((s = run_eval(&t, &si.eval_loss, metrics))) {
+        nb_tree_destroy(metrics);
+        break;
+      }
       si.has_eval = true;
       res.last_eval_loss = si.eval_loss;
-      write_eval(&t, t.step, si.eval_loss);
-      tb_eval(&t, t.step, si.eval_loss);
+      write_eval(&t, t.step, si.eval_loss, metrics);
+      tb_eval(&t, t.step, si.eval_loss, metrics);
       eval_t = nb_util__now_s() - e0;
       res.eval_s += eval_t;
     }
@@ -710,6 +795,7 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_train_config *cfg, const nb_train_o
       since_log = 0;
     }
     if (opts->on_step) opts->on_step(opts->ud, &si);
+    nb_tree_destroy(metrics);
     if (preempt || stop) {
       res.preempted = preempt;
       res.stopped = stop && !preempt;

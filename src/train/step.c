@@ -115,6 +115,7 @@ typedef struct step_job {
   nb_val **hp;                 /* what tx's and lr's schedules read: the "hparams/schedule" input */
   nb_val **hpo;                /* what tx's own numbers read: the "hparams/optim" input */
   bool rng;                    /* vg takes "rng" (dropout) */
+  bool frozen;                 /* vg takes "frozen/<p>" (a task's frozen tree) */
 } step_job;
 
 static nb_val *add_or_set(nb_val *acc, nb_val *x) { return acc ? nb_add(acc, x) : x; }
@@ -137,15 +138,17 @@ static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
   const step_job *job = u;
   nb_ctx *ctx = nb_graph_ctx(g);
   const nb_train_config *c = job->cfg;
-  int64_t A = c->grad_accum, mb = c->batch_size / A, T = c->data.seq_len;
+  int64_t A = c->grad_accum, mb = c->batch_size / A;
   nb_val *step = nb_tree_get_val(in, "step");
   *job->hp = nb_tree_get_val(in, "hparams/schedule");
   *job->hpo = nb_tree_get_val(in, "hparams/optim");
-  nb_val *inputs = nb_tree_get_val(in, "batch/inputs"), *targets = nb_tree_get_val(in, "batch/targets");
+  nb_tree *batch = nb_tree_select_prefix(in, "batch", true);
+  nb_tree *frozen = job->frozen ? nb_tree_select_prefix(in, "frozen", true) : NULL;
   nb_tree *params = nb_tree_select_prefix(in, "params", true), *state = nb_tree_select_prefix(in, "opt_state", true);
   nb_tree *grads = nb_tree_create(ctx), *metrics = nb_tree_create(ctx);
   nb_tree *updates = nb_tree_create(ctx), *new_state = nb_tree_create(ctx), *new_params = nb_tree_create(ctx);
-  nb_status s = params && state && grads && metrics && updates && new_state && new_params ? NB_OK : NB_ERR_NOMEM;
+  nb_status s = batch && (frozen || !job->frozen) && params && state && grads && metrics && updates && new_state &&
+                        new_params ? NB_OK : NB_ERR_NOMEM;
   nb_val *loss = NULL, *key = NULL;
   if (!s && job->rng) key = nb_random_fold_in(nb_tree_get_val(in, "hparams/key"), step);
   /* micro-batch k: rows [k*mb, (k+1)*mb) of the batch; grads and metrics summed, then averaged */
@@ -153,10 +156,17 @@ static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
     nb_tree *call_in = nb_tree_create(ctx), *call_out = nb_tree_create(ctx);
     if (!call_in || !call_out) s = NB_ERR_NOMEM;
     if (!s) s = nb_tree_merge(call_in, "params", params);
-    int64_t lo[2] = {k * mb, 0}, hi[2] = {(k + 1) * mb, T};
-    nb_val *xi = A > 1 ? nb_slice(inputs, lo, hi, NULL) : inputs, *yi = A > 1 ? nb_slice(targets, lo, hi, NULL) : targets;
-    if (!s) s = nb_tree_set_val(call_in, "batch/inputs", xi);
-    if (!s) s = nb_tree_set_val(call_in, "batch/targets", yi);
+    if (!s && frozen) s = nb_tree_merge(call_in, "frozen", frozen);
+    /* every batch leaf's rows [k*mb, (k+1)*mb) (axis 0 is the example) */
+    for (size_t i = 0; !s && i < nb_tree_size(batch); i++) {
+      nb_val *v = nb_tree_leaf(batch, i)->val;
+      int r = nb_val_rank(v);
+      int64_t lo[NB_MAX_RANK] = {k * mb}, hi[NB_MAX_RANK] = {(k + 1) * mb};
+      for (int d = 1; d < r; d++) hi[d] = nb_val_dim(v, d);
+      char p[256];
+      snprintf(p, sizeof p, "batch/%s", nb_tree_path(batch, i));
+      s = nb_tree_set_val(call_in, p, A > 1 ? nb_slice(v, lo, hi, NULL) : v);
+    }
     if (!s && key) s = nb_tree_set_val(call_in, "rng", A > 1 ? nb_random_fold_in(key, nb_scalar(g, NB_U32, (double)k)) : key);
     if (!s) s = nb_graph_call(g, job->vg, call_in, call_out);
     for (size_t i = 0; !s && i < nb_tree_size(call_out); i++) {
@@ -201,6 +211,8 @@ static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
   }
   if (!s) s = nb_tree_merge(out, "params", new_params);
   if (!s) s = nb_tree_merge(out, "opt_state", new_state);
+  nb_tree_destroy(batch);
+  nb_tree_destroy(frozen);
   nb_tree_destroy(params);
   nb_tree_destroy(state);
   nb_tree_destroy(grads);
@@ -234,15 +246,35 @@ static nb_status check_supported(nb_ctx *ctx, const nb_train_config *c) {
   return NB_OK;
 }
 
-nb_graph *nb_train_trace_step(nb_ctx *ctx, const nb_train_config *c, const nb_tree *param_spec,
-                              const nb_tree *opt_state_spec) {
+/* The micro-batch loss (rows of a batch) of the task, or the model's LM loss. */
+static nb_graph *trace_loss(nb_ctx *ctx, const nb_train_config *c, const nb_train_task *task,
+                            const nb_model_trace_opts *mo, const nb_tree *param_spec, int64_t rows) {
+  nb_tree *bs = task ? task->batch_spec(task->ud, ctx, c, rows) : batch_spec(ctx, rows, c->data.seq_len);
+  nb_tree *fs = bs ? nb_tree_create(ctx) : NULL;
+  nb_graph *g = NULL;
+  if (fs && task && task->frozen && nb_tree_merge(fs, "", task->frozen)) fs = (nb_tree_destroy(fs), NULL);
+  if (fs) g = task ? task->trace_loss(task->ud, ctx, c, mo, param_spec, fs, bs)
+                   : nb_model_trace_loss(ctx, &c->model, mo, param_spec, bs);
+  nb_tree_destroy(bs);
+  nb_tree_destroy(fs);
+  return g;
+}
+
+static bool task_ok(nb_ctx *ctx, const nb_train_task *task) {
+  if (!task || (task->batch_spec && task->trace_loss && task->open_data)) return true;
+  nb_errorf(ctx, NB_ERR_INVALID_ARG, "train: task '%s' lacks batch_spec, trace_loss or open_data",
+            task->name ? task->name : "?");
+  return false;
+}
+
+nb_graph *nb_train_trace_task_step(nb_ctx *ctx, const nb_train_config *c, const nb_train_task *task,
+                                   const nb_tree *param_spec, const nb_tree *opt_state_spec) {
   if (!c || !param_spec || !opt_state_spec)
     return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train step: NULL config or spec"), NULL;
-  if (nb_train_config_validate(ctx, c) || check_supported(ctx, c)) return NULL;
+  if (nb_train_config_validate(ctx, c) || check_supported(ctx, c) || !task_ok(ctx, task)) return NULL;
   bool dropout = c->model.dropout > 0 || c->model.attn_dropout > 0;
   nb_model_trace_opts mo = {.train = dropout, .remat = c->remat == NB_TRAIN_REMAT_BLOCK, .dtype = NB_F32};
-  nb_tree *bs = batch_spec(ctx, c->batch_size / c->grad_accum, c->data.seq_len);
-  nb_graph *loss = bs ? nb_model_trace_loss(ctx, &c->model, &mo, param_spec, bs) : NULL;
+  nb_graph *loss = trace_loss(ctx, c, task, &mo, param_spec, c->batch_size / c->grad_accum);
   nb_graph *vg = loss ? nb_value_and_grad(ctx, loss, &(nb_grad_opts){.wrt = "params", .has_aux = true}) : NULL;
   nb_val *hp = NULL, *hpo = NULL;
   nb_optim_tx *tx = vg ? optimizer(ctx, c, &hp) : NULL;
@@ -250,13 +282,14 @@ nb_graph *nb_train_trace_step(nb_ctx *ctx, const nb_train_config *c, const nb_tr
   nb_optim_schedule *lr = tx ? bound_schedule(ctx, c, &hp) : NULL;
   nb_tree *hparams = lr ? nb_tree_create(ctx) : NULL;
   nb_graph *g = NULL;
-  nb_tree *spec = hparams && !nb_train_set_hparams(ctx, c, hparams) ? nb_tree_create(ctx) : NULL;
+  nb_tree *bs = NULL, *spec = hparams && !nb_train_set_hparams(ctx, c, hparams) ? nb_tree_create(ctx) : NULL;
+  bool frozen = task && task->frozen && nb_tree_size(task->frozen) > 0;
   if (spec && !nb_tree_merge(spec, "params", param_spec) && !nb_tree_merge(spec, "opt_state", opt_state_spec) &&
-      !nb_tree_merge(spec, "", hparams) && !nb_tree_set(spec, "step", nb_leaf_aval(nb_aval_make(NB_I32, 0, NULL)))) {
-    nb_tree_destroy(bs);
-    bs = batch_spec(ctx, c->batch_size, c->data.seq_len);
+      !nb_tree_merge(spec, "", hparams) && !nb_tree_set(spec, "step", nb_leaf_aval(nb_aval_make(NB_I32, 0, NULL))) &&
+      !(frozen && nb_tree_merge(spec, "frozen", task->frozen))) {
+    bs = task ? task->batch_spec(task->ud, ctx, c, c->batch_size) : batch_spec(ctx, c->batch_size, c->data.seq_len);
     if (bs && !nb_tree_merge(spec, "batch", bs)) {
-      step_job job = {.cfg = c, .vg = vg, .tx = tx, .lr = lr, .hp = &hp, .hpo = &hpo, .rng = dropout};
+      step_job job = {.cfg = c, .vg = vg, .tx = tx, .lr = lr, .hp = &hp, .hpo = &hpo, .rng = dropout, .frozen = frozen};
       g = nb_trace(ctx, step_fn, &job, spec);
     }
   }
@@ -270,12 +303,19 @@ nb_graph *nb_train_trace_step(nb_ctx *ctx, const nb_train_config *c, const nb_tr
   return g;
 }
 
-nb_graph *nb_train_trace_eval(nb_ctx *ctx, const nb_train_config *c, const nb_tree *param_spec) {
+nb_graph *nb_train_trace_step(nb_ctx *ctx, const nb_train_config *c, const nb_tree *param_spec,
+                              const nb_tree *opt_state_spec) {
+  return nb_train_trace_task_step(ctx, c, NULL, param_spec, opt_state_spec);
+}
+
+nb_graph *nb_train_trace_task_eval(nb_ctx *ctx, const nb_train_config *c, const nb_train_task *task,
+                                   const nb_tree *param_spec) {
   if (!c || !param_spec) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train eval: NULL config or spec"), NULL;
-  if (nb_train_config_validate(ctx, c) || check_supported(ctx, c)) return NULL;
+  if (nb_train_config_validate(ctx, c) || check_supported(ctx, c) || !task_ok(ctx, task)) return NULL;
   nb_model_trace_opts mo = {.train = false, .dtype = NB_F32};
-  nb_tree *bs = batch_spec(ctx, c->batch_size, c->data.seq_len);
-  nb_graph *g = bs ? nb_model_trace_loss(ctx, &c->model, &mo, param_spec, bs) : NULL;
-  nb_tree_destroy(bs);
-  return g;
+  return trace_loss(ctx, c, task, &mo, param_spec, c->batch_size);
+}
+
+nb_graph *nb_train_trace_eval(nb_ctx *ctx, const nb_train_config *c, const nb_tree *param_spec) {
+  return nb_train_trace_task_eval(ctx, c, NULL, param_spec);
 }

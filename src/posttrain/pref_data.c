@@ -1,0 +1,173 @@
+/* Preference pairs from JSONL into pair-major arrays [P, 2, T] (chosen row,
+ * rejected row), and the reshape the loss reads them through ([2B, T]:
+ * chosen rows, then rejected). Host code: parsing, tokenizing, masking. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nabla/posttrain.h"
+
+static const char *const fields[3] = {"prompt", "chosen", "rejected"};
+
+/* field f of line j as a non-empty string, or an error naming file:line and the field */
+static nb_status text_field(nb_ctx *ctx, const char *path, int64_t line, const cJSON *j, int f, const char **out) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, fields[f]);
+  if (!v) return nb_errorf(ctx, NB_ERR_FORMAT, "%s:%lld: missing field '%s' (a pair needs prompt, chosen, rejected)", path,
+                           (long long)line, fields[f]);
+  if (cJSON_IsArray(v))
+    return nb_errorf(ctx, NB_ERR_UNIMPLEMENTED, "%s:%lld: field '%s' is a list of messages: rendering them needs a chat "
+                     "template, which preference data does not support yet; give the rendered text as a string",
+                     path, (long long)line, fields[f]);
+  if (!cJSON_IsString(v))
+    return nb_errorf(ctx, NB_ERR_FORMAT, "%s:%lld: field '%s' must be a string", path, (long long)line, fields[f]);
+  if (!v->valuestring[0] && f)
+    return nb_errorf(ctx, NB_ERR_FORMAT, "%s:%lld: field '%s' is empty", path, (long long)line, fields[f]);
+  *out = v->valuestring;
+  return NB_OK;
+}
+
+typedef struct rows_buf {
+  int32_t *inputs, *targets;
+  float *mask, *valid;
+  int64_t n, cap, T;            /* rows */
+} rows_buf;
+
+static nb_status grow(nb_ctx *ctx, rows_buf *b) {
+  if (b->n < b->cap) return NB_OK;
+  int64_t cap = b->cap ? 2 * b->cap : 64, T = b->T;
+  int32_t *in = realloc(b->inputs, (size_t)(cap * T) * sizeof *in);
+  if (in) b->inputs = in;
+  int32_t *tg = in ? realloc(b->targets, (size_t)(cap * T) * sizeof *tg) : NULL;
+  if (tg) b->targets = tg;
+  float *m = tg ? realloc(b->mask, (size_t)(cap * T) * sizeof *m) : NULL;
+  if (m) b->mask = m;
+  float *v = m ? realloc(b->valid, (size_t)(cap * T) * sizeof *v) : NULL;
+  if (!v) return nb_errorf(ctx, NB_ERR_NOMEM, "pref data: out of memory");
+  b->valid = v;
+  b->cap = cap;
+  return NB_OK;
+}
+
+/* One row: prompt ids p[np] then completion ids c[nc], cut to T+1 tokens. */
+static nb_status add_row(nb_ctx *ctx, rows_buf *b, const int32_t *p, int64_t np, const int32_t *c, int64_t nc,
+                         bool *cut) {
+  nb_status s = grow(ctx, b);
+  if (s) return s;
+  int64_t T = b->T, n = np + nc;
+  *cut = n > T + 1;
+  if (*cut) n = T + 1;
+  int64_t o = b->n++ * T;
+  for (int64_t t = 0; t < T; t++) {
+    bool has = t < n - 1;
+    b->inputs[o + t] = has ? (t < np ? p[t] : c[t - np]) : 0;
+    b->targets[o + t] = has ? (t + 1 < np ? p[t + 1] : c[t + 1 - np]) : 0;
+    b->valid[o + t] = has ? 1.0f : 0.0f;
+    b->mask[o + t] = has && t + 1 >= np ? 1.0f : 0.0f;
+  }
+  return NB_OK;
+}
+
+static nb_status encode(nb_ctx *ctx, const nb_data_tokenizer *tok, const char *text, bool eos, nb_data_ids *ids) {
+  ids->len = 0;
+  nb_status s = tok->encode(tok->ud, ctx, text, strlen(text), ids);
+  if (!s && eos && tok->eos_id >= 0) s = nb_data_ids_push(ids, &tok->eos_id, 1);
+  return s;
+}
+
+static nb_tree *finish(nb_ctx *ctx, rows_buf *b) {
+  int64_t P = b->n / 2, d[3] = {P, 2, b->T};
+  nb_tree *t = nb_tree_create(ctx);
+  nb_array *a[4] = {nb_array_create(ctx, NB_I32, 3, d, b->inputs), nb_array_create(ctx, NB_I32, 3, d, b->targets),
+                    nb_array_create(ctx, NB_F32, 3, d, b->mask), nb_array_create(ctx, NB_F32, 3, d, b->valid)};
+  const char *names[4] = {"inputs", "targets", "mask", "valid"};
+  nb_status s = t ? NB_OK : NB_ERR_NOMEM;
+  for (int i = 0; i < 4; i++) {
+    if (!s) s = a[i] ? nb_tree_set_array(t, names[i], a[i]) : nb_ctx_status(ctx);
+    nb_array_release(a[i]);
+  }
+  if (s) nb_tree_destroy(t);
+  return s ? NULL : t;
+}
+
+nb_tree *nb_pt_pref_data_load(nb_ctx *ctx, const char *path, const nb_data_tokenizer *tok, int64_t seq_len,
+                              int64_t vocab_size, nb_pt_pref_data_info *info) {
+  if (!path || !tok || !tok->encode || seq_len < 1)
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "pref data: need a path, a tokenizer and seq_len >= 1"), NULL;
+  FILE *f = fopen(path, "rb");
+  if (!f) return nb_errorf(ctx, NB_ERR_IO, "pref data: cannot open '%s': %s", path, strerror(errno)), NULL;
+  nb_pt_pref_data_info inf = {0};
+  rows_buf b = {.T = seq_len};
+  nb_data_ids ids[3] = {{.ctx = ctx}, {.ctx = ctx}, {.ctx = ctx}};
+  char *line = NULL;
+  size_t cap = 0;
+  ssize_t len;
+  nb_status s = NB_OK;
+  uint64_t h = 0;
+  for (int64_t ln = 1; !s && (len = getline(&line, &cap, f)) > 0; ln++) {
+    /* the file's identity: a hash of the line hashes (one pass, no second read) */
+    h = h * 0x9E3779B97F4A7C15ull + nb_data_checksum_bytes(NB_DATA_XXH3, line, (size_t)len);
+    size_t k = strspn(line, " \t\r\n");
+    if ((ssize_t)k == len) continue; /* a blank line */
+    cJSON *j = cJSON_ParseWithLength(line, (size_t)len);
+    if (!cJSON_IsObject(j)) s = nb_errorf(ctx, NB_ERR_FORMAT, "%s:%lld: not a JSON object", path, (long long)ln);
+    const char *txt[3] = {0};
+    for (int fi = 0; !s && fi < 3; fi++) s = text_field(ctx, path, ln, j, fi, &txt[fi]);
+    for (int fi = 0; !s && fi < 3; fi++)
+      if ((s = encode(ctx, tok, txt[fi], fi > 0, &ids[fi])))
+        s = nb_errorf(ctx, s, "%s:%lld: field '%s': tokenizing: %s", path, (long long)ln, fields[fi], nb_ctx_error(ctx));
+    for (int fi = 0; !s && fi < 3; fi++)
+      for (size_t i = 0; !s && i < ids[fi].len; i++)
+        if (vocab_size > 0 && ids[fi].ids[i] >= vocab_size)
+          s = nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s:%lld: field '%s': token id %d is not below the model's vocab_size %lld",
+                        path, (long long)ln, fields[fi], ids[fi].ids[i], (long long)vocab_size);
+    if (!s && (int64_t)ids[0].len >= seq_len)
+      s = nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s:%lld: field 'prompt' is %zu tokens: seq_len %lld leaves no room for the "
+                    "completion (raise data.seq_len or shorten the prompt)", path, (long long)ln, ids[0].len,
+                    (long long)seq_len);
+    if (!s && ids[0].len == 0)
+      s = nb_errorf(ctx, NB_ERR_FORMAT, "%s:%lld: field 'prompt' has no tokens: the first completion token needs one "
+                    "before it", path, (long long)ln);
+    for (int r = 1; !s && r < 3; r++) {
+      bool cut = false;
+      s = add_row(ctx, &b, ids[0].ids, (int64_t)ids[0].len, ids[r].ids, (int64_t)ids[r].len, &cut);
+      inf.n_truncated += cut;
+      inf.tokens += (int64_t)(ids[0].len + ids[r].len);
+    }
+    cJSON_Delete(j);
+  }
+  if (!s && ferror(f)) s = nb_errorf(ctx, NB_ERR_IO, "pref data: reading '%s': %s", path, strerror(errno));
+  fclose(f);
+  free(line);
+  for (int i = 0; i < 3; i++) nb_data_ids_free(&ids[i]);
+  if (!s && b.n == 0) s = nb_errorf(ctx, NB_ERR_FORMAT, "%s: no preference pairs", path);
+  nb_tree *t = s ? NULL : finish(ctx, &b);
+  free(b.inputs);
+  free(b.targets);
+  free(b.mask);
+  free(b.valid);
+  inf.pairs = b.n / 2;
+  inf.xxh3 = h;
+  if (info) *info = inf;
+  return t;
+}
+
+nb_val *nb_pt_pref_rows(nb_val *x) {
+  if (!x) return NULL;
+  nb_aval a = nb_val_aval(x);
+  if (a.shape.rank < 2 || a.shape.dims[1] != 2) {
+    char s[96];
+    nb_errorf(nb_graph_ctx(nb_val_graph(x)), NB_ERR_SHAPE, "pref rows: need [B, 2, ...] (pairs), got %s",
+              nb_aval_str(&a, s, sizeof s));
+    return NULL;
+  }
+  int perm[NB_MAX_RANK], r = a.shape.rank;
+  int64_t dims[NB_MAX_RANK];
+  for (int i = 0; i < r; i++) perm[i] = i;
+  perm[0] = 1;
+  perm[1] = 0;
+  dims[0] = 2 * a.shape.dims[0];
+  for (int i = 2; i < r; i++) dims[i - 1] = a.shape.dims[i];
+  return nb_reshape(nb_transpose(x, perm), r - 1, dims);
+}
