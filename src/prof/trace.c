@@ -4,6 +4,8 @@
  * and total durations per name, which scripts/prof_trace_peer.py compares
  * with what Perfetto's trace processor reads from the JSON. Not here:
  * recording (util), where the spans come from (their libraries). */
+#include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -13,6 +15,7 @@
 
 #include "prof/internal.h"
 #include "util/trace.h"
+#include "util/util.h"
 
 static struct {
   pthread_mutex_t mu;
@@ -137,7 +140,18 @@ static int by_name(const void *a, const void *b) {
   return strcmp((*(const nb_util__trace_event *const *)a)->name, (*(const nb_util__trace_event *const *)b)->name);
 }
 
-/* {"events": N, "dropped_events": D, "threads": T, "slices": {name: {"count", "total_ns", "cat"}}} */
+/* the sum of numeric argument key over spans ix[i..j) */
+static double arg_sum(const nb_util__trace_event *const *ix, size_t i, size_t j, const char *key) {
+  double sum = 0;
+  for (; i < j; i++)
+    for (int a = 0; a < ix[i]->nargs; a++)
+      if (!ix[i]->args[a].is_str && ix[i]->args[a].key && !strcmp(ix[i]->args[a].key, key) && isfinite(ix[i]->args[a].num))
+        sum += ix[i]->args[a].num;
+  return sum;
+}
+
+/* {"events": N, "dropped_events": D, "threads": T,
+ *  "slices": {name: {"count", "total_ns", "cat", "flops", "bytes"}}} */
 static bool put_summary(FILE *f, const collection *c, int64_t dropped) {
   const nb_util__trace_event **ix = malloc((c->n + 1) * sizeof *ix);
   if (!ix) return false;
@@ -153,7 +167,7 @@ static bool put_summary(FILE *f, const collection *c, int64_t dropped) {
     put_str(f, ix[i]->name);
     fprintf(f, ":{\"count\":%zu,\"total_ns\":%lld,\"cat\":", j - i, (long long)total);
     put_str(f, ix[i]->cat);
-    fputc('}', f);
+    fprintf(f, ",\"flops\":%.17g,\"bytes\":%.17g}", arg_sum(ix, i, j, "flops"), arg_sum(ix, i, j, "bytes"));
     i = j;
   }
   fputs("\n}}\n", f);
@@ -241,3 +255,68 @@ bool nb_prof_tracing(void) { return nb_util__tracing(); }
 void nb_prof_scope_begin(const char *name) { nb_util__trace_begin("user", name); }
 void nb_prof_scope_end(void) { nb_util__trace_end(); }
 void nb_prof_thread_name(const char *name) { nb_util__trace_thread_name(name); }
+
+/* ---- the op table ------------------------------------------------------------------ */
+
+typedef struct row {
+  const char *name, *cat;
+  double count, ns, flops, bytes;
+} row;
+
+static int by_time(const void *a, const void *b) {
+  const row *x = a, *y = b;
+  return (x->ns < y->ns) - (x->ns > y->ns);
+}
+
+/* the steps of compiled programs: their times do not nest in one another */
+static bool is_step(const char *cat) { return !strcmp(cat, "kernel") || !strcmp(cat, "gemm") || !strcmp(cat, "eval"); }
+
+nb_status nb_prof_trace_table(nb_ctx *ctx, const char *trace_path, FILE *out, int top) {
+  char sp[NB_PROF__PATH_CAP + 16], *text = NULL;
+  if (!trace_path || !out) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "nb_prof_trace_table: NULL argument");
+  summary_path(trace_path, sp, sizeof sp);
+  size_t len;
+  int err = nb_util__read_file(sp, (size_t)1 << 30, &text, &len);
+  if (err) return nb_errorf(ctx, NB_ERR_IO, "nb_prof_trace_table: cannot read '%s': %s", sp, strerror(err));
+  cJSON *j = cJSON_Parse(text);
+  free(text);
+  const cJSON *slices = cJSON_GetObjectItemCaseSensitive(j, "slices");
+  if (!cJSON_IsObject(slices)) {
+    cJSON_Delete(j);
+    return nb_errorf(ctx, NB_ERR_FORMAT, "nb_prof_trace_table: '%s' is not a trace summary (no \"slices\" object)", sp);
+  }
+  int n = cJSON_GetArraySize(slices), k = 0;
+  row *rows = calloc((size_t)n + 1, sizeof *rows);
+  if (!rows) return cJSON_Delete(j), nb_errorf(ctx, NB_ERR_NOMEM, "nb_prof_trace_table: out of memory");
+  double step_ns = 0, cat_ns[3] = {0};
+  static const char *const cats[3] = {"kernel", "gemm", "eval"};
+  const cJSON *s;
+  cJSON_ArrayForEach(s, slices) {
+    const cJSON *cat = cJSON_GetObjectItemCaseSensitive(s, "cat");
+    row r = {s->string, cJSON_IsString(cat) ? cat->valuestring : "",
+             cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(s, "count")),
+             cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(s, "total_ns")),
+             cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(s, "flops")),
+             cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(s, "bytes"))};
+    if (!is_step(r.cat) || !isfinite(r.ns)) continue;
+    rows[k++] = r;
+    step_ns += r.ns;
+    for (int c = 0; c < 3; c++) cat_ns[c] += strcmp(r.cat, cats[c]) ? 0 : r.ns;
+  }
+  qsort(rows, (size_t)k, sizeof *rows, by_time);
+  const cJSON *ev = cJSON_GetObjectItemCaseSensitive(j, "events"), *dr = cJSON_GetObjectItemCaseSensitive(j, "dropped_events");
+  fprintf(out, "%.0f spans (%.0f dropped); compiled steps: %.3f ms in all", cJSON_GetNumberValue(ev), cJSON_GetNumberValue(dr),
+          step_ns * 1e-6);
+  for (int c = 0; c < 3; c++) fprintf(out, ", %s %.1f%%", cats[c], step_ns > 0 ? 100 * cat_ns[c] / step_ns : 0.0);
+  fprintf(out, "\n%10s %6s %7s %9s %8s %8s  %-6s %s\n", "total ms", "share", "count", "mean us", "GFLOP/s", "GB/s", "cat", "name");
+  for (int i = 0; i < k && (top <= 0 || i < top); i++) {
+    const row *r = &rows[i];
+    double sec = r->ns * 1e-9;
+    fprintf(out, "%10.3f %5.1f%% %7.0f %9.2f %8.2f %8.2f  %-6s %s\n", r->ns * 1e-6, step_ns > 0 ? 100 * r->ns / step_ns : 0.0,
+            r->count, r->count > 0 ? r->ns * 1e-3 / r->count : 0.0, sec > 0 ? r->flops / sec * 1e-9 : 0.0,
+            sec > 0 ? r->bytes / sec * 1e-9 : 0.0, r->cat, r->name);
+  }
+  free(rows);
+  cJSON_Delete(j);
+  return NB_OK;
+}

@@ -98,6 +98,18 @@ static void nested_on_two_threads(nb_ctx *ctx, const char *dir) {
   CHECK(nb_test_trace_count(&t, "after-stop", NULL, NULL) == 0);
   CHECK(t.dropped == 0);
   nb_test_trace_free(&t);
+
+  /* the op table: only compiled steps, with the rate their cost implies (1e6 flops in 1.5 us) */
+  char *table = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&table, &len);
+  CHECK_OK(ctx, nb_prof_trace_table(ctx, path, f, 10));
+  fclose(f);
+  CHECK_MSG(strstr(table, "kernel 100.0%") && strstr(table, "666.67") && strstr(table, "k1 add+mul") && !strstr(table, "outer"),
+            "%s", table);
+  free(table);
+  CHECK(nb_prof_trace_table(ctx, dir, stdout, 10) != NB_OK);
+  CHECK_ERR(ctx, NB_ERR_IO, "summary.json");
 }
 
 /* a scope left open when a trace stops does not close one of the next */

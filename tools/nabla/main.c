@@ -56,7 +56,8 @@ int nb_cli_run_traced(const char *path, int argc, char **argv) {
     fprintf(stderr, "nabla %s: cannot write the trace: %s\n", argv[0], nb_ctx_error(ctx));
     if (!rc) rc = 1;
   } else {
-    fprintf(stderr, "nabla %s: trace written to %s (open it in ui.perfetto.dev)\n", argv[0], path);
+    fprintf(stderr, "nabla %s: trace written to %s (open it in ui.perfetto.dev); its slowest compiled steps:\n", argv[0], path);
+    if (nb_prof_trace_table(ctx, path, stderr, 15)) fprintf(stderr, "nabla %s: %s\n", argv[0], nb_ctx_error(ctx));
   }
   nb_ctx_destroy(ctx);
   return rc;
