@@ -46,13 +46,15 @@ static double load1(void) {
   return l;
 }
 
-/* n steps of exe on st, each one's ms into ms[] */
-static int run_steps(nb_ctx *ctx, nb_exe *exe, nb_tree *st, int n, double *ms) {
+/* n steps of exe on st, each one's wall ms into ms[] and CPU ms (the
+ * process's, all threads) into cpu[] */
+static int run_steps(nb_ctx *ctx, nb_exe *exe, nb_tree *st, int n, double *ms, double *cpu) {
   for (int r = 0; r < n; r++) {
     nb_tree *out = nb_tree_create(ctx);
-    double a = now_ms();
+    double a = now_ms(), c = cpu_s();
     if (nb_exe_run(exe, st, out)) return die(ctx, "nb_exe_run");
     ms[r] = now_ms() - a;
+    cpu[r] = (cpu_s() - c) * 1e3;
     for (size_t i = 0; i < nb_tree_size(out); i++) { /* the new state replaces the donated one */
       const char *p = nb_tree_path(out, i);
       if (!strncmp(p, "params/", 7) || !strncmp(p, "opt_state/", 10)) nb_tree_set_array(st, p, nb_tree_leaf(out, i)->array);
@@ -145,15 +147,16 @@ int main(int argc, char **argv) {
   snprintf(path, sizeof path, "%s/trace.json", dir);
   snprintf(summary, sizeof summary, "%s/trace.summary.json", dir);
   double *off = calloc((size_t)(rounds * steps), sizeof *off), *on = calloc((size_t)(rounds * steps), sizeof *on);
-  double *stop_ms = calloc((size_t)rounds, sizeof *stop_ms), warm[3];
-  if (run_steps(ctx, exe, st, 3, warm)) return 1; /* warm-up: first-run costs out of both sides */
+  double *off_cpu = calloc((size_t)(rounds * steps), sizeof *off), *on_cpu = calloc((size_t)(rounds * steps), sizeof *on);
+  double *stop_ms = calloc((size_t)rounds, sizeof *stop_ms), warm[3], warm_cpu[3];
+  if (run_steps(ctx, exe, st, 3, warm, warm_cpu)) return 1; /* warm-up: first-run costs out of both sides */
   long spans = 0;
   double load_start = load1();
   for (int r = 0; r < rounds; r++)
     for (int half = 0; half < 2; half++) {
       bool tracing = (half + r) % 2 == 1; /* off first in even rounds, on first in odd ones */
       if (tracing && nb_prof_start(ctx, &(nb_prof_trace_opts){.path = path})) return die(ctx, "nb_prof_start");
-      if (run_steps(ctx, exe, st, steps, (tracing ? on : off) + r * steps)) return 1;
+      if (run_steps(ctx, exe, st, steps, (tracing ? on : off) + r * steps, (tracing ? on_cpu : off_cpu) + r * steps)) return 1;
       if (!tracing) continue;
       double a = now_ms();
       if (nb_prof_stop(ctx)) return die(ctx, "nb_prof_stop");
@@ -165,6 +168,7 @@ int main(int argc, char **argv) {
   recorder_cost(ctx, path, &rec_off_ns, &rec_on_ns);
   int n = rounds * steps;
   double m_off = median(off, n), m_on = median(on, n), m_stop = median(stop_ms, rounds);
+  double c_off = median(off_cpu, n), c_on = median(on_cpu, n);
   double per_step = (double)spans / steps, per_span_ns = (m_on - m_off) * 1e6 / per_step;
   char cpu[256];
   cpu_model(cpu, sizeof cpu);
@@ -174,12 +178,14 @@ int main(int argc, char **argv) {
          "implied); nb_prof_stop %.1f ms for %ld spans\n",
          m_off, m_on, m_on / m_off, per_step, per_span_ns, m_stop, spans);
   printf("off min/max %.3f/%.3f ms, on min/max %.3f/%.3f ms\n", off[0], off[n - 1], on[0], on[n - 1]);
+  printf("RESULT prof_trace cpu: step off %.3f CPU ms, on %.3f CPU ms (medians; all threads), on/off %.4f; mins %.3f / %.3f\n",
+         c_off, c_on, c_on / c_off, off_cpu[0], on_cpu[0]);
   printf("RESULT recorder: off %.2f ns per site, on %.0f ns per span; x %.0f spans per step = %.4f%% (off) and %.4f%% "
          "(on) of the %.3f ms step with tracing off\n",
          rec_off_ns, rec_on_ns, per_step, 100 * rec_off_ns * per_step / (m_off * 1e6), 100 * rec_on_ns * per_step / (m_off * 1e6),
          m_off);
   unlink(path), unlink(summary), rmdir(dir);
-  free(off), free(on), free(stop_ms);
+  free(off), free(on), free(off_cpu), free(on_cpu), free(stop_ms);
   nb_tree_destroy(st);
   nb_exe_destroy(exe);
   nb_ctx_destroy(ctx);

@@ -5,9 +5,11 @@
  * and the checkpoint's snapshot; `nabla profile --out F -- train ...` and
  * NABLA_PROFILE=F trace the whole command (compiles with their phases, the
  * data worker's and checkpoint writer's tracks); a malformed profile.steps
- * is refused by name. Each trace is checked on its own (tracecheck.h). */
+ * is refused by name; `nabla serve` under NABLA_PROFILE traces each HTTP
+ * request and the engine's steps. Each trace is checked on its own (tracecheck.h). */
 #include <signal.h> /* train_util.h uses raise */
 
+#include "testserve.h"
 #include "tracecheck.h"
 #include "train_util.h"
 
@@ -122,6 +124,36 @@ static void whole_command(const char *bin) {
   CHECK(nb_test_run(cmd, out, sizeof out) == 2 && strstr(out, "no command to run after --"));
 }
 
+/* nabla serve under NABLA_PROFILE: a span per HTTP request on the
+ * connection's track, the model's steps on the engine's */
+static void serve_traced(const char *bin) {
+  char env[800], model[600], path[700], dst[1 << 14];
+  snprintf(path, sizeof path, "%s/serve.json", work);
+  snprintf(env, sizeof env, "NABLA_PROFILE=%s ", path); /* a prefix of the command line */
+  snprintf(model, sizeof model, "%s/steps", work); /* train_steps's run */
+  nb_test_server sv;
+  if (!nb_test_serve_start(&sv, bin, work, env, model, "")) return;
+  const char *body = NULL, *req = "{\"prompt\":\"the cat\",\"max_tokens\":3,\"temperature\":0}";
+  int st = nb_test_http(sv.port, "POST", "/v1/completions", "Content-Type: application/json\r\n", req, strlen(req), dst,
+                        sizeof dst, &body, 60);
+  CHECK_MSG(st == 200, "status %d: %s", st, body ? body : "");
+  CHECK(nb_test_http(sv.port, "GET", "/health", NULL, NULL, 0, dst, sizeof dst, &body, 20) == 200);
+  nb_test_serve_stop(&sv);
+  nb_test_trace t;
+  if (nb_test_trace_load(path, &t)) return;
+  const nb_test_span *post = nb_test_trace_find(&t, "POST /v1/completions"), *health = nb_test_trace_find(&t, "GET /health");
+  const char *pn = post ? nb_test_trace_thread(&t, post->tid) : NULL;
+  CHECK_MSG(post && health && !strcmp(post->cat, "http") && pn && !strcmp(pn, "nabla-http"), "http spans %p %p on '%s'",
+            (const void *)post, (const void *)health, pn ? pn : "-");
+  size_t on_engine = 0;
+  for (size_t i = 0; i < t.n; i++) {
+    const char *tn = nb_test_trace_thread(&t, t.spans[i].tid);
+    on_engine += (!strcmp(t.spans[i].cat, "kernel") || !strcmp(t.spans[i].cat, "gemm")) && tn && !strcmp(tn, "nabla-engine");
+  }
+  CHECK_MSG(on_engine > 0, "no compiled steps on the engine's track");
+  nb_test_trace_free(&t);
+}
+
 int main(void) {
   const char *bin = nb_test_nabla_bin();
   if (!bin) return 77;
@@ -132,6 +164,7 @@ int main(void) {
   make_tiny_args();
   train_steps(bin);
   whole_command(bin);
+  serve_traced(bin);
   if (!nb_test_failures) nb_test_rm_rf(work);
   return nb_test_summary("train/test_profile");
 }
