@@ -211,15 +211,18 @@ static nb_status copy_outputs(nb_exe *e, char **ptr, nb_array **out) {
 }
 
 /* A step as a span of a trace (src/util/trace.h): "k12 add+mul+exp" (a
- * fused kernel) or the primitive's name, with its source ops, where they
+ * fused kernel) or the primitive's name and result type ("dot_general
+ * f32[128,768]"), with its source ops, where they
  * were traced and its cost. On a backend with a stream (CUDA) it spans the
  * launch, not the kernel. */
 static void trace_step(const nb_jstep *step, int64_t t0, int64_t t1) {
   static const char *const cats[NB_EXE_STEP_KIND_COUNT] = {
       [NB_EXE_STEP_KERNEL] = "kernel", [NB_EXE_STEP_EVAL] = "eval", [NB_EXE_STEP_BLAS] = "gemm", [NB_EXE_STEP_CONTROL] = "control"};
-  char name[sizeof step->name + sizeof step->ops + 1], at[NB_UTIL_TRACE_STR + 16]; /* the recorder keeps what fits */
+  char name[sizeof step->name + sizeof step->ops + 96], at[NB_UTIL_TRACE_STR + 16]; /* the recorder keeps what fits */
+  char aval[96] = "";
+  if (step->kind != NB_EXE_STEP_KERNEL && step->eqn && step->eqn->nout) nb_aval_str(&step->eqn->out[0]->aval, aval, sizeof aval);
   if (step->kind == NB_EXE_STEP_KERNEL) snprintf(name, sizeof name, "%s %s", step->name, step->ops);
-  else snprintf(name, sizeof name, "%s", step->name);
+  else snprintf(name, sizeof name, "%s %s", step->name, aval); /* "dot_general f32[128,768]": one row per shape in a table */
   const char *file = step->loc.file ? step->loc.file : ""; /* its folder and name: "nn/apply.c" */
   for (const char *p = file, *last = NULL; *p; p++)
     if (*p == '/') file = last ? last + 1 : file, last = p;
