@@ -74,12 +74,13 @@ static int by_start(const void *a, const void *b) {
 
 /* ---- the JSON --------------------------------------------------------------- */
 
+/* A JSON string; control characters become spaces: Perfetto's JSON reader
+ * refuses \u escapes (and the whole file with them) */
 static void put_str(FILE *f, const char *s) {
   fputc('"', f);
   for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
     if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
-    else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
-    else fputc(*p, f);
+    else fputc(*p < 0x20 ? ' ' : *p, f);
   }
   fputc('"', f);
 }
@@ -120,7 +121,8 @@ static void put_event(FILE *f, int pid, int tid, const nb_util__trace_event *e, 
 
 static void put_trace(FILE *f, const collection *c, int64_t dropped) {
   int pid = (int)getpid();
-  fprintf(f, "{\"displayTimeUnit\":\"ns\",\"otherData\":{\"producer\":\"nabla\",\"wall_start_s\":%.6f,\"dropped_events\":%lld},\n",
+  /* no "displayTimeUnit": Perfetto reads ts and dur in that unit when it is there (they are microseconds) */
+  fprintf(f, "{\"otherData\":{\"producer\":\"nabla\",\"wall_start_s\":%.6f,\"dropped_events\":%lld},\n",
           session.wall_start, (long long)dropped);
   fprintf(f, "\"traceEvents\":[\n{\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"name\":\"process_name\",\"args\":{\"name\":\"nabla\"}}", pid,
           pid);

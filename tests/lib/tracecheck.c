@@ -70,6 +70,8 @@ int nb_test_trace_load(const char *path, nb_test_trace *t) {
   CHECK_MSG(j != NULL, "%s is not JSON", path);
   if (!j) return -1;
   const cJSON *evs = cJSON_GetObjectItemCaseSensitive(j, "traceEvents");
+  /* ts and dur are microseconds, the format's default: a displayTimeUnit would make Perfetto read them in another unit */
+  CHECK_MSG(!cJSON_GetObjectItemCaseSensitive(j, "displayTimeUnit"), "%s declares a displayTimeUnit", path);
   const cJSON *dr = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "otherData"), "dropped_events");
   t->dropped = cJSON_IsNumber(dr) ? (long long)dr->valuedouble : -1;
   CHECK_MSG(cJSON_IsArray(evs), "%s has no traceEvents array", path);

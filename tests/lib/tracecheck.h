@@ -24,7 +24,7 @@ typedef struct nb_test_trace {
 } nb_test_trace;
 
 /* Loads trace_path, counting a CHECK failure (with why) for anything
- * malformed: not JSON, an event without ph/pid/tid/ts/dur/name/cat, a
+ * malformed: not JSON, a displayTimeUnit (ts and dur are microseconds), an event without ph/pid/tid/ts/dur/name/cat, a
  * negative duration, spans of one thread that overlap without nesting, a
  * thread with spans but no thread_name, a summary (the path with .json
  * replaced by .summary.json) whose per-name counts and total ns differ from

@@ -61,6 +61,8 @@ static void nested_on_two_threads(nb_ctx *ctx, const char *dir) {
   int64_t t0 = nb_util__trace_start();
   CHECK(t0 != 0);
   nb_util__trace_span("kernel", "k1 add+mul", t0, t0 + 1500, args, 2);
+  nb_prof_scope_begin("tab\there\n"); /* Perfetto's reader takes no \u escapes: control characters become spaces */
+  nb_prof_scope_end();
   pthread_join(th, NULL);
   CHECK_OK(ctx, nb_prof_stop(ctx));
   CHECK(!nb_prof_tracing());
@@ -75,7 +77,8 @@ static void nested_on_two_threads(nb_ctx *ctx, const char *dir) {
 
   nb_test_trace t;
   CHECK(nb_test_trace_load(path, &t) == 0);
-  CHECK_MSG(t.n == 7, "%zu spans", t.n);
+  CHECK_MSG(t.n == 8, "%zu spans", t.n);
+  CHECK(nb_test_trace_count(&t, "tab here ", "user", NULL) == 1);
   const nb_test_span *outer = nb_test_trace_find(&t, "outer"), *a = nb_test_trace_find(&t, "inner-a");
   const nb_test_span *b = nb_test_trace_find(&t, "inner-b"), *most = nb_test_trace_find(&t, "innermost");
   const nb_test_span *wo = nb_test_trace_find(&t, "w-outer"), *wi = nb_test_trace_find(&t, "w-inner");
