@@ -151,10 +151,11 @@ void nb_prof_thread_name(const char *name);
 /* The op table of a written trace, from its summary: the compiled steps'
  * spans (categories kernel, gemm, eval) by name, slowest first (top > 0:
  * that many rows), with total ms, share of all of them, count, mean us,
- * achieved GFLOP/s and GB/s (the cost rules' flops and bytes over the time),
- * after a line with each category's share. Errors: NB_ERR_IO (no summary
- * beside trace_path), NB_ERR_FORMAT (not a summary). */
-nb_status nb_prof_trace_table(nb_ctx *ctx, const char *trace_path, FILE *out, int top);
+ * achieved GFLOP/s (and its share of peak_flops when > 0: nb_prof_peak_flops)
+ * and GB/s (the cost rules' flops and bytes over the time), after a line
+ * with each category's share. Errors: NB_ERR_IO (no summary beside
+ * trace_path), NB_ERR_FORMAT (not a summary). */
+nb_status nb_prof_trace_table(nb_ctx *ctx, const char *trace_path, FILE *out, int top, double peak_flops);
 
 /* ------------------------------------------------------------------------ */
 /* Peak FLOP/s (what MFU is relative to)                                     */

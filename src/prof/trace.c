@@ -273,7 +273,7 @@ static int by_time(const void *a, const void *b) {
 /* the steps of compiled programs: their times do not nest in one another */
 static bool is_step(const char *cat) { return !strcmp(cat, "kernel") || !strcmp(cat, "gemm") || !strcmp(cat, "eval"); }
 
-nb_status nb_prof_trace_table(nb_ctx *ctx, const char *trace_path, FILE *out, int top) {
+nb_status nb_prof_trace_table(nb_ctx *ctx, const char *trace_path, FILE *out, int top, double peak_flops) {
   char sp[NB_PROF__PATH_CAP + 16], *text = NULL;
   if (!trace_path || !out) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "nb_prof_trace_table: NULL argument");
   summary_path(trace_path, sp, sizeof sp);
@@ -310,13 +310,17 @@ nb_status nb_prof_trace_table(nb_ctx *ctx, const char *trace_path, FILE *out, in
   fprintf(out, "%.0f spans (%.0f dropped); compiled steps: %.3f ms in all", cJSON_GetNumberValue(ev), cJSON_GetNumberValue(dr),
           step_ns * 1e-6);
   for (int c = 0; c < 3; c++) fprintf(out, ", %s %.1f%%", cats[c], step_ns > 0 ? 100 * cat_ns[c] / step_ns : 0.0);
-  fprintf(out, "\n%10s %6s %7s %9s %8s %8s  %-6s %s\n", "total ms", "share", "count", "mean us", "GFLOP/s", "GB/s", "cat", "name");
+  if (peak_flops > 0) fprintf(out, "; peak %.1f GFLOP/s", peak_flops * 1e-9);
+  fprintf(out, "\n%10s %6s %7s %9s %8s %7s %8s  %-6s %s\n", "total ms", "share", "count", "mean us", "GFLOP/s", "%peak", "GB/s", "cat",
+          "name");
   for (int i = 0; i < k && (top <= 0 || i < top); i++) {
     const row *r = &rows[i];
-    double sec = r->ns * 1e-9;
-    fprintf(out, "%10.3f %5.1f%% %7.0f %9.2f %8.2f %8.2f  %-6s %s\n", r->ns * 1e-6, step_ns > 0 ? 100 * r->ns / step_ns : 0.0,
-            r->count, r->count > 0 ? r->ns * 1e-3 / r->count : 0.0, sec > 0 ? r->flops / sec * 1e-9 : 0.0,
-            sec > 0 ? r->bytes / sec * 1e-9 : 0.0, r->cat, r->name);
+    double sec = r->ns * 1e-9, rate = sec > 0 ? r->flops / sec : 0;
+    char pk[16] = "-";
+    if (peak_flops > 0) snprintf(pk, sizeof pk, "%.1f%%", 100 * rate / peak_flops);
+    fprintf(out, "%10.3f %5.1f%% %7.0f %9.2f %8.2f %7s %8.2f  %-6s %s\n", r->ns * 1e-6, step_ns > 0 ? 100 * r->ns / step_ns : 0.0,
+            r->count, r->count > 0 ? r->ns * 1e-3 / r->count : 0.0, rate * 1e-9, pk, sec > 0 ? r->bytes / sec * 1e-9 : 0.0, r->cat,
+            r->name);
   }
   free(rows);
   cJSON_Delete(j);

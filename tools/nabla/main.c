@@ -57,7 +57,9 @@ int nb_cli_run_traced(const char *path, int argc, char **argv) {
     if (!rc) rc = 1;
   } else {
     fprintf(stderr, "nabla %s: trace written to %s (open it in ui.perfetto.dev); its slowest compiled steps:\n", argv[0], path);
-    if (nb_prof_trace_table(ctx, path, stderr, 15)) fprintf(stderr, "nabla %s: %s\n", argv[0], nb_ctx_error(ctx));
+    /* the peak at $NABLA_THREADS or all CPUs (cached per machine); a command's --threads is not seen here */
+    if (nb_prof_trace_table(ctx, path, stderr, 15, nb_prof_peak_flops(0).flops))
+      fprintf(stderr, "nabla %s: %s\n", argv[0], nb_ctx_error(ctx));
   }
   nb_ctx_destroy(ctx);
   return rc;
