@@ -89,6 +89,75 @@ void nb_prof_tb_destroy(nb_prof_tb *w);
 nb_status nb_prof_report_html(nb_ctx *ctx, const char *metrics_jsonl, const char *out_html, const char *title);
 
 /* ------------------------------------------------------------------------ */
+/* Traces (the trace viewer's input)                                         */
+/* ------------------------------------------------------------------------ */
+
+/* A trace records timed spans on a track per thread while it is on: every
+ * step of every executable that runs (a fused kernel "k12 add+mul+exp", a
+ * GEMM "dot_general", an evaluated or control step: category "kernel",
+ * "gemm", "eval", "control", with the step's source ops, where the first of
+ * them was traced, its FLOPs and bytes as args), nb_jit's compiles
+ * ("compile"), the data pipeline's waits for a batch ("data"), checkpoint
+ * saves ("ckpt"), the trainer's steps ("train") and the spans user code
+ * opens with nb_prof_scope_begin/end ("user"). nb_prof_stop writes them as
+ * Chrome trace-event JSON, which ui.perfetto.dev and chrome://tracing open,
+ * and beside it a summary (slices and total time per name) that
+ * scripts/prof_trace_peer.py checks against Perfetto's trace processor.
+ * Format and names: docs/prof.md, "Traces".
+ *
+ * Example: trace three steps of a loop, with a span of one's own.
+ *
+ *   if (nb_prof_start(ctx, &(nb_prof_trace_opts){.path = "out/trace.json"})) fail(nb_ctx_error(ctx));
+ *   for (int i = 0; i < 3; i++) {
+ *     nb_prof_scope_begin("my step");
+ *     nb_exe_run(exe, in, out);
+ *     nb_prof_scope_end();
+ *   }
+ *   if (nb_prof_stop(ctx)) fail(nb_ctx_error(ctx));
+ *
+ * Off (the default), recording costs one relaxed atomic load and a branch
+ * per site. One trace at a time per process; any thread may start or stop it. */
+
+typedef struct nb_prof_trace_opts {
+  const char *path;   /* the trace file nb_prof_stop writes (its directory is created now) */
+  int64_t max_events; /* events kept, at about 400 bytes each (<= 0: 1 << 20); later ones are
+                       * dropped and counted in the summary */
+} nb_prof_trace_opts;
+
+/* Starts recording: drops what an earlier trace left and turns tracing on.
+ * Errors: NB_ERR_INVALID_ARG (no path, or a trace is already on: "a trace
+ * is already being recorded into PATH"), NB_ERR_IO (the directory of path
+ * cannot be created). Copies what it keeps of opts. */
+nb_status nb_prof_start(nb_ctx *ctx, const nb_prof_trace_opts *opts);
+
+/* Stops recording and writes the trace file (atomically) and beside it
+ * the summary: PATH with its ".json" replaced by ".summary.json" (or with
+ * that appended). Errors: NB_ERR_INVALID_ARG when no trace is on, NB_ERR_IO
+ * naming the file; tracing is off after either. */
+nb_status nb_prof_stop(nb_ctx *ctx);
+
+/* Whether a trace is being recorded. */
+bool nb_prof_tracing(void);
+
+/* A span of one's own on this thread's track, category "user": begin
+ * opens it, end closes the innermost one open (scopes nest, up to 32 deep).
+ * name is copied (63 bytes kept). No-ops when no trace is on. */
+void nb_prof_scope_begin(const char *name);
+void nb_prof_scope_end(void);
+
+/* Names this thread's track (and, 15 bytes of it, the thread). */
+void nb_prof_thread_name(const char *name);
+
+/* The op table of a written trace, from its summary: the compiled steps'
+ * spans (categories kernel, gemm, eval) by name, slowest first (top > 0:
+ * that many rows), with total ms, share of all of them, count, mean us,
+ * achieved GFLOP/s (and its share of peak_flops when > 0: nb_prof_peak_flops)
+ * and GB/s (the cost rules' flops and bytes over the time), after a line
+ * with each category's share. Errors: NB_ERR_IO (no summary beside
+ * trace_path), NB_ERR_FORMAT (not a summary). */
+nb_status nb_prof_trace_table(nb_ctx *ctx, const char *trace_path, FILE *out, int top, double peak_flops);
+
+/* ------------------------------------------------------------------------ */
 /* Peak FLOP/s (what MFU is relative to)                                     */
 /* ------------------------------------------------------------------------ */
 

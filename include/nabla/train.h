@@ -118,7 +118,16 @@ typedef struct nb_train_config {
      * seed differ from the checkpoint's (its data position then means other batches) */
     bool allow_data_change;
   } resume;
+  struct {
+    /* "A-B" or "A" (1 <= A <= B): record a trace of training steps A..B into
+     * <run_dir>/profile/trace.json (nb_prof_start/stop); "" (default): none */
+    char steps[NB_TRAIN_STR_MAX];
+  } profile;
 } nb_train_config;
+
+/* The steps of cfg->profile.steps in *first..*last; false (with both 0)
+ * when it is empty or malformed (nb_train_config_validate names why). */
+bool nb_train_profile_steps(const nb_train_config *cfg, int64_t *first, int64_t *last);
 
 /* Defaults: the llama-tiny model and small training settings. */
 void nb_train_config_defaults(nb_train_config *cfg);

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "ckpt/internal.h"
+#include "util/trace.h"
 
 typedef struct step_rec {
   int64_t step;
@@ -197,14 +198,19 @@ static nb_status apply_retention(nb_ctx *ctx, nb_ckpt_manager *m) {
   return s;
 }
 
-/* Writes a snapshot and indexes it; ctx is the caller's or the writer's. */
+/* Writes a snapshot and indexes it; ctx is the caller's or the writer's.
+ * A trace shows it as "ckpt write" on the thread that wrote it. */
 static nb_status write_and_index(nb_ctx *ctx, nb_ckpt_manager *m, nb_ckpt__snapshot *s) {
+  int64_t t0 = nb_util__trace_start();
   nb_status st = nb_ckpt__write_step(ctx, m->dir, s);
-  if (st != NB_OK) return st;
-  pthread_mutex_lock(&m->mu);
-  st = add_step(m, (step_rec){s->step, s->has_metric, s->metric});
-  if (st == NB_OK) st = apply_retention(ctx, m);
-  pthread_mutex_unlock(&m->mu);
+  if (st == NB_OK) {
+    pthread_mutex_lock(&m->mu);
+    st = add_step(m, (step_rec){s->step, s->has_metric, s->metric});
+    if (st == NB_OK) st = apply_retention(ctx, m);
+    pthread_mutex_unlock(&m->mu);
+  }
+  nb_util__trace_arg a = {"step", NULL, (double)s->step};
+  nb_util__trace_span("ckpt", "ckpt write", t0, nb_util__now_ns(), &a, 1);
   return st;
 }
 
@@ -226,6 +232,7 @@ static void *forward_alloc(void *ud, void *ptr, size_t old_size, size_t new_size
 
 static void *writer_main(void *arg) {
   nb_ckpt_manager *m = arg;
+  nb_util__trace_thread_name("nabla-ckpt");
   nb_ctx_clear_error(m->wctx);
   m->job_status = write_and_index(m->wctx, m, m->job);
   nb_ckpt__snapshot_free(m->job);
@@ -342,8 +349,11 @@ nb_status nb_ckpt_save(nb_ckpt_manager *m, int64_t step, const nb_ckpt_item *ite
   join_writer(m);
   if ((s = surface(m)) != NB_OK || (s = check_save(m, step, &exists)) != NB_OK) return s;
   if (exists) return nb_errorf(m->ctx, NB_ERR_INVALID_ARG, "step %lld is already saved in '%s'", (long long)step, m->dir);
+  int64_t t0 = nb_util__trace_start();
   nb_ckpt__snapshot *snap = nb_ckpt__snapshot_take(m->ctx, step, items, n_items, opts);
   if (!snap) return nb_ctx_status(m->ctx);
+  nb_util__trace_arg a = {"step", NULL, (double)step};
+  nb_util__trace_span("ckpt", "ckpt snapshot", t0, nb_util__now_ns(), &a, 1);
   if (!m->opts.async) {
     s = write_and_index(m->ctx, m, snap);
     nb_ckpt__snapshot_free(snap);

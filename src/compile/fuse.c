@@ -912,6 +912,29 @@ static int build_steps(fz *f) {
   return retry;
 }
 
+/* The distinct primitives a kernel computes, in its node order, "+"-joined
+ * into out[cap] (cut with "..." when longer; "copy" when it only moves data). */
+static void kernel_ops(const nb_kernel *k, char *out, size_t cap) {
+  size_t n = 0;
+  out[0] = 0;
+  for (int i = 0; i < k->nnodes; i++) {
+    const nb_knode *nd = &k->nodes[i];
+    if (nd->kind != NB_KN_OP && nd->kind != NB_KN_REDUCE) continue;
+    bool seen = false;
+    for (int j = 0; j < i && !seen; j++)
+      seen = (k->nodes[j].kind == NB_KN_OP || k->nodes[j].kind == NB_KN_REDUCE) && k->nodes[j].prim == nd->prim;
+    if (seen) continue;
+    const char *name = nb__rules(nd->prim)->name;
+    size_t len = strlen(name) + (n ? 1 : 0);
+    if (n + len + 4 > cap) {
+      snprintf(out + n, cap - n, "...");
+      return;
+    }
+    n += (size_t)snprintf(out + n, cap - n, "%s%s", n ? "+" : "", name);
+  }
+  if (!n) snprintf(out, cap, "copy");
+}
+
 /* Kahn's algorithm, earliest source equation first among the ready steps. */
 static int schedule(fz *f) {
   nb_jplan *p = f->p;
@@ -942,11 +965,15 @@ static int schedule(fz *f) {
     if (s->kind == NB_EXE_STEP_KERNEL) {
       const nb_kernel *k = &p->kernels[s->kernel];
       snprintf(o->name, sizeof o->name, "k%d", s->kernel);
+      kernel_ops(k, o->ops, sizeof o->ops);
+      if (k->nroots && f->vals[k->roots[0]]->def) o->loc = f->vals[k->roots[0]]->def->loc;
       o->neqns = (size_t)k->neqns;
       o->flops = k->flops;
       o->bytes = k->bytes;
     } else {
       snprintf(o->name, sizeof o->name, "%s", nb__rules(s->eqn->prim)->name);
+      snprintf(o->ops, sizeof o->ops, "%s", o->name);
+      o->loc = s->eqn->loc;
       o->neqns = 1;
       double fl = 0, by = 0;
       const nb_prim_rules *r = nb__rules(s->eqn->prim);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "runtime/exe.h"
+#include "util/trace.h"
 #include "util/util.h"
 
 static const char *const switch_names[NB_SW_COUNT] = {
@@ -207,9 +208,21 @@ static nb_status build(nb_exe *e) {
   return st;
 }
 
+/* The compile's phases as spans of a trace, inside one "nb_jit" span
+ * (src/util/trace.h); t[]: ns at the start of each phase and at the end. */
+static void trace_compile(const nb_exe *e, const int64_t t[6]) {
+  static const char *const names[] = {"simplify", "fuse", "buffers", "control bodies", "codegen + build"};
+  nb_util__trace_arg args[] = {{"steps", NULL, e->plan.nsteps}, {"kernels", NULL, e->plan.nkernels},
+                               {"from_disk_cache", NULL, e->build.from_cache}};
+  nb_util__trace_span("compile", "nb_jit", t[0], t[5], args, 3);
+  for (int i = 0; i < 5; i++) nb_util__trace_span("compile", names[i], t[i], t[i + 1], NULL, 0);
+}
+
 static nb_status compile(nb_exe *e, const nb_graph *g, const nb_jit_opts *o) {
   nb_ctx *ctx = e->ctx;
-  double t0 = nb_util__now_ms();
+  int64_t t[6];
+  t[0] = nb_util__now_ns();
+  double t0 = (double)t[0] * 1e-6;
   e->graph = nb_jit__simplify(ctx, g, &e->cfg);
   e->phase_ms[0] = nb_util__now_ms() - t0;
   if (!e->graph) return nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_NOMEM;
@@ -225,15 +238,19 @@ static nb_status compile(nb_exe *e, const nb_graph *g, const nb_jit_opts *o) {
   e->plan.donated = nb_jit__alloc(&e->ar, nin + 1);
   if (!e->plan.donated) return nb_errorf(ctx, NB_ERR_NOMEM, "jit: out of memory");
   for (size_t i = 0; i < nin; i++) e->plan.donated[i] = donated(nb_graph_input_path(e->graph, i), o ? o->donate : NULL);
-  double t1 = nb_util__now_ms();
+  t[1] = nb_util__now_ns();
   nb_status st = nb_jit__fuse(ctx, &e->plan, &e->cfg);
-  double t2 = nb_util__now_ms();
+  t[2] = nb_util__now_ns();
   if (st == NB_OK) st = nb_jit__assign_buffers(ctx, &e->plan, &e->cfg);
-  e->phase_ms[1] = t2 - t1;
-  e->phase_ms[2] = nb_util__now_ms() - t2;
+  t[3] = nb_util__now_ns();
+  e->phase_ms[1] = (double)(t[2] - t[1]) * 1e-6;
+  e->phase_ms[2] = (double)(t[3] - t[2]) * 1e-6;
   if (st == NB_OK) st = nb_jit__control_compile(e);
+  t[4] = nb_util__now_ns();
   if (st == NB_OK) st = build(e);
+  t[5] = nb_util__now_ns();
   if (st != NB_OK) return st;
+  if (nb_util__tracing()) trace_compile(e, t);
   for (int k = 0; k < e->plan.nkernels; k++)
     if (e->plan.kernels[k].nargs > e->max_args) e->max_args = e->plan.kernels[k].nargs;
   for (int s = 0; s < e->plan.nsteps; s++) {

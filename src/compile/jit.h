@@ -141,6 +141,8 @@ typedef struct nb_jstep {
   bool in_place;          /* EVAL: out[0] is planned in in[0]'s memory (equal pointers at run
                            * time, unless a donated input was not taken: then eval copies) */
   char name[40];
+  char ops[80];           /* the source primitives, in order, "+"-joined ("add+mul+reduce_sum"): traces */
+  nb_loc loc;             /* where its first (a kernel: first materialized) equation was traced */
   double last_ms, total_ms;
   struct nb_jcontrol *control; /* CONTROL: the compiled bodies (compile/control.c) */
 } nb_jstep;

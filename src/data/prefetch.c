@@ -6,9 +6,11 @@
  * right after it (the state the consumer resumes from). Not here: anything
  * about what the elements are. */
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "data/internal.h"
+#include "util/trace.h"
 
 enum { EMPTY, BUSY, READY };
 
@@ -42,6 +44,24 @@ typedef struct prefetch_impl {
   int n_child;
 } prefetch_impl;
 
+/* ---- trace spans (src/util/trace.h) ------------------------------------------ */
+
+/* the consumer waited for the next element: the pipeline did not keep up */
+static void trace_wait(int64_t t0, int64_t t1) { nb_util__trace_span("data", "data wait", t0, t1, NULL, 0); }
+
+/* a worker made element `index` */
+static void trace_element(int64_t t0, int64_t index) {
+  nb_util__trace_arg a = {"index", NULL, (double)index};
+  nb_util__trace_span("data", "data element", t0, nb_util__now_ns(), &a, 1);
+}
+
+static void name_worker(void) {
+  static atomic_int counter;
+  char name[32];
+  snprintf(name, sizeof name, "nabla-data-%d", atomic_fetch_add(&counter, 1));
+  nb_util__trace_thread_name(name);
+}
+
 /* ---- parallel workers --------------------------------------------------------- */
 
 static void *parallel_worker(void *arg) {
@@ -49,6 +69,7 @@ static void *parallel_worker(void *arg) {
   prefetch_impl *p = it->impl;
   nb_data_iter *source = it->child;
   while (source->child) source = source->child;
+  name_worker();
   pthread_mutex_lock(&p->mu);
   while (!p->stop) {
     if (p->next_claim >= p->end || p->next_claim >= p->next_deliver + p->buffer) {
@@ -63,7 +84,7 @@ static void *parallel_worker(void *arg) {
     nb_data_elem e = NB_DATA_ELEM_INIT;
     nb_data__errslot err = {NB_OK, ""};
     nb_data__tls_err = &err;
-    int64_t t0 = nb_util__now_ns();
+    int64_t t0 = nb_util__now_ns(), t_elem = nb_util__trace_start();
     nb_status s = nb_data_map_get(p->ds, i, &e);
     nb_data__stats_add(&source->stats, !s && e.kind != NB_DATA_NONE, nb_util__now_ns() - t0);
     for (int k = 0; !s && k < p->n_chain && e.kind != NB_DATA_NONE; k++) {
@@ -77,6 +98,7 @@ static void *parallel_worker(void *arg) {
       nb_data__capture(it->ctx, s, &err);
       nb_data_elem_clear(it->ctx, &e);
     }
+    if (t_elem) trace_element(t_elem, i);
     nb_data__tls_err = NULL;
     pthread_mutex_lock(&p->mu);
     sl->e = e;
@@ -101,7 +123,9 @@ static nb_status parallel_next(nb_data_iter *it, nb_data_elem *out) {
     atomic_fetch_add(&it->stats.occ_n, 1);
     int64_t t0 = nb_util__now_ns();
     while (!(sl->state == READY && sl->index == p->next_deliver)) pthread_cond_wait(&p->cv_ready, &p->mu);
-    atomic_fetch_add(&it->stats.ns_wait, nb_util__now_ns() - t0);
+    int64_t t1 = nb_util__now_ns();
+    atomic_fetch_add(&it->stats.ns_wait, t1 - t0);
+    if (nb_util__tracing()) trace_wait(t0, t1);
     *out = sl->e;
     sl->e = (nb_data_elem)NB_DATA_ELEM_INIT;
     nb_data__errslot err = sl->err;
@@ -119,6 +143,7 @@ static nb_status parallel_next(nb_data_iter *it, nb_data_elem *out) {
 static void *sequential_worker(void *arg) {
   nb_data_iter *it = arg;
   prefetch_impl *p = it->impl;
+  name_worker();
   pthread_mutex_lock(&p->mu);
   while (!p->stop) {
     if (p->producer_done || p->tail - p->head >= p->buffer) {
@@ -129,7 +154,9 @@ static void *sequential_worker(void *arg) {
     nb_data_elem e = NB_DATA_ELEM_INIT;
     nb_data__errslot err = {NB_OK, ""};
     nb_data__tls_err = &err;
+    int64_t t_elem = nb_util__trace_start();
     nb_status s = nb_data_iter_next(it->child, &e);
+    if (t_elem) trace_element(t_elem, p->tail);
     if (s) nb_data__capture(it->ctx, s, &err);
     int64_t *row = p->snaps + (size_t)(p->tail % p->buffer) * (size_t)p->n_child;
     if (!s) nb_data__save(it->child, row); /* the slot is free: only this thread writes it */
@@ -159,7 +186,9 @@ static nb_status sequential_next(nb_data_iter *it, nb_data_elem *out) {
   atomic_fetch_add(&it->stats.occ_n, 1);
   int64_t t0 = nb_util__now_ns();
   while (p->head == p->tail) pthread_cond_wait(&p->cv_ready, &p->mu);
-  atomic_fetch_add(&it->stats.ns_wait, nb_util__now_ns() - t0);
+  int64_t t1 = nb_util__now_ns();
+  atomic_fetch_add(&it->stats.ns_wait, t1 - t0);
+  if (nb_util__tracing()) trace_wait(t0, t1);
   slot *sl = &p->slots[p->head % p->buffer];
   *out = sl->e;
   sl->e = (nb_data_elem)NB_DATA_ELEM_INIT;

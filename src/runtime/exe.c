@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "runtime/exe.h"
+#include "util/trace.h"
 #include "util/util.h"
 
 static void noop_release(void *ud) { (void)ud; }
@@ -209,13 +210,37 @@ static nb_status copy_outputs(nb_exe *e, char **ptr, nb_array **out) {
   return st;
 }
 
+/* A step as a span of a trace (src/util/trace.h): "k12 add+mul+exp" (a
+ * fused kernel) or the primitive's name and result type ("dot_general
+ * f32[128,768]"), with its source ops, where they
+ * were traced and its cost. On a backend with a stream (CUDA) it spans the
+ * launch, not the kernel. */
+static void trace_step(const nb_jstep *step, int64_t t0, int64_t t1) {
+  static const char *const cats[NB_EXE_STEP_KIND_COUNT] = {
+      [NB_EXE_STEP_KERNEL] = "kernel", [NB_EXE_STEP_EVAL] = "eval", [NB_EXE_STEP_BLAS] = "gemm", [NB_EXE_STEP_CONTROL] = "control"};
+  char name[sizeof step->name + sizeof step->ops + 96], at[NB_UTIL_TRACE_STR + 16]; /* the recorder keeps what fits */
+  char aval[96] = "";
+  if (step->kind != NB_EXE_STEP_KERNEL && step->eqn && step->eqn->nout) nb_aval_str(&step->eqn->out[0]->aval, aval, sizeof aval);
+  if (step->kind == NB_EXE_STEP_KERNEL) snprintf(name, sizeof name, "%s %s", step->name, step->ops);
+  else snprintf(name, sizeof name, "%s %s", step->name, aval); /* "dot_general f32[128,768]": one row per shape in a table */
+  const char *file = step->loc.file ? step->loc.file : ""; /* its folder and name: "nn/apply.c" */
+  for (const char *p = file, *last = NULL; *p; p++)
+    if (*p == '/') file = last ? last + 1 : file, last = p;
+  snprintf(at, sizeof at, "%s:%d", file, step->loc.line);
+  /* "at" last, left out when unknown (a copy into an output that no equation computes) */
+  nb_util__trace_arg args[] = {{"ops", step->ops, 0}, {"flops", NULL, step->flops}, {"bytes", NULL, step->bytes}, {"at", at, 0}};
+  const char *cat = step->kind < NB_EXE_STEP_KIND_COUNT && cats[step->kind] ? cats[step->kind] : "step";
+  nb_util__trace_span(cat, name, t0, t1, args, step->loc.file ? 4 : 3);
+}
+
 static nb_status run_steps(nb_exe *e, char **ptr, char **args, nb_array *const *in, nb_array **out, double *ms) {
   const nb_backend *bk = e->cfg.backend;
   nb_status st = NB_OK;
   for (int s = 0; s < e->plan.nsteps && st == NB_OK; s++) {
     const nb_jstep *step = &e->plan.steps[s];
     const nb_eqn *q = step->eqn;
-    double t0 = nb_util__now_ms();
+    bool traced = nb_util__tracing();
+    int64_t t0 = nb_util__now_ns();
     switch (step->kind) {
     case NB_EXE_STEP_KERNEL: {
       const nb_kernel *k = &e->plan.kernels[step->kernel];
@@ -230,7 +255,9 @@ static nb_status run_steps(nb_exe *e, char **ptr, char **args, nb_array *const *
     case NB_EXE_STEP_CONTROL: st = nb_rt__run_control(e, step, ptr); break;
     default: st = bk->host_memory ? run_eval(e, q, ptr, in, out) : run_eval_staged(e, q, ptr); break;
     }
-    ms[s] += nb_util__now_ms() - t0;
+    int64_t t1 = nb_util__now_ns();
+    ms[s] += (double)(t1 - t0) * 1e-6;
+    if (traced) trace_step(step, t0, t1);
   }
   return st;
 }

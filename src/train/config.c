@@ -116,6 +116,7 @@ static const key_def keys[] = {
     {"on_nonfinite", K_ENUM, O(on_nonfinite), 0, 0, nonfinites},
     {"init_from", K_STR, O(init_from), 0, 0, NULL},
     {"resume.allow_data_change", K_BOOL, O(resume.allow_data_change), 0, 0, NULL},
+    {"profile.steps", K_STR, O(profile.steps), 0, 0, NULL},
 };
 #define NKEYS (sizeof keys / sizeof keys[0])
 
@@ -425,7 +426,25 @@ nb_status nb_train_config_validate(nb_ctx *ctx, const nb_train_config *c) {
   RULE(c->optim.name >= 0 && c->optim.name < NB_TRAIN_OPTIM_COUNT, "optim.name: invalid value");
   RULE(c->schedule.kind >= 0 && c->schedule.kind < NB_TRAIN_SCHEDULE_COUNT, "schedule.kind: invalid value");
   RULE(c->on_nonfinite >= 0 && c->on_nonfinite < NB_TRAIN_NONFINITE_COUNT, "on_nonfinite: invalid value");
+  int64_t first, last;
+  RULE(!c->profile.steps[0] || nb_train_profile_steps(c, &first, &last),
+       "profile.steps: '%s' is not a step range A-B or a step A (1 <= A <= B)", c->profile.steps);
   return NB_OK;
+}
+
+bool nb_train_profile_steps(const nb_train_config *c, int64_t *first, int64_t *last) {
+  *first = *last = 0;
+  char a[32], b[32], why[64];
+  const char *s = c->profile.steps, *dash = strchr(s, '-');
+  size_t n = dash ? (size_t)(dash - s) : strlen(s);
+  if (!n || n >= sizeof a || (dash && (!dash[1] || strlen(dash + 1) >= sizeof b))) return false;
+  snprintf(a, sizeof a, "%.*s", (int)n, s);
+  snprintf(b, sizeof b, "%s", dash ? dash + 1 : a);
+  int64_t x, y;
+  if (!nb_parse_int(a, 1, INT64_MAX, &x, why, sizeof why) || !nb_parse_int(b, 1, INT64_MAX, &y, why, sizeof why) || y < x)
+    return false;
+  *first = x, *last = y;
+  return true;
 }
 
 static void write_str(FILE *f, const char *s) {

@@ -20,6 +20,7 @@
 #include "nabla/compile.h"
 #include "nabla/prof.h"
 #include "train/internal.h"
+#include "util/trace.h"
 #include "util/util.h"
 
 static int cmp_double(const void *a, const void *b) {
@@ -557,8 +558,10 @@ static nb_status check_finite(trainer *t, const nb_train_step_info *si, const nb
 static nb_status one_step(trainer *t, nb_train_step_info *si, double *exe_ms, double *data_ms, nb_tree *metrics) {
   nb_ctx *ctx = t->ctx;
   double a = nb_util__now_s();
+  int64_t ta = nb_util__trace_start();
   nb_data_elem b = NB_DATA_ELEM_INIT;
   nb_status s = nb_data_iter_next(t->it, &b);
+  nb_util__trace_span("data", "next batch", ta, nb_util__now_ns(), NULL, 0);
   if (!s && b.kind != NB_DATA_TREE) s = nb_errorf(ctx, NB_ERR_INTERNAL, "train: the training data ended");
   nb_array *step = s ? NULL : nb_array_scalar(ctx, NB_I32, (double)t->step);
   if (!s && !step) s = nb_ctx_status(ctx);
@@ -567,9 +570,11 @@ static nb_status one_step(trainer *t, nb_train_step_info *si, double *exe_ms, do
   nb_array_release(step);
   nb_data_elem_clear(ctx, &b);
   double m = nb_util__now_s();
+  int64_t tm = nb_util__trace_start();
   nb_tree *out = nb_tree_create(ctx);
   if (!s) s = out ? nb_exe_run(t->step_exe, t->st, out) : NB_ERR_NOMEM;
   *exe_ms = (nb_util__now_s() - m) * 1e3;
+  nb_util__trace_span("train", "step executable", tm, nb_util__now_ns(), NULL, 0);
   *data_ms = (m - a) * 1e3;
   /* the batch and step leave the state; check_finite puts the outputs in */
   for (size_t i = 0; !s && i < nb_tree_size(t->st);)
@@ -685,6 +690,44 @@ static bool has_checkpoint(nb_ctx *ctx, const char *run_dir) {
   return step >= 0;
 }
 
+/* ---------------------------------------------------------------- profile.steps */
+
+/* The trace of profile.steps: starts when the coming step is in its range
+ * (a resume may begin inside it) and stops after its last step or when the
+ * loop ends early. A trace already on (NABLA_PROFILE for the whole command)
+ * is left alone; a failure is logged and training goes on. */
+typedef enum { PROFILE_NOT_YET, PROFILE_ON, PROFILE_DONE } profile_state;
+
+static void profile_begin(trainer *t, profile_state *ps) {
+  int64_t first, last, next = t->step + 1;
+  if (*ps != PROFILE_NOT_YET || !nb_train_profile_steps(t->cfg, &first, &last) || next < first || next > last) return;
+  *ps = PROFILE_DONE;
+  if (nb_prof_tracing()) {
+    nb_logf(t->ctx, NB_LOG_WARN, "train: profile.steps=%s: a trace is already being recorded; not starting another",
+            t->cfg->profile.steps);
+    return;
+  }
+  char path[NB_TRAIN_PATH_MAX + 32];
+  snprintf(path, sizeof path, "%s/profile/trace.json", t->dir);
+  if (nb_prof_start(t->ctx, &(nb_prof_trace_opts){.path = path}) == NB_OK) *ps = PROFILE_ON;
+  else {
+    nb_logf(t->ctx, NB_LOG_WARN, "train: profile.steps=%s: %s (training continues)", t->cfg->profile.steps, nb_ctx_error(t->ctx));
+    nb_ctx_clear_error(t->ctx);
+  }
+}
+
+static void profile_end(trainer *t, profile_state *ps, bool loop_over) {
+  int64_t first, last;
+  if (*ps != PROFILE_ON || (!loop_over && nb_train_profile_steps(t->cfg, &first, &last) && t->step < last)) return;
+  *ps = PROFILE_DONE;
+  nb_status was = nb_ctx_status(t->ctx); /* the loop's error stays the one reported */
+  char *err = was ? strdup(nb_ctx_error(t->ctx)) : NULL;
+  if (nb_prof_stop(t->ctx)) nb_logf(t->ctx, NB_LOG_WARN, "train: writing the profile: %s", nb_ctx_error(t->ctx));
+  if (was) nb_errorf(t->ctx, was, "%s", err ? err : "(out of memory for the message)");
+  else nb_ctx_clear_error(t->ctx);
+  free(err);
+}
+
 nb_status nb_train_run(nb_ctx *ctx, const nb_train_config *cfg, const nb_train_opts *opts, nb_train_result *out) {
   nb_train_result res = {.final_loss = NAN, .last_eval_loss = NAN, .exe_ms_median = NAN, .iter_ms_median = NAN};
   if (out) *out = res;
@@ -740,8 +783,11 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_train_config *cfg, const nb_train_o
   double tokens = (double)(cfg->batch_size * cfg->data.seq_len), t_log = nb_util__now_s();
   int64_t since_log = 0;
   double t_loop = nb_util__now_s();
+  profile_state profiling = PROFILE_NOT_YET;
   while (!s && t.step < cfg->steps) {
+    profile_begin(&t, &profiling);
     double a = nb_util__now_s(), ems = 0, dms = 0, eval_t = 0;
+    int64_t t_step = nb_util__trace_start();
     nb_train_step_info si = {.total_steps = cfg->steps, .tokens_per_s = NAN, .mfu = NAN, .eval_loss = NAN};
     nb_tree *metrics = t.task ? nb_tree_create(ctx) : NULL;
     si.metrics = metrics;
@@ -764,10 +810,12 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_train_config *cfg, const nb_train_o
     }
     if (t.eval_exe && cfg->eval_every > 0 && cfg->eval_steps > 0 && (t.step % cfg->eval_every == 0 || t.step == cfg->steps)) {
       double e0 = nb_util__now_s();
+      int64_t te = nb_util__trace_start();
       if ((s = run_eval(&t, &si.eval_loss, metrics))) {
         nb_tree_destroy(metrics);
         break;
       }
+      nb_util__trace_span("train", "eval", te, nb_util__now_ns(), NULL, 0);
       si.has_eval = true;
       res.last_eval_loss = si.eval_loss;
       write_eval(&t, t.step, si.eval_loss, metrics);
@@ -779,8 +827,10 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_train_config *cfg, const nb_train_o
     bool preempt = opts->handle_signals && nb_ckpt_preemption_requested();
     bool ckpt = (cfg->checkpoint_every > 0 && t.step % cfg->checkpoint_every == 0) || t.step == cfg->steps;
     double c0 = nb_util__now_s();
+    int64_t tc = nb_util__trace_start();
     if (preempt) s = save(&t, true);
     else if (ckpt || stop) s = save(&t, false);
+    if (tc && (preempt || ckpt || stop)) nb_util__trace_span("ckpt", "checkpoint save", tc, nb_util__now_ns(), NULL, 0);
     if (!s && (ckpt || stop || preempt || si.has_eval)) report(&t);
     res.ckpt_s += nb_util__now_s() - c0;
     si.elapsed_s = t.elapsed_before + nb_util__now_s() - t.t0;
@@ -794,6 +844,11 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_train_config *cfg, const nb_train_o
       t_log = nb_util__now_s();
       since_log = 0;
     }
+    if (t_step) {
+      nb_util__trace_arg sa[] = {{"step", NULL, (double)t.step}, {"loss", NULL, si.loss}};
+      nb_util__trace_span("train", "train step", t_step, nb_util__now_ns(), sa, 2);
+    }
+    profile_end(&t, &profiling, false);
     if (opts->on_step) opts->on_step(opts->ud, &si);
     nb_tree_destroy(metrics);
     if (preempt || stop) {
@@ -802,6 +857,7 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_train_config *cfg, const nb_train_o
       break;
     }
   }
+  profile_end(&t, &profiling, true);
   res.wall_s = nb_util__now_s() - t_loop;
   res.final_step = t.step;
   res.exe_ms_median = median(exe_ms, res.steps_run);

@@ -32,6 +32,11 @@ char *nb_cli_read_input(const char *cmd, const char *path, size_t *n);
  * output is refused too. Inputs that do not exist are skipped. */
 bool nb_cli_output_ok(const char *cmd, const char *out, bool out_is_dir, int n_in, const char *const *inputs);
 
+/* Runs the command argv[0] (argc, argv as it takes them) with a trace
+ * recorded into path (nb_prof_start/stop); returns its exit status (1 when
+ * the trace cannot be started or written). tools/nabla/main.c. */
+int nb_cli_run_traced(const char *path, int argc, char **argv);
+
 /* Whether path is a regular file starting with GGUF's magic. */
 bool nb_cli_is_gguf(const char *path);
 /* A model as the commands take one: a GGUF file, a run dir (config.yaml),

@@ -1,8 +1,10 @@
 /* The `nabla` command: dispatches to one subcommand per file. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
+#include "nabla/nabla.h"
 
 #define X(name, help) int nb_cmd_##name(int argc, char **argv);
 #include "commands.def"
@@ -27,18 +29,48 @@ static int usage(bool asked) {
   return asked ? 0 : 2;
 }
 
+/* argv[0] is the command's name */
+static int dispatch(int argc, char **argv) {
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+    if (strcmp(argv[0], commands[i].name)) continue;
+    /* -h/--help anywhere after the command ("nabla ckpt export --help"): the
+     * command's usage, whatever else the line holds */
+    char help[] = "--help", *just_help[] = {argv[0], help, NULL};
+    if (nb_cli_help_asked(argc, argv)) return commands[i].run(2, just_help);
+    return commands[i].run(argc, argv);
+  }
+  fprintf(stderr, "nabla: unknown command '%s'\n", argv[0]);
+  return usage(false);
+}
+
+int nb_cli_run_traced(const char *path, int argc, char **argv) {
+  nb_ctx *ctx = nb_ctx_create();
+  if (!ctx) return 1;
+  if (nb_prof_start(ctx, &(nb_prof_trace_opts){.path = path})) {
+    fprintf(stderr, "nabla %s: cannot record a trace: %s\n", argv[0], nb_ctx_error(ctx));
+    nb_ctx_destroy(ctx);
+    return 1;
+  }
+  int rc = dispatch(argc, argv);
+  if (nb_prof_stop(ctx)) {
+    fprintf(stderr, "nabla %s: cannot write the trace: %s\n", argv[0], nb_ctx_error(ctx));
+    if (!rc) rc = 1;
+  } else {
+    fprintf(stderr, "nabla %s: trace written to %s (open it in ui.perfetto.dev); its slowest compiled steps:\n", argv[0], path);
+    /* the peak at $NABLA_THREADS or all CPUs (cached per machine); a command's --threads is not seen here */
+    if (nb_prof_trace_table(ctx, path, stderr, 15, nb_prof_peak_flops(0).flops))
+      fprintf(stderr, "nabla %s: %s\n", argv[0], nb_ctx_error(ctx));
+  }
+  nb_ctx_destroy(ctx);
+  return rc;
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) return usage(false);
   if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) return usage(true);
   if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V")) return nb_cmd_version(1, argv + 1);
-  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
-    if (strcmp(argv[1], commands[i].name)) continue;
-    /* -h/--help anywhere after the command ("nabla ckpt export --help"): the
-     * command's usage, whatever else the line holds */
-    char help[] = "--help", *just_help[] = {argv[1], help, NULL};
-    if (nb_cli_help_asked(argc - 1, argv + 1)) return commands[i].run(2, just_help);
-    return commands[i].run(argc - 1, argv + 1);
-  }
-  fprintf(stderr, "nabla: unknown command '%s'\n", argv[1]);
-  return usage(false);
+  /* NABLA_PROFILE=PATH: the whole command is traced into PATH (nabla profile does the same) */
+  const char *trace = getenv("NABLA_PROFILE");
+  if (trace && *trace && strcmp(argv[1], "profile")) return nb_cli_run_traced(trace, argc - 1, argv + 1);
+  return dispatch(argc - 1, argv + 1);
 }

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "serve_int.h"
+#include "util/trace.h"
 
 double now_s(void) {
   struct timespec t;
@@ -362,6 +363,7 @@ static void route(server *sv, running *r, const nb_serve_event *ev, int32_t n) {
 
 static void *engine_main(void *arg) {
   server *sv = arg;
+  nb_util__trace_thread_name("nabla-engine");
   running r = {0};
   int64_t next_id = 1;
   job **adds = NULL, **aborts = NULL;

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "serve_int.h"
+#include "util/trace.h"
 
 /* ---------------------------------------------------------------- replies */
 
@@ -251,6 +252,8 @@ static enum MHD_Result do_complete(server *sv, struct MHD_Connection *c, const c
 typedef struct request {
   buf body;
   bool too_large;
+  int64_t t0;   /* a trace's span of the request, from its headers to its last byte (0: not traced) */
+  char what[64]; /* "POST /v1/completions" */
 } request;
 
 typedef enum route { R_HEALTH, R_METRICS, R_MODELS, R_TOKENIZE, R_DETOKENIZE, R_COMPLETIONS, R_CHAT, R_COUNT } route;
@@ -283,6 +286,11 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     rq = calloc(1, sizeof *rq);
     if (!rq) return MHD_NO;
     *state = rq;
+    if ((rq->t0 = nb_util__trace_start())) { /* one thread per connection: its requests follow one another */
+      static _Thread_local bool named;
+      if (!named) nb_util__trace_thread_name("nabla-http"), named = true;
+      snprintf(rq->what, sizeof rq->what, "%s %s", method, url);
+    }
     atomic_fetch_add(&sv->active, 1);
     if (atomic_load(&sv->stopping)) return reply_error(c, 503, NULL, NULL, "the server is shutting down");
     int r = 0;
@@ -337,6 +345,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **state, enum MH
   (void)c, (void)why;
   server *sv = cls;
   request *rq = *state;
+  if (rq && rq->t0) nb_util__trace_span("http", rq->what, rq->t0, nb_util__now_ns(), NULL, 0);
   if (rq) free(rq->body.data), atomic_fetch_sub(&sv->active, 1);
   free(rq);
   *state = NULL;

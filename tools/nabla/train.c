@@ -197,6 +197,12 @@ int nb_cmd_train(int argc, char **argv) {
            "loop iteration %.1f ms (median)\n",
            (long long)r.final_step, r.final_loss, r.last_eval_loss, c.entropy, r.exe_ms_median, r.iter_ms_median);
   }
+  char trace[1100];
+  snprintf(trace, sizeof trace, "%s/profile/trace.json", dir);
+  if (!s && cfg.profile.steps[0] && access(trace, F_OK) == 0) { /* profile.steps wrote one: its op table */
+    printf("profile of steps %s: %s (open it in ui.perfetto.dev); its slowest compiled steps:\n", cfg.profile.steps, trace);
+    if (nb_prof_trace_table(ctx, trace, stdout, 15, peak)) fprintf(stderr, "nabla train: %s\n", nb_ctx_error(ctx));
+  }
   nb_ctx_destroy(ctx);
   return rc;
 }

@@ -28,10 +28,12 @@
  * is split into tasks (backend/cpu/cpu.c, blas.c). */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
 #include "backend/cpu/cpu.h"
+#include "util/trace.h"
 #include "util/util.h"
 
 #define SPIN_ITERS 2000
@@ -141,13 +143,22 @@ static void *worker(void *arg) {
   nb_pool *p = w->p;
   uint32_t seen = 0;
   bool taking_part = true;
+  char name[32];
+  snprintf(name, sizeof name, "nabla-pool-%d", w->index + 1); /* the caller is the region's thread 0 */
+  nb_util__trace_thread_name(name);
   for (;;) {
     /* a worker left out while the pool backs off sleeps at once: its spin
      * would take the CPU the back-off gives back */
     seen = wait_work(p, seen, taking_part);
     if (atomic_load(&p->stop)) break;
     taking_part = w->index < atomic_load_explicit(&p->allowed, memory_order_acquire);
-    if (taking_part) work(p);
+    if (!taking_part) continue;
+    int64_t t0 = nb_util__trace_start();
+    int ran = work(p);
+    if (t0 && ran) { /* a trace shows the tasks this worker took of a region */
+      nb_util__trace_arg a = {"tasks", NULL, ran};
+      nb_util__trace_span("pool", "pool tasks", t0, nb_util__now_ns(), &a, 1);
+    }
   }
   return NULL;
 }

@@ -1,0 +1,328 @@
+/* Traces: nb_prof_start/stop around the recorder of src/util/trace.h, and
+ * the two files a trace leaves: Chrome trace-event JSON ("X" complete events
+ * and "M" thread names, docs/prof.md "Traces") and a summary of slice counts
+ * and total durations per name, which scripts/prof_trace_peer.py compares
+ * with what Perfetto's trace processor reads from the JSON. Not here:
+ * recording (util), where the spans come from (their libraries). */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "prof/internal.h"
+#include "util/trace.h"
+#include "util/util.h"
+
+static struct {
+  pthread_mutex_t mu;
+  bool on;
+  int64_t t_start; /* ns: ts 0 of the file */
+  double wall_start;
+  char path[NB_PROF__PATH_CAP];
+} session = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* ---- collecting ------------------------------------------------------------ */
+
+typedef struct track {
+  int tid;
+  char name[32];
+  size_t first, n; /* its events in the collection's array */
+} track;
+
+typedef struct collection {
+  nb_util__trace_event *ev;
+  size_t n, cap;
+  track *tracks;
+  size_t ntracks, cap_tracks;
+  bool oom;
+} collection;
+
+static void take_thread(void *ud, int tid, const char *name, const nb_util__trace_event *ev, size_t n) {
+  collection *c = ud;
+  if (c->oom) return;
+  if (c->n + n > c->cap) {
+    size_t cap = (c->cap ? 2 * c->cap : 1024) + n;
+    nb_util__trace_event *p = realloc(c->ev, cap * sizeof *p);
+    if (!p) return (void)(c->oom = true);
+    c->ev = p, c->cap = cap;
+  }
+  if (c->ntracks == c->cap_tracks) {
+    size_t cap = c->cap_tracks ? 2 * c->cap_tracks : 16;
+    track *t = realloc(c->tracks, cap * sizeof *t);
+    if (!t) return (void)(c->oom = true);
+    c->tracks = t, c->cap_tracks = cap;
+  }
+  track *t = &c->tracks[c->ntracks++];
+  t->tid = tid;
+  snprintf(t->name, sizeof t->name, "%s", name);
+  t->first = c->n;
+  t->n = n;
+  memcpy(c->ev + c->n, ev, n * sizeof *ev);
+  c->n += n;
+}
+
+/* within a track: by start, the enclosing span (longer) first */
+static int by_start(const void *a, const void *b) {
+  const nb_util__trace_event *x = a, *y = b;
+  if (x->t0 != y->t0) return x->t0 < y->t0 ? -1 : 1;
+  return (x->dur < y->dur) - (x->dur > y->dur);
+}
+
+/* ---- the JSON --------------------------------------------------------------- */
+
+/* A JSON string; control characters become spaces: Perfetto's JSON reader
+ * refuses \u escapes (and the whole file with them) */
+static void put_str(FILE *f, const char *s) {
+  fputc('"', f);
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
+    else fputc(*p < 0x20 ? ' ' : *p, f);
+  }
+  fputc('"', f);
+}
+
+static void put_num(FILE *f, double v) {
+  if (isfinite(v)) fprintf(f, "%.17g", v);
+  else fputs("null", f);
+}
+
+/* ns since the start as microseconds, exactly (three decimals) */
+static void put_us(FILE *f, int64_t ns) {
+  if (ns < 0) fprintf(f, "-%lld.%03lld", (long long)(-ns / 1000), (long long)(-ns % 1000));
+  else fprintf(f, "%lld.%03lld", (long long)(ns / 1000), (long long)(ns % 1000));
+}
+
+static void put_event(FILE *f, int pid, int tid, const nb_util__trace_event *e, int64_t t_start) {
+  fprintf(f, ",\n{\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":", pid, tid);
+  put_us(f, e->t0 - t_start);
+  fputs(",\"dur\":", f);
+  put_us(f, e->dur);
+  fputs(",\"name\":", f);
+  put_str(f, e->name);
+  fputs(",\"cat\":", f);
+  put_str(f, e->cat);
+  if (e->nargs) {
+    fputs(",\"args\":{", f);
+    for (int i = 0; i < e->nargs; i++) {
+      if (i) fputc(',', f);
+      put_str(f, e->args[i].key ? e->args[i].key : "?");
+      fputc(':', f);
+      if (e->args[i].is_str) put_str(f, e->args[i].str);
+      else put_num(f, e->args[i].num);
+    }
+    fputc('}', f);
+  }
+  fputc('}', f);
+}
+
+static void put_trace(FILE *f, const collection *c, int64_t dropped) {
+  int pid = (int)getpid();
+  /* no "displayTimeUnit": Perfetto reads ts and dur in that unit when it is there (they are microseconds) */
+  fprintf(f, "{\"otherData\":{\"producer\":\"nabla\",\"wall_start_s\":%.6f,\"dropped_events\":%lld},\n",
+          session.wall_start, (long long)dropped);
+  fprintf(f, "\"traceEvents\":[\n{\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"name\":\"process_name\",\"args\":{\"name\":\"nabla\"}}", pid,
+          pid);
+  for (size_t i = 0; i < c->ntracks; i++) {
+    const track *t = &c->tracks[i];
+    fprintf(f, ",\n{\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"name\":\"thread_name\",\"args\":{\"name\":", pid, t->tid);
+    put_str(f, t->name);
+    fputs("}}", f);
+    for (size_t k = 0; k < t->n; k++) put_event(f, pid, t->tid, &c->ev[t->first + k], session.t_start);
+  }
+  fputs("\n]}\n", f);
+}
+
+/* ---- the summary --------------------------------------------------------------- */
+
+static int by_name(const void *a, const void *b) {
+  return strcmp((*(const nb_util__trace_event *const *)a)->name, (*(const nb_util__trace_event *const *)b)->name);
+}
+
+/* the sum of numeric argument key over spans ix[i..j) */
+static double arg_sum(const nb_util__trace_event *const *ix, size_t i, size_t j, const char *key) {
+  double sum = 0;
+  for (; i < j; i++)
+    for (int a = 0; a < ix[i]->nargs; a++)
+      if (!ix[i]->args[a].is_str && ix[i]->args[a].key && !strcmp(ix[i]->args[a].key, key) && isfinite(ix[i]->args[a].num))
+        sum += ix[i]->args[a].num;
+  return sum;
+}
+
+/* {"events": N, "dropped_events": D, "threads": T,
+ *  "slices": {name: {"count", "total_ns", "cat", "flops", "bytes"}}} */
+static bool put_summary(FILE *f, const collection *c, int64_t dropped) {
+  const nb_util__trace_event **ix = malloc((c->n + 1) * sizeof *ix);
+  if (!ix) return false;
+  for (size_t i = 0; i < c->n; i++) ix[i] = &c->ev[i];
+  qsort(ix, c->n, sizeof *ix, by_name);
+  fprintf(f, "{\"format\":\"nabla-trace-summary/1\",\"events\":%zu,\"dropped_events\":%lld,\"threads\":%zu,\"slices\":{", c->n,
+          (long long)dropped, c->ntracks);
+  for (size_t i = 0; i < c->n;) {
+    size_t j = i;
+    int64_t total = 0;
+    for (; j < c->n && !strcmp(ix[j]->name, ix[i]->name); j++) total += ix[j]->dur;
+    fputs(i ? ",\n" : "\n", f);
+    put_str(f, ix[i]->name);
+    fprintf(f, ":{\"count\":%zu,\"total_ns\":%lld,\"cat\":", j - i, (long long)total);
+    put_str(f, ix[i]->cat);
+    fprintf(f, ",\"flops\":%.17g,\"bytes\":%.17g}", arg_sum(ix, i, j, "flops"), arg_sum(ix, i, j, "bytes"));
+    i = j;
+  }
+  fputs("\n}}\n", f);
+  free(ix);
+  return true;
+}
+
+/* ---- writing ---------------------------------------------------------------------- */
+
+typedef bool (*writer)(FILE *f, const collection *c, int64_t dropped);
+
+static bool put_trace_ok(FILE *f, const collection *c, int64_t dropped) { return put_trace(f, c, dropped), true; }
+
+static nb_status write_file(nb_ctx *ctx, const char *path, writer w, const collection *c, int64_t dropped) {
+  char *buf = NULL;
+  size_t n = 0;
+  FILE *f = open_memstream(&buf, &n);
+  bool ok = f && w(f, c, dropped);
+  if (f && fclose(f)) ok = false;
+  nb_status s = ok ? nb_prof__write_atomic(ctx, path, buf, n)
+                   : nb_errorf(ctx, NB_ERR_NOMEM, "nb_prof_stop: out of memory writing '%s'", path);
+  free(buf);
+  return s;
+}
+
+static void summary_path(const char *path, char *out, size_t cap) {
+  size_t n = strlen(path);
+  if (n >= 5 && !strcmp(path + n - 5, ".json")) snprintf(out, cap, "%.*s.summary.json", (int)(n - 5), path);
+  else snprintf(out, cap, "%s.summary.json", path);
+}
+
+/* ---- the API ------------------------------------------------------------------------ */
+
+nb_status nb_prof_start(nb_ctx *ctx, const nb_prof_trace_opts *opts) {
+  if (!opts || !opts->path || !opts->path[0]) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "nb_prof_start: opts.path: no trace file given");
+  size_t n = strlen(opts->path);
+  if (n + 16 >= NB_PROF__PATH_CAP)
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "nb_prof_start: opts.path: %zu bytes (at most %d)", n, NB_PROF__PATH_CAP - 17);
+  pthread_mutex_lock(&session.mu);
+  nb_status s = NB_OK;
+  if (session.on) s = nb_errorf(ctx, NB_ERR_INVALID_ARG, "nb_prof_start: a trace is already being recorded into '%s'", session.path);
+  char dir[NB_PROF__PATH_CAP];
+  snprintf(dir, sizeof dir, "%s", opts->path);
+  char *slash = strrchr(dir, '/');
+  if (!s && slash && slash != dir) {
+    *slash = 0;
+    s = nb_prof__mkdirs(ctx, dir);
+  }
+  if (!s) {
+    snprintf(session.path, sizeof session.path, "%s", opts->path);
+    session.on = true;
+    session.wall_start = nb_util__wall_s();
+    session.t_start = nb_util__trace_enable(opts->max_events);
+  }
+  pthread_mutex_unlock(&session.mu);
+  return s;
+}
+
+nb_status nb_prof_stop(nb_ctx *ctx) {
+  pthread_mutex_lock(&session.mu);
+  if (!session.on) {
+    pthread_mutex_unlock(&session.mu);
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "nb_prof_stop: no trace is being recorded");
+  }
+  nb_util__trace_disable();
+  session.on = false;
+  collection c = {0};
+  int64_t dropped = nb_util__trace_collect(take_thread, &c);
+  nb_util__trace_clear();
+  nb_status s = NB_OK;
+  if (c.oom) s = nb_errorf(ctx, NB_ERR_NOMEM, "nb_prof_stop: out of memory collecting %zu events", c.n);
+  for (size_t i = 0; !s && i < c.ntracks; i++) qsort(c.ev + c.tracks[i].first, c.tracks[i].n, sizeof *c.ev, by_start);
+  char sp[NB_PROF__PATH_CAP + 16];
+  summary_path(session.path, sp, sizeof sp);
+  if (!s) s = write_file(ctx, session.path, put_trace_ok, &c, dropped);
+  if (!s) s = write_file(ctx, sp, put_summary, &c, dropped);
+  free(c.ev);
+  free(c.tracks);
+  pthread_mutex_unlock(&session.mu);
+  return s;
+}
+
+bool nb_prof_tracing(void) { return nb_util__tracing(); }
+
+void nb_prof_scope_begin(const char *name) { nb_util__trace_begin("user", name); }
+void nb_prof_scope_end(void) { nb_util__trace_end(); }
+void nb_prof_thread_name(const char *name) { nb_util__trace_thread_name(name); }
+
+/* ---- the op table ------------------------------------------------------------------ */
+
+typedef struct row {
+  const char *name, *cat;
+  double count, ns, flops, bytes;
+} row;
+
+static int by_time(const void *a, const void *b) {
+  const row *x = a, *y = b;
+  return (x->ns < y->ns) - (x->ns > y->ns);
+}
+
+/* the steps of compiled programs: their times do not nest in one another */
+static bool is_step(const char *cat) { return !strcmp(cat, "kernel") || !strcmp(cat, "gemm") || !strcmp(cat, "eval"); }
+
+nb_status nb_prof_trace_table(nb_ctx *ctx, const char *trace_path, FILE *out, int top, double peak_flops) {
+  char sp[NB_PROF__PATH_CAP + 16], *text = NULL;
+  if (!trace_path || !out) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "nb_prof_trace_table: NULL argument");
+  summary_path(trace_path, sp, sizeof sp);
+  size_t len;
+  int err = nb_util__read_file(sp, (size_t)1 << 30, &text, &len);
+  if (err) return nb_errorf(ctx, NB_ERR_IO, "nb_prof_trace_table: cannot read '%s': %s", sp, strerror(err));
+  cJSON *j = cJSON_Parse(text);
+  free(text);
+  const cJSON *slices = cJSON_GetObjectItemCaseSensitive(j, "slices");
+  if (!cJSON_IsObject(slices)) {
+    cJSON_Delete(j);
+    return nb_errorf(ctx, NB_ERR_FORMAT, "nb_prof_trace_table: '%s' is not a trace summary (no \"slices\" object)", sp);
+  }
+  int n = cJSON_GetArraySize(slices), k = 0;
+  row *rows = calloc((size_t)n + 1, sizeof *rows);
+  if (!rows) return cJSON_Delete(j), nb_errorf(ctx, NB_ERR_NOMEM, "nb_prof_trace_table: out of memory");
+  double step_ns = 0, cat_ns[3] = {0};
+  static const char *const cats[3] = {"kernel", "gemm", "eval"};
+  const cJSON *s;
+  cJSON_ArrayForEach(s, slices) {
+    const cJSON *cat = cJSON_GetObjectItemCaseSensitive(s, "cat");
+    row r = {s->string, cJSON_IsString(cat) ? cat->valuestring : "",
+             cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(s, "count")),
+             cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(s, "total_ns")),
+             cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(s, "flops")),
+             cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(s, "bytes"))};
+    if (!is_step(r.cat) || !isfinite(r.ns)) continue;
+    rows[k++] = r;
+    step_ns += r.ns;
+    for (int c = 0; c < 3; c++) cat_ns[c] += strcmp(r.cat, cats[c]) ? 0 : r.ns;
+  }
+  qsort(rows, (size_t)k, sizeof *rows, by_time);
+  const cJSON *ev = cJSON_GetObjectItemCaseSensitive(j, "events"), *dr = cJSON_GetObjectItemCaseSensitive(j, "dropped_events");
+  fprintf(out, "%.0f spans (%.0f dropped); compiled steps: %.3f ms in all", cJSON_GetNumberValue(ev), cJSON_GetNumberValue(dr),
+          step_ns * 1e-6);
+  for (int c = 0; c < 3; c++) fprintf(out, ", %s %.1f%%", cats[c], step_ns > 0 ? 100 * cat_ns[c] / step_ns : 0.0);
+  if (peak_flops > 0) fprintf(out, "; peak %.1f GFLOP/s", peak_flops * 1e-9);
+  fprintf(out, "\n%10s %6s %7s %9s %8s %7s %8s  %-6s %s\n", "total ms", "share", "count", "mean us", "GFLOP/s", "%peak", "GB/s", "cat",
+          "name");
+  for (int i = 0; i < k && (top <= 0 || i < top); i++) {
+    const row *r = &rows[i];
+    double sec = r->ns * 1e-9, rate = sec > 0 ? r->flops / sec : 0;
+    char pk[16] = "-";
+    if (peak_flops > 0) snprintf(pk, sizeof pk, "%.1f%%", 100 * rate / peak_flops);
+    fprintf(out, "%10.3f %5.1f%% %7.0f %9.2f %8.2f %7s %8.2f  %-6s %s\n", r->ns * 1e-6, step_ns > 0 ? 100 * r->ns / step_ns : 0.0,
+            r->count, r->count > 0 ? r->ns * 1e-3 / r->count : 0.0, rate * 1e-9, pk, sec > 0 ? r->bytes / sec * 1e-9 : 0.0, r->cat,
+            r->name);
+  }
+  free(rows);
+  cJSON_Delete(j);
+  return NB_OK;
+}
