@@ -810,5 +810,8 @@ nb_status nb_fori_loop_at(nb_loc loc, nb_graph *g, nb_val *lower, nb_val *upper,
 #define nb_random_categorical(k, l, ax) nb_random_categorical_at(NB_HERE, k, l, ax)
 #define nb_custom_call(g, name, nin, in, attrs, sz, nout, out) nb_custom_call_at(NB_HERE, g, name, nin, in, attrs, sz, nout, out)
 
+/* Collectives over mesh axes, the communicator interface, shard_map. */
+#include "nabla/collective.h"
+
 NB_END_DECLS
 #endif /* NABLA_CORE_H */
