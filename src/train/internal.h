@@ -32,8 +32,9 @@ void nb_train__data_close(nb_train__data *d);
 nb_status nb_train__wrapf(nb_ctx *ctx, nb_status s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* mkdir -p */
 nb_status nb_train__mkdir_p(nb_ctx *ctx, const char *path);
-/* windows -> shuffle(seed) -> repeat -> batch -> {inputs, targets} -> prefetch */
-nb_data_iter *nb_train__data_iter(nb_ctx *ctx, const nb_train__data *d, const nb_train_config *cfg);
+/* windows -> shuffle(seed) -> repeat -> batch -> {inputs, targets} -> prefetch;
+ * with mesh.data = D > 1, process `rank`'s B/D rows of every batch */
+nb_data_iter *nb_train__data_iter(nb_ctx *ctx, const nb_train__data *d, const nb_train_config *cfg, int rank);
 /* Eval batches: element i is the i-th batch of eval windows (wrapping). */
 nb_data_map *nb_train__eval_batches(nb_ctx *ctx, const nb_train__data *d, const nb_train_config *cfg);
 

@@ -111,6 +111,7 @@ typedef struct trainer {
   int64_t nonfinite_steps;     /* steps with a non-finite loss or gradient norm (skip, continue) */
   double elapsed_before;       /* seconds of earlier runs (from the checkpoint) */
   double t0;
+  int rank;                    /* along the mesh axis "data" (0 without one) */
   char dir[NB_TRAIN_PATH_MAX];
 } trainer;
 
@@ -398,7 +399,7 @@ static nb_status setup(trainer *t, nb_train_start_info *info) {
   nb_tree_destroy(params);
   nb_tree_destroy(opt);
   if (s) return s;
-  t->it = nb_train__data_iter(ctx, &t->data, c);
+  t->it = nb_train__data_iter(ctx, &t->data, c, t->rank);
   t->eval_ds = t->it ? nb_train__eval_batches(ctx, &t->data, c) : NULL;
   if (!t->eval_ds) return nb_ctx_status(ctx);
   /* restore before compiling: a resume refused (other data, other model shape) is refused at once */
@@ -588,7 +589,13 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_train_config *cfg, const nb_train_o
   nb_status s = nb_train_config_validate(ctx, cfg);
   if (s) return s;
   trainer t = {.ctx = ctx, .cfg = cfg, .opts = opts, .t0 = nb_util__now_s()};
-  if (snprintf(t.dir, sizeof t.dir, "%s", opts->run_dir) >= (int)sizeof t.dir)
+  nb_comm *data_axis = cfg->mesh.data > 1 ? nb_ctx_axis(ctx, "data") : NULL;
+  t.rank = data_axis ? data_axis->ops->rank(data_axis) : 0;
+  /* data parallel: rank 0 owns the run dir; rank r > 0 keeps its own files
+   * (its checkpoints hold its data position) in DIR/rank<r> */
+  int dn = t.rank ? snprintf(t.dir, sizeof t.dir, "%s/rank%d", opts->run_dir, t.rank)
+                  : snprintf(t.dir, sizeof t.dir, "%s", opts->run_dir);
+  if (dn >= (int)sizeof t.dir)
     return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train: run_dir too long");
   if ((s = nb_train__mkdir_p(ctx, t.dir))) return s;
   if (!(t.config = config_text(ctx, cfg))) return nb_ctx_status(ctx);
