@@ -200,6 +200,16 @@ static void check_misuse(nb_ctx *ctx, nb_dist_mesh *m) {
   nb_graph_destroy(sum);
   nb_array_release(a);
   nb_tree_destroy(in);
+  /* two axes: data over the 2 processes (the last axis varies fastest), model of size 1 */
+  nb_dist_mesh *m2 = nb_dist_mesh_create(ctx, 2, (const char *[]){"model", "data"}, (int64_t[]){1, -1});
+  CHECK_MSG(m2 && nb_dist_mesh_axis_size(m2, 1) == 2 && nb_dist_mesh_axis_size(m2, 0) == 1, "%s", nb_ctx_error(ctx));
+  nb_comm *model = m2 ? nb_dist_mesh_axis(m2, "model") : NULL, *data = m2 ? nb_dist_mesh_axis(m2, "data") : NULL;
+  CHECK(model && model->ops->size(model) == 1 && model->ops->rank(model) == 0);
+  CHECK(data && data->ops->size(data) == 2 && data->ops->rank(data) == rank);
+  float v = (float)(rank + 1);
+  CHECK(model && model->ops->allreduce(model, ctx, &v, 1, NB_F32, NB_COMM_SUM) == NB_OK && v == (float)(rank + 1));
+  CHECK(data && data->ops->allreduce(data, ctx, &v, 1, NB_F32, NB_COMM_SUM) == NB_OK && v == 3.0f);
+  nb_dist_mesh_destroy(m2);
   CHECK(nb_dist_mesh_create(ctx, 1, (const char *[]){"data"}, (int64_t[]){3}) == NULL);
   CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "do not multiply to the job's 2 processes");
 }
