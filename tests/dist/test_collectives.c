@@ -245,9 +245,12 @@ int main(int argc, char **argv) {
     return 1;
   }
   if (argc > 1) return broken_job(ctx, m, argv[1]);
+  size_t base = nb_ctx_bytes_in_use(ctx);
   for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) check_op(ctx, &ops[i]);
   check_shard_map_grads(ctx);
   check_misuse(ctx, m);
+  /* leak check of our own (LeakSanitizer is off under mpirun: tests/dist/mpirun.sh) */
+  CHECK_MSG(nb_ctx_bytes_in_use(ctx) == base, "%zu bytes leaked on rank %d", nb_ctx_bytes_in_use(ctx) - base, rank);
   char name[64];
   snprintf(name, sizeof name, "dist/collectives rank %d", rank);
   int rc = nb_test_summary(name);
