@@ -24,8 +24,22 @@ elseif(NABLA_WITH_OPENBLAS)
   pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
 endif()
 
+# MPI (Open MPI: libopenmpi-dev openmpi-bin) for the dist library's
+# transport. NABLA_WITH_MPI: ON requires it, OFF leaves it out, unset uses it
+# when found. Without it, dist's functions fail with a clear message and its
+# multi-process tests are reported as skipped.
+if(NOT DEFINED NABLA_WITH_MPI)
+  find_package(MPI COMPONENTS C QUIET)
+  set(NABLA_WITH_MPI ${MPI_C_FOUND})
+elseif(NABLA_WITH_MPI)
+  find_package(MPI COMPONENTS C REQUIRED)
+endif()
+
 set(NABLA_DEPS Threads::Threads m ${CMAKE_DL_LIBS} PkgConfig::ZSTD PkgConfig::PCRE2
     PkgConfig::CJSON PkgConfig::YAML PkgConfig::UTF8PROC nabla::xxhash)
 if(NABLA_WITH_OPENBLAS)
   list(APPEND NABLA_DEPS PkgConfig::OPENBLAS)
+endif()
+if(NABLA_WITH_MPI)
+  list(APPEND NABLA_DEPS MPI::MPI_C)
 endif()

@@ -3,7 +3,8 @@
 # install when every package is already there).
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config clang libclang-rt-14-dev libopenblas-dev libzstd-dev libxxhash-dev
-      libpcre2-dev libcjson-dev libyaml-dev libutf8proc-dev libmicrohttpd-dev python3 python3-venv)
+      libpcre2-dev libcjson-dev libyaml-dev libutf8proc-dev libmicrohttpd-dev python3 python3-venv
+      libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

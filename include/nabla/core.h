@@ -696,6 +696,12 @@ nb_graph *nb_vmap(nb_ctx *ctx, const nb_graph *g, const nb_vmap_opts *opts);
  * recomputed in the backward pass instead of stored. Same contract as
  * nb_graph_call. */
 nb_status nb_remat_call(nb_graph *g, const nb_graph *callee, const nb_tree *in, nb_tree *out);
+/* jax.lax.optimization_barrier: replaces vals[0..n) (n <= 256, of one graph)
+ * by the same values, which a compiler computes and stores as they are
+ * before any use (nothing fuses or merges across): the trainer sums
+ * micro-batch gradients after one, so that each partial sum is rounded as
+ * it is when another process computes it. */
+nb_status nb_optimization_barrier_at(nb_loc loc, int n, nb_val **vals);
 /* custom_vjp: calls `fwd_primal` (inputs -> outputs) in g; under grad, the
  * backward pass runs `bwd` instead of differentiating fwd_primal. bwd's
  * inputs are fwd_primal's inputs (same paths) plus "ct/<out path>" for each
@@ -809,6 +815,9 @@ nb_status nb_fori_loop_at(nb_loc loc, nb_graph *g, nb_val *lower, nb_val *upper,
 #define nb_random_bernoulli(k, p, r, d) nb_random_bernoulli_at(NB_HERE, k, p, r, d)
 #define nb_random_categorical(k, l, ax) nb_random_categorical_at(NB_HERE, k, l, ax)
 #define nb_custom_call(g, name, nin, in, attrs, sz, nout, out) nb_custom_call_at(NB_HERE, g, name, nin, in, attrs, sz, nout, out)
+
+/* Collectives over mesh axes, the communicator interface, shard_map. */
+#include "nabla/collective.h"
 
 NB_END_DECLS
 #endif /* NABLA_CORE_H */

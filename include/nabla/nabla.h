@@ -14,4 +14,5 @@
 #include "nabla/serve.h"
 #include "nabla/quant.h"
 #include "nabla/posttrain.h"
+#include "nabla/dist.h"
 #endif

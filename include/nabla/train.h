@@ -109,6 +109,13 @@ typedef struct nb_train_config {
   } precision;
   nb_train_remat remat;
   int64_t batch_size, grad_accum, steps, eval_every, eval_steps, log_every;
+  struct {
+    /* processes the batch is split over (data parallel): the context must
+     * bind the mesh axis "data" to that many processes (nb_dist_mesh_bind;
+     * `nabla train` under mpirun does). batch_size and grad_accum are the
+     * whole job's; each process runs grad_accum / data micro-batches. */
+    int64_t data;
+  } mesh;
   int64_t checkpoint_every, checkpoint_keep;
   char checkpoint_dir[NB_TRAIN_STR_MAX];
   int64_t seed;

@@ -28,6 +28,11 @@ struct nb_ctx {
   nb_status status;
   char errmsg[NB_ERRMSG_CAP];
   nb_custom_call_entry *custom_calls; /* registry, a linked list */
+  struct {
+    char name[NB_AXIS_NAME_MAX];
+    nb_comm *comm; /* borrowed */
+  } axes[NB_MAX_AXES]; /* mesh axes bound for collectives (collective.h) */
+  int naxes;
 };
 
 /* Invariant: data is 64-byte aligned host memory (or wrapped memory aligned

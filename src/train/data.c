@@ -296,10 +296,14 @@ void nb_train__data_close(nb_train__data *d) {
   d->train_windows = d->eval_windows = NULL;
 }
 
-nb_data_iter *nb_train__data_iter(nb_ctx *ctx, const nb_train__data *d, const nb_train_config *c) {
+nb_data_iter *nb_train__data_iter(nb_ctx *ctx, const nb_train__data *d, const nb_train_config *c, int rank) {
   nb_data_map_retain(d->train_windows);
   nb_data_map *ds = nb_data_map_shuffle(d->train_windows, (uint64_t)c->seed);
-  ds = nb_data_map_batch(nb_data_map_repeat(ds, 0), c->batch_size, true);
+  /* data parallel: process r's rows of step s are the job's batch s rows
+   * [r B/D, (r+1) B/D), that is its own batches of B/D: r, r + D, r + 2D, ... */
+  int64_t D = c->mesh.data;
+  ds = nb_data_map_batch(nb_data_map_repeat(ds, 0), c->batch_size / D, true);
+  if (D > 1) ds = nb_data_map_slice(ds, rank, INT64_MAX, D);
   ds = nb_data_map_map(ds, nb_data_fn_lm_targets, NULL);
   nb_data_iter *it = nb_data_iter_create(ds);
   if (it && c->data.workers > 0) it = nb_data_iter_prefetch(it, (int)c->data.workers, 2 * (int)c->data.workers + 2);

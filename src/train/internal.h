@@ -37,8 +37,9 @@ nb_status nb_train__mkdir_p(nb_ctx *ctx, const char *path);
  * is an error naming it, both values and src_name. */
 nb_status nb_train__model_from(nb_ctx *ctx, const nb_train_config *run, const nb_model_config *src, const char *src_name,
                                nb_model_config *out);
-/* windows -> shuffle(seed) -> repeat -> batch -> {inputs, targets} -> prefetch */
-nb_data_iter *nb_train__data_iter(nb_ctx *ctx, const nb_train__data *d, const nb_train_config *cfg);
+/* windows -> shuffle(seed) -> repeat -> batch -> {inputs, targets} -> prefetch;
+ * with mesh.data = D > 1, process `rank`'s B/D rows of every batch */
+nb_data_iter *nb_train__data_iter(nb_ctx *ctx, const nb_train__data *d, const nb_train_config *cfg, int rank);
 /* Eval batches: element i is the i-th batch of eval windows (wrapping). */
 nb_data_map *nb_train__eval_batches(nb_ctx *ctx, const nb_train__data *d, const nb_train_config *cfg);
 

@@ -115,6 +115,7 @@ typedef struct trainer {
   int64_t nonfinite_steps;     /* steps with a non-finite loss or gradient norm (skip, continue) */
   double elapsed_before;       /* seconds of earlier runs (from the checkpoint) */
   double t0;
+  int rank;                    /* along the mesh axis "data" (0 without one) */
   char dir[NB_TRAIN_PATH_MAX];
 } trainer;
 
@@ -451,7 +452,7 @@ static nb_status setup(trainer *t, nb_train_start_info *info) {
   nb_tree_destroy(opt);
   if (s) return s;
   if (!t->task) {
-    t->it = nb_train__data_iter(ctx, &t->data, c);
+    t->it = nb_train__data_iter(ctx, &t->data, c, t->rank);
     t->eval_ds = t->it ? nb_train__eval_batches(ctx, &t->data, c) : NULL;
     if (!t->eval_ds) return nb_ctx_status(ctx);
   }
@@ -747,8 +748,13 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_train_config *cfg, const nb_train_o
   if (cfg->init_from[0]) snprintf(resolved.preset, sizeof resolved.preset, "%s", resolved.model.family == NB_MODEL_GPT2 ? "gpt2-tiny" : "llama-tiny");
   cfg = &resolved;
   trainer t = {.ctx = ctx, .cfg = cfg, .opts = opts, .task = opts->task, .t0 = nb_util__now_s(), .init = init};
-  if (snprintf(t.dir, sizeof t.dir, "%s", opts->run_dir) >= (int)sizeof t.dir)
-    return nb_tree_destroy(init), nb_errorf(ctx, NB_ERR_INVALID_ARG, "train: run_dir too long");
+  nb_comm *data_axis = cfg->mesh.data > 1 ? nb_ctx_axis(ctx, "data") : NULL;
+  t.rank = data_axis ? data_axis->ops->rank(data_axis) : 0;
+  /* data parallel: rank 0 owns the run dir; rank r > 0 keeps its own files
+   * (its checkpoints hold its data position) in DIR/rank<r> */
+  int dn = t.rank ? snprintf(t.dir, sizeof t.dir, "%s/rank%d", opts->run_dir, t.rank)
+                  : snprintf(t.dir, sizeof t.dir, "%s", opts->run_dir);
+  if (dn >= (int)sizeof t.dir) return nb_tree_destroy(init), nb_errorf(ctx, NB_ERR_INVALID_ARG, "train: run_dir too long");
   if ((s = nb_train__mkdir_p(ctx, t.dir))) return nb_tree_destroy(init), s;
   if (!(t.config = config_text(ctx, cfg, opts->task))) return nb_tree_destroy(init), nb_ctx_status(ctx);
   /* handlers before set-up: a signal there ends the run cleanly, not the process */

@@ -120,6 +120,29 @@ typedef struct step_job {
 
 static nb_val *add_or_set(nb_val *acc, nb_val *x) { return acc ? nb_add(acc, x) : x; }
 
+/* A micro-batch's gradients behind an optimization barrier: each is
+ * computed and rounded alone before the sum, as it is when
+ * another process computes it (data parallel), so that one process with
+ * grad_accum = mesh.data reproduces the job bit for bit (the compiler would
+ * otherwise fuse the sum into the reductions that make them). */
+static nb_status barrier_leaves(nb_tree *t) {
+  enum { CHUNK = 256 };
+  nb_val *v[CHUNK];
+  size_t at[CHUNK], i = 0, size = nb_tree_size(t);
+  nb_status s = NB_OK;
+  while (!s && i < size) {
+    int n = 0;
+    for (; i < size && n < CHUNK; i++)
+      if (!strncmp(nb_tree_path(t, i), "grad/", 5)) {
+        at[n] = i;
+        v[n++] = nb_tree_leaf(t, i)->val;
+      }
+    s = nb_optimization_barrier_at(NB_HERE, n, v);
+    for (int k = 0; !s && k < n; k++) s = nb_tree_set_val(t, nb_tree_path(t, at[k]), v[k]);
+  }
+  return s;
+}
+
 /* on_nonfinite=skip: where ok is false (the loss or gradient norm is not
  * finite), each leaf of updated becomes the one of old, as optax's
  * apply_if_finite; in the graph, so that the state stays donated. */
@@ -138,7 +161,8 @@ static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
   const step_job *job = u;
   nb_ctx *ctx = nb_graph_ctx(g);
   const nb_train_config *c = job->cfg;
-  int64_t A = c->grad_accum, mb = c->batch_size / A;
+  /* A micro-batches of mb rows in the whole job; this process runs Al of them (its rows of the batch) */
+  int64_t A = c->grad_accum, D = c->mesh.data, Al = A / D, mb = c->batch_size / A;
   nb_val *step = nb_tree_get_val(in, "step");
   *job->hp = nb_tree_get_val(in, "hparams/schedule");
   *job->hpo = nb_tree_get_val(in, "hparams/optim");
@@ -152,7 +176,7 @@ static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
   nb_val *loss = NULL, *key = NULL;
   if (!s && job->rng) key = nb_random_fold_in(nb_tree_get_val(in, "hparams/key"), step);
   /* micro-batch k: rows [k*mb, (k+1)*mb) of the batch; grads and metrics summed, then averaged */
-  for (int64_t k = 0; k < A && !s; k++) {
+  for (int64_t k = 0; k < Al && !s; k++) {
     nb_tree *call_in = nb_tree_create(ctx), *call_out = nb_tree_create(ctx);
     if (!call_in || !call_out) s = NB_ERR_NOMEM;
     if (!s) s = nb_tree_merge(call_in, "params", params);
@@ -165,10 +189,14 @@ static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
       for (int d = 1; d < r; d++) hi[d] = nb_val_dim(v, d);
       char p[256];
       snprintf(p, sizeof p, "batch/%s", nb_tree_path(batch, i));
-      s = nb_tree_set_val(call_in, p, A > 1 ? nb_slice(v, lo, hi, NULL) : v);
+      s = nb_tree_set_val(call_in, p, Al > 1 ? nb_slice(v, lo, hi, NULL) : v);
     }
-    if (!s && key) s = nb_tree_set_val(call_in, "rng", A > 1 ? nb_random_fold_in(key, nb_scalar(g, NB_U32, (double)k)) : key);
+    /* dropout of micro-batch (rank * Al + k) of the job: the same as one process with grad_accum = A */
+    nb_val *micro = nb_scalar(g, NB_U32, (double)k);
+    if (D > 1) micro = nb_add(nb_mul(nb_convert(nb_axis_index(g, "data"), NB_U32), nb_scalar(g, NB_U32, (double)Al)), micro);
+    if (!s && key) s = nb_tree_set_val(call_in, "rng", A > 1 ? nb_random_fold_in(key, micro) : key);
     if (!s) s = nb_graph_call(g, job->vg, call_in, call_out);
+    if (!s && A > 1) s = barrier_leaves(call_out);
     for (size_t i = 0; !s && i < nb_tree_size(call_out); i++) {
       const char *p = nb_tree_path(call_out, i);
       nb_val *v = nb_tree_leaf(call_out, i)->val;
@@ -182,6 +210,16 @@ static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
     }
     nb_tree_destroy(call_in);
     nb_tree_destroy(call_out);
+  }
+  /* data parallel: the sums over the processes, folded in rank order (psum),
+   * so the sum of the job's micro-batches is the same bits as one process's
+   * add of them when each process runs one (grad_accum = mesh.data) */
+  if (!s && D > 1) {
+    loss = nb_psum(loss, "data");
+    for (size_t i = 0; !s && i < nb_tree_size(grads); i++)
+      s = nb_tree_set_val(grads, nb_tree_path(grads, i), nb_psum(nb_tree_leaf(grads, i)->val, "data"));
+    for (size_t i = 0; !s && i < nb_tree_size(metrics); i++)
+      s = nb_tree_set_val(metrics, nb_tree_path(metrics, i), nb_psum(nb_tree_leaf(metrics, i)->val, "data"));
   }
   if (!s && A > 1) { /* means of means: equal micro-batches, so the big-batch mean */
     nb_val *inv = nb_scalar(g, NB_F32, 1.0 / (double)A);
@@ -243,6 +281,13 @@ static nb_status check_supported(nb_ctx *ctx, const nb_train_config *c) {
   if (c->batch_size % c->grad_accum)
     return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train: batch_size (%lld) must be a multiple of grad_accum (%lld)",
                      (long long)c->batch_size, (long long)c->grad_accum);
+  nb_comm *data = nb_ctx_axis(ctx, "data");
+  if (c->mesh.data > 1 && (!data || data->ops->size(data) != c->mesh.data))
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG,
+                     "train: mesh.data=%lld needs the mesh axis 'data' bound to %lld processes on the context (it is "
+                     "%s): run `nabla train` under `mpirun -np %lld`",
+                     (long long)c->mesh.data, (long long)c->mesh.data, data ? "bound to another count" : "not bound",
+                     (long long)c->mesh.data);
   return NB_OK;
 }
 
@@ -287,7 +332,8 @@ nb_graph *nb_train_trace_task_step(nb_ctx *ctx, const nb_train_config *c, const 
   if (spec && !nb_tree_merge(spec, "params", param_spec) && !nb_tree_merge(spec, "opt_state", opt_state_spec) &&
       !nb_tree_merge(spec, "", hparams) && !nb_tree_set(spec, "step", nb_leaf_aval(nb_aval_make(NB_I32, 0, NULL))) &&
       !(frozen && nb_tree_merge(spec, "frozen", task->frozen))) {
-    bs = task ? task->batch_spec(task->ud, ctx, c, c->batch_size) : batch_spec(ctx, c->batch_size, c->data.seq_len);
+    bs = task ? task->batch_spec(task->ud, ctx, c, c->batch_size / c->mesh.data) /* this process's rows */
+              : batch_spec(ctx, c->batch_size / c->mesh.data, c->data.seq_len);
     if (bs && !nb_tree_merge(spec, "batch", bs)) {
       step_job job = {.cfg = c, .vg = vg, .tx = tx, .lr = lr, .hp = &hp, .hpo = &hpo, .rng = dropout, .frozen = frozen};
       g = nb_trace(ctx, step_fn, &job, spec);

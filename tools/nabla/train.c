@@ -2,7 +2,10 @@
  *   nabla train [CONFIG.yaml] [--run-dir DIR] [--peak-gflops X] [--threads N] [key=value ...]
  * Without CONFIG: the default tiny GPT on data/corpus/kjv.txt (scripts/corpus.sh)
  * in runs/default. One line per log_every steps; Ctrl-C checkpoints and
- * exits (the same command resumes). The loop itself is nb_train_run. */
+ * exits (the same command resumes). The loop itself is nb_train_run.
+ * Data parallel: `mpirun -np N nabla train ... mesh.data=N` (docs/dist.md):
+ * the mesh axis "data" over the N processes; rank 0 prints and owns the run
+ * dir, rank r > 0 writes DIR/rank<r> and prints only errors. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,7 +56,8 @@ static const char usage_text[] =
     "  --threads N compute threads (default: $NABLA_THREADS, else all CPUs)\n"
     "  --peak-gflops  the peak FLOP/s that MFU is relative to (default: $NABLA_PEAK_GFLOPS, else an\n"
     "              f32 FMA peak measured once per machine and thread count, cached in ~/.cache/nabla)\n"
-    "  key=value   config overrides: steps=100 optim.lr=1e-3 model.n_layers=2 ...\n";
+    "  key=value   config overrides: steps=100 optim.lr=1e-3 model.n_layers=2 ...\n"
+    "data parallel: mpirun -np N nabla train ... mesh.data=N grad_accum=N (docs/dist.md)\n";
 
 typedef struct cli {
   const char *peak_source;
@@ -153,6 +157,26 @@ int nb_cmd_train(int argc, char **argv) {
     nb_ctx_destroy(ctx);
     return 1;
   }
+  /* data parallel: the job's processes as the mesh axis "data" */
+  nb_dist_mesh *mesh = NULL;
+  const char *world = getenv("OMPI_COMM_WORLD_SIZE");
+  if (cfg.mesh.data == 1 && world && atoi(world) > 1) {
+    fprintf(stderr, "nabla train: started as %s MPI processes but mesh.data=1: set mesh.data=%s (and grad_accum to a "
+            "multiple of it), or run one process\n", world, world);
+    nb_ctx_destroy(ctx);
+    return 1;
+  }
+  if (cfg.mesh.data > 1) {
+    const char *axes[1] = {"data"};
+    int64_t sizes[1] = {cfg.mesh.data};
+    if (nb_dist_init(ctx, NULL, NULL) || !(mesh = nb_dist_mesh_create(ctx, 1, axes, sizes)) || nb_dist_mesh_bind(mesh, ctx)) {
+      fprintf(stderr, "nabla train: mesh.data=%lld: %s\n", (long long)cfg.mesh.data, nb_ctx_error(ctx));
+      if (nb_dist_size() > 1) nb_dist_abort(1, "nabla train: the mesh could not be set up");
+      nb_ctx_destroy(ctx);
+      return 1;
+    }
+  }
+  int rank = nb_dist_rank();
   char dir[1024];
   if (run_dir) snprintf(dir, sizeof dir, "%s", run_dir);
   else if (!config) snprintf(dir, sizeof dir, "runs/default");
@@ -175,18 +199,23 @@ int nb_cmd_train(int argc, char **argv) {
     peak = pk.flops;
     c.peak_source = pk.source;
   }
-  printf("nabla train: run dir %s, config %s, %d threads\n", dir, config ? config : "<default: gpt2-tiny on data/corpus/kjv.txt>",
-         threads);
+  if (rank == 0)
+    printf("nabla train: run dir %s, config %s, %d threads%s\n", dir,
+           config ? config : "<default: gpt2-tiny on data/corpus/kjv.txt>", threads,
+           mesh ? " per process, data parallel over the processes of mesh.data" : "");
   nb_train_opts o = {.run_dir = dir, .peak_flops = peak, .threads = threads, .handle_signals = true,
-                     .on_start = on_start, .on_step = on_step, .ud = &c};
+                     .on_start = rank ? NULL : on_start, .on_step = rank ? NULL : on_step, .ud = &c};
   nb_train_result r;
   s = nb_train_run(ctx, &cfg, &o, &r);
   int rc = 0;
   if (s) {
-    fprintf(stderr, "nabla train: %s\n", nb_ctx_error(ctx));
+    if (mesh) fprintf(stderr, "nabla train: rank %d: %s\n", rank, nb_ctx_error(ctx));
+    else fprintf(stderr, "nabla train: %s\n", nb_ctx_error(ctx));
     if (!config && strstr(nb_ctx_error(ctx), "data/corpus/kjv.txt"))
       fprintf(stderr, "hint: scripts/corpus.sh installs the default corpus\n");
     rc = 1;
+  } else if (rank > 0) {
+    /* rank 0 reports */
   } else if (r.preempted && r.steps_run == 0) {
     printf("interrupted during set-up: nothing trained, checkpoints in %s/checkpoints unchanged\n", dir);
   } else if (r.preempted) {
@@ -203,6 +232,9 @@ int nb_cmd_train(int argc, char **argv) {
     printf("profile of steps %s: %s (open it in ui.perfetto.dev); its slowest compiled steps:\n", cfg.profile.steps, trace);
     if (nb_prof_trace_table(ctx, trace, stdout, 15, peak)) fprintf(stderr, "nabla train: %s\n", nb_ctx_error(ctx));
   }
+  if (mesh && rc) nb_dist_abort(rc, "nabla train failed on this rank: ending the job"); /* the others would wait */
+  nb_dist_mesh_destroy(mesh);
   nb_ctx_destroy(ctx);
+  if (mesh) nb_dist_finalize();
   return rc;
 }

@@ -57,6 +57,14 @@ static void barrier_all(nb_graph *g, nb_loc loc, int n, nb_val **vals) {
   if (!nb_graph_status(g)) memcpy(vals, outs, sizeof(nb_val *) * (size_t)n);
 }
 
+nb_status nb_optimization_barrier_at(nb_loc loc, int n, nb_val **vals) {
+  if (n < 0 || n > 256 || (n && !vals)) return NB_ERR_INVALID_ARG;
+  nb_graph *g = n ? nb__graph_of(loc, n, vals) : NULL;
+  if (!g) return n ? NB_ERR_INVALID_ARG : NB_OK;
+  barrier_all(g, loc, n, vals);
+  return nb_graph_status(g);
+}
+
 /* ---------------------------------------------------------------- shared helpers */
 
 static nb_status sig_infer(const nb_graph *body, int nin, const nb_aval *in, int *nout, nb_aval *out, char *why, size_t cap) {

@@ -161,4 +161,17 @@ typedef struct nb_scan_params {
   int unroll;
 } nb_scan_params;
 
+/* The collectives (collective.c): the axis they run over and its size when
+ * traced (checked against the communicator's when run); dim/dim2 are
+ * all_gather's and psum_scatter's dim (with tiled), all_to_all's split and
+ * concat dims; ppermute's pairs send src[i]'s value to dst[i]. */
+typedef struct nb_collective_params {
+  char axis[NB_AXIS_NAME_MAX];
+  int64_t axis_size;
+  int dim, dim2;
+  bool tiled;
+  int npairs;
+  int src[NB_PPERMUTE_MAX], dst[NB_PPERMUTE_MAX];
+} nb_collective_params;
+
 #endif
