@@ -21,6 +21,8 @@ static const char usage_text[] =
           "  --hf DIR             a Hugging Face Llama folder (config.json, safetensors, tokenizer.json)\n"
           "  --gguf FILE          a Llama GGUF file (llama.cpp's format; Q8_0 / Q4_0 linears run as int8 / int4 g32,\n"
           "                       other types dequantized to f32)\n"
+          "  --gguf-act MODE      activations of the Q8_0 / Q4_0 linears: int8_block (default: int8 per 32, as\n"
+          "                       llama.cpp computes them) or none (weight-only, f32 activations)\n"
           "  --config FILE        the run config for --run-dir / --checkpoint\n"
           "  --prompt TEXT        the text to continue\n"
           "  --max-tokens N       new tokens at most (default 128)\n"
@@ -45,6 +47,7 @@ static int usage(void) { return nb_cli_usage(usage_text, false); }
 
 typedef struct options {
   const char *run_dir, *checkpoint, *hf, *gguf, *config, *prompt;
+  nb_quant_act gguf_act;
   int64_t max_tokens, top_k, max_seq_len, chunk, n;
   double temperature, top_p, min_p, presence, frequency, repetition;
   uint64_t seed;
@@ -54,7 +57,7 @@ typedef struct options {
 
 /* 0 ok, 2 usage */
 static int parse(int argc, char **argv, options *o) {
-  *o = (options){.max_tokens = 128, .temperature = 0.8, .top_p = 1, .repetition = 1, .n = 1, .chunk = 64};
+  *o = (options){.gguf_act = NB_QUANT_ACT_INT8_BLOCK, .max_tokens = 128, .temperature = 0.8, .top_p = 1, .repetition = 1, .n = 1, .chunk = 64};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -67,6 +70,11 @@ static int parse(int argc, char **argv, options *o) {
     else if (!strcmp(a, "--checkpoint")) o->checkpoint = v;
     else if (!strcmp(a, "--hf")) o->hf = v;
     else if (!strcmp(a, "--gguf")) o->gguf = v;
+    else if (!strcmp(a, "--gguf-act")) {
+      if (!strcmp(v, "int8_block")) o->gguf_act = NB_QUANT_ACT_INT8_BLOCK;
+      else if (!strcmp(v, "none")) o->gguf_act = NB_QUANT_ACT_NONE;
+      else return fprintf(stderr, "nabla generate: --gguf-act: '%s' is not int8_block or none\n", v), usage();
+    }
     else if (!strcmp(a, "--config")) o->config = v;
     else if (!strcmp(a, "--prompt")) o->prompt = v;
     else if (!strcmp(a, "--max-tokens")) ok = nb_cli_int("generate", a, v, 0, 1000000000, &o->max_tokens);
@@ -231,9 +239,11 @@ static int run(nb_ctx *ctx, const options *o) {
                 : o->checkpoint ? nb_train_load_checkpoint(ctx, o->checkpoint, o->config, &m)
                                 : nb_train_load_run_dir(ctx, o->run_dir, o->config, &m);
   int64_t n_quantized = 0;
-  if (!s && o->gguf && (s = nb_cli_gguf_keep_quantized(ctx, o->gguf, &m, &n_quantized))) nb_model_loaded_free(&m);
+  if (!s && o->gguf && (s = nb_cli_gguf_keep_quantized(ctx, o->gguf, &m, o->gguf_act, &n_quantized))) nb_model_loaded_free(&m);
   if (s) return fprintf(stderr, "nabla generate: %s\n", nb_ctx_error(ctx)), 1;
-  if (n_quantized) fprintf(stderr, "nabla generate: %lld Q8_0/Q4_0 linears of %s run quantized (int8/int4 g32)\n", (long long)n_quantized, o->gguf);
+  if (n_quantized)
+    fprintf(stderr, "nabla generate: %lld Q8_0/Q4_0 linears of %s run quantized (int8/int4 g32, %s activations)\n", (long long)n_quantized,
+            o->gguf, o->gguf_act == NB_QUANT_ACT_INT8_BLOCK ? "int8 per-32-block" : "f32");
   /* the prompt's ids: [bos] + the tokenizer's, or its bytes */
   size_t plen = strlen(o->prompt), n_ids = 0;
   nb_tok_ids enc = {0};
