@@ -551,9 +551,10 @@ NB_TARGET_END
 #define BLOCKS_256(SFX, TARGET, ACC)                                                                                          \
   __attribute__((target(TARGET), always_inline)) static inline void bstep_##SFX(                                           \
       const uint8_t *const *w, __m256i xv, __m256i corr, float sx, const float *const *sr, int64_t t, __m256 *acc,          \
-      const bool i4) {                                                                                                      \
+      const bool i4, int64_t ahead) {                                                                                       \
     _Pragma("GCC unroll 8")                                                                                              \
     for (int j = 0; j < NBI; j++) {                                                                                         \
+      _mm_prefetch((const char *)w[j] + ahead, _MM_HINT_T0); /* the next rows' block: rows are short streams */          \
       __m256i lanes;                                                                                                        \
       if (i4) {                                                                                                             \
         lanes = _mm256_sub_epi32(ACC(_mm256_setzero_si256(), nibbles32(w[j]), xv), corr);                                 \
@@ -586,7 +587,7 @@ NB_TARGET_END
           const uint8_t *w[NBI];                                                                                            \
           for (int j = 0; j < NBI; j++) w[j] = wr[j] + b * wstep;                                                           \
           __m256i corr = i4 ? _mm256_loadu_si256((const __m256i *)(xc + b * QL)) : _mm256_setzero_si256();                 \
-          bstep_##SFX(w, _mm256_loadu_si256((const __m256i *)(xq + b * QB)), corr, xs[b], sr, t, acc, i4);                 \
+          bstep_##SFX(w, _mm256_loadu_si256((const __m256i *)(xq + b * QB)), corr, xs[b], sr, t, acc, i4, NBI * rb);       \
           if (--left == 0) t++, left = bpt;                                                                                 \
         }                                                                                                                   \
         if (full < B) { /* the ragged last block, from zero-padded copies */                                               \
@@ -597,7 +598,7 @@ NB_TARGET_END
             w[j] = tmp[j];                                                                                                  \
           }                                                                                                                 \
           __m256i corr = i4 ? _mm256_loadu_si256((const __m256i *)(xc + full * QL)) : _mm256_setzero_si256();              \
-          bstep_##SFX(w, _mm256_loadu_si256((const __m256i *)(xq + full * QB)), corr, xs[full], sr, t, acc, i4);           \
+          bstep_##SFX(w, _mm256_loadu_si256((const __m256i *)(xq + full * QB)), corr, xs[full], sr, t, acc, i4, 0);        \
         }                                                                                                                   \
         for (int j = 0; j < NBI && n + j < n1; j++) p->y[m * N + n + j] = reduce8_256(acc[j]);                              \
       }                                                                                                                     \
