@@ -32,7 +32,7 @@ Per round and thread count, each side in its own process:
   serve      build/bench_serve_decode --hf DIR: one request through
              nb_serve_engine + nb_serve_model_step.
 Medians over rounds (rounds interleave the sides, so load drifts hit all).
-"tok per CPU-s": decode tokens per CPU second of the process (llama, serve):
+"tok per CPU-s": decode tokens per CPU second of the process (llama, serve, generate):
 at one thread the figure a busy machine's other processes do not stretch
 (they still take memory bandwidth); at two it counts spinning threads.
 
@@ -479,6 +479,9 @@ def main():
                     out = run([nabla, "generate", *src, "--prompt", PROMPT_TEXT, "--temperature", "0",
                                "--max-tokens", str(N), "--threads", str(T), "--max-seq-len", str(ctx), "--show-ids"])
                     v = float(re.search(r"decode\s+\S+ ms\s+(\S+) tokens/s", out).group(1))
+                    f = re.search(r"decode CPU\s+\S+ ms\s+(\S+) tokens per CPU-s", out)
+                    if f:
+                        cpu.setdefault((side, T), []).append(float(f.group(1)))
                     m = re.search(r"generated ids:([0-9 ]*)", out)
                     if m:
                         out = "IDS " + ",".join(m.group(1).split())

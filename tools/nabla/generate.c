@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cli.h"
 #include "nabla/nabla.h"
@@ -193,8 +194,14 @@ static int64_t context_len(const options *o, int64_t n_prompt, int64_t model_max
  * first needs an executable; they are counted apart. */
 typedef struct timings {
   double compile_s, prefill_s, first_token_s, decode_s;
+  double decode_cpu_s; /* this process's CPU time in the decode steps: the rate a loaded machine does not stretch */
   int64_t decode_steps, decode_tokens;
 } timings;
+
+static double cpu_s(void) {
+  struct timespec ts;
+  return clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) ? 0 : (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 /* One request of o->n samples through the engine until every sample ended;
  * sample k's ids go to out + k * max_tokens, its count to n_out[k], why it
@@ -206,14 +213,14 @@ static nb_status drive(nb_serve_llm *l, const nb_serve_llm_request *req, stream 
   bool first = true;
   double t0 = nb_util__now_s();
   while (!s && nb_serve_llm_has_unfinished(l)) {
-    double c0 = nb_serve_model_compile_s(model), s0 = nb_util__now_s();
+    double c0 = nb_serve_model_compile_s(model), s0 = nb_util__now_s(), p0 = cpu_s();
     const nb_serve_event *ev;
     int32_t n_ev = 0, drawn = 0;
     s = nb_serve_llm_step(l, &ev, &n_ev);
     double c = nb_serve_model_compile_s(model) - c0, run = nb_util__now_s() - s0 - c;
     t->compile_s += c;
     if (first) t->prefill_s += run; /* prompt chunks, the last of which draws the first tokens */
-    else t->decode_s += run, t->decode_steps++;
+    else t->decode_s += run, t->decode_cpu_s += cpu_s() - p0, t->decode_steps++;
     for (int32_t i = 0; !s && i < n_ev; i++) {
       int32_t k = ev[i].s.sample_index;
       if (ev[i].s.token < 0) continue; /* aborts: none here */
@@ -366,6 +373,8 @@ static int run(nb_ctx *ctx, const options *o) {
   fprintf(stderr, "  first token     %9.1f ms  (compile + prefill)\n", 1e3 * t.first_token_s);
   fprintf(stderr, "  decode          %9.1f ms  %10.1f tokens/s (%lld steps)\n", 1e3 * t.decode_s,
           t.decode_s > 0 ? (double)t.decode_tokens / t.decode_s : 0.0, (long long)t.decode_steps);
+  fprintf(stderr, "  decode CPU      %9.1f ms  %10.1f tokens per CPU-s (all threads)\n", 1e3 * t.decode_cpu_s,
+          t.decode_cpu_s > 0 ? (double)t.decode_tokens / t.decode_cpu_s : 0.0);
   rc = 0;
 done:
   for (int32_t k = 0; st && k < n; k++)
