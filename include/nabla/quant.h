@@ -267,6 +267,8 @@ nb_val *nb_quant_linear_hook(void *plan, nb_nn_apply *a, const char *path, nb_va
  *        nibble of q[j], element j + 16 the high one, w = (c - 8) d; nabla
  *        packs elements 2i, 2i + 1 into byte i: the codes are repacked, the
  *        scale is f32(d) (c = 0, which ggml allows, is -8 d here too)
+ *   Q6_K (type 14; k a multiple of 256; 210-byte blocks of 256) -> int8 g16:
+ *        values the 6-bit codes - 32, scale f32(d) * sc (exact)
  * Row r of the result is row row_of[r] of the file (NULL: r), for
  * permutations of whole rows. A Q8_0 code of -128 (outside int8's symmetric
  * range; ggml's quantizer never writes it) is refused naming the row. */

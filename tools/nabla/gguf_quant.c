@@ -4,7 +4,8 @@
  * so generate and serve run it on the quant kernels, by default with int8
  * per-32-block activations (int8_block: what llama.cpp computes for these
  * types); act NB_QUANT_ACT_NONE keeps them weight-only (f32 activations).
- * Other types stay f32. */
+ * Q6_K (llama.cpp's output.weight in Q4_0 files) becomes int8 g16, always
+ * weight-only. Other types stay f32. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,13 +24,15 @@ static int64_t ggml_row(int64_t r, int64_t hd) {
 static nb_status one(nb_ctx *ctx, const nb_gguf *g, nb_model_loaded *m, const char *theirs, const char *ours, int64_t heads,
                      nb_quant_act act, int64_t *done) {
   const nb_gguf_tensor *t = nb_gguf_find_tensor(g, theirs);
-  if (!t || (t->type != NB_GGUF_Q8_0 && t->type != NB_GGUF_Q4_0) || t->n_dims != 2) return NB_OK;
+  if (!t || (t->type != NB_GGUF_Q8_0 && t->type != NB_GGUF_Q4_0 && t->type != NB_GGUF_Q6_K) || t->n_dims != 2) return NB_OK;
   char kp[300];
   snprintf(kp, sizeof kp, "%s/kernel", ours);
   nb_array *f32 = nb_tree_get_array(m->params, kp);
   int64_t k = t->ne[0], n = t->ne[1];
   /* the loader's kernel [in, out] must be this tensor's (else leave it) */
-  if (!f32 || nb_array_rank(f32) != 2 || nb_array_dims(f32)[0] != k || nb_array_dims(f32)[1] != n || k % 32) return NB_OK;
+  if (!f32 || nb_array_rank(f32) != 2 || nb_array_dims(f32)[0] != k || nb_array_dims(f32)[1] != n || k % (t->type == NB_GGUF_Q6_K ? 256 : 32))
+    return NB_OK;
+  if (t->type == NB_GGUF_Q6_K) act = NB_QUANT_ACT_NONE; /* int8 g16: int8_block needs tiles of 32 */
   int64_t *rows = NULL;
   if (heads) {
     rows = malloc((size_t)n * sizeof *rows);
