@@ -32,7 +32,7 @@ Per round and thread count, each side in its own process:
   serve      build/bench_serve_decode --hf DIR: one request through
              nb_serve_engine + nb_serve_model_step.
 Medians over rounds (rounds interleave the sides, so load drifts hit all).
-"tok per CPU-s": decode tokens per CPU second of the process (llama, serve):
+"tok per CPU-s": decode tokens per CPU second of the process (llama, serve, generate):
 at one thread the figure a busy machine's other processes do not stretch
 (they still take memory bandwidth); at two it counts spinning threads.
 
@@ -50,7 +50,9 @@ codes as Q8_0 up to the f16 rounding of its scales) or int4 g32 symmetric
 llama.cpp's q6_k: conservative). The f32 side ("generate-f32", nabla on
 the f32 HF folder) gives the speed-up over nabla's own f32 decode;
 "generate-gguf" is nabla on llama.cpp's very file (its Q8_0 / Q4_0 linears
-as int8 / int4 g32; q4_0's q6_k output.weight in f32).
+as int8 / int4 g32, with int8 per-32-block activations by default as llama.cpp
+computes them: --gguf-act none for weight-only; q4_0's q6_k output.weight in
+f32). --act int8_block gives the run dir's rules act_qtype int8_block too.
 
 Usage (the venv has llama-cpp-python, gguf, numpy, safetensors):
   /work/venv-llamacpp/bin/python bench/decode_vs_llamacpp.py [--build build] [--rounds 3]
@@ -360,7 +362,7 @@ QUANT_RULES = {
 }
 
 
-def make_quantized(nabla, d, quant, w8a8=False, rules_file=None):
+def make_quantized(nabla, d, quant, w8a8=False, rules_file=None, act="none"):
     """The GGUF of type quant (llama.cpp's side) and nabla's run dir quantized by rules, written once.
     w8a8 (q8_0 only): int8 g32 weights with int8 dynamic activations, which is what llama.cpp's
     Q8_0 product does on the CPU (it quantizes the activations to Q8_0 blocks)."""
@@ -368,7 +370,7 @@ def make_quantized(nabla, d, quant, w8a8=False, rules_file=None):
     gguf_path = f"{d}-{quant}.gguf"
     if not os.path.exists(gguf_path):
         run([nabla, "quantize", d, "--format", "gguf", "--type", quant, "-o", gguf_path])
-    tag = quant + ("-w8a8" if w8a8 else "")
+    tag = quant + ("-w8a8" if w8a8 else "") + ("" if act == "none" else "-" + act)
     if rules_file:  # nabla's side quantized by these rules instead
         tag = os.path.splitext(os.path.basename(rules_file))[0]
     run_dir = f"{d}-nabla-{tag}"
@@ -379,6 +381,8 @@ def make_quantized(nabla, d, quant, w8a8=False, rules_file=None):
         text = QUANT_RULES[quant]
         if w8a8:
             text = text.replace("tile_size: 32}", "tile_size: 32, act_qtype: int8_dynamic}")
+        elif act != "none":
+            text = text.replace("tile_size: 32}", f"tile_size: 32, act_qtype: {act}}}")
         with open(rules, "w") as f:
             f.write(text)
         run([nabla, "quantize", d, "--rules", rules, "-o", run_dir])
@@ -429,6 +433,10 @@ def main():
     ap.add_argument("--quant", choices=["none", "q8_0", "q4_0"], default="none")
     ap.add_argument("--nabla-rules", help="with --quant: a rules file for nabla's side instead of the built-in ones")
     ap.add_argument("--w8a8", action="store_true", help="with --quant q8_0: nabla's int8 weights with int8 dynamic activations")
+    ap.add_argument("--act", choices=["none", "int8_block"], default="none",
+                    help="with --quant: nabla's rules' act_qtype (int8_block: x int8 per 32, llama.cpp's arithmetic)")
+    ap.add_argument("--gguf-act", choices=["none", "int8_block"], default="int8_block",
+                    help="generate-gguf's --gguf-act (nabla's default: int8_block)")
     ap.add_argument("--serve-reps", type=int, default=2)
     ap.add_argument("--llama-worker", nargs=5, metavar=("GGUF", "IDS", "N", "T", "CTX"), help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -450,7 +458,7 @@ def main():
             sys.exit("--quant goes with --arch llama (the quantized run dir is made from the Llama HF folder)")
         if a.w8a8 and a.quant != "q8_0":
             sys.exit("--w8a8 goes with --quant q8_0 (W8A8 needs int8 weights)")
-        gguf_path, run_dir = make_quantized(nabla, a.model_dir, a.quant, a.w8a8, a.nabla_rules)
+        gguf_path, run_dir = make_quantized(nabla, a.model_dir, a.quant, a.w8a8, a.nabla_rules, a.act)
     serve_bench = os.path.join(a.build, "bench_serve_decode")
     res = {}  # (side, T) -> [tok/s]
     cpu = {}  # (side, T) -> [tokens per CPU second of the process] (llama, serve)
@@ -467,10 +475,13 @@ def main():
                     cpu.setdefault((side, T), []).append(float(f.group(2)))
                 elif side.startswith("generate"):
                     src = (["--run-dir", run_dir] if run_dir and side == "generate" else
-                           ["--gguf", gguf_path] if side == "generate-gguf" else nabla_model_args(a))
+                           ["--gguf", gguf_path, "--gguf-act", a.gguf_act] if side == "generate-gguf" else nabla_model_args(a))
                     out = run([nabla, "generate", *src, "--prompt", PROMPT_TEXT, "--temperature", "0",
                                "--max-tokens", str(N), "--threads", str(T), "--max-seq-len", str(ctx), "--show-ids"])
                     v = float(re.search(r"decode\s+\S+ ms\s+(\S+) tokens/s", out).group(1))
+                    f = re.search(r"decode CPU\s+\S+ ms\s+(\S+) tokens per CPU-s", out)
+                    if f:
+                        cpu.setdefault((side, T), []).append(float(f.group(1)))
                     m = re.search(r"generated ids:([0-9 ]*)", out)
                     if m:
                         out = "IDS " + ",".join(m.group(1).split())

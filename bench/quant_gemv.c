@@ -11,7 +11,9 @@
  * product on the next of enough copies of W (>= 256 MB in all) that W
  * comes from memory, not cache, as in a decode step. Formats: f32 (sgemm,
  * B transposed in place), int8 per-channel, int4 g32, nf4 g64, fp8 e4m3
- * per-channel, W8A8 (int8 per-channel x int8 per token). Every format runs
+ * per-channel, W8A8 (int8 per-channel x int8 per token), int8 g32
+ * weight-only, and int8 g32 / int4 g32 x int8 per 32-block activations
+ * ("blk": int8_block, llama.cpp's Q8_0 / Q4_0 product). Every format runs
  * once per round, rounds interleaved; medians of the rounds.
  *
  *   ./build/bench_quant_gemv [rounds (default 7)] [M ...]
@@ -23,8 +25,10 @@
 #include "bench_util.h"
 #include "quant/internal.h"
 
-enum { F32, I8, I4, NF4, FP8, W8A8, NFMT };
-static const char *const fmt_names[NFMT] = {"f32", "int8", "int4 g32", "nf4 g64", "fp8 e4m3", "W8A8"};
+enum { F32, I8, I4, NF4, FP8, W8A8, I8G32, I8BLK, I4BLK, NFMT };
+static const char *const fmt_names[NFMT] = {"f32", "int8", "int4 g32", "nf4 g64", "fp8 e4m3", "W8A8", "int8 g32", "i8g32 blk", "i4g32 blk"};
+/* the activations of each format: blk = int8_block (x int8 per 32) */
+static const nb_quant_act fmt_act[NFMT] = {0, 0, 0, 0, 0, NB_QUANT_ACT_INT8_DYNAMIC, 0, NB_QUANT_ACT_INT8_BLOCK, NB_QUANT_ACT_INT8_BLOCK};
 
 typedef struct copies {
   int n;                 /* copies of W */
@@ -38,8 +42,8 @@ static void make_copies(nb_ctx *ctx, int fmt, int64_t N, int64_t K, copies *c) {
   float *wp = nb_array_data_mut(w);
   uint64_t s = 42;
   for (int64_t i = 0; i < N * K; i++) s = s * 6364136223846793005ull + 1442695040888963407ull, wp[i] = (float)((double)(s >> 40) / (1 << 24) - 0.5) * 0.1f;
-  nb_quant_type qt[NFMT] = {0, NB_QUANT_INT8, NB_QUANT_INT4, NB_QUANT_NF4, NB_QUANT_FP8_E4M3, NB_QUANT_INT8};
-  int64_t tile[NFMT] = {0, 0, 32, 64, 0, 0};
+  nb_quant_type qt[NFMT] = {0, NB_QUANT_INT8, NB_QUANT_INT4, NB_QUANT_NF4, NB_QUANT_FP8_E4M3, NB_QUANT_INT8, NB_QUANT_INT8, NB_QUANT_INT8, NB_QUANT_INT4};
+  int64_t tile[NFMT] = {0, 0, 32, 64, 0, 0, 32, 32, 32};
   nb_quant_calib cal = {.kind = NB_QUANT_ABSMAX};
   nb_quant_weight q0 = {0};
   if (fmt == F32) c->bytes = 4.0 * (double)(N * K);
@@ -78,7 +82,7 @@ static double time_fmt(nb_ctx *ctx, int fmt, copies *c, int64_t M, int64_t N, in
     if (fmt == F32) nb_cpu__sgemm(false, true, M, N, K, x, K, c->f[i], K, y, N);
     else {
       nb_quant__mm p = {.l = c->q[i].layout, .m = M, .x = x, .values = nb_array_data(c->q[i].values),
-                        .scales = nb_array_data(c->q[i].scales), .act = fmt == W8A8 ? NB_QUANT_ACT_INT8_DYNAMIC : NB_QUANT_ACT_NONE, .y = y};
+                        .scales = nb_array_data(c->q[i].scales), .act = fmt_act[fmt], .y = y};
       nb_quant__matmul(ctx, &p);
     }
   }
@@ -122,7 +126,7 @@ int main(int argc, char **argv) {
       double f32 = median(t[F32], rounds);
       for (int f = 0; f < NFMT; f++) {
         double med = median(t[f], rounds), mem_s = c[f].bytes / (bw * 1e9);
-        double flop_s = 2.0 * (double)(M * N * K) / (peak.flops * (f == W8A8 ? 4 : 1));
+        double flop_s = 2.0 * (double)(M * N * K) / (peak.flops * (fmt_act[f] != NB_QUANT_ACT_NONE ? 4 : 1));
         double floor_s = mem_s > flop_s ? mem_s : flop_s;
         printf("%-6lld %5lldx%-5lld %-9s %9.2f %11.1f %10.1f%c %8.2f %8.2f\n", (long long)M, (long long)N, (long long)K, fmt_names[f],
                c[f].bytes / 1e6, med * 1e6, floor_s * 1e6, mem_s > flop_s ? 'm' : 'c', med / floor_s, f32 / med);

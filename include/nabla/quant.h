@@ -136,8 +136,17 @@ uint8_t nb_quant_nf4_encode(float x);
 typedef enum nb_quant_act {
   NB_QUANT_ACT_NONE,         /* weight-only: f32 activations */
   NB_QUANT_ACT_INT8_DYNAMIC, /* W8A8: x row-wise absmax to int8 at run time (int8 symmetric weights) */
+  NB_QUANT_ACT_INT8_BLOCK,   /* W8A8 per block ("int8_block", llama.cpp's Q8_0 activations): each 32
+                                elements of a row of x absmax to int8 at run time (int8 or int4
+                                symmetric weights, tiles a multiple of 32 or per-channel) */
   NB_QUANT_ACT_COUNT
 } nb_quant_act;
+
+/* "none", "int8_dynamic", "int8_block" (the rules' act_qtype). */
+const char *nb_quant_act_name(nb_quant_act a);
+/* Whether the kernels run act with weights of that layout: NB_OK, or
+ * NB_ERR_INVALID_ARG naming the field ("act: ...", "tile: ..."). */
+nb_status nb_quant_act_check(nb_ctx *ctx, const nb_quant_layout *l, nb_quant_act act);
 
 /* Registers the custom call "quant.matmul" on ctx (nb_quant_matmul does it
  * on first use; call it first when tracing from several threads). */
@@ -146,7 +155,10 @@ nb_status nb_quant_register(nb_ctx *ctx);
 /* y[..., n] = x[..., k] (f32) @ dequant(W)^T through the custom call; zero_points
  * NULL unless layout->asymmetric. With act = NB_QUANT_ACT_INT8_DYNAMIC each
  * row of x is quantized to int8 (scale max |x| / 127, round half to even)
- * and multiplied in int32. Under grad, x gets ct @ dequant(W) (W8A8's
+ * and multiplied in int32. With NB_QUANT_ACT_INT8_BLOCK each 32-element
+ * block of a row of x is (its own scale max |block| / 127), each block's
+ * product is exact in int32 in 8 lanes of 4 elements, and the lanes are
+ * combined in f32 by a fixed chain (docs/quant.md). Under grad, x gets ct @ dequant(W) (W8A8's
  * activation rounding passes the gradient straight through); the weight's
  * arrays get none. Bad operands or layouts poison the graph with an error
  * naming the field. */
@@ -187,7 +199,7 @@ typedef struct nb_quant_rules nb_quant_rules;
 nb_quant_rules *nb_quant_rules_create(nb_ctx *ctx, int n, const nb_quant_rule *rules);
 /* From YAML: the list under quant.rules (other top-level keys are ignored,
  * so a run config works), each item a mapping of module_path (required),
- * weight_qtype (required), act_qtype (none | int8_dynamic; default none),
+ * weight_qtype (required), act_qtype (none | int8_dynamic | int8_block; default none),
  * tile_size (an integer or per_channel; default per_channel),
  * weight_calibration (absmax, minmax, "rms,K", "fixed,MIN,MAX"; default
  * absmax). Errors name `name`, the line, the rule index and the field. */
@@ -255,6 +267,8 @@ nb_val *nb_quant_linear_hook(void *plan, nb_nn_apply *a, const char *path, nb_va
  *        nibble of q[j], element j + 16 the high one, w = (c - 8) d; nabla
  *        packs elements 2i, 2i + 1 into byte i: the codes are repacked, the
  *        scale is f32(d) (c = 0, which ggml allows, is -8 d here too)
+ *   Q6_K (type 14; k a multiple of 256; 210-byte blocks of 256) -> int8 g16:
+ *        values the 6-bit codes - 32, scale f32(d) * sc (exact)
  * Row r of the result is row row_of[r] of the file (NULL: r), for
  * permutations of whole rows. A Q8_0 code of -128 (outside int8's symmetric
  * range; ggml's quantizer never writes it) is refused naming the row. */

@@ -6,6 +6,8 @@
 #include "nabla/quant.h"
 
 #define NB_QUANT__MATMUL_NAME "quant.matmul"
+/* int8_block's activation block: 32 elements, as llama.cpp's Q8_0. */
+#define NB_QUANT__ACT_BLOCK 32
 /* W8A8's int32 tile sums stay exact up to this many products of 127 * 127. */
 #define NB_QUANT__MAX_INT_TILE 131072
 
@@ -51,6 +53,8 @@ nb_status nb_quant__matmul(nb_ctx *ctx, const nb_quant__mm *p);
 
 /* The NF4 values (nb_quant_nf4_value). */
 extern const float nb_quant__nf4_table[16];
+/* nb_quant_act_check's test (act with a layout), the reason into why. */
+bool nb_quant__act_ok(const nb_quant_layout *l, nb_quant_act act, char *why, size_t cap);
 /* nb_quant_layout_check's test, the reason (naming the field) into why. */
 bool nb_quant__layout_ok(const nb_quant_layout *l, char *why, size_t cap);
 

@@ -470,6 +470,172 @@ QUANT_CLONES static void ikernel(const nb_quant__mm *p, const uint8_t *xq, const
     }
 }
 
+/* ---------------------------------------------------------------- W8A8 per block (int8_block) */
+
+/* x quantized per 32-element block (llama.cpp's Q8_0 activations, with an
+ * f32 scale): each block by quantize_row_i8, so its scale is max |block| /
+ * 127 and its codes round half to even. Rows are padded with zero codes to
+ * whole blocks. For int4 weights, held as u8 codes c = w + 8, the kernels
+ * take sum c x - 8 sum x: corr holds 8 x each lane's sum of 4 codes. */
+typedef struct xblocks {
+  int64_t nb; /* blocks per row: ceil(k / 32) */
+  int8_t *q;  /* [m][nb * 32] */
+  float *s;   /* [m][nb] */
+  int32_t *corr; /* [m][nb][8], int4 weights only */
+} xblocks;
+
+enum { QB = NB_QUANT__ACT_BLOCK, QL = 8 /* lanes of 4 codes per block */ };
+
+/* blocks per weight tile (a tile holds whole blocks, or the row) */
+static int64_t blocks_per_tile(const nb_quant_layout *l, int64_t nb) { return l->tile >= l->k ? nb : l->tile / QB; }
+
+/* The 8 lanes summed as ((l_i + l_{i+4}) + (.. i+2)) + (.. i+1): what
+ * reduce8_256 does. */
+static inline float reduce8(const float *l) {
+  float a[4], c[2];
+  for (int i = 0; i < 4; i++) a[i] = l[i] + l[i + 4];
+  for (int i = 0; i < 2; i++) c[i] = a[i] + a[i + 2];
+  return c[0] + c[1];
+}
+
+/* The definition, one output at a time: lane j of block b is the exact
+ * integer sum of the 4 products at k = 32 b + 4 j ... + 3 (codes past k
+ * are 0); acc_j = fma((float)lane, s_w(tile of b) * s_x(b), acc_j) in order
+ * of b; y = reduce8(acc). Every vector kernel computes the same lanes (8
+ * int32 lanes of a 256-bit vpdpbusd / vpmaddubsw + vpmaddwd are exactly
+ * these) and the same chain, so all give these bits. */
+static void bkernel_c(const nb_quant__mm *p, const xblocks *xb, int64_t n0, int64_t n1) {
+  const int64_t K = p->l.k, T = nb_quant_num_tiles(&p->l), rb = nb_quant__row_bytes(&p->l), B = xb->nb;
+  const int64_t bpt = blocks_per_tile(&p->l, B);
+  const bool i4 = p->l.qtype == NB_QUANT_INT4;
+  for (int64_t n = n0; n < n1; n++) {
+    const uint8_t *row = p->values + n * rb;
+    const float *sr = p->scales + n * T;
+    for (int64_t m = 0; m < p->m; m++) {
+      const int8_t *xq = xb->q + m * B * QB;
+      const float *xs = xb->s + m * B;
+      float acc[QL] = {0};
+      for (int64_t b = 0; b < B; b++) {
+        float d = sr[b / bpt] * xs[b];
+        for (int j = 0; j < QL; j++) {
+          int32_t lane = 0;
+          for (int64_t k = b * QB + 4 * j; k < b * QB + 4 * j + 4 && k < K; k++)
+            lane += (i4 ? ((row[k / 2] >> (4 * (k % 2))) & 15) - 8 : (int8_t)row[k]) * xq[k];
+          acc[j] = fmaf((float)lane, d, acc[j]);
+        }
+      }
+      p->y[m * p->l.n + n] = reduce8(acc);
+    }
+  }
+}
+
+#ifdef QUANT_X86
+NB_TARGET_BEGIN("avx2,fma")
+static inline float reduce8_256(__m256 v) {
+  __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  __m128 c = _mm_add_ps(a, _mm_movehl_ps(a, a));
+  return _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps(c, c, 1)));
+}
+/* 16 bytes of int4 codes -> 32 bytes, one code each, in the order of k
+ * (a2_nibble_bytes on a whole block) */
+static inline __m256i nibbles32(const uint8_t *p) {
+  __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
+  return _mm256_and_si256(_mm256_or_si256(w, _mm256_slli_epi16(w, 4)), _mm256_set1_epi8(0x0f));
+}
+NB_TARGET_END
+
+/* One block for NBI rows of W (w[j]: the block's codes of row j), one row
+ * of x: int8 codes by the sign trick (|w| as u8 times x with w's sign),
+ * int4 codes as u8 (c <= 15: vpmaddubsw's pairs cannot saturate) less the
+ * block's corr. ACC(acc, u8, s8) adds the 4-code lane sums. */
+#define BLOCKS_256(SFX, TARGET, ACC)                                                                                          \
+  __attribute__((target(TARGET), always_inline)) static inline void bstep_##SFX(                                           \
+      const uint8_t *const *w, __m256i xv, __m256i corr, float sx, const float *const *sr, int64_t t, __m256 *acc,          \
+      const bool i4, int64_t ahead) {                                                                                       \
+    _Pragma("GCC unroll 8")                                                                                              \
+    for (int j = 0; j < NBI; j++) {                                                                                         \
+      _mm_prefetch((const char *)w[j] + ahead, _MM_HINT_T0); /* the next rows' block: rows are short streams */          \
+      __m256i lanes;                                                                                                        \
+      if (i4) {                                                                                                             \
+        lanes = _mm256_sub_epi32(ACC(_mm256_setzero_si256(), nibbles32(w[j]), xv), corr);                                 \
+      } else {                                                                                                              \
+        __m256i wv = _mm256_loadu_si256((const __m256i *)w[j]);                                                            \
+        lanes = ACC(_mm256_setzero_si256(), _mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));                           \
+      }                                                                                                                     \
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(sr[j][t] * sx), acc[j]);                           \
+    }                                                                                                                       \
+  }                                                                                                                         \
+  __attribute__((target(TARGET), always_inline)) static inline void bkernel_##SFX##_body(                                  \
+      const nb_quant__mm *p, const xblocks *xb, int64_t n0, int64_t n1, const bool i4) {                                    \
+    const int64_t K = p->l.k, T = nb_quant_num_tiles(&p->l), rb = nb_quant__row_bytes(&p->l), B = xb->nb, N = p->l.n;      \
+    const int64_t bpt = blocks_per_tile(&p->l, B), full = K / QB, wstep = i4 ? QB / 2 : QB;                                \
+    for (int64_t n = n0; n < n1; n += NBI) {                                                                                \
+      const uint8_t *wr[NBI];                                                                                               \
+      const float *sr[NBI];                                                                                                 \
+      for (int j = 0; j < NBI; j++) {                                                                                       \
+        int64_t r = n + j < n1 ? n + j : n1 - 1; /* past the end: the last row again, not stored */                       \
+        wr[j] = p->values + r * rb, sr[j] = p->scales + r * T;                                                             \
+      }                                                                                                                     \
+      for (int64_t m = 0; m < p->m; m++) {                                                                                  \
+        const int8_t *xq = xb->q + m * B * QB;                                                                              \
+        const float *xs = xb->s + m * B;                                                                                    \
+        const int32_t *xc = i4 ? xb->corr + m * B * QL : NULL;                                                              \
+        __m256 acc[NBI];                                                                                                    \
+        for (int j = 0; j < NBI; j++) acc[j] = _mm256_setzero_ps();                                                         \
+        int64_t t = 0, left = bpt;                                                                                          \
+        for (int64_t b = 0; b < full; b++) {                                                                                \
+          const uint8_t *w[NBI];                                                                                            \
+          for (int j = 0; j < NBI; j++) w[j] = wr[j] + b * wstep;                                                           \
+          __m256i corr = i4 ? _mm256_loadu_si256((const __m256i *)(xc + b * QL)) : _mm256_setzero_si256();                 \
+          bstep_##SFX(w, _mm256_loadu_si256((const __m256i *)(xq + b * QB)), corr, xs[b], sr, t, acc, i4, NBI * rb);       \
+          if (--left == 0) t++, left = bpt;                                                                                 \
+        }                                                                                                                   \
+        if (full < B) { /* the ragged last block, from zero-padded copies */                                               \
+          uint8_t tmp[NBI][QB];                                                                                             \
+          const uint8_t *w[NBI];                                                                                            \
+          for (int j = 0; j < NBI; j++) {                                                                                   \
+            memset(tmp[j], 0, QB), memcpy(tmp[j], wr[j] + full * wstep, (size_t)(rb - full * wstep));                      \
+            w[j] = tmp[j];                                                                                                  \
+          }                                                                                                                 \
+          __m256i corr = i4 ? _mm256_loadu_si256((const __m256i *)(xc + full * QL)) : _mm256_setzero_si256();              \
+          bstep_##SFX(w, _mm256_loadu_si256((const __m256i *)(xq + full * QB)), corr, xs[full], sr, t, acc, i4, 0);        \
+        }                                                                                                                   \
+        for (int j = 0; j < NBI && n + j < n1; j++) p->y[m * N + n + j] = reduce8_256(acc[j]);                              \
+      }                                                                                                                     \
+    }                                                                                                                       \
+  }                                                                                                                         \
+  __attribute__((target(TARGET))) static void bkernel_##SFX(const nb_quant__mm *p, const xblocks *xb, int64_t n0, int64_t n1) { \
+    if (p->l.qtype == NB_QUANT_INT4) bkernel_##SFX##_body(p, xb, n0, n1, true);                                             \
+    else bkernel_##SFX##_body(p, xb, n0, n1, false);                                                                        \
+  }
+BLOCKS_256(avx2, "avx2,fma", madd_avx2)
+BLOCKS_256(avxvnni, "avx2,fma,avxvnni", _mm256_dpbusd_avx_epi32)
+BLOCKS_256(avx512vnni, "avx2,fma,avx512f,avx512vl,avx512vnni", _mm256_dpbusd_epi32)
+#endif /* QUANT_X86 */
+
+typedef void (*bkernel_fn)(const nb_quant__mm *p, const xblocks *xb, int64_t n0, int64_t n1);
+
+static void xblocks_free(xblocks *xb) { free(xb->q), free(xb->s), free(xb->corr); }
+
+static nb_status quantize_blocks(nb_ctx *ctx, const nb_quant__mm *p, xblocks *xb) {
+  const int64_t K = p->l.k, B = (K + QB - 1) / QB, M = p->m;
+  *xb = (xblocks){.nb = B, .q = calloc((size_t)(M * B), QB), .s = malloc(sizeof(float) * (size_t)(M * B))};
+  if (p->l.qtype == NB_QUANT_INT4) xb->corr = malloc(sizeof(int32_t) * QL * (size_t)(M * B));
+  if (!xb->q || !xb->s || (p->l.qtype == NB_QUANT_INT4 && !xb->corr)) {
+    xblocks_free(xb);
+    return nb_errorf(ctx, NB_ERR_NOMEM, "quant.matmul: out of memory for %lld quantized activations", (long long)(M * K));
+  }
+  for (int64_t m = 0; m < M; m++)
+    for (int64_t b = 0; b < B; b++) {
+      int64_t len = K - b * QB < QB ? K - b * QB : QB;
+      int8_t *q = xb->q + (m * B + b) * QB;
+      xb->s[m * B + b] = quantize_row_i8(p->x + m * K + b * QB, len, q);
+      if (xb->corr)
+        for (int j = 0; j < QL; j++) xb->corr[(m * B + b) * QL + j] = 8 * (q[4 * j] + q[4 * j + 1] + q[4 * j + 2] + q[4 * j + 3]);
+    }
+  return NB_OK;
+}
+
 /* ---------------------------------------------------------------- dispatch */
 
 #ifdef QUANT_X86
@@ -552,12 +718,18 @@ typedef struct job {
   const uint8_t *xq; /* W8A8 */
   const float *xs;
   tile_dots_fn dots1, dots4;
+  const xblocks *xb; /* W8A8 per block */
+  bkernel_fn bk;
 } job;
 
 static void run_chunk(void *arg, int i) {
   const job *j = arg;
   int64_t n0 = (int64_t)i * j->chunk, n1 = n0 + j->chunk < j->p->l.n ? n0 + j->chunk : j->p->l.n;
   if (n0 >= n1) return;
+  if (j->xb) {
+    j->bk(j->p, j->xb, n0, n1);
+    return;
+  }
   if (j->xq) {
     ikernel(j->p, j->xq, j->xs, j->dots1, j->dots4, n0, n1);
     return;
@@ -575,9 +747,19 @@ nb_status nb_quant__matmul(nb_ctx *ctx, const nb_quant__mm *p) {
   nb_quant__fisa f;
   nb_quant__iisa isa;
   nb_quant__current_isa(&f, &isa);
-  job j = {.p = p, .f = f, .dots1 = dots_c_1, .dots4 = dots_c_4};
+  job j = {.p = p, .f = f, .dots1 = dots_c_1, .dots4 = dots_c_4, .bk = bkernel_c};
   uint8_t *xq = NULL;
   float *xs = NULL;
+  xblocks xb = {0};
+  if (p->act == NB_QUANT_ACT_INT8_BLOCK) {
+    nb_status st = quantize_blocks(ctx, p, &xb);
+    if (st != NB_OK) return st;
+#ifdef QUANT_X86
+    j.bk = isa == NB_QUANT__I_AVX512VNNI ? bkernel_avx512vnni : isa == NB_QUANT__I_AVXVNNI ? bkernel_avxvnni
+         : isa == NB_QUANT__I_AVX2       ? bkernel_avx2       : bkernel_c;
+#endif
+    j.xb = &xb;
+  }
   if (p->act == NB_QUANT_ACT_INT8_DYNAMIC) {
     xq = malloc((size_t)(p->m * p->l.k)), xs = malloc(sizeof(float) * (size_t)p->m);
     if (!xq || !xs) {
@@ -605,5 +787,6 @@ nb_status nb_quant__matmul(nb_ctx *ctx, const nb_quant__mm *p) {
   j.chunk = chunk;
   nb_jit_parallel_for((int)((N + chunk - 1) / chunk), run_chunk, &j);
   free(xq), free(xs);
+  xblocks_free(&xb);
   return NB_OK;
 }

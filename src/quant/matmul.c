@@ -33,13 +33,7 @@ static bool want_aval(const char *field, const nb_aval *got, nb_aval want, char 
 static bool check_operands(const mm_attrs *a, int nin, const nb_aval *in, char *why, size_t cap) {
   nb_quant_layout l = layout_of(a);
   if (!nb_quant__layout_ok(&l, why, cap)) return false;
-  if ((unsigned)a->act >= NB_QUANT_ACT_COUNT) return snprintf(why, cap, "act: %d is no activation mode", (int)a->act), false;
-  if (a->act == NB_QUANT_ACT_INT8_DYNAMIC && (l.qtype != NB_QUANT_INT8 || l.asymmetric))
-    return snprintf(why, cap, "act: int8 dynamic activations need int8 symmetric weights, not %s%s", nb_quant_type_name(l.qtype),
-                    l.asymmetric ? " asymmetric" : ""), false;
-  if (a->act == NB_QUANT_ACT_INT8_DYNAMIC && (l.tile < l.k ? l.tile : l.k) > NB_QUANT__MAX_INT_TILE)
-    return snprintf(why, cap, "tile: W8A8 sums a tile in int32: at most %d, got %lld", NB_QUANT__MAX_INT_TILE,
-                    (long long)(l.tile < l.k ? l.tile : l.k)), false;
+  if (!nb_quant__act_ok(&l, (nb_quant_act)a->act, why, cap)) return false;
   int want = 3 + (l.asymmetric ? 1 : 0);
   if (nin != want)
     return snprintf(why, cap, "operands: x, values, scales%s wanted (%d), got %d", l.asymmetric ? ", zero_points" : "", want, nin), false;
@@ -238,18 +232,33 @@ static nb_val *round_even(nb_loc loc, nb_val *v) {
   return nb_select_at(loc, up, nb_add_at(loc, f, nb_scalar_at(loc, g, NB_F32, 1)), f);
 }
 
+/* x -> round(x / s) * s along the last axis, s = max |x| / 127 (1 for zeros) */
+static nb_val *round_int8(nb_loc loc, nb_val *x) {
+  nb_graph *g = nb_val_graph(x);
+  int last = nb_val_rank(x) - 1;
+  nb_val *s = nb_div_at(loc, nb_reduce_max_at(loc, nb_abs_at(loc, x), 1, &last), nb_scalar_at(loc, g, NB_F32, 127));
+  s = nb_expand_dims_at(loc, s, last);
+  nb_val *safe = nb_select_at(loc, nb_gt_at(loc, s, nb_scalar_at(loc, g, NB_F32, 0)), s, nb_full_like_at(loc, s, 1));
+  nb_val *v = nb_max_at(loc, nb_min_at(loc, nb_div_at(loc, x, safe), nb_scalar_at(loc, g, NB_F32, 127)), nb_scalar_at(loc, g, NB_F32, -127));
+  return nb_mul_at(loc, round_even(loc, v), s);
+}
+
 nb_val *nb_quant_matmul_reference_at(nb_loc loc, nb_val *x, nb_val *values, nb_val *scales, nb_val *zero_points,
                                      const nb_quant_layout *layout, nb_quant_act act) {
   mm_attrs a;
   nb_graph *g = checked(loc, "nb_quant_matmul_reference", x, values, scales, zero_points, layout, act, &a);
   if (!g) return x ? nb_graph_fail_at(loc, nb_val_graph(x), NB_ERR_INVALID_ARG, "nb_quant_matmul_reference: bad operands") : NULL;
   int last = nb_val_rank(x) - 1;
-  if (act == NB_QUANT_ACT_INT8_DYNAMIC) { /* x -> round(x / s) * s, s = max |x| / 127 per row (1 for a zero row) */
-    nb_val *s = nb_div_at(loc, nb_reduce_max_at(loc, nb_abs_at(loc, x), 1, &last), nb_scalar_at(loc, g, NB_F32, 127));
-    s = nb_expand_dims_at(loc, s, last);
-    nb_val *safe = nb_select_at(loc, nb_gt_at(loc, s, nb_scalar_at(loc, g, NB_F32, 0)), s, nb_full_like_at(loc, s, 1));
-    nb_val *v = nb_max_at(loc, nb_min_at(loc, nb_div_at(loc, x, safe), nb_scalar_at(loc, g, NB_F32, 127)), nb_scalar_at(loc, g, NB_F32, -127));
-    x = nb_mul_at(loc, round_even(loc, v), s);
+  if (act == NB_QUANT_ACT_INT8_DYNAMIC) x = round_int8(loc, x);
+  if (act == NB_QUANT_ACT_INT8_BLOCK) { /* the same per 32 elements: [M, K] zero-padded to [M, B, 32] */
+    nb_aval xa = nb_val_aval(x);
+    int64_t K = layout->k, B = (K + NB_QUANT__ACT_BLOCK - 1) / NB_QUANT__ACT_BLOCK, M = 1;
+    for (int d = 0; d < last; d++) M *= xa.shape.dims[d];
+    nb_val *flat = nb_reshape_at(loc, x, 2, (int64_t[]){M, K});
+    nb_val *pad = nb_pad_at(loc, flat, nb_scalar_at(loc, g, NB_F32, 0), (int64_t[]){0, 0}, (int64_t[]){0, B * NB_QUANT__ACT_BLOCK - K}, NULL);
+    nb_val *r = round_int8(loc, nb_reshape_at(loc, pad, 3, (int64_t[]){M, B, NB_QUANT__ACT_BLOCK}));
+    r = nb_slice_at(loc, nb_reshape_at(loc, r, 2, (int64_t[]){M, B * NB_QUANT__ACT_BLOCK}), (int64_t[]){0, 0}, (int64_t[]){M, K}, NULL);
+    x = nb_reshape_at(loc, r, xa.shape.rank, xa.shape.dims);
   }
   nb_val *w = nb_quant_dequantize_traced_at(loc, values, scales, zero_points, layout);
   nb_dot_dims dn = {.n_contract = 1, .lhs_contract = {last}, .rhs_contract = {1}};

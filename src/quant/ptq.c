@@ -101,8 +101,7 @@ nb_status nb_quant_tree_linear(nb_ctx *ctx, const nb_tree *t, const char *module
   s = nb_quant_weight_from_tree(ctx, t, kp, &l.layout, &w);
   if (s) return nb_errorf(ctx, NB_ERR_FORMAT, "%s", nb_ctx_error(ctx));
   nb_quant_weight_release(&w);
-  if (l.act == NB_QUANT_ACT_INT8_DYNAMIC && (l.layout.qtype != NB_QUANT_INT8 || l.layout.asymmetric))
-    return nb_errorf(ctx, NB_ERR_FORMAT, "%s: act: int8 dynamic activations need int8 symmetric weights", kp);
+  if (nb_quant_act_check(ctx, &l.layout, l.act)) return nb_errorf(ctx, NB_ERR_FORMAT, "%s: %s", kp, nb_ctx_error(ctx));
   *out = l, *found = true;
   return NB_OK;
 }

@@ -10,6 +10,7 @@
 #include <yaml.h>
 
 #include "nabla/quant.h"
+#include "quant/internal.h"
 
 struct nb_quant_rules {
   nb_ctx *ctx;
@@ -59,6 +60,12 @@ static nb_status check_rule(nb_ctx *ctx, int i, const nb_quant_rule *q) {
   if (q->act_qtype == NB_QUANT_ACT_INT8_DYNAMIC && (q->weight_qtype != NB_QUANT_INT8 || asymmetric))
     return nb_errorf(ctx, NB_ERR_INVALID_ARG,
                      "rule %d: act_qtype: int8_dynamic needs int8 symmetric weights (absmax or rms calibration)", i);
+  if (q->act_qtype == NB_QUANT_ACT_INT8_BLOCK && ((q->weight_qtype != NB_QUANT_INT8 && q->weight_qtype != NB_QUANT_INT4) || asymmetric))
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG,
+                     "rule %d: act_qtype: int8_block needs int8 or int4 symmetric weights (absmax or rms calibration)", i);
+  if (q->act_qtype == NB_QUANT_ACT_INT8_BLOCK && q->tile_size % NB_QUANT__ACT_BLOCK)
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "rule %d: tile_size: int8_block needs a multiple of %d (or per-channel), got %lld", i,
+                     NB_QUANT__ACT_BLOCK, (long long)q->tile_size);
   return NB_OK;
 }
 
@@ -139,8 +146,9 @@ static nb_status rule_field(yaml_in *in, int i, yaml_node_t *kn, yaml_node_t *vn
   } else if (!strcmp(k, "act_qtype")) {
     if (!strcmp(v, "none")) q->act_qtype = NB_QUANT_ACT_NONE;
     else if (!strcmp(v, "int8_dynamic") || !strcmp(v, "int8")) q->act_qtype = NB_QUANT_ACT_INT8_DYNAMIC;
+    else if (!strcmp(v, "int8_block")) q->act_qtype = NB_QUANT_ACT_INT8_BLOCK;
     else
-      return nb_errorf(in->ctx, NB_ERR_FORMAT, "%s:%zu: rule %d: act_qtype: '%s' is not none or int8_dynamic (int8 "
+      return nb_errorf(in->ctx, NB_ERR_FORMAT, "%s:%zu: rule %d: act_qtype: '%s' is not none, int8_dynamic or int8_block (int8 "
                        "static ranges come with the calibration pass, not yet)", in->name, line, i, v);
   } else if (!strcmp(k, "tile_size")) {
     char *end;

@@ -1,6 +1,6 @@
-/* GGUF's Q8_0 / Q4_0 blocks as quant weights (nb_quant_from_ggml): the
+/* GGUF's Q8_0 / Q4_0 / Q6_K blocks as quant weights (nb_quant_from_ggml): the
  * dequantized values are bit for bit the GGUF codec's f32 decode (ggml's
- * dequantize_row_q8_0 / _q4_0), for random rows (Q4_0's code 0 included),
+ * dequantize_row_q8_0 / _q4_0 / _q6_K), for random rows (Q4_0's code 0 included),
  * with a row permutation; bad inputs named. */
 #include <string.h>
 
@@ -10,8 +10,8 @@
 static void check_type(nb_ctx *ctx, nb_gguf_type type, int64_t n, int64_t k, bool permute) {
   nb_test_rng rng = {(uint64_t)(type * 1000 + n + k)};
   float *w = malloc((size_t)(n * k) * sizeof *w), *want = malloc((size_t)(n * k) * sizeof *w);
-  size_t block = type == NB_GGUF_Q8_0 ? 34 : 18;
-  uint8_t *blocks = malloc((size_t)(n * k / 32) * block);
+  size_t block = type == NB_GGUF_Q8_0 ? 34 : type == NB_GGUF_Q4_0 ? 18 : 210, per = type == NB_GGUF_Q6_K ? 256 : 32;
+  uint8_t *blocks = malloc((size_t)(n * k) / per * block);
   for (int64_t i = 0; i < n * k; i++) w[i] = (float)(nb_test_normal(&rng) * (1 + i % 7));
   CHECK_OK(ctx, nb_gguf_encode(ctx, type, w, blocks, n * k));
   CHECK_OK(ctx, nb_gguf_decode(ctx, type, blocks, want, n * k));
@@ -21,7 +21,7 @@ static void check_type(nb_ctx *ctx, nb_gguf_type type, int64_t n, int64_t k, boo
   nb_status s = nb_quant_from_ggml(ctx, (int)type, blocks, n, k, permute ? rows : NULL, &q);
   CHECK_MSG(s == NB_OK, "%s", nb_ctx_error(ctx));
   if (!s) {
-    CHECK(q.layout.qtype == (type == NB_GGUF_Q8_0 ? NB_QUANT_INT8 : NB_QUANT_INT4) && q.layout.tile == (k == 32 ? 32 : 32));
+    CHECK(q.layout.qtype == (type == NB_GGUF_Q4_0 ? NB_QUANT_INT4 : NB_QUANT_INT8) && q.layout.tile == (type == NB_GGUF_Q6_K ? 16 : 32));
     nb_array *d = nb_quant_dequantize(ctx, &q);
     const float *got = d ? nb_array_data(d) : NULL;
     int64_t bad = 0, zeros = 0;
@@ -46,6 +46,8 @@ static void test_errors(nb_ctx *ctx) {
   CHECK_ERR(ctx, NB_ERR_FORMAT, "Q8_0 row 0 holds the code -128");
   CHECK(nb_quant_from_ggml(ctx, 12, b, 1, 32, NULL, &q) == NB_ERR_INVALID_ARG);
   CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "type 12");
+  CHECK(nb_quant_from_ggml(ctx, 14, b, 1, 32, NULL, &q) == NB_ERR_SHAPE);
+  CHECK_ERR(ctx, NB_ERR_SHAPE, "k = 32 is not a positive multiple of 256");
   CHECK(nb_quant_from_ggml(ctx, 8, b, 1, 48, NULL, &q) == NB_ERR_SHAPE);
   CHECK_ERR(ctx, NB_ERR_SHAPE, "k = 48");
   int64_t rows[1] = {1};
@@ -61,6 +63,8 @@ int main(void) {
     check_type(ctx, type, 13, 96, true);
     check_type(ctx, type, 64, 768, true);
   }
+  check_type(ctx, NB_GGUF_Q6_K, 3, 256, false); /* Q6_K as int8 g16 (a Q4_0 file's output.weight) */
+  check_type(ctx, NB_GGUF_Q6_K, 13, 768, true);
   test_errors(ctx);
   nb_ctx_destroy(ctx);
   return nb_test_summary("quant/test_ggml");

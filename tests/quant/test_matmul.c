@@ -119,15 +119,15 @@ static void check_config(nb_ctx *ctx, cfg c, int64_t m, uint64_t seed) {
   const char *what = nb_quant_type_name(c.l.qtype);
   for (int f = 0; f < NB_QUANT__F_COUNT && gk && want; f++)
     for (int i = 0; i < NB_QUANT__I_COUNT; i++) {
-      bool w8a8 = c.act == NB_QUANT_ACT_INT8_DYNAMIC;
+      bool w8a8 = c.act != NB_QUANT_ACT_NONE;
       if ((w8a8 ? f : i) != 0) continue; /* the float kernels for weight-only, the integer ones for W8A8 */
       if (!nb_quant__force_isa(f, i)) continue;
       nb_array *got = run1(ctx, gk, in);
       CHECK_MSG(got != NULL, "run: %s", nb_ctx_error(ctx));
       if (!got) continue;
       double ratio = worst_ratio(ctx, nb_tree_get_array(in, "x"), &q, got, want);
-      CHECK_MSG(ratio <= TOL, "%s%s%s tile %lld m %lld k %lld n %lld on %s/%s: error %.3g x sum|x w|", what, c.l.asymmetric ? " asym" : "",
-                w8a8 ? " W8A8" : "", (long long)c.l.tile, (long long)m, (long long)c.l.k, (long long)c.l.n, nb_quant__fisa_name((nb_quant__fisa)f),
+      CHECK_MSG(ratio <= TOL, "%s%s %s tile %lld m %lld k %lld n %lld on %s/%s: error %.3g x sum|x w|", what, c.l.asymmetric ? " asym" : "",
+                nb_quant_act_name(c.act), (long long)c.l.tile, (long long)m, (long long)c.l.k, (long long)c.l.n, nb_quant__fisa_name((nb_quant__fisa)f),
                 nb_quant__iisa_name((nb_quant__iisa)i), ratio);
       seen_worst = ratio > seen_worst ? ratio : seen_worst;
       if (!first) first = got;
@@ -204,7 +204,8 @@ static void test_against_reference(nb_ctx *ctx) {
     nb_quant_act act;
   } kinds[] = {{NB_QUANT_INT8, false, NB_QUANT_ACT_NONE}, {NB_QUANT_INT8, true, NB_QUANT_ACT_NONE}, {NB_QUANT_INT4, false, NB_QUANT_ACT_NONE},
                {NB_QUANT_INT4, true, NB_QUANT_ACT_NONE},  {NB_QUANT_NF4, false, NB_QUANT_ACT_NONE},  {NB_QUANT_FP8_E4M3, false, NB_QUANT_ACT_NONE},
-               {NB_QUANT_FP8_E5M2, false, NB_QUANT_ACT_NONE}, {NB_QUANT_INT8, false, NB_QUANT_ACT_INT8_DYNAMIC}};
+               {NB_QUANT_FP8_E5M2, false, NB_QUANT_ACT_NONE}, {NB_QUANT_INT8, false, NB_QUANT_ACT_INT8_DYNAMIC},
+               {NB_QUANT_INT8, false, NB_QUANT_ACT_INT8_BLOCK}, {NB_QUANT_INT4, false, NB_QUANT_ACT_INT8_BLOCK}};
   int64_t ms[5] = {1, 2, 7, 16, 64};
   /* k = 100: tiles 32 (3 + 4), 64 (64 + 36), per-channel; k = 203 odd (a half byte) */
   int64_t ks[2] = {100, 203}, tiles[4] = {0, 32, 64, 128};
@@ -224,8 +225,9 @@ static void test_against_reference(nb_ctx *ctx) {
 /* compiled on two threads: the interpreter's bits (the pool splits n) */
 static void test_compiled(nb_ctx *ctx) {
   cfg c = {.l = {.qtype = NB_QUANT_INT4, .n = 301, .k = 96, .tile = 32}, .act = NB_QUANT_ACT_NONE};
-  for (int a = 0; a < 2; a++) {
-    if (a) c.l.qtype = NB_QUANT_INT8, c.act = NB_QUANT_ACT_INT8_DYNAMIC;
+  for (int a = 0; a < 3; a++) {
+    if (a == 1) c.l.qtype = NB_QUANT_INT8, c.act = NB_QUANT_ACT_INT8_DYNAMIC;
+    if (a == 2) c.l.qtype = NB_QUANT_INT4, c.act = NB_QUANT_ACT_INT8_BLOCK;
     nb_test_rng r = {99};
     nb_quant_weight q;
     nb_tree *in = make_inputs(ctx, &c, 5, &r, &q);
@@ -246,6 +248,86 @@ static void test_compiled(nb_ctx *ctx) {
     nb_tree_destroy(in);
     nb_quant_weight_release(&q);
   }
+}
+
+/* ---------------------------------------------------------------- int8_block, bit for bit */
+
+/* docs/quant.md's definition of int8_block, written here apart from
+ * kernels.c: per 32-block x codes round(x / s) half to even, s = max |x| /
+ * 127 (f32 divide); 8 lanes of 4 exact products per block; acc_j =
+ * fma(lane_j, s_w * s_x, acc_j) in order of blocks; the fixed tree
+ * ((l_i + l_i+4) + (.. i+2)) + (.. i+1). */
+static float block_definition(const float *x, const nb_quant_weight *q, int64_t n) {
+  const nb_quant_layout *l = &q->layout;
+  const int64_t K = l->k, T = nb_quant_num_tiles(l), rb = nb_quant__row_bytes(l);
+  const uint8_t *row = (const uint8_t *)nb_array_data(q->values) + n * rb;
+  const float *sw = (const float *)nb_array_data(q->scales) + n * T;
+  float acc[8] = {0};
+  for (int64_t b0 = 0; b0 < K; b0 += 32) {
+    int64_t len = K - b0 < 32 ? K - b0 : 32;
+    float amax = 0;
+    bool finite = true;
+    for (int64_t i = 0; i < len; i++) amax = fmaxf(amax, fabsf(x[b0 + i])), finite &= isfinite(x[b0 + i]) != 0;
+    float s = finite ? amax / 127.0f : NAN;
+    int32_t code[32] = {0};
+    for (int64_t i = 0; i < len && s > 0; i++) code[i] = (int32_t)fminf(127, fmaxf(-127, nearbyintf(x[b0 + i] / s)));
+    float d = sw[(l->tile >= K ? 0 : b0 / l->tile)] * s;
+    for (int j = 0; j < 8; j++) {
+      int32_t lane = 0;
+      for (int64_t k = b0 + 4 * j; k < b0 + 4 * j + 4 && k < K; k++) {
+        int w = l->qtype == NB_QUANT_INT4 ? ((row[k / 2] >> (4 * (k % 2))) & 15) - 8 : (int8_t)row[k];
+        lane += w * code[k - b0];
+      }
+      acc[j] = fmaf((float)lane, d, acc[j]);
+    }
+  }
+  float a[4];
+  for (int i = 0; i < 4; i++) a[i] = acc[i] + acc[i + 4];
+  return (a[0] + a[2]) + (a[1] + a[3]);
+}
+
+static void test_block_definition(nb_ctx *ctx) {
+  int64_t ks[3] = {100, 203, 64}, tiles[3] = {32, 64, 0};
+  int checked_isas = 0;
+  for (int qt = 0; qt < 2; qt++)
+    for (int ki = 0; ki < 3; ki++)
+      for (int ti = 0; ti < 3; ti++) {
+        cfg c = {.l = {.qtype = qt ? NB_QUANT_INT4 : NB_QUANT_INT8, .n = 13, .k = ks[ki], .tile = tiles[ti] ? tiles[ti] : ks[ki]},
+                 .act = NB_QUANT_ACT_INT8_BLOCK};
+        nb_test_rng r = {(uint64_t)(700 + qt * 9 + ki * 3 + ti)};
+        nb_quant_weight q;
+        int64_t M = 3;
+        nb_tree *in = make_inputs(ctx, &c, M, &r, &q);
+        float *x = in ? nb_array_data_mut(nb_tree_get_array(in, "x")) : NULL;
+        if (x && ki == 1) { /* a zero block, a NaN in the last block of row 2 */
+          for (int64_t k = 32; k < 64; k++) x[k] = 0;
+          x[2 * c.l.k + 200] = NAN;
+        }
+        nb_graph *g = in ? nb_trace(ctx, trace_mm, &c, in) : NULL;
+        CHECK_MSG(g != NULL, "trace: %s", nb_ctx_error(ctx));
+        for (int i = 0; i < NB_QUANT__I_COUNT && g; i++) {
+          if (!nb_quant__force_isa(0, i)) continue;
+          checked_isas++;
+          nb_array *y = run1(ctx, g, in);
+          CHECK_MSG(y != NULL, "run: %s", nb_ctx_error(ctx));
+          const float *yp = y ? nb_array_data(y) : NULL;
+          int bad = 0;
+          for (int64_t m = 0; m < M && yp; m++)
+            for (int64_t n = 0; n < c.l.n; n++) {
+              float want = block_definition(x + m * c.l.k, &q, n), got = yp[m * c.l.n + n];
+              if (memcmp(&want, &got, 4) != 0 && !(isnan(want) && isnan(got))) bad++;
+              if (ki == 1 && m == 2 && !isnan(got)) bad++;
+            }
+          CHECK_MSG(bad == 0, "%s k %lld tile %lld on %s: %d outputs differ from the definition", nb_quant_type_name(c.l.qtype),
+                    (long long)c.l.k, (long long)tiles[ti], nb_quant__iisa_name((nb_quant__iisa)i), bad);
+          nb_array_release(y);
+        }
+        nb_quant__force_isa(-1, -1);
+        nb_graph_destroy(g);
+        nb_tree_destroy(in);
+        nb_quant_weight_release(&q);
+      }
+  CHECK(checked_isas >= 18); /* the C kernel at least, on every case */
 }
 
 /* ---------------------------------------------------------------- vjp */
@@ -339,6 +421,9 @@ static void test_errors(nb_ctx *ctx) {
       {{NB_QUANT_INT4, 5, 64, 32, true}, 0, 64, 32, 2, false, "zero_points: missing"},
       {{NB_QUANT_NF4, 5, 64, 32, true}, 0, 64, 32, 2, true, "asymmetric: nf4"},
       {{NB_QUANT_INT8, 5, 64, 32, false}, (nb_quant_act)7, 64, 64, 2, false, "act: 7"},
+      {{NB_QUANT_NF4, 5, 64, 32, false}, NB_QUANT_ACT_INT8_BLOCK, 64, 32, 2, false, "act: int8_block activations need int8 or int4"},
+      {{NB_QUANT_INT4, 5, 64, 32, true}, NB_QUANT_ACT_INT8_BLOCK, 64, 32, 2, true, "act: int8_block activations need int8 or int4"},
+      {{NB_QUANT_INT8, 5, 96, 48, false}, NB_QUANT_ACT_INT8_BLOCK, 96, 96, 2, false, "tile: int8_block activations need weight tiles"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     bad_case *b = &cases[i];
@@ -366,6 +451,7 @@ int main(void) {
   test_against_reference(ctx);
   printf("largest error against the reference: %.3g x sum|x w| (tolerance %g)\n", seen_worst, TOL);
   test_special_codes(ctx);
+  test_block_definition(ctx);
   test_dequantize_traced(ctx);
   test_compiled(ctx);
   test_vjp(ctx);

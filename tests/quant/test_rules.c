@@ -51,10 +51,13 @@ static void test_rules_yaml(nb_ctx *ctx) {
                            "      tile_size: 32\n"
                            "      weight_calibration: minmax\n"
                            "    - {module_path: '.*attn/.*', weight_qtype: int8, act_qtype: int8_dynamic, tile_size: per_channel}\n"
-                           "    - {module_path: lm_head, weight_qtype: fp8_e4m3, weight_calibration: 'rms,3.5'}\n");
+                           "    - {module_path: lm_head, weight_qtype: fp8_e4m3, weight_calibration: 'rms,3.5'}\n"
+                           "    - {module_path: '.*', weight_qtype: int4, act_qtype: int8_block, tile_size: 64}\n");
   CHECK_MSG(r, "%s", nb_ctx_error(ctx));
   if (r) {
-    CHECK(nb_quant_rules_count(r) == 3);
+    CHECK(nb_quant_rules_count(r) == 4);
+    const nb_quant_rule *d = nb_quant_rules_at(r, 3);
+    CHECK(d->weight_qtype == NB_QUANT_INT4 && d->act_qtype == NB_QUANT_ACT_INT8_BLOCK && d->tile_size == 64);
     const nb_quant_rule *a = nb_quant_rules_at(r, 0), *b = nb_quant_rules_at(r, 1), *c = nb_quant_rules_at(r, 2);
     CHECK(!strcmp(a->module_path, ".*/mlp/.*") && a->weight_qtype == NB_QUANT_INT4 && a->tile_size == 32 &&
           a->weight_calibration.kind == NB_QUANT_MINMAX && a->act_qtype == NB_QUANT_ACT_NONE);
@@ -75,6 +78,9 @@ static void test_rules_yaml(nb_ctx *ctx) {
       {"quant:\n  rules:\n    - {module_path: a, weight_qtype: int8, tile_size: -32}\n", "rule 0: tile_size: '-32'"},
       {"quant:\n  rules:\n    - {module_path: a, weight_qtype: int8, tile_size: 24}\n", "rule 0: tile_size: 24"},
       {"quant:\n  rules:\n    - {module_path: a, weight_qtype: int8, act_qtype: int16}\n", "rule 0: act_qtype: 'int16'"},
+      {"quant:\n  rules:\n    - {module_path: a, weight_qtype: nf4, act_qtype: int8_block}\n", "rule 0: act_qtype: int8_block needs int8 or int4"},
+      {"quant:\n  rules:\n    - {module_path: a, weight_qtype: int4, act_qtype: int8_block, tile_size: 48}\n",
+       "rule 0: tile_size: int8_block needs a multiple of 32"},
       {"quant:\n  rules:\n    - {module_path: a, weight_qtype: int8, weight_calibration: 'rms,-1'}\n",
        "rule 0: weight_calibration:"},
       {"quant:\n  rules:\n    - {module_path: [a], weight_qtype: int8}\n", "rule 0: module_path: a scalar wanted"},

@@ -142,7 +142,7 @@ int nb_cli_load_model(nb_ctx *ctx, const char *model, const char *config, nb_mod
     if (config) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "--config goes with a run dir or checkpoint, not a GGUF file");
     int64_t nq;
     nb_status s = nb_model_load_gguf(ctx, model, out);
-    if (!s && (s = nb_cli_gguf_keep_quantized(ctx, model, out, &nq))) nb_model_loaded_free(out);
+    if (!s && (s = nb_cli_gguf_keep_quantized(ctx, model, out, NB_QUANT_ACT_INT8_BLOCK, &nq))) nb_model_loaded_free(out);
     return s;
   }
   snprintf(p, sizeof p, "%s/config.yaml", model);

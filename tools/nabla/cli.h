@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "nabla/quant.h"
+
 /* Whether argv[1..argc) holds -h or --help. */
 bool nb_cli_help_asked(int argc, char **argv);
 /* Prints text: to stdout returning 0 when asked, else to stderr returning 2. */
@@ -57,8 +59,10 @@ typedef struct nb_serve_model_opts nb_serve_model_opts;
 bool nb_cli_quant_hook(const char *cmd, nb_ctx *ctx, const nb_tree *params, nb_serve_model_opts *mo, nb_quant_plan **plan);
 /* After nb_model_load_gguf: a Llama file's Q8_0 / Q4_0 linears are put back
  * into m->params as int8 / int4 g32 quant trees of the file's own codes and
- * scales (the others stay f32); *n_quantized says how many. */
+ * scales, run with activations act (NB_QUANT_ACT_INT8_BLOCK: llama.cpp's
+ * arithmetic, the default of generate and serve; NB_QUANT_ACT_NONE:
+ * weight-only); the others stay f32. *n_quantized says how many. */
 typedef struct nb_model_loaded nb_model_loaded;
-int nb_cli_gguf_keep_quantized(nb_ctx *ctx, const char *path, nb_model_loaded *m, int64_t *n_quantized);
+int nb_cli_gguf_keep_quantized(nb_ctx *ctx, const char *path, nb_model_loaded *m, nb_quant_act act, int64_t *n_quantized);
 
 #endif

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cli.h"
 #include "nabla/nabla.h"
@@ -21,6 +22,8 @@ static const char usage_text[] =
           "  --hf DIR             a Hugging Face GPT-2, Llama, Mistral or Qwen2 folder (config.json, safetensors, tokenizer.json)\n"
           "  --gguf FILE          a Llama GGUF file (llama.cpp's format; Q8_0 / Q4_0 linears run as int8 / int4 g32,\n"
           "                       other types dequantized to f32)\n"
+          "  --gguf-act MODE      activations of the Q8_0 / Q4_0 linears: int8_block (default: int8 per 32, as\n"
+          "                       llama.cpp computes them) or none (weight-only, f32 activations)\n"
           "  --config FILE        the run config for --run-dir / --checkpoint\n"
           "  --prompt TEXT        the text to continue\n"
           "  --max-tokens N       new tokens at most (default 128)\n"
@@ -45,6 +48,7 @@ static int usage(void) { return nb_cli_usage(usage_text, false); }
 
 typedef struct options {
   const char *run_dir, *checkpoint, *hf, *gguf, *config, *prompt;
+  nb_quant_act gguf_act;
   int64_t max_tokens, top_k, max_seq_len, chunk, n;
   double temperature, top_p, min_p, presence, frequency, repetition;
   uint64_t seed;
@@ -54,7 +58,7 @@ typedef struct options {
 
 /* 0 ok, 2 usage */
 static int parse(int argc, char **argv, options *o) {
-  *o = (options){.max_tokens = 128, .temperature = 0.8, .top_p = 1, .repetition = 1, .n = 1, .chunk = 64};
+  *o = (options){.gguf_act = NB_QUANT_ACT_INT8_BLOCK, .max_tokens = 128, .temperature = 0.8, .top_p = 1, .repetition = 1, .n = 1, .chunk = 64};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -67,6 +71,11 @@ static int parse(int argc, char **argv, options *o) {
     else if (!strcmp(a, "--checkpoint")) o->checkpoint = v;
     else if (!strcmp(a, "--hf")) o->hf = v;
     else if (!strcmp(a, "--gguf")) o->gguf = v;
+    else if (!strcmp(a, "--gguf-act")) {
+      if (!strcmp(v, "int8_block")) o->gguf_act = NB_QUANT_ACT_INT8_BLOCK;
+      else if (!strcmp(v, "none")) o->gguf_act = NB_QUANT_ACT_NONE;
+      else return fprintf(stderr, "nabla generate: --gguf-act: '%s' is not int8_block or none\n", v), usage();
+    }
     else if (!strcmp(a, "--config")) o->config = v;
     else if (!strcmp(a, "--prompt")) o->prompt = v;
     else if (!strcmp(a, "--max-tokens")) ok = nb_cli_int("generate", a, v, 0, 1000000000, &o->max_tokens);
@@ -185,8 +194,14 @@ static int64_t context_len(const options *o, int64_t n_prompt, int64_t model_max
  * first needs an executable; they are counted apart. */
 typedef struct timings {
   double compile_s, prefill_s, first_token_s, decode_s;
+  double decode_cpu_s; /* this process's CPU time in the decode steps: the rate a loaded machine does not stretch */
   int64_t decode_steps, decode_tokens;
 } timings;
+
+static double cpu_s(void) {
+  struct timespec ts;
+  return clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) ? 0 : (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 /* One request of o->n samples through the engine until every sample ended;
  * sample k's ids go to out + k * max_tokens, its count to n_out[k], why it
@@ -198,14 +213,14 @@ static nb_status drive(nb_serve_llm *l, const nb_serve_llm_request *req, stream 
   bool first = true;
   double t0 = nb_util__now_s();
   while (!s && nb_serve_llm_has_unfinished(l)) {
-    double c0 = nb_serve_model_compile_s(model), s0 = nb_util__now_s();
+    double c0 = nb_serve_model_compile_s(model), s0 = nb_util__now_s(), p0 = cpu_s();
     const nb_serve_event *ev;
     int32_t n_ev = 0, drawn = 0;
     s = nb_serve_llm_step(l, &ev, &n_ev);
     double c = nb_serve_model_compile_s(model) - c0, run = nb_util__now_s() - s0 - c;
     t->compile_s += c;
     if (first) t->prefill_s += run; /* prompt chunks, the last of which draws the first tokens */
-    else t->decode_s += run, t->decode_steps++;
+    else t->decode_s += run, t->decode_cpu_s += cpu_s() - p0, t->decode_steps++;
     for (int32_t i = 0; !s && i < n_ev; i++) {
       int32_t k = ev[i].s.sample_index;
       if (ev[i].s.token < 0) continue; /* aborts: none here */
@@ -231,9 +246,11 @@ static int run(nb_ctx *ctx, const options *o) {
                 : o->checkpoint ? nb_train_load_checkpoint(ctx, o->checkpoint, o->config, &m)
                                 : nb_train_load_run_dir(ctx, o->run_dir, o->config, &m);
   int64_t n_quantized = 0;
-  if (!s && o->gguf && (s = nb_cli_gguf_keep_quantized(ctx, o->gguf, &m, &n_quantized))) nb_model_loaded_free(&m);
+  if (!s && o->gguf && (s = nb_cli_gguf_keep_quantized(ctx, o->gguf, &m, o->gguf_act, &n_quantized))) nb_model_loaded_free(&m);
   if (s) return fprintf(stderr, "nabla generate: %s\n", nb_ctx_error(ctx)), 1;
-  if (n_quantized) fprintf(stderr, "nabla generate: %lld Q8_0/Q4_0 linears of %s run quantized (int8/int4 g32)\n", (long long)n_quantized, o->gguf);
+  if (n_quantized)
+    fprintf(stderr, "nabla generate: %lld Q8_0/Q4_0 linears of %s run quantized (int8/int4 g32, %s activations)\n", (long long)n_quantized,
+            o->gguf, o->gguf_act == NB_QUANT_ACT_INT8_BLOCK ? "int8 per-32-block" : "f32");
   /* the prompt's ids: [bos] + the tokenizer's, or its bytes */
   size_t plen = strlen(o->prompt), n_ids = 0;
   nb_tok_ids enc = {0};
@@ -356,6 +373,8 @@ static int run(nb_ctx *ctx, const options *o) {
   fprintf(stderr, "  first token     %9.1f ms  (compile + prefill)\n", 1e3 * t.first_token_s);
   fprintf(stderr, "  decode          %9.1f ms  %10.1f tokens/s (%lld steps)\n", 1e3 * t.decode_s,
           t.decode_s > 0 ? (double)t.decode_tokens / t.decode_s : 0.0, (long long)t.decode_steps);
+  fprintf(stderr, "  decode CPU      %9.1f ms  %10.1f tokens per CPU-s (all threads)\n", 1e3 * t.decode_cpu_s,
+          t.decode_cpu_s > 0 ? (double)t.decode_tokens / t.decode_cpu_s : 0.0);
   rc = 0;
 done:
   for (int32_t k = 0; st && k < n; k++)

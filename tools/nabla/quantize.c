@@ -50,7 +50,9 @@ static void describe(const nb_quant_linear *l, const nb_quant_rules *r, char *bu
   else snprintf(tile, sizeof tile, "g%lld", (long long)l->layout.tile);
   const nb_quant_rule *rule = nb_quant_rules_at(r, l->rule);
   snprintf(buf, cap, "%s %s%s, %s, rule %d '%s'", nb_quant_type_name(l->layout.qtype), tile,
-           l->layout.asymmetric ? " asymmetric" : "", l->act == NB_QUANT_ACT_INT8_DYNAMIC ? "int8 dynamic activations" : "weight-only",
+           l->layout.asymmetric ? " asymmetric" : "", l->act == NB_QUANT_ACT_INT8_DYNAMIC ? "int8 dynamic activations"
+           : l->act == NB_QUANT_ACT_INT8_BLOCK                               ? "int8 per-32-block dynamic activations"
+                                                                             : "weight-only",
            l->rule, rule ? rule->module_path : "?");
 }
 
