@@ -318,11 +318,20 @@ typedef struct scan {
   bool too_many;
   int *deps;
   int ndeps, cap_deps;
+  /* steps whose memory the cone reads through a view (a barrier's results,
+   * a slice of a root): a kernel reads such a leaf from memory when it
+   * starts, so it must not join the kernel that writes that memory */
+  int view_deps[8], nview_deps;
+  bool many_view_deps;
 } scan;
 
 static bool scan_cone(fz *f, const nb_val *v, scan *s, bool top) {
   if (!top && (f->leaf[v->id] || !v->def)) {
     int st = f->step_of[v->id];
+    if (st >= 0 && f->view[v->id] >= 0) {
+      if (s->nview_deps < 8) s->view_deps[s->nview_deps++] = st;
+      else s->many_view_deps = true;
+    }
     if (st >= 0) {
       for (int i = 0; i < s->ndeps; i++)
         if (s->deps[i] == st) return true;
@@ -805,6 +814,9 @@ static bool domain_fits(const sig *ks, const sig *rs, const nb_shape *sh) {
  * exponentials after its max, then their sum and the quotient: one kernel,
  * where the roots are materialized because a backward pass reads them). */
 static bool depends_only_directly(fz *f, const scan *s, int kstep) {
+  if (s->many_view_deps) return false;
+  for (int i = 0; i < s->nview_deps; i++)
+    if (s->view_deps[i] == kstep) return false; /* it reads that kernel's memory, not its nodes */
   bool direct = false;
   int *others = nb_jit__alloc(f->ar, sizeof(int) * ((size_t)s->ndeps + 1));
   int n = 0;

@@ -5,7 +5,10 @@
  * backward pass (more FLOPs, a lower peak than without remat: the barriers
  * keep the recomputation from being merged with the forward pass), and a
  * custom_vjp's own bwd (deliberately not the true gradient) is what the
- * compiled gradient runs. Forward mode over remat regions (remat_lin) too. */
+ * compiled gradient runs. Forward mode over remat regions (remat_lin) too.
+ * An optimization barrier over reductions whose results a later
+ * elementwise op reads (the trainer's per-micro-batch gradients) matches
+ * the interpreter. */
 #include <math.h>
 
 #include "jitcheck.h"
@@ -246,11 +249,42 @@ static void test_custom_vjp(void) {
   nb_tree_destroy(in);
 }
 
+/* ---------------------------------------------------------------- optimization barrier */
+
+/* y = (sum x^2 + sum sin x + sum of x's rows) / 2 with the sums behind one
+ * barrier: the barrier's results are the sums' memory, and the add that
+ * reads them must not join the kernel that computes them (it would read
+ * that memory before the kernel wrote it). */
+static nb_status f_barrier(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
+  nb_val *x = nb_tree_get_val(in, "x"), *m = nb_tree_get_val(in, "m");
+  nb_val *v[3] = {nb_reduce_sum(nb_mul(x, x), 0, NULL), nb_reduce_sum(nb_sin(x), 0, NULL), nb_reduce_sum(m, 0, NULL)};
+  nb_status s = nb_optimization_barrier_at(NB_HERE, 3, v);
+  if (!s) s = nb_tree_set_val(out, "y", nb_mul(nb_add(nb_add(v[0], v[1]), nb_reduce_sum(v[2], 0, NULL)), nb_scalar(g, NB_F32, 0.5)));
+  if (!s) s = nb_tree_set_val(out, "rows", nb_add(v[2], v[0]));
+  return s;
+}
+
+static void test_barrier(void) {
+  nb_tree *in = nb_tree_create(ctx);
+  put(in, "x", 1, (int64_t[]){37});
+  put(in, "m", 2, (int64_t[]){5, 37});
+  nb_graph *g = nb_trace(ctx, f_barrier, NULL, in);
+  CHECK_MSG(g != NULL, "trace: %s", nb_ctx_error(ctx));
+  static const char *const modes[] = {NULL, "inline", "all"};
+  for (size_t m = 0; g && m < sizeof modes / sizeof *modes; m++) {
+    nb_jit_opts o = nb_test_jit_opts(modes[m]);
+    CHECK_MSG(nb_test_jit_matches(ctx, g, in, &o, modes[m] ? modes[m] : "on", NULL), "barrier (%s)", modes[m] ? modes[m] : "on");
+  }
+  nb_graph_destroy(g);
+  nb_tree_destroy(in);
+}
+
 int main(void) {
   ctx = nb_ctx_create();
   test_remat();
   test_remat_jvp();
   test_custom_vjp();
+  test_barrier();
   nb_ctx_destroy(ctx);
   return nb_test_summary("jit_remat");
 }
