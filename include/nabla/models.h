@@ -147,10 +147,15 @@ typedef struct nb_model_trace_opts {
   nb_dtype dtype;          /* compute dtype; 0 = f32 */
   nb_nn_linear_hook linear_hook;
   void *hook_ud;
+  /* More parameters, not differentiated by a grad w.r.t. "params": inputs
+   * "frozen/<path>", seen by the model (and the hook) beside "params/<path>"
+   * (a LoRA base under its adapters; the two trees share no path). NULL: none. */
+  const nb_tree *frozen_spec;
 } nb_model_trace_opts;
 
 /* Graphs (new; destroy them) with inputs "params/<path>" (avals of
- * param_spec's leaves, any leaf kind) and "batch/<name>" (batch_spec):
+ * param_spec's leaves, any leaf kind), "frozen/<path>" (opts->frozen_spec)
+ * and "batch/<name>" (batch_spec):
  *   loss:    outputs "loss", "metrics/<name>";
  *   forward: outputs "logits" (batch needs only "inputs"). */
 nb_graph *nb_model_trace_loss(nb_ctx *ctx, const nb_model_config *cfg, const nb_model_trace_opts *opts,

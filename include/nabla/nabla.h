@@ -13,4 +13,5 @@
 #include "nabla/train.h"
 #include "nabla/serve.h"
 #include "nabla/quant.h"
+#include "nabla/posttrain.h"
 #endif
