@@ -27,7 +27,9 @@
 
 #include "nabla/export.h"
 #include "nabla/core.h"
+#include "nabla/data.h"
 #include "nabla/nn.h"
+#include "nabla/serve.h"
 
 NB_BEGIN_DECLS
 
@@ -84,6 +86,53 @@ nb_val *nb_pt_lora_hook(void *lora, nb_nn_apply *a, const char *path, nb_val *x,
  * dtype; a quantized kernel is dequantized first and leaves as f32); every
  * other leaf is base's, shared. */
 nb_tree *nb_pt_lora_merge(nb_ctx *ctx, const nb_pt_lora_config *c, const nb_tree *base, const nb_tree *adapters);
+
+/* ------------------------------------------------------------------------ */
+/* SFT */
+/* ------------------------------------------------------------------------ */
+
+/* Supervised fine-tuning data: JSONL, one example a line, either
+ *   {"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]}
+ * rendered with a serving chat template (nb_serve_chat_render), trained on
+ * every assistant turn (its content and end of turn), or
+ *   {"prompt": "...", "completion": "..."}
+ * trained on the completion (and the EOS id after it). The loss mask covers
+ * those tokens only. Each part is tokenized on its own, so a mask boundary
+ * is a token boundary. */
+struct nb_tok;
+typedef struct nb_pt_sft_data_opts {
+  nb_serve_chat_format chat;   /* for "messages" lines (NB_SERVE_CHAT_NONE: such lines are refused) */
+  const struct nb_tok *tok;    /* NULL: byte-level ids (the byte values) */
+  int32_t bos_id;              /* prepended when >= 0 (messages: when the format wants it) */
+  int32_t eos_id;              /* appended after a completion when >= 0 (trained on) */
+  int64_t max_len;             /* tokens kept per example (the rest cut); 0: all */
+} nb_pt_sft_data_opts;
+
+typedef struct nb_pt_sft_example {
+  int32_t *ids;
+  uint8_t *train;              /* train[i]: ids[i] is a completion token (loss on predicting it) */
+  int64_t len;
+} nb_pt_sft_example;
+
+typedef struct nb_pt_sft_data {
+  int64_t n;
+  nb_pt_sft_example *ex;
+  int64_t tokens, train_tokens; /* over all examples */
+} nb_pt_sft_data;
+
+/* Reads path into *out (free with nb_pt_sft_data_free). A bad line is an
+ * error naming "path:line" and the field: not JSON, neither messages nor
+ * prompt/completion, a field of the wrong type, a bad role, no assistant
+ * message, fewer than 2 tokens. An empty file is an error too. */
+nb_status nb_pt_sft_load(nb_ctx *ctx, const char *path, const nb_pt_sft_data_opts *opts, nb_pt_sft_data *out);
+void nb_pt_sft_data_free(nb_pt_sft_data *d); /* zeroed; ok twice */
+
+/* A map dataset over d (borrowed: it must outlive the dataset): element i
+ * is {"inputs": i32[n-1], "targets": i32[n-1], "mask": f32[n-1]}, the next-
+ * token pairs of example i with mask 1 where the target is trained on.
+ * nb_data_iter_pack packs them into rows with segment_ids and positions, the
+ * batch nb_model_loss takes. */
+nb_data_map *nb_pt_sft_map(nb_ctx *ctx, const nb_pt_sft_data *d);
 
 NB_END_DECLS
 #endif /* NABLA_POSTTRAIN_H */
