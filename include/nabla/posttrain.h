@@ -30,6 +30,7 @@
 #include "nabla/data.h"
 #include "nabla/nn.h"
 #include "nabla/serve.h"
+#include "nabla/train.h"
 
 NB_BEGIN_DECLS
 
@@ -133,6 +134,45 @@ void nb_pt_sft_data_free(nb_pt_sft_data *d); /* zeroed; ok twice */
  * nb_data_iter_pack packs them into rows with segment_ids and positions, the
  * batch nb_model_loss takes. */
 nb_data_map *nb_pt_sft_map(nb_ctx *ctx, const nb_pt_sft_data *d);
+
+/* `nabla sft CONFIG [key=value ...]`: a run configuration (train.h's keys;
+ * data.train / data.eval are JSONL files of the format above, data.seq_len
+ * the packed row length) plus these sections:
+ *   sft.base           the model to start from: a run dir or a checkpoint step dir (its model
+ *                      config replaces model.*; its tokenizer is used)
+ *   sft.chat_template  chatml (default), llama-3, gemma, llama-2, mistral
+ *   sft.quant_rules    QLoRA: a quant rules YAML (nabla/quant.h) the base is quantized by
+ *   lora.target        a module-path regex: LoRA on those linears; "" (default): full fine-tuning
+ *   lora.rank, lora.alpha, lora.dropout, lora.rslora, lora.init
+ *   lora.merge_at_end  write DIR/merged, a run dir of the merged model, after the last step */
+typedef struct nb_pt_sft_config {
+  char base[NB_TRAIN_STR_MAX];
+  nb_serve_chat_format chat;
+  char quant_rules[NB_TRAIN_STR_MAX];
+  char lora_target[NB_TRAIN_STR_MAX];
+  nb_pt_lora_config lora;      /* lora.target is set from lora_target where it is used */
+  bool merge_at_end;
+} nb_pt_sft_config;
+
+void nb_pt_sft_config_defaults(nb_pt_sft_config *c);
+/* The file (path NULL: defaults) and the overrides into both configs;
+ * errors name file:line (or the override) and the key. */
+nb_status nb_pt_sft_config_load(nb_ctx *ctx, const char *path, int n_overrides, const char *const *overrides,
+                                nb_pt_sft_config *sft, nb_train_config *train);
+/* The sft and lora sections as YAML (malloc'd; NULL when out of memory). */
+char *nb_pt_sft_config_yaml(const nb_pt_sft_config *c);
+
+/* Runs (or resumes) SFT into opts->run_dir through nb_train_run: the base
+ * loaded, the data rendered, tokenized and packed, the adapters (or the
+ * whole model) trained with the base frozen; checkpoints hold the trainable
+ * parameters only (the adapters with LoRA). With merge_at_end, the merged
+ * model is written to DIR/merged once the last step is done. */
+nb_status nb_pt_sft_run(nb_ctx *ctx, const nb_pt_sft_config *sft, const nb_train_config *cfg, const nb_train_opts *opts,
+                        nb_train_result *out);
+/* `nabla lora merge RUN_DIR OUT_DIR`: the latest adapters of a LoRA SFT run
+ * merged into its base, written as a run dir (config.yaml, checkpoints/,
+ * tokenizer.json when the base has a BPE tokenizer). OUT_DIR must not exist. */
+nb_status nb_pt_lora_merge_run(nb_ctx *ctx, const char *run_dir, const char *out_dir);
 
 NB_END_DECLS
 #endif /* NABLA_POSTTRAIN_H */

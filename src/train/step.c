@@ -13,8 +13,8 @@
 
 #include "nabla/train.h"
 
-/* Weight decay only on matrices (kernels, embeddings), not biases or norms. */
-#define DECAY_MASK "(kernel|embedding)$"
+/* Weight decay only on matrices (kernels, embeddings, LoRA adapters), not biases or norms. */
+#define DECAY_MASK "(kernel|embedding|lora_a|lora_b)$"
 
 static nb_optim_schedule *schedule(nb_ctx *ctx, const nb_train_config *c) {
   if (!c) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train schedule: NULL config"), NULL;
@@ -141,11 +141,11 @@ static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
   nb_val *step = nb_tree_get_val(in, "step");
   *job->hp = nb_tree_get_val(in, "hparams/schedule");
   *job->hpo = nb_tree_get_val(in, "hparams/optim");
-  nb_val *inputs = nb_tree_get_val(in, "batch/inputs"), *targets = nb_tree_get_val(in, "batch/targets");
+  nb_tree *batch = nb_tree_select_prefix(in, "batch", true), *frozen = nb_tree_select_prefix(in, "frozen", true);
   nb_tree *params = nb_tree_select_prefix(in, "params", true), *state = nb_tree_select_prefix(in, "opt_state", true);
   nb_tree *grads = nb_tree_create(ctx), *metrics = nb_tree_create(ctx);
   nb_tree *updates = nb_tree_create(ctx), *new_state = nb_tree_create(ctx), *new_params = nb_tree_create(ctx);
-  nb_status s = params && state && grads && metrics && updates && new_state && new_params ? NB_OK : NB_ERR_NOMEM;
+  nb_status s = batch && frozen && params && state && grads && metrics && updates && new_state && new_params ? NB_OK : NB_ERR_NOMEM;
   nb_val *loss = NULL, *key = NULL;
   if (!s && job->rng) key = nb_random_fold_in(nb_tree_get_val(in, "hparams/key"), step);
   /* micro-batch k: rows [k*mb, (k+1)*mb) of the batch; grads and metrics summed, then averaged */
@@ -153,10 +153,14 @@ static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
     nb_tree *call_in = nb_tree_create(ctx), *call_out = nb_tree_create(ctx);
     if (!call_in || !call_out) s = NB_ERR_NOMEM;
     if (!s) s = nb_tree_merge(call_in, "params", params);
+    if (!s) s = nb_tree_merge(call_in, "frozen", frozen);
     int64_t lo[2] = {k * mb, 0}, hi[2] = {(k + 1) * mb, T};
-    nb_val *xi = A > 1 ? nb_slice(inputs, lo, hi, NULL) : inputs, *yi = A > 1 ? nb_slice(targets, lo, hi, NULL) : targets;
-    if (!s) s = nb_tree_set_val(call_in, "batch/inputs", xi);
-    if (!s) s = nb_tree_set_val(call_in, "batch/targets", yi);
+    for (size_t i = 0; !s && i < nb_tree_size(batch); i++) { /* rows [k*mb, (k+1)*mb) of every batch leaf */
+      char p[64];
+      nb_val *v = nb_tree_leaf(batch, i)->val;
+      snprintf(p, sizeof p, "batch/%s", nb_tree_path(batch, i));
+      s = nb_tree_set_val(call_in, p, A > 1 ? nb_slice(v, lo, hi, NULL) : v);
+    }
     if (!s && key) s = nb_tree_set_val(call_in, "rng", A > 1 ? nb_random_fold_in(key, nb_scalar(g, NB_U32, (double)k)) : key);
     if (!s) s = nb_graph_call(g, job->vg, call_in, call_out);
     for (size_t i = 0; !s && i < nb_tree_size(call_out); i++) {
@@ -201,6 +205,8 @@ static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
   }
   if (!s) s = nb_tree_merge(out, "params", new_params);
   if (!s) s = nb_tree_merge(out, "opt_state", new_state);
+  nb_tree_destroy(batch);
+  nb_tree_destroy(frozen);
   nb_tree_destroy(params);
   nb_tree_destroy(state);
   nb_tree_destroy(grads);
@@ -211,11 +217,14 @@ static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
   return s;
 }
 
-static nb_tree *batch_spec(nb_ctx *ctx, int64_t rows, int64_t T) {
+static nb_tree *batch_spec(nb_ctx *ctx, int64_t rows, int64_t T, bool packed) {
   nb_tree *b = nb_tree_create(ctx);
   int64_t d[2] = {rows, T};
   if (b && (nb_tree_set(b, "inputs", nb_leaf_aval(nb_aval_make(NB_I32, 2, d))) ||
-            nb_tree_set(b, "targets", nb_leaf_aval(nb_aval_make(NB_I32, 2, d))))) {
+            nb_tree_set(b, "targets", nb_leaf_aval(nb_aval_make(NB_I32, 2, d))) ||
+            (packed && (nb_tree_set(b, "mask", nb_leaf_aval(nb_aval_make(NB_F32, 2, d))) ||
+                        nb_tree_set(b, "segment_ids", nb_leaf_aval(nb_aval_make(NB_I32, 2, d))) ||
+                        nb_tree_set(b, "positions", nb_leaf_aval(nb_aval_make(NB_I32, 2, d))))))) {
     nb_tree_destroy(b);
     return NULL;
   }
@@ -234,14 +243,23 @@ static nb_status check_supported(nb_ctx *ctx, const nb_train_config *c) {
   return NB_OK;
 }
 
+static const nb_train_graph_opts no_extras;
+
 nb_graph *nb_train_trace_step(nb_ctx *ctx, const nb_train_config *c, const nb_tree *param_spec,
                               const nb_tree *opt_state_spec) {
+  return nb_train_trace_step_opts(ctx, c, NULL, param_spec, opt_state_spec);
+}
+
+nb_graph *nb_train_trace_step_opts(nb_ctx *ctx, const nb_train_config *c, const nb_train_graph_opts *go,
+                                   const nb_tree *param_spec, const nb_tree *opt_state_spec) {
   if (!c || !param_spec || !opt_state_spec)
     return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train step: NULL config or spec"), NULL;
   if (nb_train_config_validate(ctx, c) || check_supported(ctx, c)) return NULL;
+  if (!go) go = &no_extras;
   bool dropout = c->model.dropout > 0 || c->model.attn_dropout > 0;
-  nb_model_trace_opts mo = {.train = dropout, .remat = c->remat == NB_TRAIN_REMAT_BLOCK, .dtype = NB_F32};
-  nb_tree *bs = batch_spec(ctx, c->batch_size / c->grad_accum, c->data.seq_len);
+  nb_model_trace_opts mo = {.train = dropout, .remat = c->remat == NB_TRAIN_REMAT_BLOCK, .dtype = NB_F32,
+                            .linear_hook = go->linear_hook, .hook_ud = go->hook_ud, .frozen_spec = go->frozen_spec};
+  nb_tree *bs = batch_spec(ctx, c->batch_size / c->grad_accum, c->data.seq_len, go->packed);
   nb_graph *loss = bs ? nb_model_trace_loss(ctx, &c->model, &mo, param_spec, bs) : NULL;
   nb_graph *vg = loss ? nb_value_and_grad(ctx, loss, &(nb_grad_opts){.wrt = "params", .has_aux = true}) : NULL;
   nb_val *hp = NULL, *hpo = NULL;
@@ -252,9 +270,10 @@ nb_graph *nb_train_trace_step(nb_ctx *ctx, const nb_train_config *c, const nb_tr
   nb_graph *g = NULL;
   nb_tree *spec = hparams && !nb_train_set_hparams(ctx, c, hparams) ? nb_tree_create(ctx) : NULL;
   if (spec && !nb_tree_merge(spec, "params", param_spec) && !nb_tree_merge(spec, "opt_state", opt_state_spec) &&
+      !(go->frozen_spec && nb_tree_merge(spec, "frozen", go->frozen_spec)) &&
       !nb_tree_merge(spec, "", hparams) && !nb_tree_set(spec, "step", nb_leaf_aval(nb_aval_make(NB_I32, 0, NULL)))) {
     nb_tree_destroy(bs);
-    bs = batch_spec(ctx, c->batch_size, c->data.seq_len);
+    bs = batch_spec(ctx, c->batch_size, c->data.seq_len, go->packed);
     if (bs && !nb_tree_merge(spec, "batch", bs)) {
       step_job job = {.cfg = c, .vg = vg, .tx = tx, .lr = lr, .hp = &hp, .hpo = &hpo, .rng = dropout};
       g = nb_trace(ctx, step_fn, &job, spec);
@@ -271,10 +290,17 @@ nb_graph *nb_train_trace_step(nb_ctx *ctx, const nb_train_config *c, const nb_tr
 }
 
 nb_graph *nb_train_trace_eval(nb_ctx *ctx, const nb_train_config *c, const nb_tree *param_spec) {
+  return nb_train_trace_eval_opts(ctx, c, NULL, param_spec);
+}
+
+nb_graph *nb_train_trace_eval_opts(nb_ctx *ctx, const nb_train_config *c, const nb_train_graph_opts *go,
+                                   const nb_tree *param_spec) {
   if (!c || !param_spec) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train eval: NULL config or spec"), NULL;
   if (nb_train_config_validate(ctx, c) || check_supported(ctx, c)) return NULL;
-  nb_model_trace_opts mo = {.train = false, .dtype = NB_F32};
-  nb_tree *bs = batch_spec(ctx, c->batch_size, c->data.seq_len);
+  if (!go) go = &no_extras;
+  nb_model_trace_opts mo = {.train = false, .dtype = NB_F32, .linear_hook = go->linear_hook, .hook_ud = go->hook_ud,
+                            .frozen_spec = go->frozen_spec};
+  nb_tree *bs = batch_spec(ctx, c->batch_size, c->data.seq_len, go->packed);
   nb_graph *g = bs ? nb_model_trace_loss(ctx, &c->model, &mo, param_spec, bs) : NULL;
   nb_tree_destroy(bs);
   return g;
