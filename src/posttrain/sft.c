@@ -205,7 +205,6 @@ static nb_status prepare(nb_ctx *ctx, const nb_pt_sft_config *sft, const nb_trai
   if (s) return s;
   p->cfg = *cfg;
   p->cfg.model = p->m.cfg; /* the base defines the model */
-  p->cfg.preset[0] = 0;
   if ((s = nb_train_config_validate(ctx, &p->cfg))) return s;
   if (with_data) {
     nb_pt_sft_data_opts o = {.chat = sft->chat, .tok = p->m.tok, .bos_id = p->m.bos_id,
