@@ -312,6 +312,10 @@ nb_status nb_model_loaded_make(nb_ctx *ctx, const nb_model_config *cfg, const nb
  * missing key, bad value, missing or mis-shaped tensor names the file and
  * the field or tensor. */
 nb_status nb_model_load_hf(nb_ctx *ctx, const char *dir, nb_model_loaded *out);
+/* The Hugging Face (Llama-architecture) tensor name of a nabla parameter path
+ * ("layers/0/attn/wq/kernel" -> "model.layers.0.self_attn.q_proj.weight",
+ * *transpose: HF stores it [out, in]); false when the path has none. */
+bool nb_model_hf_name(const char *path, char *name, size_t cap, bool *transpose);
 /* A GGUF file of a Llama- or GPT-2-architecture model (llama.cpp's format,
  * versions 2 and 3): the config from the llama.* / gpt2.* metadata, tensors renamed from
  * llama.cpp's names and decoded to f32 (F32, F16, BF16, Q8_0, Q4_0, Q4_K,

@@ -67,7 +67,8 @@ nb_status nb_pt_lora_init_parse(nb_ctx *ctx, const char *s, nb_pt_lora_init_kind
  * (per-expert) kernel, no linear matched (the message lists the linears). */
 nb_tree *nb_pt_lora_init(nb_ctx *ctx, const nb_pt_lora_config *c, const nb_tree *base, nb_array *key, nb_dtype dtype);
 
-/* The hook's plan (its user data): which modules have adapters, the scale,
+/* The hook's plan (its user data): which modules have adapters (c->target
+ * is not used: the adapters say where they go), the scale,
  * the dropout and the base's quantized linears. base and adapters may be
  * trees of arrays or avals (borrowed only during the call). Every adapter
  * must sit on a linear of base with fitting shapes (errors name the path). */
@@ -87,6 +88,20 @@ nb_val *nb_pt_lora_hook(void *lora, nb_nn_apply *a, const char *path, nb_val *x,
  * dtype; a quantized kernel is dequantized first and leaves as f32); every
  * other leaf is base's, shared. */
 nb_tree *nb_pt_lora_merge(nb_ctx *ctx, const nb_pt_lora_config *c, const nb_tree *base, const nb_tree *adapters);
+
+/* PEFT's format (a Hugging Face Llama-architecture base: the module names of
+ * nb_model_hf_name): DIR/adapter_config.json ({"peft_type": "LORA", "r",
+ * "lora_alpha", "lora_dropout", "use_rslora", "target_modules": a regex
+ * matching exactly the adapted modules' full names, ...}) and
+ * DIR/adapter_model.safetensors with "base_model.model.<module>.lora_A.weight"
+ * f32[r, in] (A transposed) and ".lora_B.weight" f32[out, r]. Save: DIR is
+ * created (it must not exist as a file); a module without a Hugging Face name
+ * is an error naming it. Load: the adapters for base (shapes checked against
+ * its linears, errors naming the tensor) and *c from the config (target
+ * NULL: the adapters say which modules). */
+nb_status nb_pt_lora_save_peft(nb_ctx *ctx, const char *dir, const nb_pt_lora_config *c, const nb_tree *adapters,
+                               const char *base_model_name);
+nb_tree *nb_pt_lora_load_peft(nb_ctx *ctx, const char *dir, const nb_tree *base, nb_pt_lora_config *c);
 
 /* ------------------------------------------------------------------------ */
 /* SFT */
@@ -173,6 +188,9 @@ nb_status nb_pt_sft_run(nb_ctx *ctx, const nb_pt_sft_config *sft, const nb_train
  * merged into its base, written as a run dir (config.yaml, checkpoints/,
  * tokenizer.json when the base has a BPE tokenizer). OUT_DIR must not exist. */
 nb_status nb_pt_lora_merge_run(nb_ctx *ctx, const char *run_dir, const char *out_dir);
+/* `nabla lora export-peft RUN_DIR OUT_DIR`: its latest adapters in PEFT's
+ * format (nb_pt_lora_save_peft; a Llama-architecture base). */
+nb_status nb_pt_lora_export_peft_run(nb_ctx *ctx, const char *run_dir, const char *out_dir);
 
 NB_END_DECLS
 #endif /* NABLA_POSTTRAIN_H */

@@ -221,6 +221,13 @@ static const name_map top_names[] = {
 };
 
 /* the nabla path's Hugging Face name; false when it has none */
+static bool hf_name(const char *path, char *name, size_t cap, bool *transpose);
+
+bool nb_model_hf_name(const char *path, char *name, size_t cap, bool *transpose) {
+  bool t;
+  return path && name && hf_name(path, name, cap, transpose ? transpose : &t);
+}
+
 static bool hf_name(const char *path, char *name, size_t cap, bool *transpose) {
   for (size_t i = 0; i < sizeof top_names / sizeof top_names[0]; i++)
     if (!strcmp(path, top_names[i].ours)) {

@@ -21,14 +21,20 @@ nb_status nb_pt_lora_init_parse(nb_ctx *ctx, const char *s, nb_pt_lora_init_kind
   return nb_errorf(ctx, NB_ERR_INVALID_ARG, "lora.init: '%s' is not one of: kaiming_uniform, gaussian", s ? s : "(null)");
 }
 
-nb_status nb_pt_lora_config_check(nb_ctx *ctx, const nb_pt_lora_config *c) {
+/* everything but the target (adapters loaded from a file say where they go) */
+static nb_status check_numbers(nb_ctx *ctx, const nb_pt_lora_config *c) {
   if (!c) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "lora: NULL config");
-  if (!c->target || !*c->target) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "lora.target: empty (a regex over module paths)");
   if (c->rank < 1) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "lora.rank: %lld is not >= 1", (long long)c->rank);
   if (!(c->alpha > 0) || !isfinite(c->alpha)) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "lora.alpha: %g is not > 0", c->alpha);
   if (!(c->dropout >= 0 && c->dropout < 1)) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "lora.dropout: %g is not in [0, 1)", c->dropout);
   if (c->init < 0 || c->init >= NB_PT_LORA_INIT_COUNT) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "lora.init: %d unknown", (int)c->init);
   return NB_OK;
+}
+
+nb_status nb_pt_lora_config_check(nb_ctx *ctx, const nb_pt_lora_config *c) {
+  nb_status s = check_numbers(ctx, c);
+  if (!s && (!c->target || !*c->target)) s = nb_errorf(ctx, NB_ERR_INVALID_ARG, "lora.target: empty (a regex over module paths)");
+  return s;
 }
 
 double nb_pt_lora_scale(const nb_pt_lora_config *c) {
@@ -232,7 +238,7 @@ static nb_status check_pair(nb_ctx *ctx, const nb_pt_lora_config *c, const nb_tr
 }
 
 nb_pt_lora *nb_pt_lora_create(nb_ctx *ctx, const nb_pt_lora_config *c, const nb_tree *base, const nb_tree *adapters) {
-  if (nb_pt_lora_config_check(ctx, c)) return NULL;
+  if (check_numbers(ctx, c)) return NULL;
   if (!base || !adapters) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "lora: NULL base or adapters"), NULL;
   linears ls;
   if (find_linears(ctx, base, &ls)) return NULL;

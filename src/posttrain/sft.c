@@ -324,6 +324,27 @@ nb_status nb_pt_lora_merge_run(nb_ctx *ctx, const char *run_dir, const char *out
   return s;
 }
 
+nb_status nb_pt_lora_export_peft_run(nb_ctx *ctx, const char *run_dir, const char *out_dir) {
+  if (!run_dir || !out_dir) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "lora export: NULL run dir or output");
+  struct stat st;
+  if (!stat(out_dir, &st)) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "lora export: %s exists: give a new directory", out_dir);
+  char path[NB_TRAIN_STR_MAX + 64];
+  snprintf(path, sizeof path, "%s/config.yaml", run_dir);
+  nb_pt_sft_config sft;
+  nb_train_config cfg;
+  nb_status s = nb_pt_sft_config_load(ctx, path, 0, NULL, &sft, &cfg);
+  if (!s && !sft.lora_target[0]) s = nb_errorf(ctx, NB_ERR_INVALID_ARG, "lora export: %s is a full fine-tuning run (no lora.target)", run_dir);
+  if (!s && sft.quant_rules[0]) nb_logf(ctx, NB_LOG_WARN, "lora export: the adapters were trained on a quantized base (%s)", sft.quant_rules);
+  prepared p = {0};
+  if (!s) s = prepare(ctx, &sft, &cfg, false, &p);
+  int64_t step;
+  nb_tree *ad = s ? NULL : latest_params(ctx, run_dir, p.adapters, &step);
+  if (!s) s = ad ? nb_pt_lora_save_peft(ctx, out_dir, &p.lc, ad, sft.base) : nb_ctx_status(ctx);
+  nb_tree_destroy(ad);
+  prepared_free(&p);
+  return s;
+}
+
 /* ---------------------------------------------------------------- the run */
 
 nb_status nb_pt_sft_run(nb_ctx *ctx, const nb_pt_sft_config *sft, const nb_train_config *cfg, const nb_train_opts *opts,

@@ -9,6 +9,7 @@
  *     equals the run's last eval loss;
  *   - the merged model's logits equal base + adapters through the hook
  *     within f32 rounding; `nabla lora merge` writes the same merged weights;
+ *     `nabla lora export-peft` writes PEFT's files, which load back the same;
  *   - a run stopped at step 4 and resumed gives the uninterrupted run's
  *     losses and adapters bit for bit;
  *   - bad keys and bad data lines are refused naming them. */
@@ -218,6 +219,15 @@ static void test_demo(nb_ctx *ctx) {
   nb_tree_destroy(m1), nb_tree_destroy(m2);
   rc = nb_test_run2(cmd, out, sizeof out, err, sizeof err);
   CHECK_MSG(rc != 0 && strstr(err, "merged2 exists"), "a second merge into merged2: %d %s", rc, err);
+
+  /* nabla lora export-peft: PEFT's files, which load back to the same adapters */
+  snprintf(cmd, sizeof cmd, "%s lora export-peft run peft", nb_test_nabla_bin());
+  rc = nb_test_run2(cmd, out, sizeof out, err, sizeof err);
+  CHECK_MSG(rc == 0, "nabla lora export-peft: %s", err);
+  nb_pt_lora_config pc;
+  nb_tree *back = rc ? NULL : nb_pt_lora_load_peft(ctx, "peft", base.params, &pc);
+  CHECK_MSG(back && trees_equal(back, ad) && pc.rank == 8 && pc.alpha == 16, "PEFT export does not load back: %s", nb_ctx_error(ctx));
+  nb_tree_destroy(back);
 done:
   nb_model_loaded_free(&base), nb_model_loaded_free(&merged);
   nb_tree_destroy(ad);
