@@ -170,7 +170,8 @@ typedef struct nb_pt_sft_config {
 } nb_pt_sft_config;
 
 void nb_pt_sft_config_defaults(nb_pt_sft_config *c);
-/* The file (path NULL: defaults) and the overrides into both configs;
+/* The file (path NULL: defaults) and the overrides into both configs (the
+ * run config is validated when the run starts, with the base's model);
  * errors name file:line (or the override) and the key. */
 nb_status nb_pt_sft_config_load(nb_ctx *ctx, const char *path, int n_overrides, const char *const *overrides,
                                 nb_pt_sft_config *sft, nb_train_config *train);

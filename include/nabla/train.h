@@ -133,6 +133,7 @@ typedef struct nb_train_config_ext {
   const char *const *sections; /* NULL-terminated top-level names */
   nb_status (*set)(void *ud, nb_ctx *ctx, const char *where, const char *key, const char *value);
   void *ud;
+  bool no_validate;            /* the caller validates (its model comes from elsewhere, e.g. a base run) */
 } nb_train_config_ext;
 nb_status nb_train_config_load_ext(nb_ctx *ctx, const char *path, int n_overrides, const char *const *overrides,
                                    const nb_train_config_ext *ext, nb_train_config *out);

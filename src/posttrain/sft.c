@@ -75,7 +75,8 @@ nb_status nb_pt_sft_config_load(nb_ctx *ctx, const char *path, int n_overrides, 
   static const char *const sections[] = {"sft", "lora", NULL};
   nb_pt_sft_config c;
   nb_pt_sft_config_defaults(&c);
-  nb_train_config_ext ext = {.sections = sections, .set = set_key, .ud = &c};
+  /* validated once the base's model replaces the file's (prepare) */
+  nb_train_config_ext ext = {.sections = sections, .set = set_key, .ud = &c, .no_validate = true};
   nb_status s = nb_train_config_load_ext(ctx, path, n_overrides, overrides, &ext, train);
   if (!s && !c.base[0]) s = nb_errorf(ctx, NB_ERR_INVALID_ARG, "sft.base: not set (the run dir or checkpoint to fine-tune)");
   if (!s && c.lora_target[0]) {

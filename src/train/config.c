@@ -380,7 +380,7 @@ nb_status nb_train_config_parse_ext(nb_ctx *ctx, const char *name, const char *t
     yaml_parser_delete(&parser);
   }
   for (int i = 0; !s && i < n_overrides; i++) s = config_set(ctx, &c, ext, overrides[i]);
-  if (!s) s = nb_train_config_validate(ctx, &c);
+  if (!s && !(ext && ext->no_validate)) s = nb_train_config_validate(ctx, &c);
   if (!s) *out = c;
   return s;
 }

@@ -286,6 +286,10 @@ static void test_refusals(nb_ctx *ctx) {
   snprintf(cmd, sizeof cmd, "%s sft sft.yaml --run-dir bad", nb_test_nabla_bin());
   CHECK_MSG(nb_test_run2(cmd, out, sizeof out, err, sizeof err) == 1 && strstr(err, "eval.jsonl:25: messages: no assistant message"),
             "%s", err);
+  /* the run config is checked against the base's model (max_seq_len 128), not the file's */
+  snprintf(cmd, sizeof cmd, "%s sft sft.yaml --run-dir bad data.seq_len=200", nb_test_nabla_bin());
+  CHECK_MSG(nb_test_run2(cmd, out, sizeof out, err, sizeof err) == 1 && strstr(err, "data.seq_len (200) exceeds model.max_seq_len (128)"),
+            "%s", err);
   nb_pt_sft_config sft;
   nb_train_config cfg;
   static const char *const no_lora[] = {"lora.target=", "lora.merge_at_end=true"};
