@@ -55,7 +55,7 @@ static void write_data(void) {
     fclose(f);
   }
   nb_test_write_text("base.yaml", "model:\n  preset: llama-tiny\n  n_layers: 2\n  d_model: 64\n  n_heads: 4\n  n_kv_heads: 2\n"
-                                  "  d_ff: 128\n  vocab_size: 256\n  max_seq_len: 128\n"
+                                  "  d_ff: 128\n  vocab_size: 256\n  max_seq_len: 160\n"
                                   "data: {train: base.txt, seq_len: 64, workers: 0}\noptim: {lr: 3.0e-3}\n"
                                   "schedule: {warmup_steps: 5}\nbatch_size: 8\nsteps: 30\neval_every: 0\nlog_every: 10\n"
                                   "checkpoint_every: 0\n");
@@ -286,9 +286,9 @@ static void test_refusals(nb_ctx *ctx) {
   snprintf(cmd, sizeof cmd, "%s sft sft.yaml --run-dir bad", nb_test_nabla_bin());
   CHECK_MSG(nb_test_run2(cmd, out, sizeof out, err, sizeof err) == 1 && strstr(err, "eval.jsonl:25: messages: no assistant message"),
             "%s", err);
-  /* the run config is checked against the base's model (max_seq_len 128), not the file's */
+  /* the run config is checked against the base's model (max_seq_len 160), not the file's (128) */
   snprintf(cmd, sizeof cmd, "%s sft sft.yaml --run-dir bad data.seq_len=200", nb_test_nabla_bin());
-  CHECK_MSG(nb_test_run2(cmd, out, sizeof out, err, sizeof err) == 1 && strstr(err, "data.seq_len (200) exceeds model.max_seq_len (128)"),
+  CHECK_MSG(nb_test_run2(cmd, out, sizeof out, err, sizeof err) == 1 && strstr(err, "data.seq_len (200) exceeds model.max_seq_len (160)"),
             "%s", err);
   nb_pt_sft_config sft;
   nb_train_config cfg;
