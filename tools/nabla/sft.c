@@ -72,8 +72,9 @@ int nb_cmd_sft(int argc, char **argv) {
   threads = nb_cli_threads("sft", threads);
   if (!threads) return nb_ctx_destroy(ctx), 2;
   nb_cli_progress c = {.peak_source = "--peak-gflops"};
+  nb_prof_peak pk; /* c.peak_source points into it for the whole run */
   if (peak <= 0) {
-    nb_prof_peak pk = nb_prof_peak_flops(threads);
+    pk = nb_prof_peak_flops(threads);
     peak = pk.flops;
     c.peak_source = pk.source;
   }
