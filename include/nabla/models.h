@@ -148,10 +148,15 @@ typedef struct nb_model_trace_opts {
   nb_dtype dtype;          /* compute dtype; 0 = f32 */
   nb_nn_linear_hook linear_hook;
   void *hook_ud;
+  /* More parameters, not differentiated by a grad w.r.t. "params": inputs
+   * "frozen/<path>", seen by the model (and the hook) beside "params/<path>"
+   * (a LoRA base under its adapters; the two trees share no path). NULL: none. */
+  const nb_tree *frozen_spec;
 } nb_model_trace_opts;
 
 /* Graphs (new; destroy them) with inputs "params/<path>" (avals of
- * param_spec's leaves, any leaf kind) and "batch/<name>" (batch_spec):
+ * param_spec's leaves, any leaf kind), "frozen/<path>" (opts->frozen_spec)
+ * and "batch/<name>" (batch_spec):
  *   loss:    outputs "loss", "metrics/<name>";
  *   forward: outputs "logits" (batch needs only "inputs"). */
 nb_graph *nb_model_trace_loss(nb_ctx *ctx, const nb_model_config *cfg, const nb_model_trace_opts *opts,
@@ -335,6 +340,10 @@ typedef struct nb_model_hf_opts {
  * refused naming the key. Loading it back gives the same parameters
  * bit for bit (f32; bf16/f16 as rounded). */
 nb_status nb_model_save_hf(nb_ctx *ctx, const nb_model_loaded *m, const char *dir, const nb_model_hf_opts *opts);
+/* The Hugging Face (Llama-architecture) tensor name of a nabla parameter path
+ * ("layers/0/attn/wq/kernel" -> "model.layers.0.self_attn.q_proj.weight",
+ * *transpose: HF stores it [out, in]); false when the path has none. */
+bool nb_model_hf_name(const char *path, char *name, size_t cap, bool *transpose);
 /* A GGUF file of a Llama- or GPT-2-architecture model (llama.cpp's format,
  * versions 2 and 3): the config from the llama.* / gpt2.* metadata, tensors renamed from
  * llama.cpp's names and decoded to f32 (F32, F16, BF16, Q8_0, Q4_0, Q4_K,

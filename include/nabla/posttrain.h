@@ -1,7 +1,29 @@
-/* nabla posttrain: post-training of a trained model (the analogue of Tunix
- * and TRL): preference optimization (DPO, IPO, hinge, ORPO), with SFT, LoRA
- * and GRPO to come beside it. Everything numerical is traced, so the losses
- * compile into the step of the trainer (nabla/train.h) that runs them. */
+/* nabla posttrain: post-training on top of the trainer (the analogue of
+ * Tunix and TRL, with PEFT's LoRA): LoRA/QLoRA and SFT, and preference
+ * optimization (DPO, IPO, hinge, ORPO) whose losses are traced into the
+ * trainer's step. docs/posttrain.md has the whole story.
+ *
+ * LoRA adapts chosen linears of a frozen base model: y = x W + s (drop(x) A) B
+ * with A [d_in, r], B [r, d_out], s = alpha / r (rsLoRA: alpha / sqrt(r)).
+ * It enters the model through the linear hook (nb_nn_apply.linear_hook), so
+ * model code does not change. The adapters are their own tree whose paths
+ * mirror the base's ("layers/0/attn/wq/lora_a", ".../lora_b" beside the
+ * base's "layers/0/attn/wq/kernel"); the two trees share no path, so a step
+ * gets the adapters as "params/<p>" (differentiated, updated) and the base as
+ * "frozen/<p>" (nb_model_trace_opts.frozen_spec: no gradient, no optimizer
+ * state). QLoRA is the same over a base quantized by quant rules (nb_quant_ptq):
+ * the hook runs the base product as quant.matmul.
+ *
+ * Example:
+ *
+ *   nb_pt_lora_config lc = {.target = ".*attn/w[qv]", .rank = 8, .alpha = 16};
+ *   nb_tree *ad = nb_pt_lora_init(ctx, &lc, base, key, NB_F32);
+ *   nb_pt_lora *l = nb_pt_lora_create(ctx, &lc, base, ad);
+ *   nb_model_trace_opts o = {.linear_hook = nb_pt_lora_hook, .hook_ud = l, .frozen_spec = base};
+ *   nb_graph *loss = nb_model_trace_loss(ctx, &cfg, &o, ad, batch_spec);   // params = adapters
+ *   ...
+ *   nb_tree *merged = nb_pt_lora_merge(ctx, &lc, base, ad);                // W + s A B, plain f32 tree
+ */
 #ifndef NABLA_POSTTRAIN_H
 #define NABLA_POSTTRAIN_H
 
@@ -12,9 +34,169 @@
 #include "nabla/data.h"
 #include "nabla/models.h"
 #include "nabla/nn.h"
+#include "nabla/serve.h"
 #include "nabla/train.h"
 
 NB_BEGIN_DECLS
+
+/* ------------------------------------------------------------------------ */
+/* LoRA */
+/* ------------------------------------------------------------------------ */
+
+/* A's initialisation (B is always zeros, so an adapted model starts as the
+ * base): PEFT's default kaiming_uniform(a = sqrt(5)), i.e. uniform in
+ * [-1/sqrt(d_in), 1/sqrt(d_in)], or gaussian with std 1/r. */
+typedef enum nb_pt_lora_init_kind { NB_PT_LORA_INIT_KAIMING_UNIFORM, NB_PT_LORA_INIT_GAUSSIAN, NB_PT_LORA_INIT_COUNT } nb_pt_lora_init_kind;
+
+typedef struct nb_pt_lora_config {
+  const char *target;          /* PCRE2 regex (Python re syntax), matched in full against module paths
+                                  ("layers/3/attn/wq", "layers/3/mlp/wi_0", "lm_head") */
+  int64_t rank;                /* r >= 1 */
+  double alpha;                /* > 0 */
+  double dropout;              /* on the adapter's input, in [0, 1); only when tracing with train */
+  bool rslora;                 /* scale alpha / sqrt(r) instead of alpha / r */
+  nb_pt_lora_init_kind init;
+} nb_pt_lora_config;
+
+/* Errors name the field ("lora.rank: 0 ..."). */
+nb_status nb_pt_lora_config_check(nb_ctx *ctx, const nb_pt_lora_config *c);
+double nb_pt_lora_scale(const nb_pt_lora_config *c);
+const char *nb_pt_lora_init_name(nb_pt_lora_init_kind k);
+nb_status nb_pt_lora_init_parse(nb_ctx *ctx, const char *s, nb_pt_lora_init_kind *out);
+
+/* The adapter tree (new) for every linear <m> of base whose module path the
+ * target matches: a rank-2 "<m>/kernel" [d_in, d_out] or a quantized one
+ * ("<m>/kernel/quant", nb_quant_ptq): "<m>/lora_a" [d_in, r], "<m>/lora_b"
+ * [r, d_out] in dtype, in base's order. A from fold_in(key, hash("<m>/lora_a"))
+ * (nb_nn_leaf_key). Errors: a bad config or regex, a matched stacked
+ * (per-expert) kernel, no linear matched (the message lists the linears). */
+nb_tree *nb_pt_lora_init(nb_ctx *ctx, const nb_pt_lora_config *c, const nb_tree *base, nb_array *key, nb_dtype dtype);
+
+/* The hook's plan (its user data): which modules have adapters (c->target
+ * is not used: the adapters say where they go), the scale,
+ * the dropout and the base's quantized linears. base and adapters may be
+ * trees of arrays or avals (borrowed only during the call). Every adapter
+ * must sit on a linear of base with fitting shapes (errors name the path). */
+typedef struct nb_pt_lora nb_pt_lora;
+nb_pt_lora *nb_pt_lora_create(nb_ctx *ctx, const nb_pt_lora_config *c, const nb_tree *base, const nb_tree *adapters);
+void nb_pt_lora_destroy(nb_pt_lora *l); /* NULL ok */
+int64_t nb_pt_lora_count(const nb_pt_lora *l); /* adapted linears */
+
+/* The linear hook (ud: an nb_pt_lora). An adapted linear: the base product
+ * (quant.matmul for a quantized kernel, else x @ kernel, + bias) plus
+ * s * (dropout(x) @ lora_a) @ lora_b, the adapters read from a->params; any
+ * other linear: the base product alone. */
+nb_val *nb_pt_lora_hook(void *lora, nb_nn_apply *a, const char *path, nb_val *x, bool stacked);
+
+/* The merged model (new tree, base's paths and order): each adapted
+ * "<m>/kernel" becomes W + s * A @ B (summed in f64, rounded once to W's
+ * dtype; a quantized kernel is dequantized first and leaves as f32); every
+ * other leaf is base's, shared. */
+nb_tree *nb_pt_lora_merge(nb_ctx *ctx, const nb_pt_lora_config *c, const nb_tree *base, const nb_tree *adapters);
+
+/* PEFT's format (a Hugging Face Llama-architecture base: the module names of
+ * nb_model_hf_name): DIR/adapter_config.json ({"peft_type": "LORA", "r",
+ * "lora_alpha", "lora_dropout", "use_rslora", "target_modules": a regex
+ * matching exactly the adapted modules' full names, ...}) and
+ * DIR/adapter_model.safetensors with "base_model.model.<module>.lora_A.weight"
+ * f32[r, in] (A transposed) and ".lora_B.weight" f32[out, r]. Save: DIR is
+ * created (it must not exist as a file); a module without a Hugging Face name
+ * is an error naming it. Load: the adapters for base (shapes checked against
+ * its linears, errors naming the tensor) and *c from the config (target
+ * NULL: the adapters say which modules). */
+nb_status nb_pt_lora_save_peft(nb_ctx *ctx, const char *dir, const nb_pt_lora_config *c, const nb_tree *adapters,
+                               const char *base_model_name);
+nb_tree *nb_pt_lora_load_peft(nb_ctx *ctx, const char *dir, const nb_tree *base, nb_pt_lora_config *c);
+
+/* ------------------------------------------------------------------------ */
+/* SFT */
+/* ------------------------------------------------------------------------ */
+
+/* Supervised fine-tuning data: JSONL, one example a line, either
+ *   {"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]}
+ * rendered with a serving chat template (nb_serve_chat_render), trained on
+ * every assistant turn (its content and end of turn), or
+ *   {"prompt": "...", "completion": "..."}
+ * trained on the completion (and the EOS id after it). The loss mask covers
+ * those tokens only. Each part is tokenized on its own, so a mask boundary
+ * is a token boundary. */
+struct nb_tok;
+typedef struct nb_pt_sft_data_opts {
+  nb_serve_chat_format chat;   /* for "messages" lines (NB_SERVE_CHAT_NONE: such lines are refused) */
+  const struct nb_tok *tok;    /* NULL: byte-level ids (the byte values) */
+  int32_t bos_id;              /* prepended when >= 0 (messages: when the format wants it) */
+  int32_t eos_id;              /* appended after a completion when >= 0 (trained on) */
+  int64_t max_len;             /* tokens kept per example (the rest cut); 0: all */
+} nb_pt_sft_data_opts;
+
+typedef struct nb_pt_sft_example {
+  int32_t *ids;
+  uint8_t *train;              /* train[i]: ids[i] is a completion token (loss on predicting it) */
+  int64_t len;
+} nb_pt_sft_example;
+
+typedef struct nb_pt_sft_data {
+  int64_t n;
+  nb_pt_sft_example *ex;
+  int64_t tokens, train_tokens; /* over all examples */
+} nb_pt_sft_data;
+
+/* Reads path into *out (free with nb_pt_sft_data_free). A bad line is an
+ * error naming "path:line" and the field: not JSON, neither messages nor
+ * prompt/completion, a field of the wrong type, a bad role, no assistant
+ * message, fewer than 2 tokens. An empty file is an error too. */
+nb_status nb_pt_sft_load(nb_ctx *ctx, const char *path, const nb_pt_sft_data_opts *opts, nb_pt_sft_data *out);
+void nb_pt_sft_data_free(nb_pt_sft_data *d); /* zeroed; ok twice */
+
+/* A map dataset over d (borrowed: it must outlive the dataset): element i
+ * is {"inputs": i32[n-1], "targets": i32[n-1], "mask": f32[n-1]}, the next-
+ * token pairs of example i with mask 1 where the target is trained on.
+ * nb_data_iter_pack packs them into rows with segment_ids and positions, the
+ * batch nb_model_loss takes. */
+nb_data_map *nb_pt_sft_map(nb_ctx *ctx, const nb_pt_sft_data *d);
+
+/* `nabla sft CONFIG [key=value ...]`: a run configuration (train.h's keys;
+ * data.train / data.eval are JSONL files of the format above, data.seq_len
+ * the packed row length) plus these sections:
+ *   sft.base           the model to start from: a run dir or a checkpoint step dir (its model
+ *                      config replaces model.*; its tokenizer is used)
+ *   sft.chat_template  chatml (default), llama-3, gemma, llama-2, mistral
+ *   sft.quant_rules    QLoRA: a quant rules YAML (nabla/quant.h) the base is quantized by
+ *   lora.target        a module-path regex: LoRA on those linears; "" (default): full fine-tuning
+ *   lora.rank, lora.alpha, lora.dropout, lora.rslora, lora.init
+ *   lora.merge_at_end  write DIR/merged, a run dir of the merged model, after the last step */
+typedef struct nb_pt_sft_config {
+  char base[NB_TRAIN_STR_MAX];
+  nb_serve_chat_format chat;
+  char quant_rules[NB_TRAIN_STR_MAX];
+  char lora_target[NB_TRAIN_STR_MAX];
+  nb_pt_lora_config lora;      /* lora.target is set from lora_target where it is used */
+  bool merge_at_end;
+} nb_pt_sft_config;
+
+void nb_pt_sft_config_defaults(nb_pt_sft_config *c);
+/* The file (path NULL: defaults) and the overrides into both configs (the
+ * run config is validated when the run starts, with the base's model);
+ * errors name file:line (or the override) and the key. */
+nb_status nb_pt_sft_config_load(nb_ctx *ctx, const char *path, int n_overrides, const char *const *overrides,
+                                nb_pt_sft_config *sft, nb_train_config *train);
+/* The sft and lora sections as YAML (malloc'd; NULL when out of memory). */
+char *nb_pt_sft_config_yaml(const nb_pt_sft_config *c);
+
+/* Runs (or resumes) SFT into opts->run_dir through nb_train_run: the base
+ * loaded, the data rendered, tokenized and packed, the adapters (or the
+ * whole model) trained with the base frozen; checkpoints hold the trainable
+ * parameters only (the adapters with LoRA). With merge_at_end, the merged
+ * model is written to DIR/merged once the last step is done. */
+nb_status nb_pt_sft_run(nb_ctx *ctx, const nb_pt_sft_config *sft, const nb_train_config *cfg, const nb_train_opts *opts,
+                        nb_train_result *out);
+/* `nabla lora merge RUN_DIR OUT_DIR`: the latest adapters of a LoRA SFT run
+ * merged into its base, written as a run dir (config.yaml, checkpoints/,
+ * tokenizer.json when the base has a BPE tokenizer). OUT_DIR must not exist. */
+nb_status nb_pt_lora_merge_run(nb_ctx *ctx, const char *run_dir, const char *out_dir);
+/* `nabla lora export-peft RUN_DIR OUT_DIR`: its latest adapters in PEFT's
+ * format (nb_pt_lora_save_peft; a Llama-architecture base). */
+nb_status nb_pt_lora_export_peft_run(nb_ctx *ctx, const char *run_dir, const char *out_dir);
 
 /* ------------------------------------------------------------------------ */
 /* preference optimization                                                   */

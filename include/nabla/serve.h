@@ -488,6 +488,65 @@ bool nb_serve_llm_has_unfinished(const nb_serve_llm *l);
  * order; a step may have none (a prompt chunk that is not the last). */
 nb_status nb_serve_llm_step(nb_serve_llm *l, const nb_serve_event **events, int32_t *num_events);
 
+/* ------------------------------------------------------------------------ */
+/* Chat templates                                                            */
+/* ------------------------------------------------------------------------ */
+
+/* The chat formats nabla renders as the models' own Jinja templates do
+ * (Hugging Face's tokenizer_config.json chat_template); the server renders
+ * requests with them and SFT renders its training conversations with them,
+ * so a fine-tuned model is served in the format it was trained on. */
+typedef enum nb_serve_chat_format {
+  NB_SERVE_CHAT_NONE = -1,
+  NB_SERVE_CHAT_CHATML,
+  NB_SERVE_CHAT_LLAMA3,
+  NB_SERVE_CHAT_GEMMA,
+  NB_SERVE_CHAT_LLAMA2,
+  NB_SERVE_CHAT_MISTRAL,
+  NB_SERVE_CHAT_COUNT
+} nb_serve_chat_format;
+
+/* "chatml", "llama-3", "gemma", "llama-2", "mistral"; "none" for NONE. */
+const char *nb_serve_chat_format_name(nb_serve_chat_format f);
+/* The format of that name, or NB_SERVE_CHAT_NONE. */
+nb_serve_chat_format nb_serve_chat_format_parse(const char *name);
+/* "chatml, llama-3, gemma, llama-2, mistral" (for messages). */
+const char *nb_serve_chat_known(void);
+/* The format a Jinja chat_template is, by its marker text, or NONE. */
+nb_serve_chat_format nb_serve_chat_detect(const char *jinja);
+/* The text that ends an assistant turn and so ends generation
+ * ("<|im_end|>"), or NULL (llama-2, mistral: the EOS token). */
+const char *nb_serve_chat_end(nb_serve_chat_format f);
+
+typedef struct nb_serve_chat_msg {
+  const char *role;     /* "system", "user" or "assistant" */
+  const char *content;  /* content_len bytes */
+  size_t content_len;
+} nb_serve_chat_msg;
+
+typedef struct nb_serve_chat_span {
+  size_t start, end;    /* [start, end) bytes of the rendered text */
+} nb_serve_chat_span;
+
+typedef struct nb_serve_chat_text {
+  char *text;           /* NUL-terminated, len bytes */
+  size_t len;
+  bool add_bos;         /* the caller prepends the BOS id (chatml); the others write it as text */
+  int n_assistant;
+  nb_serve_chat_span *assistant; /* per assistant message: what the model is to produce
+                                    (its content and end of turn), in order */
+} nb_serve_chat_text;
+
+/* Renders n messages with format f, with the generation prompt (the
+ * assistant's header) when gen_prompt, into *out (free with
+ * nb_serve_chat_text_free). Errors (NB_ERR_INVALID_ARG) name the message:
+ * "messages[2].role 'robot' is not system, user or assistant", "messages[0]:
+ * the gemma template has no system role", a llama-2 / mistral system
+ * message other than the first. */
+nb_status nb_serve_chat_render(nb_ctx *ctx, nb_serve_chat_format f, const nb_serve_chat_msg *msgs, int n, bool gen_prompt,
+                               nb_serve_chat_text *out);
+void nb_serve_chat_text_free(nb_serve_chat_text *t);
+
 NB_END_DECLS
 
 #endif

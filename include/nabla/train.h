@@ -149,6 +149,20 @@ nb_status nb_train_config_load(nb_ctx *ctx, const char *path, int n_overrides, c
 /* Same from YAML text in memory (`name` for messages). */
 nb_status nb_train_config_parse(nb_ctx *ctx, const char *name, const char *text, size_t len, int n_overrides,
                                     const char *const *overrides, nb_train_config *out);
+/* Sections of a run configuration that belong to a caller (posttrain's
+ * "lora", "sft"): their keys, from the file (where = "file.yaml:12") or an
+ * override (where = "override 'k=v'"), go to set(ud, ...) with the dotted
+ * key and the scalar value; set reports its errors prefixed with where. */
+typedef struct nb_train_config_ext {
+  const char *const *sections; /* NULL-terminated top-level names */
+  nb_status (*set)(void *ud, nb_ctx *ctx, const char *where, const char *key, const char *value);
+  void *ud;
+  bool no_validate;            /* the caller validates (its model comes from elsewhere, e.g. a base run) */
+} nb_train_config_ext;
+nb_status nb_train_config_load_ext(nb_ctx *ctx, const char *path, int n_overrides, const char *const *overrides,
+                                   const nb_train_config_ext *ext, nb_train_config *out);
+nb_status nb_train_config_parse_ext(nb_ctx *ctx, const char *name, const char *text, size_t len, int n_overrides,
+                                    const char *const *overrides, const nb_train_config_ext *ext, nb_train_config *out);
 /* One "key=value" override on a loaded config (not validated again). */
 nb_status nb_train_config_set(nb_ctx *ctx, nb_train_config *cfg, const char *assignment);
 nb_status nb_train_config_validate(nb_ctx *ctx, const nb_train_config *cfg);
@@ -176,6 +190,19 @@ nb_optim_schedule *nb_train_schedule(nb_ctx *ctx, const nb_train_config *cfg);
 nb_optim_tx *nb_train_optimizer(nb_ctx *ctx, const nb_train_config *cfg);
 /* Sets the step graph's "hparams/..." inputs of cfg into `inputs`. */
 nb_status nb_train_set_hparams(nb_ctx *ctx, const nb_train_config *cfg, nb_tree *inputs);
+/* What a step or eval graph sees beyond the model's own parameters (all
+ * zero: the plain trainer). */
+typedef struct nb_train_graph_opts {
+  const nb_tree *frozen_spec;      /* inputs "frozen/<p>": seen by the model, never differentiated or updated */
+  nb_nn_linear_hook linear_hook;   /* the model's linear hook (LoRA, quantized bases) */
+  void *hook_ud;
+  bool packed;                     /* the batch also has "mask" f32, "segment_ids" and "positions" i32
+                                      [batch_size, seq_len] (packed examples, loss on masked tokens) */
+} nb_train_graph_opts;
+nb_graph *nb_train_trace_step_opts(nb_ctx *ctx, const nb_train_config *cfg, const nb_train_graph_opts *go,
+                                   const nb_tree *param_spec, const nb_tree *opt_state_spec);
+nb_graph *nb_train_trace_eval_opts(nb_ctx *ctx, const nb_train_config *cfg, const nb_train_graph_opts *go,
+                                   const nb_tree *param_spec);
 /* The step graph described above (new; destroy it). param_spec and
  * opt_state_spec: trees of arrays or avals (borrowed). NB_ERR_UNIMPLEMENTED
  * for configs the trainer does not support (precision other than f32). */
@@ -265,6 +292,31 @@ typedef struct nb_train_step_info {
                                    eval), valid during on_step; NULL otherwise */
 } nb_train_step_info;
 
+/* What a caller (posttrain's SFT) gives the trainer instead of its own
+ * data and parameters; the loop, logging, checkpoints and resume are the
+ * trainer's. */
+typedef struct nb_train_source {
+  /* Examples instead of data.train / data.eval: map datasets (borrowed; the
+   * trainer takes references) of {"inputs", "targets" i32[n], "mask" f32[n]},
+   * shuffled per epoch by seed and packed (nb_data_iter_pack) into batch_size
+   * rows of data.seq_len with "segment_ids" and "positions"; eval: the first
+   * eval_steps packed batches. train_id and train_tokens identify the
+   * training data in checkpoints (a resume with others is refused). */
+  nb_data_map *train, *eval;
+  uint64_t train_id;
+  int64_t train_tokens;
+  const char *train_name;
+  /* The trainable parameters' initial values instead of nb_model_init
+   * (borrowed; "params" in checkpoints). */
+  const nb_tree *params;
+  /* Step and eval graph extras: frozen parameters (inputs "frozen/<p>",
+   * never saved), the linear hook. */
+  const nb_tree *frozen;
+  nb_nn_linear_hook linear_hook;
+  void *hook_ud;
+  const char *config_extra;      /* YAML appended to DIR/config.yaml (the caller's sections) */
+} nb_train_source;
+
 typedef struct nb_train_opts {
   const char *run_dir;          /* required */
   double peak_flops;            /* FLOP/s the MFU is relative to; 0: MFU not computed */
@@ -279,6 +331,7 @@ typedef struct nb_train_opts {
   void (*on_step)(void *ud, const nb_train_step_info *info);
   void *ud;
   const nb_train_task *task;    /* NULL: language modeling on data.train's tokens */
+  const nb_train_source *source; /* NULL: data, init and graphs from the config alone */
 } nb_train_opts;
 
 typedef struct nb_train_result {

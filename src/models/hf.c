@@ -348,6 +348,13 @@ static bool hf_name(hf_arch arch, const char *prefix, const char *path, char *na
   return false;
 }
 
+bool nb_model_hf_name(const char *path, char *name, size_t cap, bool *transpose) {
+  const hf_entry *e;
+  if (!path || !name || !hf_name(HF_LLAMA, "", path, name, cap, &e)) return false;
+  if (transpose) *transpose = e->layout == LINEAR;
+  return true;
+}
+
 /* The Hugging Face shape of a parameter of shape `ours` */
 static nb_shape hf_shape(const hf_entry *e, nb_shape ours) {
   if (e->layout == LINEAR) return nb_shape_make(2, (int64_t[2]){ours.dims[1], ours.dims[0]});

@@ -342,6 +342,9 @@ static nb_status traced(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
   nb_tree *params = nb_tree_select_prefix(in, "params", true);
   nb_tree *batch = nb_tree_select_prefix(in, job->kind == TRACE_DECODE ? "cache" : "batch", true);
   nb_tree *extra = nb_tree_create(nb_graph_ctx(g));
+  nb_tree *frozen = job->opts.frozen_spec ? nb_tree_select_prefix(in, "frozen", true) : NULL;
+  if (params && frozen && nb_tree_merge(params, NULL, frozen)) nb_tree_destroy(params), params = NULL;
+  nb_tree_destroy(frozen);
   if (!params || !batch || !extra) {
     nb_tree_destroy(params);
     nb_tree_destroy(batch);
@@ -384,6 +387,15 @@ static nb_graph *build(nb_ctx *ctx, int kind, const nb_model_config *cfg, const 
     goto done;
   }
   if (nb_tree_merge(spec, "params", param_spec) || nb_tree_merge(spec, second_prefix, second)) goto done;
+  if (job.opts.frozen_spec) {
+    for (size_t i = 0; i < nb_tree_size(job.opts.frozen_spec); i++)
+      if (nb_tree_find(param_spec, nb_tree_path(job.opts.frozen_spec, i)) >= 0) {
+        nb_errorf(ctx, NB_ERR_INVALID_ARG, "model trace: '%s' is both a parameter and a frozen parameter",
+                  nb_tree_path(job.opts.frozen_spec, i));
+        goto done;
+      }
+    if (nb_tree_merge(spec, "frozen", job.opts.frozen_spec)) goto done;
+  }
   if (job.opts.train) {
     int64_t two = 2;
     if (nb_tree_set(spec, "rng", nb_leaf_aval(nb_aval_make(NB_U32, 1, &two)))) goto done;

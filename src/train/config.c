@@ -273,14 +273,32 @@ static nb_status set_value_(nb_ctx *ctx, nb_train_config *c, const char *where, 
   return NB_ERR_INTERNAL;
 }
 
-nb_status nb_train_config_set(nb_ctx *ctx, nb_train_config *c, const char *assignment) {
+/* Whether key ("lora.rank") lies in one of the caller's sections. */
+static bool ext_owns(const nb_train_config_ext *ext, const char *key) {
+  for (int i = 0; ext && ext->sections && ext->sections[i]; i++) {
+    size_t n = strlen(ext->sections[i]);
+    if (!strncmp(key, ext->sections[i], n) && (key[n] == '.' || key[n] == 0)) return true;
+  }
+  return false;
+}
+
+static nb_status set_any(nb_ctx *ctx, nb_train_config *c, const nb_train_config_ext *ext, const char *where, const char *key,
+                         const char *val) {
+  return ext_owns(ext, key) ? ext->set(ext->ud, ctx, where, key, val) : set_value(ctx, c, where, key, val);
+}
+
+static nb_status config_set(nb_ctx *ctx, nb_train_config *c, const nb_train_config_ext *ext, const char *assignment) {
   const char *eq = assignment ? strchr(assignment, '=') : NULL;
   char where[600];
   snprintf(where, sizeof where, "override '%s'", assignment ? assignment : "(null)");
   if (!eq || eq == assignment) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: expected key=value", where);
   char key[128];
   snprintf(key, sizeof key, "%.*s", (int)(eq - assignment), assignment);
-  return set_value(ctx, c, where, key, eq + 1);
+  return set_any(ctx, c, ext, where, key, eq + 1);
+}
+
+nb_status nb_train_config_set(nb_ctx *ctx, nb_train_config *c, const char *assignment) {
+  return config_set(ctx, c, NULL, assignment);
 }
 
 /* ---------------------------------------------------------------- YAML */
@@ -290,6 +308,7 @@ typedef struct walk {
   const char *name;
   yaml_document_t *doc;
   nb_train_config *cfg;
+  const nb_train_config_ext *ext;
 } walk;
 
 static nb_status walk_mapping(walk *w, yaml_node_t *map, const char *prefix);
@@ -311,6 +330,11 @@ static nb_status walk_pair(walk *w, yaml_node_pair_t *pr, const char *prefix) {
   snprintf(where, sizeof where, "%s:%zu", w->name, k->start_mark.line + 1);
   if (k->type != YAML_SCALAR_NODE) return nb_errorf(w->ctx, NB_ERR_FORMAT, "%s: keys must be plain names", where);
   snprintf(key, sizeof key, "%s%s%s", prefix, *prefix ? "." : "", (const char *)k->data.scalar.value);
+  if (ext_owns(w->ext, key)) { /* the caller's section: its keys go to its setter */
+    if (v->type == YAML_MAPPING_NODE) return walk_mapping(w, v, key);
+    if (v->type != YAML_SCALAR_NODE) return nb_errorf(w->ctx, NB_ERR_FORMAT, "%s: '%s' cannot be a list", where, key);
+    return w->ext->set(w->ext->ud, w->ctx, where, key, (const char *)v->data.scalar.value);
+  }
   if (!*prefix && v->type == YAML_MAPPING_NODE && is_foreign(key)) return NB_OK;
   if (v->type == YAML_MAPPING_NODE) {
     if (!is_section(key)) {
@@ -348,6 +372,11 @@ static nb_status walk_mapping(walk *w, yaml_node_t *map, const char *prefix) {
 
 nb_status nb_train_config_parse(nb_ctx *ctx, const char *name, const char *text, size_t len, int n_overrides,
                                     const char *const *overrides, nb_train_config *out) {
+  return nb_train_config_parse_ext(ctx, name, text, len, n_overrides, overrides, NULL, out);
+}
+
+nb_status nb_train_config_parse_ext(nb_ctx *ctx, const char *name, const char *text, size_t len, int n_overrides,
+                                    const char *const *overrides, const nb_train_config_ext *ext, nb_train_config *out) {
   nb_train_config c;
   nb_train_config_defaults(&c);
   if (!name) name = "<config>";
@@ -364,7 +393,7 @@ nb_status nb_train_config_parse(nb_ctx *ctx, const char *name, const char *text,
       return s;
     }
     yaml_node_t *root = yaml_document_get_root_node(&doc);
-    walk w = {ctx, name, &doc, &c};
+    walk w = {ctx, name, &doc, &c, ext};
     if (root && root->type == YAML_MAPPING_NODE) s = walk_mapping(&w, root, "");
     else if (root && !(root->type == YAML_SCALAR_NODE && root->data.scalar.length == 0))
       s = nb_errorf(ctx, NB_ERR_FORMAT, "%s: the top level must be a mapping of keys", name);
@@ -383,15 +412,20 @@ nb_status nb_train_config_parse(nb_ctx *ctx, const char *name, const char *text,
     }
     yaml_parser_delete(&parser);
   }
-  for (int i = 0; !s && i < n_overrides; i++) s = nb_train_config_set(ctx, &c, overrides[i]);
-  if (!s) s = nb_train_config_validate(ctx, &c);
+  for (int i = 0; !s && i < n_overrides; i++) s = config_set(ctx, &c, ext, overrides[i]);
+  if (!s && !(ext && ext->no_validate)) s = nb_train_config_validate(ctx, &c);
   if (!s) *out = c;
   return s;
 }
 
 nb_status nb_train_config_load(nb_ctx *ctx, const char *path, int n_overrides, const char *const *overrides,
                                    nb_train_config *out) {
-  if (!path) return nb_train_config_parse(ctx, NULL, NULL, 0, n_overrides, overrides, out);
+  return nb_train_config_load_ext(ctx, path, n_overrides, overrides, NULL, out);
+}
+
+nb_status nb_train_config_load_ext(nb_ctx *ctx, const char *path, int n_overrides, const char *const *overrides,
+                                   const nb_train_config_ext *ext, nb_train_config *out) {
+  if (!path) return nb_train_config_parse_ext(ctx, NULL, NULL, 0, n_overrides, overrides, ext, out);
   char *buf = NULL;
   size_t len = 0;
   int err = nb_util__read_file(path, (size_t)64 << 20, &buf, &len);
@@ -399,7 +433,7 @@ nb_status nb_train_config_load(nb_ctx *ctx, const char *path, int n_overrides, c
   if (err == EFBIG) s = nb_errorf(ctx, NB_ERR_FORMAT, "%s: larger than 64 MiB: not a config file", path);
   else if (err == ENOMEM) s = nb_errorf(ctx, NB_ERR_NOMEM, "%s: out of memory", path);
   else if (err) s = nb_errorf(ctx, NB_ERR_IO, "%s: cannot open: %s", path, strerror(err));
-  if (!s) s = nb_train_config_parse(ctx, path, buf ? buf : "", len, n_overrides, overrides, out);
+  if (!s) s = nb_train_config_parse_ext(ctx, path, buf ? buf : "", len, n_overrides, overrides, ext, out);
   free(buf);
   return s;
 }

@@ -369,9 +369,10 @@ static nb_status run_eval(trainer *t, double *loss, nb_tree *metrics) {
   for (int64_t i = 0; i < t->cfg->eval_steps && !s; i++) {
     nb_data_elem b = NB_DATA_ELEM_INIT;
     nb_tree *in = nb_tree_select_prefix(t->st, "params", false), *out = nb_tree_create(ctx);
-    nb_tree *fz = nb_tree_select_prefix(t->st, "frozen", false);
-    s = in && out && fz ? nb_data_map_get(t->eval_ds, i, &b) : NB_ERR_NOMEM;
-    if (!s) s = nb_tree_merge(in, "", fz);
+    nb_tree *frozen = nb_tree_select_prefix(t->st, "frozen", false);
+    s = in && out && frozen ? nb_tree_merge(in, NULL, frozen) : NB_ERR_NOMEM;
+    nb_tree_destroy(frozen);
+    if (!s) s = nb_data_map_get(t->eval_ds, i, &b);
     if (!s) s = nb_tree_merge(in, "batch", b.tree);
     if (!s) s = nb_exe_run(t->eval_exe, in, out);
     if (!s) sum += scalar_out(out, "loss");
@@ -385,7 +386,6 @@ static nb_status run_eval(trainer *t, double *loss, nb_tree *metrics) {
     }
     nb_data_elem_clear(ctx, &b);
     nb_tree_destroy(in);
-    nb_tree_destroy(fz);
     nb_tree_destroy(out);
   }
   *loss = sum / (double)t->cfg->eval_steps;
@@ -397,6 +397,75 @@ static nb_status run_eval(trainer *t, double *loss, nb_tree *metrics) {
     nb_array_release(a);
   }
   return s;
+}
+
+/* ---------------------------------------------------------------- a caller's data */
+
+/* The source's examples stand for the shards: what a checkpoint records of
+ * the data comes from the source. */
+static nb_status source_data(trainer *t, const nb_train_source *src) {
+  nb_ctx *ctx = t->ctx;
+  if (!src->train || !src->eval)
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train: a source needs train and eval examples");
+  snprintf(t->data.train_shard, sizeof t->data.train_shard, "%s", src->train_name ? src->train_name : "(examples)");
+  t->data.train_id = (nb_train__shard_id){.tokens = src->train_tokens, .xxh3 = src->train_id};
+  nb_data_map_retain(src->train);
+  nb_data_map_retain(src->eval);
+  t->data.train_windows = src->train, t->data.eval_windows = src->eval;
+  t->data.n_train = nb_data_map_len(src->train), t->data.n_eval = nb_data_map_len(src->eval);
+  t->data.vocab = t->cfg->model.vocab_size;
+  t->data.entropy = NAN;
+  return NB_OK;
+}
+
+/* examples -> shuffle(seed), a new permutation every epoch -> packed rows */
+static nb_data_iter *source_iter(trainer *t) {
+  const nb_train_config *c = t->cfg;
+  nb_data_map_retain(t->data.train_windows);
+  nb_data_map *ds = nb_data_map_repeat(nb_data_map_shuffle(t->data.train_windows, (uint64_t)c->seed), 0);
+  nb_data_pack_opts po = {.seq_len = c->data.seq_len, .rows = c->batch_size};
+  nb_data_iter *it = nb_data_iter_pack(nb_data_iter_create(ds), &po);
+  if (it && c->data.workers > 0) it = nb_data_iter_prefetch(it, (int)c->data.workers, 2 * (int)c->data.workers + 2);
+  return it;
+}
+
+/* The first eval_steps packed batches of the eval examples (in order, no
+ * wrap-around), held in memory as one stacked tree. */
+static nb_data_map *source_eval_batches(trainer *t) {
+  nb_ctx *ctx = t->ctx;
+  const nb_train_config *c = t->cfg;
+  int64_t want = c->eval_steps > 0 ? c->eval_steps : 1, got = 0; /* one batch even when eval is off */
+  nb_data_map_retain(t->data.eval_windows);
+  nb_data_pack_opts po = {.seq_len = c->data.seq_len, .rows = c->batch_size};
+  nb_data_iter *it = nb_data_iter_pack(nb_data_iter_create(t->data.eval_windows), &po);
+  nb_tree **b = calloc((size_t)(want > 0 ? want : 1), sizeof *b);
+  nb_status s = it && b ? NB_OK : nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_NOMEM;
+  while (!s && got < want) {
+    nb_data_elem e = NB_DATA_ELEM_INIT;
+    if ((s = nb_data_iter_next(it, &e)) || e.kind != NB_DATA_TREE) break;
+    b[got++] = e.tree; /* taken from e */
+  }
+  nb_data_iter_destroy(it);
+  if (!s && got < want)
+    s = nb_errorf(ctx, NB_ERR_INVALID_ARG, "train: eval_steps (%lld) is more than the %lld packed batches of the eval "
+                  "examples", (long long)want, (long long)got);
+  nb_tree *stacked = s ? NULL : nb_tree_create(ctx);
+  for (size_t i = 0; stacked && got && i < nb_tree_size(b[0]) && !s; i++) {
+    const char *p = nb_tree_path(b[0], i);
+    nb_array *first = nb_tree_get_array(b[0], p);
+    int64_t dims[3] = {got, nb_array_dims(first)[0], nb_array_dims(first)[1]};
+    size_t row = (size_t)(dims[1] * dims[2]) * nb_dtype_size(nb_array_dtype(first));
+    nb_array *a = nb_array_empty(ctx, nb_array_dtype(first), 3, dims);
+    if (!a) s = nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_NOMEM;
+    for (int64_t k = 0; !s && k < got; k++) memcpy((char *)nb_array_data_mut(a) + (size_t)k * row, nb_array_data(nb_tree_get_array(b[k], p)), row);
+    if (!s) s = nb_tree_set_array(stacked, p, a);
+    nb_array_release(a);
+  }
+  for (int64_t k = 0; b && k < got; k++) nb_tree_destroy(b[k]);
+  free(b);
+  nb_data_map *m = !s && stacked ? nb_data_map_arrays(ctx, stacked) : NULL;
+  nb_tree_destroy(stacked);
+  return m;
 }
 
 /* ---------------------------------------------------------------- set-up */
@@ -418,8 +487,11 @@ static nb_status setup(trainer *t, nb_train_start_info *info) {
   t->ckpt = nb_ckpt_manager_create(ctx, &co);
   if (!t->ckpt) return nb_ctx_status(ctx);
   t->last_saved = -1;
+  const nb_train_source *src = t->opts->source;
   nb_train_task_data td = {0};
-  nb_status s = t->task ? t->task->open_data(t->task->ud, ctx, c, t->dir, &td) : nb_train__data_open(ctx, c, t->dir, &t->data);
+  nb_status s = t->task ? t->task->open_data(t->task->ud, ctx, c, t->dir, &td)
+                : src   ? source_data(t, src)
+                        : nb_train__data_open(ctx, c, t->dir, &t->data);
   if (t->task) { /* the trainer owns the task's iterators now */
     t->it = td.train;
     t->eval_ds = td.eval;
@@ -437,6 +509,8 @@ static nb_status setup(trainer *t, nb_train_start_info *info) {
     t->init = NULL;
   } else if (t->task && t->task->init_params) {
     params = nb_tree_copy(t->task->init_params);
+  } else if (src && src->params) {
+    params = nb_tree_copy(src->params);
   } else {
     nb_array *key = nb_key(ctx, (uint64_t)c->seed);
     params = key ? nb_model_init(ctx, &c->model, key) : NULL;
@@ -452,18 +526,27 @@ static nb_status setup(trainer *t, nb_train_start_info *info) {
   nb_tree_destroy(opt);
   if (s) return s;
   if (!t->task) {
-    t->it = nb_train__data_iter(ctx, &t->data, c, t->rank);
-    t->eval_ds = t->it ? nb_train__eval_batches(ctx, &t->data, c) : NULL;
+    t->it = src ? source_iter(t) : nb_train__data_iter(ctx, &t->data, c, t->rank);
+    t->eval_ds = t->it ? src ? source_eval_batches(t) : nb_train__eval_batches(ctx, &t->data, c) : NULL;
     if (!t->eval_ds) return nb_ctx_status(ctx);
   }
   /* restore before compiling: a resume refused (other data, other model shape) is refused at once */
   if ((s = restore(t)) || interrupted(t)) return s;
-  /* a task's frozen tree: inputs of every step and eval, neither restored nor saved */
+  /* frozen trees (a task's reference model, a source's LoRA base): inputs of
+   * every step and eval, joined after the restore, never saved */
   if (t->task && t->task->frozen && (s = nb_tree_merge(t->st, "frozen", t->task->frozen))) return s;
+  if (src && src->frozen && (s = nb_tree_merge(t->st, "frozen", src->frozen))) return s;
   params = nb_tree_select_prefix(t->st, "params", true);
   opt = nb_tree_select_prefix(t->st, "opt_state", true);
-  nb_graph *g = params && opt ? nb_train_trace_task_step(ctx, c, t->task, params, opt) : NULL;
-  nb_graph *eg = g && t->eval_ds ? nb_train_trace_task_eval(ctx, c, t->task, params) : NULL;
+  nb_train_graph_opts go = {0};
+  if (src) go = (nb_train_graph_opts){.frozen_spec = src->frozen, .linear_hook = src->linear_hook, .hook_ud = src->hook_ud,
+                                      .packed = true};
+  nb_graph *g = !params || !opt ? NULL
+                : t->task       ? nb_train_trace_task_step(ctx, c, t->task, params, opt)
+                                : nb_train_trace_step_opts(ctx, c, &go, params, opt);
+  nb_graph *eg = !g || !t->eval_ds ? NULL
+                 : t->task         ? nb_train_trace_task_eval(ctx, c, t->task, params)
+                                   : nb_train_trace_eval_opts(ctx, c, &go, params);
   const char *donate[] = {"params", "opt_state", NULL};
   nb_jit_opts jo = {.donate = donate, .threads = t->opts->threads};
   t->step_exe = eg || (g && !t->eval_ds) ? nb_jit(ctx, g, &jo) : NULL;
@@ -479,7 +562,17 @@ static nb_status setup(trainer *t, nb_train_start_info *info) {
   if (!t->step_exe || (t->eval_ds && !t->eval_exe)) return nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_INTERNAL;
   if (interrupted(t)) return NB_OK;
   /* the run is accepted (locked, data checked, restored, compiled): only now does config.yaml change */
-  if ((s = write_config(ctx, t->dir, t->config))) return s;
+  if (src && src->config_extra) {
+    size_t n = strlen(t->config) + strlen(src->config_extra) + 2;
+    char *both = malloc(n);
+    if (!both) return nb_errorf(ctx, NB_ERR_NOMEM, "train: out of memory");
+    snprintf(both, n, "%s%s", t->config, src->config_extra);
+    s = write_config(ctx, t->dir, both);
+    free(both);
+    if (s) return s;
+  } else if ((s = write_config(ctx, t->dir, t->config))) {
+    return s;
+  }
   /* the step's "hparams" inputs come from the config: set once, kept in the state (not saved) */
   if ((s = nb_train_set_hparams(ctx, c, t->st))) return s;
   char mp[NB_TRAIN_PATH_MAX + 16];
@@ -578,14 +671,8 @@ static nb_status one_step(trainer *t, nb_train_step_info *si, double *exe_ms, do
   nb_util__trace_span("train", "step executable", tm, nb_util__now_ns(), NULL, 0);
   *data_ms = (m - a) * 1e3;
   /* the batch and step leave the state; check_finite puts the outputs in */
-  for (size_t i = 0; !s && i < nb_tree_size(t->st);)
-    if (!strncmp(nb_tree_path(t->st, i), "batch/", 6)) {
-      char p[256]; /* the tree's own copy goes with the leaf */
-      snprintf(p, sizeof p, "%s", nb_tree_path(t->st, i));
-      s = nb_tree_remove(t->st, p);
-    } else {
-      i++;
-    }
+  for (int64_t i = (int64_t)nb_tree_size(t->st) - 1; !s && i >= 0; i--)
+    if (!strncmp(nb_tree_path(t->st, (size_t)i), "batch/", 6)) s = nb_tree_remove(t->st, nb_tree_path(t->st, (size_t)i));
   if (!s) s = nb_tree_remove(t->st, "step");
   for (size_t i = 0; !s && metrics && i < nb_tree_size(out); i++) /* a task's metrics, as "<name>" */
     if (!strncmp(nb_tree_path(out, i), "metrics/", 8))

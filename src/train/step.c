@@ -13,8 +13,8 @@
 
 #include "nabla/train.h"
 
-/* Weight decay only on matrices (kernels, embeddings), not biases or norms. */
-#define DECAY_MASK "(kernel|embedding)$"
+/* Weight decay only on matrices (kernels, embeddings, LoRA adapters), not biases or norms. */
+#define DECAY_MASK "(kernel|embedding|lora_a|lora_b)$"
 
 static nb_optim_schedule *schedule(nb_ctx *ctx, const nb_train_config *c) {
   if (!c) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train schedule: NULL config"), NULL;
@@ -115,7 +115,6 @@ typedef struct step_job {
   nb_val **hp;                 /* what tx's and lr's schedules read: the "hparams/schedule" input */
   nb_val **hpo;                /* what tx's own numbers read: the "hparams/optim" input */
   bool rng;                    /* vg takes "rng" (dropout) */
-  bool frozen;                 /* vg takes "frozen/<p>" (a task's frozen tree) */
 } step_job;
 
 static nb_val *add_or_set(nb_val *acc, nb_val *x) { return acc ? nb_add(acc, x) : x; }
@@ -166,13 +165,11 @@ static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
   nb_val *step = nb_tree_get_val(in, "step");
   *job->hp = nb_tree_get_val(in, "hparams/schedule");
   *job->hpo = nb_tree_get_val(in, "hparams/optim");
-  nb_tree *batch = nb_tree_select_prefix(in, "batch", true);
-  nb_tree *frozen = job->frozen ? nb_tree_select_prefix(in, "frozen", true) : NULL;
+  nb_tree *batch = nb_tree_select_prefix(in, "batch", true), *frozen = nb_tree_select_prefix(in, "frozen", true);
   nb_tree *params = nb_tree_select_prefix(in, "params", true), *state = nb_tree_select_prefix(in, "opt_state", true);
   nb_tree *grads = nb_tree_create(ctx), *metrics = nb_tree_create(ctx);
   nb_tree *updates = nb_tree_create(ctx), *new_state = nb_tree_create(ctx), *new_params = nb_tree_create(ctx);
-  nb_status s = batch && (frozen || !job->frozen) && params && state && grads && metrics && updates && new_state &&
-                        new_params ? NB_OK : NB_ERR_NOMEM;
+  nb_status s = batch && frozen && params && state && grads && metrics && updates && new_state && new_params ? NB_OK : NB_ERR_NOMEM;
   nb_val *loss = NULL, *key = NULL;
   if (!s && job->rng) key = nb_random_fold_in(nb_tree_get_val(in, "hparams/key"), step);
   /* micro-batch k: rows [k*mb, (k+1)*mb) of the batch; grads and metrics summed, then averaged */
@@ -180,7 +177,7 @@ static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
     nb_tree *call_in = nb_tree_create(ctx), *call_out = nb_tree_create(ctx);
     if (!call_in || !call_out) s = NB_ERR_NOMEM;
     if (!s) s = nb_tree_merge(call_in, "params", params);
-    if (!s && frozen) s = nb_tree_merge(call_in, "frozen", frozen);
+    if (!s) s = nb_tree_merge(call_in, "frozen", frozen);
     /* every batch leaf's rows [k*mb, (k+1)*mb) (axis 0 is the example) */
     for (size_t i = 0; !s && i < nb_tree_size(batch); i++) {
       nb_val *v = nb_tree_leaf(batch, i)->val;
@@ -261,11 +258,14 @@ static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
   return s;
 }
 
-static nb_tree *batch_spec(nb_ctx *ctx, int64_t rows, int64_t T) {
+static nb_tree *batch_spec(nb_ctx *ctx, int64_t rows, int64_t T, bool packed) {
   nb_tree *b = nb_tree_create(ctx);
   int64_t d[2] = {rows, T};
   if (b && (nb_tree_set(b, "inputs", nb_leaf_aval(nb_aval_make(NB_I32, 2, d))) ||
-            nb_tree_set(b, "targets", nb_leaf_aval(nb_aval_make(NB_I32, 2, d))))) {
+            nb_tree_set(b, "targets", nb_leaf_aval(nb_aval_make(NB_I32, 2, d))) ||
+            (packed && (nb_tree_set(b, "mask", nb_leaf_aval(nb_aval_make(NB_F32, 2, d))) ||
+                        nb_tree_set(b, "segment_ids", nb_leaf_aval(nb_aval_make(NB_I32, 2, d))) ||
+                        nb_tree_set(b, "positions", nb_leaf_aval(nb_aval_make(NB_I32, 2, d))))))) {
     nb_tree_destroy(b);
     return NULL;
   }
@@ -291,10 +291,13 @@ static nb_status check_supported(nb_ctx *ctx, const nb_train_config *c) {
   return NB_OK;
 }
 
-/* The micro-batch loss (rows of a batch) of the task, or the model's LM loss. */
-static nb_graph *trace_loss(nb_ctx *ctx, const nb_train_config *c, const nb_train_task *task,
+static const nb_train_graph_opts no_extras;
+
+/* The micro-batch loss (rows of a batch) of the task, or the model's LM loss
+ * with go's extras (frozen inputs, the linear hook, packed batches). */
+static nb_graph *trace_loss(nb_ctx *ctx, const nb_train_config *c, const nb_train_task *task, const nb_train_graph_opts *go,
                             const nb_model_trace_opts *mo, const nb_tree *param_spec, int64_t rows) {
-  nb_tree *bs = task ? task->batch_spec(task->ud, ctx, c, rows) : batch_spec(ctx, rows, c->data.seq_len);
+  nb_tree *bs = task ? task->batch_spec(task->ud, ctx, c, rows) : batch_spec(ctx, rows, c->data.seq_len, go->packed);
   nb_tree *fs = bs ? nb_tree_create(ctx) : NULL;
   nb_graph *g = NULL;
   if (fs && task && task->frozen && nb_tree_merge(fs, "", task->frozen)) fs = (nb_tree_destroy(fs), NULL);
@@ -312,14 +315,17 @@ static bool task_ok(nb_ctx *ctx, const nb_train_task *task) {
   return false;
 }
 
-nb_graph *nb_train_trace_task_step(nb_ctx *ctx, const nb_train_config *c, const nb_train_task *task,
-                                   const nb_tree *param_spec, const nb_tree *opt_state_spec) {
+/* The step of a task (NULL: language modeling) with go's extras (NULL: none). */
+static nb_graph *trace_step(nb_ctx *ctx, const nb_train_config *c, const nb_train_task *task, const nb_train_graph_opts *go,
+                            const nb_tree *param_spec, const nb_tree *opt_state_spec) {
   if (!c || !param_spec || !opt_state_spec)
     return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train step: NULL config or spec"), NULL;
   if (nb_train_config_validate(ctx, c) || check_supported(ctx, c) || !task_ok(ctx, task)) return NULL;
+  if (!go) go = &no_extras;
   bool dropout = c->model.dropout > 0 || c->model.attn_dropout > 0;
-  nb_model_trace_opts mo = {.train = dropout, .remat = c->remat == NB_TRAIN_REMAT_BLOCK, .dtype = NB_F32};
-  nb_graph *loss = trace_loss(ctx, c, task, &mo, param_spec, c->batch_size / c->grad_accum);
+  nb_model_trace_opts mo = {.train = dropout, .remat = c->remat == NB_TRAIN_REMAT_BLOCK, .dtype = NB_F32,
+                            .linear_hook = go->linear_hook, .hook_ud = go->hook_ud, .frozen_spec = go->frozen_spec};
+  nb_graph *loss = trace_loss(ctx, c, task, go, &mo, param_spec, c->batch_size / c->grad_accum);
   nb_graph *vg = loss ? nb_value_and_grad(ctx, loss, &(nb_grad_opts){.wrt = "params", .has_aux = true}) : NULL;
   nb_val *hp = NULL, *hpo = NULL;
   nb_optim_tx *tx = vg ? optimizer(ctx, c, &hp) : NULL;
@@ -328,14 +334,14 @@ nb_graph *nb_train_trace_task_step(nb_ctx *ctx, const nb_train_config *c, const 
   nb_tree *hparams = lr ? nb_tree_create(ctx) : NULL;
   nb_graph *g = NULL;
   nb_tree *bs = NULL, *spec = hparams && !nb_train_set_hparams(ctx, c, hparams) ? nb_tree_create(ctx) : NULL;
-  bool frozen = task && task->frozen && nb_tree_size(task->frozen) > 0;
+  const nb_tree *frozen = task && task->frozen && nb_tree_size(task->frozen) > 0 ? task->frozen : go->frozen_spec;
   if (spec && !nb_tree_merge(spec, "params", param_spec) && !nb_tree_merge(spec, "opt_state", opt_state_spec) &&
-      !nb_tree_merge(spec, "", hparams) && !nb_tree_set(spec, "step", nb_leaf_aval(nb_aval_make(NB_I32, 0, NULL))) &&
-      !(frozen && nb_tree_merge(spec, "frozen", task->frozen))) {
+      !(frozen && nb_tree_merge(spec, "frozen", frozen)) &&
+      !nb_tree_merge(spec, "", hparams) && !nb_tree_set(spec, "step", nb_leaf_aval(nb_aval_make(NB_I32, 0, NULL)))) {
     bs = task ? task->batch_spec(task->ud, ctx, c, c->batch_size / c->mesh.data) /* this process's rows */
-              : batch_spec(ctx, c->batch_size / c->mesh.data, c->data.seq_len);
+              : batch_spec(ctx, c->batch_size / c->mesh.data, c->data.seq_len, go->packed);
     if (bs && !nb_tree_merge(spec, "batch", bs)) {
-      step_job job = {.cfg = c, .vg = vg, .tx = tx, .lr = lr, .hp = &hp, .hpo = &hpo, .rng = dropout, .frozen = frozen};
+      step_job job = {.cfg = c, .vg = vg, .tx = tx, .lr = lr, .hp = &hp, .hpo = &hpo, .rng = dropout};
       g = nb_trace(ctx, step_fn, &job, spec);
     }
   }
@@ -351,17 +357,39 @@ nb_graph *nb_train_trace_task_step(nb_ctx *ctx, const nb_train_config *c, const 
 
 nb_graph *nb_train_trace_step(nb_ctx *ctx, const nb_train_config *c, const nb_tree *param_spec,
                               const nb_tree *opt_state_spec) {
-  return nb_train_trace_task_step(ctx, c, NULL, param_spec, opt_state_spec);
+  return trace_step(ctx, c, NULL, NULL, param_spec, opt_state_spec);
+}
+
+nb_graph *nb_train_trace_task_step(nb_ctx *ctx, const nb_train_config *c, const nb_train_task *task,
+                                   const nb_tree *param_spec, const nb_tree *opt_state_spec) {
+  return trace_step(ctx, c, task, NULL, param_spec, opt_state_spec);
+}
+
+nb_graph *nb_train_trace_step_opts(nb_ctx *ctx, const nb_train_config *c, const nb_train_graph_opts *go,
+                                   const nb_tree *param_spec, const nb_tree *opt_state_spec) {
+  return trace_step(ctx, c, NULL, go, param_spec, opt_state_spec);
+}
+
+static nb_graph *trace_eval(nb_ctx *ctx, const nb_train_config *c, const nb_train_task *task, const nb_train_graph_opts *go,
+                            const nb_tree *param_spec) {
+  if (!c || !param_spec) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train eval: NULL config or spec"), NULL;
+  if (nb_train_config_validate(ctx, c) || check_supported(ctx, c) || !task_ok(ctx, task)) return NULL;
+  if (!go) go = &no_extras;
+  nb_model_trace_opts mo = {.train = false, .dtype = NB_F32, .linear_hook = go->linear_hook, .hook_ud = go->hook_ud,
+                            .frozen_spec = go->frozen_spec};
+  return trace_loss(ctx, c, task, go, &mo, param_spec, c->batch_size);
 }
 
 nb_graph *nb_train_trace_task_eval(nb_ctx *ctx, const nb_train_config *c, const nb_train_task *task,
                                    const nb_tree *param_spec) {
-  if (!c || !param_spec) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train eval: NULL config or spec"), NULL;
-  if (nb_train_config_validate(ctx, c) || check_supported(ctx, c) || !task_ok(ctx, task)) return NULL;
-  nb_model_trace_opts mo = {.train = false, .dtype = NB_F32};
-  return trace_loss(ctx, c, task, &mo, param_spec, c->batch_size);
+  return trace_eval(ctx, c, task, NULL, param_spec);
 }
 
 nb_graph *nb_train_trace_eval(nb_ctx *ctx, const nb_train_config *c, const nb_tree *param_spec) {
-  return nb_train_trace_task_eval(ctx, c, NULL, param_spec);
+  return trace_eval(ctx, c, NULL, NULL, param_spec);
+}
+
+nb_graph *nb_train_trace_eval_opts(nb_ctx *ctx, const nb_train_config *c, const nb_train_graph_opts *go,
+                                   const nb_tree *param_spec) {
+  return trace_eval(ctx, c, NULL, go, param_spec);
 }

@@ -65,4 +65,19 @@ bool nb_cli_quant_hook(const char *cmd, nb_ctx *ctx, const nb_tree *params, nb_s
 typedef struct nb_model_loaded nb_model_loaded;
 int nb_cli_gguf_keep_quantized(nb_ctx *ctx, const char *path, nb_model_loaded *m, nb_quant_act act, int64_t *n_quantized);
 
+/* The trainer's progress lines (`nabla train`, `nabla sft`): on_start and
+ * on_step of nb_train_opts with ud a progress (peak_source set by the caller). */
+typedef struct nb_cli_progress {
+  const char *peak_source;
+  double t_start;
+  double entropy;
+  int64_t start_step;
+} nb_cli_progress;
+typedef struct nb_train_start_info nb_train_start_info;
+typedef struct nb_train_step_info nb_train_step_info;
+void nb_cli_progress_start(void *ud, const nb_train_start_info *in);
+void nb_cli_progress_step(void *ud, const nb_train_step_info *si);
+/* --threads N, else $NABLA_THREADS, else the CPU count; 0 after printing why. */
+int nb_cli_threads(const char *cmd, int flag_threads);
+
 #endif

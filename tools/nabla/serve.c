@@ -84,11 +84,9 @@ static int parse(int argc, char **argv, options *o) {
   if (!o->model) return fprintf(stderr, "nabla serve: MODEL is required\n"), nb_cli_usage(usage_text, false);
   if (!o->name) o->name = o->model;
   if (o->chat_template) {
-    int k = 0;
-    while (k < CHAT_COUNT && strcmp(o->chat_template, chat_formats[k].name)) k++;
-    if (k == CHAT_COUNT)
+    if (nb_serve_chat_format_parse(o->chat_template) == NB_SERVE_CHAT_NONE)
       return fprintf(stderr, "nabla serve: --chat-template: unknown template '%s' (known: %s)\n", o->chat_template,
-                     chat_known), 2;
+                     nb_serve_chat_known()), 2;
   }
   if (o->max_num_batched_tokens < o->max_num_seqs)
     return fprintf(stderr, "nabla serve: --max-num-batched-tokens %lld is below --max-num-seqs %lld\n",
@@ -128,12 +126,10 @@ static char *gguf_chat_template(const char *path) {
 /* The chat format a declared template is (markers of the known ones), or
  * CHAT_NONE with why. */
 static void match_template(server *sv, const char *tmpl, const char *where) {
-  sv->chat = CHAT_NONE;
-  for (int k = 0; k < CHAT_COUNT && sv->chat == CHAT_NONE; k++)
-    if (strstr(tmpl, chat_formats[k].marker)) sv->chat = (chat_template)k;
-  if (sv->chat == CHAT_NONE)
+  sv->chat = nb_serve_chat_detect(tmpl);
+  if (sv->chat == NB_SERVE_CHAT_NONE)
     snprintf(sv->chat_why, sizeof sv->chat_why, "%s's chat_template is none nabla knows (known: %s); pass --chat-template NAME",
-             where, chat_known);
+             where, nb_serve_chat_known());
 }
 
 /* The chat format: --chat-template, else the one tokenizer_config.json's
@@ -141,9 +137,9 @@ static void match_template(server *sv, const char *tmpl, const char *where) {
  * model declares none. A declared template nabla does not know turns chat
  * off (requests say why). */
 static void pick_chat_template(server *sv) {
-  sv->chat = CHAT_CHATML;
+  sv->chat = NB_SERVE_CHAT_CHATML;
   if (sv->opt.chat_template) { /* a known name: parse() refused the others */
-    while (strcmp(sv->opt.chat_template, chat_formats[sv->chat].name)) sv->chat++;
+    sv->chat = nb_serve_chat_format_parse(sv->opt.chat_template);
   } else if (nb_cli_is_gguf(sv->opt.model)) {
     char *tmpl = gguf_chat_template(sv->opt.model);
     if (tmpl) match_template(sv, tmpl, sv->opt.model);
@@ -156,7 +152,7 @@ static void pick_chat_template(server *sv) {
     cJSON *j = text ? cJSON_ParseWithLength(text, n) : NULL;
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "chat_template");
     if (text && !j) {
-      sv->chat = CHAT_NONE;
+      sv->chat = NB_SERVE_CHAT_NONE;
       snprintf(sv->chat_why, sizeof sv->chat_why, "%s is not valid JSON; pass --chat-template NAME", p);
     } else if (!absent(t)) {
       match_template(sv, cJSON_IsString(t) ? t->valuestring : "", p);
@@ -165,8 +161,8 @@ static void pick_chat_template(server *sv) {
     free(text);
   }
   sv->im_end_id = -1;
-  if (sv->chat != CHAT_NONE && chat_formats[sv->chat].end && sv->m.tok) {
-    sv->im_end_id = nb_tok_added_id(sv->m.tok, chat_formats[sv->chat].end);
+  if (nb_serve_chat_end(sv->chat) && sv->m.tok) {
+    sv->im_end_id = nb_tok_added_id(sv->m.tok, nb_serve_chat_end(sv->chat));
     if (sv->im_end_id < 0) sv->im_end_id = -1;
   }
 }

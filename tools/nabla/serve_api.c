@@ -293,7 +293,7 @@ bool parse_request(server *sv, const cJSON *body, bool chat, creq *q, bad *b) {
     free(rendered.data);
     if (!ok) return fail(b, 400, "messages", "cannot tokenize the conversation: %s", nb_ctx_error(sv->ctx));
     if (!fit_context(sv, q, (int64_t)q->prompts[0].len, "messages", b)) return false;
-    if (chat_formats[sv->chat].end) q->stop[q->n_stop++] = strdup(chat_formats[sv->chat].end);
+    if (nb_serve_chat_end(sv->chat)) q->stop[q->n_stop++] = strdup(nb_serve_chat_end(sv->chat));
   } else if (!get_prompts(sv, body, q, b)) {
     return false;
   }

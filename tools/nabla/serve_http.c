@@ -380,7 +380,7 @@ int serve_http(server *sv) {
   const nb_serve_config *ec = nb_serve_engine_config(nb_serve_llm_engine(sv->llm));
   printf("nabla serve: %s on http://%s:%u (context %lld, chat template %s; up to %d sequences at once, "
          "%lld KV blocks of %d tokens)\n",
-         sv->m.what, host, info ? info->port : (unsigned)o->port, (long long)sv->max_model_len, chat_template_name(sv->chat),
+         sv->m.what, host, info ? info->port : (unsigned)o->port, (long long)sv->max_model_len, nb_serve_chat_format_name(sv->chat),
          ec->max_num_seqs, (long long)ec->num_blocks, ec->block_size);
   fflush(stdout);
   int sig = 0;

@@ -32,15 +32,6 @@ size_t utf8_complete_prefix(const char *s, size_t n);
 /* Appends s[0..n) with every invalid byte replaced by U+FFFD. */
 bool utf8_append_lossy(buf *out, const char *s, size_t n);
 
-/* The chat formats; each is recognised in tokenizer_config.json's
- * chat_template by its marker. */
-typedef enum chat_template { CHAT_NONE = -1, CHAT_CHATML, CHAT_LLAMA3, CHAT_GEMMA, CHAT_LLAMA2, CHAT_MISTRAL, CHAT_COUNT } chat_template;
-typedef struct chat_format {
-  const char *name, *marker, *end;
-} chat_format;
-extern const chat_format chat_formats[CHAT_COUNT];
-extern const char chat_known[];
-const char *chat_template_name(chat_template t);
 
 /* ---------------------------------------------------------------- the server */
 
@@ -82,8 +73,8 @@ typedef struct server {
   nb_model_loaded m;
   nb_quant_plan *plan;          /* a quantized model's linears (NULL: plain) */
   int64_t max_model_len;
-  chat_template chat;
-  char chat_why[4400];          /* why chat is off (CHAT_NONE) */
+  nb_serve_chat_format chat;  /* nabla/serve.h's chat templates */
+  char chat_why[4400];          /* why chat is off (NB_SERVE_CHAT_NONE) */
   int32_t im_end_id;            /* the chat format's end-of-turn token, -1: none */
   time_t created;
   atomic_ulong next_id;         /* response ids */

@@ -1,6 +1,6 @@
 /* `nabla serve`'s text: byte buffers, UTF-8 checks and repair, prompt text
- * to ids and back, and the chat templates (rendered as the models' own
- * Jinja templates render them). */
+ * to ids and back, and request messages handed to the serve library's chat
+ * templates (nb_serve_chat_render). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -121,65 +121,30 @@ bool decode(server *sv, const int32_t *ids, size_t n, buf *out) {
   return ok;
 }
 
-/* ---------------------------------------------------------------- chat templates */
+/* ---------------------------------------------------------------- chat */
 
-/* Llama-2's and Mistral's both use [INST]; only Llama-2's has <<SYS>>, so
- * it is looked for first. A format's end-of-turn text ends generation, as a
- * token when the tokenizer has it and as a stop string. */
-const chat_format chat_formats[CHAT_COUNT] = {
-    [CHAT_CHATML] = {"chatml", "<|im_start|>", "<|im_end|>"},
-    [CHAT_LLAMA3] = {"llama-3", "<|start_header_id|>", "<|eot_id|>"},
-    [CHAT_GEMMA] = {"gemma", "<start_of_turn>", "<end_of_turn>"},
-    [CHAT_LLAMA2] = {"llama-2", "<<SYS>>", NULL},
-    [CHAT_MISTRAL] = {"mistral", "[INST]", NULL},
-};
-const char chat_known[] = "chatml, llama-3, gemma, llama-2, mistral";
-
-const char *chat_template_name(chat_template t) { return t == CHAT_NONE ? "none" : chat_formats[t].name; }
-
-static void add_str(buf *out, const char *s) { buf_add(out, s, strlen(s)); }
-
-/* s without leading and trailing whitespace (the Llama and Gemma templates'
- * `| trim`). */
-static void add_trimmed(buf *out, const char *s, size_t n) {
-  while (n && strchr(" \t\n\r", s[0])) s++, n--;
-  while (n && strchr(" \t\n\r", s[n - 1])) n--;
-  buf_add(out, s, n);
-}
-
-/* Renders messages with the server's chat format, as the models' own Jinja
- * templates do (Hugging Face's tokenizer_config.json), with the generation
- * prompt (the assistant's header) when gen_prompt. *add_bos: whether the
- * caller prepends the BOS id (the Llama, Gemma and Mistral formats write it
- * as text). */
+/* Renders a request's messages with the server's chat format (the serve
+ * library's templates), with the generation prompt when gen_prompt.
+ * *add_bos: whether the caller prepends the BOS id. */
 bool render_chat(server *sv, const cJSON *messages, bool gen_prompt, buf *out, bool *add_bos, bad *b) {
-  chat_template f = sv->chat;
-  if (f == CHAT_NONE) return fail(b, 400, "messages", "chat is off for this model: %s", sv->chat_why);
+  if (sv->chat == NB_SERVE_CHAT_NONE) return fail(b, 400, "messages", "chat is off for this model: %s", sv->chat_why);
   if (!cJSON_IsArray(messages) || !cJSON_GetArraySize(messages))
     return fail(b, 400, "messages", "'messages' must be a non-empty array of {role, content} objects");
-  *add_bos = f == CHAT_CHATML;
-  if (f == CHAT_LLAMA3) add_str(out, "<|begin_of_text|>");
-  if (f == CHAT_GEMMA) add_str(out, "<bos>");
-  if (f == CHAT_MISTRAL) add_str(out, "<s>");
+  int n = cJSON_GetArraySize(messages), i = 0;
+  nb_serve_chat_msg *msgs = calloc((size_t)n, sizeof *msgs);
+  buf *content = calloc((size_t)n, sizeof *content);
+  bool ok = msgs && content ? true : fail(b, 500, "messages", "out of memory");
   const cJSON *m;
-  int i = 0;
-  buf system = {0}, content = {0};
-  bool have_system = false, ok = true;
   cJSON_ArrayForEach(m, messages) {
+    if (!ok) break;
     const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role"), *c = cJSON_GetObjectItemCaseSensitive(m, "content");
     if (!cJSON_IsObject(m) || !cJSON_IsString(role)) {
       ok = fail(b, 400, "messages", "messages[%d] must be an object with a string 'role'", i);
       break;
     }
-    const char *r = role->valuestring;
-    if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant")) {
-      ok = fail(b, 400, "messages", "messages[%d].role '%s' is not system, user or assistant", i, r);
-      break;
-    }
-    content.len = 0;
-    buf_add(&content, "", 0);
+    buf_add(&content[i], "", 0);
     if (cJSON_IsString(c)) {
-      add_str(&content, c->valuestring);
+      buf_str(&content[i], c->valuestring);
     } else if (cJSON_IsArray(c)) { /* [{type: text, text}] parts */
       const cJSON *part;
       cJSON_ArrayForEach(part, c) {
@@ -188,76 +153,24 @@ bool render_chat(server *sv, const cJSON *messages, bool gen_prompt, buf *out, b
           ok = fail(b, 400, "messages", "messages[%d].content: only text parts are supported", i);
           break;
         }
-        add_str(&content, tx->valuestring);
+        buf_str(&content[i], tx->valuestring);
       }
-      if (!ok) break;
     } else if (!absent(c)) {
       ok = fail(b, 400, "messages", "messages[%d].content must be a string or an array of text parts", i);
-      break;
     }
-    bool sys = !strcmp(r, "system"), user = !strcmp(r, "user");
-    switch (f) {
-    case CHAT_CHATML:
-      add_str(out, "<|im_start|>"), add_str(out, r), add_str(out, "\n");
-      buf_add(out, content.data, content.len), add_str(out, "<|im_end|>\n");
-      break;
-    case CHAT_LLAMA3:
-      add_str(out, "<|start_header_id|>"), add_str(out, r), add_str(out, "<|end_header_id|>\n\n");
-      add_trimmed(out, content.data, content.len), add_str(out, "<|eot_id|>");
-      break;
-    case CHAT_GEMMA:
-      if (sys) {
-        ok = fail(b, 400, "messages", "messages[%d]: the gemma template has no system role", i);
-        break;
-      }
-      add_str(out, "<start_of_turn>"), add_str(out, user ? "user" : "model"), add_str(out, "\n");
-      add_trimmed(out, content.data, content.len), add_str(out, "<end_of_turn>\n");
-      break;
-    case CHAT_LLAMA2: /* the system prompt goes inside the first user turn */
-    case CHAT_MISTRAL:
-      if (sys) {
-        if (i) {
-          ok = fail(b, 400, "messages", "messages[%d]: the %s template takes a system message only first", i,
-                    chat_formats[f].name);
-          break;
-        }
-        have_system = true;
-        buf_add(&system, content.data, content.len);
-        break;
-      }
-      if (user) {
-        add_str(out, f == CHAT_LLAMA2 ? "<s>[INST] " : "[INST] ");
-        buf turn = {0};
-        if (have_system) {
-          if (f == CHAT_LLAMA2) add_str(&turn, "<<SYS>>\n"), buf_add(&turn, system.data, system.len), add_str(&turn, "\n<</SYS>>\n\n");
-          else buf_add(&turn, system.data, system.len), add_str(&turn, "\n\n");
-          have_system = false;
-        }
-        buf_add(&turn, content.data, content.len);
-        f == CHAT_LLAMA2 ? add_trimmed(out, turn.data, turn.len) : (void)buf_add(out, turn.data, turn.len);
-        free(turn.data);
-        add_str(out, " [/INST]");
-      } else if (f == CHAT_LLAMA2) {
-        add_str(out, " "), add_trimmed(out, content.data, content.len), add_str(out, " </s>");
-      } else {
-        buf_add(out, content.data, content.len), add_str(out, "</s>");
-      }
-      break;
-    default:
-      break;
-    }
-    if (!ok) break;
+    msgs[i] = (nb_serve_chat_msg){.role = role->valuestring, .content = content[i].data, .content_len = content[i].len};
     i++;
   }
-  free(system.data);
-  free(content.data);
-  if (!ok) return false;
-  if (gen_prompt) {
-    if (f == CHAT_CHATML) add_str(out, "<|im_start|>assistant\n");
-    if (f == CHAT_LLAMA3) add_str(out, "<|start_header_id|>assistant<|end_header_id|>\n\n");
-    if (f == CHAT_GEMMA) add_str(out, "<start_of_turn>model\n");
+  nb_serve_chat_text t = {0};
+  if (ok && nb_serve_chat_render(sv->ctx, sv->chat, msgs, n, gen_prompt, &t))
+    ok = fail(b, 400, "messages", "%s", nb_ctx_error(sv->ctx));
+  if (ok) {
+    ok = buf_add(out, t.text, t.len);
+    *add_bos = t.add_bos;
   }
-  buf_add(out, "", 0);
-  return true;
+  nb_serve_chat_text_free(&t);
+  for (int k = 0; content && k < n; k++) free(content[k].data);
+  free(content);
+  free(msgs);
+  return ok;
 }
-

@@ -59,15 +59,8 @@ static const char usage_text[] =
     "  key=value   config overrides: steps=100 optim.lr=1e-3 model.n_layers=2 ...\n"
     "data parallel: mpirun -np N nabla train ... mesh.data=N grad_accum=N (docs/dist.md)\n";
 
-typedef struct cli {
-  const char *peak_source;
-  double t_start;
-  double entropy;
-  int64_t start_step;
-} cli;
-
-static void on_start(void *ud, const nb_train_start_info *in) {
-  cli *c = ud;
+void nb_cli_progress_start(void *ud, const nb_train_start_info *in) {
+  nb_cli_progress *c = ud;
   c->t_start = nb_util__now_s();
   c->entropy = in->unigram_entropy;
   c->start_step = in->start_step;
@@ -75,8 +68,9 @@ static void on_start(void *ud, const nb_train_start_info *in) {
   printf("model: %lld parameters; data: %s (%lld train windows), eval %s (%lld windows), vocabulary %lld\n",
          (long long)in->n_params, in->train_shard, (long long)in->train_windows, in->eval_shard,
          (long long)in->eval_windows, (long long)in->vocab_size);
-  printf("unigram entropy of the training tokens: %.4f nats/token (%.4f bits): the loss to beat\n",
-         in->unigram_entropy, in->unigram_entropy / log(2.0));
+  if (isfinite(in->unigram_entropy))
+    printf("unigram entropy of the training tokens: %.4f nats/token (%.4f bits): the loss to beat\n",
+           in->unigram_entropy, in->unigram_entropy / log(2.0));
   printf("model FLOPs/step %.3g (6 N tokens + attention; graph cost %.3g); MFU against a peak of %.1f GFLOP/s (%s)\n",
          in->flops_per_step, in->graph_flops_per_step, in->peak_flops / 1e9, c->peak_source);
   printf("set up and compiled in %.1f s; training steps %lld..%lld\n", in->compile_s, (long long)in->start_step + 1,
@@ -91,8 +85,8 @@ static void hms(double s, char *buf, size_t cap) {
   else snprintf(buf, cap, "%ld:%02ld", t / 60, t % 60);
 }
 
-static void on_step(void *ud, const nb_train_step_info *si) {
-  cli *c = ud;
+void nb_cli_progress_step(void *ud, const nb_train_step_info *si) {
+  nb_cli_progress *c = ud;
   if (si->logged) {
     enum { W = 20 };
     char bar[W + 1], el[32], eta[32];
@@ -107,8 +101,21 @@ static void on_step(void *ud, const nb_train_step_info *si) {
            (long long)si->step, (long long)si->total_steps, bar, si->loss, si->lr, si->grad_norm, si->tokens_per_s,
            100 * si->mfu, el, eta);
   }
-  if (si->has_eval) printf("eval  %6lld  eval_loss %.4f (unigram entropy %.4f)\n", (long long)si->step, si->eval_loss, c->entropy);
+  if (si->has_eval && isfinite(c->entropy))
+    printf("eval  %6lld  eval_loss %.4f (unigram entropy %.4f)\n", (long long)si->step, si->eval_loss, c->entropy);
+  else if (si->has_eval)
+    printf("eval  %6lld  eval_loss %.4f\n", (long long)si->step, si->eval_loss);
   fflush(stdout);
+}
+
+int nb_cli_threads(const char *cmd, int threads) {
+  const char *env_threads = getenv("NABLA_THREADS");
+  int64_t t;
+  if (threads <= 0 && env_threads && *env_threads) {
+    if (!nb_cli_int(cmd, "$NABLA_THREADS", env_threads, 1, 65536, &t)) return 0;
+    threads = (int)t;
+  }
+  return threads > 0 ? threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
 }
 
 int nb_cmd_train(int argc, char **argv) {
@@ -185,14 +192,9 @@ int nb_cmd_train(int argc, char **argv) {
     size_t n = strcspn(b, ".");
     snprintf(dir, sizeof dir, "runs/%.*s", (int)n, b);
   }
-  const char *env_threads = getenv("NABLA_THREADS");
-  int64_t t;
-  if (threads <= 0 && env_threads && *env_threads) {
-    if (!nb_cli_int("train", "$NABLA_THREADS", env_threads, 1, 65536, &t)) return nb_ctx_destroy(ctx), 2;
-    threads = (int)t;
-  }
-  if (threads <= 0) threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
-  cli c = {.peak_source = "--peak-gflops"};
+  threads = nb_cli_threads("train", threads);
+  if (!threads) return nb_ctx_destroy(ctx), 2;
+  nb_cli_progress c = {.peak_source = "--peak-gflops"};
   nb_prof_peak pk;
   if (peak <= 0) {
     pk = nb_prof_peak_flops(threads);
@@ -204,7 +206,7 @@ int nb_cmd_train(int argc, char **argv) {
            config ? config : "<default: gpt2-tiny on data/corpus/kjv.txt>", threads,
            mesh ? " per process, data parallel over the processes of mesh.data" : "");
   nb_train_opts o = {.run_dir = dir, .peak_flops = peak, .threads = threads, .handle_signals = true,
-                     .on_start = rank ? NULL : on_start, .on_step = rank ? NULL : on_step, .ud = &c};
+                     .on_start = rank ? NULL : nb_cli_progress_start, .on_step = rank ? NULL : nb_cli_progress_step, .ud = &c};
   nb_train_result r;
   s = nb_train_run(ctx, &cfg, &o, &r);
   int rc = 0;

@@ -1,0 +1,101 @@
+/* `nabla sft`: supervised fine-tuning into a run directory, the trainer's
+ * loop with the posttrain library's data, LoRA and frozen base.
+ *   nabla sft CONFIG.yaml [--run-dir DIR] [--peak-gflops X] [--threads N] [key=value ...] */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "nabla/nabla.h"
+
+static const char usage_text[] =
+    "usage: nabla sft CONFIG.yaml [--run-dir DIR] [--peak-gflops X] [--threads N] [key=value ...]\n"
+    "  CONFIG      a run config (nabla train's keys) with sft.base (the run dir or checkpoint to start\n"
+    "              from), data.train / data.eval (JSONL: {\"messages\": [...]} or {\"prompt\", \"completion\"}),\n"
+    "              sft.chat_template, lora.target (a module-path regex; empty: full fine-tuning),\n"
+    "              lora.rank/alpha/dropout/rslora/init, sft.quant_rules (QLoRA), lora.merge_at_end\n"
+    "              (docs/posttrain.md)\n"
+    "  --run-dir   where config.yaml, metrics.jsonl and checkpoints/ (the adapters) go (default\n"
+    "              runs/<config name>); an existing run there is resumed\n"
+    "  --threads N compute threads (default: $NABLA_THREADS, else all CPUs)\n"
+    "  --peak-gflops  the peak FLOP/s that MFU is relative to\n"
+    "  key=value   overrides: steps=100 lora.rank=16 lora.merge_at_end=true ...\n";
+
+int nb_cmd_sft(int argc, char **argv) {
+  const char *config = NULL, *run_dir = NULL;
+  double peak = 0;
+  int threads = 0;
+  const char **over = calloc((size_t)argc + 1, sizeof *over);
+  int n_over = 0;
+  if (!over) return 1;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    bool has_next = i + 1 < argc;
+    int64_t t;
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) return free(over), nb_cli_usage(usage_text, true);
+    if (!strcmp(a, "--run-dir") && has_next) run_dir = argv[++i];
+    else if (!strcmp(a, "--peak-gflops")) {
+      if (!nb_cli_float("sft", a, has_next ? argv[++i] : NULL, 1e-6, 1e12, &peak)) return free(over), 2;
+      peak *= 1e9;
+    } else if (!strcmp(a, "--threads")) {
+      if (!nb_cli_int("sft", a, has_next ? argv[++i] : NULL, 1, 65536, &t)) return free(over), 2;
+      threads = (int)t;
+    } else if (a[0] == '-') {
+      fprintf(stderr, "nabla sft: unknown or incomplete option '%s'\n", a);
+      return free(over), nb_cli_usage(usage_text, false);
+    } else if (strchr(a, '=')) over[n_over++] = a;
+    else if (!config) config = a;
+    else {
+      fprintf(stderr, "nabla sft: a second config '%s' (overrides are key=value)\n", a);
+      return free(over), nb_cli_usage(usage_text, false);
+    }
+  }
+  if (!config) return free(over), fprintf(stderr, "nabla sft: CONFIG is required\n"), nb_cli_usage(usage_text, false);
+  nb_ctx *ctx = nb_ctx_create();
+  if (!ctx) return free(over), 1;
+  nb_train_config cfg;
+  nb_pt_sft_config sft;
+  nb_status s = nb_pt_sft_config_load(ctx, config, n_over, over, &sft, &cfg);
+  free(over);
+  if (s) {
+    fprintf(stderr, "nabla sft: %s\n", nb_ctx_error(ctx));
+    nb_ctx_destroy(ctx);
+    return 1;
+  }
+  char dir[1024];
+  if (run_dir) snprintf(dir, sizeof dir, "%s", run_dir);
+  else {
+    const char *b = strrchr(config, '/') ? strrchr(config, '/') + 1 : config;
+    snprintf(dir, sizeof dir, "runs/%.*s", (int)strcspn(b, "."), b);
+  }
+  threads = nb_cli_threads("sft", threads);
+  if (!threads) return nb_ctx_destroy(ctx), 2;
+  nb_cli_progress c = {.peak_source = "--peak-gflops"};
+  nb_prof_peak pk; /* c.peak_source points into it for the whole run */
+  if (peak <= 0) {
+    pk = nb_prof_peak_flops(threads);
+    peak = pk.flops;
+    c.peak_source = pk.source;
+  }
+  printf("nabla sft: run dir %s, config %s, base %s, %s, %d threads\n", dir, config, sft.base,
+         sft.lora_target[0] ? (sft.quant_rules[0] ? "QLoRA" : "LoRA") : "full fine-tuning", threads);
+  nb_train_opts o = {.run_dir = dir, .peak_flops = peak, .threads = threads, .handle_signals = true,
+                     .on_start = nb_cli_progress_start, .on_step = nb_cli_progress_step, .ud = &c};
+  nb_train_result r;
+  s = nb_pt_sft_run(ctx, &sft, &cfg, &o, &r);
+  int rc = 0;
+  if (s) {
+    fprintf(stderr, "nabla sft: %s\n", nb_ctx_error(ctx));
+    rc = 1;
+  } else if (r.preempted) {
+    printf("interrupted: checkpoint at step %lld in %s/checkpoints; run the same command to resume\n",
+           (long long)r.final_step, dir);
+  } else {
+    printf("done: step %lld, loss %.4f, held-out completion loss %.4f; step %.1f ms (median)\n", (long long)r.final_step,
+           r.final_loss, r.last_eval_loss, r.exe_ms_median);
+    if (sft.merge_at_end) printf("merged model: %s/merged\n", dir);
+  }
+  nb_ctx_destroy(ctx);
+  return rc;
+}
