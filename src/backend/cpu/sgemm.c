@@ -57,10 +57,21 @@ static void ukr_c(int64_t kc, const float *a, int64_t rsa, int64_t csa, const fl
 }
 
 #ifdef SGEMM_X86
+#define PREFETCH_ROWS 16
+#define PREFETCH_NEXT_LDB 4096
+/* A read in place with its k stride at least this many floats (a transposed
+ * A: op(A)'s columns are A's rows) is a line per k; at strides near a page
+ * the hardware prefetcher, which stays within a 4 KB page, finds too few
+ * lines to follow and every k waits on L2 or L3 (perf: the first broadcast
+ * of a row). The kernels ask for the line PREFETCH_ROWS k ahead. */
+#define PREFETCH_A_CSA 64
+
 /* 6 x 16: twelve 8-lane accumulators */
 enum { AVX2_MR = 6, AVX2_NR = 16 };
-__attribute__((target("avx2,fma"))) static void ukr_avx2(int64_t kc, const float *a, int64_t rsa, int64_t csa,
-                                                         const float *b, int64_t rsb, float *c, int64_t ldc, bool first) {
+__attribute__((target("avx2,fma"), always_inline)) static inline void ukr_avx2_body(int64_t kc, const float *a, int64_t rsa,
+                                                                                   int64_t csa, const float *b, int64_t rsb,
+                                                                                   float *c, int64_t ldc, bool first,
+                                                                                   bool prefetch_a) {
 #define ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
 #define DECL(r) __m256 c##r##0, c##r##1;
   ROWS(DECL)
@@ -75,6 +86,7 @@ __attribute__((target("avx2,fma"))) static void ukr_avx2(int64_t kc, const float
 #undef LOAD
   }
   for (int64_t p = 0; p < kc; p++, a += csa, b += rsb) {
+    if (prefetch_a) _mm_prefetch((const char *)(a + PREFETCH_ROWS * csa), _MM_HINT_T0);
     __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8), x;
 #define FMA(r) x = _mm256_broadcast_ss(a + r * rsa), c##r##0 = _mm256_fmadd_ps(x, b0, c##r##0), c##r##1 = _mm256_fmadd_ps(x, b1, c##r##1);
     ROWS(FMA)
@@ -84,6 +96,12 @@ __attribute__((target("avx2,fma"))) static void ukr_avx2(int64_t kc, const float
   ROWS(STORE)
 #undef STORE
 #undef ROWS
+}
+
+__attribute__((target("avx2,fma"))) static void ukr_avx2(int64_t kc, const float *a, int64_t rsa, int64_t csa,
+                                                         const float *b, int64_t rsb, float *c, int64_t ldc, bool first) {
+  if (csa >= PREFETCH_A_CSA) ukr_avx2_body(kc, a, rsa, csa, b, rsb, c, ldc, first, true);
+  else ukr_avx2_body(kc, a, rsa, csa, b, rsb, c, ldc, first, false);
 }
 
 /* 8 x 32: sixteen 16-lane accumulators. B read in place (rsb = ldb, not NR:
@@ -96,16 +114,15 @@ __attribute__((target("avx2,fma"))) static void ukr_avx2(int64_t kc, const float
  * such loads, and it also asks for the next panel's same row into L2, a
  * whole panel ahead (16 x 768 x 32000: 50 -> 63 GFLOP/s by CPU time; with
  * narrower B the hint cost as much as it gained). A packed panel is
- * contiguous: no hints. The AVX2 kernel has none: no gain measured there
- * (AVX2 proxy, loaded). */
-#define PREFETCH_ROWS 16
-#define PREFETCH_NEXT_LDB 4096
+ * contiguous: no hints. The AVX2 kernel has none for B: no gain measured
+ * there (AVX2 proxy, loaded). Both ask for A's lines ahead (PREFETCH_A_CSA). */
 enum { AVX512_MR = 8, AVX512_NR = 32 };
 __attribute__((target("avx512f,fma"), always_inline)) static inline void ukr_avx512_body(int64_t kc, const float *a,
                                                                                        int64_t rsa, int64_t csa,
                                                                                        const float *b, int64_t rsb, float *c,
                                                                                        int64_t ldc, bool first,
-                                                                                       bool prefetch, bool prefetch_next) {
+                                                                                       bool prefetch, bool prefetch_next,
+                                                                                       bool prefetch_a) {
 #define ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
 #define DECL(r) __m512 c##r##0, c##r##1;
   ROWS(DECL)
@@ -123,6 +140,7 @@ __attribute__((target("avx512f,fma"), always_inline)) static inline void ukr_avx
     if (prefetch)
       _mm_prefetch((const char *)(b + PREFETCH_ROWS * rsb), _MM_HINT_T0),
           _mm_prefetch((const char *)(b + PREFETCH_ROWS * rsb + 16), _MM_HINT_T0);
+    if (prefetch_a) _mm_prefetch((const char *)(a + PREFETCH_ROWS * csa), _MM_HINT_T0);
     if (prefetch_next) /* the next panel's same row, into L2 */
       _mm_prefetch((const char *)(b + AVX512_NR), _MM_HINT_T1), _mm_prefetch((const char *)(b + AVX512_NR + 16), _MM_HINT_T1);
     __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16), x;
@@ -138,9 +156,13 @@ __attribute__((target("avx512f,fma"), always_inline)) static inline void ukr_avx
 
 __attribute__((target("avx512f,fma"))) static void ukr_avx512(int64_t kc, const float *a, int64_t rsa, int64_t csa,
                                                               const float *b, int64_t rsb, float *c, int64_t ldc, bool first) {
-  if (rsb >= PREFETCH_NEXT_LDB) ukr_avx512_body(kc, a, rsa, csa, b, rsb, c, ldc, first, true, true);
-  else if (rsb != AVX512_NR) ukr_avx512_body(kc, a, rsa, csa, b, rsb, c, ldc, first, true, false);
-  else ukr_avx512_body(kc, a, rsa, csa, b, rsb, c, ldc, first, false, false);
+  bool pa = csa >= PREFETCH_A_CSA;
+  if (rsb >= PREFETCH_NEXT_LDB && pa) ukr_avx512_body(kc, a, rsa, csa, b, rsb, c, ldc, first, true, true, true);
+  else if (rsb >= PREFETCH_NEXT_LDB) ukr_avx512_body(kc, a, rsa, csa, b, rsb, c, ldc, first, true, true, false);
+  else if (rsb != AVX512_NR && pa) ukr_avx512_body(kc, a, rsa, csa, b, rsb, c, ldc, first, true, false, true);
+  else if (rsb != AVX512_NR) ukr_avx512_body(kc, a, rsa, csa, b, rsb, c, ldc, first, true, false, false);
+  else if (pa) ukr_avx512_body(kc, a, rsa, csa, b, rsb, c, ldc, first, false, false, true);
+  else ukr_avx512_body(kc, a, rsa, csa, b, rsb, c, ldc, first, false, false, false);
 }
 #endif
 
