@@ -80,4 +80,24 @@ void nb_cli_progress_step(void *ud, const nb_train_step_info *si);
 /* --threads N, else $NABLA_THREADS, else the CPU count; 0 after printing why. */
 int nb_cli_threads(const char *cmd, int flag_threads);
 
+/* The arguments of the training commands (train, sft, dpo): CONFIG,
+ * --run-dir DIR, --threads N, --peak-gflops G and key=value overrides;
+ * those that start with section (e.g. "pref."; NULL: none) are kept apart
+ * in sec_over. The strings are argv's. */
+typedef struct nb_cli_train_args {
+  const char *config, *run_dir;
+  int threads;       /* 0: not given */
+  double peak_flops; /* --peak-gflops x 1e9; 0: not given */
+  const char **over, **sec_over;
+  int n_over, n_sec_over;
+} nb_cli_train_args;
+/* Parses argv[1..] into *a; returns -1 to go on, else the command's exit
+ * status (0 after --help, 2 after a usage message). */
+int nb_cli_train_args_parse(const char *cmd, const char *usage, const char *section, int argc, char **argv,
+                            nb_cli_train_args *a);
+void nb_cli_train_args_free(nb_cli_train_args *a);
+/* --run-dir, else runs/<the config's file name up to its first dot>, else
+ * runs/default. */
+void nb_cli_train_run_dir(const nb_cli_train_args *a, char *dir, size_t cap);
+
 #endif

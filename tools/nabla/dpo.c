@@ -9,19 +9,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "cli.h"
 #include "nabla/nabla.h"
 
 static const char usage_text[] =
-    "usage: nabla dpo CONFIG.yaml [--run-dir DIR] [--threads N] [key=value ...]\n"
+    "usage: nabla dpo CONFIG.yaml [--run-dir DIR] [--threads N] [--peak-gflops X] [key=value ...]\n"
     "  CONFIG      a run config: nabla train's keys (data.train, data.eval: JSONL lines {\"prompt\", \"chosen\",\n"
     "              \"rejected\"}) and a pref: section (loss_type sigmoid|ipo|hinge|orpo, beta, label_smoothing,\n"
     "              orpo_lambda, base: the run dir or checkpoint to start from; docs/posttrain.md)\n"
     "  --run-dir   where config.yaml, metrics.jsonl and checkpoints/ go (default runs/<config name>); an\n"
     "              existing run there is resumed from its latest checkpoint\n"
     "  --threads N compute threads (default: $NABLA_THREADS, else all CPUs)\n"
+    "  --peak-gflops  the peak FLOP/s that MFU is relative to\n"
     "  key=value   overrides: pref.beta=0.2 pref.loss_type=ipo steps=100 optim.lr=1e-5 ...\n";
 
 static void on_start(void *ud, const nb_train_start_info *in) {
@@ -51,65 +51,34 @@ static void on_step(void *ud, const nb_train_step_info *si) {
 }
 
 int nb_cmd_dpo(int argc, char **argv) {
-  const char *config = NULL, *run_dir = NULL;
-  int threads = 0;
-  const char **over = calloc((size_t)argc + 1, sizeof *over), **pover = calloc((size_t)argc + 1, sizeof *pover);
-  int n_over = 0, n_pover = 0;
-  if (!over || !pover) return free(over), free(pover), 1;
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    bool has_next = i + 1 < argc;
-    int64_t t;
-    if (!strcmp(a, "-h") || !strcmp(a, "--help")) return free(over), free(pover), nb_cli_usage(usage_text, true);
-    if (!strcmp(a, "--run-dir") && has_next) run_dir = argv[++i];
-    else if (!strcmp(a, "--threads")) {
-      if (!nb_cli_int("dpo", a, has_next ? argv[++i] : NULL, 1, 65536, &t)) return free(over), free(pover), 2;
-      threads = (int)t;
-    } else if (a[0] == '-') {
-      fprintf(stderr, "nabla dpo: unknown or incomplete option '%s'\n", a);
-      return free(over), free(pover), nb_cli_usage(usage_text, false);
-    } else if (strchr(a, '=')) {
-      if (!strncmp(a, "pref.", 5)) pover[n_pover++] = a;
-      else over[n_over++] = a;
-    } else if (!config) config = a;
-    else {
-      fprintf(stderr, "nabla dpo: a second config '%s' (overrides are key=value)\n", a);
-      return free(over), free(pover), nb_cli_usage(usage_text, false);
-    }
-  }
-  if (!config) {
+  nb_cli_train_args args;
+  int prc = nb_cli_train_args_parse("dpo", usage_text, "pref.", argc, argv, &args);
+  if (prc >= 0) return prc;
+  if (!args.config) {
+    nb_cli_train_args_free(&args);
     fprintf(stderr, "nabla dpo: a run config is required\n");
-    return free(over), free(pover), nb_cli_usage(usage_text, false);
+    return nb_cli_usage(usage_text, false);
   }
+  const char *config = args.config;
   nb_ctx *ctx = nb_ctx_create();
   nb_train_config cfg;
   nb_pt_pref_config pc;
-  nb_status s = ctx ? nb_train_config_load(ctx, config, n_over, over, &cfg) : NB_ERR_NOMEM;
-  if (!s) s = nb_pt_pref_config_load(ctx, config, n_pover, pover, &pc);
-  free(over);
-  free(pover);
+  nb_status s = ctx ? nb_train_config_load(ctx, config, args.n_over, args.over, &cfg) : NB_ERR_NOMEM;
+  if (!s) s = nb_pt_pref_config_load(ctx, config, args.n_sec_over, args.sec_over, &pc);
+  nb_cli_train_args_free(&args);
   if (s) {
     fprintf(stderr, "nabla dpo: %s\n", ctx ? nb_ctx_error(ctx) : "out of memory");
     nb_ctx_destroy(ctx);
     return 1;
   }
   char dir[1024];
-  if (run_dir) snprintf(dir, sizeof dir, "%s", run_dir);
-  else {
-    const char *b = strrchr(config, '/') ? strrchr(config, '/') + 1 : config;
-    snprintf(dir, sizeof dir, "runs/%.*s", (int)strcspn(b, "."), b);
-  }
-  const char *env_threads = getenv("NABLA_THREADS");
-  int64_t t;
-  if (threads <= 0 && env_threads && *env_threads) {
-    if (!nb_cli_int("dpo", "$NABLA_THREADS", env_threads, 1, 65536, &t)) return nb_ctx_destroy(ctx), 2;
-    threads = (int)t;
-  }
-  if (threads <= 0) threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+  nb_cli_train_run_dir(&args, dir, sizeof dir);
+  int threads = nb_cli_threads("dpo", args.threads);
+  if (!threads) return nb_ctx_destroy(ctx), 2;
   printf("nabla dpo: run dir %s, config %s, loss %s (beta %g), base %s, %d threads\n", dir, config,
          nb_pt_pref_loss_name(pc.loss.loss_type), pc.loss.beta, pc.base[0] ? pc.base : "<fresh model>", threads);
-  nb_train_opts o = {.run_dir = dir, .threads = threads, .handle_signals = true, .on_start = on_start,
-                     .on_step = on_step};
+  nb_train_opts o = {.run_dir = dir, .peak_flops = args.peak_flops, .threads = threads, .handle_signals = true,
+                     .on_start = on_start, .on_step = on_step};
   nb_train_result r;
   s = nb_pt_pref_run(ctx, &cfg, &pc, &o, &r);
   int rc = 0;

@@ -23,53 +23,29 @@ static const char usage_text[] =
     "  key=value   overrides: steps=100 lora.rank=16 lora.merge_at_end=true ...\n";
 
 int nb_cmd_sft(int argc, char **argv) {
-  const char *config = NULL, *run_dir = NULL;
-  double peak = 0;
-  int threads = 0;
-  const char **over = calloc((size_t)argc + 1, sizeof *over);
-  int n_over = 0;
-  if (!over) return 1;
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    bool has_next = i + 1 < argc;
-    int64_t t;
-    if (!strcmp(a, "-h") || !strcmp(a, "--help")) return free(over), nb_cli_usage(usage_text, true);
-    if (!strcmp(a, "--run-dir") && has_next) run_dir = argv[++i];
-    else if (!strcmp(a, "--peak-gflops")) {
-      if (!nb_cli_float("sft", a, has_next ? argv[++i] : NULL, 1e-6, 1e12, &peak)) return free(over), 2;
-      peak *= 1e9;
-    } else if (!strcmp(a, "--threads")) {
-      if (!nb_cli_int("sft", a, has_next ? argv[++i] : NULL, 1, 65536, &t)) return free(over), 2;
-      threads = (int)t;
-    } else if (a[0] == '-') {
-      fprintf(stderr, "nabla sft: unknown or incomplete option '%s'\n", a);
-      return free(over), nb_cli_usage(usage_text, false);
-    } else if (strchr(a, '=')) over[n_over++] = a;
-    else if (!config) config = a;
-    else {
-      fprintf(stderr, "nabla sft: a second config '%s' (overrides are key=value)\n", a);
-      return free(over), nb_cli_usage(usage_text, false);
-    }
+  nb_cli_train_args args;
+  int prc = nb_cli_train_args_parse("sft", usage_text, NULL, argc, argv, &args);
+  if (prc >= 0) return prc;
+  if (!args.config) {
+    nb_cli_train_args_free(&args);
+    fprintf(stderr, "nabla sft: CONFIG is required\n");
+    return nb_cli_usage(usage_text, false);
   }
-  if (!config) return free(over), fprintf(stderr, "nabla sft: CONFIG is required\n"), nb_cli_usage(usage_text, false);
+  double peak = args.peak_flops;
   nb_ctx *ctx = nb_ctx_create();
-  if (!ctx) return free(over), 1;
+  if (!ctx) return nb_cli_train_args_free(&args), 1;
   nb_train_config cfg;
   nb_pt_sft_config sft;
-  nb_status s = nb_pt_sft_config_load(ctx, config, n_over, over, &sft, &cfg);
-  free(over);
+  nb_status s = nb_pt_sft_config_load(ctx, args.config, args.n_over, args.over, &sft, &cfg);
+  nb_cli_train_args_free(&args);
   if (s) {
     fprintf(stderr, "nabla sft: %s\n", nb_ctx_error(ctx));
     nb_ctx_destroy(ctx);
     return 1;
   }
   char dir[1024];
-  if (run_dir) snprintf(dir, sizeof dir, "%s", run_dir);
-  else {
-    const char *b = strrchr(config, '/') ? strrchr(config, '/') + 1 : config;
-    snprintf(dir, sizeof dir, "runs/%.*s", (int)strcspn(b, "."), b);
-  }
-  threads = nb_cli_threads("sft", threads);
+  nb_cli_train_run_dir(&args, dir, sizeof dir);
+  int threads = nb_cli_threads("sft", args.threads);
   if (!threads) return nb_ctx_destroy(ctx), 2;
   nb_cli_progress c = {.peak_source = "--peak-gflops"};
   nb_prof_peak pk; /* c.peak_source points into it for the whole run */
@@ -78,7 +54,7 @@ int nb_cmd_sft(int argc, char **argv) {
     peak = pk.flops;
     c.peak_source = pk.source;
   }
-  printf("nabla sft: run dir %s, config %s, base %s, %s, %d threads\n", dir, config, sft.base,
+  printf("nabla sft: run dir %s, config %s, base %s, %s, %d threads\n", dir, args.config, sft.base,
          sft.lora_target[0] ? (sft.quant_rules[0] ? "QLoRA" : "LoRA") : "full fine-tuning", threads);
   nb_train_opts o = {.run_dir = dir, .peak_flops = peak, .threads = threads, .handle_signals = true,
                      .on_start = nb_cli_progress_start, .on_step = nb_cli_progress_step, .ud = &c};

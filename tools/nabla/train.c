@@ -118,37 +118,70 @@ int nb_cli_threads(const char *cmd, int threads) {
   return threads > 0 ? threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
 }
 
-int nb_cmd_train(int argc, char **argv) {
-  const char *config = NULL, *run_dir = NULL;
-  double peak = 0;
-  int threads = 0;
-  const char **over = calloc((size_t)argc + 1, sizeof *over);
-  int n_over = 0;
-  if (!over) return 1;
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
+int nb_cli_train_args_parse(const char *cmd, const char *usage, const char *section, int argc, char **argv,
+                            nb_cli_train_args *a) {
+  memset(a, 0, sizeof *a);
+  a->over = calloc((size_t)argc + 1, sizeof *a->over);
+  a->sec_over = calloc((size_t)argc + 1, sizeof *a->sec_over);
+  if (!a->over || !a->sec_over) return nb_cli_train_args_free(a), 1;
+  int rc = -1;
+  for (int i = 1; i < argc && rc < 0; i++) {
+    const char *x = argv[i];
     bool has_next = i + 1 < argc;
-    if (!strcmp(a, "-h") || !strcmp(a, "--help")) return free(over), nb_cli_usage(usage_text, true);
     int64_t t;
-    if (!strcmp(a, "--run-dir") && has_next) run_dir = argv[++i];
-    else if (!strcmp(a, "--peak-gflops")) {
-      if (!nb_cli_float("train", a, has_next ? argv[++i] : NULL, 1e-6, 1e12, &peak)) return free(over), 2;
-      peak *= 1e9;
-    } else if (!strcmp(a, "--threads")) {
-      if (!nb_cli_int("train", a, has_next ? argv[++i] : NULL, 1, 65536, &t)) return free(over), 2;
-      threads = (int)t;
-    } else if (a[0] == '-') {
-      fprintf(stderr, "nabla train: unknown or incomplete option '%s'\n", a);
-      return free(over), nb_cli_usage(usage_text, false);
-    } else if (strchr(a, '=')) over[n_over++] = a;
-    else if (!config) config = a;
-    else {
-      fprintf(stderr, "nabla train: a second config '%s' (overrides are key=value)\n", a);
-      return free(over), nb_cli_usage(usage_text, false);
+    if (!strcmp(x, "-h") || !strcmp(x, "--help")) rc = nb_cli_usage(usage, true);
+    else if (!strcmp(x, "--run-dir") && has_next) a->run_dir = argv[++i];
+    else if (!strcmp(x, "--peak-gflops")) {
+      if (!nb_cli_float(cmd, x, has_next ? argv[++i] : NULL, 1e-6, 1e12, &a->peak_flops)) rc = 2;
+      a->peak_flops *= 1e9;
+    } else if (!strcmp(x, "--threads")) {
+      if (!nb_cli_int(cmd, x, has_next ? argv[++i] : NULL, 1, 65536, &t)) rc = 2;
+      a->threads = (int)t;
+    } else if (x[0] == '-') {
+      fprintf(stderr, "nabla %s: unknown or incomplete option '%s'\n", cmd, x);
+      rc = nb_cli_usage(usage, false);
+    } else if (strchr(x, '=')) {
+      if (section && !strncmp(x, section, strlen(section))) a->sec_over[a->n_sec_over++] = x;
+      else a->over[a->n_over++] = x;
+    } else if (!a->config) {
+      a->config = x;
+    } else {
+      fprintf(stderr, "nabla %s: a second config '%s' (overrides are key=value)\n", cmd, x);
+      rc = nb_cli_usage(usage, false);
     }
   }
+  if (rc >= 0) nb_cli_train_args_free(a);
+  return rc;
+}
+
+void nb_cli_train_args_free(nb_cli_train_args *a) {
+  free(a->over);
+  free(a->sec_over);
+  a->over = a->sec_over = NULL;
+}
+
+void nb_cli_train_run_dir(const nb_cli_train_args *a, char *dir, size_t cap) {
+  if (a->run_dir) {
+    snprintf(dir, cap, "%s", a->run_dir);
+    return;
+  }
+  if (!a->config) {
+    snprintf(dir, cap, "runs/default");
+    return;
+  }
+  const char *b = strrchr(a->config, '/') ? strrchr(a->config, '/') + 1 : a->config;
+  snprintf(dir, cap, "runs/%.*s", (int)strcspn(b, "."), b);
+}
+
+int nb_cmd_train(int argc, char **argv) {
+  nb_cli_train_args args;
+  int prc = nb_cli_train_args_parse("train", usage_text, NULL, argc, argv, &args);
+  if (prc >= 0) return prc;
+  const char *config = args.config, **over = args.over;
+  int n_over = args.n_over, threads = args.threads;
+  double peak = args.peak_flops;
   nb_ctx *ctx = nb_ctx_create();
-  if (!ctx) return free(over), 1;
+  if (!ctx) return nb_cli_train_args_free(&args), 1;
   nb_train_config cfg;
   nb_status s = config ? nb_train_config_load(ctx, config, n_over, over, &cfg)
                        : nb_train_config_parse(ctx, "<default config>", default_yaml, sizeof default_yaml - 1, 0, NULL, &cfg);
@@ -158,7 +191,7 @@ int nb_cmd_train(int argc, char **argv) {
     for (int i = 0; !s && i < n_over; i++) s = nb_train_config_set(ctx, &cfg, over[i]);
     if (!s) s = nb_train_config_validate(ctx, &cfg);
   }
-  free(over);
+  nb_cli_train_args_free(&args);
   if (s) {
     fprintf(stderr, "nabla train: %s\n", nb_ctx_error(ctx));
     nb_ctx_destroy(ctx);
@@ -185,13 +218,7 @@ int nb_cmd_train(int argc, char **argv) {
   }
   int rank = nb_dist_rank();
   char dir[1024];
-  if (run_dir) snprintf(dir, sizeof dir, "%s", run_dir);
-  else if (!config) snprintf(dir, sizeof dir, "runs/default");
-  else {
-    const char *b = strrchr(config, '/') ? strrchr(config, '/') + 1 : config;
-    size_t n = strcspn(b, ".");
-    snprintf(dir, sizeof dir, "runs/%.*s", (int)n, b);
-  }
+  nb_cli_train_run_dir(&args, dir, sizeof dir);
   threads = nb_cli_threads("train", threads);
   if (!threads) return nb_ctx_destroy(ctx), 2;
   nb_cli_progress c = {.peak_source = "--peak-gflops"};
