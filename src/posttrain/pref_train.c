@@ -12,6 +12,7 @@
 #include <yaml.h>
 
 #include "nabla/compile.h"
+#include "internal.h"
 #include "nabla/posttrain.h"
 #include "nabla/tokenizer.h"
 #include "util/util.h"
@@ -346,16 +347,6 @@ static nb_status open_data(void *ud, nb_ctx *ctx, const nb_train_config *c, cons
 
 static void write_config(void *ud, FILE *f) { nb_pt_pref_config_write(((const pref_task *)ud)->pc, f); }
 
-/* base: a run dir (it has checkpoints/) or one checkpoint step dir */
-static nb_status load_base(nb_ctx *ctx, const char *base, nb_model_loaded *m) {
-  char ck[NB_TRAIN_STR_MAX + 32];
-  struct stat st;
-  snprintf(ck, sizeof ck, "%s/checkpoints", base);
-  nb_status s = !stat(ck, &st) && S_ISDIR(st.st_mode) ? nb_train_load_run_dir(ctx, base, NULL, m)
-                                                      : nb_train_load_checkpoint(ctx, base, NULL, m);
-  return s ? nb_errorf(ctx, s, "pref.base '%s': %s", base, nb_ctx_error(ctx)) : NB_OK;
-}
-
 nb_status nb_pt_pref_run(nb_ctx *ctx, const nb_train_config *cfg_in, const nb_pt_pref_config *pc,
                          const nb_train_opts *opts_in, nb_train_result *out) {
   if (!cfg_in || !pc || !opts_in) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "pref: NULL config or options");
@@ -364,10 +355,15 @@ nb_status nb_pt_pref_run(nb_ctx *ctx, const nb_train_config *cfg_in, const nb_pt
   nb_tok *own_tok = NULL;
   nb_tree *start = NULL;
   nb_status s = NB_OK;
-  if (pc->base[0]) {
+  /* init_from= (as in nabla train) names the base too; nb_train_run then loads the policy from it itself */
+  const char *base = pc->base[0] ? pc->base : cfg_in->init_from;
+  if (pc->base[0] && cfg_in->init_from[0] && strcmp(pc->base, cfg_in->init_from))
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "init_from '%s' and pref.base '%s' name different models: give one",
+                     cfg_in->init_from, pc->base);
+  if (base[0]) {
     /* the policy and the reference start from the base's weights, its model and (unless data.tokenizer
      * names one) its tokenizer */
-    if (!(s = load_base(ctx, pc->base, &m))) {
+    if (!(s = nb_pt__load_base(ctx, pc->base[0] ? "pref.base" : "init_from", base, &m))) {
       cfg.model = m.cfg;
       cfg.model.scan_layers = cfg_in->model.scan_layers;
       start = m.params;

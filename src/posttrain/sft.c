@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "internal.h"
 #include "nabla/ckpt.h"
 #include "nabla/posttrain.h"
 #include "nabla/quant.h"
@@ -78,7 +79,17 @@ nb_status nb_pt_sft_config_load(nb_ctx *ctx, const char *path, int n_overrides, 
   /* validated once the base's model replaces the file's (prepare) */
   nb_train_config_ext ext = {.sections = sections, .set = set_key, .ud = &c, .no_validate = true};
   nb_status s = nb_train_config_load_ext(ctx, path, n_overrides, overrides, &ext, train);
-  if (!s && !c.base[0]) s = nb_errorf(ctx, NB_ERR_INVALID_ARG, "sft.base: not set (the run dir or checkpoint to fine-tune)");
+  /* init_from= names the base as in nabla train; the trainer's own init_from
+   * would load it as the trainable parameters, which are the adapters here */
+  if (!s && train->init_from[0]) {
+    if (c.base[0] && strcmp(c.base, train->init_from))
+      s = nb_errorf(ctx, NB_ERR_INVALID_ARG, "init_from '%s' and sft.base '%s' name different models: give one", train->init_from,
+                    c.base);
+    else snprintf(c.base, sizeof c.base, "%s", train->init_from);
+    train->init_from[0] = 0;
+  }
+  if (!s && !c.base[0])
+    s = nb_errorf(ctx, NB_ERR_INVALID_ARG, "sft.base (or init_from): not set (the run dir, checkpoint or Hugging Face folder to fine-tune)");
   if (!s && c.lora_target[0]) {
     nb_pt_lora_config lc = c.lora;
     lc.target = c.lora_target;
@@ -117,24 +128,6 @@ char *nb_pt_sft_config_yaml(const nb_pt_sft_config *c) {
 }
 
 /* ---------------------------------------------------------------- the base */
-
-static bool is_file(const char *dir, const char *name) {
-  char p[NB_TRAIN_STR_MAX + 64];
-  struct stat st;
-  snprintf(p, sizeof p, "%s/%s", dir, name);
-  return !stat(p, &st) && S_ISREG(st.st_mode);
-}
-
-/* a run dir (config.yaml) or one checkpoint step dir */
-static nb_status load_base(nb_ctx *ctx, const char *base, nb_model_loaded *m) {
-  nb_status s = is_file(base, "config.yaml") ? nb_train_load_run_dir(ctx, base, NULL, m) : nb_train_load_checkpoint(ctx, base, NULL, m);
-  if (s) {
-    char cause[2048];
-    snprintf(cause, sizeof cause, "%s", nb_ctx_error(ctx));
-    return nb_errorf(ctx, s, "sft.base: %s", cause);
-  }
-  return NB_OK;
-}
 
 /* the base tree training sees: quantized by the rules (QLoRA) or as loaded */
 static nb_tree *base_tree(nb_ctx *ctx, const nb_pt_sft_config *sft, const nb_tree *params) {
@@ -202,7 +195,7 @@ static void prepared_free(prepared *p) {
 
 /* The base, the adapters and (with_data) the examples of a run. */
 static nb_status prepare(nb_ctx *ctx, const nb_pt_sft_config *sft, const nb_train_config *cfg, bool with_data, prepared *p) {
-  nb_status s = load_base(ctx, sft->base, &p->m);
+  nb_status s = nb_pt__load_base(ctx, "sft.base", sft->base, &p->m);
   if (s) return s;
   p->cfg = *cfg;
   p->cfg.model = p->m.cfg; /* the base defines the model */

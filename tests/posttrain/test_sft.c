@@ -295,6 +295,15 @@ static void test_refusals(nb_ctx *ctx) {
   static const char *const no_lora[] = {"lora.target=", "lora.merge_at_end=true"};
   CHECK(nb_pt_sft_config_load(ctx, "sft.yaml", 2, no_lora, &sft, &cfg) != NB_OK);
   CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "lora.merge_at_end");
+  /* init_from= names the base as in nabla train (and is not the trainer's: the adapters are the parameters) */
+  static const char *const via_init[] = {"sft.base=", "init_from=base"}, *const both[] = {"init_from=elsewhere"};
+  CHECK_OK(ctx, nb_pt_sft_config_load(ctx, "sft.yaml", 2, via_init, &sft, &cfg));
+  CHECK_MSG(!strcmp(sft.base, "base") && !cfg.init_from[0], "sft.base '%s', init_from '%s'", sft.base, cfg.init_from);
+  CHECK(nb_pt_sft_config_load(ctx, "sft.yaml", 1, both, &sft, &cfg) != NB_OK);
+  CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "init_from 'elsewhere' and sft.base 'base' name different models");
+  /* a Hugging Face folder as the base: the loader takes it (config.json), a missing one is named */
+  snprintf(cmd, sizeof cmd, "%s sft sft.yaml --run-dir bad sft.base=no/such/dir", nb_test_nabla_bin());
+  CHECK_MSG(nb_test_run2(cmd, out, sizeof out, err, sizeof err) == 1 && strstr(err, "sft.base 'no/such/dir':"), "%s", err);
 }
 
 int main(void) {

@@ -1,0 +1,13 @@
+/* posttrain's internal helpers shared by its commands (sft, dpo). */
+#ifndef NABLA_POSTTRAIN_INTERNAL_H
+#define NABLA_POSTTRAIN_INTERNAL_H
+
+#include "nabla/models.h"
+
+/* The model a post-training run starts from: a Hugging Face directory
+ * (config.json + safetensors: GPT-2, Llama, Mistral, Qwen2), a nabla run
+ * dir (config.yaml or checkpoints/) or one checkpoint step dir. Errors are
+ * "<key> '<path>': <cause>". */
+nb_status nb_pt__load_base(nb_ctx *ctx, const char *key, const char *path, nb_model_loaded *m);
+
+#endif
