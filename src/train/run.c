@@ -408,6 +408,7 @@ static nb_status source_data(trainer *t, const nb_train_source *src) {
   if (!src->train || !src->eval)
     return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train: a source needs train and eval examples");
   snprintf(t->data.train_shard, sizeof t->data.train_shard, "%s", src->train_name ? src->train_name : "(examples)");
+  snprintf(t->data.eval_shard, sizeof t->data.eval_shard, "%s", t->cfg->data.eval[0] ? t->cfg->data.eval : "(eval examples)");
   t->data.train_id = (nb_train__shard_id){.tokens = src->train_tokens, .xxh3 = src->train_id};
   nb_data_map_retain(src->train);
   nb_data_map_retain(src->eval);
@@ -500,6 +501,7 @@ static nb_status setup(trainer *t, nb_train_start_info *info) {
     t->data.n_eval = td.n_eval;
     t->data.entropy = NAN;
     snprintf(t->data.train_shard, sizeof t->data.train_shard, "%s", c->data.train);
+    snprintf(t->data.eval_shard, sizeof t->data.eval_shard, "%s", c->data.eval);
     if (!s && !t->it) s = nb_errorf(ctx, NB_ERR_INTERNAL, "train: task '%s' gave no training data", t->task->name);
   }
   if (s || interrupted(t)) return s;

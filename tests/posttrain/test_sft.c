@@ -275,7 +275,15 @@ static void test_resume(nb_ctx *ctx) {
 /* ---------------------------------------------------------------- refusals */
 
 static void test_refusals(nb_ctx *ctx) {
-  char out[1 << 12], err[1 << 14], cmd[1024];
+  char out[1 << 14], err[1 << 14], cmd[1024];
+  /* a Hugging Face folder as the base (init_from=): two steps run, the start line names the eval file */
+  const char *src = getenv("NABLA_SOURCE_DIR");
+  snprintf(cmd, sizeof cmd,
+           "%s sft sft.yaml --run-dir hf --threads 1 sft.base= init_from=%s/tests/models/golden/hf_llama_tiny data.seq_len=64 "
+           "steps=2 eval_every=2 eval_steps=1 checkpoint_every=0 lora.target='.*attn/w[qv]'",
+           nb_test_nabla_bin(), src ? src : "..");
+  CHECK_MSG(nb_test_run2(cmd, out, sizeof out, err, sizeof err) == 0 && strstr(out, "eval eval.jsonl") && strstr(out, "done: step 2"),
+            "%s\n%s", out, err);
   snprintf(cmd, sizeof cmd, "%s sft sft.yaml --run-dir bad lora.rnk=3", nb_test_nabla_bin());
   CHECK(nb_test_run2(cmd, out, sizeof out, err, sizeof err) == 1 && strstr(err, "unknown key 'lora.rnk'"));
   snprintf(cmd, sizeof cmd, "%s sft sft.yaml --run-dir bad sft.chat_template=jinja", nb_test_nabla_bin());
@@ -301,7 +309,7 @@ static void test_refusals(nb_ctx *ctx) {
   CHECK_MSG(!strcmp(sft.base, "base") && !cfg.init_from[0], "sft.base '%s', init_from '%s'", sft.base, cfg.init_from);
   CHECK(nb_pt_sft_config_load(ctx, "sft.yaml", 1, both, &sft, &cfg) != NB_OK);
   CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "init_from 'elsewhere' and sft.base 'base' name different models");
-  /* a Hugging Face folder as the base: the loader takes it (config.json), a missing one is named */
+  /* a missing base is named */
   snprintf(cmd, sizeof cmd, "%s sft sft.yaml --run-dir bad sft.base=no/such/dir", nb_test_nabla_bin());
   CHECK_MSG(nb_test_run2(cmd, out, sizeof out, err, sizeof err) == 1 && strstr(err, "sft.base 'no/such/dir':"), "%s", err);
 }
