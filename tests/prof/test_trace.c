@@ -61,6 +61,9 @@ static void nested_on_two_threads(nb_ctx *ctx, const char *dir) {
   int64_t t0 = nb_util__trace_start();
   CHECK(t0 != 0);
   nb_util__trace_span("kernel", "k1 add+mul", t0, t0 + 1500, args, 2);
+  /* the next span must not start inside that one's made-up 1.5 us (spans of a thread nest) */
+  while (nb_util__now_ns() < t0 + 1500) {
+  }
   nb_prof_scope_begin("tab\there\n"); /* Perfetto's reader takes no \u escapes: control characters become spaces */
   nb_prof_scope_end();
   pthread_join(th, NULL);
