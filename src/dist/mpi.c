@@ -163,27 +163,6 @@ static nb_status mpi_allreduce(nb_comm *b, nb_ctx *ctx, void *buf, size_t count,
   return s;
 }
 
-/* Block r of every rank's send comes to rank r, which folds them in rank order. */
-static nb_status mpi_reduce_scatter(nb_comm *b, nb_ctx *ctx, const void *send, void *recv, size_t count, nb_dtype t,
-                                    nb_comm_reduce op) {
-  nb_dist__comm *c = (nb_dist__comm *)b;
-  size_t bytes = count * nb_dtype_size(t);
-  char *mine = nb_alloc(ctx, bytes * (size_t)c->size + 1);
-  if (!mine) return NB_ERR_NOMEM;
-  next_tag(c);
-  pending p = {0};
-  nb_status s = NB_OK;
-  for (int r = 0; !s && r < c->size; r++)
-    if (r != c->rank) s = post(c, ctx, &p, true, mine + (size_t)r * bytes, bytes, r);
-  for (int r = 0; !s && r < c->size; r++)
-    if (r != c->rank) s = post(c, ctx, &p, false, (char *)send + (size_t)r * bytes, bytes, r);
-  if (bytes) memcpy(mine + (size_t)c->rank * bytes, (const char *)send + (size_t)c->rank * bytes, bytes);
-  if (!s) s = wait_all(c, ctx, &p, "reduce_scatter");
-  if (!s) s = fold_ranks(ctx, c->size, mine, recv, count, t, op);
-  nb_dealloc(ctx, mine, bytes * (size_t)c->size + 1);
-  return s;
-}
-
 static nb_status mpi_all_to_all(nb_comm *b, nb_ctx *ctx, const void *send, void *recv, size_t bytes) {
   nb_dist__comm *c = (nb_dist__comm *)b;
   next_tag(c);
@@ -195,6 +174,19 @@ static nb_status mpi_all_to_all(nb_comm *b, nb_ctx *ctx, const void *send, void 
     if (r != c->rank) s = post(c, ctx, &p, false, (char *)send + (size_t)r * bytes, bytes, r);
   if (bytes) memmove((char *)recv + (size_t)c->rank * bytes, (const char *)send + (size_t)c->rank * bytes, bytes);
   return s ? s : wait_all(c, ctx, &p, "all_to_all");
+}
+
+/* Block r of every rank's send comes to rank r (an all_to_all), which folds them in rank order. */
+static nb_status mpi_reduce_scatter(nb_comm *b, nb_ctx *ctx, const void *send, void *recv, size_t count, nb_dtype t,
+                                    nb_comm_reduce op) {
+  nb_dist__comm *c = (nb_dist__comm *)b;
+  size_t bytes = count * nb_dtype_size(t);
+  char *mine = nb_alloc(ctx, bytes * (size_t)c->size + 1);
+  if (!mine) return NB_ERR_NOMEM;
+  nb_status s = mpi_all_to_all(b, ctx, send, mine, bytes);
+  if (!s) s = fold_ranks(ctx, c->size, mine, recv, count, t, op);
+  nb_dealloc(ctx, mine, bytes * (size_t)c->size + 1);
+  return s;
 }
 
 static nb_status mpi_sendrecv(nb_comm *b, nb_ctx *ctx, const void *send, int dst, void *recv, int src, size_t bytes) {

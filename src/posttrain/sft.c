@@ -301,36 +301,37 @@ static nb_status merge_into(nb_ctx *ctx, prepared *p, const char *run_dir, const
   return s;
 }
 
-nb_status nb_pt_lora_merge_run(nb_ctx *ctx, const char *run_dir, const char *out_dir) {
-  if (!run_dir || !out_dir) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "lora merge: NULL run dir or output");
+/* A LoRA SFT run's config and prepared base and adapters, for `what` (lora
+ * merge, lora export) writing into out_dir, which must not exist. */
+static nb_status open_lora_run(nb_ctx *ctx, const char *what, const char *run_dir, const char *out_dir, nb_pt_sft_config *sft,
+                               prepared *p) {
+  if (!run_dir || !out_dir) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: NULL run dir or output", what);
   struct stat st;
-  if (!stat(out_dir, &st)) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "lora merge: %s exists: give a new directory", out_dir);
+  if (!stat(out_dir, &st)) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: %s exists: give a new directory", what, out_dir);
   char path[NB_TRAIN_STR_MAX + 64];
   snprintf(path, sizeof path, "%s/config.yaml", run_dir);
-  nb_pt_sft_config sft;
   nb_train_config cfg;
-  nb_status s = nb_pt_sft_config_load(ctx, path, 0, NULL, &sft, &cfg);
-  if (!s && !sft.lora_target[0]) s = nb_errorf(ctx, NB_ERR_INVALID_ARG, "lora merge: %s is a full fine-tuning run (no lora.target): its checkpoints are the model", run_dir);
+  nb_status s = nb_pt_sft_config_load(ctx, path, 0, NULL, sft, &cfg);
+  if (!s && !sft->lora_target[0])
+    s = nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: %s is a full fine-tuning run (no lora.target): its checkpoints are the model",
+                  what, run_dir);
+  return s ? s : prepare(ctx, sft, &cfg, false, p);
+}
+
+nb_status nb_pt_lora_merge_run(nb_ctx *ctx, const char *run_dir, const char *out_dir) {
+  nb_pt_sft_config sft;
   prepared p = {0};
-  if (!s) s = prepare(ctx, &sft, &cfg, false, &p);
+  nb_status s = open_lora_run(ctx, "lora merge", run_dir, out_dir, &sft, &p);
   if (!s) s = merge_into(ctx, &p, run_dir, out_dir);
   prepared_free(&p);
   return s;
 }
 
 nb_status nb_pt_lora_export_peft_run(nb_ctx *ctx, const char *run_dir, const char *out_dir) {
-  if (!run_dir || !out_dir) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "lora export: NULL run dir or output");
-  struct stat st;
-  if (!stat(out_dir, &st)) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "lora export: %s exists: give a new directory", out_dir);
-  char path[NB_TRAIN_STR_MAX + 64];
-  snprintf(path, sizeof path, "%s/config.yaml", run_dir);
   nb_pt_sft_config sft;
-  nb_train_config cfg;
-  nb_status s = nb_pt_sft_config_load(ctx, path, 0, NULL, &sft, &cfg);
-  if (!s && !sft.lora_target[0]) s = nb_errorf(ctx, NB_ERR_INVALID_ARG, "lora export: %s is a full fine-tuning run (no lora.target)", run_dir);
-  if (!s && sft.quant_rules[0]) nb_logf(ctx, NB_LOG_WARN, "lora export: the adapters were trained on a quantized base (%s)", sft.quant_rules);
   prepared p = {0};
-  if (!s) s = prepare(ctx, &sft, &cfg, false, &p);
+  nb_status s = open_lora_run(ctx, "lora export", run_dir, out_dir, &sft, &p);
+  if (!s && sft.quant_rules[0]) nb_logf(ctx, NB_LOG_WARN, "lora export: the adapters were trained on a quantized base (%s)", sft.quant_rules);
   int64_t step;
   nb_tree *ad = s ? NULL : latest_params(ctx, run_dir, p.adapters, &step);
   if (!s) s = ad ? nb_pt_lora_save_peft(ctx, out_dir, &p.lc, ad, sft.base) : nb_ctx_status(ctx);
