@@ -106,9 +106,7 @@ static void make_dir(nb_ctx *ctx, const char *name, void (*edit)(cJSON *), const
   char p[600];
   snprintf(p, sizeof p, "%s/config.json", dir);
   char *text = cJSON_Print(j);
-  FILE *f = fopen(p, "w");
-  fputs(text, f);
-  fclose(f);
+  nb_test_write_text(p, text);
   free(text);
   cJSON_Delete(j);
   snprintf(p, sizeof p, "%s/model.safetensors", dir);

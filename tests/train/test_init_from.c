@@ -56,9 +56,7 @@ static void write_json(const char *dir, const cJSON *j) {
   char p[700];
   snprintf(p, sizeof p, "%s/config.json", dir);
   char *text = cJSON_Print(j);
-  FILE *f = fopen(p, "w");
-  fputs(text, f);
-  fclose(f);
+  nb_test_write_text(p, text);
   free(text);
 }
 
