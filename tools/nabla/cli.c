@@ -11,7 +11,7 @@
 #include "nabla/nabla.h"
 
 bool nb_cli_help_asked(int argc, char **argv) {
-  for (int i = 1; i < argc; i++)
+  for (int i = 1; i < argc && strcmp(argv[i], "--"); i++) /* after "--": another command's arguments */
     if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return true;
   return false;
 }

@@ -11,7 +11,7 @@
 
 #include "nabla/quant.h"
 
-/* Whether argv[1..argc) holds -h or --help. */
+/* Whether argv[1..argc) holds -h or --help before any "--" (what follows "--" is another command's). */
 bool nb_cli_help_asked(int argc, char **argv);
 /* Prints text: to stdout returning 0 when asked, else to stderr returning 2. */
 int nb_cli_usage(const char *text, bool asked);
