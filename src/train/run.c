@@ -177,6 +177,10 @@ static char *build_metadata(trainer *t, const char *ds) {
 
 static nb_status save(trainer *t, bool emergency) {
   if (t->step == t->last_saved) return NB_OK;
+  if (t->rank > 0) { /* the job's checkpoint is rank 0's (job_checkpoints) */
+    t->last_saved = t->step;
+    return NB_OK;
+  }
   nb_ctx *ctx = t->ctx;
   const char *bad = nonfinite_leaf(t->st);
   if (bad) {
@@ -353,6 +357,47 @@ static nb_status restore(trainer *t) {
   }
 }
 
+/* ---------------------------------------------------------------- the job's checkpoints (data parallel) */
+
+/* One checkpoint for the whole job: rank 0's, RUN_DIR/checkpoints. The
+ * parameters and optimizer state are the same on every process, and the
+ * data position is the job's (the batch index of the global stream, the
+ * same number whatever mesh.data: docs/dist.md), so rank r > 0 opens the
+ * same directory read only (no lock, no saves: save() skips) and restores
+ * from it. That makes a restart consistent (no rank resumes from a step
+ * another lacks) and lets the process count change between runs. */
+static nb_status job_checkpoints(trainer *t, nb_ckpt_options *co, char *dir, size_t cap) {
+  snprintf(dir, cap, "%s/checkpoints", t->opts->run_dir);
+  co->directory = dir;
+  co->read_only = t->rank > 0;
+  /* rank 0 may not have made it yet */
+  nb_status s = t->rank > 0 ? nb_train__mkdir_p(t->ctx, dir) : NB_OK;
+  if (!s && !(t->ckpt = nb_ckpt_manager_create(t->ctx, co))) s = nb_ctx_status(t->ctx);
+  return s;
+}
+
+/* Rank 0 restores (setting damaged steps aside), then every rank restores
+ * the step rank 0 did: one allgather of the step (-1: none, -2: rank 0
+ * failed and reports why). */
+static nb_status job_restore(trainer *t) {
+  nb_comm *c = t->cfg->mesh.data > 1 ? nb_ctx_axis(t->ctx, "data") : NULL;
+  if (!c) return restore(t);
+  nb_status s = t->rank == 0 ? restore(t) : NB_OK;
+  int64_t mine = s ? -2 : t->last_saved, *all = calloc((size_t)c->ops->size(c), sizeof *all);
+  if (!all) return nb_errorf(t->ctx, NB_ERR_NOMEM, "train: out of memory");
+  char *why = s ? strdup(nb_ctx_error(t->ctx)) : NULL;
+  nb_status cs = c->ops->allgather(c, t->ctx, &mine, all, sizeof mine);
+  int64_t step = all[0];
+  free(all);
+  if (s) nb_errorf(t->ctx, s, "%s", why ? why : "train: restore failed");
+  free(why);
+  if (s || cs) return s ? s : cs;
+  if (t->rank == 0) return NB_OK;
+  if (step == -2) return nb_errorf(t->ctx, NB_ERR_INVALID_ARG, "train: rank 0 could not restore the job's checkpoint");
+  bool damaged = false;
+  return step >= 0 ? restore_step(t, step, &damaged) : NB_OK;
+}
+
 static double scalar_out(const nb_tree *out, const char *path) {
   nb_array *a = nb_tree_get_array(out, path);
   return a ? nb_array_get(a, 0) : NAN;
@@ -483,14 +528,13 @@ static nb_status setup(trainer *t, nb_train_start_info *info) {
   double t_setup = nb_util__now_s();
   /* the checkpoint directory's lock first: a second trainer on a live run is refused before it touches anything */
   char ck[NB_TRAIN_PATH_MAX + 16];
-  snprintf(ck, sizeof ck, "%s/checkpoints", t->dir);
-  nb_ckpt_options co = {.directory = ck, .max_to_keep = (int)c->checkpoint_keep, .async = true};
-  t->ckpt = nb_ckpt_manager_create(ctx, &co);
-  if (!t->ckpt) return nb_ctx_status(ctx);
+  nb_ckpt_options co = {.max_to_keep = (int)c->checkpoint_keep, .async = true};
+  nb_status s = job_checkpoints(t, &co, ck, sizeof ck);
+  if (s) return s;
   t->last_saved = -1;
   const nb_train_source *src = t->opts->source;
   nb_train_task_data td = {0};
-  nb_status s = t->task ? t->task->open_data(t->task->ud, ctx, c, t->dir, &td)
+  s = t->task ? t->task->open_data(t->task->ud, ctx, c, t->dir, &td)
                 : src   ? source_data(t, src)
                         : nb_train__data_open(ctx, c, t->dir, &t->data);
   if (t->task) { /* the trainer owns the task's iterators now */
@@ -533,7 +577,7 @@ static nb_status setup(trainer *t, nb_train_start_info *info) {
     if (!t->eval_ds) return nb_ctx_status(ctx);
   }
   /* restore before compiling: a resume refused (other data, other model shape) is refused at once */
-  if ((s = restore(t)) || interrupted(t)) return s;
+  if ((s = job_restore(t)) || interrupted(t)) return s;
   /* frozen trees (a task's reference model, a source's LoRA base): inputs of
    * every step and eval, joined after the restore, never saved */
   if (t->task && t->task->frozen && (s = nb_tree_merge(t->st, "frozen", t->task->frozen))) return s;
