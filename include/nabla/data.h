@@ -356,6 +356,15 @@ typedef struct nb_data_pack_opts {
  * emitted and it starts the next output. */
 nb_data_iter *nb_data_iter_pack(nb_data_iter *it, const nb_data_pack_opts *opts);
 
+/* Rows [start, start + count) of every leaf's first axis: the part of a
+ * global batch one process of a data-parallel job computes, each process
+ * running the whole global pipeline (packing, mixing) and keeping its rows.
+ * The stage is left out of the saved state, so every process saves the
+ * same, global state (the global stream's positions, the packer's carry),
+ * and it restores under another process count (elastic restore,
+ * docs/dist.md). Put it after every stateful stage (before prefetch). */
+nb_data_iter *nb_data_iter_rows(nb_data_iter *it, int64_t start, int64_t count);
+
 /* Computes upstream elements ahead on `workers` threads into a buffer of
  * `buffer` elements, delivering them in exactly upstream order. When the
  * upstream is nb_data_iter_create(ds) followed only by iterator map/filter,

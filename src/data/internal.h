@@ -87,6 +87,10 @@ typedef struct nb_data__iter_ops {
   void (*save)(nb_data_iter *it, int64_t *st);
   nb_status (*load)(nb_data_iter *it, const int64_t *st);
   void (*destroy)(nb_data_iter *it);               /* frees what impl points to */
+  /* A stage that selects this process's part of a global element (rows):
+   * left out of the saved state's stages, so every process of a job saves
+   * the same state and it restores under another process count. */
+  bool not_in_state;
 } nb_data__iter_ops;
 
 typedef struct nb_data__stats {

@@ -101,7 +101,7 @@ static nb_status source_load(nb_data_iter *it, const int64_t *st) {
 
 static void source_destroy(nb_data_iter *it) { nb_data_map_release(((source_impl *)it->impl)->ds); }
 
-static const nb_data__iter_ops source_ops = {"source", source_next, NULL, 1, source_save, source_load, source_destroy};
+static const nb_data__iter_ops source_ops = {"source", source_next, NULL, 1, source_save, source_load, source_destroy, false};
 
 nb_data_iter *nb_data_iter_create(nb_data_map *ds) {
   if (!ds) return NULL;
@@ -144,8 +144,8 @@ static nb_status elementwise_next(nb_data_iter *it, nb_data_elem *out) {
   }
 }
 
-static const nb_data__iter_ops map_ops = {"map", elementwise_next, fn_apply, 0, NULL, NULL, NULL};
-static const nb_data__iter_ops filter_ops = {"filter", elementwise_next, fn_apply, 0, NULL, NULL, NULL};
+static const nb_data__iter_ops map_ops = {"map", elementwise_next, fn_apply, 0, NULL, NULL, NULL, false};
+static const nb_data__iter_ops filter_ops = {"filter", elementwise_next, fn_apply, 0, NULL, NULL, NULL, false};
 
 static nb_data_iter *fn_node(nb_data_iter *it, const nb_data__iter_ops *ops, fn_impl f, bool have_fn) {
   if (!it) return NULL;
@@ -193,7 +193,7 @@ static void batch_destroy(nb_data_iter *it) {
   nb_dealloc(it->ctx, b->elems, (size_t)b->opts.batch_size * sizeof *b->elems);
 }
 
-static const nb_data__iter_ops batch_ops = {"batch", batch_next, NULL, 0, NULL, NULL, batch_destroy};
+static const nb_data__iter_ops batch_ops = {"batch", batch_next, NULL, 0, NULL, NULL, batch_destroy, false};
 
 nb_data_iter *nb_data_iter_batch(nb_data_iter *it, const nb_data_batch_opts *opts) {
   if (!it) return NULL;
@@ -213,6 +213,54 @@ nb_data_iter *nb_data_iter_batch(nb_data_iter *it, const nb_data_batch_opts *opt
   return n;
 }
 
+/* ---- rows of a global element --------------------------------------------------- */
+
+typedef struct rows_impl {
+  int64_t start, count;
+} rows_impl;
+
+static nb_status rows_apply(nb_data_iter *it, nb_data_elem *e, bool *keep) {
+  const rows_impl *r = it->impl;
+  nb_ctx *ctx = it->ctx;
+  *keep = true;
+  if (e->kind != NB_DATA_TREE) return nb_data__err(ctx, NB_ERR_INVALID_ARG, "iterator rows: the element is not a tree of arrays");
+  for (size_t i = 0; i < nb_tree_size(e->tree); i++) {
+    const char *path = nb_tree_path(e->tree, i);
+    const nb_array *a = nb_tree_leaf(e->tree, i)->array;
+    if (!a || nb_array_rank(a) < 1 || !nb_array_data(a))
+      return nb_data__err(ctx, NB_ERR_SHAPE, "iterator rows: leaf '%s' is not a host array with a first axis", path);
+    int rank = nb_array_rank(a);
+    int64_t dims[8];
+    if (rank > 8) return nb_data__err(ctx, NB_ERR_SHAPE, "iterator rows: leaf '%s' has rank %d (at most 8)", path, rank);
+    memcpy(dims, nb_array_dims(a), (size_t)rank * sizeof *dims);
+    if (r->start + r->count > dims[0])
+      return nb_data__err(ctx, NB_ERR_SHAPE, "iterator rows: rows [%lld, %lld) of leaf '%s', which has %lld",
+                          (long long)r->start, (long long)(r->start + r->count), path, (long long)dims[0]);
+    size_t row = nb_dtype_size(nb_array_dtype(a));
+    for (int d = 1; d < rank; d++) row *= (size_t)dims[d];
+    dims[0] = r->count;
+    nb_array *b = nb_array_create(ctx, nb_array_dtype(a), rank, dims, (const char *)nb_array_data(a) + (size_t)r->start * row);
+    nb_status s = b ? nb_tree_set_array(e->tree, path, b) : nb_data__err(ctx, NB_ERR_NOMEM, "iterator rows: out of memory");
+    nb_array_release(b);
+    if (s) return s;
+  }
+  return NB_OK;
+}
+
+static const nb_data__iter_ops rows_ops = {"rows", elementwise_next, rows_apply, 0, NULL, NULL, NULL, true};
+
+nb_data_iter *nb_data_iter_rows(nb_data_iter *it, int64_t start, int64_t count) {
+  if (!it) return NULL;
+  if (start < 0 || count < 1) {
+    nb_data__err(it->ctx, NB_ERR_INVALID_ARG, "iterator rows: start %lld and count %lld (want start >= 0, count >= 1)",
+                 (long long)start, (long long)count);
+    return nb_data_iter_destroy(it), NULL;
+  }
+  nb_data_iter *n = nb_data__iter_new(it->ctx, &rows_ops, it, sizeof(rows_impl));
+  if (n) *(rows_impl *)n->impl = (rows_impl){start, count};
+  return n;
+}
+
 /* ---- state ------------------------------------------------------------------ */
 
 #define STATE_FORMAT "nabla.data.iter"
@@ -227,7 +275,8 @@ char *nb_data_iter_get_state(nb_data_iter *it) {
         *vals = cJSON_AddArrayToObject(root, "state");
   cJSON_AddStringToObject(root, "format", STATE_FORMAT);
   cJSON_AddNumberToObject(root, "version", STATE_VERSION);
-  for (nb_data_iter *n = it; n && stages; n = n->child) cJSON_AddItemToArray(stages, cJSON_CreateString(n->ops->name));
+  for (nb_data_iter *n = it; n && stages; n = n->child)
+    if (!n->ops->not_in_state) cJSON_AddItemToArray(stages, cJSON_CreateString(n->ops->name));
   for (int i = 0; i < it->n_state && vals; i++) {
     char buf[32];
     snprintf(buf, sizeof buf, "%lld", (long long)st[i]); /* strings: exact past 2^53 */
@@ -258,11 +307,15 @@ static nb_status parse_state(nb_data_iter *it, const cJSON *root, int64_t *st) {
                         STATE_VERSION);
   const cJSON *s = stages->child;
   int k = 0;
-  for (nb_data_iter *n = it; n; n = n->child, s = s ? s->next : NULL, k++)
+  for (nb_data_iter *n = it; n; n = n->child) {
+    if (n->ops->not_in_state) continue;
     if (!cJSON_IsString(s) || strcmp(s->valuestring, n->ops->name))
       return nb_data__err(ctx, NB_ERR_INVALID_ARG, "set_state: the state was saved from a different pipeline: stage %d "
                           "is '%s' here but '%s' in the state", k, n->ops->name,
                           cJSON_IsString(s) ? s->valuestring : "(none)");
+    s = s ? s->next : NULL;
+    k++;
+  }
   if (s) return nb_data__err(ctx, NB_ERR_INVALID_ARG, "set_state: the state has more stages than this pipeline");
   if (cJSON_GetArraySize(vals) != it->n_state)
     return nb_data__err(ctx, NB_ERR_INVALID_ARG, "set_state: %d state values, this pipeline has %d",

@@ -176,7 +176,7 @@ static void pack_destroy(nb_data_iter *it) {
   nb_dealloc(it->ctx, k->tmp, (size_t)(k->n_child + 1) * sizeof *k->tmp);
 }
 
-static const nb_data__iter_ops pack_ops = {"pack", pack_next, NULL, 2, pack_save, pack_load, pack_destroy};
+static const nb_data__iter_ops pack_ops = {"pack", pack_next, NULL, 2, pack_save, pack_load, pack_destroy, false};
 
 nb_data_iter *nb_data_iter_pack(nb_data_iter *it, const nb_data_pack_opts *opts) {
   if (!it) return NULL;

@@ -290,7 +290,7 @@ static void prefetch_destroy(nb_data_iter *it) {
 }
 
 static const nb_data__iter_ops prefetch_ops = {"prefetch", prefetch_next, NULL, 0, prefetch_save, prefetch_load,
-                                               prefetch_destroy};
+                                               prefetch_destroy, false};
 
 /* Finds the per-element stages between it and a source iterator: true when
  * the upstream is of that shape (parallel mode). */

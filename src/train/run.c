@@ -464,13 +464,17 @@ static nb_status source_data(trainer *t, const nb_train_source *src) {
   return NB_OK;
 }
 
-/* examples -> shuffle(seed), a new permutation every epoch -> packed rows */
+/* examples -> shuffle(seed), a new permutation every epoch -> packed rows (this process's with mesh.data > 1) */
 static nb_data_iter *source_iter(trainer *t) {
   const nb_train_config *c = t->cfg;
   nb_data_map_retain(t->data.train_windows);
   nb_data_map *ds = nb_data_map_repeat(nb_data_map_shuffle(t->data.train_windows, (uint64_t)c->seed), 0);
   nb_data_pack_opts po = {.seq_len = c->data.seq_len, .rows = c->batch_size};
   nb_data_iter *it = nb_data_iter_pack(nb_data_iter_create(ds), &po);
+  /* data parallel: every process packs the job's rows and keeps its own, so
+   * the saved position is the job's (elastic restore: docs/dist.md) */
+  int64_t D = c->mesh.data, rows = c->batch_size / D;
+  if (D > 1) it = nb_data_iter_rows(it, t->rank * rows, rows);
   if (it && c->data.workers > 0) it = nb_data_iter_prefetch(it, (int)c->data.workers, 2 * (int)c->data.workers + 2);
   return it;
 }

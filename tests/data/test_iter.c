@@ -2,7 +2,8 @@
  * from get_state at random cut points (through shuffle, mix, filter, pack,
  * batch and both prefetch modes), packing correctness (every token once,
  * segment ids, positions, first fit), padded batches and masks, worker
- * errors surfacing in order, empty inputs, bad states, statistics. */
+ * errors surfacing in order, empty inputs, bad states, statistics, and
+ * elastic restore of a mixed, packed pipeline split by rows. */
 #include "data_util.h"
 
 static int64_t ex_len(int64_t i) { return 1 + (int64_t)(((uint64_t)i * 0x9e3779b97f4a7c15ull >> 32) % 40); }
@@ -301,6 +302,88 @@ static void test_errors_and_empty(nb_ctx *ctx) {
   nb_data_elem_clear(ctx, &e);
 }
 
+/* Elastic restore: a job of D processes, each running the global pipeline
+ * (a weighted mix of two sources of variable-length examples, packed into
+ * 4 rows) and keeping its 4/D rows. Every process saves the same state,
+ * and a state saved at D = 2 resumes at D = 1 and D = 4 (and D = 1 at 2)
+ * with the same global stream: the rows the processes of the new job get
+ * are those of the uninterrupted one-process run. */
+static nb_data_iter *build_global(nb_ctx *ctx, int64_t D, int64_t r) {
+  nb_data_map *dss[2] = {nb_data_map_shuffle(nb_data_map_source(ctx, 150, ex_source, NULL), 1),
+                         nb_data_map_slice(nb_data_map_source(ctx, 1000, ex_source, NULL), 500, 1000, 1)};
+  nb_data_map *ds = nb_data_map_mix(ctx, 2, dss, (double[]){0.7, 0.3});
+  nb_data_iter *it = nb_data_iter_pack(nb_data_iter_create(ds), &(nb_data_pack_opts){.seq_len = 16, .rows = 4});
+  if (D > 1) it = nb_data_iter_rows(it, r * 4 / D, 4 / D);
+  return nb_data_iter_prefetch(it, 1, 3);
+}
+
+/* Whether part holds rows [start, start + count) of every leaf of whole. */
+static bool rows_of(const nb_data_elem *whole, const nb_data_elem *part, int64_t start, int64_t count) {
+  if (whole->kind != NB_DATA_TREE || part->kind != NB_DATA_TREE || nb_tree_size(whole->tree) != nb_tree_size(part->tree))
+    return false;
+  for (size_t i = 0; i < nb_tree_size(whole->tree); i++) {
+    const nb_array *a = nb_tree_leaf(whole->tree, i)->array, *b = nb_tree_get_array(part->tree, nb_tree_path(whole->tree, i));
+    if (!b || nb_array_dims(b)[0] != count || nb_array_size(a) / nb_array_dims(a)[0] != nb_array_size(b) / count) return false;
+    size_t row = nb_dtype_size(nb_array_dtype(a)) * (size_t)(nb_array_size(a) / nb_array_dims(a)[0]);
+    if (memcmp((const char *)nb_array_data(a) + (size_t)start * row, nb_array_data(b), (size_t)count * row)) return false;
+  }
+  return true;
+}
+
+/* Runs a D-process job from state (NULL: the start) for n global batches,
+ * checking each process's rows against ref[first..]; returns the state
+ * after them (every process's, checked equal). */
+static char *run_job(nb_ctx *ctx, int64_t D, const char *state, const nb_data_elem *ref, int first, int n) {
+  char *out = NULL;
+  for (int64_t r = 0; r < D; r++) {
+    nb_data_iter *it = build_global(ctx, D, r);
+    if (state) CHECK_OK(ctx, nb_data_iter_set_state(it, state));
+    int same = 0;
+    for (int k = 0; k < n; k++) {
+      nb_data_elem e = NB_DATA_ELEM_INIT;
+      CHECK_OK(ctx, nb_data_iter_next(it, &e));
+      same += rows_of(&ref[first + k], &e, r * 4 / D, 4 / D);
+      nb_data_elem_clear(ctx, &e);
+    }
+    CHECK_MSG(same == n, "D = %lld, rank %lld, from batch %d: %d of %d batches hold the global stream's rows",
+              (long long)D, (long long)r, first, same, n);
+    char *st = nb_data_iter_get_state(it);
+    CHECK(st != NULL);
+    if (!out) out = st;
+    else {
+      CHECK_MSG(!strcmp(out, st), "D = %lld: rank %lld saved another state than rank 0:\n%s\n%s", (long long)D,
+                (long long)r, st, out);
+      nb_data_state_free(ctx, st);
+    }
+    nb_data_iter_destroy(it);
+  }
+  return out;
+}
+
+static void test_elastic(nb_ctx *ctx) {
+  static nb_data_elem ref[K];
+  nb_data_iter *it = build_global(ctx, 1, 0);
+  CHECK(take(ctx, it, ref, K) == K);
+  nb_data_iter_destroy(it);
+  char *s2 = run_job(ctx, 2, NULL, ref, 0, 13);      /* 2 processes from the start */
+  char *s1 = run_job(ctx, 1, s2, ref, 13, 9);        /* 2 -> 1 */
+  char *s4 = run_job(ctx, 4, s1, ref, 22, 7);        /* 1 -> 4 */
+  char *s2b = run_job(ctx, 2, s4, ref, 29, K - 29);  /* 4 -> 2, to the end of ref */
+  nb_data_state_free(ctx, s2);
+  nb_data_state_free(ctx, s1);
+  nb_data_state_free(ctx, s4);
+  nb_data_state_free(ctx, s2b);
+  clear_all(ctx, ref, K);
+  /* rows outside the element, bad arguments */
+  it = nb_data_iter_rows(build_global(ctx, 1, 0), 3, 2);
+  nb_data_elem e = NB_DATA_ELEM_INIT;
+  CHECK(nb_data_iter_next(it, &e) != NB_OK);
+  CHECK_ERR(ctx, NB_ERR_SHAPE, "rows [3, 5) of leaf");
+  nb_data_iter_destroy(it);
+  CHECK(nb_data_iter_rows(build_global(ctx, 1, 0), 0, 0) == NULL);
+  CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "count 0");
+}
+
 int main(void) {
   tdir_make();
   nb_ctx *ctx = nb_ctx_create();
@@ -314,6 +397,7 @@ int main(void) {
   test_pack(ctx);
   test_padded_batch(ctx);
   test_errors_and_empty(ctx);
+  test_elastic(ctx);
   CHECK_MSG(nb_ctx_bytes_in_use(ctx) == 0, "%zu bytes still allocated", nb_ctx_bytes_in_use(ctx));
   nb_ctx_destroy(ctx);
   tdir_remove();

@@ -5,7 +5,9 @@
  * exits (the same command resumes). The loop itself is nb_train_run.
  * Data parallel: `mpirun -np N nabla train ... mesh.data=N` (docs/dist.md):
  * the mesh axis "data" over the N processes; rank 0 prints and owns the run
- * dir, rank r > 0 writes DIR/rank<r> and prints only errors. */
+ * dir and the job's checkpoints, rank r > 0 writes DIR/rank<r>, restores
+ * from DIR/checkpoints and prints only errors. `nabla launch` (launch.c)
+ * starts such a job and restarts it from its last checkpoint. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,7 +59,8 @@ static const char usage_text[] =
     "  --peak-gflops  the peak FLOP/s that MFU is relative to (default: $NABLA_PEAK_GFLOPS, else an\n"
     "              f32 FMA peak measured once per machine and thread count, cached in ~/.cache/nabla)\n"
     "  key=value   config overrides: steps=100 optim.lr=1e-3 model.n_layers=2 ...\n"
-    "data parallel: mpirun -np N nabla train ... mesh.data=N grad_accum=N (docs/dist.md)\n";
+    "data parallel: mpirun -np N nabla train ... mesh.data=N grad_accum=N, or nabla launch -n N [--max-restarts K]\n"
+    "              -- nabla train ... mesh.data=N grad_accum=N (docs/dist.md)\n";
 
 void nb_cli_progress_start(void *ud, const nb_train_start_info *in) {
   nb_cli_progress *c = ud;
