@@ -342,12 +342,12 @@ nb_status nb_prof_trace_table(nb_ctx *ctx, const char *trace_path, FILE *out, in
     char pct[16] = "-", roof[16] = "-", reads[200];
     if (peak_flops > 0) snprintf(pct, sizeof pct, "%.1f%%", 100 * rate / peak_flops);
     if (cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(f, "roof_pct"))) snprintf(roof, sizeof roof, "%.1f%%", num(f, "roof_pct"));
-    const char *ops = str(f, "ops");
-    bool kernel = !strcmp(str(f, "cat"), "kernel");
-    fprintf(out, "%10.3f %5.1f%% %7.0f %9.2f %8.2f %7s %8.2f %7.2f %-7s %6s  %-6s %s%s%s", t * 1e-6, all > 0 ? 100 * t / all : 0.0,
+    /* a kernel as "k12" and its whole op list (the span's name cuts it) */
+    const char *name = str(f, "name"), *ops = str(f, "ops");
+    int cut = !strcmp(str(f, "cat"), "kernel") && *ops && strchr(name, ' ') ? (int)(strchr(name, ' ') - name) : (int)strlen(name);
+    fprintf(out, "%10.3f %5.1f%% %7.0f %9.2f %8.2f %7s %8.2f %7.2f %-7s %6s  %-6s %.*s%s%s", t * 1e-6, all > 0 ? 100 * t / all : 0.0,
             num(f, "count"), num(f, "mean_ns") * 1e-3, rate * 1e-9, pct, num(f, "gbps"), num(f, "intensity"),
-            str(f, "bound")[0] ? str(f, "bound") : "-", roof, str(f, "cat"), str(f, "name"),
-            kernel && *ops && !strstr(str(f, "name"), ops) ? " " : "", kernel && !strstr(str(f, "name"), ops) ? ops : "");
+            str(f, "bound")[0] ? str(f, "bound") : "-", roof, str(f, "cat"), cut, name, name[cut] ? " " : "", name[cut] ? ops : "");
     const cJSON *r = cJSON_GetObjectItemCaseSensitive(f, "reads");
     if (cJSON_GetArraySize(r) > 0) fprintf(out, " [%s]", joined(r, reads, sizeof reads, 3));
     fputc('\n', out);
