@@ -122,6 +122,10 @@ typedef struct nb_prof_trace_opts {
   const char *path;   /* the trace file nb_prof_stop writes (its directory is created now) */
   int64_t max_events; /* events kept, at about 400 bytes each (<= 0: 1 << 20); later ones are
                        * dropped and counted in the summary */
+  double peak_flops;       /* the roofline's compute roof in the op profile (<= 0: nb_prof_peak_flops(0)) */
+  double peak_bytes_per_s; /* ... its memory roof (<= 0: nb_prof_peak_bandwidth(0)) */
+  const char *html_path;   /* the profile page nb_prof_stop draws (nb_prof_profile_html); NULL:
+                            * profile.html in the trace's folder */
 } nb_prof_trace_opts;
 
 /* Starts recording: drops what an earlier trace left and turns tracing on.
@@ -132,7 +136,9 @@ nb_status nb_prof_start(nb_ctx *ctx, const nb_prof_trace_opts *opts);
 
 /* Stops recording and writes the trace file (atomically) and beside it
  * the summary: PATH with its ".json" replaced by ".summary.json" (or with
- * that appended). Errors: NB_ERR_INVALID_ARG when no trace is on, NB_ERR_IO
+ * that appended), the op profile (".ops.json": every compiled step's time,
+ * source ops, parameter paths, cost, rates and roofline position against
+ * the peaks of opts; docs/prof.md) and the profile page (html_path). Errors: NB_ERR_INVALID_ARG when no trace is on, NB_ERR_IO
  * naming the file; tracing is off after either. */
 nb_status nb_prof_stop(nb_ctx *ctx);
 
@@ -148,14 +154,40 @@ void nb_prof_scope_end(void);
 /* Names this thread's track (and, 15 bytes of it, the thread). */
 void nb_prof_thread_name(const char *name);
 
-/* The op table of a written trace, from its summary: the compiled steps'
- * spans (categories kernel, gemm, eval) by name, slowest first (top > 0:
- * that many rows), with total ms, share of all of them, count, mean us,
- * achieved GFLOP/s (and its share of peak_flops when > 0: nb_prof_peak_flops)
- * and GB/s (the cost rules' flops and bytes over the time), after a line
- * with each category's share. Errors: NB_ERR_IO (no summary beside
- * trace_path), NB_ERR_FORMAT (not a summary). */
+/* The op table of a written trace, from its op profile (<trace>.ops.json):
+ * a line with each family's share and one with the roofs and the floor,
+ * then the compiled steps (kernels, GEMMs, evaluated equations), slowest
+ * first (top > 0: that many rows), with total ms, share, count, mean us,
+ * achieved GFLOP/s (and its share of peak_flops; <= 0: the profile's
+ * roof), GB/s, FLOP/byte, the bound (memory or compute) and the share of
+ * that roof reached, the name and source ops, and the parameter paths
+ * read. Errors: NB_ERR_IO (no op profile beside trace_path), NB_ERR_FORMAT
+ * (not one). */
 nb_status nb_prof_trace_table(nb_ctx *ctx, const char *trace_path, FILE *out, int top, double peak_flops);
+
+/* ------------------------------------------------------------------------ */
+/* The profile page                                                          */
+/* ------------------------------------------------------------------------ */
+
+/* A section of the profile page from another viewer: an anchor id, a
+ * heading and its markup (HTML, inserted as it is: self-contained, no
+ * scripts or styles fetched from elsewhere). */
+typedef struct nb_prof_html_section {
+  const char *id, *title, *html;
+} nb_prof_html_section;
+
+/* Draws the profile of a written trace (its op profile, <trace>.ops.json)
+ * as one self-contained HTML page (inline CSS, SVG and script; nothing
+ * fetched, so it opens offline): the totals and the floor (every step at
+ * its roof), the roofline (log-log: a point per compiled step, the memory
+ * and compute roofs of the measured peaks), time per family, the op table
+ * (sortable by any column) with each step's source ops and parameter
+ * paths, the step timeline's summary, then the extra sections in order.
+ * Written atomically. nb_prof_stop draws one (nb_prof_trace_opts.html_path).
+ * Errors: NB_ERR_IO (no op profile beside trace_path), NB_ERR_FORMAT (not
+ * one), NB_ERR_INVALID_ARG. */
+nb_status nb_prof_profile_html(nb_ctx *ctx, const char *trace_path, const char *out_html, const char *title,
+                               const nb_prof_html_section *extra, size_t nextra);
 
 /* ------------------------------------------------------------------------ */
 /* Peak FLOP/s (what MFU is relative to)                                     */
@@ -167,21 +199,32 @@ nb_status nb_prof_trace_table(nb_ctx *ctx, const char *trace_path, FILE *out, in
 const char *nb_prof_isa(void);
 
 typedef struct nb_prof_peak {
-  double flops;     /* f32 FLOP/s */
-  int threads;      /* threads it was measured with */
-  char source[1200]; /* "env NABLA_PEAK_GFLOPS", "measured (...), cached in PATH", "cached in PATH" */
+  double flops;       /* f32 FLOP/s (nb_prof_peak_flops; 0 from nb_prof_peak_bandwidth) */
+  double bytes_per_s; /* memory bandwidth (nb_prof_peak_bandwidth; 0 from nb_prof_peak_flops) */
+  int threads;        /* threads it was measured with */
+  char source[1200];  /* "env NABLA_PEAK_GFLOPS", "measured (...), cached in PATH", "cached in PATH" */
 } nb_prof_peak;
 
 /* The f32 FMA peak of this machine with `threads` threads (<= 0:
  * $NABLA_THREADS, else the CPU count): $NABLA_PEAK_GFLOPS x 1e9 when set
  * (a positive number); else the value cached for this CPU model, ISA and
- * thread count in $XDG_CACHE_HOME/nabla/peak_flops.v2 (or ~/.cache/nabla/);
+ * thread count in $XDG_CACHE_HOME/nabla/peak_flops.v3 (or ~/.cache/nabla/);
  * else measured by a short FMA-throughput loop (about 0.3 s: independent
  * fused multiply-adds at the vector width of nb_prof_isa, on every thread at
- * once) and cached there. The measurement counts the FMA units a core really
- * has, so MFU is right on AVX2 and AVX-512 machines alike. Never fails: a
- * cache that cannot be read or written only costs a new measurement. */
+ * once, seven rounds, each thread timed by its own CPU clock so that a busy
+ * machine does not lower it; the best round) and cached there. The
+ * measurement counts the FMA units a core really has, so MFU is right on
+ * AVX2 and AVX-512 machines alike. Never fails: a cache that cannot be read
+ * or written only costs a new measurement. */
 nb_prof_peak nb_prof_peak_flops(int threads);
+
+/* The memory bandwidth (bytes/s) of this machine with `threads` threads,
+ * in .bytes_per_s: $NABLA_PEAK_GBPS x 1e9 when set; else cached as above
+ * in peak_bandwidth.v1; else measured (STREAM's scale kernel, counted as
+ * bytes read + written like the cost rules, over twice the last-level
+ * cache, five rounds timed as above, the best) and cached. The roofline's
+ * memory roof. */
+nb_prof_peak nb_prof_peak_bandwidth(int threads);
 
 NB_END_DECLS
 

@@ -15,6 +15,15 @@ const nb_prim_rules *const nb__prim_table[NB_PRIM_COUNT] = {
 #undef NB_PRIM
 };
 
+const char *nb__prim_family(nb_prim p) {
+  static const char *const family[NB_PRIM_COUNT] = {
+#define NB_PRIM(name, fam) [NB_PRIM_##name] = #fam,
+#include "core/prims/prims.def"
+#undef NB_PRIM
+  };
+  return p >= 0 && p < NB_PRIM_COUNT && family[p] ? family[p] : "other";
+}
+
 typedef struct arena_block {
   struct arena_block *next;
   size_t size, used;

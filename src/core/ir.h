@@ -153,6 +153,9 @@ typedef struct nb_prim_rules {
 
 extern const nb_prim_rules *const nb__prim_table[NB_PRIM_COUNT];
 static inline const nb_prim_rules *nb__rules(nb_prim p) { return nb__prim_table[p]; }
+/* The family a primitive is declared in (its file in core/prims/: "binary",
+ * "dot", "reduce", ...), for the profiler's time per family. */
+const char *nb__prim_family(nb_prim p);
 
 #define NB_PRIM(name, family) extern const nb_prim_rules nb__prim_##name;
 #include "core/prims/prims.def"

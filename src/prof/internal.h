@@ -5,6 +5,7 @@
 #define NABLA_PROF_INTERNAL_H
 
 #include "nabla/prof.h"
+#include "util/trace.h"
 
 #define NB_PROF__PATH_CAP 4096
 
@@ -15,5 +16,35 @@ nb_status nb_prof__mkdirs(nb_ctx *ctx, const char *path);
 /* Writes n bytes to path through path.tmp.<pid> (write, fsync, rename), so a
  * reader sees the old file or the new one, never a part. */
 nb_status nb_prof__write_atomic(nb_ctx *ctx, const char *path, const void *data, size_t n);
+
+/* ---- traces (trace.c) and the op profile (opprof.c) ---- */
+
+typedef struct nb_prof__track {
+  int tid;
+  char name[32];
+  size_t first, n; /* its events in the collection's array */
+} nb_prof__track;
+
+/* What a trace recorded, collected at nb_prof_stop. */
+typedef struct nb_prof__collection {
+  nb_util__trace_event *ev;
+  size_t n, cap;
+  nb_prof__track *tracks;
+  size_t ntracks, cap_tracks;
+  bool oom;
+  int64_t t_start; /* ns: the trace's ts 0 */
+} nb_prof__collection;
+
+/* The roofs of the roofline (0: unknown) and where they came from. */
+typedef struct nb_prof__peaks {
+  double flops, bytes_per_s;
+  char flops_source[1200], bytes_source[1200];
+} nb_prof__peaks;
+
+/* <trace>.ops.json: trace_path with ".json" replaced (or that appended). */
+void nb_prof__ops_path(const char *trace_path, char *out, size_t cap);
+/* The op profile of c and the session's notes as JSON text (malloc'ed; NULL
+ * when out of memory). Format: docs/prof.md, "Op profile". */
+char *nb_prof__op_profile(const nb_prof__collection *c, const nb_prof__peaks *pk);
 
 #endif

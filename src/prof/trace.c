@@ -23,23 +23,14 @@ static struct {
   int64_t t_start; /* ns: ts 0 of the file */
   double wall_start;
   char path[NB_PROF__PATH_CAP];
+  double peak_flops, peak_bytes_per_s; /* the caller's; 0: nb_prof_peak_* at nb_prof_stop */
+  char html[NB_PROF__PATH_CAP];         /* the profile page */
 } session = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 /* ---- collecting ------------------------------------------------------------ */
 
-typedef struct track {
-  int tid;
-  char name[32];
-  size_t first, n; /* its events in the collection's array */
-} track;
-
-typedef struct collection {
-  nb_util__trace_event *ev;
-  size_t n, cap;
-  track *tracks;
-  size_t ntracks, cap_tracks;
-  bool oom;
-} collection;
+typedef nb_prof__track track;
+typedef nb_prof__collection collection;
 
 static void take_thread(void *ud, int tid, const char *name, const nb_util__trace_event *ev, size_t n) {
   collection *c = ud;
@@ -105,8 +96,10 @@ static void put_event(FILE *f, int pid, int tid, const nb_util__trace_event *e, 
   put_str(f, e->name);
   fputs(",\"cat\":", f);
   put_str(f, e->cat);
-  if (e->nargs) {
+  if (e->nargs || e->ref) {
     fputs(",\"args\":{", f);
+    if (e->ref) /* the row of the op profile (<trace>.ops.json) */
+      fprintf(f, "\"exe\":%lld,\"step\":%lld%s", (long long)(e->ref >> 24), (long long)(e->ref & 0xffffff), e->nargs ? "," : "");
     for (int i = 0; i < e->nargs; i++) {
       if (i) fputc(',', f);
       put_str(f, e->args[i].key ? e->args[i].key : "?");
@@ -201,6 +194,29 @@ static void summary_path(const char *path, char *out, size_t cap) {
   else snprintf(out, cap, "%s.summary.json", path);
 }
 
+/* the roofs: the caller's, else this machine's measured ones (cached) */
+static void peaks(nb_prof__peaks *pk) {
+  nb_prof_peak p;
+  if (session.peak_flops > 0) pk->flops = session.peak_flops, snprintf(pk->flops_source, sizeof pk->flops_source, "given");
+  else p = nb_prof_peak_flops(0), pk->flops = p.flops, snprintf(pk->flops_source, sizeof pk->flops_source, "%s", p.source);
+  if (session.peak_bytes_per_s > 0)
+    pk->bytes_per_s = session.peak_bytes_per_s, snprintf(pk->bytes_source, sizeof pk->bytes_source, "given");
+  else p = nb_prof_peak_bandwidth(0), pk->bytes_per_s = p.bytes_per_s, snprintf(pk->bytes_source, sizeof pk->bytes_source, "%s", p.source);
+}
+
+static nb_status write_op_profile(nb_ctx *ctx, collection *c) {
+  char path[NB_PROF__PATH_CAP + 16];
+  nb_prof__ops_path(session.path, path, sizeof path);
+  nb_prof__peaks pk = {0};
+  peaks(&pk);
+  c->t_start = session.t_start;
+  char *text = nb_prof__op_profile(c, &pk);
+  nb_status s = text ? nb_prof__write_atomic(ctx, path, text, strlen(text))
+                     : nb_errorf(ctx, NB_ERR_NOMEM, "nb_prof_stop: out of memory writing '%s'", path);
+  free(text);
+  return s;
+}
+
 /* ---- the API ------------------------------------------------------------------------ */
 
 nb_status nb_prof_start(nb_ctx *ctx, const nb_prof_trace_opts *opts) {
@@ -221,6 +237,11 @@ nb_status nb_prof_start(nb_ctx *ctx, const nb_prof_trace_opts *opts) {
   if (!s) {
     snprintf(session.path, sizeof session.path, "%s", opts->path);
     session.on = true;
+    session.peak_flops = opts->peak_flops > 0 ? opts->peak_flops : 0;
+    if (opts->html_path) snprintf(session.html, sizeof session.html, "%s", opts->html_path);
+    else if (slash) snprintf(session.html, sizeof session.html, "%.*s/profile.html", (int)(strrchr(opts->path, '/') - opts->path), opts->path);
+    else snprintf(session.html, sizeof session.html, "profile.html");
+    session.peak_bytes_per_s = opts->peak_bytes_per_s > 0 ? opts->peak_bytes_per_s : 0;
     session.wall_start = nb_util__wall_s();
     session.t_start = nb_util__trace_enable(opts->max_events);
   }
@@ -238,7 +259,6 @@ nb_status nb_prof_stop(nb_ctx *ctx) {
   session.on = false;
   collection c = {0};
   int64_t dropped = nb_util__trace_collect(take_thread, &c);
-  nb_util__trace_clear();
   nb_status s = NB_OK;
   if (c.oom) s = nb_errorf(ctx, NB_ERR_NOMEM, "nb_prof_stop: out of memory collecting %zu events", c.n);
   for (size_t i = 0; !s && i < c.ntracks; i++) qsort(c.ev + c.tracks[i].first, c.tracks[i].n, sizeof *c.ev, by_start);
@@ -246,6 +266,13 @@ nb_status nb_prof_stop(nb_ctx *ctx) {
   summary_path(session.path, sp, sizeof sp);
   if (!s) s = write_file(ctx, session.path, put_trace_ok, &c, dropped);
   if (!s) s = write_file(ctx, sp, put_summary, &c, dropped);
+  if (!s) s = write_op_profile(ctx, &c);
+  if (!s && session.html[0]) {
+    char title[NB_PROF__PATH_CAP + 32];
+    snprintf(title, sizeof title, "nabla profile: %s", session.path);
+    s = nb_prof_profile_html(ctx, session.path, session.html, title, NULL, 0);
+  }
+  nb_util__trace_clear(); /* the events (copied into c) and the notes (read by the op profile) */
   free(c.ev);
   free(c.tracks);
   pthread_mutex_unlock(&session.mu);
@@ -260,69 +287,71 @@ void nb_prof_thread_name(const char *name) { nb_util__trace_thread_name(name); }
 
 /* ---- the op table ------------------------------------------------------------------ */
 
-typedef struct row {
-  const char *name, *cat;
-  double count, ns, flops, bytes;
-} row;
-
-static int by_time(const void *a, const void *b) {
-  const row *x = a, *y = b;
-  return (x->ns < y->ns) - (x->ns > y->ns);
+static double num(const cJSON *o, const char *key) { return cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(o, key)); }
+static const char *str(const cJSON *o, const char *key) {
+  const char *v = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, key));
+  return v ? v : "";
 }
 
-/* the steps of compiled programs: their times do not nest in one another */
-static bool is_step(const char *cat) { return !strcmp(cat, "kernel") || !strcmp(cat, "gemm") || !strcmp(cat, "eval"); }
+/* "a, b +3 more" of a JSON array of strings, into buf */
+static const char *joined(const cJSON *arr, char *buf, size_t cap, int most) {
+  size_t n = 0;
+  int i = 0, total = cJSON_GetArraySize(arr);
+  buf[0] = 0;
+  const cJSON *x;
+  cJSON_ArrayForEach(x, arr) {
+    if (i == most) {
+      snprintf(buf + n, cap - n, " +%d more", total - most);
+      break;
+    }
+    int k = snprintf(buf + n, cap - n, "%s%s", i ? ", " : "", cJSON_GetStringValue(x) ? cJSON_GetStringValue(x) : "?");
+    if (k < 0 || (size_t)k >= cap - n) break;
+    n += (size_t)k, i++;
+  }
+  return buf;
+}
 
 nb_status nb_prof_trace_table(nb_ctx *ctx, const char *trace_path, FILE *out, int top, double peak_flops) {
-  char sp[NB_PROF__PATH_CAP + 16], *text = NULL;
+  char path[NB_PROF__PATH_CAP + 16], *text = NULL;
   if (!trace_path || !out) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "nb_prof_trace_table: NULL argument");
-  summary_path(trace_path, sp, sizeof sp);
+  nb_prof__ops_path(trace_path, path, sizeof path);
   size_t len;
-  int err = nb_util__read_file(sp, (size_t)1 << 30, &text, &len);
-  if (err) return nb_errorf(ctx, NB_ERR_IO, "nb_prof_trace_table: cannot read '%s': %s", sp, strerror(err));
+  int err = nb_util__read_file(path, (size_t)1 << 30, &text, &len);
+  if (err) return nb_errorf(ctx, NB_ERR_IO, "nb_prof_trace_table: cannot read '%s': %s", path, strerror(err));
   cJSON *j = cJSON_Parse(text);
   free(text);
-  const cJSON *slices = cJSON_GetObjectItemCaseSensitive(j, "slices");
-  if (!cJSON_IsObject(slices)) {
+  const cJSON *ks = cJSON_GetObjectItemCaseSensitive(j, "kernels"), *fams = cJSON_GetObjectItemCaseSensitive(j, "families");
+  const cJSON *pk = cJSON_GetObjectItemCaseSensitive(j, "peak");
+  if (!cJSON_IsArray(ks) || !cJSON_IsArray(fams)) {
     cJSON_Delete(j);
-    return nb_errorf(ctx, NB_ERR_FORMAT, "nb_prof_trace_table: '%s' is not a trace summary (no \"slices\" object)", sp);
+    return nb_errorf(ctx, NB_ERR_FORMAT, "nb_prof_trace_table: '%s' is not an op profile (no \"kernels\" array)", path);
   }
-  int n = cJSON_GetArraySize(slices), k = 0;
-  row *rows = calloc((size_t)n + 1, sizeof *rows);
-  if (!rows) return cJSON_Delete(j), nb_errorf(ctx, NB_ERR_NOMEM, "nb_prof_trace_table: out of memory");
-  double step_ns = 0, cat_ns[3] = {0};
-  static const char *const cats[3] = {"kernel", "gemm", "eval"};
-  const cJSON *s;
-  cJSON_ArrayForEach(s, slices) {
-    const cJSON *cat = cJSON_GetObjectItemCaseSensitive(s, "cat");
-    row r = {s->string, cJSON_IsString(cat) ? cat->valuestring : "",
-             cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(s, "count")),
-             cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(s, "total_ns")),
-             cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(s, "flops")),
-             cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(s, "bytes"))};
-    if (!is_step(r.cat) || !isfinite(r.ns)) continue;
-    rows[k++] = r;
-    step_ns += r.ns;
-    for (int c = 0; c < 3; c++) cat_ns[c] += strcmp(r.cat, cats[c]) ? 0 : r.ns;
+  double all = num(j, "steps_ns"), floor_ns = num(j, "floor_ns");
+  if (peak_flops <= 0) peak_flops = num(pk, "gflops") * 1e9;
+  fprintf(out, "compiled steps: %.3f ms in all", all * 1e-6);
+  const cJSON *f;
+  cJSON_ArrayForEach(f, fams) fprintf(out, ", %s %.1f%%", str(f, "family"), 100 * num(f, "share"));
+  fprintf(out, "\nroofs: %.1f GFLOP/s, %.1f GB/s (ridge %.1f FLOP/byte); at the roofs the steps would take %.3f ms (%.1f%% of their time)\n",
+          num(pk, "gflops"), num(pk, "gbps"), num(pk, "ridge"), floor_ns * 1e-6, all > 0 ? 100 * floor_ns / all : 0.0);
+  fprintf(out, "%10s %6s %7s %9s %8s %7s %8s %7s %-7s %6s  %-6s %s\n", "total ms", "share", "count", "mean us", "GFLOP/s", "%peak",
+          "GB/s", "FLOP/B", "bound", "%roof", "cat", "name [reads]");
+  int i = 0;
+  cJSON_ArrayForEach(f, ks) {
+    if (top > 0 && i++ >= top) break;
+    double t = num(f, "total_ns"), rate = num(f, "gflops") * 1e9;
+    char pct[16] = "-", roof[16] = "-", reads[200];
+    if (peak_flops > 0) snprintf(pct, sizeof pct, "%.1f%%", 100 * rate / peak_flops);
+    if (cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(f, "roof_pct"))) snprintf(roof, sizeof roof, "%.1f%%", num(f, "roof_pct"));
+    /* a kernel as "k12" and its whole op list (the span's name cuts it) */
+    const char *name = str(f, "name"), *ops = str(f, "ops");
+    int cut = !strcmp(str(f, "cat"), "kernel") && *ops && strchr(name, ' ') ? (int)(strchr(name, ' ') - name) : (int)strlen(name);
+    fprintf(out, "%10.3f %5.1f%% %7.0f %9.2f %8.2f %7s %8.2f %7.2f %-7s %6s  %-6s %.*s%s%s", t * 1e-6, all > 0 ? 100 * t / all : 0.0,
+            num(f, "count"), num(f, "mean_ns") * 1e-3, rate * 1e-9, pct, num(f, "gbps"), num(f, "intensity"),
+            str(f, "bound")[0] ? str(f, "bound") : "-", roof, str(f, "cat"), cut, name, name[cut] ? " " : "", name[cut] ? ops : "");
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(f, "reads");
+    if (cJSON_GetArraySize(r) > 0) fprintf(out, " [%s]", joined(r, reads, sizeof reads, 3));
+    fputc('\n', out);
   }
-  qsort(rows, (size_t)k, sizeof *rows, by_time);
-  const cJSON *ev = cJSON_GetObjectItemCaseSensitive(j, "events"), *dr = cJSON_GetObjectItemCaseSensitive(j, "dropped_events");
-  fprintf(out, "%.0f spans (%.0f dropped); compiled steps: %.3f ms in all", cJSON_GetNumberValue(ev), cJSON_GetNumberValue(dr),
-          step_ns * 1e-6);
-  for (int c = 0; c < 3; c++) fprintf(out, ", %s %.1f%%", cats[c], step_ns > 0 ? 100 * cat_ns[c] / step_ns : 0.0);
-  if (peak_flops > 0) fprintf(out, "; peak %.1f GFLOP/s", peak_flops * 1e-9);
-  fprintf(out, "\n%10s %6s %7s %9s %8s %7s %8s  %-6s %s\n", "total ms", "share", "count", "mean us", "GFLOP/s", "%peak", "GB/s", "cat",
-          "name");
-  for (int i = 0; i < k && (top <= 0 || i < top); i++) {
-    const row *r = &rows[i];
-    double sec = r->ns * 1e-9, rate = sec > 0 ? r->flops / sec : 0;
-    char pk[16] = "-";
-    if (peak_flops > 0) snprintf(pk, sizeof pk, "%.1f%%", 100 * rate / peak_flops);
-    fprintf(out, "%10.3f %5.1f%% %7.0f %9.2f %8.2f %7s %8.2f  %-6s %s\n", r->ns * 1e-6, step_ns > 0 ? 100 * r->ns / step_ns : 0.0,
-            r->count, r->count > 0 ? r->ns * 1e-3 / r->count : 0.0, rate * 1e-9, pk, sec > 0 ? r->bytes / sec * 1e-9 : 0.0, r->cat,
-            r->name);
-  }
-  free(rows);
   cJSON_Delete(j);
   return NB_OK;
 }

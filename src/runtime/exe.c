@@ -215,7 +215,7 @@ static nb_status copy_outputs(nb_exe *e, char **ptr, nb_array **out) {
  * f32[128,768]"), with its source ops, where they
  * were traced and its cost. On a backend with a stream (CUDA) it spans the
  * launch, not the kernel. */
-static void trace_step(const nb_jstep *step, int64_t t0, int64_t t1) {
+static void trace_step(const nb_jstep *step, int64_t t0, int64_t t1, int64_t ref) {
   static const char *const cats[NB_EXE_STEP_KIND_COUNT] = {
       [NB_EXE_STEP_KERNEL] = "kernel", [NB_EXE_STEP_EVAL] = "eval", [NB_EXE_STEP_BLAS] = "gemm", [NB_EXE_STEP_CONTROL] = "control"};
   char name[sizeof step->name + sizeof step->ops + 96], at[NB_UTIL_TRACE_STR + 16]; /* the recorder keeps what fits */
@@ -230,12 +230,13 @@ static void trace_step(const nb_jstep *step, int64_t t0, int64_t t1) {
   /* "at" last, left out when unknown (a copy into an output that no equation computes) */
   nb_util__trace_arg args[] = {{"ops", step->ops, 0}, {"flops", NULL, step->flops}, {"bytes", NULL, step->bytes}, {"at", at, 0}};
   const char *cat = step->kind < NB_EXE_STEP_KIND_COUNT && cats[step->kind] ? cats[step->kind] : "step";
-  nb_util__trace_span(cat, name, t0, t1, args, step->loc.file ? 4 : 3);
+  nb_util__trace_span_ref(cat, name, t0, t1, args, step->loc.file ? 4 : 3, ref);
 }
 
 static nb_status run_steps(nb_exe *e, char **ptr, char **args, nb_array *const *in, nb_array **out, double *ms) {
   const nb_backend *bk = e->cfg.backend;
   nb_status st = NB_OK;
+  int64_t ref = 0; /* e's steps in this trace, once a step is traced */
   for (int s = 0; s < e->plan.nsteps && st == NB_OK; s++) {
     const nb_jstep *step = &e->plan.steps[s];
     const nb_eqn *q = step->eqn;
@@ -257,7 +258,8 @@ static nb_status run_steps(nb_exe *e, char **ptr, char **args, nb_array *const *
     }
     int64_t t1 = nb_util__now_ns();
     ms[s] += (double)(t1 - t0) * 1e-6;
-    if (traced) trace_step(step, t0, t1);
+    if (traced && !ref) nb_rt__trace_note(e), ref = nb_rt__trace_ref(e);
+    if (traced) trace_step(step, t0, t1, ref + s);
   }
   return st;
 }

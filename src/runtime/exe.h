@@ -5,6 +5,7 @@
 #define NABLA_RUNTIME_EXE_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "backend/backend.h"
 #include "compile/jit.h"
@@ -28,7 +29,15 @@ struct nb_exe {
   void *arena;
   size_t arena_cap;
   uint64_t runs;
+  _Atomic int64_t trace_serial;   /* its number in traces (describe.c), from its first traced run */
+  _Atomic uint64_t trace_noted;   /* the trace session it was last described in */
 };
+
+/* runtime/describe.c: the reference of e's step 0 in trace spans (step i
+ * adds i), and e's note of its steps (source ops, parameter paths), made
+ * once per trace session. */
+int64_t nb_rt__trace_ref(nb_exe *e);
+void nb_rt__trace_note(nb_exe *e);
 
 /* runtime/exe.c */
 nb_status nb_rt__run(nb_exe *e, nb_array *const *in, nb_array **out);

@@ -845,9 +845,12 @@ static void profile_begin(trainer *t, profile_state *ps) {
             t->cfg->profile.steps);
     return;
   }
-  char path[NB_TRAIN_PATH_MAX + 32];
+  char path[NB_TRAIN_PATH_MAX + 32], html[NB_TRAIN_PATH_MAX + 32];
   snprintf(path, sizeof path, "%s/profile/trace.json", t->dir);
-  if (nb_prof_start(t->ctx, &(nb_prof_trace_opts){.path = path}) == NB_OK) *ps = PROFILE_ON;
+  snprintf(html, sizeof html, "%s/profile.html", t->dir); /* beside report.html */
+  nb_prof_trace_opts o = {.path = path, .html_path = html, .peak_flops = t->opts->peak_flops, .peak_bytes_per_s = 0};
+  if (t->opts->threads > 0) o.peak_bytes_per_s = nb_prof_peak_bandwidth(t->opts->threads).bytes_per_s;
+  if (nb_prof_start(t->ctx, &o) == NB_OK) *ps = PROFILE_ON;
   else {
     nb_logf(t->ctx, NB_LOG_WARN, "train: profile.steps=%s: %s (training continues)", t->cfg->profile.steps, nb_ctx_error(t->ctx));
     nb_ctx_clear_error(t->ctx);

@@ -93,7 +93,7 @@ static void copy_str(char *dst, size_t cap, const char *src) {
 
 /* b->mu held */
 static void append(tbuf *b, const char *cat, const char *name, int64_t t0, int64_t t1, const nb_util__trace_arg *args,
-                   int nargs) {
+                   int nargs, int64_t ref) {
   if (atomic_fetch_sub_explicit(&room, 1, memory_order_relaxed) <= 0) {
     atomic_fetch_add_explicit(&room, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&dropped, 1, memory_order_relaxed);
@@ -112,6 +112,7 @@ static void append(tbuf *b, const char *cat, const char *name, int64_t t0, int64
   nb_util__trace_event *e = &b->ev[b->n++];
   e->t0 = t0;
   e->dur = t1 > t0 ? t1 - t0 : 0;
+  e->ref = ref;
   e->cat = cat ? cat : "";
   copy_str(e->name, sizeof e->name, name);
   e->nargs = nargs < 0 ? 0 : nargs > NB_UTIL_TRACE_ARGS ? NB_UTIL_TRACE_ARGS : nargs;
@@ -123,14 +124,19 @@ static void append(tbuf *b, const char *cat, const char *name, int64_t t0, int64
   }
 }
 
-void nb_util__trace_span(const char *cat, const char *name, int64_t t0, int64_t t1, const nb_util__trace_arg *args,
-                         int nargs) {
+void nb_util__trace_span_ref(const char *cat, const char *name, int64_t t0, int64_t t1, const nb_util__trace_arg *args,
+                             int nargs, int64_t ref) {
   if (!t0 || !nb_util__tracing()) return;
   tbuf *b = my_buffer();
   if (!b) return;
   pthread_mutex_lock(&b->mu);
-  append(b, cat, name, t0, t1, args, nargs);
+  append(b, cat, name, t0, t1, args, nargs, ref);
   pthread_mutex_unlock(&b->mu);
+}
+
+void nb_util__trace_span(const char *cat, const char *name, int64_t t0, int64_t t1, const nb_util__trace_arg *args,
+                         int nargs) {
+  nb_util__trace_span_ref(cat, name, t0, t1, args, nargs, 0);
 }
 
 void nb_util__trace_begin(const char *cat, const char *name) {
@@ -160,7 +166,7 @@ void nb_util__trace_end(void) {
     b->depth--;
     if (b->depth < STACK_DEPTH && nb_util__tracing()) {
       const open_span *o = &b->stack[b->depth];
-      append(b, o->cat, o->name, o->t0, t1, NULL, 0);
+      append(b, o->cat, o->name, o->t0, t1, NULL, 0, 0);
     }
   }
   pthread_mutex_unlock(&b->mu);
@@ -177,9 +183,57 @@ void nb_util__trace_thread_name(const char *name) {
   pthread_mutex_unlock(&b->mu);
 }
 
+/* ---- notes ------------------------------------------------------------------ */
+
+typedef struct note {
+  struct note *next;
+  int64_t key;
+  char text[];
+} note;
+
+static pthread_mutex_t notes_mu = PTHREAD_MUTEX_INITIALIZER;
+static note *notes, **notes_tail = &notes; /* in the order they were made */
+
+uint64_t nb_util__trace_session(void) { return atomic_load(&session); }
+
+void nb_util__trace_note(int64_t key, const char *text) {
+  if (!nb_util__tracing() || !text) return;
+  pthread_mutex_lock(&notes_mu);
+  bool have = false;
+  for (note *n = notes; n && !have; n = n->next) have = n->key == key;
+  size_t len = strlen(text);
+  note *n = have ? NULL : malloc(sizeof *n + len + 1);
+  if (n) {
+    n->next = NULL;
+    n->key = key;
+    memcpy(n->text, text, len + 1);
+    *notes_tail = n;
+    notes_tail = &n->next;
+  }
+  pthread_mutex_unlock(&notes_mu);
+}
+
+void nb_util__trace_notes(void (*fn)(void *ud, int64_t key, const char *text), void *ud) {
+  pthread_mutex_lock(&notes_mu);
+  for (note *n = notes; n; n = n->next) fn(ud, n->key, n->text);
+  pthread_mutex_unlock(&notes_mu);
+}
+
+static void clear_notes(void) {
+  pthread_mutex_lock(&notes_mu);
+  while (notes) {
+    note *n = notes;
+    notes = n->next;
+    free(n);
+  }
+  notes_tail = &notes;
+  pthread_mutex_unlock(&notes_mu);
+}
+
 /* ---- the session ----------------------------------------------------------- */
 
 static void clear_locked(void) {
+  clear_notes();
   for (tbuf *b = registry; b; b = b->next) {
     pthread_mutex_lock(&b->mu);
     free(b->ev);

@@ -45,6 +45,19 @@ typedef struct nb_util__trace_arg {
  * when t0 is 0 or tracing is off. */
 void nb_util__trace_span(const char *cat, const char *name, int64_t t0, int64_t t1, const nb_util__trace_arg *args,
                          int nargs);
+/* The same with a reference: a number (not 0) that names what the span ran
+ * in a note of this session (nb_util__trace_note), so the profiler can join
+ * the two: the runtime's steps are (executable << 24 | step). */
+void nb_util__trace_span_ref(const char *cat, const char *name, int64_t t0, int64_t t1, const nb_util__trace_arg *args,
+                             int nargs, int64_t ref);
+
+/* Notes: text (JSON, by convention) that describes what spans refer to,
+ * kept once per session and key (the runtime's: an executable's steps,
+ * their source ops and parameter paths, written at its first run in a
+ * session). nb_util__trace_session is the session's number (it changes at
+ * every enable), so that a writer notes once per session. */
+uint64_t nb_util__trace_session(void);
+void nb_util__trace_note(int64_t key, const char *text);
 
 /* Scoped spans: begin pushes (name, now) on this thread's stack, end pops
  * the innermost and records it. Ends without a begin of this session (a
@@ -61,6 +74,7 @@ void nb_util__trace_thread_name(const char *name);
 
 typedef struct nb_util__trace_event {
   int64_t t0, dur; /* ns */
+  int64_t ref;     /* 0, or nb_util__trace_span_ref's */
   const char *cat;
   int nargs;
   char name[NB_UTIL_TRACE_NAME];
@@ -84,7 +98,10 @@ void nb_util__trace_disable(void);
 int64_t nb_util__trace_collect(void (*fn)(void *ud, int tid, const char *thread_name, const nb_util__trace_event *ev,
                                           size_t n),
                                void *ud);
-/* Frees the recorded events. */
+/* Calls fn once per note of the session, in the order they were made.
+ * Call after disable. */
+void nb_util__trace_notes(void (*fn)(void *ud, int64_t key, const char *text), void *ud);
+/* Frees the recorded events and notes. */
 void nb_util__trace_clear(void);
 
 #endif

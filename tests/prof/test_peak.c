@@ -43,11 +43,27 @@ static double max_mhz(void) {
   return m > 0 ? m : 6000;
 }
 
+/* The memory roof: the variable wins; measured, a plausible number, cached. */
+static void bandwidth(const char *dir) {
+  setenv("NABLA_PEAK_GBPS", "7.5", 1);
+  nb_prof_peak p = nb_prof_peak_bandwidth(2);
+  CHECK_MSG(p.bytes_per_s == 7.5e9 && p.flops == 0 && strstr(p.source, "NABLA_PEAK_GBPS"), "%g %s", p.bytes_per_s, p.source);
+  unsetenv("NABLA_PEAK_GBPS");
+  p = nb_prof_peak_bandwidth(1);
+  printf("memory bandwidth, 1 thread: %.1f GB/s (%s)\n", p.bytes_per_s / 1e9, p.source);
+  CHECK_MSG(p.bytes_per_s > 0.5e9 && p.bytes_per_s < 5e12 && !strncmp(p.source, "measured", 8), "%g %s", p.bytes_per_s, p.source);
+  nb_prof_peak again = nb_prof_peak_bandwidth(1);
+  CHECK_MSG(!strncmp(again.source, "cached in ", 10) && strstr(again.source, "peak_bandwidth.v1") &&
+                fabs(again.bytes_per_s - p.bytes_per_s) <= 1e-3 * p.bytes_per_s,
+            "%g %s", again.bytes_per_s, again.source);
+  (void)dir;
+}
+
 int main(void) {
   char dir[4096], file[4200];
   nb_test_scratch_dir(dir, sizeof dir, "prof", "peak");
   setenv("XDG_CACHE_HOME", dir, 1);
-  snprintf(file, sizeof file, "%s/nabla/peak_flops.v2", dir);
+  snprintf(file, sizeof file, "%s/nabla/peak_flops.v3", dir);
 
   setenv("NABLA_PEAK_GFLOPS", "12.5", 1);
   nb_prof_peak p = nb_prof_peak_flops(3);
@@ -92,6 +108,7 @@ int main(void) {
   nb_test_write_text(file, "garbage|||x\n");
   p = nb_prof_peak_flops(1);
   CHECK_MSG(!strncmp(p.source, "measured", 8) && p.flops > 1e8, "%g %s", p.flops, p.source);
+  bandwidth(dir);
   nb_test_rm_rf(dir);
   return nb_test_summary("prof/peak");
 }

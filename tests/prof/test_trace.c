@@ -116,7 +116,7 @@ static void nested_on_two_threads(nb_ctx *ctx, const char *dir) {
             "%s", table);
   free(table);
   CHECK(nb_prof_trace_table(ctx, dir, stdout, 10, 0) != NB_OK);
-  CHECK_ERR(ctx, NB_ERR_IO, "summary.json");
+  CHECK_ERR(ctx, NB_ERR_IO, "ops.json");
 }
 
 /* a scope left open when a trace stops does not close one of the next */

@@ -9,6 +9,8 @@
  * request and the engine's steps. Each trace is checked on its own (tracecheck.h). */
 #include <signal.h> /* train_util.h uses raise */
 
+#include <cjson/cJSON.h>
+
 #include "testserve.h"
 #include "tracecheck.h"
 #include "train_util.h"
@@ -82,6 +84,32 @@ static void train_steps(const char *bin) {
   const char *main_track = k ? nb_test_trace_thread(&t, k->tid) : NULL;
   CHECK_MSG(main_track && !strcmp(main_track, "nabla"), "main track '%s'", main_track ? main_track : "-");
   nb_test_trace_free(&t);
+  /* the op profile: GEMMs name the parameters they read; the page is beside report.html */
+  snprintf(path, sizeof path, "%s/profile/trace.ops.json", dir);
+  char *ops = nb_test_read_file(path, NULL);
+  cJSON *j = ops ? cJSON_Parse(ops) : NULL;
+  const cJSON *row;
+  size_t gemms_rows = 0, attn = 0, noted = 0;
+  cJSON_ArrayForEach(row, cJSON_GetObjectItemCaseSensitive(j, "kernels")) {
+    noted += cJSON_GetObjectItemCaseSensitive(row, "reads") != NULL;
+    if (strcmp(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(row, "cat")), "gemm")) continue;
+    gemms_rows++;
+    const cJSON *r;
+    bool reads_attn = false;
+    cJSON_ArrayForEach(r, cJSON_GetObjectItemCaseSensitive(row, "reads")) reads_attn |= strstr(cJSON_GetStringValue(r), "params/layers/0/attn/") != NULL;
+    attn += reads_attn;
+  }
+  CHECK_MSG(j && gemms_rows > 4 && attn >= 4 && noted == (size_t)cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(j, "kernels")),
+            "%zu GEMM rows, %zu read params/layers/0/attn/..., %zu of %d rows noted", gemms_rows, attn, noted,
+            cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(j, "kernels")));
+  cJSON_Delete(j);
+  free(ops);
+  CHECK_MSG(strstr(out, "[params/layers/0/"), "the table names no parameter: %s", out);
+  snprintf(path, sizeof path, "%s/profile.html", dir);
+  char *page = nb_test_read_file(path, NULL);
+  CHECK_MSG(page && strstr(page, "id='roofline'") && strstr(page, "params/layers/0/attn/") && !strstr(page, "<script src") && !strstr(page, "<link"),
+            "%s: no page with a roofline", path);
+  free(page);
 
   snprintf(cmd, sizeof cmd, "%s train --run-dir %s/bad %s steps=2 profile.steps=4-3 2>&1", bin, work, tiny);
   CHECK(nb_test_run(cmd, out, sizeof out) != 0);

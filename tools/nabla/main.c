@@ -56,9 +56,12 @@ int nb_cli_run_traced(const char *path, int argc, char **argv) {
     fprintf(stderr, "nabla %s: cannot write the trace: %s\n", argv[0], nb_ctx_error(ctx));
     if (!rc) rc = 1;
   } else {
-    fprintf(stderr, "nabla %s: trace written to %s (open it in ui.perfetto.dev); its slowest compiled steps:\n", argv[0], path);
-    /* the peak at $NABLA_THREADS or all CPUs (cached per machine); a command's --threads is not seen here */
-    if (nb_prof_trace_table(ctx, path, stderr, 15, nb_prof_peak_flops(0).flops))
+    const char *slash = strrchr(path, '/');
+    fprintf(stderr, "nabla %s: trace written to %s (open it in ui.perfetto.dev), the profile page to %.*s%sprofile.html; "
+                    "its slowest compiled steps:\n",
+            argv[0], path, slash ? (int)(slash - path) : 0, path, slash ? "/" : "");
+    /* the roofs nb_prof_stop used: the peaks at $NABLA_THREADS or all CPUs (cached per machine); a command's --threads is not seen here */
+    if (nb_prof_trace_table(ctx, path, stderr, 15, 0))
       fprintf(stderr, "nabla %s: %s\n", argv[0], nb_ctx_error(ctx));
   }
   nb_ctx_destroy(ctx);
