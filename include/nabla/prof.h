@@ -30,6 +30,7 @@
 #define NABLA_PROF_H
 
 #include "nabla/export.h"
+#include "nabla/compile.h"
 #include "nabla/core.h"
 
 NB_BEGIN_DECLS
@@ -156,6 +157,43 @@ void nb_prof_thread_name(const char *name);
  * with each category's share. Errors: NB_ERR_IO (no summary beside
  * trace_path), NB_ERR_FORMAT (not a summary). */
 nb_status nb_prof_trace_table(nb_ctx *ctx, const char *trace_path, FILE *out, int top, double peak_flops);
+
+/* ------------------------------------------------------------------------ */
+/* Memory viewer and graph viewer                                            */
+/* ------------------------------------------------------------------------ */
+
+/* The memory an executable's run uses over its schedule of steps (the
+ * analogue of XProf's memory viewer): each buffer with its kind (input,
+ * constant, temp: an intermediate in the arena, output; body: the arenas of
+ * a control step's bodies), arena offset, size, the steps it is live over
+ * and what it is (the input path it is or is a layout copy of, else the
+ * equation that computes it and where that was traced); the live bytes at
+ * each step, the peak (bytes and the first step at it) and what is live
+ * there, largest first and summed by source. Inputs, constants and outputs
+ * count for the whole run (outputs are allocated before the first step);
+ * an output written into a donated input counts once, as the input.
+ * Format: docs/prof.md, "Memory viewer". While a trace is recorded, every
+ * executable that runs is kept this way and written beside the trace at
+ * nb_prof_stop (see nb_prof_stop). Borrow their arguments. Errors:
+ * NB_ERR_INVALID_ARG (NULL), NB_ERR_NOMEM, NB_ERR_IO (a write error on out).
+ *
+ * nb_prof_memory_json: {"format":"nabla-memory/1","executables":[one]}.
+ * nb_prof_memory_html: an HTML fragment (a <section>, no page around it):
+ *   the live bytes per step with the peak marked and the arena as
+ *   rectangles over step x offset (inline SVG), and tables of what is live
+ *   at the peak. */
+nb_status nb_prof_memory_json(nb_ctx *ctx, const nb_exe *exe, FILE *out);
+nb_status nb_prof_memory_html(nb_ctx *ctx, const nb_exe *exe, FILE *out);
+
+/* The executable's steps as a graph (the analogue of XProf's graph viewer):
+ * a node per step (fused kernel, library call, evaluated or control step,
+ * named as in traces), an edge per buffer one step writes and a later one
+ * reads, labelled with its type and size, in layers from the inputs down.
+ * nb_prof_graph_svg writes a standalone SVG document; nb_prof_graph_html an
+ * HTML <section> with the same SVG inline. Same arguments and errors as
+ * nb_prof_memory_json. */
+nb_status nb_prof_graph_svg(nb_ctx *ctx, const nb_exe *exe, FILE *out);
+nb_status nb_prof_graph_html(nb_ctx *ctx, const nb_exe *exe, FILE *out);
 
 /* ------------------------------------------------------------------------ */
 /* Peak FLOP/s (what MFU is relative to)                                     */

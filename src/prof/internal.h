@@ -4,6 +4,8 @@
 #ifndef NABLA_PROF_INTERNAL_H
 #define NABLA_PROF_INTERNAL_H
 
+#include <pthread.h>
+
 #include "nabla/prof.h"
 
 #define NB_PROF__PATH_CAP 4096
@@ -15,5 +17,19 @@ nb_status nb_prof__mkdirs(nb_ctx *ctx, const char *path);
 /* Writes n bytes to path through path.tmp.<pid> (write, fsync, rename), so a
  * reader sees the old file or the new one, never a part. */
 nb_status nb_prof__write_atomic(nb_ctx *ctx, const char *path, const void *data, size_t n);
+
+/* path with its ".json" replaced by suffix (".summary.json"), or suffix
+ * appended when it does not end in ".json". */
+void nb_prof__sibling_path(const char *path, const char *suffix, char *out, size_t cap);
+
+/* kept.c: the executables that run while a trace is recorded, copied for
+ * the memory and graph viewers. begin clears them and starts keeping
+ * (nb_prof_start), end stops (nb_prof_stop), write writes PATH's siblings
+ * .memory.json, .memory.html and .graph.svg (nothing when none ran), clear
+ * frees them. */
+void nb_prof__kept_begin(void);
+void nb_prof__kept_end(void);
+nb_status nb_prof__kept_write(nb_ctx *ctx, const char *trace_path);
+void nb_prof__kept_clear(void);
 
 #endif

@@ -195,11 +195,13 @@ static nb_status write_file(nb_ctx *ctx, const char *path, writer w, const colle
   return s;
 }
 
-static void summary_path(const char *path, char *out, size_t cap) {
+void nb_prof__sibling_path(const char *path, const char *suffix, char *out, size_t cap) {
   size_t n = strlen(path);
-  if (n >= 5 && !strcmp(path + n - 5, ".json")) snprintf(out, cap, "%.*s.summary.json", (int)(n - 5), path);
-  else snprintf(out, cap, "%s.summary.json", path);
+  if (n >= 5 && !strcmp(path + n - 5, ".json")) snprintf(out, cap, "%.*s%s", (int)(n - 5), path, suffix);
+  else snprintf(out, cap, "%s%s", path, suffix);
 }
+
+static void summary_path(const char *path, char *out, size_t cap) { nb_prof__sibling_path(path, ".summary.json", out, cap); }
 
 /* ---- the API ------------------------------------------------------------------------ */
 
@@ -222,6 +224,7 @@ nb_status nb_prof_start(nb_ctx *ctx, const nb_prof_trace_opts *opts) {
     snprintf(session.path, sizeof session.path, "%s", opts->path);
     session.on = true;
     session.wall_start = nb_util__wall_s();
+    nb_prof__kept_begin();
     session.t_start = nb_util__trace_enable(opts->max_events);
   }
   pthread_mutex_unlock(&session.mu);
@@ -235,6 +238,7 @@ nb_status nb_prof_stop(nb_ctx *ctx) {
     return nb_errorf(ctx, NB_ERR_INVALID_ARG, "nb_prof_stop: no trace is being recorded");
   }
   nb_util__trace_disable();
+  nb_prof__kept_end();
   session.on = false;
   collection c = {0};
   int64_t dropped = nb_util__trace_collect(take_thread, &c);
@@ -246,6 +250,8 @@ nb_status nb_prof_stop(nb_ctx *ctx) {
   summary_path(session.path, sp, sizeof sp);
   if (!s) s = write_file(ctx, session.path, put_trace_ok, &c, dropped);
   if (!s) s = write_file(ctx, sp, put_summary, &c, dropped);
+  if (!s) s = nb_prof__kept_write(ctx, session.path); /* the memory and graph viewers */
+  nb_prof__kept_clear();
   free(c.ev);
   free(c.tracks);
   pthread_mutex_unlock(&session.mu);

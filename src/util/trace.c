@@ -220,3 +220,14 @@ void nb_util__trace_clear(void) {
   clear_locked();
   pthread_mutex_unlock(&registry_mu);
 }
+
+/* ---- runs of executables ------------------------------------------------------ */
+
+static _Atomic(nb_util__trace_run_hook) run_hook;
+
+void nb_util__trace_set_run_hook(nb_util__trace_run_hook fn) { atomic_store(&run_hook, fn); }
+
+void nb_util__trace_run(const void *exe, uint64_t key, int64_t ns) {
+  nb_util__trace_run_hook fn = atomic_load(&run_hook);
+  if (fn && nb_util__tracing()) fn(exe, key, ns);
+}

@@ -57,6 +57,15 @@ void nb_util__trace_end(void);
  * bytes), whether or not tracing is on. */
 void nb_util__trace_thread_name(const char *name);
 
+/* Executables that ran while tracing: the runtime calls nb_util__trace_run
+ * after each run of one (exe: the nb_exe, alive during the call; key: its
+ * content hash; ns: the run's time), and the profiler, which sets the hook
+ * at nb_prof_start, copies what its memory and graph viewers show of it.
+ * Nothing when tracing is off or no hook is set. */
+typedef void (*nb_util__trace_run_hook)(const void *exe, uint64_t key, int64_t ns);
+void nb_util__trace_set_run_hook(nb_util__trace_run_hook fn);
+void nb_util__trace_run(const void *exe, uint64_t key, int64_t ns);
+
 /* ---- the session (src/prof/trace.c) ---------------------------------------- */
 
 typedef struct nb_util__trace_event {

@@ -7,7 +7,9 @@
  * data worker's and checkpoint writer's tracks); a malformed profile.steps
  * is refused by name; `nabla serve` under NABLA_PROFILE traces each HTTP
  * request and the engine's steps. Each trace is checked on its own (tracecheck.h). */
+#include <cjson/cJSON.h>
 #include <signal.h> /* train_util.h uses raise */
+#include <unistd.h>
 
 #include "testserve.h"
 #include "tracecheck.h"
@@ -38,6 +40,38 @@ static void check_inside(const nb_test_trace *t, const char *cat, const char *pa
     outside += !in;
   }
   CHECK_MSG(n > 0 && outside == 0, "%zu of %zu '%s' spans outside a '%s'", outside, n, cat, parent);
+}
+
+/* the memory and graph viewers beside the trace: the step's live set at
+ * its peak names parameters by path, the graph has a node per step */
+static void check_viewers(const char *dir) {
+  char path[700];
+  snprintf(path, sizeof path, "%s/profile/trace.memory.json", dir);
+  char *text = nb_test_read_file(path, NULL);
+  cJSON *j = text ? cJSON_Parse(text) : NULL;
+  const cJSON *x = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "executables"), 0), *b;
+  /* the one that ran the most: the step (the eval executable did not run in steps 3-4) */
+  const char *title = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(x, "title"));
+  CHECK_MSG(title && strstr(title, "inputs") && strstr(title, "params") && strstr(title, "opt_state"), "title '%s'", title ? title : "-");
+  size_t params = 0, at_peak = 0;
+  cJSON_ArrayForEach(b, cJSON_GetObjectItemCaseSensitive(x, "live_at_peak")) {
+    const char *name = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(b, "name"));
+    at_peak++;
+    params += name && !strncmp(name, "params/", 7);
+  }
+  CHECK_MSG(params > 4 && at_peak > params, "%zu of %zu buffers live at the peak name parameters", params, at_peak);
+  CHECK_MSG(strstr(text ? text : "", "\"name\":\"params/layers/0/"), "no params/layers/0/... in %s", path);
+  int steps = (int)cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(x, "steps"));
+  cJSON_Delete(j);
+  free(text);
+  snprintf(path, sizeof path, "%s/profile/trace.graph.svg", dir);
+  text = nb_test_read_file(path, NULL);
+  size_t nodes = 0;
+  for (const char *p = text; p && (p = strstr(p, "<g class=\"step\"")); p++) nodes++;
+  CHECK_MSG(steps > 10 && nodes == (size_t)steps, "%zu nodes in %s, %d steps", nodes, path, steps);
+  free(text);
+  snprintf(path, sizeof path, "%s/profile/trace.memory.html", dir);
+  CHECK_MSG(access(path, R_OK) == 0, "no %s", path);
 }
 
 static void train_steps(const char *bin) {
@@ -82,6 +116,7 @@ static void train_steps(const char *bin) {
   const char *main_track = k ? nb_test_trace_thread(&t, k->tid) : NULL;
   CHECK_MSG(main_track && !strcmp(main_track, "nabla"), "main track '%s'", main_track ? main_track : "-");
   nb_test_trace_free(&t);
+  check_viewers(dir);
 
   snprintf(cmd, sizeof cmd, "%s train --run-dir %s/bad %s steps=2 profile.steps=4-3 2>&1", bin, work, tiny);
   CHECK(nb_test_run(cmd, out, sizeof out) != 0);
