@@ -25,11 +25,12 @@ void nb_prof__sibling_path(const char *path, const char *suffix, char *out, size
 /* kept.c: the executables that run while a trace is recorded, copied for
  * the memory and graph viewers. begin clears them and starts keeping
  * (nb_prof_start), end stops (nb_prof_stop), write writes PATH's siblings
- * .memory.json, .memory.html and .graph.svg (nothing when none ran), clear
- * frees them. */
+ * .memory.json, .memory.html (with the KV blocks, view.h) and .graph.svg
+ * (nothing when there is nothing to show), clear frees them. */
+struct nb_prof__kv;
 void nb_prof__kept_begin(void);
 void nb_prof__kept_end(void);
-nb_status nb_prof__kept_write(nb_ctx *ctx, const char *trace_path);
+nb_status nb_prof__kept_write(nb_ctx *ctx, const char *trace_path, const struct nb_prof__kv *kv);
 void nb_prof__kept_clear(void);
 
 #endif

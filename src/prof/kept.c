@@ -85,49 +85,53 @@ static const char page_head[] =
     "td,th{border:1px solid #ccc;padding:2px 8px;font-size:13px;text-align:left}th{background:#f0f0f0}"
     "section{margin-bottom:32px}code{font-size:12px}\n</style></head><body>\n<h1>Memory of the traced executables</h1>\n";
 
-typedef void (*drawer)(FILE *f, const nb_prof__view *const *v, size_t n);
+typedef void (*drawer)(FILE *f, const nb_prof__view *const *v, size_t n, const nb_prof__kv *kv);
 
-static void draw_json(FILE *f, const nb_prof__view *const *v, size_t n) { nb_prof__memory_json(f, v, n); }
+static void draw_json(FILE *f, const nb_prof__view *const *v, size_t n, const nb_prof__kv *kv) { nb_prof__memory_json(f, v, n, kv); }
 
-static void draw_page(FILE *f, const nb_prof__view *const *v, size_t n) {
+static void draw_page(FILE *f, const nb_prof__view *const *v, size_t n, const nb_prof__kv *kv) {
   fputs(page_head, f);
   fprintf(f, "<p>%zu executables ran while the trace was recorded, most run time first.</p>\n", n);
+  nb_prof__kv_html(f, kv);
   for (size_t i = 0; i < n; i++) nb_prof__memory_html(f, v[i]);
   fputs("</body></html>\n", f);
 }
 
-static void draw_graph(FILE *f, const nb_prof__view *const *v, size_t n) {
-  if (n) nb_prof__graph_svg(f, v[0], true);
+static void draw_graph(FILE *f, const nb_prof__view *const *v, size_t n, const nb_prof__kv *kv) {
+  (void)kv;
+  nb_prof__graph_svg(f, v[0], true);
 }
 
-static nb_status write_one(nb_ctx *ctx, const char *path, drawer d, const nb_prof__view *const *v, size_t n) {
+static nb_status write_one(nb_ctx *ctx, const char *path, drawer d, const nb_prof__view *const *v, size_t n, const nb_prof__kv *kv) {
   char *buf = NULL;
   size_t len = 0;
   FILE *f = open_memstream(&buf, &len);
   if (!f) return nb_errorf(ctx, NB_ERR_NOMEM, "nb_prof_stop: out of memory writing '%s'", path);
-  d(f, v, n);
+  d(f, v, n, kv);
   nb_status s = fclose(f) ? nb_errorf(ctx, NB_ERR_NOMEM, "nb_prof_stop: out of memory writing '%s'", path)
                           : nb_prof__write_atomic(ctx, path, buf, len);
   free(buf);
   return s;
 }
 
-nb_status nb_prof__kept_write(nb_ctx *ctx, const char *trace_path) {
+nb_status nb_prof__kept_write(nb_ctx *ctx, const char *trace_path, const nb_prof__kv *kv) {
   pthread_mutex_lock(&kept_set.mu);
   size_t n = kept_set.n;
   nb_status s = NB_OK;
-  const nb_prof__view **v = n ? malloc(n * sizeof *v) : NULL;
-  if (n && !v) s = nb_errorf(ctx, NB_ERR_NOMEM, "nb_prof_stop: out of memory");
+  const nb_prof__view **v = malloc((n + 1) * sizeof *v);
+  if (!v) s = nb_errorf(ctx, NB_ERR_NOMEM, "nb_prof_stop: out of memory");
   for (size_t i = 0; v && i < n; i++) v[i] = &kept_set.k[i].view;
   if (v) qsort(v, n, sizeof *v, by_time);
   static const struct {
     const char *suffix;
     drawer d;
-  } files[] = {{".memory.json", draw_json}, {".memory.html", draw_page}, {".graph.svg", draw_graph}};
+    bool needs_exe;
+  } files[] = {{".memory.json", draw_json, false}, {".memory.html", draw_page, false}, {".graph.svg", draw_graph, true}};
   char path[NB_PROF__PATH_CAP + 32];
   for (size_t i = 0; v && !s && i < sizeof files / sizeof *files; i++) {
+    if (!n && (files[i].needs_exe || !kv->nsamples)) continue; /* nothing to show */
     nb_prof__sibling_path(trace_path, files[i].suffix, path, sizeof path);
-    s = write_one(ctx, path, files[i].d, v, n);
+    s = write_one(ctx, path, files[i].d, v, n, kv);
   }
   free(v);
   pthread_mutex_unlock(&kept_set.mu);

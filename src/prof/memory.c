@@ -143,13 +143,18 @@ static void put_view(FILE *f, const nb_prof__view *v) {
   free(src);
 }
 
-void nb_prof__memory_json(FILE *f, const nb_prof__view *const *v, size_t n) {
+void nb_prof__memory_json(FILE *f, const nb_prof__view *const *v, size_t n, const nb_prof__kv *kv) {
   fputs("{\"format\":\"nabla-memory/1\",\"executables\":[", f);
   for (size_t i = 0; i < n; i++) {
     fputs(i ? ",\n" : "\n", f);
     put_view(f, v[i]);
   }
-  fputs("\n]}\n", f);
+  fputs("\n]", f);
+  if (kv) {
+    fputs(",\n\"kv_cache\":", f);
+    nb_prof__kv_json(f, kv);
+  }
+  fputs("}\n", f);
 }
 
 /* ---- HTML --------------------------------------------------------------------- */
@@ -283,7 +288,7 @@ nb_status nb_prof_memory_json(nb_ctx *ctx, const nb_exe *exe, FILE *out) {
   nb_status s = nb_prof__view_build(ctx, exe, &v);
   if (s) return s;
   const nb_prof__view *one = &v;
-  nb_prof__memory_json(out, &one, 1);
+  nb_prof__memory_json(out, &one, 1, NULL);
   nb_prof__view_free(&v);
   return ferror(out) ? nb_errorf(ctx, NB_ERR_IO, "nb_prof_memory_json: write error") : NB_OK;
 }

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "prof/internal.h"
+#include "prof/view.h"
 #include "util/trace.h"
 #include "util/util.h"
 
@@ -96,11 +97,14 @@ static void put_us(FILE *f, int64_t ns) {
   else fprintf(f, "%lld.%03lld", (long long)(ns / 1000), (long long)(ns % 1000));
 }
 
+/* a span ("X"), or a counter's sample ("C": each argument a series) */
 static void put_event(FILE *f, int pid, int tid, const nb_util__trace_event *e, int64_t t_start) {
-  fprintf(f, ",\n{\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":", pid, tid);
+  fprintf(f, ",\n{\"ph\":\"%s\",\"pid\":%d,\"tid\":%d,\"ts\":", e->counter ? "C" : "X", pid, tid);
   put_us(f, e->t0 - t_start);
-  fputs(",\"dur\":", f);
-  put_us(f, e->dur);
+  if (!e->counter) {
+    fputs(",\"dur\":", f);
+    put_us(f, e->dur);
+  }
   fputs(",\"name\":", f);
   put_str(f, e->name);
   fputs(",\"cat\":", f);
@@ -152,19 +156,40 @@ static double arg_sum(const nb_util__trace_event *const *ix, size_t i, size_t j,
   return sum;
 }
 
-/* {"events": N, "dropped_events": D, "threads": T,
+/* {"events": N spans, "dropped_events": D, "threads": T (with spans),
+ *  "counters": {name: {"samples"}},
  *  "slices": {name: {"count", "total_ns", "cat", "flops", "bytes"}}} */
 static bool put_summary(FILE *f, const collection *c, int64_t dropped) {
   const nb_util__trace_event **ix = malloc((c->n + 1) * sizeof *ix);
   if (!ix) return false;
-  for (size_t i = 0; i < c->n; i++) ix[i] = &c->ev[i];
-  qsort(ix, c->n, sizeof *ix, by_name);
-  fprintf(f, "{\"format\":\"nabla-trace-summary/1\",\"events\":%zu,\"dropped_events\":%lld,\"threads\":%zu,\"slices\":{", c->n,
-          (long long)dropped, c->ntracks);
-  for (size_t i = 0; i < c->n;) {
+  size_t n = 0, nc = 0; /* spans first, then the counters' samples */
+  for (size_t i = 0; i < c->n; i++)
+    if (!c->ev[i].counter) ix[n++] = &c->ev[i];
+  for (size_t i = 0; i < c->n; i++)
+    if (c->ev[i].counter) ix[n + nc++] = &c->ev[i];
+  qsort(ix, n, sizeof *ix, by_name);
+  qsort(ix + n, nc, sizeof *ix, by_name);
+  size_t threads = 0; /* tracks with spans: counters belong to the process */
+  for (size_t t = 0; t < c->ntracks; t++) {
+    bool spans = false;
+    for (size_t k = 0; k < c->tracks[t].n && !spans; k++) spans = !c->ev[c->tracks[t].first + k].counter;
+    threads += spans;
+  }
+  fprintf(f, "{\"format\":\"nabla-trace-summary/1\",\"events\":%zu,\"dropped_events\":%lld,\"threads\":%zu,\"counters\":{", n,
+          (long long)dropped, threads);
+  for (size_t i = n; i < n + nc;) {
+    size_t j = i;
+    while (j < n + nc && !strcmp(ix[j]->name, ix[i]->name)) j++;
+    fputs(i > n ? ",\n" : "\n", f);
+    put_str(f, ix[i]->name);
+    fprintf(f, ":{\"samples\":%zu}", j - i);
+    i = j;
+  }
+  fputs("},\"slices\":{", f);
+  for (size_t i = 0; i < n;) {
     size_t j = i;
     int64_t total = 0;
-    for (; j < c->n && !strcmp(ix[j]->name, ix[i]->name); j++) total += ix[j]->dur;
+    for (; j < n && !strcmp(ix[j]->name, ix[i]->name); j++) total += ix[j]->dur;
     fputs(i ? ",\n" : "\n", f);
     put_str(f, ix[i]->name);
     fprintf(f, ":{\"count\":%zu,\"total_ns\":%lld,\"cat\":", j - i, (long long)total);
@@ -250,7 +275,10 @@ nb_status nb_prof_stop(nb_ctx *ctx) {
   summary_path(session.path, sp, sizeof sp);
   if (!s) s = write_file(ctx, session.path, put_trace_ok, &c, dropped);
   if (!s) s = write_file(ctx, sp, put_summary, &c, dropped);
-  if (!s) s = nb_prof__kept_write(ctx, session.path); /* the memory and graph viewers */
+  nb_prof__kv kv = {0}; /* the memory and graph viewers */
+  if (!s) s = nb_prof__kv_build(ctx, c.ev, c.n, session.t_start, &kv);
+  if (!s) s = nb_prof__kept_write(ctx, session.path, &kv);
+  nb_prof__kv_free(&kv);
   nb_prof__kept_clear();
   free(c.ev);
   free(c.tracks);

@@ -65,11 +65,13 @@ void nb_prof__view_free(nb_prof__view *v);
 size_t *nb_prof__view_peak_set(const nb_prof__view *v, size_t *n);
 const char *nb_prof__kind_name(int kind);
 
+struct nb_prof__kv;
+
 /* memory.c: the document {"format":"nabla-memory/1","executables":[...]}
  * over n views, and the HTML section of one view (the timeline as inline
  * SVG: buffers as rectangles over step x offset, the live bytes with the
  * peak marked, the table of what is live at the peak). */
-void nb_prof__memory_json(FILE *f, const nb_prof__view *const *v, size_t n);
+void nb_prof__memory_json(FILE *f, const nb_prof__view *const *v, size_t n, const struct nb_prof__kv *kv);
 void nb_prof__memory_html(FILE *f, const nb_prof__view *v);
 /* graph.c: the steps as a layered graph (a node per step, an edge per
  * buffer one step writes and a later one reads), as an SVG document
@@ -77,6 +79,28 @@ void nb_prof__memory_html(FILE *f, const nb_prof__view *v);
  * as an HTML section holding it. */
 void nb_prof__graph_svg(FILE *f, const nb_prof__view *v, bool standalone);
 void nb_prof__graph_html(FILE *f, const nb_prof__view *v);
+
+/* kv.c: the serving engine's KV blocks, from the counters of a trace
+ * (docs/prof.md, "KV cache"): the timeline of "kv blocks" samples, the
+ * peak of used blocks and the blocks each sequence held then. */
+typedef struct nb_prof__kv_sample {
+  double t_us, used, free, cached, sequences;
+} nb_prof__kv_sample;
+typedef struct nb_prof__kv_seq {
+  char name[64]; /* "request 3/0" */
+  double blocks;
+} nb_prof__kv_seq;
+typedef struct nb_prof__kv {
+  nb_prof__kv_sample *samples;
+  size_t nsamples, peak; /* peak: the first sample with the most used */
+  nb_prof__kv_seq *seqs; /* holding blocks at the peak, most first */
+  size_t nseqs;
+} nb_prof__kv;
+struct nb_util__trace_event;
+nb_status nb_prof__kv_build(nb_ctx *ctx, const struct nb_util__trace_event *ev, size_t n, int64_t t_start, nb_prof__kv *kv);
+void nb_prof__kv_free(nb_prof__kv *kv);
+void nb_prof__kv_json(FILE *f, const nb_prof__kv *kv); /* null without samples */
+void nb_prof__kv_html(FILE *f, const nb_prof__kv *kv); /* nothing without samples */
 
 /* XML/HTML text with <, >, &, " escaped. */
 void nb_prof__xml_text(FILE *f, const char *s);

@@ -110,6 +110,7 @@ static void append(tbuf *b, const char *cat, const char *name, int64_t t0, int64
     b->cap = cap;
   }
   nb_util__trace_event *e = &b->ev[b->n++];
+  e->counter = false;
   e->t0 = t0;
   e->dur = t1 > t0 ? t1 - t0 : 0;
   e->cat = cat ? cat : "";
@@ -130,6 +131,17 @@ void nb_util__trace_span(const char *cat, const char *name, int64_t t0, int64_t 
   if (!b) return;
   pthread_mutex_lock(&b->mu);
   append(b, cat, name, t0, t1, args, nargs);
+  pthread_mutex_unlock(&b->mu);
+}
+
+void nb_util__trace_counter(const char *cat, const char *name, int64_t t, const nb_util__trace_arg *args, int nargs) {
+  if (!t || !nb_util__tracing()) return;
+  tbuf *b = my_buffer();
+  if (!b) return;
+  pthread_mutex_lock(&b->mu);
+  size_t n = b->n;
+  append(b, cat, name, t, t, args, nargs);
+  if (b->n > n) b->ev[n].counter = true;
   pthread_mutex_unlock(&b->mu);
 }
 

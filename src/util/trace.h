@@ -46,6 +46,12 @@ typedef struct nb_util__trace_arg {
 void nb_util__trace_span(const char *cat, const char *name, int64_t t0, int64_t t1, const nb_util__trace_arg *args,
                          int nargs);
 
+/* Records a counter sample (a Chrome trace "C" event) named name in
+ * category cat (static) at time t (the clock, nb_util__now_ns): each
+ * numeric argument is one series of the counter (keys static). Nothing
+ * when t is 0 or tracing is off. Samples with one t form one snapshot. */
+void nb_util__trace_counter(const char *cat, const char *name, int64_t t, const nb_util__trace_arg *args, int nargs);
+
 /* Scoped spans: begin pushes (name, now) on this thread's stack, end pops
  * the innermost and records it. Ends without a begin of this session (a
  * scope opened before tracing started) are ignored; scopes nest up to 32
@@ -70,6 +76,7 @@ void nb_util__trace_run(const void *exe, uint64_t key, int64_t ns);
 
 typedef struct nb_util__trace_event {
   int64_t t0, dur; /* ns */
+  bool counter;    /* a counter sample at t0 (dur 0), not a span */
   const char *cat;
   int nargs;
   char name[NB_UTIL_TRACE_NAME];

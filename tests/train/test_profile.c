@@ -188,6 +188,10 @@ static void serve_traced(const char *bin) {
     on_engine += (!strcmp(t.spans[i].cat, "kernel") || !strcmp(t.spans[i].cat, "gemm")) && tn && !strcmp(tn, "nabla-engine");
   }
   CHECK_MSG(on_engine > 0, "no compiled steps on the engine's track");
+  size_t per_seq = 0; /* the engine's KV blocks, and the request's */
+  for (size_t i = 0; i < t.ncounters; i++) per_seq += !strncmp(t.counters[i].name, "kv blocks: request ", 19);
+  CHECK_MSG(nb_test_trace_samples(&t, "kv blocks") > 0 && per_seq > 0, "%zu KV block samples, %zu of sequences",
+            nb_test_trace_samples(&t, "kv blocks"), per_seq);
   nb_test_trace_free(&t);
 }
 
