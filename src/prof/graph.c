@@ -87,15 +87,21 @@ static void layout(const nb_prof__view *v, const int *writer, node *nd, double *
   free(row_w), free(count), free(first_row);
 }
 
-static void put_edge(FILE *f, const nb_prof__view *v, const node *a, const node *b, uint32_t id, bool label) {
-  double x0 = a->x + a->w / 2, y0 = a->y + NODE_H, x1 = b->x + b->w / 2, y1 = b->y, dy = (y1 - y0) / 2;
+/* an edge leaves its producer's bottom and enters its consumer's top at
+ * points spread along them (the k-th of n), so that edges between the same
+ * nodes stay apart; its type and size are written beside it when it spans
+ * one row (longer ones cross other nodes: the size is in the tooltip) */
+static void put_edge(FILE *f, const nb_prof__view *v, const node *a, int ka, int na, const node *b, int kb, int nb, uint32_t id,
+                     bool label) {
+  double x0 = a->x + a->w * (ka + 1) / (na + 1), y0 = a->y + NODE_H, x1 = b->x + b->w * (kb + 1) / (nb + 1), y1 = b->y;
+  double dy = (y1 - y0) / 2;
   char size[32];
   nb_prof__bytes_str((double)v->value_bytes[id], size, sizeof size);
   fprintf(f, "<g class=\"edge\"><path d=\"M%.1f %.1f C%.1f %.1f %.1f %.1f %.1f %.1f\" fill=\"none\" stroke=\"#7a869a\" "
              "stroke-width=\"1\" marker-end=\"url(#nb-arrow)\"/>",
           x0, y0, x0, y0 + dy, x1, y1 - dy, x1, y1);
-  if (label) {
-    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"9\" fill=\"#444\">", (x0 + x1) / 2 + 3, (y0 + y1) / 2);
+  if (label && b->row == a->row + 1) {
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"9\" fill=\"#444\">", (x0 + x1) / 2 + 3, (y0 + y1) / 2 + 3);
     nb_prof__xml_text(f, v->value_type[id]);
     fprintf(f, " %s</text>", size);
   }
@@ -139,22 +145,27 @@ void nb_prof__graph_svg(FILE *f, const nb_prof__view *v, bool standalone) {
   fputs("<defs><marker id=\"nb-arrow\" viewBox=\"0 0 8 8\" refX=\"8\" refY=\"4\" markerWidth=\"6\" markerHeight=\"6\" orient=\"auto\">"
         "<path d=\"M0 0 L8 4 L0 8 Z\" fill=\"#7a869a\"/></marker></defs>\n",
         f);
-  if (!nd || !writer || v->nsteps == 0) {
+  int *in = nd && writer ? calloc(2 * (size_t)v->nsteps + 1, sizeof *in) : NULL, *out = in ? in + v->nsteps : NULL;
+  if (!in || v->nsteps == 0) {
     fprintf(f, "<text x=\"10\" y=\"30\" font-size=\"12\">%s</text>\n", v->nsteps ? "out of memory drawing the graph" : "no compiled steps");
   } else {
     size_t nedges = 0;
     for (int s = 0; s < v->nsteps; s++)
       for (size_t i = 0; i < v->steps[s].noperands; i++) {
         int p = v->steps[s].written[i] ? -1 : producer(v, writer, v->steps[s].values[i]);
-        nedges += p >= 0 && p < s;
+        if (p >= 0 && p < s) nedges++, in[s]++, out[p]++;
       }
-    for (int s = 0; s < v->nsteps; s++)
+    int *in_k = calloc(2 * (size_t)v->nsteps + 1, sizeof *in_k), *out_k = in_k ? in_k + v->nsteps : NULL;
+    for (int s = 0; in_k && s < v->nsteps; s++)
       for (size_t i = 0; i < v->steps[s].noperands; i++) {
         int p = v->steps[s].written[i] ? -1 : producer(v, writer, v->steps[s].values[i]);
-        if (p >= 0 && p < s) put_edge(f, v, &nd[p], &nd[s], v->steps[s].values[i], nedges <= LABEL_EDGES);
+        if (p >= 0 && p < s)
+          put_edge(f, v, &nd[p], out_k[p]++, out[p], &nd[s], in_k[s]++, in[s], v->steps[s].values[i], nedges <= LABEL_EDGES);
       }
+    free(in_k);
     for (int s = 0; s < v->nsteps; s++) put_node(f, v, &nd[s], s);
   }
+  free(in);
   fputs("</svg>\n", f);
   free(nd);
   free(writer);
