@@ -133,7 +133,9 @@ nb_status nb_prof_start(nb_ctx *ctx, const nb_prof_trace_opts *opts);
 
 /* Stops recording and writes the trace file (atomically) and beside it
  * the summary: PATH with its ".json" replaced by ".summary.json" (or with
- * that appended). Errors: NB_ERR_INVALID_ARG when no trace is on, NB_ERR_IO
+ * that appended); when compiled executables ran or the serving engine
+ * planned steps, also .memory.json, .memory.html and .graph.svg (the
+ * memory and graph viewers, below). Errors: NB_ERR_INVALID_ARG when no trace is on, NB_ERR_IO
  * naming the file; tracing is off after either. */
 nb_status nb_prof_stop(nb_ctx *ctx);
 
@@ -173,8 +175,10 @@ nb_status nb_prof_trace_table(nb_ctx *ctx, const char *trace_path, FILE *out, in
  * count for the whole run (outputs are allocated before the first step);
  * an output written into a donated input counts once, as the input.
  * Format: docs/prof.md, "Memory viewer". While a trace is recorded, every
- * executable that runs is kept this way and written beside the trace at
- * nb_prof_stop (see nb_prof_stop). Borrow their arguments. Errors:
+ * executable that runs is kept this way (copied at its first run) and
+ * nb_prof_stop writes them beside the trace: TRACE.memory.json (with the
+ * serving engine's KV blocks), TRACE.memory.html (a page of the sections
+ * below) and TRACE.graph.svg (the executable that ran longest). Borrow their arguments. Errors:
  * NB_ERR_INVALID_ARG (NULL), NB_ERR_NOMEM, NB_ERR_IO (a write error on out).
  *
  * nb_prof_memory_json: {"format":"nabla-memory/1","executables":[one]}.
@@ -194,6 +198,18 @@ nb_status nb_prof_memory_html(nb_ctx *ctx, const nb_exe *exe, FILE *out);
  * nb_prof_memory_json. */
 nb_status nb_prof_graph_svg(nb_ctx *ctx, const nb_exe *exe, FILE *out);
 nb_status nb_prof_graph_html(nb_ctx *ctx, const nb_exe *exe, FILE *out);
+
+/* The same sections from what nb_prof_stop wrote beside a trace, for a
+ * report drawn after it (the profile's HTML page): nb_prof_trace_memory_html
+ * reads TRACE.memory.json and writes the KV cache's section (when the
+ * serving engine ran) and one memory section per executable, most run time
+ * first (max_executables > 0: at most that many); nb_prof_trace_graph_html
+ * writes TRACE.graph.svg (the executable that ran longest) inside a
+ * section. A trace under which nothing ran has no such files: they write
+ * nothing and return NB_OK. Errors: NB_ERR_IO (unreadable), NB_ERR_FORMAT
+ * (not what nb_prof_stop writes), both naming the file. */
+nb_status nb_prof_trace_memory_html(nb_ctx *ctx, const char *trace_path, int max_executables, FILE *out);
+nb_status nb_prof_trace_graph_html(nb_ctx *ctx, const char *trace_path, FILE *out);
 
 /* ------------------------------------------------------------------------ */
 /* Peak FLOP/s (what MFU is relative to)                                     */

@@ -171,13 +171,18 @@ void nb_prof__graph_svg(FILE *f, const nb_prof__view *v, bool standalone) {
   free(writer);
 }
 
-void nb_prof__graph_html(FILE *f, const nb_prof__view *v) {
+void nb_prof__graph_section(FILE *f, const char *title, const char *svg) {
   fputs("<section class=\"nb-graph\">\n<h2>Graph: ", f);
-  nb_prof__xml_text(f, v->title);
+  nb_prof__xml_text(f, title);
   fputs("</h2>\n<p>Steps in run order by layer: fused kernels (blue), library calls (orange), evaluated equations (violet), "
         "control steps (red); an edge is a buffer one step writes and a later one reads (type and size; hover for details)."
         "</p>\n<div style=\"overflow:auto;max-height:80vh\">\n",
         f);
+  if (svg) fputs(svg, f);
+}
+
+void nb_prof__graph_html(FILE *f, const nb_prof__view *v) {
+  nb_prof__graph_section(f, v->title, NULL);
   nb_prof__graph_svg(f, v, false);
   fputs("</div>\n</section>\n", f);
 }

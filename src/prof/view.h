@@ -79,6 +79,9 @@ void nb_prof__memory_html(FILE *f, const nb_prof__view *v);
  * as an HTML section holding it. */
 void nb_prof__graph_svg(FILE *f, const nb_prof__view *v, bool standalone);
 void nb_prof__graph_html(FILE *f, const nb_prof__view *v);
+/* The section's opening (heading, legend, a scrolling <div>) and svg after
+ * it (NULL: none); the caller closes with "</div></section>". */
+void nb_prof__graph_section(FILE *f, const char *title, const char *svg);
 
 /* kv.c: the serving engine's KV blocks, from the counters of a trace
  * (docs/prof.md, "KV cache"): the timeline of "kv blocks" samples, the

@@ -90,6 +90,15 @@ int main(void) {
   snprintf(path, sizeof path, "%s/trace.memory.html", work);
   text = nb_test_read_file(path, NULL);
   CHECK(text && strstr(text, "<section class=\"nb-kv\">") && strstr(text, "request 1/0"));
+  /* read back for a report: the page's section, byte for byte */
+  snprintf(path, sizeof path, "%s/trace.json", work);
+  char *sec = NULL;
+  size_t n = 0;
+  FILE *f = open_memstream(&sec, &n);
+  CHECK_OK(ctx, nb_prof_trace_memory_html(ctx, path, 0, f));
+  fclose(f);
+  CHECK_MSG(!strncmp(sec, "<section class=\"nb-kv\">", 23) && text && strstr(text, sec), "%s", sec);
+  free(sec);
   free(text);
   nb_ctx_destroy(ctx);
   if (!nb_test_failures) nb_test_rm_rf(work);

@@ -198,9 +198,37 @@ static void traced(void) {
   if (text) check_svg(text, 3);
   free(text);
   snprintf(path, sizeof path, "%s/t/trace.memory.html", work);
-  text = nb_test_read_file(path, NULL);
-  CHECK(text && strstr(text, "<!DOCTYPE html>") && strstr(text, "<section class=\"nb-memory\">") && strstr(text, "Ran 2 times"));
-  free(text);
+  char *page = nb_test_read_file(path, NULL);
+  CHECK(page && strstr(page, "<!DOCTYPE html>") && strstr(page, "<section class=\"nb-memory\">") && strstr(page, "Ran 2 times"));
+  /* the sections for a report, read back from the files: the page's, byte for byte */
+  snprintf(path, sizeof path, "%s/t/trace.json", work);
+  char *sec = NULL;
+  size_t n = 0;
+  FILE *f = open_memstream(&sec, &n);
+  CHECK_OK(ctx, nb_prof_trace_memory_html(ctx, path, 0, f));
+  fclose(f);
+  CHECK_MSG(n > 1000 && !strncmp(sec, "<section class=\"nb-memory\">", 27) && page && strstr(page, sec), "%zu bytes read back, not the page's", n);
+  free(sec);
+  f = open_memstream(&sec, &n);
+  CHECK_OK(ctx, nb_prof_trace_graph_html(ctx, path, f));
+  fclose(f);
+  CHECK(!strncmp(sec, "<section class=\"nb-graph\">", 26) && strstr(sec, "<svg") && !strstr(sec, "<?xml") && strstr(sec, "</svg>\n</div>\n</section>\n"));
+  free(sec);
+  free(page);
+  /* a trace under which nothing ran has nothing to show; a file that is not ours is refused by name */
+  snprintf(path, sizeof path, "%s/none.json", work);
+  f = open_memstream(&sec, &n);
+  CHECK_OK(ctx, nb_prof_trace_memory_html(ctx, path, 0, f));
+  CHECK_OK(ctx, nb_prof_trace_graph_html(ctx, path, f));
+  fclose(f);
+  CHECK(n == 0);
+  free(sec);
+  snprintf(path, sizeof path, "%s/none.memory.json", work);
+  f = fopen(path, "w");
+  if (f) fputs("{\"format\":\"other\"}", f), fclose(f);
+  snprintf(path, sizeof path, "%s/none.json", work);
+  CHECK(nb_prof_trace_memory_html(ctx, path, 0, stdout) == NB_ERR_FORMAT);
+  CHECK_ERR(ctx, NB_ERR_FORMAT, "none.memory.json' is not a nabla-memory/1 file");
 }
 
 int main(void) {
