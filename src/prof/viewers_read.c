@@ -19,6 +19,10 @@ static double num(const cJSON *o, const char *k) {
   return v == v ? v : 0; /* NaN: absent */
 }
 
+/* a count or size from the file, clamped (the file may be anything) */
+static size_t size_of(double v) { return v > 0 ? v < 9e15 ? (size_t)v : (size_t)9e15 : 0; }
+static int int_of(double v) { return v > -1e9 ? v < 1e9 ? (int)v : (int)1e9 : (int)-1e9; }
+
 static void copy(char *dst, size_t cap, const cJSON *o, const char *k) {
   const char *s = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, k));
   snprintf(dst, cap, "%s", s ? s : "");
@@ -48,7 +52,7 @@ static bool read_view(const cJSON *x, nb_prof__view *v) {
     v->steps[s++].kind = "step";
   }
   s = 0;
-  cJSON_ArrayForEach(e, live) if (s < v->nsteps) v->live[s++] = cJSON_IsNumber(e) && e->valuedouble > 0 ? (size_t)e->valuedouble : 0;
+  cJSON_ArrayForEach(e, live) if (s < v->nsteps) v->live[s++] = size_of(cJSON_IsNumber(e) ? e->valuedouble : 0);
   cJSON_ArrayForEach(e, bufs) {
     nb_prof__block *b = &v->blocks[v->nblocks++];
     char kind[16];
@@ -60,17 +64,17 @@ static bool read_view(const cJSON *x, nb_prof__view *v) {
     copy(b->type, sizeof b->type, e, "type");
     copy(b->donated_to, sizeof b->donated_to, e, "donated_to");
     const cJSON *off = cJSON_GetObjectItemCaseSensitive(e, "offset");
-    b->offset = cJSON_IsNumber(off) ? (int64_t)off->valuedouble : -1;
-    b->bytes = (size_t)num(e, "bytes");
-    b->first = (int)num(e, "first"), b->last = (int)num(e, "last"), b->written = (int)num(e, "written");
+    b->offset = cJSON_IsNumber(off) && off->valuedouble >= 0 ? (int64_t)size_of(off->valuedouble) : -1;
+    b->bytes = size_of(num(e, "bytes"));
+    b->first = int_of(num(e, "first")), b->last = int_of(num(e, "last")), b->written = int_of(num(e, "written"));
   }
-  v->arena_bytes = (size_t)num(x, "arena_bytes");
-  v->held = (size_t)num(x, "held_bytes");
-  v->runs = (uint64_t)num(x, "runs");
+  v->arena_bytes = size_of(num(x, "arena_bytes"));
+  v->held = size_of(num(x, "held_bytes"));
+  v->runs = size_of(num(x, "runs"));
   v->run_ms = num(x, "run_ms");
-  v->peak = (size_t)num(peak, "bytes");
-  v->peak_step = (int)num(peak, "step");
-  if (v->peak_step >= v->nsteps) v->peak_step = v->nsteps - 1;
+  v->peak = size_of(num(peak, "bytes"));
+  v->peak_step = int_of(num(peak, "step"));
+  if (v->peak_step >= v->nsteps || v->peak_step < -1) v->peak_step = v->nsteps - 1;
   return true;
 }
 
