@@ -80,6 +80,7 @@ static void train_steps(const char *bin) {
   snprintf(dir, sizeof dir, "%s/steps", work);
   snprintf(cmd, sizeof cmd, "%s train --run-dir %s %s steps=6 checkpoint_every=4 profile.steps=3-4 2>&1", bin, dir, tiny);
   CHECK_MSG(nb_test_run(cmd, out, sizeof out) == 0, "%s", out);
+  CHECK_MSG(strstr(out, "profile: memory viewer ") && strstr(out, "/profile/trace.memory.html, graph of the longest-running"), "%s", out);
   snprintf(path, sizeof path, "%s/profile/trace.json", dir);
   nb_test_trace t;
   if (nb_test_trace_load(path, &t)) return;
@@ -149,7 +150,7 @@ static void whole_command(const char *bin) {
   snprintf(cmd, sizeof cmd, "%s profile --out %s -- train --run-dir %s/whole %s steps=3 checkpoint_every=2 2>&1", bin, path,
            work, tiny);
   CHECK_MSG(nb_test_run(cmd, out, sizeof out) == 0, "%s", out);
-  CHECK_MSG(strstr(out, "trace written to"), "%s", out);
+  CHECK_MSG(strstr(out, "trace written to") && strstr(out, "nabla train: memory viewer "), "%s", out);
   check_whole(path, 3);
   snprintf(path, sizeof path, "%s/env.json", work);
   snprintf(cmd, sizeof cmd, "NABLA_PROFILE=%s %s train --run-dir %s/env %s steps=2 checkpoint_every=2 profile.steps=1-2 2>&1",

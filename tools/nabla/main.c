@@ -44,8 +44,7 @@ static int dispatch(int argc, char **argv) {
   return usage(false);
 }
 
-/* where nb_prof_stop put the memory and graph viewers (docs/prof.md), when it wrote them */
-static void print_viewers(const char *cmd, const char *trace) {
+void nb_cli_print_viewers(FILE *f, const char *cmd, const char *trace) {
   char stem[4096], mem[4200], graph[4200];
   size_t n = strlen(trace);
   snprintf(stem, sizeof stem, "%.*s", (int)(n >= 5 && !strcmp(trace + n - 5, ".json") ? n - 5 : n), trace);
@@ -53,7 +52,7 @@ static void print_viewers(const char *cmd, const char *trace) {
   snprintf(graph, sizeof graph, "%s.graph.svg", stem);
   bool m = access(mem, R_OK) == 0, g = access(graph, R_OK) == 0;
   if (m || g)
-    fprintf(stderr, "nabla %s: memory viewer %s%s%s%s\n", cmd, m ? mem : "-", g ? ", graph of the longest-running executable " : "",
+    fprintf(f, "%s: memory viewer %s%s%s%s\n", cmd, m ? mem : "-", g ? ", graph of the longest-running executable " : "",
             g ? graph : "", m ? " (.memory.json beside it)" : "");
 }
 
@@ -74,7 +73,9 @@ int nb_cli_run_traced(const char *path, int argc, char **argv) {
     /* the peak at $NABLA_THREADS or all CPUs (cached per machine); a command's --threads is not seen here */
     if (nb_prof_trace_table(ctx, path, stderr, 15, nb_prof_peak_flops(0).flops))
       fprintf(stderr, "nabla %s: %s\n", argv[0], nb_ctx_error(ctx));
-    print_viewers(argv[0], path);
+    char cmd[64];
+    snprintf(cmd, sizeof cmd, "nabla %s", argv[0]);
+    nb_cli_print_viewers(stderr, cmd, path);
   }
   nb_ctx_destroy(ctx);
   return rc;

@@ -260,6 +260,7 @@ int nb_cmd_train(int argc, char **argv) {
   if (!s && cfg.profile.steps[0] && access(trace, F_OK) == 0) { /* profile.steps wrote one: its op table */
     printf("profile of steps %s: %s (open it in ui.perfetto.dev); its slowest compiled steps:\n", cfg.profile.steps, trace);
     if (nb_prof_trace_table(ctx, trace, stdout, 15, peak)) fprintf(stderr, "nabla train: %s\n", nb_ctx_error(ctx));
+    nb_cli_print_viewers(stdout, "profile", trace);
   }
   if (mesh && rc) nb_dist_abort(rc, "nabla train failed on this rank: ending the job"); /* the others would wait */
   nb_dist_mesh_destroy(mesh);
