@@ -119,7 +119,8 @@ void nb_prof__kv_html(FILE *f, const nb_prof__kv *kv) {
   /* used (bottom), cached on top of it, as steps over time */
   static const char *const fills[2] = {"#d1495b", "#f2c14e"};
   for (int layer = 1; layer >= 0; layer--) {
-    fprintf(f, "<path class=\"kv-%s\" fill=\"%s\" fill-opacity=\"0.8\" d=\"M%.1f %.1f", layer ? "cached" : "used", fills[layer], LEFT, H);
+    fprintf(f, "<path class=\"kv-%s\" fill=\"%s\" fill-opacity=\"0.8\" d=\"M%.1f %.1f", layer ? "cached" : "used", fills[layer],
+            LEFT + kv->samples[0].t_us / t1 * (W - LEFT - 10), H); /* nothing drawn before the first sample */
     for (size_t i = 0; i < kv->nsamples; i++) {
       const nb_prof__kv_sample *s = &kv->samples[i];
       double v = s->used + (layer ? s->cached : 0), x = LEFT + s->t_us / t1 * (W - LEFT - 10), y = H - v / (total > 0 ? total : 1) * (H - 10);
@@ -134,6 +135,10 @@ void nb_prof__kv_html(FILE *f, const nb_prof__kv *kv) {
           px, px, H, px + 3, p->used);
   fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" font-size=\"11\">0 ms</text><text x=\"%.0f\" y=\"%.0f\" font-size=\"11\" text-anchor=\"end\">%.3f ms</text>\n",
           LEFT, H + 20, W - 10, H + 20, t1 * 1e-3);
+  fprintf(f, "<rect x=\"%.0f\" y=\"%.0f\" width=\"10\" height=\"10\" fill=\"%s\"/><text x=\"%.0f\" y=\"%.0f\" font-size=\"11\">used</text>"
+             "<rect x=\"%.0f\" y=\"%.0f\" width=\"10\" height=\"10\" fill=\"%s\"/><text x=\"%.0f\" y=\"%.0f\" font-size=\"11\">cached "
+             "(prefix cache, nobody holds them)</text>\n",
+          W / 2 - 160, H + 11, fills[0], W / 2 - 146, H + 20, W / 2 - 100, H + 11, fills[1], W / 2 - 86, H + 20);
   fputs("</svg>\n<table class=\"nb-kv-seqs\"><tr><th>sequence at the peak</th><th>blocks</th></tr>\n", f);
   for (size_t i = 0; i < kv->nseqs && i < 40; i++) {
     fputs("<tr><td>", f);
