@@ -67,6 +67,18 @@ static void describe(const nb_graph *g, const nb_exe_buffer_info *b, nb_prof__bl
   if (val) nb_aval_str(&val->aval, k->type, sizeof k->type);
 }
 
+/* each value's type, size and the value whose memory it lives in (the graph's edges) */
+static void add_values(const nb_exe *e, nb_prof__view *v) {
+  for (size_t id = 0; id < v->nvalues; id++) {
+    nb_exe_buffer_info b;
+    if (nb_exe_buffer(e, id, &b) != NB_OK) continue;
+    if (b.value) nb_aval_str(&b.value->aval, v->value_type[id], sizeof v->value_type[0]);
+    v->value_bytes[id] = b.nbytes;
+    v->value_shares[id] = b.shares;
+  }
+}
+
+/* the blocks of memory, after the steps (a control step's block is named after it) */
 static nb_status add_blocks(nb_ctx *ctx, const nb_exe *e, nb_prof__view *v) {
   const nb_graph *g = nb_exe_graph(e);
   size_t nv = v->nvalues, cap = nv + (size_t)v->nsteps + 1;
@@ -76,9 +88,6 @@ static nb_status add_blocks(nb_ctx *ctx, const nb_exe *e, nb_prof__view *v) {
   for (size_t id = 0; id < nv; id++) {
     nb_exe_buffer_info b;
     if (nb_exe_buffer(e, id, &b) != NB_OK) return nb_ctx_status(ctx);
-    if (b.value) nb_aval_str(&b.value->aval, v->value_type[id], sizeof v->value_type[0]);
-    v->value_bytes[id] = b.nbytes;
-    v->value_shares[id] = b.shares;
     /* memory of its own: an output written into a donated input lives in the input's block */
     bool own = b.kind == NB_EXE_BUF_INPUT || b.kind == NB_EXE_BUF_CONST || (b.kind == NB_EXE_BUF_OUTPUT && b.donor < 0) ||
                (b.kind == NB_EXE_BUF_TEMP && b.shares < 0);
@@ -170,19 +179,11 @@ nb_status nb_prof__view_build(nb_ctx *ctx, const nb_exe *e, nb_prof__view *v) {
   v->value_shares = calloc(v->nvalues + 1, sizeof *v->value_shares);
   v->live = calloc((size_t)v->nsteps + 1, sizeof *v->live);
   nb_status st = v->value_type && v->value_bytes && v->value_shares && v->live ? NB_OK : nb_errorf(ctx, NB_ERR_NOMEM, "prof: out of memory for the memory view");
+  if (!st) add_values(e, v);
   if (!st) st = add_steps(ctx, e, v);
-  if (!st) st = add_blocks(ctx, e, v);
   for (int s = 0; !st && s < v->nsteps; s++) step_name(e, (size_t)s, v, &v->steps[s]);
-  if (!st) {
-    /* the bodies' blocks were named before the steps were: name them again */
-    for (size_t i = 0; i < v->nblocks; i++)
-      if (v->blocks[i].kind == NB_PROF__BODY) {
-        const nb_prof__step *s = &v->steps[v->blocks[i].first];
-        snprintf(v->blocks[i].name, sizeof v->blocks[i].name, "arenas of %s's bodies", s->name);
-        snprintf(v->blocks[i].at, sizeof v->blocks[i].at, "%s", s->at);
-      }
-    add_live(v);
-  }
+  if (!st) st = add_blocks(ctx, e, v);
+  if (!st) add_live(v);
   if (st) nb_prof__view_free(v);
   return st;
 }

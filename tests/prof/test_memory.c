@@ -4,7 +4,8 @@
  * intermediates are live: the peak, its step, the live set, the arena
  * offsets and each buffer's name (input paths, the equation) are checked
  * against numbers computed here; a donated update counts its memory once,
- * as the input; the graph is one node per step and parses as XML; a trace
+ * as the input; a scan's step adds its body's arena; the graph is one node
+ * per step and parses as XML; a trace
  * keeps every executable that ran and writes both viewers beside it. */
 #include <cjson/cJSON.h>
 
@@ -152,6 +153,46 @@ static void donated(void) {
   nb_exe_destroy(e);
 }
 
+/* a scan: its step adds its body's arena while it runs */
+static void control_body(void) {
+  nb_graph *body = nb_graph_create(ctx);
+  nb_val *w = nb_graph_input(body, "a_w", f32(16, 16)), *h = nb_graph_input(body, "b_h", f32(1, 16));
+  nb_val *x = nb_graph_input(body, "c_x", f32(1, 16));
+  nb_val *h2 = nb_tanh(nb_add(nb_matmul(h, w), x));
+  nb_graph_output(body, "a_h", h2);
+  nb_graph_output(body, "b_y", nb_mul(h2, h2));
+  nb_graph *g = nb_graph_create(ctx);
+  nb_val *gw = nb_graph_input(g, "w", f32(16, 16)), *gh = nb_graph_input(g, "h", f32(1, 16));
+  nb_val *xs = nb_graph_input(g, "xs", nb_aval_make(NB_F32, 3, (int64_t[]){5, 1, 16})), *hout, *ys;
+  CHECK_OK(ctx, nb_scan(g, body, 1, &gw, 1, &gh, 1, &xs, &(nb_scan_opts){.length = 5}, &hout, &ys));
+  nb_graph_output(g, "h", hout);
+  nb_graph_output(g, "ys", ys);
+  nb_exe *e = nb_jit(ctx, g, NULL);
+  nb_graph_destroy(body);
+  nb_graph_destroy(g);
+  CHECK_MSG(e, "%s", nb_ctx_error(ctx));
+  if (!e) return;
+  size_t scan_step = 0, bodies = 0;
+  nb_exe_stats st = {0};
+  for (size_t s = 0; s < nb_exe_num_steps(e); s++)
+    if (nb_exe_step_body(e, s, 0)) scan_step = s, bodies++, nb_exe_get_stats(nb_exe_step_body(e, s, 0), &st);
+  CHECK_MSG(bodies == 1 && st.arena_bytes > 0, "%zu control steps, body arena %zu", bodies, st.arena_bytes);
+  char *text = render(nb_prof_memory_json, e);
+  cJSON *j = cJSON_Parse(text);
+  const cJSON *x0 = cJSON_GetArrayItem(item(j, "executables"), 0), *b;
+  size_t found = 0;
+  cJSON_ArrayForEach(b, item(x0, "buffers")) if (!strcmp(str(b, "kind"), "body")) {
+    found++;
+    CHECK_MSG(num(b, "bytes") == (double)st.arena_bytes && num(b, "first") == (double)scan_step && num(b, "last") == (double)scan_step &&
+                  strstr(str(b, "name"), "scan"),
+              "%s", cJSON_PrintUnformatted(b));
+  }
+  CHECK_MSG(found == 1, "%zu body blocks in %s", found, text);
+  cJSON_Delete(j);
+  free(text);
+  nb_exe_destroy(e);
+}
+
 static void errors(void) {
   CHECK(nb_prof_memory_json(ctx, NULL, stdout) == NB_ERR_INVALID_ARG);
   CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "nb_prof_memory_json: exe is NULL");
@@ -236,6 +277,7 @@ int main(void) {
   nb_test_scratch_dir(work, sizeof work, "prof", "memory");
   hand_computed();
   donated();
+  control_body();
   errors();
   traced();
   nb_ctx_destroy(ctx);
