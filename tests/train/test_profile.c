@@ -6,7 +6,10 @@
  * NABLA_PROFILE=F trace the whole command (compiles with their phases, the
  * data worker's and checkpoint writer's tracks); a malformed profile.steps
  * is refused by name; `nabla serve` under NABLA_PROFILE traces each HTTP
- * request and the engine's steps. Each trace is checked on its own (tracecheck.h). */
+ * request, the engine's steps and its KV blocks (counters). Each trace is
+ * checked on its own (tracecheck.h); beside profile.steps's trace, the
+ * memory viewer's live set at the step's peak names parameters by path and
+ * the graph has a node per step. */
 #include <cjson/cJSON.h>
 #include <signal.h> /* train_util.h uses raise */
 #include <unistd.h>
