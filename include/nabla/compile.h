@@ -174,6 +174,47 @@ nb_status nb_exe_step(const nb_exe *e, size_t i, nb_exe_step_info *out);
  * of range. Borrowed: valid while e is alive. */
 const nb_exe *nb_exe_step_body(const nb_exe *e, size_t step, size_t i);
 
+/* The buffer plan, for profilers (the memory and graph viewers of library
+ * prof): what memory each value of the optimized graph (nb_exe_graph; ids
+ * 0 .. nb_exe_num_values - 1) has over the schedule of steps. */
+typedef enum nb_exe_buffer_kind {
+  NB_EXE_BUF_NONE,   /* no memory: computed inside a fused kernel, or unused */
+  NB_EXE_BUF_INPUT,  /* the caller's array */
+  NB_EXE_BUF_CONST,  /* a constant the executable holds */
+  NB_EXE_BUF_TEMP,   /* an intermediate in the executable's arena */
+  NB_EXE_BUF_OUTPUT, /* an output array, allocated before the first step */
+  NB_EXE_BUF_KIND_COUNT
+} nb_exe_buffer_kind;
+
+typedef struct nb_exe_buffer_info {
+  nb_exe_buffer_kind kind;
+  const nb_val *value; /* the value (borrowed, valid while e is alive) */
+  int index;           /* INPUT: the input's index; OUTPUT: the first output index it is */
+  size_t offset;       /* TEMP: offset in the arena */
+  size_t nbytes;
+  int def_step;        /* the step that writes it (-1: none, an input or constant) */
+  int last_step;       /* the last step that reads it; an output: nb_exe_num_steps */
+  int donor;           /* OUTPUT: the donated input whose memory it takes when it may, or -1 */
+  int shares;          /* TEMP: the value whose memory it lives in (an in-place update of it, or a
+                          view: a reshape or contiguous slice of it), or -1 */
+} nb_exe_buffer_info;
+size_t nb_exe_num_values(const nb_exe *e);
+/* Errors: NB_ERR_INVALID_ARG for an id out of range (named). */
+nb_status nb_exe_buffer(const nb_exe *e, size_t value_id, nb_exe_buffer_info *out);
+
+/* The values step i reads and writes (a kernel's arguments, an equation's
+ * operands and results), in order. Writes up to cap of them into out and
+ * returns how many there are (0 for i out of range). */
+typedef struct nb_exe_operand {
+  uint32_t value; /* value id */
+  bool written;
+} nb_exe_operand;
+size_t nb_exe_step_operands(const nb_exe *e, size_t i, nb_exe_operand *out, size_t cap);
+/* Step i's source primitives, "+"-joined ("add+mul+reduce_sum"), and where
+ * its first (materialized) equation was traced (file NULL when unknown);
+ * pointers valid while e is alive. NULL for i out of range. */
+const char *nb_exe_step_ops(const nb_exe *e, size_t i, nb_loc *loc);
+
 /* The generated C source file, or NULL (interpreter fallback); valid while
  * e is alive. */
 const char *nb_exe_source_path(const nb_exe *e);

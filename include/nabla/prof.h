@@ -30,6 +30,7 @@
 #define NABLA_PROF_H
 
 #include "nabla/export.h"
+#include "nabla/compile.h"
 #include "nabla/core.h"
 
 NB_BEGIN_DECLS
@@ -139,6 +140,9 @@ nb_status nb_prof_start(nb_ctx *ctx, const nb_prof_trace_opts *opts);
  * that appended), the op profile (".ops.json": every compiled step's time,
  * source ops, parameter paths, cost, rates and roofline position against
  * the peaks of opts; docs/prof.md) and the profile page (html_path). Errors: NB_ERR_INVALID_ARG when no trace is on, NB_ERR_IO
+ * that appended); when compiled executables ran or the serving engine
+ * planned steps, also .memory.json, .memory.html and .graph.svg (the
+ * memory and graph viewers, below). Errors: NB_ERR_INVALID_ARG when no trace is on, NB_ERR_IO
  * naming the file; tracing is off after either. */
 nb_status nb_prof_stop(nb_ctx *ctx);
 
@@ -188,6 +192,55 @@ typedef struct nb_prof_html_section {
  * one), NB_ERR_INVALID_ARG. */
 nb_status nb_prof_profile_html(nb_ctx *ctx, const char *trace_path, const char *out_html, const char *title,
                                const nb_prof_html_section *extra, size_t nextra);
+/* Memory viewer and graph viewer                                            */
+/* ------------------------------------------------------------------------ */
+
+/* The memory an executable's run uses over its schedule of steps (the
+ * analogue of XProf's memory viewer): each buffer with its kind (input,
+ * constant, temp: an intermediate in the arena, output; body: the arenas of
+ * a control step's bodies), arena offset, size, the steps it is live over
+ * and what it is (the input path it is or is a layout copy of, else the
+ * equation that computes it and where that was traced); the live bytes at
+ * each step, the peak (bytes and the first step at it) and what is live
+ * there, largest first and summed by source. Inputs, constants and outputs
+ * count for the whole run (outputs are allocated before the first step);
+ * an output written into a donated input counts once, as the input.
+ * Format: docs/prof.md, "Memory viewer". While a trace is recorded, every
+ * executable that runs is kept this way (copied at its first run) and
+ * nb_prof_stop writes them beside the trace: TRACE.memory.json (with the
+ * serving engine's KV blocks), TRACE.memory.html (a page of the sections
+ * below) and TRACE.graph.svg (the executable that ran longest). Borrow their arguments. Errors:
+ * NB_ERR_INVALID_ARG (NULL), NB_ERR_NOMEM, NB_ERR_IO (a write error on out).
+ *
+ * nb_prof_memory_json: {"format":"nabla-memory/1","executables":[one]}.
+ * nb_prof_memory_html: an HTML fragment (a <section>, no page around it):
+ *   the live bytes per step with the peak marked and the arena as
+ *   rectangles over step x offset (inline SVG), and tables of what is live
+ *   at the peak. */
+nb_status nb_prof_memory_json(nb_ctx *ctx, const nb_exe *exe, FILE *out);
+nb_status nb_prof_memory_html(nb_ctx *ctx, const nb_exe *exe, FILE *out);
+
+/* The executable's steps as a graph (the analogue of XProf's graph viewer):
+ * a node per step (fused kernel, library call, evaluated or control step,
+ * named as in traces), an edge per buffer one step writes and a later one
+ * reads, labelled with its type and size, in layers from the inputs down.
+ * nb_prof_graph_svg writes a standalone SVG document; nb_prof_graph_html an
+ * HTML <section> with the same SVG inline. Same arguments and errors as
+ * nb_prof_memory_json. */
+nb_status nb_prof_graph_svg(nb_ctx *ctx, const nb_exe *exe, FILE *out);
+nb_status nb_prof_graph_html(nb_ctx *ctx, const nb_exe *exe, FILE *out);
+
+/* The same sections from what nb_prof_stop wrote beside a trace, for a
+ * report drawn after it (the profile's HTML page): nb_prof_trace_memory_html
+ * reads TRACE.memory.json and writes the KV cache's section (when the
+ * serving engine ran) and one memory section per executable, most run time
+ * first (max_executables > 0: at most that many); nb_prof_trace_graph_html
+ * writes TRACE.graph.svg (the executable that ran longest) inside a
+ * section. A trace under which nothing ran has no such files: they write
+ * nothing and return NB_OK. Errors: NB_ERR_IO (unreadable), NB_ERR_FORMAT
+ * (not what nb_prof_stop writes), both naming the file. */
+nb_status nb_prof_trace_memory_html(nb_ctx *ctx, const char *trace_path, int max_executables, FILE *out);
+nb_status nb_prof_trace_graph_html(nb_ctx *ctx, const char *trace_path, FILE *out);
 
 /* ------------------------------------------------------------------------ */
 /* Peak FLOP/s (what MFU is relative to)                                     */

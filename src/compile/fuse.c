@@ -1136,6 +1136,7 @@ nb_status nb_jit__fuse(nb_ctx *ctx, nb_jplan *plan, const nb_jit_config *cfg) {
   f.ne = nb__graph_neqns(plan->g);
   plan->nvals = f.nv;
   if (!fz_init(&f)) return nb_errorf(ctx, NB_ERR_NOMEM, "jit: out of memory in fusion");
+  plan->vals = f.vals;
   for (size_t tries = 0; tries <= f.nv + 1; tries++) {
     nb_jit_arena scratch = {ctx, NULL};
     f.ar = &scratch;

@@ -151,6 +151,7 @@ typedef struct nb_jplan {
   nb_jit_arena *ar;
   const nb_graph *g;      /* the simplified graph */
   nb_jbuf *bufs;          /* per value id */
+  const nb_val **vals;    /* per value id (NULL: an id no input or equation defines) */
   size_t nvals;
   nb_jstep *steps;
   int nsteps, cap_steps;

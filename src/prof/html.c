@@ -251,12 +251,30 @@ static const char script[] =
     "p=a.getAttribute('data-v'),q=c.getAttribute('data-v'),r=(p!==null&&q!==null)?parseFloat(p)-parseFloat(q):"
     "a.textContent.localeCompare(c.textContent);return up?r:-r});rows.forEach(function(r){b.appendChild(r)})})})});";
 
-/* The extra sections every profile page gets from the other viewers of the
- * trace: the memory viewer and the graph viewer (task profmem) append
- * theirs here, in files of their own, given the trace's path. None yet. */
-static size_t builtin_sections(const char *trace_path, nb_prof_html_section *out, size_t cap) {
-  (void)trace_path, (void)out, (void)cap;
-  return 0;
+/* The sections every profile page gets from the trace's other viewers: the
+ * memory viewer (with the KV cache) and the graph viewer, read back from
+ * what nb_prof_stop wrote beside the trace (nothing when nothing ran). The
+ * markup is malloc'ed into out[i].html; the caller frees it. */
+static nb_status builtin_sections(nb_ctx *ctx, const char *trace_path, nb_prof_html_section out[2], size_t *n) {
+  static const struct {
+    const char *id, *title;
+  } kinds[2] = {{"memory", "Memory viewer"}, {"graph", "Graph viewer"}};
+  *n = 0;
+  for (int k = 0; k < 2; k++) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f) return nb_errorf(ctx, NB_ERR_NOMEM, "nb_prof_profile_html: out of memory");
+    nb_status s = k == 0 ? nb_prof_trace_memory_html(ctx, trace_path, 4, f) : nb_prof_trace_graph_html(ctx, trace_path, f);
+    if (fclose(f) && !s) s = nb_errorf(ctx, NB_ERR_NOMEM, "nb_prof_profile_html: out of memory");
+    if (s || !len) {
+      free(buf);
+      if (s) return s;
+      continue;
+    }
+    out[(*n)++] = (nb_prof_html_section){kinds[k].id, kinds[k].title, buf};
+  }
+  return NB_OK;
 }
 
 static void section(FILE *f, const nb_prof_html_section *s) {
@@ -325,8 +343,15 @@ nb_status nb_prof_profile_html(nb_ctx *ctx, const char *trace_path, const char *
     cJSON_Delete(j);
     return nb_errorf(ctx, NB_ERR_FORMAT, "nb_prof_profile_html: '%s' is not an op profile (no \"kernels\" array)", path);
   }
-  nb_prof_html_section builtin[8], *all = malloc((nextra + 8) * sizeof *all);
-  size_t nb = builtin_sections(trace_path, builtin, 8), n = 0;
+  nb_prof_html_section builtin[2], *all = malloc((nextra + 2) * sizeof *all);
+  size_t nb = 0, n = 0;
+  nb_status bs = builtin_sections(ctx, trace_path, builtin, &nb);
+  if (bs) {
+    for (size_t i = 0; i < nb; i++) free((char *)builtin[i].html);
+    free(all);
+    cJSON_Delete(j);
+    return bs;
+  }
   for (size_t i = 0; all && i < nb; i++) all[n++] = builtin[i];
   for (size_t i = 0; all && i < nextra; i++) all[n++] = extra[i];
   char *buf = NULL;
@@ -337,6 +362,7 @@ nb_status nb_prof_profile_html(nb_ctx *ctx, const char *trace_path, const char *
                                  : nb_errorf(ctx, NB_ERR_NOMEM, "nb_prof_profile_html: out of memory writing '%s'", out_html);
   free(buf);
   free(all);
+  for (size_t i = 0; i < nb; i++) free((char *)builtin[i].html);
   cJSON_Delete(j);
   return s;
 }

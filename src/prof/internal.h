@@ -4,6 +4,8 @@
 #ifndef NABLA_PROF_INTERNAL_H
 #define NABLA_PROF_INTERNAL_H
 
+#include <pthread.h>
+
 #include "nabla/prof.h"
 #include "util/trace.h"
 
@@ -46,5 +48,19 @@ void nb_prof__ops_path(const char *trace_path, char *out, size_t cap);
 /* The op profile of c and the session's notes as JSON text (malloc'ed; NULL
  * when out of memory). Format: docs/prof.md, "Op profile". */
 char *nb_prof__op_profile(const nb_prof__collection *c, const nb_prof__peaks *pk);
+/* path with its ".json" replaced by suffix (".summary.json"), or suffix
+ * appended when it does not end in ".json". */
+void nb_prof__sibling_path(const char *path, const char *suffix, char *out, size_t cap);
+
+/* kept.c: the executables that run while a trace is recorded, copied for
+ * the memory and graph viewers. begin clears them and starts keeping
+ * (nb_prof_start), end stops (nb_prof_stop), write writes PATH's siblings
+ * .memory.json, .memory.html (with the KV blocks, view.h) and .graph.svg
+ * (nothing when there is nothing to show), clear frees them. */
+struct nb_prof__kv;
+void nb_prof__kept_begin(void);
+void nb_prof__kept_end(void);
+nb_status nb_prof__kept_write(nb_ctx *ctx, const char *trace_path, const struct nb_prof__kv *kv);
+void nb_prof__kept_clear(void);
 
 #endif

@@ -19,11 +19,7 @@
  * (a control step's do: its bodies' steps are counted instead) */
 static bool is_step(const char *cat) { return !strcmp(cat, "kernel") || !strcmp(cat, "gemm") || !strcmp(cat, "eval"); }
 
-void nb_prof__ops_path(const char *trace_path, char *out, size_t cap) {
-  size_t n = strlen(trace_path);
-  if (n >= 5 && !strcmp(trace_path + n - 5, ".json")) snprintf(out, cap, "%.*s.ops.json", (int)(n - 5), trace_path);
-  else snprintf(out, cap, "%s.ops.json", trace_path);
-}
+void nb_prof__ops_path(const char *trace_path, char *out, size_t cap) { nb_prof__sibling_path(trace_path, ".ops.json", out, cap); }
 
 /* ---- joining spans with the notes ------------------------------------------ */
 

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "prof/internal.h"
+#include "prof/view.h"
 #include "util/trace.h"
 #include "util/util.h"
 
@@ -87,11 +88,14 @@ static void put_us(FILE *f, int64_t ns) {
   else fprintf(f, "%lld.%03lld", (long long)(ns / 1000), (long long)(ns % 1000));
 }
 
+/* a span ("X"), or a counter's sample ("C": each argument a series) */
 static void put_event(FILE *f, int pid, int tid, const nb_util__trace_event *e, int64_t t_start) {
-  fprintf(f, ",\n{\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":", pid, tid);
+  fprintf(f, ",\n{\"ph\":\"%s\",\"pid\":%d,\"tid\":%d,\"ts\":", e->counter ? "C" : "X", pid, tid);
   put_us(f, e->t0 - t_start);
-  fputs(",\"dur\":", f);
-  put_us(f, e->dur);
+  if (!e->counter) {
+    fputs(",\"dur\":", f);
+    put_us(f, e->dur);
+  }
   fputs(",\"name\":", f);
   put_str(f, e->name);
   fputs(",\"cat\":", f);
@@ -145,19 +149,40 @@ static double arg_sum(const nb_util__trace_event *const *ix, size_t i, size_t j,
   return sum;
 }
 
-/* {"events": N, "dropped_events": D, "threads": T,
+/* {"events": N spans, "dropped_events": D, "threads": T (with spans),
+ *  "counters": {name: {"samples"}},
  *  "slices": {name: {"count", "total_ns", "cat", "flops", "bytes"}}} */
 static bool put_summary(FILE *f, const collection *c, int64_t dropped) {
   const nb_util__trace_event **ix = malloc((c->n + 1) * sizeof *ix);
   if (!ix) return false;
-  for (size_t i = 0; i < c->n; i++) ix[i] = &c->ev[i];
-  qsort(ix, c->n, sizeof *ix, by_name);
-  fprintf(f, "{\"format\":\"nabla-trace-summary/1\",\"events\":%zu,\"dropped_events\":%lld,\"threads\":%zu,\"slices\":{", c->n,
-          (long long)dropped, c->ntracks);
-  for (size_t i = 0; i < c->n;) {
+  size_t n = 0, nc = 0; /* spans first, then the counters' samples */
+  for (size_t i = 0; i < c->n; i++)
+    if (!c->ev[i].counter) ix[n++] = &c->ev[i];
+  for (size_t i = 0; i < c->n; i++)
+    if (c->ev[i].counter) ix[n + nc++] = &c->ev[i];
+  qsort(ix, n, sizeof *ix, by_name);
+  qsort(ix + n, nc, sizeof *ix, by_name);
+  size_t threads = 0; /* tracks with spans: counters belong to the process */
+  for (size_t t = 0; t < c->ntracks; t++) {
+    bool spans = false;
+    for (size_t k = 0; k < c->tracks[t].n && !spans; k++) spans = !c->ev[c->tracks[t].first + k].counter;
+    threads += spans;
+  }
+  fprintf(f, "{\"format\":\"nabla-trace-summary/1\",\"events\":%zu,\"dropped_events\":%lld,\"threads\":%zu,\"counters\":{", n,
+          (long long)dropped, threads);
+  for (size_t i = n; i < n + nc;) {
+    size_t j = i;
+    while (j < n + nc && !strcmp(ix[j]->name, ix[i]->name)) j++;
+    fputs(i > n ? ",\n" : "\n", f);
+    put_str(f, ix[i]->name);
+    fprintf(f, ":{\"samples\":%zu}", j - i);
+    i = j;
+  }
+  fputs("},\"slices\":{", f);
+  for (size_t i = 0; i < n;) {
     size_t j = i;
     int64_t total = 0;
-    for (; j < c->n && !strcmp(ix[j]->name, ix[i]->name); j++) total += ix[j]->dur;
+    for (; j < n && !strcmp(ix[j]->name, ix[i]->name); j++) total += ix[j]->dur;
     fputs(i ? ",\n" : "\n", f);
     put_str(f, ix[i]->name);
     fprintf(f, ":{\"count\":%zu,\"total_ns\":%lld,\"cat\":", j - i, (long long)total);
@@ -188,10 +213,10 @@ static nb_status write_file(nb_ctx *ctx, const char *path, writer w, const colle
   return s;
 }
 
-static void summary_path(const char *path, char *out, size_t cap) {
+void nb_prof__sibling_path(const char *path, const char *suffix, char *out, size_t cap) {
   size_t n = strlen(path);
-  if (n >= 5 && !strcmp(path + n - 5, ".json")) snprintf(out, cap, "%.*s.summary.json", (int)(n - 5), path);
-  else snprintf(out, cap, "%s.summary.json", path);
+  if (n >= 5 && !strcmp(path + n - 5, ".json")) snprintf(out, cap, "%.*s%s", (int)(n - 5), path, suffix);
+  else snprintf(out, cap, "%s%s", path, suffix);
 }
 
 /* the roofs: the caller's, else this machine's measured ones (cached) */
@@ -216,6 +241,8 @@ static nb_status write_op_profile(nb_ctx *ctx, collection *c) {
   free(text);
   return s;
 }
+
+static void summary_path(const char *path, char *out, size_t cap) { nb_prof__sibling_path(path, ".summary.json", out, cap); }
 
 /* ---- the API ------------------------------------------------------------------------ */
 
@@ -243,6 +270,7 @@ nb_status nb_prof_start(nb_ctx *ctx, const nb_prof_trace_opts *opts) {
     else snprintf(session.html, sizeof session.html, "profile.html");
     session.peak_bytes_per_s = opts->peak_bytes_per_s > 0 ? opts->peak_bytes_per_s : 0;
     session.wall_start = nb_util__wall_s();
+    nb_prof__kept_begin();
     session.t_start = nb_util__trace_enable(opts->max_events);
   }
   pthread_mutex_unlock(&session.mu);
@@ -256,6 +284,7 @@ nb_status nb_prof_stop(nb_ctx *ctx) {
     return nb_errorf(ctx, NB_ERR_INVALID_ARG, "nb_prof_stop: no trace is being recorded");
   }
   nb_util__trace_disable();
+  nb_prof__kept_end();
   session.on = false;
   collection c = {0};
   int64_t dropped = nb_util__trace_collect(take_thread, &c);
@@ -267,6 +296,11 @@ nb_status nb_prof_stop(nb_ctx *ctx) {
   if (!s) s = write_file(ctx, session.path, put_trace_ok, &c, dropped);
   if (!s) s = write_file(ctx, sp, put_summary, &c, dropped);
   if (!s) s = write_op_profile(ctx, &c);
+  nb_prof__kv kv = {0}; /* the memory and graph viewers, before the page that shows them */
+  if (!s) s = nb_prof__kv_build(ctx, c.ev, c.n, session.t_start, &kv);
+  if (!s) s = nb_prof__kept_write(ctx, session.path, &kv);
+  nb_prof__kv_free(&kv);
+  nb_prof__kept_clear();
   if (!s && session.html[0]) {
     char title[NB_PROF__PATH_CAP + 32];
     snprintf(title, sizeof title, "nabla profile: %s", session.path);

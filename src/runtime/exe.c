@@ -323,7 +323,9 @@ nb_status nb_rt__run(nb_exe *e, nb_array *const *in, nb_array **out) {
   for (size_t i = 0; i < nout; i++) out[i] = NULL;
   nb_status st = check_inputs(e, in);
   if (st != NB_OK) return st;
+  int64_t t0 = nb_util__trace_start();
   st = e->native ? run_native(e, in, out) : nb_graph_run_flat(e->ctx, e->graph, in, out);
+  if (t0 && st == NB_OK && e->native) nb_util__trace_run(e, e->key, nb_util__now_ns() - t0); /* the memory and graph viewers */
   pthread_mutex_lock(&e->mu);
   bool first = e->runs++ == 0;
   pthread_mutex_unlock(&e->mu);
@@ -490,6 +492,54 @@ nb_status nb_exe_step(const nb_exe *e, size_t i, nb_exe_step_info *out) {
   const nb_jstep *s = &e->plan.steps[i];
   *out = (nb_exe_step_info){s->kind, s->name, s->neqns, s->flops, s->bytes, s->last_ms, s->total_ms};
   return NB_OK;
+}
+
+/* ---------------------------------------------------------------- the buffer plan, for profilers */
+
+size_t nb_exe_num_values(const nb_exe *e) { return e ? e->plan.nvals : 0; }
+
+nb_status nb_exe_buffer(const nb_exe *e, size_t v, nb_exe_buffer_info *out) {
+  if (!e || !out) return NB_ERR_INVALID_ARG;
+  if (v >= e->plan.nvals) return nb_errorf(e->ctx, NB_ERR_INVALID_ARG, "nb_exe_buffer: value %zu out of range (%zu values)", v, e->plan.nvals);
+  static const nb_exe_buffer_kind kinds[] = {[NB_BUF_NONE] = NB_EXE_BUF_NONE, [NB_BUF_INPUT] = NB_EXE_BUF_INPUT,
+                                             [NB_BUF_CONST] = NB_EXE_BUF_CONST, [NB_BUF_TEMP] = NB_EXE_BUF_TEMP,
+                                             [NB_BUF_OUTPUT] = NB_EXE_BUF_OUTPUT};
+  const nb_jbuf *b = &e->plan.bufs[v];
+  bool temp = b->cls == NB_BUF_TEMP;
+  *out = (nb_exe_buffer_info){.kind = kinds[b->cls],
+                              .value = e->plan.vals ? e->plan.vals[v] : NULL,
+                              .index = b->index,
+                              .offset = temp ? b->offset : 0,
+                              .nbytes = b->nbytes,
+                              .def_step = b->cls == NB_BUF_INPUT || b->cls == NB_BUF_CONST ? -1 : b->def_step,
+                              .last_step = b->last_step,
+                              .donor = b->cls == NB_BUF_OUTPUT ? b->donor : -1,
+                              .shares = !temp ? -1 : b->view >= 0 ? b->view : b->alias};
+  return NB_OK;
+}
+
+size_t nb_exe_step_operands(const nb_exe *e, size_t i, nb_exe_operand *out, size_t cap) {
+  if (!e || i >= (size_t)e->plan.nsteps) return 0;
+  const nb_jstep *st = &e->plan.steps[i];
+  size_t n = 0;
+  if (st->kind == NB_EXE_STEP_KERNEL) {
+    const nb_kernel *k = &e->plan.kernels[st->kernel];
+    for (int a = 0; a < k->nargs; a++, n++)
+      if (n < cap) out[n] = (nb_exe_operand){k->args[a], k->arg_written[a]};
+  } else {
+    for (int j = 0; j < st->eqn->nin + st->eqn->nout; j++, n++)
+      if (n < cap) {
+        bool w = j >= st->eqn->nin;
+        out[n] = (nb_exe_operand){(w ? st->eqn->out[j - st->eqn->nin] : st->eqn->in[j])->id, w};
+      }
+  }
+  return n;
+}
+
+const char *nb_exe_step_ops(const nb_exe *e, size_t i, nb_loc *loc) {
+  if (!e || i >= (size_t)e->plan.nsteps) return NULL;
+  if (loc) *loc = e->plan.steps[i].loc;
+  return e->plan.steps[i].ops;
 }
 
 const char *nb_exe_source_path(const nb_exe *e) { return e && e->native && e->build.source[0] ? e->build.source : NULL; }

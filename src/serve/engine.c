@@ -2,10 +2,12 @@
  * sequences, and the continuous-batching scheduler that plans each step. */
 #include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "serve/internal.h"
+#include "util/trace.h"
 
 /* ---- configuration --------------------------------------------------------- */
 
@@ -224,12 +226,39 @@ static void seq_update_hashes(nb_serve_engine *e, nb_serve__seq *s) {
   }
 }
 
+/* ---- KV blocks in traces (docs/prof.md, "KV cache") ------------------------------------ */
+
+/* The counter "kv blocks: request ID/SAMPLE": the blocks one sequence holds. */
+static void trace_seq_blocks(const nb_serve__seq *s, int64_t t) {
+  char name[64];
+  snprintf(name, sizeof name, "kv blocks: request %lld/%d", (long long)s->request_id, (int)s->sample_index);
+  nb_util__trace_arg a = {"blocks", NULL, s->num_table};
+  nb_util__trace_counter("serve", name, t, &a, 1);
+}
+
+/* After a step is planned: the pool's blocks (used: held by sequences;
+ * free; cached: nobody holds them, the prefix cache keeps their contents
+ * until they are needed) and each running sequence's, at one time. */
+static void trace_blocks(const nb_serve_engine *e) {
+  int64_t t = nb_util__trace_start();
+  if (!t) return;
+  const nb_serve__pool *p = &e->pool;
+  nb_util__trace_arg a[] = {{"used", NULL, p->num_blocks - p->free.len - p->lru.len},
+                            {"free", NULL, p->free.len},
+                            {"cached", NULL, p->lru.len},
+                            {"sequences", NULL, e->num_running}};
+  nb_util__trace_counter("serve", "kv blocks", t, a, 4);
+  for (int32_t i = 0; i < e->num_running; i++) trace_seq_blocks(e->running[i], t);
+}
+
 /* Gives back all of the sequence's blocks, the last first, so the tail of a
  * prompt is evicted before its head (which more requests share). */
 static void seq_release_blocks(nb_serve_engine *e, nb_serve__seq *s) {
   for (int32_t i = s->num_table - 1; i >= 0; i--) nb_serve__pool_decref(&e->pool, s->table[i]);
+  bool held = s->num_table > 0;
   s->num_table = 0;
   s->num_computed = 0;
+  if (held) trace_seq_blocks(s, nb_util__trace_start());
 }
 
 static void seq_finish(nb_serve_engine *e, nb_serve__seq *s) {
@@ -639,6 +668,7 @@ nb_status nb_serve_schedule(nb_serve_engine *e, const nb_serve_batch **out) {
     budget -= n;
   }
   e->steps++;
+  trace_blocks(e);
   *out = b;
   return NB_OK;
 }

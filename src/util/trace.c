@@ -110,6 +110,7 @@ static void append(tbuf *b, const char *cat, const char *name, int64_t t0, int64
     b->cap = cap;
   }
   nb_util__trace_event *e = &b->ev[b->n++];
+  e->counter = false;
   e->t0 = t0;
   e->dur = t1 > t0 ? t1 - t0 : 0;
   e->ref = ref;
@@ -137,6 +138,17 @@ void nb_util__trace_span_ref(const char *cat, const char *name, int64_t t0, int6
 void nb_util__trace_span(const char *cat, const char *name, int64_t t0, int64_t t1, const nb_util__trace_arg *args,
                          int nargs) {
   nb_util__trace_span_ref(cat, name, t0, t1, args, nargs, 0);
+}
+
+void nb_util__trace_counter(const char *cat, const char *name, int64_t t, const nb_util__trace_arg *args, int nargs) {
+  if (!t || !nb_util__tracing()) return;
+  tbuf *b = my_buffer();
+  if (!b) return;
+  pthread_mutex_lock(&b->mu);
+  size_t n = b->n;
+  append(b, cat, name, t, t, args, nargs, 0);
+  if (b->n > n) b->ev[n].counter = true;
+  pthread_mutex_unlock(&b->mu);
 }
 
 void nb_util__trace_begin(const char *cat, const char *name) {
@@ -273,4 +285,15 @@ void nb_util__trace_clear(void) {
   pthread_mutex_lock(&registry_mu);
   clear_locked();
   pthread_mutex_unlock(&registry_mu);
+}
+
+/* ---- runs of executables ------------------------------------------------------ */
+
+static _Atomic(nb_util__trace_run_hook) run_hook;
+
+void nb_util__trace_set_run_hook(nb_util__trace_run_hook fn) { atomic_store(&run_hook, fn); }
+
+void nb_util__trace_run(const void *exe, uint64_t key, int64_t ns) {
+  nb_util__trace_run_hook fn = atomic_load(&run_hook);
+  if (fn && nb_util__tracing()) fn(exe, key, ns);
 }

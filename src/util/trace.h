@@ -59,6 +59,12 @@ void nb_util__trace_span_ref(const char *cat, const char *name, int64_t t0, int6
 uint64_t nb_util__trace_session(void);
 void nb_util__trace_note(int64_t key, const char *text);
 
+/* Records a counter sample (a Chrome trace "C" event) named name in
+ * category cat (static) at time t (the clock, nb_util__now_ns): each
+ * numeric argument is one series of the counter (keys static). Nothing
+ * when t is 0 or tracing is off. Samples with one t form one snapshot. */
+void nb_util__trace_counter(const char *cat, const char *name, int64_t t, const nb_util__trace_arg *args, int nargs);
+
 /* Scoped spans: begin pushes (name, now) on this thread's stack, end pops
  * the innermost and records it. Ends without a begin of this session (a
  * scope opened before tracing started) are ignored; scopes nest up to 32
@@ -70,11 +76,21 @@ void nb_util__trace_end(void);
  * bytes), whether or not tracing is on. */
 void nb_util__trace_thread_name(const char *name);
 
+/* Executables that ran while tracing: the runtime calls nb_util__trace_run
+ * after each run of one (exe: the nb_exe, alive during the call; key: its
+ * content hash; ns: the run's time), and the profiler, which sets the hook
+ * at nb_prof_start, copies what its memory and graph viewers show of it.
+ * Nothing when tracing is off or no hook is set. */
+typedef void (*nb_util__trace_run_hook)(const void *exe, uint64_t key, int64_t ns);
+void nb_util__trace_set_run_hook(nb_util__trace_run_hook fn);
+void nb_util__trace_run(const void *exe, uint64_t key, int64_t ns);
+
 /* ---- the session (src/prof/trace.c) ---------------------------------------- */
 
 typedef struct nb_util__trace_event {
   int64_t t0, dur; /* ns */
   int64_t ref;     /* 0, or nb_util__trace_span_ref's */
+  bool counter;    /* a counter sample at t0 (dur 0), not a span */
   const char *cat;
   int nargs;
   char name[NB_UTIL_TRACE_NAME];

@@ -57,6 +57,15 @@ static void check_summary(const char *trace_path, const nb_test_trace *t) {
     total_count += c;
   }
   CHECK_MSG(total_count == t->n, "the summary's names cover %zu of %zu spans", total_count, t->n);
+  size_t samples = 0;
+  cJSON_ArrayForEach(s, cJSON_GetObjectItemCaseSensitive(j, "counters")) {
+    size_t c = nb_test_trace_samples(t, s->string);
+    const cJSON *js = cJSON_GetObjectItemCaseSensitive(s, "samples");
+    CHECK_MSG(cJSON_IsNumber(js) && (size_t)js->valuedouble == c, "counter '%s': summary %g samples, trace %zu", s->string,
+              cJSON_IsNumber(js) ? js->valuedouble : -1.0, c);
+    samples += c;
+  }
+  CHECK_MSG(samples == t->ncounters, "the summary's counters cover %zu of %zu samples", samples, t->ncounters);
   cJSON_Delete(j);
 }
 
@@ -76,6 +85,7 @@ int nb_test_trace_load(const char *path, nb_test_trace *t) {
   t->dropped = cJSON_IsNumber(dr) ? (long long)dr->valuedouble : -1;
   CHECK_MSG(cJSON_IsArray(evs), "%s has no traceEvents array", path);
   t->spans = calloc((size_t)cJSON_GetArraySize(evs) + 1, sizeof *t->spans);
+  t->counters = calloc((size_t)cJSON_GetArraySize(evs) + 1, sizeof *t->counters);
   const cJSON *e;
   cJSON_ArrayForEach(e, evs) {
     const cJSON *ph = cJSON_GetObjectItemCaseSensitive(e, "ph"), *tid = cJSON_GetObjectItemCaseSensitive(e, "tid");
@@ -91,7 +101,21 @@ int nb_test_trace_load(const char *path, nb_test_trace *t) {
       }
       continue;
     }
-    CHECK_MSG(!strcmp(ph->valuestring, "X"), "event phase '%s' (nabla writes X and M)", ph->valuestring);
+    if (!strcmp(ph->valuestring, "C")) {
+      const cJSON *ts = cJSON_GetObjectItemCaseSensitive(e, "ts"), *a;
+      bool numeric = cJSON_IsObject(args) && cJSON_GetArraySize(args) > 0;
+      cJSON_ArrayForEach(a, args) numeric &= cJSON_IsNumber(a);
+      CHECK_MSG(cJSON_IsNumber(ts) && !cJSON_GetObjectItemCaseSensitive(e, "dur") && numeric,
+                "counter '%s' lacks ts, has a dur or a series that is not a number", name->valuestring);
+      nb_test_counter *c = &t->counters[t->ncounters++];
+      c->ts = cJSON_IsNumber(ts) ? us_to_ns(ts) : 0;
+      snprintf(c->name, sizeof c->name, "%s", name->valuestring);
+      char *series = args ? cJSON_PrintUnformatted(args) : NULL;
+      snprintf(c->args, sizeof c->args, "%s", series ? series : "");
+      cJSON_free(series);
+      continue;
+    }
+    CHECK_MSG(!strcmp(ph->valuestring, "X"), "event phase '%s' (nabla writes X, C and M)", ph->valuestring);
     const cJSON *ts = cJSON_GetObjectItemCaseSensitive(e, "ts"), *dur = cJSON_GetObjectItemCaseSensitive(e, "dur");
     const cJSON *cat = cJSON_GetObjectItemCaseSensitive(e, "cat");
     CHECK_MSG(cJSON_IsNumber(ts) && cJSON_IsNumber(dur) && cJSON_IsString(cat), "span '%s' lacks ts/dur/cat", name->valuestring);
@@ -118,6 +142,7 @@ int nb_test_trace_load(const char *path, nb_test_trace *t) {
 
 void nb_test_trace_free(nb_test_trace *t) {
   free(t->spans);
+  free(t->counters);
   memset(t, 0, sizeof *t);
 }
 
@@ -127,6 +152,12 @@ size_t nb_test_trace_count(const nb_test_trace *t, const char *name, const char 
   for (size_t i = 0; i < t->n; i++)
     if (!strcmp(t->spans[i].name, name) && (!cat || !strcmp(t->spans[i].cat, cat))) c++, ns += t->spans[i].dur;
   if (total_ns) *total_ns = ns;
+  return c;
+}
+
+size_t nb_test_trace_samples(const nb_test_trace *t, const char *name) {
+  size_t c = 0;
+  for (size_t i = 0; i < t->ncounters; i++) c += !strcmp(t->counters[i].name, name);
   return c;
 }
 

@@ -6,8 +6,13 @@
  * NABLA_PROFILE=F trace the whole command (compiles with their phases, the
  * data worker's and checkpoint writer's tracks); a malformed profile.steps
  * is refused by name; `nabla serve` under NABLA_PROFILE traces each HTTP
- * request and the engine's steps. Each trace is checked on its own (tracecheck.h). */
+ * request, the engine's steps and its KV blocks (counters). Each trace is
+ * checked on its own (tracecheck.h); beside profile.steps's trace, the
+ * memory viewer's live set at the step's peak names parameters by path and
+ * the graph has a node per step. */
+#include <cjson/cJSON.h>
 #include <signal.h> /* train_util.h uses raise */
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -42,12 +47,45 @@ static void check_inside(const nb_test_trace *t, const char *cat, const char *pa
   CHECK_MSG(n > 0 && outside == 0, "%zu of %zu '%s' spans outside a '%s'", outside, n, cat, parent);
 }
 
+/* the memory and graph viewers beside the trace: the step's live set at
+ * its peak names parameters by path, the graph has a node per step */
+static void check_viewers(const char *dir) {
+  char path[700];
+  snprintf(path, sizeof path, "%s/profile/trace.memory.json", dir);
+  char *text = nb_test_read_file(path, NULL);
+  cJSON *j = text ? cJSON_Parse(text) : NULL;
+  const cJSON *x = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "executables"), 0), *b;
+  /* the one that ran the most: the step (the eval executable did not run in steps 3-4) */
+  const char *title = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(x, "title"));
+  CHECK_MSG(title && strstr(title, "inputs") && strstr(title, "params") && strstr(title, "opt_state"), "title '%s'", title ? title : "-");
+  size_t params = 0, at_peak = 0;
+  cJSON_ArrayForEach(b, cJSON_GetObjectItemCaseSensitive(x, "live_at_peak")) {
+    const char *name = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(b, "name"));
+    at_peak++;
+    params += name && !strncmp(name, "params/", 7);
+  }
+  CHECK_MSG(params > 4 && at_peak > params, "%zu of %zu buffers live at the peak name parameters", params, at_peak);
+  CHECK_MSG(strstr(text ? text : "", "\"name\":\"params/layers/0/"), "no params/layers/0/... in %s", path);
+  int steps = (int)cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(x, "steps"));
+  cJSON_Delete(j);
+  free(text);
+  snprintf(path, sizeof path, "%s/profile/trace.graph.svg", dir);
+  text = nb_test_read_file(path, NULL);
+  size_t nodes = 0;
+  for (const char *p = text; p && (p = strstr(p, "<g class=\"step\"")); p++) nodes++;
+  CHECK_MSG(steps > 10 && nodes == (size_t)steps, "%zu nodes in %s, %d steps", nodes, path, steps);
+  free(text);
+  snprintf(path, sizeof path, "%s/profile/trace.memory.html", dir);
+  CHECK_MSG(access(path, R_OK) == 0, "no %s", path);
+}
+
 static void train_steps(const char *bin) {
   static char out[1 << 16];
   char cmd[4096], dir[600], path[700];
   snprintf(dir, sizeof dir, "%s/steps", work);
   snprintf(cmd, sizeof cmd, "%s train --run-dir %s %s steps=6 checkpoint_every=4 profile.steps=3-4 2>&1", bin, dir, tiny);
   CHECK_MSG(nb_test_run(cmd, out, sizeof out) == 0, "%s", out);
+  CHECK_MSG(strstr(out, "profile: memory viewer ") && strstr(out, "/profile/trace.memory.html, graph of the longest-running"), "%s", out);
   snprintf(path, sizeof path, "%s/profile/trace.json", dir);
   nb_test_trace t;
   if (nb_test_trace_load(path, &t)) return;
@@ -107,9 +145,11 @@ static void train_steps(const char *bin) {
   CHECK_MSG(strstr(out, "[params/layers/0/"), "the table names no parameter: %s", out);
   snprintf(path, sizeof path, "%s/profile.html", dir);
   char *page = nb_test_read_file(path, NULL);
-  CHECK_MSG(page && strstr(page, "id='roofline'") && strstr(page, "params/layers/0/attn/") && !strstr(page, "<script src") && !strstr(page, "<link"),
-            "%s: no page with a roofline", path);
+  CHECK_MSG(page && strstr(page, "id='roofline'") && strstr(page, "params/layers/0/attn/") && strstr(page, "<section id='memory'>") &&
+                strstr(page, "<section id='graph'>") && strstr(page, "<svg") && !strstr(page, "<script src") && !strstr(page, "<link"),
+            "%s: no page with a roofline, the memory and the graph viewer", path);
   free(page);
+  check_viewers(dir);
 
   snprintf(cmd, sizeof cmd, "%s train --run-dir %s/bad %s steps=2 profile.steps=4-3 2>&1", bin, work, tiny);
   CHECK(nb_test_run(cmd, out, sizeof out) != 0);
@@ -142,7 +182,7 @@ static void whole_command(const char *bin) {
   snprintf(cmd, sizeof cmd, "%s profile --out %s -- train --run-dir %s/whole %s steps=3 checkpoint_every=2 2>&1", bin, path,
            work, tiny);
   CHECK_MSG(nb_test_run(cmd, out, sizeof out) == 0, "%s", out);
-  CHECK_MSG(strstr(out, "trace written to"), "%s", out);
+  CHECK_MSG(strstr(out, "trace written to") && strstr(out, "nabla train: memory viewer "), "%s", out);
   check_whole(path, 3);
   snprintf(path, sizeof path, "%s/env.json", work);
   snprintf(cmd, sizeof cmd, "NABLA_PROFILE=%s %s train --run-dir %s/env %s steps=2 checkpoint_every=2 profile.steps=1-2 2>&1",
@@ -181,6 +221,10 @@ static void serve_traced(const char *bin) {
     on_engine += (!strcmp(t.spans[i].cat, "kernel") || !strcmp(t.spans[i].cat, "gemm")) && tn && !strcmp(tn, "nabla-engine");
   }
   CHECK_MSG(on_engine > 0, "no compiled steps on the engine's track");
+  size_t per_seq = 0; /* the engine's KV blocks, and the request's */
+  for (size_t i = 0; i < t.ncounters; i++) per_seq += !strncmp(t.counters[i].name, "kv blocks: request ", 19);
+  CHECK_MSG(nb_test_trace_samples(&t, "kv blocks") > 0 && per_seq > 0, "%zu KV block samples, %zu of sequences",
+            nb_test_trace_samples(&t, "kv blocks"), per_seq);
   nb_test_trace_free(&t);
 }
 

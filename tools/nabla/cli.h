@@ -6,6 +6,7 @@
 #define NABLA_TOOL_CLI_H
 
 #include <stdbool.h>
+#include <stdio.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -38,6 +39,9 @@ bool nb_cli_output_ok(const char *cmd, const char *out, bool out_is_dir, int n_i
  * recorded into path (nb_prof_start/stop); returns its exit status (1 when
  * the trace cannot be started or written). tools/nabla/main.c. */
 int nb_cli_run_traced(const char *path, int argc, char **argv);
+/* Prints "CMD: memory viewer TRACE.memory.html, graph ... TRACE.graph.svg"
+ * when nb_prof_stop wrote them beside trace (docs/prof.md). */
+void nb_cli_print_viewers(FILE *f, const char *cmd, const char *trace);
 
 /* Whether path is a regular file starting with GGUF's magic. */
 bool nb_cli_is_gguf(const char *path);

@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "nabla/nabla.h"
@@ -43,6 +44,18 @@ static int dispatch(int argc, char **argv) {
   return usage(false);
 }
 
+void nb_cli_print_viewers(FILE *f, const char *cmd, const char *trace) {
+  char stem[4096], mem[4200], graph[4200];
+  size_t n = strlen(trace);
+  snprintf(stem, sizeof stem, "%.*s", (int)(n >= 5 && !strcmp(trace + n - 5, ".json") ? n - 5 : n), trace);
+  snprintf(mem, sizeof mem, "%s.memory.html", stem);
+  snprintf(graph, sizeof graph, "%s.graph.svg", stem);
+  bool m = access(mem, R_OK) == 0, g = access(graph, R_OK) == 0;
+  if (m || g)
+    fprintf(f, "%s: memory viewer %s%s%s%s\n", cmd, m ? mem : "-", g ? ", graph of the longest-running executable " : "",
+            g ? graph : "", m ? " (.memory.json beside it)" : "");
+}
+
 int nb_cli_run_traced(const char *path, int argc, char **argv) {
   nb_ctx *ctx = nb_ctx_create();
   if (!ctx) return 1;
@@ -63,6 +76,9 @@ int nb_cli_run_traced(const char *path, int argc, char **argv) {
     /* the roofs nb_prof_stop used: the peaks at $NABLA_THREADS or all CPUs (cached per machine); a command's --threads is not seen here */
     if (nb_prof_trace_table(ctx, path, stderr, 15, 0))
       fprintf(stderr, "nabla %s: %s\n", argv[0], nb_ctx_error(ctx));
+    char cmd[64];
+    snprintf(cmd, sizeof cmd, "nabla %s", argv[0]);
+    nb_cli_print_viewers(stderr, cmd, path);
   }
   nb_ctx_destroy(ctx);
   return rc;

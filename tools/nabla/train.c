@@ -264,6 +264,7 @@ int nb_cmd_train(int argc, char **argv) {
     printf("profile of steps %s: %s (open it in ui.perfetto.dev), %s/profile.html; its slowest compiled steps:\n", cfg.profile.steps,
            trace, dir);
     if (nb_prof_trace_table(ctx, trace, stdout, 15, peak)) fprintf(stderr, "nabla train: %s\n", nb_ctx_error(ctx));
+    nb_cli_print_viewers(stdout, "profile", trace);
   }
   if (mesh && rc) nb_dist_abort(rc, "nabla train failed on this rank: ending the job"); /* the others would wait */
   nb_dist_mesh_destroy(mesh);
