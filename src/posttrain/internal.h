@@ -10,4 +10,8 @@
  * "<key> '<path>': <cause>". */
 nb_status nb_pt__load_base(nb_ctx *ctx, const char *key, const char *path, nb_model_loaded *m);
 
+/* Adds reward i of src (a callback) to dst; a built-in of src is refused. */
+struct nb_pt_rewards;
+nb_status nb_pt__rewards_share(struct nb_pt_rewards *dst, const struct nb_pt_rewards *src, int i);
+
 #endif
