@@ -497,8 +497,15 @@ void nb_pt_grpo_config_write(const nb_pt_grpo_config *c, FILE *f);
  * the merged kernels), batch_size prompts x G completions sampled with the
  * seed fold(seed, step), scored by the rewards (extra: callbacks added to
  * the built-ins, may be NULL), group-normalized, then one update. */
+typedef struct nb_pt_grpo_stats {
+  int64_t syncs;             /* parameter hand-overs to the engine (rollouts and evals) */
+  double sync_s;             /* their total time */
+  int64_t rollout_tokens;    /* completion tokens sampled for training */
+  double rollout_s;          /* the training rollouts' generation time (engine steps, not scoring) */
+  double compile_s;          /* of that, tracing and compiling the engine's step executables */
+} nb_pt_grpo_stats;
 nb_status nb_pt_grpo_run(nb_ctx *ctx, const nb_pt_grpo_config *gc, const nb_train_config *cfg, const nb_train_opts *opts,
-                         nb_pt_rewards *extra, nb_train_result *out);
+                         nb_pt_rewards *extra, nb_train_result *out, nb_pt_grpo_stats *stats);
 
 NB_END_DECLS
 #endif /* NABLA_POSTTRAIN_H */

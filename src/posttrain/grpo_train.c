@@ -307,7 +307,8 @@ typedef struct grpo_task {
   int64_t step;                /* updates done before the coming rollout */
   double sync_s;               /* parameter hand-overs to the engine, in total */
   int64_t syncs;
-  double rollout_s;            /* rollout phases (generation only), in total */
+  double rollout_s;            /* training rollouts (generation only), in total */
+  double compile_s;            /* of which the engine's compiles */
   int64_t rollout_tokens;      /* completion tokens generated */
 } grpo_task;
 
@@ -343,6 +344,7 @@ static uint64_t mix(uint64_t a, uint64_t b) {
 static nb_status generate(grpo_task *t, nb_ctx *ctx, const prompts *ps, const int64_t *rows, int64_t n, int64_t G, bool greedy,
                           uint64_t seed, completion *out) {
   const nb_pt_grpo_config *gc = t->gc;
+  double c0 = nb_serve_model_compile_s(nb_serve_llm_model(t->llm));
   double t0 = nb_util__now_s();
   int32_t stop = (int32_t)gc->stop_token_id;
   nb_status s = NB_OK;
@@ -370,8 +372,11 @@ static nb_status generate(grpo_task *t, nb_ctx *ctx, const prompts *ps, const in
     }
   }
   if (s) s = nb_errorf(ctx, s, "grpo: rollout: %s", nb_ctx_error(ctx));
-  for (int64_t i = 0; i < n * G; i++) t->rollout_tokens += out[i].n;
-  t->rollout_s += nb_util__now_s() - t0;
+  if (!greedy) { /* the training rollouts' numbers (evals are greedy) */
+    for (int64_t i = 0; i < n * G; i++) t->rollout_tokens += out[i].n;
+    t->rollout_s += nb_util__now_s() - t0;
+    t->compile_s += nb_serve_model_compile_s(nb_serve_llm_model(t->llm)) - c0;
+  }
   return s;
 }
 
@@ -664,7 +669,7 @@ static nb_status open_data(void *ud, nb_ctx *ctx, const nb_train_config *c, cons
 static void write_config(void *ud, FILE *f) { nb_pt_grpo_config_write(((const grpo_task *)ud)->gc, f); }
 
 nb_status nb_pt_grpo_run(nb_ctx *ctx, const nb_pt_grpo_config *gc, const nb_train_config *cfg_in, const nb_train_opts *opts_in,
-                         nb_pt_rewards *extra, nb_train_result *out) {
+                         nb_pt_rewards *extra, nb_train_result *out, nb_pt_grpo_stats *stats) {
   if (!gc || !cfg_in || !opts_in) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "grpo: NULL config or options");
   grpo_task t = {.gc = gc, .cfg = *cfg_in, .threads = opts_in->threads, .tok = nb_data_tokenizer_bytes()};
   nb_status s = NB_OK;
@@ -704,10 +709,8 @@ nb_status nb_pt_grpo_run(nb_ctx *ctx, const nb_pt_grpo_config *gc, const nb_trai
   nb_train_opts o = *opts_in;
   o.task = &task;
   if (!s) s = nb_train_run(ctx, &t.cfg, &o, out);
-  if (!s && t.syncs)
-    nb_logf(ctx, NB_LOG_INFO, "grpo: %lld parameter hand-overs to the rollout engine, %.3f ms each (no copy); rollouts %.2f s, "
-            "%lld completion tokens, %.0f tokens/s", (long long)t.syncs, 1e3 * t.sync_s / (double)t.syncs, t.rollout_s,
-            (long long)t.rollout_tokens, t.rollout_s > 0 ? (double)t.rollout_tokens / t.rollout_s : 0.0);
+  if (stats) *stats = (nb_pt_grpo_stats){.syncs = t.syncs, .sync_s = t.sync_s, .rollout_tokens = t.rollout_tokens,
+                                         .rollout_s = t.rollout_s, .compile_s = t.compile_s};
   nb_serve_llm_destroy(t.llm);
   nb_pt_rewards_destroy(t.rewards);
   prompts_free(&t.train);

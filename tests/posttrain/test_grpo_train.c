@@ -100,7 +100,7 @@ static nb_status grpo(nb_ctx *ctx, const char *run, int64_t steps, bool stop, co
   nb_status s = nb_pt_grpo_config_load(ctx, path, extra_override ? 7 : 6, ov, &gc, &c);
   snprintf(rd, sizeof rd, "%s/%s", dir, run);
   nb_train_opts o = {.run_dir = rd, .threads = 2, .should_stop = stop ? stop_at_4 : NULL};
-  if (!s) s = nb_pt_grpo_run(ctx, &gc, &c, &o, NULL, NULL);
+  if (!s) s = nb_pt_grpo_run(ctx, &gc, &c, &o, NULL, NULL, NULL);
   return s;
 }
 

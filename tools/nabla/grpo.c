@@ -71,7 +71,8 @@ int nb_cmd_grpo(int argc, char **argv) {
   nb_train_opts o = {.run_dir = dir, .peak_flops = peak, .threads = threads, .handle_signals = true,
                      .on_start = nb_cli_progress_start, .on_step = on_step, .ud = &c};
   nb_train_result r;
-  s = nb_pt_grpo_run(ctx, &gc, &cfg, &o, NULL, &r);
+  nb_pt_grpo_stats st;
+  s = nb_pt_grpo_run(ctx, &gc, &cfg, &o, NULL, &r, &st);
   int rc = 0;
   if (s) {
     fprintf(stderr, "nabla grpo: %s\n", nb_ctx_error(ctx));
@@ -80,8 +81,13 @@ int nb_cmd_grpo(int argc, char **argv) {
     printf("interrupted: checkpoint at step %lld in %s/checkpoints; run the same command to resume\n",
            (long long)r.final_step, dir);
   } else {
-    printf("done: step %lld, loss %.4f, held-out reward %.4f; step %.1f ms (median)\n", (long long)r.final_step, r.final_loss,
-           -r.last_eval_loss, r.iter_ms_median);
+    printf("done: step %lld, loss %.4f, held-out reward %.4f; step %.1f ms (median, rollout included)\n", (long long)r.final_step,
+           r.final_loss, -r.last_eval_loss, r.iter_ms_median);
+    double run_s = st.rollout_s - st.compile_s;
+    printf("rollouts: %lld completion tokens in %.2f s (%.2f s of it compiling the engine's steps): %.0f tokens/s; "
+           "weights handed to the engine %lld times, %.3f ms each (the trainer's arrays, no copy)\n",
+           (long long)st.rollout_tokens, st.rollout_s, st.compile_s, run_s > 0 ? (double)st.rollout_tokens / run_s : 0.0,
+           (long long)st.syncs, st.syncs ? 1e3 * st.sync_s / (double)st.syncs : 0.0);
   }
   nb_ctx_destroy(ctx);
   return rc;
