@@ -503,6 +503,8 @@ typedef struct nb_pt_grpo_stats {
   int64_t rollout_tokens;    /* completion tokens sampled for training */
   double rollout_s;          /* the training rollouts' generation time (engine steps, not scoring) */
   double compile_s;          /* of that, tracing and compiling the engine's step executables */
+  bool merged;               /* LoRA: each hand-over merged the adapters into a copy of the adapted kernels
+                                (else the engine reads the trainer's arrays, no copy) */
 } nb_pt_grpo_stats;
 nb_status nb_pt_grpo_run(nb_ctx *ctx, const nb_pt_grpo_config *gc, const nb_train_config *cfg, const nb_train_opts *opts,
                          nb_pt_rewards *extra, nb_train_result *out, nb_pt_grpo_stats *stats);

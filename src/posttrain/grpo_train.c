@@ -91,8 +91,12 @@ static nb_status set_reward(nb_ctx *ctx, nb_pt_grpo_config *c, const char *where
 static nb_status set_key(void *ud, nb_ctx *ctx, const char *where, const char *key, const char *v) {
   nb_pt_grpo_config *c = ud;
   char why[256];
-  if (!strncmp(key, "lora.", 5))
-    return nb_errorf(ctx, NB_ERR_UNIMPLEMENTED, "%s: %s: GRPO with LoRA is not supported yet (full fine-tuning only)", where, key);
+  if (!strncmp(key, "lora.", 5)) {
+    nb_status s = nb_pt__set_lora_key(ctx, where, key, v, c->lora_target, &c->lora);
+    if (s != NB_ERR_NOT_FOUND) return s;
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: unknown key '%s' (keys of lora: target, rank, alpha, dropout, rslora, init)",
+                     where, key);
+  }
   if (strncmp(key, "grpo.", 5)) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: unknown key '%s'", where, key);
   const char *k = key + 5;
   if (!strncmp(k, "rewards.", 8)) return set_reward(ctx, c, where, key, k + 8, v);
@@ -149,8 +153,12 @@ nb_status nb_pt_grpo_config_load(nb_ctx *ctx, const char *path, int n_overrides,
     if (!r) s = nb_ctx_status(ctx);
     nb_pt_rewards_destroy(r);
   }
+  if (!s && c.lora_target[0]) {
+    nb_pt_lora_config lc = c.lora;
+    lc.target = c.lora_target;
+    s = nb_pt_lora_config_check(ctx, &lc);
+  }
   c.loss.max_completion_length = c.max_completion_length;
-  if (!s && train->batch_size % train->grad_accum == 0 && train->grad_accum > 0) { /* else validate names it */ }
   if (!s) *grpo = c;
   return s;
 }
@@ -178,6 +186,10 @@ void nb_pt_grpo_config_write(const nb_pt_grpo_config *c, FILE *f) {
     fputs("\n      field: ", f), yaml_str(f, r->field);
     fprintf(f, "\n      weight: %.17g\n      target: %.17g\n      scale: %.17g\n", r->weight, r->target, r->scale);
   }
+  if (!c->lora_target[0]) return;
+  fputs("lora:\n  target: ", f), yaml_str(f, c->lora_target);
+  fprintf(f, "\n  rank: %lld\n  alpha: %.17g\n  dropout: %.17g\n  rslora: %s\n  init: %s\n", (long long)c->lora.rank,
+          c->lora.alpha, c->lora.dropout, c->lora.rslora ? "true" : "false", nb_pt_lora_init_name(c->lora.init));
 }
 
 /* ---------------------------------------------------------------- prompts */
@@ -302,6 +314,9 @@ typedef struct grpo_task {
   prompts train, eval;
   nb_pt_rewards *rewards;
   int n_rewards;
+  nb_pt_lora_config lc;        /* LoRA (lc.target set): the adapters are the trained parameters, the base frozen */
+  nb_tree *adapters;           /* their start */
+  nb_pt_lora *lora;            /* the hook's plan */
   int threads;
   nb_serve_llm *llm;           /* created at the first rollout */
   int64_t step;                /* updates done before the coming rollout */
@@ -316,6 +331,9 @@ typedef struct grpo_task {
 static nb_status sync_params(grpo_task *t, nb_ctx *ctx, const nb_tree *params) {
   double t0 = nb_util__now_s();
   nb_status s = NB_OK;
+  nb_tree *merged = NULL; /* LoRA: the engine runs the base with the adapters merged in (the adapted kernels copied) */
+  if (t->lora && !(merged = nb_pt_lora_merge(ctx, &t->lc, t->m.params, params))) return nb_ctx_status(ctx);
+  if (merged) params = merged;
   if (!t->llm) {
     int64_t N = t->cfg.batch_size * t->gc->num_generations;
     if (t->gc->eval_prompts > N) N = t->gc->eval_prompts;
@@ -329,6 +347,7 @@ static nb_status sync_params(grpo_task *t, nb_ctx *ctx, const nb_tree *params) {
   } else {
     s = nb_serve_model_set_params(nb_serve_llm_model(t->llm), params);
   }
+  nb_tree_destroy(merged);
   t->sync_s += nb_util__now_s() - t0;
   t->syncs++;
   return s;
@@ -584,8 +603,12 @@ static nb_status loss_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
   nb_status s = params && frozen ? NB_OK : NB_ERR_NOMEM;
   nb_val *x = flat(nb_tree_get_val(in, "batch/inputs")), *y = flat(nb_tree_get_val(in, "batch/targets"));
   nb_val *m = flat(nb_tree_get_val(in, "batch/mask"));
-  nb_nn_apply a = {.g = g, .params = params, .train = j->mo.train, .rng = nb_tree_get_val(in, "rng"),
-                   .dtype = j->mo.dtype, .linear_hook = j->mo.linear_hook, .hook_ud = j->mo.hook_ud};
+  /* LoRA: the adapters (params) beside the frozen base, through the LoRA hook */
+  nb_tree *policy = t->lora ? nb_tree_copy(params) : NULL;
+  if (t->lora && (!policy || nb_tree_merge(policy, NULL, frozen))) s = NB_ERR_NOMEM;
+  nb_nn_apply a = {.g = g, .params = t->lora ? policy : params, .train = j->mo.train, .rng = nb_tree_get_val(in, "rng"),
+                   .dtype = j->mo.dtype, .linear_hook = t->lora ? nb_pt_lora_hook : j->mo.linear_hook,
+                   .hook_ud = t->lora ? t->lora : j->mo.hook_ud};
   nb_val *logits = s ? NULL : nb_model_forward(&a, &j->cfg->model, &(nb_model_fwd){.tokens = x, .remat = j->mo.remat}, NULL);
   nb_val *ref = NULL;
   if (!s && t->gc->loss.beta > 0) { /* the reference: the frozen start, no dropout */
@@ -620,6 +643,7 @@ static nb_status loss_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
     snprintf(p, sizeof p, "metrics/rewards/%s", nb_pt_rewards_name(t->rewards, k));
     s = nb_tree_set_val(out, p, mean_all(nb_slice(r, lo, hi, NULL)));
   }
+  nb_tree_destroy(policy);
   nb_tree_destroy(params);
   nb_tree_destroy(frozen);
   return s ? s : nb_ctx_status(ctx);
@@ -703,15 +727,30 @@ nb_status nb_pt_grpo_run(nb_ctx *ctx, const nb_pt_grpo_config *gc, const nb_trai
   for (int i = 0; !s && extra && i < nb_pt_rewards_count(extra); i++) /* the caller's callbacks join the built-ins */
     s = nb_pt__rewards_share(t.rewards, extra, i);
   t.n_rewards = nb_pt_rewards_count(t.rewards);
+  if (!s && gc->lora_target[0]) { /* as nabla sft: A from the seed's "LoRA" stream, B zeros, so the start is the base */
+    t.lc = gc->lora;
+    t.lc.target = gc->lora_target;
+    nb_array *root = nb_key(ctx, (uint64_t)t.cfg.seed);
+    nb_array *key = root ? nb_key_fold_in(ctx, root, 0x4c6f5241u) : NULL;
+    t.adapters = key ? nb_pt_lora_init(ctx, &t.lc, start, key, NB_F32) : NULL;
+    nb_array_release(root);
+    nb_array_release(key);
+    t.lora = t.adapters ? nb_pt_lora_create(ctx, &t.lc, start, t.adapters) : NULL;
+    if (!t.lora) s = nb_ctx_status(ctx);
+  }
+  /* the frozen tree: the LoRA base (also the reference), or the reference of a full fine-tuning with beta > 0 */
   nb_train_task task = {.name = "grpo", .batch_spec = batch_spec, .trace_loss = trace_loss, .open_data = open_data,
-                        .init_params = start, .frozen = gc->loss.beta > 0 ? start : NULL, .write_config = write_config,
+                        .init_params = t.lora ? t.adapters : start, .frozen = t.lora || gc->loss.beta > 0 ? start : NULL,
+                        .write_config = write_config,
                         .before_batch = before_batch, .evaluate = evaluate, .ud = &t};
   nb_train_opts o = *opts_in;
   o.task = &task;
   if (!s) s = nb_train_run(ctx, &t.cfg, &o, out);
   if (stats) *stats = (nb_pt_grpo_stats){.syncs = t.syncs, .sync_s = t.sync_s, .rollout_tokens = t.rollout_tokens,
-                                         .rollout_s = t.rollout_s, .compile_s = t.compile_s};
+                                         .rollout_s = t.rollout_s, .compile_s = t.compile_s, .merged = t.lora != NULL};
   nb_serve_llm_destroy(t.llm);
+  nb_pt_lora_destroy(t.lora);
+  nb_tree_destroy(t.adapters);
   nb_pt_rewards_destroy(t.rewards);
   prompts_free(&t.train);
   prompts_free(&t.eval);

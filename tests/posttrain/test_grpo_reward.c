@@ -106,7 +106,7 @@ static void test_config(nb_ctx *ctx, const char *dir) {
       {"grpo.loss_type=ppo", "grpo.loss_type: 'ppo' is not one of grpo, bnpo, dr_grpo, dapo"},
       {"grpo.num_generations=0", "grpo.num_generations"},
       {"grpo.gamma=1", "unknown key 'grpo.gamma'"},
-      {"lora.target=.*", "GRPO with LoRA is not supported yet"}};
+      {"lora.rank=0", "lora.rank"}, {"lora.targt=x", "unknown key 'lora.targt'"}, {"lora.target=(", "lora.target: '('"}};
   snprintf(path, sizeof path, "%s/grpo.yaml", dir);
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     CHECK(nb_pt_grpo_config_load(ctx, path, 1, &bad[i].ov, &gc, &tc) != NB_OK);

@@ -14,7 +14,8 @@ static const char usage_text[] =
     "  CONFIG      a run config (nabla train's keys) with grpo.base (or init_from=: the model to start\n"
     "              from), data.train / data.eval (JSONL: {\"prompt\": ..., <fields the rewards read>}),\n"
     "              batch_size (prompts per step), grpo.num_generations, grpo.max_completion_length,\n"
-    "              grpo.loss_type, grpo.beta, grpo.rewards (a list: {kind: exact|format|length, ...})\n"
+    "              grpo.loss_type, grpo.beta, grpo.rewards (a list: {kind: exact|format|length, ...}),\n"
+    "              lora.target (a module-path regex: LoRA; empty: full fine-tuning), lora.rank/alpha/...\n"
     "              (docs/posttrain.md)\n"
     "  --run-dir   where config.yaml, metrics.jsonl and checkpoints/ go (default runs/<config name>);\n"
     "              an existing run there is resumed\n"
@@ -65,9 +66,9 @@ int nb_cmd_grpo(int argc, char **argv) {
     peak = pk.flops;
     c.peak_source = pk.source;
   }
-  printf("nabla grpo: run dir %s, config %s, base %s, %lld prompts x %lld completions per step, %s loss, %d threads\n", dir,
-         args.config, gc.base[0] ? gc.base : "(a fresh model)", (long long)cfg.batch_size, (long long)gc.num_generations,
-         nb_pt_grpo_loss_name(gc.loss.loss_type), threads);
+  printf("nabla grpo: run dir %s, config %s, base %s, %s, %lld prompts x %lld completions per step, %s loss, %d threads\n", dir,
+         args.config, gc.base[0] ? gc.base : "(a fresh model)", gc.lora_target[0] ? "LoRA" : "full fine-tuning",
+         (long long)cfg.batch_size, (long long)gc.num_generations, nb_pt_grpo_loss_name(gc.loss.loss_type), threads);
   nb_train_opts o = {.run_dir = dir, .peak_flops = peak, .threads = threads, .handle_signals = true,
                      .on_start = nb_cli_progress_start, .on_step = on_step, .ud = &c};
   nb_train_result r;
@@ -85,9 +86,10 @@ int nb_cmd_grpo(int argc, char **argv) {
            r.final_loss, -r.last_eval_loss, r.iter_ms_median);
     double run_s = st.rollout_s - st.compile_s;
     printf("rollouts: %lld completion tokens in %.2f s (%.2f s of it compiling the engine's steps): %.0f tokens/s; "
-           "weights handed to the engine %lld times, %.3f ms each (the trainer's arrays, no copy)\n",
+           "weights handed to the engine %lld times, %.3f ms each (%s)\n",
            (long long)st.rollout_tokens, st.rollout_s, st.compile_s, run_s > 0 ? (double)st.rollout_tokens / run_s : 0.0,
-           (long long)st.syncs, st.syncs ? 1e3 * st.sync_s / (double)st.syncs : 0.0);
+           (long long)st.syncs, st.syncs ? 1e3 * st.sync_s / (double)st.syncs : 0.0,
+           st.merged ? "the adapters merged into a copy of the adapted kernels" : "the trainer's arrays, no copy");
   }
   nb_ctx_destroy(ctx);
   return rc;
