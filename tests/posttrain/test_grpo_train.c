@@ -189,7 +189,9 @@ int main(void) {
   CHECK_OK(ctx, nb_pt_grpo_config_load(ctx, path, 0, NULL, &gback, &back));
   CHECK(gback.num_generations == 8 && gback.n_rewards == 1 && !strcmp(gback.rewards[0].pattern, "^([a-h]+)"));
   snprintf(path, sizeof path, "%s/grpo/report.html", dir);
-  CHECK(access(path, R_OK) == 0);
+  char *rep = nb_test_read_file(path, NULL); /* the reward curves are drawn */
+  CHECK(rep && strstr(rep, "<figcaption>eval_reward</figcaption>") && strstr(rep, "<figcaption>reward</figcaption>"));
+  free(rep);
   snprintf(path, sizeof path, "%s/grpo", dir);
   DIR *d = opendir(path);
   bool events = false;
