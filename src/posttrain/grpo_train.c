@@ -713,6 +713,9 @@ nb_status nb_pt_grpo_run(nb_ctx *ctx, const nb_pt_grpo_config *gc, const nb_trai
     if (!start) s = nb_ctx_status(ctx);
   }
   if (!s) s = nb_train_config_validate(ctx, &t.cfg);
+  if (!s && t.cfg.mesh.data > 1) /* each process would roll out and score its own prompts: not wired yet */
+    s = nb_errorf(ctx, NB_ERR_UNIMPLEMENTED, "grpo: mesh.data %lld: data-parallel GRPO is not supported yet (one process)",
+                  (long long)t.cfg.mesh.data);
   int64_t room = t.cfg.data.seq_len + 1 - gc->max_completion_length;
   if (!s && room < 1)
     s = nb_errorf(ctx, NB_ERR_INVALID_ARG, "grpo.max_completion_length %lld leaves no room for a prompt in data.seq_len %lld + 1",
