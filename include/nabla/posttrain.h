@@ -236,6 +236,9 @@ typedef struct nb_pt_pref_opts {
  * mean, divided by the mask's count (at least 1). Logits' dtype. NULL with
  * the error on the graph for mismatched shapes or dtypes. */
 nb_val *nb_pt_seq_logps(nb_val *logits, nb_val *targets, nb_val *mask, bool mean);
+/* Per-token log-probabilities: logits [N, T, V], targets integer [N, T] ->
+ * [N, T] log softmax(logits)[target] (TRL's selective_log_softmax). */
+nb_val *nb_pt_token_logps(nb_val *logits, nb_val *targets);
 
 /* What the loss reads, all values of one graph. */
 typedef struct nb_pt_pref_in {
@@ -325,6 +328,186 @@ void nb_pt_pref_config_write(const nb_pt_pref_config *c, FILE *f);
  * opts->run_dir (opts->task is set here); as nb_train_run. */
 nb_status nb_pt_pref_run(nb_ctx *ctx, const nb_train_config *cfg, const nb_pt_pref_config *pc, const nb_train_opts *opts,
                          nb_train_result *out);
+
+/* ------------------------------------------------------------------------ */
+/* GRPO                                                                      */
+/* ------------------------------------------------------------------------ */
+
+/* Group Relative Policy Optimization (TRL 1.16's GRPOTrainer._compute_loss,
+ * docs/posttrain.md "GRPO"). Over N completions (G per prompt), with
+ * per-token log-probs lp of the policy, old of the policy that sampled them
+ * and ref of the reference model, and one advantage A per completion:
+ *   r = exp(lp - old), per-token loss -min(r A, clamp(r, 1 - eps_low, 1 + eps_high) A)
+ *       + beta (exp(ref - lp) - (ref - lp) - 1)          (k3 KL; beta 0: no reference)
+ * aggregated over the completion tokens (mask) by loss_type:
+ *   grpo     mean over completions of each one's token mean
+ *   bnpo     sum over all tokens / their count (token-level)
+ *   dr_grpo  sum over all tokens / (N * max_completion_length)
+ *   dapo     sum over all tokens / num_items (the token count of the whole
+ *            generation batch, so micro-batches of one batch weigh tokens equally)
+ * Metrics (masked token means, TRL's): kl (beta > 0), clip_low (r < 1 -
+ * eps_low where A < 0), clip_high (r > 1 + eps_high where A > 0), clip_region
+ * (either). */
+typedef enum nb_pt_grpo_loss_type {
+  NB_PT_GRPO_GRPO, NB_PT_GRPO_BNPO, NB_PT_GRPO_DR_GRPO, NB_PT_GRPO_DAPO, NB_PT_GRPO_LOSS_COUNT
+} nb_pt_grpo_loss_type;
+/* "grpo", "bnpo", "dr_grpo", "dapo" (NULL out of range). */
+const char *nb_pt_grpo_loss_name(nb_pt_grpo_loss_type t);
+
+typedef struct nb_pt_grpo_opts {
+  nb_pt_grpo_loss_type loss_type;
+  double epsilon_low, epsilon_high;  /* clip range [1 - epsilon_low, 1 + epsilon_high]; >= 0 (TRL: 0.2, 0.2;
+                                        DAPO: 0.2, 0.28) */
+  double beta;                       /* KL coefficient, >= 0 */
+  int64_t max_completion_length;     /* dr_grpo's normalizer, >= 1 */
+} nb_pt_grpo_opts;
+
+typedef struct nb_pt_grpo_in {
+  nb_val *logits;           /* the policy's [N, T, V] */
+  nb_val *targets, *mask;   /* [N, T]: next tokens; 1 on completion targets (0 on prompt and padding) */
+  nb_val *old_logps;        /* [N, T] per-token, of the rollout policy; NULL: the policy's own, gradient stopped
+                               (one update per rollout: the ratio is 1, TRL's num_iterations = 1) */
+  nb_val *ref_logps;        /* [N, T] per-token, of the reference; required when beta > 0 */
+  nb_val *advantages;       /* [N] */
+  nb_val *num_items;        /* dapo: a scalar or [N] (every entry the same), the batch's completion tokens;
+                               NULL: the mask's count */
+} nb_pt_grpo_in;
+
+typedef struct nb_pt_grpo_out {
+  nb_val *loss;                                   /* scalar */
+  nb_val *kl;                                     /* scalar, no gradient; NULL when beta = 0 */
+  nb_val *clip_low, *clip_high, *clip_region;     /* scalars, no gradient */
+} nb_pt_grpo_out;
+
+/* Traces the loss of o over in into out. NB_ERR_INVALID_ARG for options out
+ * of range (named), NB_ERR_SHAPE for mismatched inputs. */
+nb_status nb_pt_grpo_loss(const nb_pt_grpo_opts *o, const nb_pt_grpo_in *in, nb_pt_grpo_out *out);
+
+/* Group-normalized advantages (host, f64, TRL's): rewards [n_groups * G]
+ * (group g is rows g*G .. g*G+G-1) -> adv[i] = r_i - mean(group), divided by
+ * (std(group) + 1e-4) when scale_std (std with Bessel's correction, 0 for
+ * G = 1); scale_std false is Dr.GRPO. NaN rewards (no score) are left out of
+ * their group's mean and std and get advantage 0. std_out (may be NULL)
+ * receives each row's group std. */
+void nb_pt_grpo_advantages(const double *rewards, int64_t n_groups, int64_t G, bool scale_std, double *adv,
+                           double *std_out);
+
+/* ---- rewards ------------------------------------------------------------ */
+
+/* What a reward function sees of one completion. The data row's fields are
+ * the prompt line's JSON keys with scalar values, as text (strings as they
+ * are, numbers and booleans as written): nb_pt_reward_field finds one. */
+typedef struct nb_pt_reward_in {
+  const char *prompt;              /* text, NUL-terminated */
+  const int32_t *prompt_ids;
+  int64_t n_prompt;
+  const char *completion;          /* text (the stop token's text included when it ended the sample) */
+  const int32_t *completion_ids;
+  int64_t n_completion;
+  bool stopped;                    /* ended by a stop/eos token, not by the length limit */
+  int n_fields;
+  const char *const *keys, *const *values;
+} nb_pt_reward_in;
+const char *nb_pt_reward_field(const nb_pt_reward_in *in, const char *key); /* NULL: no such field */
+
+/* A reward: the score of one completion; NaN means "no score" (TRL's None). */
+typedef double (*nb_pt_reward_fn)(void *ud, const nb_pt_reward_in *in);
+
+/* Built-in rewards (grpo.rewards in YAML: a list of mappings with these keys):
+ *   exact   1 when the text pattern extracts from the completion (its group 1, or
+ *           the whole match when it has no group; pattern "": the whole
+ *           completion), trimmed of white space, equals the row's field (default
+ *           "answer"), trimmed; else 0 (also when the pattern does not match)
+ *   format  1 when pattern matches the completion (PCRE2 search: anchor it
+ *           with ^ and $ for a whole match), else 0
+ *   length  -scale * |completion tokens - target|: a penalty with scale > 0
+ *           (target 0: shorter is better), a reward for length with scale < 0
+ * Each is multiplied by weight; the total reward is the sum. */
+typedef enum nb_pt_reward_kind { NB_PT_REWARD_EXACT, NB_PT_REWARD_FORMAT, NB_PT_REWARD_LENGTH, NB_PT_REWARD_KIND_COUNT } nb_pt_reward_kind;
+#define NB_PT_REWARD_MAX 8
+typedef struct nb_pt_reward_spec {
+  nb_pt_reward_kind kind;
+  char pattern[256];               /* PCRE2 (Python re syntax) */
+  char field[64];                  /* exact: the row's field; "" : "answer" */
+  double weight;                   /* 0 in a spec read from YAML means the default 1 */
+  double target, scale;            /* length */
+} nb_pt_reward_spec;
+const char *nb_pt_reward_kind_name(nb_pt_reward_kind k); /* "exact", "format", "length" */
+
+/* A set of weighted rewards: built-ins from specs (patterns compiled now:
+ * an error names "<where>[i].pattern" and PCRE2's message and offset) and
+ * callbacks added with nb_pt_rewards_add. */
+typedef struct nb_pt_rewards nb_pt_rewards;
+nb_pt_rewards *nb_pt_rewards_create(nb_ctx *ctx, const nb_pt_reward_spec *specs, int n, const char *where);
+nb_status nb_pt_rewards_add(nb_pt_rewards *r, const char *name, nb_pt_reward_fn fn, void *ud, double weight);
+void nb_pt_rewards_destroy(nb_pt_rewards *r); /* NULL ok */
+int nb_pt_rewards_count(const nb_pt_rewards *r);
+const char *nb_pt_rewards_name(const nb_pt_rewards *r, int i); /* "exact", "format_1", a callback's name */
+/* Scores one completion: per[i] (may be NULL; room for count) each reward's
+ * unweighted value, the return value their weighted sum (NaN rewards left
+ * out; NaN when all are NaN). */
+double nb_pt_rewards_score(nb_pt_rewards *r, const nb_pt_reward_in *in, double *per);
+
+/* ---- nabla grpo ------------------------------------------------------------ */
+
+/* `nabla grpo CONFIG [key=value ...]`: a run config (train.h's keys) plus a
+ * grpo: section (and lora: for LoRA):
+ *   grpo:
+ *     base: runs/sft               # or init_from=: a run dir, checkpoint or Hugging Face folder
+ *     num_generations: 8          # G completions per prompt; batch_size is prompts per step
+ *     max_completion_length: 16   # tokens generated per completion (prompt + this <= data.seq_len + 1)
+ *     temperature: 1.0            # rollout sampling; top_k, top_p as serve's
+ *     top_k: 0
+ *     top_p: 1.0
+ *     stop_token_id: -1           # a token that ends a completion (beside the tokenizer's eos)
+ *     loss_type: dapo             # grpo, bnpo, dr_grpo, dapo
+ *     epsilon_low: 0.2
+ *     epsilon_high: 0.28
+ *     beta: 0.0                   # KL to the reference (the starting model)
+ *     scale_rewards: true         # false: Dr.GRPO advantages (no std scaling)
+ *     eval_prompts: 64            # held-out prompts of data.eval scored greedily at each eval
+ *     rewards: [{kind: exact, pattern: '=\s*(-?\d+)', field: answer, weight: 1}]
+ * data.train / data.eval: JSONL, {"prompt": "...", <fields the rewards read>}. */
+typedef struct nb_pt_grpo_config {
+  nb_pt_grpo_opts loss;
+  char base[NB_TRAIN_STR_MAX];
+  int64_t num_generations, max_completion_length, eval_prompts;
+  double temperature, top_p;
+  int64_t top_k;
+  int64_t stop_token_id;
+  bool scale_rewards;
+  int n_rewards;
+  nb_pt_reward_spec rewards[NB_PT_REWARD_MAX];
+  char lora_target[NB_TRAIN_STR_MAX];
+  nb_pt_lora_config lora;
+} nb_pt_grpo_config;
+
+void nb_pt_grpo_config_defaults(nb_pt_grpo_config *c);
+/* The file (NULL: defaults) and overrides into both configs (grpo.<key>=,
+ * lora.<key>=, the rest the trainer's); errors name file:line (or the
+ * override) and the key. */
+nb_status nb_pt_grpo_config_load(nb_ctx *ctx, const char *path, int n_overrides, const char *const *overrides,
+                                 nb_pt_grpo_config *grpo, nb_train_config *train);
+void nb_pt_grpo_config_write(const nb_pt_grpo_config *c, FILE *f);
+
+/* Runs (or resumes) GRPO into opts->run_dir through nb_train_run (a task:
+ * run dir, checkpoints, resume, metrics are the trainer's). Each step: the
+ * policy's current parameters are handed to a serve engine (nb_serve_llm:
+ * batched, paged; the engine reads the trainer's arrays, no copy; with LoRA
+ * the merged kernels), batch_size prompts x G completions sampled with the
+ * seed fold(seed, step), scored by the rewards (extra: callbacks added to
+ * the built-ins, may be NULL), group-normalized, then one update. */
+typedef struct nb_pt_grpo_stats {
+  int64_t syncs;             /* parameter hand-overs to the engine (rollouts and evals) */
+  double sync_s;             /* their total time */
+  int64_t rollout_tokens;    /* completion tokens sampled for training */
+  double rollout_s;          /* the training rollouts' generation time (engine steps, not scoring) */
+  double compile_s;          /* of that, tracing and compiling the engine's step executables */
+  bool merged;               /* LoRA: each hand-over merged the adapters into a copy of the adapted kernels
+                                (else the engine reads the trainer's arrays, no copy) */
+} nb_pt_grpo_stats;
+nb_status nb_pt_grpo_run(nb_ctx *ctx, const nb_pt_grpo_config *gc, const nb_train_config *cfg, const nb_train_opts *opts,
+                         nb_pt_rewards *extra, nb_train_result *out, nb_pt_grpo_stats *stats);
 
 NB_END_DECLS
 #endif /* NABLA_POSTTRAIN_H */

@@ -429,6 +429,13 @@ nb_status nb_serve_model_check_sampling(const nb_serve_model *m, int64_t id, con
 /* Step executables compiled (or graphs traced, when interpreting) so far,
  * and the seconds spent tracing and compiling them (inside the steps that
  * first needed them: subtract it from a step's time to get its run time). */
+/* Replaces the parameters the steps read by params' arrays (retained, not
+ * copied): the same paths, shapes and dtypes as the model's, else nothing
+ * changes and the error names the parameter. The compiled executables stay.
+ * How a trainer hands its current weights to the engine between rollout
+ * phases (GRPO); the KV cache is not touched, so with prefix caching on,
+ * blocks cached under the old weights would be reused: keep it off then. */
+nb_status nb_serve_model_set_params(nb_serve_model *m, const nb_tree *params);
 int nb_serve_model_num_executables(const nb_serve_model *m);
 double nb_serve_model_compile_s(const nb_serve_model *m);
 

@@ -247,6 +247,15 @@ typedef struct nb_train_task {
   const nb_tree *frozen;      /* borrowed: inputs "frozen/<p>" of every step and eval, never updated
                                  nor saved (a reference model); NULL: none */
   void (*write_config)(void *ud, FILE *f); /* the task's own keys, appended to config.yaml; may be NULL */
+  /* On-policy tasks (GRPO), both may be NULL. before_batch: called before
+   * each step draws its batch, with the current parameters ("<p>", borrowed
+   * for the call; what the step will update) and the updates done so far, so
+   * that the batch the iterator makes next can come from the policy being
+   * trained. evaluate: replaces the eval graph (eval then runs every
+   * eval_every steps whatever eval_steps is, and once before the first step
+   * of a fresh run, recorded as step 0): *loss and "eval_<name>" scalars. */
+  nb_status (*before_batch)(void *ud, nb_ctx *ctx, const nb_tree *params, int64_t step);
+  nb_status (*evaluate)(void *ud, nb_ctx *ctx, const nb_tree *params, int64_t step, double *loss, nb_tree *metrics);
   void *ud;
 } nb_train_task;
 

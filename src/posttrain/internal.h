@@ -10,4 +10,15 @@
  * "<key> '<path>': <cause>". */
 nb_status nb_pt__load_base(nb_ctx *ctx, const char *key, const char *path, nb_model_loaded *m);
 
+/* One lora.<key>=v of a config (target, rank, alpha, dropout, rslora,
+ * init) into target / lc; errors "<where>: <key>: <why>"; NB_ERR_NOT_FOUND
+ * (no message) for a key that is not one of those. */
+#include "nabla/posttrain.h"
+nb_status nb_pt__set_lora_key(nb_ctx *ctx, const char *where, const char *key, const char *v, char target[NB_TRAIN_STR_MAX],
+                              nb_pt_lora_config *lc);
+
+/* Adds reward i of src (a callback) to dst; a built-in of src is refused. */
+struct nb_pt_rewards;
+nb_status nb_pt__rewards_share(struct nb_pt_rewards *dst, const struct nb_pt_rewards *src, int i);
+
 #endif

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "internal.h"
 #include "nabla/posttrain.h"
 #include "nabla/quant.h"
 
@@ -31,9 +32,14 @@ static nb_status check_numbers(nb_ctx *ctx, const nb_pt_lora_config *c) {
   return NB_OK;
 }
 
+static pcre2_code *compile_target(nb_ctx *ctx, const char *target);
+
 nb_status nb_pt_lora_config_check(nb_ctx *ctx, const nb_pt_lora_config *c) {
   nb_status s = check_numbers(ctx, c);
   if (!s && (!c->target || !*c->target)) s = nb_errorf(ctx, NB_ERR_INVALID_ARG, "lora.target: empty (a regex over module paths)");
+  pcre2_code *re = s ? NULL : compile_target(ctx, c->target); /* a bad regex is named when the config loads */
+  if (!s && !re) s = nb_ctx_status(ctx);
+  pcre2_code_free(re);
   return s;
 }
 
@@ -361,4 +367,41 @@ nb_tree *nb_pt_lora_merge(nb_ctx *ctx, const nb_pt_lora_config *c, const nb_tree
   nb_pt_lora_destroy(l);
   if (s) nb_tree_destroy(plain);
   return s ? NULL : plain;
+}
+
+nb_status nb_pt__set_lora_key(nb_ctx *ctx, const char *where, const char *key, const char *v, char target[NB_TRAIN_STR_MAX],
+                              nb_pt_lora_config *lc) {
+  char why[256];
+  if (!strcmp(key, "lora.target")) {
+    if (strlen(v) >= NB_TRAIN_STR_MAX)
+      return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: %s: longer than %d bytes", where, key, NB_TRAIN_STR_MAX - 1);
+    snprintf(target, NB_TRAIN_STR_MAX, "%s", v);
+    return NB_OK;
+  }
+  if (!strcmp(key, "lora.rank")) {
+    if (!nb_parse_int(v, 1, 1 << 16, &lc->rank, why, sizeof why)) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: %s: %s", where, key, why);
+    return NB_OK;
+  }
+  if (!strcmp(key, "lora.alpha") || !strcmp(key, "lora.dropout")) {
+    bool alpha = key[5] == 'a';
+    double x;
+    if (!nb_parse_float(v, alpha ? 1e-30 : 0, alpha ? 1e30 : 0.999999, &x, why, sizeof why))
+      return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: %s: %s", where, key, why);
+    *(alpha ? &lc->alpha : &lc->dropout) = x;
+    return NB_OK;
+  }
+  if (!strcmp(key, "lora.rslora")) {
+    if (!strcmp(v, "true") || !strcmp(v, "yes") || !strcmp(v, "on")) lc->rslora = true;
+    else if (!strcmp(v, "false") || !strcmp(v, "no") || !strcmp(v, "off")) lc->rslora = false;
+    else return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: %s: '%s' is not a boolean (true or false)", where, key, v);
+    return NB_OK;
+  }
+  if (!strcmp(key, "lora.init")) {
+    if (nb_pt_lora_init_parse(ctx, v, &lc->init)) {
+      snprintf(why, sizeof why, "%s", nb_ctx_error(ctx));
+      return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: %s", where, why);
+    }
+    return NB_OK;
+  }
+  return NB_ERR_NOT_FOUND;
 }

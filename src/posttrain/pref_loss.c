@@ -40,6 +40,11 @@ static nb_val *log1mexp(nb_val *x) {
 
 static nb_graph *graph_of(nb_val *v) { return v ? nb_val_graph(v) : NULL; }
 
+nb_val *nb_pt_token_logps(nb_val *logits, nb_val *targets) {
+  nb_val *picked = nb_squeeze(nb_take_along_axis(logits, nb_expand_dims(nb_convert(targets, NB_I32), 2), 2), 1, (int[]){2});
+  return nb_sub(picked, nb_logsumexp(logits, 2)); /* log softmax at the target */
+}
+
 nb_val *nb_pt_seq_logps(nb_val *logits, nb_val *targets, nb_val *mask, bool mean) {
   if (!logits || !targets || !mask) return NULL;
   nb_ctx *ctx = nb_graph_ctx(nb_val_graph(logits));
@@ -56,9 +61,7 @@ nb_val *nb_pt_seq_logps(nb_val *logits, nb_val *targets, nb_val *mask, bool mean
       return NULL;
     }
   nb_val *m = nb_convert(mask, la.dtype);
-  nb_val *picked = nb_squeeze(nb_take_along_axis(logits, nb_expand_dims(nb_convert(targets, NB_I32), 2), 2), 1, (int[]){2});
-  nb_val *tok = nb_sub(picked, nb_logsumexp(logits, 2)); /* log softmax at the target */
-  nb_val *sum = nb_reduce_sum(nb_mul(tok, m), 1, (int[]){1});
+  nb_val *sum = nb_reduce_sum(nb_mul(nb_pt_token_logps(logits, targets), m), 1, (int[]){1});
   if (!mean) return sum;
   return nb_div(sum, nb_max(nb_reduce_sum(m, 1, (int[]){1}), k(m, 1)));
 }

@@ -32,42 +32,22 @@ static nb_status set_str(nb_ctx *ctx, const char *where, const char *key, const 
 
 static nb_status set_key(void *ud, nb_ctx *ctx, const char *where, const char *key, const char *v) {
   nb_pt_sft_config *c = ud;
-  char why[256];
   if (!strcmp(key, "sft.base")) return set_str(ctx, where, key, v, c->base);
   if (!strcmp(key, "sft.quant_rules")) return set_str(ctx, where, key, v, c->quant_rules);
-  if (!strcmp(key, "lora.target")) return set_str(ctx, where, key, v, c->lora_target);
+  if (!strcmp(key, "lora.merge_at_end")) {
+    if (!strcmp(v, "true") || !strcmp(v, "yes") || !strcmp(v, "on")) c->merge_at_end = true;
+    else if (!strcmp(v, "false") || !strcmp(v, "no") || !strcmp(v, "off")) c->merge_at_end = false;
+    else return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: %s: '%s' is not a boolean (true or false)", where, key, v);
+    return NB_OK;
+  }
   if (!strcmp(key, "sft.chat_template")) {
     c->chat = nb_serve_chat_format_parse(v);
     if (c->chat == NB_SERVE_CHAT_NONE)
       return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: %s: '%s' is not one of: %s", where, key, v, nb_serve_chat_known());
     return NB_OK;
   }
-  if (!strcmp(key, "lora.rank")) {
-    if (!nb_parse_int(v, 1, 1 << 16, &c->lora.rank, why, sizeof why)) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: %s: %s", where, key, why);
-    return NB_OK;
-  }
-  if (!strcmp(key, "lora.alpha") || !strcmp(key, "lora.dropout")) {
-    bool alpha = key[5] == 'a';
-    double x;
-    if (!nb_parse_float(v, alpha ? 1e-30 : 0, alpha ? 1e30 : 0.999999, &x, why, sizeof why))
-      return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: %s: %s", where, key, why);
-    *(alpha ? &c->lora.alpha : &c->lora.dropout) = x;
-    return NB_OK;
-  }
-  if (!strcmp(key, "lora.rslora") || !strcmp(key, "lora.merge_at_end")) {
-    bool *dst = key[5] == 'r' ? &c->lora.rslora : &c->merge_at_end;
-    if (!strcmp(v, "true") || !strcmp(v, "yes") || !strcmp(v, "on")) *dst = true;
-    else if (!strcmp(v, "false") || !strcmp(v, "no") || !strcmp(v, "off")) *dst = false;
-    else return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: %s: '%s' is not a boolean (true or false)", where, key, v);
-    return NB_OK;
-  }
-  if (!strcmp(key, "lora.init")) {
-    if (nb_pt_lora_init_parse(ctx, v, &c->lora.init)) {
-      snprintf(why, sizeof why, "%s", nb_ctx_error(ctx));
-      return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: %s", where, why);
-    }
-    return NB_OK;
-  }
+  nb_status s = nb_pt__set_lora_key(ctx, where, key, v, c->lora_target, &c->lora);
+  if (s != NB_ERR_NOT_FOUND) return s;
   return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: unknown key '%s' (keys of sft and lora: %s)", where, key, sft_keys);
 }
 

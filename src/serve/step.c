@@ -234,6 +234,33 @@ void nb_serve_model_destroy(nb_serve_model *m) {
 int nb_serve_model_num_executables(const nb_serve_model *m) { return m ? m->n_buckets : 0; }
 double nb_serve_model_compile_s(const nb_serve_model *m) { return m ? m->compile_s : 0; }
 
+nb_status nb_serve_model_set_params(nb_serve_model *m, const nb_tree *params) {
+  if (!m) return NB_ERR_INVALID_ARG;
+  nb_ctx *ctx = m->ctx;
+  if (!params || nb_tree_size(params) != nb_tree_size(m->params))
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "serve model: set_params: %zu parameters given, the model has %zu",
+                     params ? nb_tree_size(params) : 0, nb_tree_size(m->params));
+  /* all checked before any is swapped: a refused call changes nothing */
+  for (size_t i = 0; i < nb_tree_size(m->params); i++) {
+    const char *p = nb_tree_path(m->params, i);
+    nb_array *a = nb_tree_get_array(params, p);
+    if (!a) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "serve model: set_params: no array '%s'", p);
+    nb_aval want = nb_array_aval(nb_tree_leaf(m->params, i)->array), got = nb_array_aval(a);
+    if (!nb_aval_equal(&want, &got)) {
+      char w[96], g[96];
+      return nb_errorf(ctx, NB_ERR_SHAPE, "serve model: set_params: '%s' is %s, the model's is %s", p,
+                       nb_aval_str(&got, g, sizeof g), nb_aval_str(&want, w, sizeof w));
+    }
+  }
+  /* same paths, so each keeps its position: the buckets' input indices stay right */
+  for (size_t i = 0; i < nb_tree_size(m->params); i++) {
+    const char *p = nb_tree_path(m->params, i);
+    nb_status s = nb_tree_set_array(m->params, p, nb_tree_get_array(params, p));
+    if (s) return s;
+  }
+  return NB_OK;
+}
+
 /* "cache/layers/<l>/k" -> 2l, ".../v" -> 2l + 1; -1 otherwise */
 static int cache_slot(const char *path, int64_t n_layers) {
   long long l;

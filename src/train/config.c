@@ -316,7 +316,7 @@ static nb_status walk_mapping(walk *w, yaml_node_t *map, const char *prefix);
 /* Top-level sections of the post-training commands' own keys (`nabla dpo`
  * reads pref:), stored in the same config.yaml: the trainer skips them, so a
  * post-training run dir loads like any other (generate, serve, resume). */
-static const char *const foreign_sections[] = {"pref", NULL};
+static const char *const foreign_sections[] = {"pref", "grpo", NULL};
 
 static bool is_foreign(const char *key) {
   for (int i = 0; foreign_sections[i]; i++)
@@ -332,6 +332,20 @@ static nb_status walk_pair(walk *w, yaml_node_pair_t *pr, const char *prefix) {
   snprintf(key, sizeof key, "%s%s%s", prefix, *prefix ? "." : "", (const char *)k->data.scalar.value);
   if (ext_owns(w->ext, key)) { /* the caller's section: its keys go to its setter */
     if (v->type == YAML_MAPPING_NODE) return walk_mapping(w, v, key);
+    if (v->type == YAML_SEQUENCE_NODE) { /* a list of mappings: item i's keys as <key>.<i>.<name> */
+      int i = 0;
+      for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top; it++, i++) {
+        yaml_node_t *item = yaml_document_get_node(w->doc, *it);
+        char sub[300];
+        snprintf(sub, sizeof sub, "%s.%d", key, i);
+        if (item->type != YAML_MAPPING_NODE)
+          return nb_errorf(w->ctx, NB_ERR_FORMAT, "%s:%zu: %s: each item of '%s' must be a mapping of keys", w->name,
+                           item->start_mark.line + 1, sub, key);
+        nb_status s = walk_mapping(w, item, sub);
+        if (s) return s;
+      }
+      return NB_OK;
+    }
     if (v->type != YAML_SCALAR_NODE) return nb_errorf(w->ctx, NB_ERR_FORMAT, "%s: '%s' cannot be a list", where, key);
     return w->ext->set(w->ext->ud, w->ctx, where, key, (const char *)v->data.scalar.value);
   }

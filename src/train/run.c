@@ -407,6 +407,12 @@ static double scalar_out(const nb_tree *out, const char *path) {
  * the eval graph's "metrics/<name>" scalars as "eval_<name>". */
 static nb_status run_eval(trainer *t, double *loss, nb_tree *metrics) {
   nb_ctx *ctx = t->ctx;
+  if (t->task && t->task->evaluate) {
+    nb_tree *params = nb_tree_select_prefix(t->st, "params", true);
+    nb_status s = params ? t->task->evaluate(t->task->ud, ctx, params, t->step, loss, metrics) : NB_ERR_NOMEM;
+    nb_tree_destroy(params);
+    return s;
+  }
   double sum = 0, msum[32] = {0};
   char names[32][64];
   int nm = 0;
@@ -704,7 +710,13 @@ static nb_status one_step(trainer *t, nb_train_step_info *si, double *exe_ms, do
   double a = nb_util__now_s();
   int64_t ta = nb_util__trace_start();
   nb_data_elem b = NB_DATA_ELEM_INIT;
-  nb_status s = nb_data_iter_next(t->it, &b);
+  nb_status s = NB_OK;
+  if (t->task && t->task->before_batch) { /* an on-policy task sees the parameters its batch is to come from */
+    nb_tree *params = nb_tree_select_prefix(t->st, "params", true);
+    s = params ? t->task->before_batch(t->task->ud, ctx, params, t->step) : NB_ERR_NOMEM;
+    nb_tree_destroy(params);
+  }
+  if (!s) s = nb_data_iter_next(t->it, &b);
   nb_util__trace_span("data", "next batch", ta, nb_util__now_ns(), NULL, 0);
   if (!s && b.kind != NB_DATA_TREE) s = nb_errorf(ctx, NB_ERR_INTERNAL, "train: the training data ended");
   nb_array *step = s ? NULL : nb_array_scalar(ctx, NB_I32, (double)t->step);
@@ -815,6 +827,12 @@ static void report(trainer *t) {
   diag(t, nb_prof_report_html(t->ctx, mp, rp, t->dir));
 }
 
+/* Whether evals run: an eval graph with eval_steps batches, or a task's own evaluate */
+static bool evaluates(const trainer *t) {
+  if (t->cfg->eval_every <= 0) return false;
+  return t->task && t->task->evaluate ? true : t->eval_exe && t->cfg->eval_steps > 0;
+}
+
 /* Whether run_dir/checkpoints holds a committed step (the run resumes: init_from's weights are not read) */
 static bool has_checkpoint(nb_ctx *ctx, const char *run_dir) {
   char ck[NB_TRAIN_PATH_MAX + 16];
@@ -923,6 +941,16 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_train_config *cfg, const nb_train_o
   }
   res.start_step = res.final_step = t.step;
   if (opts->on_start) opts->on_start(opts->ud, &info);
+  if (!s && t.step == 0 && t.task && t.task->evaluate && evaluates(&t)) { /* a task's own eval: the start, as step 0 */
+    nb_tree *metrics = nb_tree_create(ctx);
+    double loss = NAN;
+    s = metrics ? run_eval(&t, &loss, metrics) : NB_ERR_NOMEM;
+    if (!s) {
+      write_eval(&t, 0, loss, metrics);
+      tb_eval(&t, 0, loss, metrics);
+    }
+    nb_tree_destroy(metrics);
+  }
   int64_t n = cfg->steps > t.step ? cfg->steps - t.step : 0;
   double *exe_ms = calloc((size_t)n + 1, sizeof *exe_ms), *iter_ms = calloc((size_t)n + 1, sizeof *iter_ms);
   if (!exe_ms || !iter_ms) s = nb_errorf(ctx, NB_ERR_NOMEM, "train: out of memory");
@@ -954,7 +982,7 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_train_config *cfg, const nb_train_o
       write_record(&t, &si);
       tb_train(&t, &si);
     }
-    if (t.eval_exe && cfg->eval_every > 0 && cfg->eval_steps > 0 && (t.step % cfg->eval_every == 0 || t.step == cfg->steps)) {
+    if (evaluates(&t) && (t.step % cfg->eval_every == 0 || t.step == cfg->steps)) {
       double e0 = nb_util__now_s();
       int64_t te = nb_util__trace_start();
       if ((s = run_eval(&t, &si.eval_loss, metrics))) {
