@@ -241,6 +241,32 @@ nb_status nb_quant_tree_set_linear(nb_tree *t, const char *module_path, const nb
 /* How many linears of t are quantized (an error gives -1). */
 int64_t nb_quant_tree_count(nb_ctx *ctx, const nb_tree *t);
 
+/* ---------------------------------------------------------------- QAT */
+/* (docs/quant.md "QAT") */
+
+/* kernel (f32[d_in, d_out], nabla's layout) fake-quantized by rule's weight
+ * qtype, tile and calibration: dequant(quant(kernel)), computed by the host
+ * codec (nb_quant_quantize, nb_quant_dequantize), so it is bit for bit the
+ * weight PTQ of the same kernel by the same rule gives. Under grad, the
+ * clipped straight-through estimator: the cotangent passes where the
+ * element's code was not clamped (it lies within its tile's range, widened
+ * by half a step for the integer types), 0 where it was. */
+nb_val *nb_quant_fake_weight_at(nb_loc loc, nb_val *kernel, const nb_quant_rule *rule);
+/* x (f32) rounded as act's W8A8 kernels round it (per row, or per 32
+ * elements of the last axis), the gradient passing straight through;
+ * NB_QUANT_ACT_NONE: x. */
+nb_val *nb_quant_fake_act_at(nb_loc loc, nb_val *x, nb_quant_act act);
+#define nb_quant_fake_weight(k, r) nb_quant_fake_weight_at(NB_HERE, k, r)
+#define nb_quant_fake_act(x, a) nb_quant_fake_act_at(NB_HERE, x, a)
+
+/* An nn linear hook for training (ud: the nb_quant_rules): a linear whose
+ * module path a rule matches computes fake_act(x) @ fake_weight(kernel)
+ * (+ bias) in f32; any other is nb_nn_linear_default. */
+nb_val *nb_quant_qat_hook(void *rules, nb_nn_apply *a, const char *path, nb_val *x, bool stacked);
+/* How many rank-2 "<m>/kernel" leaves of params (arrays or avals) a rule
+ * matches. */
+int64_t nb_quant_rules_count_linears(const nb_quant_rules *rules, const nb_tree *params);
+
 /* ---------------------------------------------------------------- running quantized */
 
 /* The quantized linears of a tree (by module path), for the hook. */

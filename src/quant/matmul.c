@@ -243,23 +243,31 @@ static nb_val *round_int8(nb_loc loc, nb_val *x) {
   return nb_mul_at(loc, round_even(loc, v), s);
 }
 
+/* x rounded as the W8A8 kernels round it (act: per row or per 32-element
+ * block of the last axis), still f32. */
+nb_val *nb_quant__round_act_at(nb_loc loc, nb_val *x, nb_quant_act act) {
+  if (act == NB_QUANT_ACT_INT8_DYNAMIC) return round_int8(loc, x);
+  if (act != NB_QUANT_ACT_INT8_BLOCK) return x;
+  /* per 32 elements: [M, K] zero-padded to [M, B, 32] */
+  nb_graph *g = nb_val_graph(x);
+  nb_aval xa = nb_val_aval(x);
+  int last = xa.shape.rank - 1;
+  int64_t K = xa.shape.dims[last], B = (K + NB_QUANT__ACT_BLOCK - 1) / NB_QUANT__ACT_BLOCK, M = 1;
+  for (int d = 0; d < last; d++) M *= xa.shape.dims[d];
+  nb_val *flat = nb_reshape_at(loc, x, 2, (int64_t[]){M, K});
+  nb_val *pad = nb_pad_at(loc, flat, nb_scalar_at(loc, g, NB_F32, 0), (int64_t[]){0, 0}, (int64_t[]){0, B * NB_QUANT__ACT_BLOCK - K}, NULL);
+  nb_val *r = round_int8(loc, nb_reshape_at(loc, pad, 3, (int64_t[]){M, B, NB_QUANT__ACT_BLOCK}));
+  r = nb_slice_at(loc, nb_reshape_at(loc, r, 2, (int64_t[]){M, B * NB_QUANT__ACT_BLOCK}), (int64_t[]){0, 0}, (int64_t[]){M, K}, NULL);
+  return nb_reshape_at(loc, r, xa.shape.rank, xa.shape.dims);
+}
+
 nb_val *nb_quant_matmul_reference_at(nb_loc loc, nb_val *x, nb_val *values, nb_val *scales, nb_val *zero_points,
                                      const nb_quant_layout *layout, nb_quant_act act) {
   mm_attrs a;
   nb_graph *g = checked(loc, "nb_quant_matmul_reference", x, values, scales, zero_points, layout, act, &a);
   if (!g) return x ? nb_graph_fail_at(loc, nb_val_graph(x), NB_ERR_INVALID_ARG, "nb_quant_matmul_reference: bad operands") : NULL;
   int last = nb_val_rank(x) - 1;
-  if (act == NB_QUANT_ACT_INT8_DYNAMIC) x = round_int8(loc, x);
-  if (act == NB_QUANT_ACT_INT8_BLOCK) { /* the same per 32 elements: [M, K] zero-padded to [M, B, 32] */
-    nb_aval xa = nb_val_aval(x);
-    int64_t K = layout->k, B = (K + NB_QUANT__ACT_BLOCK - 1) / NB_QUANT__ACT_BLOCK, M = 1;
-    for (int d = 0; d < last; d++) M *= xa.shape.dims[d];
-    nb_val *flat = nb_reshape_at(loc, x, 2, (int64_t[]){M, K});
-    nb_val *pad = nb_pad_at(loc, flat, nb_scalar_at(loc, g, NB_F32, 0), (int64_t[]){0, 0}, (int64_t[]){0, B * NB_QUANT__ACT_BLOCK - K}, NULL);
-    nb_val *r = round_int8(loc, nb_reshape_at(loc, pad, 3, (int64_t[]){M, B, NB_QUANT__ACT_BLOCK}));
-    r = nb_slice_at(loc, nb_reshape_at(loc, r, 2, (int64_t[]){M, B * NB_QUANT__ACT_BLOCK}), (int64_t[]){0, 0}, (int64_t[]){M, K}, NULL);
-    x = nb_reshape_at(loc, r, xa.shape.rank, xa.shape.dims);
-  }
+  x = nb_quant__round_act_at(loc, x, act);
   nb_val *w = nb_quant_dequantize_traced_at(loc, values, scales, zero_points, layout);
   nb_dot_dims dn = {.n_contract = 1, .lhs_contract = {last}, .rhs_contract = {1}};
   return nb_dot_general_at(loc, x, w, &dn, NB_F32);
