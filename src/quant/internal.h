@@ -44,6 +44,7 @@ typedef struct nb_quant__mm {
   const float *scales;
   const uint8_t *zero_points; /* NULL: symmetric */
   nb_quant_act act;
+  float act_scale; /* int8_static */
   float *y;
 } nb_quant__mm;
 

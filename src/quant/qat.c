@@ -145,6 +145,9 @@ nb_val *nb_quant_qat_hook(void *rules, nb_nn_apply *a, const char *path, nb_val 
   const nb_quant_rule *rule = nb_quant_rules_at(rules, r);
   if (stacked)
     return nb_nn_fail(a, NB_ERR_UNIMPLEMENTED, "quant: '%s' (rule %d): stacked (per-expert) linears are not quantized yet", path, r);
+  if (rule->act_qtype == NB_QUANT_ACT_INT8_STATIC)
+    return nb_nn_fail(a, NB_ERR_UNIMPLEMENTED, "quant: '%s' (rule %d): int8_static activations have no range while training: "
+                      "train with int8_dynamic (or none), then calibrate (nabla quantize --calibrate)", path, r);
   char p[NB_NN_PATH_MAX + 16];
   snprintf(p, sizeof p, "%s/kernel", path);
   nb_val *w = nb_nn_param(a, p);

@@ -493,6 +493,10 @@ static nb_status qat_hook(trainer *t, const nb_tree *params, nb_train_graph_opts
     snprintf(msg, sizeof msg, "%s", nb_ctx_error(ctx));
     return nb_errorf(ctx, nb_ctx_status(ctx), "train: quant.rules: %s", msg);
   }
+  for (int i = 0; i < nb_quant_rules_count(t->qat); i++)
+    if (nb_quant_rules_at(t->qat, i)->act_qtype == NB_QUANT_ACT_INT8_STATIC)
+      return nb_errorf(ctx, NB_ERR_UNIMPLEMENTED, "train: quant.rules: %s: rule %d: int8_static activations have no range while "
+                       "training: train with int8_dynamic (or none), then calibrate (nabla quantize --calibrate)", path, i);
   if (nb_quant_rules_count_linears(t->qat, params) == 0)
     return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train: quant.rules: no rule of %s matches a linear of the model (module paths "
                      "such as 'layers/0/attn/wq', 'layers/0/mlp/wi_0')", path);
