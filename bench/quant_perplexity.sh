@@ -61,7 +61,7 @@ row() { # label, nabla's model, [nabla eval options]
 peer() { # gguf
   if [ -x "$py" ] && "$py" -c 'import llama_cpp' 2>/dev/null; then
     read -r nll ppl < <("$py" bench/llamacpp_perplexity.py "$1" "$work/heldout.txt" --seq-len 128 --max-windows "$windows" \
-      --threads "$threads" | score)
+      --threads "$threads" 2>/dev/null | score)
     printf " %.4f | %.3f |\n" "$nll" "$ppl"
   else
     printf " (no llama_cpp) | |\n"
