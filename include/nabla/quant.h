@@ -139,10 +139,13 @@ typedef enum nb_quant_act {
   NB_QUANT_ACT_INT8_BLOCK,   /* W8A8 per block ("int8_block", llama.cpp's Q8_0 activations): each 32
                                 elements of a row of x absmax to int8 at run time (int8 or int4
                                 symmetric weights, tiles a multiple of 32 or per-channel) */
+  NB_QUANT_ACT_INT8_STATIC,  /* W8A8 with a fixed activation scale from a calibration pass
+                                ("int8_static"): x to int8 as round(x / s), saturating at
+                                +-127 (int8 symmetric weights) */
   NB_QUANT_ACT_COUNT
 } nb_quant_act;
 
-/* "none", "int8_dynamic", "int8_block" (the rules' act_qtype). */
+/* "none", "int8_dynamic", "int8_block", "int8_static" (the rules' act_qtype). */
 const char *nb_quant_act_name(nb_quant_act a);
 /* Whether the kernels run act with weights of that layout: NB_OK, or
  * NB_ERR_INVALID_ARG naming the field ("act: ...", "tile: ..."). */
@@ -174,6 +177,17 @@ nb_val *nb_quant_dequantize_traced_at(nb_loc loc, nb_val *values, nb_val *scales
 nb_val *nb_quant_matmul_reference_at(nb_loc loc, nb_val *x, nb_val *values, nb_val *scales, nb_val *zero_points,
                                      const nb_quant_layout *layout, nb_quant_act act);
 
+/* W8A8 with static activations (NB_QUANT_ACT_INT8_STATIC, int8 symmetric
+ * weights): x's codes are round(x / act_scale) half to even, clamped to
+ * [-127, 127] (values beyond 127 act_scale saturate; NaN gives NaN), each
+ * tile's product exact in int32 and scaled as the dynamic mode.
+ * act_scale >= 0, finite (0: every code 0). */
+nb_val *nb_quant_matmul_static_at(nb_loc loc, nb_val *x, nb_val *values, nb_val *scales, const nb_quant_layout *layout,
+                                  float act_scale);
+nb_val *nb_quant_matmul_reference_static_at(nb_loc loc, nb_val *x, nb_val *values, nb_val *scales, const nb_quant_layout *layout,
+                                            float act_scale);
+#define nb_quant_matmul_static(x, v, s, l, as) nb_quant_matmul_static_at(NB_HERE, x, v, s, l, as)
+#define nb_quant_matmul_reference_static(x, v, s, l, as) nb_quant_matmul_reference_static_at(NB_HERE, x, v, s, l, as)
 #define nb_quant_matmul(x, v, s, z, l, a) nb_quant_matmul_at(NB_HERE, x, v, s, z, l, a)
 #define nb_quant_dequantize_traced(v, s, z, l) nb_quant_dequantize_traced_at(NB_HERE, v, s, z, l)
 #define nb_quant_matmul_reference(x, v, s, z, l, a) nb_quant_matmul_reference_at(NB_HERE, x, v, s, z, l, a)
@@ -190,6 +204,12 @@ typedef struct nb_quant_rule {
   nb_quant_act act_qtype;
   int64_t tile_size;
   nb_quant_calib weight_calibration;
+  /* int8_static: how the calibration pass turns a linear's observed inputs
+   * into its activation range [-a, a] (scale a / 127): absmax (a = max |x|),
+   * minmax (the observed [min, max]; the codes are symmetric, so a =
+   * max(-min, max)), rms,K (a = K x the RMS of x), fixed,MIN,MAX (a =
+   * max(|MIN|, |MAX|), no data needed). */
+  nb_quant_calib act_calibration;
 } nb_quant_rule;
 
 /* An ordered list of rules: the first whose module_path matches wins. */
@@ -222,11 +242,15 @@ typedef struct nb_quant_linear {
   nb_quant_layout layout;
   nb_quant_act act;
   int rule;
+  float act_scale; /* int8_static: "<m>/kernel/act_scale" f32[1], NaN until calibrated */
 } nb_quant_linear;
 
 /* Post-training quantization: a new tree with every rank-2 "<m>/kernel"
  * whose <m> a rule matches quantized by that rule; everything else
- * (embeddings, norms, biases, unmatched linears) shared unchanged. */
+ * (embeddings, norms, biases, unmatched linears) shared unchanged. An
+ * int8_static linear also gets "<m>/kernel/act_scale" f32[1]: from a fixed
+ * act_calibration, else NaN until a calibration pass (nb_quant_observer)
+ * sets it; the hook refuses NaN. */
 nb_tree *nb_quant_ptq(nb_ctx *ctx, const nb_tree *params, const nb_quant_rules *rules);
 /* Whether "<module_path>/kernel" is quantized in t; *out filled when it
  * is. A malformed "quant" array or arrays that disagree with it are an
@@ -238,8 +262,64 @@ nb_tree *nb_quant_dequantize_tree(nb_ctx *ctx, const nb_tree *t);
 /* Puts w into t as the quantized kernel of module_path (replacing an f32
  * "<m>/kernel"); rule -1: none (e.g. read from a GGUF file). */
 nb_status nb_quant_tree_set_linear(nb_tree *t, const char *module_path, const nb_quant_weight *w, nb_quant_act act, int rule);
+/* Sets "<module_path>/kernel/act_scale" (f32[1]) of an int8_static linear. */
+nb_status nb_quant_tree_set_act_scale(nb_tree *t, const char *module_path, float act_scale);
 /* How many linears of t are quantized (an error gives -1). */
 int64_t nb_quant_tree_count(nb_ctx *ctx, const nb_tree *t);
+
+/* ---------------------------------------------------------------- QAT */
+/* (docs/quant.md "QAT") */
+
+/* kernel (f32[d_in, d_out], nabla's layout) fake-quantized by rule's weight
+ * qtype, tile and calibration: dequant(quant(kernel)), computed by the host
+ * codec (nb_quant_quantize, nb_quant_dequantize), so it is bit for bit the
+ * weight PTQ of the same kernel by the same rule gives. Under grad, the
+ * clipped straight-through estimator: the cotangent passes where the
+ * element's code was not clamped (it lies within its tile's range, widened
+ * by half a step for the integer types), 0 where it was. */
+nb_val *nb_quant_fake_weight_at(nb_loc loc, nb_val *kernel, const nb_quant_rule *rule);
+/* x (f32) rounded as act's W8A8 kernels round it (per row, or per 32
+ * elements of the last axis), the gradient passing straight through;
+ * NB_QUANT_ACT_NONE: x. */
+nb_val *nb_quant_fake_act_at(nb_loc loc, nb_val *x, nb_quant_act act);
+#define nb_quant_fake_weight(k, r) nb_quant_fake_weight_at(NB_HERE, k, r)
+#define nb_quant_fake_act(x, a) nb_quant_fake_act_at(NB_HERE, x, a)
+
+/* An nn linear hook for training (ud: the nb_quant_rules): a linear whose
+ * module path a rule matches computes fake_act(x) @ fake_weight(kernel)
+ * (+ bias) in f32; any other is nb_nn_linear_default. */
+nb_val *nb_quant_qat_hook(void *rules, nb_nn_apply *a, const char *path, nb_val *x, bool stacked);
+/* How many rank-2 "<m>/kernel" leaves of params (arrays or avals) a rule
+ * matches. */
+int64_t nb_quant_rules_count_linears(const nb_quant_rules *rules, const nb_tree *params);
+
+/* ---------------------------------------------------------------- calibration */
+/* (docs/quant.md "Static activation ranges") */
+
+/* The inputs of the int8_static linears a rules list matches, observed
+ * over calibration batches of the f32 model. */
+typedef struct nb_quant_observer nb_quant_observer;
+nb_quant_observer *nb_quant_observer_create(nb_ctx *ctx, const nb_quant_rules *rules);
+void nb_quant_observer_destroy(nb_quant_observer *o); /* NULL ok */
+/* An nn linear hook (ud: the observer) for tracing the f32 model: a linear
+ * whose first matching rule is int8_static with a data calibration also
+ * outputs "observe/<module>/{min,max,sumsq}" (f32 scalars over its input x)
+ * from the graph being traced (no scanned layers: the outputs go to a->g),
+ * then computes the plain linear. */
+nb_val *nb_quant_observe_hook(void *observer, nb_nn_apply *a, const char *path, nb_val *x, bool stacked);
+/* Folds one run's outputs (the "observe/..." arrays) into the totals. */
+nb_status nb_quant_observer_add(nb_quant_observer *o, const nb_tree *outputs);
+/* What was observed of a module's inputs: elements, min, max, RMS (f64). */
+typedef struct nb_quant_observed {
+  int64_t count;
+  double min, max, rms;
+} nb_quant_observed;
+bool nb_quant_observer_get(const nb_quant_observer *o, const char *module, nb_quant_observed *out);
+/* Sets "<m>/kernel/act_scale" of every int8_static linear of the quantized
+ * tree t from its rule's act_calibration and the observed inputs (an
+ * observed max |x| of 0 gives scale 0: the codes are 0). A linear that
+ * needs data and was never observed is an error naming it. */
+nb_status nb_quant_observer_apply(const nb_quant_observer *o, nb_tree *t);
 
 /* ---------------------------------------------------------------- running quantized */
 
@@ -253,8 +333,9 @@ void nb_quant_plan_destroy(nb_quant_plan *p); /* NULL ok */
 int64_t nb_quant_plan_count(const nb_quant_plan *p);
 /* An nn linear hook (ud: the plan): a quantized module becomes
  * nb_quant_matmul on "<m>/kernel/{values,scales,zero_points}" of a->params
- * (x converted to f32 and y back to x's dtype), plus "<m>/bias" when
- * present; any other module is nb_nn_linear_default. */
+ * (int8_static: nb_quant_matmul_static with the tree's act_scale; x
+ * converted to f32 and y back to x's dtype), plus "<m>/bias" when present;
+ * any other module is nb_nn_linear_default. */
 nb_val *nb_quant_linear_hook(void *plan, nb_nn_apply *a, const char *path, nb_val *x, bool stacked);
 
 /* ---------------------------------------------------------------- GGUF blocks */

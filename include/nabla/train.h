@@ -130,6 +130,12 @@ typedef struct nb_train_config {
      * <run_dir>/profile/trace.json (nb_prof_start/stop); "" (default): none */
     char steps[NB_TRAIN_STR_MAX];
   } profile;
+  struct {
+    /* quantization-aware training: a YAML file of quantization rules
+     * (quant.rules, docs/quant.md); the linears they match train with fake
+     * quantized weights (and activations) in the step and the eval; "": none */
+    char rules[NB_TRAIN_STR_MAX];
+  } quant;
 } nb_train_config;
 
 /* The steps of cfg->profile.steps in *first..*last; false (with both 0)

@@ -139,7 +139,7 @@ nb_status nb_quant_layout_check(nb_ctx *ctx, const nb_quant_layout *l) {
   return nb_quant__layout_ok(l, why, sizeof why) ? NB_OK : nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s", why);
 }
 
-static const char *const act_names[NB_QUANT_ACT_COUNT] = {"none", "int8_dynamic", "int8_block"};
+static const char *const act_names[NB_QUANT_ACT_COUNT] = {"none", "int8_dynamic", "int8_block", "int8_static"};
 const char *nb_quant_act_name(nb_quant_act a) { return (unsigned)a < NB_QUANT_ACT_COUNT ? act_names[a] : "?"; }
 
 /* W8A8 multiplies int8 activations by integer codes: int8 symmetric
@@ -148,10 +148,12 @@ const char *nb_quant_act_name(nb_quant_act a) { return (unsigned)a < NB_QUANT_AC
 bool nb_quant__act_ok(const nb_quant_layout *l, nb_quant_act act, char *why, size_t cap) {
   if ((unsigned)act >= NB_QUANT_ACT_COUNT) return snprintf(why, cap, "act: %d is no activation mode", (int)act), false;
   int64_t tile = l->tile < l->k ? l->tile : l->k;
-  if (act == NB_QUANT_ACT_INT8_DYNAMIC && (l->qtype != NB_QUANT_INT8 || l->asymmetric))
-    return snprintf(why, cap, "act: int8 dynamic activations need int8 symmetric weights, not %s%s", nb_quant_type_name(l->qtype),
+  bool per_row = act == NB_QUANT_ACT_INT8_DYNAMIC || act == NB_QUANT_ACT_INT8_STATIC;
+  if (per_row && (l->qtype != NB_QUANT_INT8 || l->asymmetric))
+    return snprintf(why, cap, "act: int8 %s activations need int8 symmetric weights, not %s%s",
+                    act == NB_QUANT_ACT_INT8_STATIC ? "static" : "dynamic", nb_quant_type_name(l->qtype),
                     l->asymmetric ? " asymmetric" : ""), false;
-  if (act == NB_QUANT_ACT_INT8_DYNAMIC && tile > NB_QUANT__MAX_INT_TILE)
+  if (per_row && tile > NB_QUANT__MAX_INT_TILE)
     return snprintf(why, cap, "tile: W8A8 sums a tile in int32: at most %d, got %lld", NB_QUANT__MAX_INT_TILE, (long long)tile), false;
   if (act == NB_QUANT_ACT_INT8_BLOCK && ((l->qtype != NB_QUANT_INT8 && l->qtype != NB_QUANT_INT4) || l->asymmetric))
     return snprintf(why, cap, "act: int8_block activations need int8 or int4 symmetric weights, not %s%s", nb_quant_type_name(l->qtype),

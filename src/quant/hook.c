@@ -1,6 +1,7 @@
 /* Running a quantized tree: the nn linear hook that turns each quantized
  * module's product into quant.matmul (Qwix's interception of dot_general on
  * matching parameters, at the linear the model calls). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -65,8 +66,13 @@ nb_val *nb_quant_linear_hook(void *plan, nb_nn_apply *a, const char *path, nb_va
   nb_val *zero_points = l->layout.asymmetric ? nb_tree_get_val(a->params, p) : NULL;
   if (!values || !scales || (l->layout.asymmetric && !zero_points))
     return nb_nn_fail(a, NB_ERR_INVALID_ARG, "quant: '%s': the quantized kernel's arrays are not parameters of this step", path);
+  if (l->act == NB_QUANT_ACT_INT8_STATIC && isnan(l->act_scale))
+    return nb_nn_fail(a, NB_ERR_INVALID_ARG, "quant: '%s': int8_static activations without a calibrated act_scale: quantize with "
+                      "--calibrate DATA (or act_calibration: fixed,MIN,MAX)", path);
   nb_dtype xt = nb_val_dtype(x);
-  nb_val *y = nb_quant_matmul(xt == NB_F32 ? x : nb_convert(x, NB_F32), values, scales, zero_points, &l->layout, l->act);
+  nb_val *xf = xt == NB_F32 ? x : nb_convert(x, NB_F32);
+  nb_val *y = l->act == NB_QUANT_ACT_INT8_STATIC ? nb_quant_matmul_static(xf, values, scales, &l->layout, l->act_scale)
+                                                  : nb_quant_matmul(xf, values, scales, zero_points, &l->layout, l->act);
   if (xt != NB_F32) y = nb_convert(y, xt);
   snprintf(p, sizeof p, "%s/bias", path);
   nb_val *b = nb_nn_param_opt(a, p);

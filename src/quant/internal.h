@@ -44,6 +44,7 @@ typedef struct nb_quant__mm {
   const float *scales;
   const uint8_t *zero_points; /* NULL: symmetric */
   nb_quant_act act;
+  float act_scale; /* int8_static */
   float *y;
 } nb_quant__mm;
 
@@ -64,5 +65,9 @@ int64_t nb_quant__row_bytes(const nb_quant_layout *l);
 /* W8A8's activation rounding of one row: q[k] in [-127, 127], returns the
  * scale max |x| / 127 (0 for a zero row; NaN when x has a NaN/inf). */
 float nb_quant__quantize_row_i8(const float *x, int64_t k, int8_t *q);
+
+/* x (f32, k inputs last) rounded as the W8A8 kernels round it for act
+ * (none: x itself), as traced ops: the reference's and QAT's rounding. */
+nb_val *nb_quant__round_act_at(nb_loc loc, nb_val *x, nb_quant_act act);
 
 #endif

@@ -443,6 +443,23 @@ QUANT_CLONES static float quantize_row_i8(const float *x, int64_t k, int8_t *q) 
   return s;
 }
 
+/* int8_static's rounding of one row by a fixed scale s: codes saturate at
+ * +-127 (infinities too); a row with a NaN gives scale NaN (codes 0), as
+ * the dynamic rounding; s = 0 gives zero codes. */
+QUANT_CLONES static float quantize_row_i8_static(const float *x, int64_t k, float s, int8_t *q) {
+  bool nan = false;
+  for (int64_t i = 0; i < k; i++) nan |= x[i] != x[i];
+  if (nan || s == 0) {
+    for (int64_t i = 0; i < k; i++) q[i] = 0;
+    return nan ? NAN : 0.0f;
+  }
+  for (int64_t i = 0; i < k; i++) {
+    float v = nearbyintf(x[i] / s);
+    q[i] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
+  }
+  return s;
+}
+
 /* (a clone set is a symbol of its own, kept static: not exported) */
 float nb_quant__quantize_row_i8(const float *x, int64_t k, int8_t *q) { return quantize_row_i8(x, k, q); }
 
@@ -760,13 +777,15 @@ nb_status nb_quant__matmul(nb_ctx *ctx, const nb_quant__mm *p) {
 #endif
     j.xb = &xb;
   }
-  if (p->act == NB_QUANT_ACT_INT8_DYNAMIC) {
+  if (p->act == NB_QUANT_ACT_INT8_DYNAMIC || p->act == NB_QUANT_ACT_INT8_STATIC) {
     xq = malloc((size_t)(p->m * p->l.k)), xs = malloc(sizeof(float) * (size_t)p->m);
     if (!xq || !xs) {
       free(xq), free(xs);
       return nb_errorf(ctx, NB_ERR_NOMEM, "quant.matmul: out of memory for %lld quantized activations", (long long)(p->m * p->l.k));
     }
-    for (int64_t m = 0; m < p->m; m++) xs[m] = quantize_row_i8(p->x + m * p->l.k, p->l.k, (int8_t *)xq + m * p->l.k);
+    for (int64_t m = 0; m < p->m; m++)
+      xs[m] = p->act == NB_QUANT_ACT_INT8_STATIC ? quantize_row_i8_static(p->x + m * p->l.k, p->l.k, p->act_scale, (int8_t *)xq + m * p->l.k)
+                                                  : quantize_row_i8(p->x + m * p->l.k, p->l.k, (int8_t *)xq + m * p->l.k);
 #ifdef QUANT_X86
     if (isa == NB_QUANT__I_AVX512VNNI) {
       for (int64_t e = 0; e < p->m * p->l.k; e++) xq[e] ^= 0x80; /* code + 128 as u8 */

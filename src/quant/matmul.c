@@ -12,7 +12,8 @@
 
 /* The call's attributes: the layout and the activation mode. */
 typedef struct mm_attrs {
-  int32_t qtype, asymmetric, act, pad;
+  int32_t qtype, asymmetric, act;
+  float act_scale; /* int8_static */
   int64_t n, k, tile;
 } mm_attrs;
 
@@ -34,6 +35,8 @@ static bool check_operands(const mm_attrs *a, int nin, const nb_aval *in, char *
   nb_quant_layout l = layout_of(a);
   if (!nb_quant__layout_ok(&l, why, cap)) return false;
   if (!nb_quant__act_ok(&l, (nb_quant_act)a->act, why, cap)) return false;
+  if (a->act == NB_QUANT_ACT_INT8_STATIC && !(a->act_scale >= 0 && isfinite(a->act_scale)))
+    return snprintf(why, cap, "act_scale: %g is not a finite scale >= 0 (int8_static needs a calibrated one)", (double)a->act_scale), false;
   int want = 3 + (l.asymmetric ? 1 : 0);
   if (nin != want)
     return snprintf(why, cap, "operands: x, values, scales%s wanted (%d), got %d", l.asymmetric ? ", zero_points" : "", want, nin), false;
@@ -68,7 +71,7 @@ static nb_status mm_eval(void *ud, nb_ctx *ctx, int nin, nb_array *const *in, co
   memcpy(&a, attrs, sizeof a);
   nb_quant__mm p = {.l = layout_of(&a), .m = nb_array_size(in[0]) / a.k, .x = nb_array_data(in[0]), .values = nb_array_data(in[1]),
                     .scales = nb_array_data(in[2]), .zero_points = nin > 3 ? nb_array_data(in[3]) : NULL,
-                    .act = (nb_quant_act)a.act, .y = nb_array_data_mut(out[0])};
+                    .act = (nb_quant_act)a.act, .act_scale = a.act_scale, .y = nb_array_data_mut(out[0])};
   return p.m == 0 ? NB_OK : nb_quant__matmul(ctx, &p);
 }
 
@@ -110,7 +113,7 @@ nb_status nb_quant_register(nb_ctx *ctx) {
 
 /* The operands' avals checked as the call will (NULL values poison). */
 static nb_graph *checked(nb_loc loc, const char *op, nb_val *x, nb_val *values, nb_val *scales, nb_val *zero_points,
-                         const nb_quant_layout *layout, nb_quant_act act, mm_attrs *a) {
+                         const nb_quant_layout *layout, nb_quant_act act, float act_scale, mm_attrs *a) {
   nb_val *any = values ? values : scales ? scales : x;
   if (!any) return NULL;
   nb_graph *g = nb_val_graph(any);
@@ -119,8 +122,8 @@ static nb_graph *checked(nb_loc loc, const char *op, nb_val *x, nb_val *values, 
     nb_graph_fail_at(loc, g, NB_ERR_INVALID_ARG, "%s: layout: NULL", op);
     return NULL;
   }
-  *a = (mm_attrs){.qtype = layout->qtype, .asymmetric = layout->asymmetric, .act = act, .n = layout->n, .k = layout->k,
-                  .tile = layout->tile};
+  *a = (mm_attrs){.qtype = layout->qtype, .asymmetric = layout->asymmetric, .act = act, .act_scale = act_scale, .n = layout->n,
+                  .k = layout->k, .tile = layout->tile};
   nb_val *v[4] = {x, values, scales, zero_points};
   const char *names[4] = {"x", "values", "scales", "zero_points"};
   int nin = 3 + (layout->asymmetric ? 1 : 0);
@@ -143,15 +146,27 @@ static nb_graph *checked(nb_loc loc, const char *op, nb_val *x, nb_val *values, 
   return g;
 }
 
-nb_val *nb_quant_matmul_at(nb_loc loc, nb_val *x, nb_val *values, nb_val *scales, nb_val *zero_points, const nb_quant_layout *layout,
-                           nb_quant_act act) {
+static nb_val *matmul(nb_loc loc, const char *op, nb_val *x, nb_val *values, nb_val *scales, nb_val *zero_points,
+                      const nb_quant_layout *layout, nb_quant_act act, float act_scale) {
   mm_attrs a;
-  nb_graph *g = checked(loc, "nb_quant_matmul", x, values, scales, zero_points, layout, act, &a);
-  if (!g) return x ? nb_graph_fail_at(loc, nb_val_graph(x), NB_ERR_INVALID_ARG, "nb_quant_matmul: bad operands") : NULL;
+  nb_graph *g = checked(loc, op, x, values, scales, zero_points, layout, act, act_scale, &a);
+  if (!g) return x ? nb_graph_fail_at(loc, nb_val_graph(x), NB_ERR_INVALID_ARG, "%s: bad operands", op) : NULL;
   nb_status st = nb_quant_register(nb_graph_ctx(g));
   if (st != NB_OK) return nb_graph_fail_at(loc, g, st, "nb_quant_matmul: registering %s failed", MM_NAME);
   nb_val *in[4] = {x, values, scales, zero_points};
   return nb_custom_call_at(loc, g, MM_NAME, 3 + (layout->asymmetric ? 1 : 0), in, &a, sizeof a, 1, NULL);
+}
+
+nb_val *nb_quant_matmul_at(nb_loc loc, nb_val *x, nb_val *values, nb_val *scales, nb_val *zero_points, const nb_quant_layout *layout,
+                           nb_quant_act act) {
+  if (act == NB_QUANT_ACT_INT8_STATIC && x)
+    return nb_graph_fail_at(loc, nb_val_graph(x), NB_ERR_INVALID_ARG, "nb_quant_matmul: act: int8_static needs its scale: "
+                            "nb_quant_matmul_static");
+  return matmul(loc, "nb_quant_matmul", x, values, scales, zero_points, layout, act, 0);
+}
+
+nb_val *nb_quant_matmul_static_at(nb_loc loc, nb_val *x, nb_val *values, nb_val *scales, const nb_quant_layout *layout, float act_scale) {
+  return matmul(loc, "nb_quant_matmul_static", x, values, scales, NULL, layout, NB_QUANT_ACT_INT8_STATIC, act_scale);
 }
 
 /* [n, T] per-tile values spread over k: [n, T, tile] -> [n, T*tile] -> [n, k] */
@@ -232,6 +247,15 @@ static nb_val *round_even(nb_loc loc, nb_val *v) {
   return nb_select_at(loc, up, nb_add_at(loc, f, nb_scalar_at(loc, g, NB_F32, 1)), f);
 }
 
+/* x -> clamp(round(x / s), -127, 127) * s with a fixed s (0: zeros) */
+static nb_val *round_static(nb_loc loc, nb_val *x, float act_scale) {
+  nb_graph *g = nb_val_graph(x);
+  if (act_scale == 0) return nb_mul_at(loc, x, nb_scalar_at(loc, g, NB_F32, 0));
+  nb_val *s = nb_scalar_at(loc, g, NB_F32, act_scale);
+  nb_val *v = nb_max_at(loc, nb_min_at(loc, nb_div_at(loc, x, s), nb_scalar_at(loc, g, NB_F32, 127)), nb_scalar_at(loc, g, NB_F32, -127));
+  return nb_mul_at(loc, round_even(loc, v), s);
+}
+
 /* x -> round(x / s) * s along the last axis, s = max |x| / 127 (1 for zeros) */
 static nb_val *round_int8(nb_loc loc, nb_val *x) {
   nb_graph *g = nb_val_graph(x);
@@ -243,24 +267,45 @@ static nb_val *round_int8(nb_loc loc, nb_val *x) {
   return nb_mul_at(loc, round_even(loc, v), s);
 }
 
-nb_val *nb_quant_matmul_reference_at(nb_loc loc, nb_val *x, nb_val *values, nb_val *scales, nb_val *zero_points,
-                                     const nb_quant_layout *layout, nb_quant_act act) {
+/* x rounded as the W8A8 kernels round it (act: per row or per 32-element
+ * block of the last axis), still f32. */
+nb_val *nb_quant__round_act_at(nb_loc loc, nb_val *x, nb_quant_act act) {
+  if (act == NB_QUANT_ACT_INT8_DYNAMIC) return round_int8(loc, x);
+  if (act != NB_QUANT_ACT_INT8_BLOCK) return x;
+  /* per 32 elements: [M, K] zero-padded to [M, B, 32] */
+  nb_graph *g = nb_val_graph(x);
+  nb_aval xa = nb_val_aval(x);
+  int last = xa.shape.rank - 1;
+  int64_t K = xa.shape.dims[last], B = (K + NB_QUANT__ACT_BLOCK - 1) / NB_QUANT__ACT_BLOCK, M = 1;
+  for (int d = 0; d < last; d++) M *= xa.shape.dims[d];
+  nb_val *flat = nb_reshape_at(loc, x, 2, (int64_t[]){M, K});
+  nb_val *pad = nb_pad_at(loc, flat, nb_scalar_at(loc, g, NB_F32, 0), (int64_t[]){0, 0}, (int64_t[]){0, B * NB_QUANT__ACT_BLOCK - K}, NULL);
+  nb_val *r = round_int8(loc, nb_reshape_at(loc, pad, 3, (int64_t[]){M, B, NB_QUANT__ACT_BLOCK}));
+  r = nb_slice_at(loc, nb_reshape_at(loc, r, 2, (int64_t[]){M, B * NB_QUANT__ACT_BLOCK}), (int64_t[]){0, 0}, (int64_t[]){M, K}, NULL);
+  return nb_reshape_at(loc, r, xa.shape.rank, xa.shape.dims);
+}
+
+static nb_val *reference(nb_loc loc, const char *op, nb_val *x, nb_val *values, nb_val *scales, nb_val *zero_points,
+                         const nb_quant_layout *layout, nb_quant_act act, float act_scale) {
   mm_attrs a;
-  nb_graph *g = checked(loc, "nb_quant_matmul_reference", x, values, scales, zero_points, layout, act, &a);
-  if (!g) return x ? nb_graph_fail_at(loc, nb_val_graph(x), NB_ERR_INVALID_ARG, "nb_quant_matmul_reference: bad operands") : NULL;
+  nb_graph *g = checked(loc, op, x, values, scales, zero_points, layout, act, act_scale, &a);
+  if (!g) return x ? nb_graph_fail_at(loc, nb_val_graph(x), NB_ERR_INVALID_ARG, "%s: bad operands", op) : NULL;
   int last = nb_val_rank(x) - 1;
-  if (act == NB_QUANT_ACT_INT8_DYNAMIC) x = round_int8(loc, x);
-  if (act == NB_QUANT_ACT_INT8_BLOCK) { /* the same per 32 elements: [M, K] zero-padded to [M, B, 32] */
-    nb_aval xa = nb_val_aval(x);
-    int64_t K = layout->k, B = (K + NB_QUANT__ACT_BLOCK - 1) / NB_QUANT__ACT_BLOCK, M = 1;
-    for (int d = 0; d < last; d++) M *= xa.shape.dims[d];
-    nb_val *flat = nb_reshape_at(loc, x, 2, (int64_t[]){M, K});
-    nb_val *pad = nb_pad_at(loc, flat, nb_scalar_at(loc, g, NB_F32, 0), (int64_t[]){0, 0}, (int64_t[]){0, B * NB_QUANT__ACT_BLOCK - K}, NULL);
-    nb_val *r = round_int8(loc, nb_reshape_at(loc, pad, 3, (int64_t[]){M, B, NB_QUANT__ACT_BLOCK}));
-    r = nb_slice_at(loc, nb_reshape_at(loc, r, 2, (int64_t[]){M, B * NB_QUANT__ACT_BLOCK}), (int64_t[]){0, 0}, (int64_t[]){M, K}, NULL);
-    x = nb_reshape_at(loc, r, xa.shape.rank, xa.shape.dims);
-  }
+  x = act == NB_QUANT_ACT_INT8_STATIC ? round_static(loc, x, act_scale) : nb_quant__round_act_at(loc, x, act);
   nb_val *w = nb_quant_dequantize_traced_at(loc, values, scales, zero_points, layout);
   nb_dot_dims dn = {.n_contract = 1, .lhs_contract = {last}, .rhs_contract = {1}};
   return nb_dot_general_at(loc, x, w, &dn, NB_F32);
+}
+
+nb_val *nb_quant_matmul_reference_at(nb_loc loc, nb_val *x, nb_val *values, nb_val *scales, nb_val *zero_points,
+                                     const nb_quant_layout *layout, nb_quant_act act) {
+  if (act == NB_QUANT_ACT_INT8_STATIC && x)
+    return nb_graph_fail_at(loc, nb_val_graph(x), NB_ERR_INVALID_ARG, "nb_quant_matmul_reference: act: int8_static needs its "
+                            "scale: nb_quant_matmul_reference_static");
+  return reference(loc, "nb_quant_matmul_reference", x, values, scales, zero_points, layout, act, 0);
+}
+
+nb_val *nb_quant_matmul_reference_static_at(nb_loc loc, nb_val *x, nb_val *values, nb_val *scales, const nb_quant_layout *layout,
+                                            float act_scale) {
+  return reference(loc, "nb_quant_matmul_reference_static", x, values, scales, NULL, layout, NB_QUANT_ACT_INT8_STATIC, act_scale);
 }

@@ -3,6 +3,7 @@
  * array "<m>/kernel/quant", so a checkpoint carries it as it carries any
  * array). nabla's kernels are [d_in, d_out]; quant's W is [N = d_out,
  * K = d_in]: the kernel is transposed on the way in and out. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +34,21 @@ static nb_status quantize_kernel(nb_ctx *ctx, nb_tree *out, const char *path, co
   module_of_kernel(path, m, sizeof m);
   s = nb_quant_tree_set_linear(out, m, &q, rule->act_qtype, rule_index);
   nb_quant_weight_release(&q);
+  if (!s && rule->act_qtype == NB_QUANT_ACT_INT8_STATIC) { /* fixed: known now; the others after a calibration pass */
+    const nb_quant_calib *c = &rule->act_calibration;
+    s = nb_quant_tree_set_act_scale(out, m, c->kind == NB_QUANT_FIXED ? (float)(fmax(fabs(c->min), fabs(c->max)) / 127) : NAN);
+  }
+  return s;
+}
+
+nb_status nb_quant_tree_set_act_scale(nb_tree *t, const char *module_path, float act_scale) {
+  char p[1100];
+  snprintf(p, sizeof p, "%s/kernel/act_scale", module_path);
+  int64_t one = 1;
+  nb_array *a = nb_array_create(nb_tree_ctx(t), NB_F32, 1, &one, &act_scale);
+  if (!a) return nb_ctx_status(nb_tree_ctx(t)) ? nb_ctx_status(nb_tree_ctx(t)) : NB_ERR_NOMEM;
+  nb_status s = nb_tree_set_array(t, p, a);
+  nb_array_release(a);
   return s;
 }
 
@@ -102,6 +118,15 @@ nb_status nb_quant_tree_linear(nb_ctx *ctx, const nb_tree *t, const char *module
   if (s) return nb_errorf(ctx, NB_ERR_FORMAT, "%s", nb_ctx_error(ctx));
   nb_quant_weight_release(&w);
   if (nb_quant_act_check(ctx, &l.layout, l.act)) return nb_errorf(ctx, NB_ERR_FORMAT, "%s: %s", kp, nb_ctx_error(ctx));
+  if (l.act == NB_QUANT_ACT_INT8_STATIC) {
+    snprintf(qp, sizeof qp, "%s/act_scale", kp);
+    nb_array *as = nb_tree_get_array(t, qp);
+    if (!as || nb_array_dtype(as) != NB_F32 || nb_array_size(as) != 1 || nb_array_rank(as) != 1)
+      return nb_errorf(ctx, NB_ERR_FORMAT, "%s: int8_static activations need an f32[1] act_scale", qp);
+    l.act_scale = *(const float *)nb_array_data(as);
+    if (!(l.act_scale >= 0) && !isnan(l.act_scale)) /* NaN: not calibrated yet (the hook says so) */
+      return nb_errorf(ctx, NB_ERR_FORMAT, "%s: %g is not a scale >= 0", qp, (double)l.act_scale);
+  }
   *out = l, *found = true;
   return NB_OK;
 }
@@ -112,7 +137,9 @@ static bool in_quantized_kernel(const nb_tree *t, const char *path, char *kp, si
   const char *slash = strrchr(path, '/');
   if (!slash || (size_t)(slash - path) >= cap) return false;
   const char *leaf = slash + 1;
-  if (strcmp(leaf, "values") && strcmp(leaf, "scales") && strcmp(leaf, "zero_points") && strcmp(leaf, "quant")) return false;
+  if (strcmp(leaf, "values") && strcmp(leaf, "scales") && strcmp(leaf, "zero_points") && strcmp(leaf, "quant") &&
+      strcmp(leaf, "act_scale"))
+    return false;
   memcpy(kp, path, (size_t)(slash - path)), kp[slash - path] = 0;
   char m[1024], qp[1100];
   if (!module_of_kernel(kp, m, sizeof m)) return false;

@@ -3,6 +3,7 @@
  * (Python's re syntax, as Qwix's), compiled anchored at both ends: a full
  * match, like re.fullmatch. */
 #define PCRE2_CODE_UNIT_WIDTH 8
+#include <math.h>
 #include <pcre2.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,9 +58,19 @@ static nb_status check_rule(nb_ctx *ctx, int i, const nb_quant_rule *q) {
     return nb_errorf(ctx, NB_ERR_INVALID_ARG, "rule %d: weight_calibration: minmax is asymmetric; %s is symmetric", i,
                      nb_quant_type_name(q->weight_qtype));
   bool asymmetric = integer && (c->kind == NB_QUANT_MINMAX || c->kind == NB_QUANT_FIXED);
-  if (q->act_qtype == NB_QUANT_ACT_INT8_DYNAMIC && (q->weight_qtype != NB_QUANT_INT8 || asymmetric))
-    return nb_errorf(ctx, NB_ERR_INVALID_ARG,
-                     "rule %d: act_qtype: int8_dynamic needs int8 symmetric weights (absmax or rms calibration)", i);
+  if ((q->act_qtype == NB_QUANT_ACT_INT8_DYNAMIC || q->act_qtype == NB_QUANT_ACT_INT8_STATIC) &&
+      (q->weight_qtype != NB_QUANT_INT8 || asymmetric))
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "rule %d: act_qtype: %s needs int8 symmetric weights (absmax or rms calibration)", i,
+                     nb_quant_act_name(q->act_qtype));
+  const nb_quant_calib *ac = &q->act_calibration;
+  if ((unsigned)ac->kind > NB_QUANT_FIXED) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "rule %d: act_calibration: unknown kind", i);
+  if (ac->kind != NB_QUANT_ABSMAX && q->act_qtype != NB_QUANT_ACT_INT8_STATIC)
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "rule %d: act_calibration: only int8_static activations are calibrated (act_qtype is %s)",
+                     i, nb_quant_act_name(q->act_qtype));
+  if (ac->kind == NB_QUANT_RMS && !(ac->k > 0))
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "rule %d: act_calibration: rms,K needs K > 0", i);
+  if (ac->kind == NB_QUANT_FIXED && !(ac->min < ac->max && isfinite(ac->min) && isfinite(ac->max)))
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "rule %d: act_calibration: fixed,MIN,MAX needs finite MIN < MAX", i);
   if (q->act_qtype == NB_QUANT_ACT_INT8_BLOCK && ((q->weight_qtype != NB_QUANT_INT8 && q->weight_qtype != NB_QUANT_INT4) || asymmetric))
     return nb_errorf(ctx, NB_ERR_INVALID_ARG,
                      "rule %d: act_qtype: int8_block needs int8 or int4 symmetric weights (absmax or rms calibration)", i);
@@ -147,9 +158,10 @@ static nb_status rule_field(yaml_in *in, int i, yaml_node_t *kn, yaml_node_t *vn
     if (!strcmp(v, "none")) q->act_qtype = NB_QUANT_ACT_NONE;
     else if (!strcmp(v, "int8_dynamic") || !strcmp(v, "int8")) q->act_qtype = NB_QUANT_ACT_INT8_DYNAMIC;
     else if (!strcmp(v, "int8_block")) q->act_qtype = NB_QUANT_ACT_INT8_BLOCK;
+    else if (!strcmp(v, "int8_static")) q->act_qtype = NB_QUANT_ACT_INT8_STATIC;
     else
-      return nb_errorf(in->ctx, NB_ERR_FORMAT, "%s:%zu: rule %d: act_qtype: '%s' is not none, int8_dynamic or int8_block (int8 "
-                       "static ranges come with the calibration pass, not yet)", in->name, line, i, v);
+      return nb_errorf(in->ctx, NB_ERR_FORMAT, "%s:%zu: rule %d: act_qtype: '%s' is not none, int8_dynamic, int8_block or "
+                       "int8_static", in->name, line, i, v);
   } else if (!strcmp(k, "tile_size")) {
     char *end;
     long long t = strtoll(v, &end, 10);
@@ -165,9 +177,16 @@ static nb_status rule_field(yaml_in *in, int i, yaml_node_t *kn, yaml_node_t *vn
       nb_ctx_clear_error(in->ctx);
       return nb_errorf(in->ctx, NB_ERR_FORMAT, "%s:%zu: rule %d: weight_calibration: %s", in->name, line, i, msg);
     }
+  } else if (!strcmp(k, "act_calibration")) {
+    if (nb_quant_calib_parse(in->ctx, v, &q->act_calibration)) {
+      char msg[256];
+      snprintf(msg, sizeof msg, "%s", nb_ctx_error(in->ctx));
+      nb_ctx_clear_error(in->ctx);
+      return nb_errorf(in->ctx, NB_ERR_FORMAT, "%s:%zu: rule %d: act_calibration: %s", in->name, line, i, msg);
+    }
   } else {
     return nb_errorf(in->ctx, NB_ERR_FORMAT, "%s:%zu: rule %d: unknown field '%s' (module_path, weight_qtype, act_qtype, "
-                     "tile_size, weight_calibration)", in->name, line_of(kn), i, k);
+                     "tile_size, weight_calibration, act_calibration)", in->name, line_of(kn), i, k);
   }
   return NB_OK;
 }
@@ -188,7 +207,8 @@ static nb_quant_rules *rules_from_doc(yaml_in *in) {
   nb_status s = NB_OK;
   for (int i = 0; !s && i < n; i++) {
     yaml_node_t *item = yaml_document_get_node(in->doc, list->data.sequence.items.start[i]);
-    rules[i] = (nb_quant_rule){.weight_qtype = NB_QUANT_TYPE_COUNT, .weight_calibration = {.kind = NB_QUANT_ABSMAX}};
+    rules[i] = (nb_quant_rule){.weight_qtype = NB_QUANT_TYPE_COUNT, .weight_calibration = {.kind = NB_QUANT_ABSMAX},
+                               .act_calibration = {.kind = NB_QUANT_ABSMAX}};
     if (item->type != YAML_MAPPING_NODE) {
       s = nb_errorf(ctx, NB_ERR_FORMAT, "%s:%zu: rule %d: a mapping of fields wanted", in->name, line_of(item), i);
       break;

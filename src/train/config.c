@@ -118,6 +118,7 @@ static const key_def keys[] = {
     {"init_from", K_STR, O(init_from), 0, 0, NULL},
     {"resume.allow_data_change", K_BOOL, O(resume.allow_data_change), 0, 0, NULL},
     {"profile.steps", K_STR, O(profile.steps), 0, 0, NULL},
+    {"quant.rules", K_STR, O(quant.rules), 0, 0, NULL},
 };
 #define NKEYS (sizeof keys / sizeof keys[0])
 

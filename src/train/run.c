@@ -19,6 +19,7 @@
 #include "nabla/ckpt.h"
 #include "nabla/compile.h"
 #include "nabla/prof.h"
+#include "nabla/quant.h"
 #include "train/internal.h"
 #include "util/trace.h"
 #include "util/util.h"
@@ -111,6 +112,7 @@ typedef struct trainer {
   bool interrupted;            /* a signal arrived during set-up */
   char *config;                /* the resolved config as YAML (stored in every checkpoint) */
   nb_tree *init;               /* init_from's parameters (fresh arrays), or NULL: init from seed */
+  nb_quant_rules *qat;         /* quant.rules: the linears trained fake-quantized, or NULL */
   int64_t step, last_saved;
   int64_t nonfinite_steps;     /* steps with a non-finite loss or gradient norm (skip, continue) */
   double elapsed_before;       /* seconds of earlier runs (from the checkpoint) */
@@ -532,6 +534,31 @@ static bool interrupted(trainer *t) {
   return t->interrupted;
 }
 
+/* quant.rules: QAT, the rules' fake quantization on the linears they match
+ * (quant's hook in the step and eval graphs). */
+static nb_status qat_hook(trainer *t, const nb_tree *params, nb_train_graph_opts *go) {
+  nb_ctx *ctx = t->ctx;
+  const char *path = t->cfg->quant.rules;
+  if (t->task || go->linear_hook)
+    return nb_errorf(ctx, NB_ERR_UNIMPLEMENTED, "train: quant.rules (QAT) is for language-model training; %s has its own linear "
+                     "hook or loss", t->task ? t->task->name : "this source");
+  t->qat = nb_quant_rules_load_yaml(ctx, path);
+  if (!t->qat) {
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", nb_ctx_error(ctx));
+    return nb_errorf(ctx, nb_ctx_status(ctx), "train: quant.rules: %s", msg);
+  }
+  for (int i = 0; i < nb_quant_rules_count(t->qat); i++)
+    if (nb_quant_rules_at(t->qat, i)->act_qtype == NB_QUANT_ACT_INT8_STATIC)
+      return nb_errorf(ctx, NB_ERR_UNIMPLEMENTED, "train: quant.rules: %s: rule %d: int8_static activations have no range while "
+                       "training: train with int8_dynamic (or none), then calibrate (nabla quantize --calibrate)", path, i);
+  if (nb_quant_rules_count_linears(t->qat, params) == 0)
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train: quant.rules: no rule of %s matches a linear of the model (module paths "
+                     "such as 'layers/0/attn/wq', 'layers/0/mlp/wi_0')", path);
+  go->linear_hook = nb_quant_qat_hook, go->hook_ud = t->qat;
+  return NB_OK;
+}
+
 static nb_status setup(trainer *t, nb_train_start_info *info) {
   nb_ctx *ctx = t->ctx;
   const nb_train_config *c = t->cfg;
@@ -597,6 +624,11 @@ static nb_status setup(trainer *t, nb_train_start_info *info) {
   nb_train_graph_opts go = {0};
   if (src) go = (nb_train_graph_opts){.frozen_spec = src->frozen, .linear_hook = src->linear_hook, .hook_ud = src->hook_ud,
                                       .packed = true};
+  if (params && c->quant.rules[0] && (s = qat_hook(t, params, &go))) {
+    nb_tree_destroy(params);
+    nb_tree_destroy(opt);
+    return s;
+  }
   nb_graph *g = !params || !opt ? NULL
                 : t->task       ? nb_train_trace_task_step(ctx, c, t->task, params, opt)
                                 : nb_train_trace_step_opts(ctx, c, &go, params, opt);
@@ -658,6 +690,8 @@ static nb_status setup(trainer *t, nb_train_start_info *info) {
 static void teardown(trainer *t) {
   nb_tree_destroy(t->init);
   t->init = NULL;
+  nb_quant_rules_destroy(t->qat);
+  t->qat = NULL;
   if (t->ckpt) {
     nb_status s = nb_ckpt_wait_until_finished(t->ckpt);
     if (s) nb_logf(t->ctx, NB_LOG_ERROR, "train: background checkpoint save failed: %s", nb_ctx_error(t->ctx));

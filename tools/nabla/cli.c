@@ -152,6 +152,42 @@ int nb_cli_load_model(nb_ctx *ctx, const char *model, const char *config, nb_mod
   return nb_train_load_checkpoint(ctx, model, config, out);
 }
 
+int nb_cli_text_ids(nb_ctx *ctx, const char *path, const nb_model_loaded *m, int32_t **ids, size_t *n) {
+  *ids = NULL, *n = 0;
+  FILE *f = fopen(path, "rb");
+  if (!f) return nb_errorf(ctx, NB_ERR_IO, "%s: cannot open", path);
+  char *text = NULL;
+  size_t len = 0, cap = 0;
+  for (;;) {
+    if (len == cap) {
+      char *t = realloc(text, cap = cap ? 2 * cap : 1 << 16);
+      if (!t) return free(text), fclose(f), nb_errorf(ctx, NB_ERR_NOMEM, "%s: out of memory", path);
+      text = t;
+    }
+    size_t got = fread(text + len, 1, cap - len, f);
+    if (!got) break;
+    len += got;
+  }
+  bool err = ferror(f);
+  fclose(f);
+  if (err) return free(text), nb_errorf(ctx, NB_ERR_IO, "%s: read error", path);
+  nb_status s = NB_OK;
+  if (m->tok) {
+    nb_tok_ids enc = {0};
+    s = nb_tok_encode(m->tok, text, len, &(nb_tok_encode_opts){.special = NB_TOK_SPECIAL_AS_TEXT}, &enc);
+    if (!s && !(*ids = malloc(sizeof **ids * (enc.len + 1)))) s = nb_errorf(ctx, NB_ERR_NOMEM, "%s: out of memory", path);
+    if (!s) memcpy(*ids, enc.ids, sizeof **ids * enc.len), *n = enc.len;
+    nb_tok_ids_free(m->tok, &enc);
+  } else if (!(*ids = malloc(sizeof **ids * (len + 1)))) {
+    s = nb_errorf(ctx, NB_ERR_NOMEM, "%s: out of memory", path);
+  } else {
+    for (size_t i = 0; i < len; i++) (*ids)[i] = (unsigned char)text[i];
+    *n = len;
+  }
+  free(text);
+  return s;
+}
+
 bool nb_cli_quant_hook(const char *cmd, nb_ctx *ctx, const nb_tree *params, nb_serve_model_opts *mo, nb_quant_plan **plan) {
   *plan = NULL;
   int64_t n = nb_quant_tree_count(ctx, params);

@@ -52,6 +52,9 @@ typedef struct nb_model_loaded nb_model_loaded;
 typedef struct nb_ctx nb_ctx;
 int nb_cli_load_model(nb_ctx *ctx, const char *model, const char *config, nb_model_loaded *out);
 
+/* The token ids of a text file as the model reads it: its tokenizer's ids
+ * (no special tokens added), or the bytes when it has none (*ids malloc'ed). */
+int nb_cli_text_ids(nb_ctx *ctx, const char *path, const nb_model_loaded *m, int32_t **ids, size_t *n);
 /* A quantized model (linears as quant trees, nabla/quant.h) runs through
  * quant's linear hook: sets it in *mo with a plan of the model's quantized
  * linears in *plan (destroy it after the engine; NULL for a plain model).
