@@ -94,19 +94,31 @@ nb_val *nb_pt_lora_hook(void *lora, nb_nn_apply *a, const char *path, nb_val *x,
  * other leaf is base's, shared. */
 nb_tree *nb_pt_lora_merge(nb_ctx *ctx, const nb_pt_lora_config *c, const nb_tree *base, const nb_tree *adapters);
 
-/* PEFT's format (a Hugging Face Llama-architecture base: the module names of
- * nb_model_hf_name): DIR/adapter_config.json ({"peft_type": "LORA", "r",
+/* PEFT's format, for the Hugging Face model nb_model_save_hf writes model as
+ * (NULL: a Llama-architecture one; the module names of
+ * nb_model_hf_name_for): DIR/adapter_config.json ({"peft_type": "LORA", "r",
  * "lora_alpha", "lora_dropout", "use_rslora", "target_modules": a regex
  * matching exactly the adapted modules' full names, ...}) and
  * DIR/adapter_model.safetensors with "base_model.model.<module>.lora_A.weight"
- * f32[r, in] (A transposed) and ".lora_B.weight" f32[out, r]. Save: DIR is
- * created (it must not exist as a file); a module without a Hugging Face name
- * is an error naming it. Load: the adapters for base (shapes checked against
- * its linears, errors naming the tensor) and *c from the config (target
- * NULL: the adapters say which modules). */
-nb_status nb_pt_lora_save_peft(nb_ctx *ctx, const char *dir, const nb_pt_lora_config *c, const nb_tree *adapters,
-                               const char *base_model_name);
-nb_tree *nb_pt_lora_load_peft(nb_ctx *ctx, const char *dir, const nb_tree *base, nb_pt_lora_config *c);
+ * f32[r, in] (A transposed) and ".lora_B.weight" f32[out, r].
+ * GPT-2 ("fan_in_fan_out": true): its c_attn computes q, k and v at once, so
+ * the k of them adapted become one LoRA of rank k r (A: their A^T stacked;
+ * B [3 d, k r]: each B^T in its projection's rows and its A's columns, zeros
+ * elsewhere), with rank_pattern k r and alpha_pattern k alpha (rsLoRA:
+ * sqrt(k) alpha) for it, and a README.md saying so.
+ * Save: DIR is created (it must not exist as a file); a module without a
+ * Hugging Face name is an error naming it. Load: the adapters for base
+ * (shapes checked against its linears, errors naming the tensor) and *c from
+ * the config (target NULL: the adapters say which modules); a GPT-2 c_attn
+ * LoRA of rank r (PEFT's own: one A for q, k and v) becomes q, k and v
+ * adapters sharing that A, one of rank k r (nabla's stacking) is split back;
+ * per-module ranks or alphas otherwise, a c_attn B that is not
+ * block-structured, DoRA and fan_in_fan_out on a non-GPT-2 base are refused
+ * naming the field or tensor. */
+nb_status nb_pt_lora_save_peft(nb_ctx *ctx, const char *dir, const nb_pt_lora_config *c, const nb_model_config *model,
+                               const nb_tree *adapters, const char *base_model_name);
+nb_tree *nb_pt_lora_load_peft(nb_ctx *ctx, const char *dir, const nb_model_config *model, const nb_tree *base,
+                              nb_pt_lora_config *c);
 
 /* ------------------------------------------------------------------------ */
 /* SFT */
@@ -195,7 +207,7 @@ nb_status nb_pt_sft_run(nb_ctx *ctx, const nb_pt_sft_config *sft, const nb_train
  * tokenizer.json when the base has a BPE tokenizer). OUT_DIR must not exist. */
 nb_status nb_pt_lora_merge_run(nb_ctx *ctx, const char *run_dir, const char *out_dir);
 /* `nabla lora export-peft RUN_DIR OUT_DIR`: its latest adapters in PEFT's
- * format (nb_pt_lora_save_peft; a Llama-architecture base). */
+ * format (nb_pt_lora_save_peft; a Llama-architecture or GPT-2 base). */
 nb_status nb_pt_lora_export_peft_run(nb_ctx *ctx, const char *run_dir, const char *out_dir);
 
 /* ------------------------------------------------------------------------ */
