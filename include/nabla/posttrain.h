@@ -286,8 +286,7 @@ nb_status nb_pt_pref_loss(const nb_pt_pref_opts *o, const nb_pt_pref_in *in, nb_
  * then rejected: nb_pt_pref_rows). A completion longer than the room left
  * is cut at the end (counted in n_truncated). Refused with file:line and
  * the field: a line that is not a JSON object, a missing or empty field, a
- * field that is not a string (a "messages" list needs a chat template: not
- * supported yet), a prompt that leaves no room for a completion token in
+ * field that is not a string (message lists: nb_pt_pref_data_load_opts), a prompt that leaves no room for a completion token in
  * seq_len, an id at or above vocab_size (> 0). */
 typedef struct nb_pt_pref_data_info {
   int64_t pairs, n_truncated, tokens; /* tokens: of all rows, before padding */
@@ -295,6 +294,24 @@ typedef struct nb_pt_pref_data_info {
 } nb_pt_pref_data_info;
 nb_tree *nb_pt_pref_data_load(nb_ctx *ctx, const char *path, const nb_data_tokenizer *tok, int64_t seq_len,
                               int64_t vocab_size, nb_pt_pref_data_info *info);
+/* The same with preference rows in TRL's conversational form too:
+ *   {"prompt": [messages], "chosen": [assistant messages], "rejected": [...]}
+ *   {"chosen": [conversation], "rejected": [conversation]}  (implicit prompt: the messages both start with)
+ * rendered with opts->chat (nb_serve_chat_render, the serving templates): the
+ * prompt's part is the text before the completion's first assistant turn
+ * (the assistant header included), the completion the rest (its content and
+ * end-of-turn markers), tokenized apart and masked as the string form (eos
+ * after it when the tokenizer has one); opts->bos_id (>= 0) first when the
+ * template wants a BOS id. Errors name file:line and the field ("chosen[1].role
+ * 'user': a completion holds assistant messages only", a row mixing strings
+ * and lists, no chat template). opts NULL: no chat template (message rows are
+ * refused). */
+typedef struct nb_pt_pref_data_opts {
+  nb_serve_chat_format chat;
+  int32_t bos_id;
+} nb_pt_pref_data_opts;
+nb_tree *nb_pt_pref_data_load_opts(nb_ctx *ctx, const char *path, const nb_data_tokenizer *tok, int64_t seq_len,
+                                   int64_t vocab_size, const nb_pt_pref_data_opts *opts, nb_pt_pref_data_info *info);
 /* x [B, 2, ...] (a value) -> [2B, ...]: the B chosen rows, then the B rejected. */
 nb_val *nb_pt_pref_rows(nb_val *x);
 
@@ -322,9 +339,10 @@ typedef struct nb_pt_pref_config {
   char base[NB_TRAIN_STR_MAX];
   bool precompute_ref;     /* the reference's log-probs computed once for every pair at the start (a
                               batch field, TRL's precompute_ref_log_probs) instead of in every step */
+  nb_serve_chat_format chat; /* pref.chat_template: renders rows given as messages (default chatml) */
 } nb_pt_pref_config;
 
-/* sigmoid, beta 0.1, label_smoothing 0, orpo_lambda 0.1, no base. */
+/* sigmoid, beta 0.1, label_smoothing 0, orpo_lambda 0.1, no base, chatml. */
 void nb_pt_pref_config_defaults(nb_pt_pref_config *c);
 /* The pref: section of the YAML file at path (NULL: defaults; the file's
  * other keys are the trainer's) and "pref.<key>=value" overrides; errors
