@@ -328,6 +328,7 @@ nb_val *nb_pt_pref_rows(nb_val *x);
  *     orpo_lambda: 0.1          # orpo only
  *     base: runs/sft            # a run dir or checkpoint step dir to start from ("": a fresh model)
  *     precompute_ref: false     # true: reference log-probs once per pair at the start, not per step
+ *     chat_template: chatml     # renders pairs given as messages (nb_pt_pref_data_load_opts)
  * The policy starts from the base's parameters (model: its config) and the
  * reference model is a frozen copy of them, run in the same step (ORPO has
  * none). Metrics (means over the batch, TRL's names): rewards/chosen,
