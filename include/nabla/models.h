@@ -344,6 +344,14 @@ nb_status nb_model_save_hf(nb_ctx *ctx, const nb_model_loaded *m, const char *di
  * ("layers/0/attn/wq/kernel" -> "model.layers.0.self_attn.q_proj.weight",
  * *transpose: HF stores it [out, in]); false when the path has none. */
 bool nb_model_hf_name(const char *path, char *name, size_t cap, bool *transpose);
+/* The same for the architecture nb_model_save_hf writes cfg as (NULL: Llama's
+ * names, as nb_model_hf_name): GPT-2's "layers/0/attn/wk/kernel" ->
+ * "transformer.h.0.attn.c_attn.weight" with *fused_part 1 (c_attn holds q, k
+ * and v side by side on its output axis; -1 for an unfused tensor) and
+ * *transpose false (Conv1D weights are [in, out]); its lm_head is an
+ * nn.Linear (*transpose true). NULL outputs are not written. */
+bool nb_model_hf_name_for(const nb_model_config *cfg, const char *path, char *name, size_t cap, bool *transpose,
+                          int *fused_part);
 /* A GGUF file of a Llama- or GPT-2-architecture model (llama.cpp's format,
  * versions 2 and 3): the config from the llama.* / gpt2.* metadata, tensors renamed from
  * llama.cpp's names and decoded to f32 (F32, F16, BF16, Q8_0, Q4_0, Q4_K,

@@ -94,19 +94,31 @@ nb_val *nb_pt_lora_hook(void *lora, nb_nn_apply *a, const char *path, nb_val *x,
  * other leaf is base's, shared. */
 nb_tree *nb_pt_lora_merge(nb_ctx *ctx, const nb_pt_lora_config *c, const nb_tree *base, const nb_tree *adapters);
 
-/* PEFT's format (a Hugging Face Llama-architecture base: the module names of
- * nb_model_hf_name): DIR/adapter_config.json ({"peft_type": "LORA", "r",
+/* PEFT's format, for the Hugging Face model nb_model_save_hf writes model as
+ * (NULL: a Llama-architecture one; the module names of
+ * nb_model_hf_name_for): DIR/adapter_config.json ({"peft_type": "LORA", "r",
  * "lora_alpha", "lora_dropout", "use_rslora", "target_modules": a regex
  * matching exactly the adapted modules' full names, ...}) and
  * DIR/adapter_model.safetensors with "base_model.model.<module>.lora_A.weight"
- * f32[r, in] (A transposed) and ".lora_B.weight" f32[out, r]. Save: DIR is
- * created (it must not exist as a file); a module without a Hugging Face name
- * is an error naming it. Load: the adapters for base (shapes checked against
- * its linears, errors naming the tensor) and *c from the config (target
- * NULL: the adapters say which modules). */
-nb_status nb_pt_lora_save_peft(nb_ctx *ctx, const char *dir, const nb_pt_lora_config *c, const nb_tree *adapters,
-                               const char *base_model_name);
-nb_tree *nb_pt_lora_load_peft(nb_ctx *ctx, const char *dir, const nb_tree *base, nb_pt_lora_config *c);
+ * f32[r, in] (A transposed) and ".lora_B.weight" f32[out, r].
+ * GPT-2 ("fan_in_fan_out": true): its c_attn computes q, k and v at once, so
+ * the k of them adapted become one LoRA of rank k r (A: their A^T stacked;
+ * B [3 d, k r]: each B^T in its projection's rows and its A's columns, zeros
+ * elsewhere), with rank_pattern k r and alpha_pattern k alpha (rsLoRA:
+ * sqrt(k) alpha) for it, and a README.md saying so.
+ * Save: DIR is created (it must not exist as a file); a module without a
+ * Hugging Face name is an error naming it. Load: the adapters for base
+ * (shapes checked against its linears, errors naming the tensor) and *c from
+ * the config (target NULL: the adapters say which modules); a GPT-2 c_attn
+ * LoRA of rank r (PEFT's own: one A for q, k and v) becomes q, k and v
+ * adapters sharing that A, one of rank k r (nabla's stacking) is split back;
+ * per-module ranks or alphas otherwise, a c_attn B that is not
+ * block-structured, DoRA and fan_in_fan_out on a non-GPT-2 base are refused
+ * naming the field or tensor. */
+nb_status nb_pt_lora_save_peft(nb_ctx *ctx, const char *dir, const nb_pt_lora_config *c, const nb_model_config *model,
+                               const nb_tree *adapters, const char *base_model_name);
+nb_tree *nb_pt_lora_load_peft(nb_ctx *ctx, const char *dir, const nb_model_config *model, const nb_tree *base,
+                              nb_pt_lora_config *c);
 
 /* ------------------------------------------------------------------------ */
 /* SFT */
@@ -195,7 +207,7 @@ nb_status nb_pt_sft_run(nb_ctx *ctx, const nb_pt_sft_config *sft, const nb_train
  * tokenizer.json when the base has a BPE tokenizer). OUT_DIR must not exist. */
 nb_status nb_pt_lora_merge_run(nb_ctx *ctx, const char *run_dir, const char *out_dir);
 /* `nabla lora export-peft RUN_DIR OUT_DIR`: its latest adapters in PEFT's
- * format (nb_pt_lora_save_peft; a Llama-architecture base). */
+ * format (nb_pt_lora_save_peft; a Llama-architecture or GPT-2 base). */
 nb_status nb_pt_lora_export_peft_run(nb_ctx *ctx, const char *run_dir, const char *out_dir);
 
 /* ------------------------------------------------------------------------ */
@@ -277,8 +289,7 @@ nb_status nb_pt_pref_loss(const nb_pt_pref_opts *o, const nb_pt_pref_in *in, nb_
  * then rejected: nb_pt_pref_rows). A completion longer than the room left
  * is cut at the end (counted in n_truncated). Refused with file:line and
  * the field: a line that is not a JSON object, a missing or empty field, a
- * field that is not a string (a "messages" list needs a chat template: not
- * supported yet), a prompt that leaves no room for a completion token in
+ * field that is not a string (message lists: nb_pt_pref_data_load_opts), a prompt that leaves no room for a completion token in
  * seq_len, an id at or above vocab_size (> 0). */
 typedef struct nb_pt_pref_data_info {
   int64_t pairs, n_truncated, tokens; /* tokens: of all rows, before padding */
@@ -286,6 +297,24 @@ typedef struct nb_pt_pref_data_info {
 } nb_pt_pref_data_info;
 nb_tree *nb_pt_pref_data_load(nb_ctx *ctx, const char *path, const nb_data_tokenizer *tok, int64_t seq_len,
                               int64_t vocab_size, nb_pt_pref_data_info *info);
+/* The same with preference rows in TRL's conversational form too:
+ *   {"prompt": [messages], "chosen": [assistant messages], "rejected": [...]}
+ *   {"chosen": [conversation], "rejected": [conversation]}  (implicit prompt: the messages both start with)
+ * rendered with opts->chat (nb_serve_chat_render, the serving templates): the
+ * prompt's part is the text before the completion's first assistant turn
+ * (the assistant header included), the completion the rest (its content and
+ * end-of-turn markers), tokenized apart and masked as the string form (eos
+ * after it when the tokenizer has one); opts->bos_id (>= 0) first when the
+ * template wants a BOS id. Errors name file:line and the field ("chosen[1].role
+ * 'user': a completion holds assistant messages only", a row mixing strings
+ * and lists, no chat template). opts NULL: no chat template (message rows are
+ * refused). */
+typedef struct nb_pt_pref_data_opts {
+  nb_serve_chat_format chat;
+  int32_t bos_id;
+} nb_pt_pref_data_opts;
+nb_tree *nb_pt_pref_data_load_opts(nb_ctx *ctx, const char *path, const nb_data_tokenizer *tok, int64_t seq_len,
+                                   int64_t vocab_size, const nb_pt_pref_data_opts *opts, nb_pt_pref_data_info *info);
 /* x [B, 2, ...] (a value) -> [2B, ...]: the B chosen rows, then the B rejected. */
 nb_val *nb_pt_pref_rows(nb_val *x);
 
@@ -302,6 +331,7 @@ nb_val *nb_pt_pref_rows(nb_val *x);
  *     orpo_lambda: 0.1          # orpo only
  *     base: runs/sft            # a run dir or checkpoint step dir to start from ("": a fresh model)
  *     precompute_ref: false     # true: reference log-probs once per pair at the start, not per step
+ *     chat_template: chatml     # renders pairs given as messages (nb_pt_pref_data_load_opts)
  * The policy starts from the base's parameters (model: its config) and the
  * reference model is a frozen copy of them, run in the same step (ORPO has
  * none). Metrics (means over the batch, TRL's names): rewards/chosen,
@@ -313,9 +343,10 @@ typedef struct nb_pt_pref_config {
   char base[NB_TRAIN_STR_MAX];
   bool precompute_ref;     /* the reference's log-probs computed once for every pair at the start (a
                               batch field, TRL's precompute_ref_log_probs) instead of in every step */
+  nb_serve_chat_format chat; /* pref.chat_template: renders rows given as messages (default chatml) */
 } nb_pt_pref_config;
 
-/* sigmoid, beta 0.1, label_smoothing 0, orpo_lambda 0.1, no base. */
+/* sigmoid, beta 0.1, label_smoothing 0, orpo_lambda 0.1, no base, chatml. */
 void nb_pt_pref_config_defaults(nb_pt_pref_config *c);
 /* The pref: section of the YAML file at path (NULL: defaults; the file's
  * other keys are the trainer's) and "pref.<key>=value" overrides; errors

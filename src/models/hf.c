@@ -355,6 +355,16 @@ bool nb_model_hf_name(const char *path, char *name, size_t cap, bool *transpose)
   return true;
 }
 
+bool nb_model_hf_name_for(const nb_model_config *cfg, const char *path, char *name, size_t cap, bool *transpose,
+                          int *fused_part) {
+  const hf_entry *e;
+  bool gpt2 = cfg && cfg->family == NB_MODEL_GPT2;
+  if (!path || !name || !hf_name(gpt2 ? HF_GPT2 : HF_LLAMA, gpt2 ? "transformer." : "", path, name, cap, &e)) return false;
+  if (transpose) *transpose = e->layout == LINEAR;
+  if (fused_part) *fused_part = e->layout == FUSED ? e->part : -1;
+  return true;
+}
+
 /* The Hugging Face shape of a parameter of shape `ours` */
 static nb_shape hf_shape(const hf_entry *e, nb_shape ours) {
   if (e->layout == LINEAR) return nb_shape_make(2, (int64_t[2]){ours.dims[1], ours.dims[0]});

@@ -22,9 +22,10 @@
 void nb_pt_pref_config_defaults(nb_pt_pref_config *c) {
   memset(c, 0, sizeof *c);
   c->loss = (nb_pt_pref_opts){.loss_type = NB_PT_PREF_SIGMOID, .beta = 0.1, .orpo_lambda = 0.1};
+  c->chat = NB_SERVE_CHAT_CHATML;
 }
 
-static const char *const pref_keys = "loss_type, beta, label_smoothing, orpo_lambda, base, precompute_ref";
+static const char *const pref_keys = "loss_type, beta, label_smoothing, orpo_lambda, base, precompute_ref, chat_template";
 
 /* key: without "pref."; where: "file:line" or "override 'k=v'" */
 static nb_status set_key(nb_ctx *ctx, nb_pt_pref_config *c, const char *where, const char *key, const char *val) {
@@ -50,6 +51,13 @@ static nb_status set_key(nb_ctx *ctx, nb_pt_pref_config *c, const char *where, c
     if (!strcmp(val, "true")) c->precompute_ref = true;
     else if (!strcmp(val, "false")) c->precompute_ref = false;
     else return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: pref.precompute_ref: '%s' is not a boolean (true or false)", where, val);
+    return NB_OK;
+  }
+  if (!strcmp(key, "chat_template")) {
+    nb_serve_chat_format f = nb_serve_chat_format_parse(val);
+    if (f == NB_SERVE_CHAT_NONE)
+      return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: pref.chat_template: '%s' is not one of: %s", where, val, nb_serve_chat_known());
+    c->chat = f;
     return NB_OK;
   }
   if (!strcmp(key, "base")) {
@@ -152,6 +160,7 @@ void nb_pt_pref_config_write(const nb_pt_pref_config *c, FILE *f) {
   }
   fputs("\"\n", f);
   fprintf(f, "  precompute_ref: %s\n", c->precompute_ref ? "true" : "false");
+  fprintf(f, "  chat_template: %s\n", nb_serve_chat_format_name(c->chat));
 }
 
 /* ---------------------------------------------------------------- the task */
@@ -162,6 +171,7 @@ typedef struct pref_task {
   const nb_tree *start;        /* the reference's parameters (precompute_ref) */
   int threads;
   nb_data_tokenizer tok;
+  nb_pt_pref_data_opts data;   /* the chat template and BOS id for rows given as messages */
   nb_pt_pref_data_info train_info, eval_info;
 } pref_task;
 
@@ -307,7 +317,8 @@ static nb_status precompute_ref(pref_task *t, nb_ctx *ctx, nb_tree *pairs, int64
 static nb_status open_data(void *ud, nb_ctx *ctx, const nb_train_config *c, const char *run_dir, nb_train_task_data *out) {
   pref_task *t = ud;
   memset(out, 0, sizeof *out);
-  nb_tree *tr = nb_pt_pref_data_load(ctx, c->data.train, &t->tok, c->data.seq_len, c->model.vocab_size, &t->train_info);
+  nb_tree *tr = nb_pt_pref_data_load_opts(ctx, c->data.train, &t->tok, c->data.seq_len, c->model.vocab_size, &t->data,
+                                        &t->train_info);
   if (!tr) return nb_errorf(ctx, nb_ctx_status(ctx), "pref: data.train: %s", nb_ctx_error(ctx));
   if (t->train_info.pairs < c->batch_size) {
     nb_tree_destroy(tr);
@@ -327,7 +338,8 @@ static nb_status open_data(void *ud, nb_ctx *ctx, const nb_train_config *c, cons
   out->tokens = t->train_info.tokens;
   out->xxh3 = t->train_info.xxh3;
   if (!c->data.eval[0]) return NB_OK; /* no eval data: no eval */
-  nb_tree *ev = nb_pt_pref_data_load(ctx, c->data.eval, &t->tok, c->data.seq_len, c->model.vocab_size, &t->eval_info);
+  nb_tree *ev = nb_pt_pref_data_load_opts(ctx, c->data.eval, &t->tok, c->data.seq_len, c->model.vocab_size, &t->data,
+                                        &t->eval_info);
   if (!ev) return nb_errorf(ctx, nb_ctx_status(ctx), "pref: data.eval: %s", nb_ctx_error(ctx));
   out->n_eval = t->eval_info.pairs;
   if (precomputed(t->pc) && (s = precompute_ref(t, ctx, ev, c->batch_size))) {
@@ -375,7 +387,8 @@ nb_status nb_pt_pref_run(nb_ctx *ctx, const nb_train_config *cfg_in, const nb_pt
     nb_array_release(key);
     if (!start) s = nb_ctx_status(ctx);
   }
-  pref_task t = {.pc = pc, .model = &cfg.model, .start = start, .threads = opts_in->threads, .tok = nb_data_tokenizer_bytes()};
+  pref_task t = {.pc = pc, .model = &cfg.model, .start = start, .threads = opts_in->threads, .tok = nb_data_tokenizer_bytes(),
+                 .data = {.chat = pc->chat, .bos_id = base[0] ? m.bos_id : -1}};
   if (!s && cfg.data.tokenizer[0]) {
     if (!(own_tok = nb_tok_load(ctx, cfg.data.tokenizer)))
       s = nb_errorf(ctx, nb_ctx_status(ctx), "pref: data.tokenizer '%s': %s", cfg.data.tokenizer, nb_ctx_error(ctx));

@@ -314,7 +314,7 @@ nb_status nb_pt_lora_export_peft_run(nb_ctx *ctx, const char *run_dir, const cha
   if (!s && sft.quant_rules[0]) nb_logf(ctx, NB_LOG_WARN, "lora export: the adapters were trained on a quantized base (%s)", sft.quant_rules);
   int64_t step;
   nb_tree *ad = s ? NULL : latest_params(ctx, run_dir, p.adapters, &step);
-  if (!s) s = ad ? nb_pt_lora_save_peft(ctx, out_dir, &p.lc, ad, sft.base) : nb_ctx_status(ctx);
+  if (!s) s = ad ? nb_pt_lora_save_peft(ctx, out_dir, &p.lc, &p.m.cfg, ad, sft.base) : nb_ctx_status(ctx);
   nb_tree_destroy(ad);
   prepared_free(&p);
   return s;

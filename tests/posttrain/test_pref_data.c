@@ -69,7 +69,7 @@ static void test_errors(nb_ctx *ctx) {
       {"{\"prompt\": \"a\", \"chosen\": \"b\", \"rejected\": \"\"}\n", 8, 256, NB_ERR_FORMAT,
        "p.jsonl:1: field 'rejected' is empty"},
       {"{\"prompt\": \"a\", \"chosen\": [{\"role\": \"assistant\", \"content\": \"b\"}], \"rejected\": \"c\"}\n", 8, 256,
-       NB_ERR_UNIMPLEMENTED, "p.jsonl:1: field 'chosen' is a list of messages"},
+       NB_ERR_INVALID_ARG, "p.jsonl:1: messages need a chat template (pref.chat_template)"},
       {"{\"prompt\": \"abcdefgh\", \"chosen\": \"b\", \"rejected\": \"c\"}\n", 8, 256, NB_ERR_INVALID_ARG,
        "p.jsonl:1: field 'prompt' is 8 tokens: seq_len 8 leaves no room"},
       {"{\"prompt\": \"\", \"chosen\": \"b\", \"rejected\": \"c\"}\n", 8, 256, NB_ERR_FORMAT, "p.jsonl:1: field 'prompt' has no tokens"},
@@ -86,6 +86,82 @@ static void test_errors(nb_ctx *ctx) {
   nb_data_tokenizer tok = nb_data_tokenizer_bytes();
   CHECK(nb_pt_pref_data_load(ctx, "/nonexistent/p.jsonl", &tok, 8, 0, NULL) == NULL);
   CHECK_ERR(ctx, NB_ERR_IO, "cannot open '/nonexistent/p.jsonl'");
+}
+
+/* ---------------------------------------------------------------- rows given as messages */
+
+static nb_tree *load_chat(nb_ctx *ctx, const char *text, int64_t T, char *path) {
+  snprintf(path, 600, "%s/c.jsonl", dir);
+  nb_test_write_text(path, text);
+  nb_data_tokenizer tok = nb_data_tokenizer_bytes();
+  nb_pt_pref_data_opts o = {.chat = NB_SERVE_CHAT_CHATML, .bos_id = 1};
+  return nb_pt_pref_data_load_opts(ctx, path, &tok, T, 256, &o, NULL);
+}
+
+/* row (pair, side) against BOS + the hand-rendered prompt bytes, then the completion's */
+static void check_chat_row(const nb_tree *t, int64_t pair, int side, int64_t T, const char *prompt, const char *completion) {
+  int32_t seq[256];
+  int64_t np = 0, n = 0;
+  seq[n++] = 1;
+  for (const char *c = prompt; *c; c++) seq[n++] = (unsigned char)*c;
+  np = n;
+  for (const char *c = completion; *c; c++) seq[n++] = (unsigned char)*c;
+  const nb_array *a[4] = {nb_tree_get_array(t, "inputs"), nb_tree_get_array(t, "targets"), nb_tree_get_array(t, "mask"),
+                          nb_tree_get_array(t, "valid")};
+  int64_t o = (pair * 2 + side) * T, bad = -1;
+  for (int64_t i = 0; i < T && bad < 0; i++) {
+    bool has = i < n - 1;
+    if (nb_array_get(a[0], o + i) != (has ? seq[i] : 0) || nb_array_get(a[1], o + i) != (has ? seq[i + 1] : 0) ||
+        nb_array_get(a[2], o + i) != (has && i + 1 >= np) || nb_array_get(a[3], o + i) != has)
+      bad = i;
+  }
+  CHECK_MSG(bad < 0, "pair %lld side %d differs from the hand-rendered row at position %lld", (long long)pair, side, (long long)bad);
+}
+
+#define MSG(role, text) "{\"role\": \"" role "\", \"content\": \"" text "\"}"
+
+static void test_chat_rows(nb_ctx *ctx) {
+  char path[600];
+  /* explicit prompt; implicit prompt (the shared leading messages, an assistant turn among them) */
+  nb_tree *t = load_chat(ctx,
+                         "{\"prompt\": [" MSG("user", "hi") "], \"chosen\": [" MSG("assistant", "yes") "], \"rejected\": ["
+                         MSG("assistant", "no") "]}\n"
+                         "{\"chosen\": [" MSG("system", "be brief") ", " MSG("user", "q1") ", " MSG("assistant", "a1") ", "
+                         MSG("user", "q2") ", " MSG("assistant", "good") "], \"rejected\": [" MSG("system", "be brief") ", "
+                         MSG("user", "q1") ", " MSG("assistant", "a1") ", " MSG("user", "q2") ", " MSG("assistant", "bad") "]}\n",
+                         160, path);
+  CHECK_MSG(t, "%s", nb_ctx_error(ctx));
+  if (t) {
+    const char *p0 = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n";
+    check_chat_row(t, 0, 0, 160, p0, "yes<|im_end|>\n");
+    check_chat_row(t, 0, 1, 160, p0, "no<|im_end|>\n");
+    const char *p1 = "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nq1<|im_end|>\n<|im_start|>assistant\na1<|im_end|>\n"
+                     "<|im_start|>user\nq2<|im_end|>\n<|im_start|>assistant\n";
+    check_chat_row(t, 1, 0, 160, p1, "good<|im_end|>\n");
+    check_chat_row(t, 1, 1, 160, p1, "bad<|im_end|>\n");
+  }
+  nb_tree_destroy(t);
+  struct { const char *text; const char *msg; } bad[] = {
+      {"{\"prompt\": [" MSG("user", "hi") "], \"chosen\": [" MSG("user", "yes") "], \"rejected\": [" MSG("assistant", "no") "]}\n",
+       "c.jsonl:1: chosen[0].role 'user': a completion holds assistant messages only"},
+      {"{\"prompt\": [" MSG("user", "hi") "], \"chosen\": \"yes\", \"rejected\": [" MSG("assistant", "no") "]}\n",
+       "c.jsonl:1: field 'chosen' is not a list of messages but 'prompt' is"},
+      {"\n{\"chosen\": [" MSG("user", "a") ", " MSG("assistant", "b") "], \"rejected\": [" MSG("user", "c") ", "
+       MSG("assistant", "d") "]}\n",
+       "c.jsonl:2: missing field 'prompt' (and chosen and rejected share no leading message"},
+      {"{\"prompt\": [" MSG("robot", "hi") "], \"chosen\": [" MSG("assistant", "yes") "], \"rejected\": [" MSG("assistant", "no") "]}\n",
+       "c.jsonl:1: chosen (prompt + chosen): messages[0].role 'robot' is not system, user or assistant"},
+      {"{\"prompt\": [" MSG("user", "hi") "], \"chosen\": [{\"role\": \"assistant\"}], \"rejected\": [" MSG("assistant", "no") "]}\n",
+       "c.jsonl:1: chosen[0].content: must be a string"},
+      {"{\"prompt\": [" MSG("user", "hi") "], \"chosen\": [], \"rejected\": [" MSG("assistant", "no") "]}\n",
+       "c.jsonl:1: field 'chosen' has no message after the prompt"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    nb_tree *b = load_chat(ctx, bad[i].text, 160, path);
+    CHECK_MSG(!b, "bad chat row %zu accepted", i);
+    nb_tree_destroy(b);
+    CHECK_MSG(strstr(nb_ctx_error(ctx), bad[i].msg), "bad chat row %zu: '%s' lacks '%s'", i, nb_ctx_error(ctx), bad[i].msg);
+  }
 }
 
 static nb_status rows_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
@@ -118,6 +194,7 @@ int main(void) {
   nb_ctx *ctx = nb_ctx_create();
   test_rows(ctx);
   test_errors(ctx);
+  test_chat_rows(ctx);
   test_rows_layout(ctx);
   CHECK(nb_ctx_bytes_in_use(ctx) == 0);
   nb_ctx_destroy(ctx);

@@ -225,7 +225,7 @@ static void test_demo(nb_ctx *ctx) {
   rc = nb_test_run2(cmd, out, sizeof out, err, sizeof err);
   CHECK_MSG(rc == 0, "nabla lora export-peft: %s", err);
   nb_pt_lora_config pc;
-  nb_tree *back = rc ? NULL : nb_pt_lora_load_peft(ctx, "peft", base.params, &pc);
+  nb_tree *back = rc ? NULL : nb_pt_lora_load_peft(ctx, "peft", &base.cfg, base.params, &pc);
   CHECK_MSG(back && trees_equal(back, ad) && pc.rank == 8 && pc.alpha == 16, "PEFT export does not load back: %s", nb_ctx_error(ctx));
   nb_tree_destroy(back);
 done:
