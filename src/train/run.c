@@ -115,7 +115,8 @@ typedef struct trainer {
   int64_t nonfinite_steps;     /* steps with a non-finite loss or gradient norm (skip, continue) */
   double elapsed_before;       /* seconds of earlier runs (from the checkpoint) */
   double t0;
-  int rank;                    /* along the mesh axis "data" (0 without one) */
+  int rank;                    /* in the job: data index x mesh.fsdp + fsdp index (0 for one process) */
+  nb_tree *full_spec;          /* FSDP: the whole "params/..." and "opt_state/..." avals (t->st holds shards) */
   char dir[NB_TRAIN_PATH_MAX];
 } trainer;
 
@@ -469,6 +470,52 @@ static nb_data_map *source_eval_batches(trainer *t) {
   return m;
 }
 
+/* ---------------------------------------------------------------- FSDP */
+
+/* This process's place in the job's batch: data index x mesh.fsdp + fsdp
+ * index (the mesh's row-major order), 0 for one process. */
+static int job_rank(nb_ctx *ctx, const nb_train_config *c) {
+  nb_comm *d = c->mesh.data > 1 ? nb_ctx_axis(ctx, "data") : NULL, *f = c->mesh.fsdp > 1 ? nb_ctx_axis(ctx, "fsdp") : NULL;
+  return (d ? d->ops->rank(d) : 0) * (int)c->mesh.fsdp + (f ? f->ops->rank(f) : 0);
+}
+
+static nb_status init_state(nb_graph *g, const nb_tree *in, nb_tree *out, void *tx) {
+  return nb_optim_init(tx, g, in, out);
+}
+
+/* FSDP: keeps the whole state's avals in t->full_spec (what the step and
+ * eval are traced for) and replaces *params by this process's shards, so
+ * that the optimizer state is made for the shards only. */
+static nb_status fsdp_shard_params(trainer *t, nb_tree **params, nb_optim_tx *tx) {
+  nb_ctx *ctx = t->ctx;
+  int64_t F = t->cfg->mesh.fsdp;
+  nb_tree *pspec = nb_tree_create(ctx);
+  for (size_t i = 0; pspec && i < nb_tree_size(*params); i++)
+    if (nb_tree_set(pspec, nb_tree_path(*params, i), nb_leaf_aval(nb_leaf_get_aval(nb_tree_leaf(*params, i)))))
+      pspec = (nb_tree_destroy(pspec), NULL);
+  nb_graph *init = pspec ? nb_trace(ctx, init_state, tx, pspec) : NULL;
+  nb_tree *ospec = init ? nb_graph_output_spec(init) : NULL;
+  nb_graph_destroy(init);
+  nb_tree *shards = ospec ? nb_train__fsdp_shard(ctx, *params, F, t->rank % F) : NULL;
+  t->full_spec = shards ? nb_tree_create(ctx) : NULL;
+  nb_status s = t->full_spec ? NB_OK : nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_NOMEM;
+  if (!s) s = nb_tree_merge(t->full_spec, "params", pspec);
+  if (!s) s = nb_tree_merge(t->full_spec, "opt_state", ospec);
+  for (size_t i = 0; !s && i < nb_tree_size(*params); i++)
+    if (nb_array_rank(nb_tree_leaf(*params, i)->array) == 0)
+      s = nb_errorf(ctx, NB_ERR_UNIMPLEMENTED, "train: mesh.fsdp: parameter '%s' is a scalar (only leaves with a leading "
+                    "dim are sharded)", nb_tree_path(*params, i));
+  if (!s) {
+    nb_tree_destroy(*params);
+    *params = shards;
+    shards = NULL;
+  }
+  nb_tree_destroy(shards);
+  nb_tree_destroy(pspec);
+  nb_tree_destroy(ospec);
+  return s;
+}
+
 /* ---------------------------------------------------------------- set-up */
 
 /* Set-up stops early (t->interrupted, NB_OK) when a signal arrived. */
@@ -519,11 +566,12 @@ static nb_status setup(trainer *t, nb_train_start_info *info) {
     nb_array_release(key);
   }
   nb_optim_tx *tx = params ? nb_train_optimizer(ctx, c) : NULL;
-  nb_tree *opt = tx ? nb_optim_init_arrays(ctx, tx, params) : NULL;
+  info->n_params = params ? nb_nn_params_count(params) : 0;
+  if (tx && c->mesh.fsdp > 1) s = fsdp_shard_params(t, &params, tx);
+  nb_tree *opt = tx && !s ? nb_optim_init_arrays(ctx, tx, params) : NULL;
   nb_optim_tx_destroy(tx);
   t->st = opt ? nb_tree_create(ctx) : NULL;
-  if (!t->st || nb_tree_merge(t->st, "params", params) || nb_tree_merge(t->st, "opt_state", opt)) s = nb_ctx_status(ctx);
-  info->n_params = params ? nb_nn_params_count(params) : 0;
+  if (!t->st || nb_tree_merge(t->st, "params", params) || nb_tree_merge(t->st, "opt_state", opt)) s = s ? s : nb_ctx_status(ctx);
   nb_tree_destroy(params);
   nb_tree_destroy(opt);
   if (s) return s;
@@ -538,8 +586,9 @@ static nb_status setup(trainer *t, nb_train_start_info *info) {
    * every step and eval, joined after the restore, never saved */
   if (t->task && t->task->frozen && (s = nb_tree_merge(t->st, "frozen", t->task->frozen))) return s;
   if (src && src->frozen && (s = nb_tree_merge(t->st, "frozen", src->frozen))) return s;
-  params = nb_tree_select_prefix(t->st, "params", true);
-  opt = nb_tree_select_prefix(t->st, "opt_state", true);
+  /* traced for the whole state (FSDP: the step's inputs are the shards of it) */
+  params = nb_tree_select_prefix(t->full_spec ? t->full_spec : t->st, "params", true);
+  opt = nb_tree_select_prefix(t->full_spec ? t->full_spec : t->st, "opt_state", true);
   nb_train_graph_opts go = {0};
   if (src) go = (nb_train_graph_opts){.frozen_spec = src->frozen, .linear_hook = src->linear_hook, .hook_ud = src->hook_ud,
                                       .packed = true};
@@ -616,6 +665,7 @@ static void teardown(trainer *t) {
   nb_exe_destroy(t->step_exe);
   nb_exe_destroy(t->eval_exe);
   nb_tree_destroy(t->st);
+  nb_tree_destroy(t->full_spec);
   nb_train__data_close(&t->data);
   free(t->config);
 }
@@ -837,8 +887,7 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_train_config *cfg, const nb_train_o
   if (cfg->init_from[0]) snprintf(resolved.preset, sizeof resolved.preset, "%s", resolved.model.family == NB_MODEL_GPT2 ? "gpt2-tiny" : "llama-tiny");
   cfg = &resolved;
   trainer t = {.ctx = ctx, .cfg = cfg, .opts = opts, .task = opts->task, .t0 = nb_util__now_s(), .init = init};
-  nb_comm *data_axis = cfg->mesh.data > 1 ? nb_ctx_axis(ctx, "data") : NULL;
-  t.rank = data_axis ? data_axis->ops->rank(data_axis) : 0;
+  t.rank = job_rank(ctx, cfg);
   /* data parallel: rank 0 owns the run dir; rank r > 0 keeps its own files
    * (its checkpoints hold its data position) in DIR/rank<r> */
   int dn = t.rank ? snprintf(t.dir, sizeof t.dir, "%s/rank%d", opts->run_dir, t.rank)
