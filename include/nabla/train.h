@@ -285,6 +285,9 @@ typedef struct nb_train_start_info {
   double graph_flops_per_step;  /* nb_graph_cost of the step graph */
   double peak_flops;            /* as given in the options (0: no MFU) */
   double compile_s;             /* tracing + nb_jit of the step and eval graphs */
+  double state_bytes;           /* this process's params + optimizer state (FSDP: its shards) */
+  double step_peak_bytes;       /* the step executable's planned buffer peak (nb_exe_stats.peak_bytes) */
+  double step_arena_bytes;      /* its intermediates after liveness-based reuse (arena_bytes) */
   const char *train_shard, *eval_shard; /* valid during the callback */
 } nb_train_start_info;
 

@@ -30,8 +30,7 @@ nb_tree *nb_train__fsdp_shard_spec(nb_ctx *ctx, const nb_tree *full, int64_t fsd
   return out;
 }
 
-/* rows [lo, lo + n) of a (zeros past its end) as a new array */
-static nb_array *rows_of(nb_ctx *ctx, const nb_array *a, int64_t lo, int64_t n) {
+nb_array *nb_train__rows_of(nb_ctx *ctx, const nb_array *a, int64_t lo, int64_t n) {
   int rank = nb_array_rank(a);
   int64_t dims[NB_MAX_RANK];
   memcpy(dims, nb_array_dims(a), sizeof(int64_t) * (size_t)rank);
@@ -57,7 +56,7 @@ nb_tree *nb_train__fsdp_shard(nb_ctx *ctx, const nb_tree *full, int64_t fsdp, in
       s = nb_tree_set_array(out, nb_tree_path(full, i), (nb_array *)a);
     } else {
       int64_t n = nb_train__fsdp_rows(nb_array_dims(a)[0], fsdp);
-      nb_array *sh = rows_of(ctx, a, r * n, n);
+      nb_array *sh = nb_train__rows_of(ctx, a, r * n, n);
       s = sh ? nb_tree_set_array(out, nb_tree_path(full, i), sh) : nb_ctx_status(ctx);
       nb_array_release(sh);
     }

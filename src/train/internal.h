@@ -49,6 +49,8 @@ int64_t nb_train__fsdp_rows(int64_t dim0, int64_t fsdp);
 nb_aval nb_train__fsdp_shard_aval(nb_aval full, int64_t fsdp);
 /* The shards' avals of a tree of any leaf kind (new tree). */
 nb_tree *nb_train__fsdp_shard_spec(nb_ctx *ctx, const nb_tree *full, int64_t fsdp);
+/* Rows [lo, lo + n) of a (zeros past its end) as a new array. */
+nb_array *nb_train__rows_of(nb_ctx *ctx, const nb_array *a, int64_t lo, int64_t n);
 /* Process r's shards of a tree of host arrays (new tree of new arrays). */
 nb_tree *nb_train__fsdp_shard(nb_ctx *ctx, const nb_tree *full, int64_t fsdp, int64_t r);
 /* The parameter hook (nb_nn_param_hook) that gathers a shard into the whole

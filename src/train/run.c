@@ -176,6 +176,70 @@ static char *build_metadata(trainer *t, const char *ds) {
   return txt;
 }
 
+/* ---------------------------------------------------------------- one checkpoint per job */
+
+/* A job of several processes keeps one checkpoint in the run dir's
+ * checkpoints/ (docs/dist.md): FSDP processes write their rows of every
+ * array, data-parallel replicas (data index > 0) write nothing, process 0
+ * commits. The communicator over the whole job: the CLI binds "job"; a job
+ * along one axis has it as that axis. */
+static nb_comm *job_comm(const trainer *t) {
+  const nb_train_config *c = t->cfg;
+  if (c->mesh.data * c->mesh.fsdp == 1) return NULL;
+  nb_comm *j = nb_ctx_axis(t->ctx, "job");
+  return j ? j : c->mesh.fsdp == 1 ? nb_ctx_axis(t->ctx, "data") : c->mesh.data == 1 ? nb_ctx_axis(t->ctx, "fsdp") : NULL;
+}
+
+/* This process's blocks of item ("params", "opt_state"): its shards with
+ * the padding past each whole array's end cut off (a shard all padding is
+ * not written), and with fsdp index 0 the arrays that are whole on every
+ * process; data replicas (data index > 0) write none. */
+static nb_tree *blocks_to_write(trainer *t, const char *item) {
+  nb_ctx *ctx = t->ctx;
+  const nb_train_config *c = t->cfg;
+  nb_tree *out = nb_tree_create(ctx);
+  if (!out || t->rank / c->mesh.fsdp != 0) return out;
+  int64_t f = t->rank % c->mesh.fsdp;
+  size_t plen = strlen(item);
+  for (size_t i = 0; out && i < nb_tree_size(t->st); i++) {
+    const char *p = nb_tree_path(t->st, i);
+    if (strncmp(p, item, plen) || p[plen] != '/') continue;
+    nb_array *a = nb_tree_leaf(t->st, i)->array, *cut = NULL;
+    const nb_leaf *w = t->full_spec ? nb_tree_get(t->full_spec, p) : NULL;
+    if ((!w || nb_array_rank(a) == 0) && f > 0) continue; /* a whole array: fsdp index 0 writes it */
+    if (w && nb_array_rank(a) > 0) {
+      int64_t d0 = nb_leaf_get_aval(w).shape.dims[0], n = nb_array_dims(a)[0], keep = d0 - f * n;
+      keep = keep < 0 ? 0 : keep < n ? keep : n;
+      if (keep == 0) continue;
+      if (keep < n && !(cut = nb_train__rows_of(ctx, a, 0, keep))) out = (nb_tree_destroy(out), NULL);
+    }
+    if (out && nb_tree_set_array(out, p + plen + 1, cut ? cut : a)) out = (nb_tree_destroy(out), NULL);
+    nb_array_release(cut);
+  }
+  return out;
+}
+
+/* The save of a job of several processes: every process calls it. */
+static nb_status save_job(trainer *t, nb_comm *comm, const char *meta) {
+  nb_ctx *ctx = t->ctx;
+  nb_tree *params = blocks_to_write(t, "params"), *opt = params ? blocks_to_write(t, "opt_state") : NULL;
+  nb_tree *whole = t->full_spec ? NULL : nb_tree_create(ctx); /* data parallel: the arrays are whole */
+  for (size_t i = 0; whole && i < nb_tree_size(t->st); i++)
+    if (nb_tree_set(whole, nb_tree_path(t->st, i), nb_leaf_aval(nb_leaf_get_aval(nb_tree_leaf(t->st, i)))))
+      whole = (nb_tree_destroy(whole), NULL);
+  nb_status s = opt && (whole || t->full_spec) ? NB_OK : nb_errorf(ctx, NB_ERR_NOMEM, "train: out of memory saving a checkpoint");
+  nb_ckpt_item items[2] = {{"params", params}, {"opt_state", opt}};
+  nb_ckpt_shards sh = {.comm = comm, .whole = t->full_spec ? t->full_spec : whole, .index = t->rank % t->cfg->mesh.fsdp,
+                       .count = t->cfg->mesh.fsdp};
+  nb_ckpt_save_opts so = {.metadata_json = meta, .force = true};
+  /* a failure here still joins the save, so that the other processes fail too rather than wait */
+  nb_status w = nb_ckpt_save_sharded(t->ckpt, t->step, items, s || t->rank / t->cfg->mesh.fsdp ? 0 : 2, &so, &sh);
+  nb_tree_destroy(params);
+  nb_tree_destroy(opt);
+  nb_tree_destroy(whole);
+  return s ? s : w;
+}
+
 static nb_status save(trainer *t, bool emergency) {
   if (t->step == t->last_saved) return NB_OK;
   nb_ctx *ctx = t->ctx;
@@ -195,7 +259,11 @@ static nb_status save(trainer *t, bool emergency) {
   char *meta = build_metadata(t, ds);
   nb_tree *params = nb_tree_select_prefix(t->st, "params", true), *opt = nb_tree_select_prefix(t->st, "opt_state", true);
   nb_status s = meta && params && opt ? NB_OK : nb_errorf(ctx, NB_ERR_NOMEM, "train: out of memory saving a checkpoint");
-  if (!s) {
+  nb_comm *job = job_comm(t);
+  if (job) {
+    nb_status w = save_job(t, job, s ? NULL : meta);
+    if (!s) s = w;
+  } else if (!s) {
     nb_ckpt_item items[2] = {{"params", params}, {"opt_state", opt}};
     nb_ckpt_save_opts so = {.metadata_json = meta, .force = true};
     s = emergency ? nb_ckpt_emergency_save(t->ckpt, t->step, items, 2, &so)
@@ -267,6 +335,16 @@ static nb_status check_data(trainer *t, int64_t step, const cJSON *d) {
                    (long long)step, t->dir, why);
 }
 
+/* FSDP: the restored whole state replaced by this process's shards. */
+static nb_status keep_own_rows(trainer *t, nb_tree **state) {
+  int64_t F = t->cfg->mesh.fsdp;
+  nb_tree *mine = nb_train__fsdp_shard(t->ctx, *state, F, t->rank % F);
+  if (!mine) return nb_ctx_status(t->ctx) ? nb_ctx_status(t->ctx) : NB_ERR_NOMEM;
+  nb_tree_destroy(*state);
+  *state = mine;
+  return NB_OK;
+}
+
 /* Restores one committed step into t->st and the iterator. *damaged: the
  * checkpoint's files failed their checks (manifest, checksums), as opposed
  * to a mismatch with this run. */
@@ -293,12 +371,15 @@ static nb_status restore_step(trainer *t, int64_t step, bool *damaged) {
                             t->dir);
   nb_tree *target = s ? NULL : nb_tree_create(ctx);
   if (!s && !target) s = NB_ERR_NOMEM;
-  for (size_t i = 0; !s && i < nb_tree_size(t->st); i++)
-    s = nb_tree_set(target, nb_tree_path(t->st, i), nb_leaf_aval(nb_leaf_get_aval(nb_tree_leaf(t->st, i))));
+  /* the whole arrays, whatever mesh wrote them (FSDP: this process keeps its rows below) */
+  const nb_tree *now = t->full_spec ? t->full_spec : t->st;
+  for (size_t i = 0; !s && i < nb_tree_size(now); i++)
+    s = nb_tree_set(target, nb_tree_path(now, i), nb_leaf_aval(nb_leaf_get_aval(nb_tree_leaf(now, i))));
   /* fresh host arrays, not file mappings: the step writes into them in place */
   nb_ckpt_restore_opts ro = {.target = target, .no_mmap = true};
   nb_tree *r = s ? NULL : nb_ckpt_restore(t->ckpt, step, &ro);
   nb_tree_destroy(target);
+  if (!s && r && t->full_spec) s = keep_own_rows(t, &r);
   if (!s && !r) {
     *damaged = nb_ctx_status(ctx) == NB_ERR_FORMAT;
     char diff[1024], cause[2048];
@@ -516,6 +597,32 @@ static nb_status fsdp_shard_params(trainer *t, nb_tree **params, nb_optim_tx *tx
   return s;
 }
 
+/* What this process holds: its state's bytes and the step's planned buffers. */
+static void memory_info(trainer *t, nb_train_start_info *info) {
+  nb_exe_stats es;
+  nb_exe_get_stats(t->step_exe, &es);
+  info->step_peak_bytes = (double)es.peak_bytes;
+  info->step_arena_bytes = (double)es.arena_bytes;
+  for (size_t i = 0; i < nb_tree_size(t->st); i++)
+    if (!strncmp(nb_tree_path(t->st, i), "params/", 7) || !strncmp(nb_tree_path(t->st, i), "opt_state/", 10))
+      info->state_bytes += (double)nb_array_nbytes(nb_tree_leaf(t->st, i)->array);
+}
+
+/* The run's checkpoint manager: DIR/checkpoints. A job of several
+ * processes keeps one checkpoint there: process 0 owns it (the lock,
+ * retention), the others open it read-only to restore and to add their
+ * shards to a save. */
+static nb_ckpt_manager *open_checkpoints(trainer *t) {
+  const nb_train_config *c = t->cfg;
+  char ck[NB_TRAIN_PATH_MAX + 16];
+  bool shared = job_comm(t) != NULL;
+  snprintf(ck, sizeof ck, "%s/checkpoints", shared ? t->opts->run_dir : t->dir);
+  if (shared && t->rank > 0 && nb_train__mkdir_p(t->ctx, ck)) return NULL;
+  nb_ckpt_options co = {.directory = ck, .max_to_keep = (int)c->checkpoint_keep, .async = true,
+                        .read_only = shared && t->rank > 0};
+  return nb_ckpt_manager_create(t->ctx, &co);
+}
+
 /* ---------------------------------------------------------------- set-up */
 
 /* Set-up stops early (t->interrupted, NB_OK) when a signal arrived. */
@@ -529,10 +636,7 @@ static nb_status setup(trainer *t, nb_train_start_info *info) {
   const nb_train_config *c = t->cfg;
   double t_setup = nb_util__now_s();
   /* the checkpoint directory's lock first: a second trainer on a live run is refused before it touches anything */
-  char ck[NB_TRAIN_PATH_MAX + 16];
-  snprintf(ck, sizeof ck, "%s/checkpoints", t->dir);
-  nb_ckpt_options co = {.directory = ck, .max_to_keep = (int)c->checkpoint_keep, .async = true};
-  t->ckpt = nb_ckpt_manager_create(ctx, &co);
+  t->ckpt = open_checkpoints(t);
   if (!t->ckpt) return nb_ctx_status(ctx);
   t->last_saved = -1;
   const nb_train_source *src = t->opts->source;
@@ -645,6 +749,7 @@ static nb_status setup(trainer *t, nb_train_start_info *info) {
                              (double)c->data.seq_len * tokens;
   info->peak_flops = t->opts->peak_flops;
   info->compile_s = nb_util__now_s() - t_setup;
+  memory_info(t, info);
   info->train_shard = t->data.train_shard;
   info->eval_shard = t->data.eval_shard[0] ? t->data.eval_shard : t->data.train_shard;
   return NB_OK;

@@ -23,8 +23,11 @@ for key in loss grad_norm; do
   echo "$key, 2 processes:" $b
   if [ -z "$a" ] || [ "$a" != "$b" ]; then echo "FAIL: $key differs"; fail=1; fi
 done
-# the parameters of the final checkpoint, file by file (rank 0's and rank 1's)
-for d in "$work/two/checkpoints" "$work/two/rank1/checkpoints"; do
+# the parameters of the final checkpoint, file by file: the job's one
+# checkpoint (rank 0 writes the replicated state; rank 1 keeps none of its own)
+[ -d "$work/two/rank1/checkpoints" ] && [ -n "$(ls "$work/two/rank1/checkpoints")" ] &&
+  { echo "FAIL: rank 1 wrote a checkpoint of its own"; fail=1; }
+for d in "$work/two/checkpoints"; do
   n=0
   while IFS= read -r f; do
     rel=${f#"$d"/}

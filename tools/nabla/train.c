@@ -75,6 +75,8 @@ void nb_cli_progress_start(void *ud, const nb_train_start_info *in) {
          in->flops_per_step, in->graph_flops_per_step, in->peak_flops / 1e9, c->peak_source);
   printf("set up and compiled in %.1f s; training steps %lld..%lld\n", in->compile_s, (long long)in->start_step + 1,
          (long long)in->total_steps);
+  printf("memory per process: params + optimizer state %.1f MiB; step buffers planned %.1f MiB (intermediates %.1f MiB)\n",
+         in->state_bytes / 1048576.0, in->step_peak_bytes / 1048576.0, in->step_arena_bytes / 1048576.0);
   fflush(stdout);
 }
 
@@ -218,6 +220,9 @@ int nb_cmd_train(int argc, char **argv) {
       return 1;
     }
   }
+  /* the whole job as one axis: its checkpoints are one (every process writes its shards) */
+  nb_comm *job = mesh ? nb_dist_world(ctx) : NULL;
+  if (job) nb_ctx_bind_axis(ctx, "job", job);
   int rank = nb_dist_rank();
   char dir[1024];
   nb_cli_train_run_dir(&args, dir, sizeof dir);
@@ -266,6 +271,8 @@ int nb_cmd_train(int argc, char **argv) {
     if (nb_prof_trace_table(ctx, trace, stdout, 15, peak)) fprintf(stderr, "nabla train: %s\n", nb_ctx_error(ctx));
   }
   if (mesh && rc) nb_dist_abort(rc, "nabla train failed on this rank: ending the job"); /* the others would wait */
+  if (job) nb_ctx_bind_axis(ctx, "job", NULL);
+  nb_dist_comm_destroy(job);
   nb_dist_mesh_destroy(mesh);
   nb_ctx_destroy(ctx);
   if (mesh) nb_dist_finalize();
