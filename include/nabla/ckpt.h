@@ -116,6 +116,26 @@ bool nb_ckpt_should_save(const nb_ckpt_manager *m, int64_t step);
  * after each commit. opts may be NULL. */
 nb_status nb_ckpt_save(nb_ckpt_manager *m, int64_t step, const nb_ckpt_item *items, int n_items,
                        const nb_ckpt_save_opts *opts, bool *saved);
+/* One checkpoint written by the processes of a job together (FSDP): every
+ * process of comm calls nb_ckpt_save_sharded with the same step; each writes
+ * the data files of its own blocks (<item>.<rank>.bin) into one temporary
+ * directory, then process 0 merges the processes' parts of the manifest
+ * (each array lists every process's shard), checks that the shards tile
+ * every array, and commits as nb_ckpt_save does: a job that stops before
+ * the commit leaves the previous step the latest. Synchronous; every process
+ * returns the first error of any of them. Process 0's manager must be
+ * writable (it indexes the step and applies retention); the others may be
+ * read-only managers of the same directory. */
+typedef struct nb_ckpt_shards {
+  nb_comm *comm;          /* the processes writing the checkpoint */
+  const nb_tree *whole;   /* "<item>/<path>" -> the whole array's aval, for each array this process writes */
+  /* A leaf with fewer rows than its whole array is block `index` of `count`
+   * along dim 0: rows [index n, index n + its rows) with n = ceil(dim0 / count).
+   * A leaf of the whole shape is the whole array (one process writes it). */
+  int64_t index, count;
+} nb_ckpt_shards;
+nb_status nb_ckpt_save_sharded(nb_ckpt_manager *m, int64_t step, const nb_ckpt_item *items, int n_items,
+                               const nb_ckpt_save_opts *opts, const nb_ckpt_shards *shards);
 /* Blocks until no save is in flight; returns the background save's error,
  * if any (once). */
 nb_status nb_ckpt_wait_until_finished(nb_ckpt_manager *m);

@@ -148,6 +148,8 @@ typedef struct nb_model_trace_opts {
   nb_dtype dtype;          /* compute dtype; 0 = f32 */
   nb_nn_linear_hook linear_hook;
   void *hook_ud;
+  nb_nn_param_hook param_hook; /* every parameter read goes through it (FSDP's gather); not with scan_layers */
+  void *param_ud;
   /* More parameters, not differentiated by a grad w.r.t. "params": inputs
    * "frozen/<path>", seen by the model (and the hook) beside "params/<path>"
    * (a LoRA base under its adapters; the two trees share no path). NULL: none. */

@@ -84,6 +84,11 @@ typedef struct nb_nn_apply nb_nn_apply;
 /* Intercepts every linear (stacked: a per-expert linear). It returns the
  * projection of x; it may call nb_nn_linear_default for the plain one. */
 typedef nb_val *(*nb_nn_linear_hook)(void *ud, nb_nn_apply *a, const char *path, nb_val *x, bool stacked);
+/* Sees every parameter as it is read (nb_nn_param), where it is read: in
+ * the graph of the block that uses it, so a remat block's reads are redone
+ * in its backward pass. It returns the value the layer uses (FSDP: the
+ * all_gather of a shard). */
+typedef nb_val *(*nb_nn_param_hook)(void *ud, nb_nn_apply *a, const char *path, nb_val *v);
 
 struct nb_nn_apply {
   nb_graph *g;
@@ -93,6 +98,8 @@ struct nb_nn_apply {
   nb_dtype dtype;            /* floating params are converted to it; 0 (f32) by default */
   nb_nn_linear_hook linear_hook; /* NULL: nb_nn_linear_default */
   void *hook_ud;
+  nb_nn_param_hook param_hook;   /* NULL: parameters as given */
+  void *param_ud;
 };
 
 /* The value at `path` (converted to a->dtype when it is a float), or a

@@ -115,6 +115,14 @@ typedef struct nb_train_config {
      * `nabla train` under mpirun does). batch_size and grad_accum are the
      * whole job's; each process runs grad_accum / data micro-batches. */
     int64_t data;
+    /* processes the parameters and optimizer state are sharded over
+     * (FSDP, ZeRO-3; docs/dist.md): each holds rows [r n, (r+1) n) of every
+     * parameter's leading dim (n = ceil(dim0 / fsdp), the last shard padded
+     * with zeros), gathers them per layer in the step and gets its rows of the
+     * gradient by psum_scatter. It splits the batch as well: the job's
+     * processes are data x fsdp (axis "fsdp" fastest) and each runs
+     * grad_accum / (data fsdp) micro-batches. */
+    int64_t fsdp;
   } mesh;
   int64_t checkpoint_every, checkpoint_keep;
   char checkpoint_dir[NB_TRAIN_STR_MAX];
@@ -210,8 +218,12 @@ nb_graph *nb_train_trace_step_opts(nb_ctx *ctx, const nb_train_config *cfg, cons
 nb_graph *nb_train_trace_eval_opts(nb_ctx *ctx, const nb_train_config *cfg, const nb_train_graph_opts *go,
                                    const nb_tree *param_spec);
 /* The step graph described above (new; destroy it). param_spec and
- * opt_state_spec: trees of arrays or avals (borrowed). NB_ERR_UNIMPLEMENTED
- * for configs the trainer does not support (precision other than f32). */
+ * opt_state_spec: trees of arrays or avals (borrowed), the whole state; with
+ * mesh.fsdp > 1 the graph's "params/..." and "opt_state/..." inputs and
+ * outputs are this process's shards of them (docs/dist.md), and the eval
+ * graph's "params/..." inputs too. NB_ERR_UNIMPLEMENTED for configs the
+ * trainer does not support (precision other than f32; FSDP with a task,
+ * frozen tree or linear hook). */
 nb_graph *nb_train_trace_step(nb_ctx *ctx, const nb_train_config *cfg, const nb_tree *param_spec,
                               const nb_tree *opt_state_spec);
 /* The eval graph: inputs "params/<p>", "batch/inputs", "batch/targets"
@@ -288,6 +300,9 @@ typedef struct nb_train_start_info {
   double graph_flops_per_step;  /* nb_graph_cost of the step graph */
   double peak_flops;            /* as given in the options (0: no MFU) */
   double compile_s;             /* tracing + nb_jit of the step and eval graphs */
+  double state_bytes;           /* this process's params + optimizer state (FSDP: its shards) */
+  double step_peak_bytes;       /* the step executable's planned buffer peak (nb_exe_stats.peak_bytes) */
+  double step_arena_bytes;      /* its intermediates after liveness-based reuse (arena_bytes) */
   const char *train_shard, *eval_shard; /* valid during the callback */
 } nb_train_start_info;
 

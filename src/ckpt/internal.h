@@ -16,7 +16,7 @@
 #define NB_CKPT__MAX_MANIFEST ((size_t)256 << 20)
 #define NB_CKPT__PATH_CAP 4096
 #define NB_CKPT__MAX_SHARDS 4096
-#define NB_CKPT__DATA_FILE "%s.00000.bin" /* an item's data file, written by process 0 */
+#define NB_CKPT__DATA_FILE "%s.%05d.bin" /* an item's data file, written by process %05d */
 
 /* ---- fault injection (tests only) ------------------------------------- */
 /* Every mutating file-system call (create, write, fsync, rename, mkdir,
@@ -113,6 +113,8 @@ typedef struct nb_ckpt__snap_array {
   char *path;
   nb_array *array;                /* a reference, host memory */
   uint64_t offset, xxh3;          /* filled by the writer */
+  nb_shape whole;                 /* the whole array's shape (a sharded save: array is its rows from row0) */
+  int64_t row0;
 } nb_ckpt__snap_array;
 
 typedef struct nb_ckpt__snap_item {
@@ -129,6 +131,7 @@ typedef struct nb_ckpt__snapshot {
   char *metadata;                 /* compact JSON or NULL */
   bool has_metric;
   double metric;
+  int process;                    /* the writing process: its data files are <item>.<process>.bin */
 } nb_ckpt__snapshot;
 
 /* Validates items (names, leaves) and takes the snapshot: host arrays are
@@ -139,6 +142,9 @@ void nb_ckpt__snapshot_free(nb_ckpt__snapshot *s);
 /* The manifest text for a written snapshot (offsets and checksums filled).
  * Returns a string to free with nb_ckpt_string_free, or NULL. */
 char *nb_ckpt__manifest_build(nb_ctx *ctx, const nb_ckpt__snapshot *s);
+/* Writes the snapshot's data files into dir (fsynced), filling offsets and
+ * checksums. */
+nb_status nb_ckpt__write_items(nb_ctx *ctx, const char *dir, nb_ckpt__snapshot *s);
 /* Writes the snapshot as root/step_<step>, atomically and durably, ending
  * with the commit marker. Leaves nothing behind on failure (best effort). */
 nb_status nb_ckpt__write_step(nb_ctx *ctx, const char *root, nb_ckpt__snapshot *s);
@@ -146,6 +152,15 @@ nb_status nb_ckpt__write_step(nb_ctx *ctx, const char *root, nb_ckpt__snapshot *
 void nb_ckpt__step_name(int64_t step, char out[32]);
 /* Parses "step_<digits>"; false for anything else. */
 bool nb_ckpt__parse_step_name(const char *name, int64_t *step);
+/* The commit (steps 2-3 of the protocol): renames the filled temporary
+ * directory tmp (manifest included, hash mh) to root/step_<step> and writes
+ * the commit marker. */
+nb_status nb_ckpt__commit(nb_ctx *ctx, const char *root, const char *tmp, int64_t step, uint64_t mh);
+/* Sharded saves (sharded.c): the whole shape and first row of each array
+ * of a process's snapshot, then the save by every process of c (failed: this
+ * process's error before it, which fails the save everywhere). */
+nb_status nb_ckpt__snapshot_place(nb_ctx *ctx, nb_ckpt__snapshot *snap, const nb_ckpt_shards *sh);
+nb_status nb_ckpt__save_sharded(nb_ctx *ctx, const char *root, nb_ckpt__snapshot *snap, nb_comm *c, nb_status failed);
 /* Reads and checks step_dir/COMMIT: NB_ERR_NOT_FOUND without one. */
 nb_status nb_ckpt__read_commit(nb_ctx *ctx, const char *step_dir, int64_t *step, uint64_t *manifest_xxh3);
 /* Restores (out != NULL) or only verifies (out == NULL) the arrays of an

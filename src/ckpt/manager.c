@@ -373,6 +373,34 @@ nb_status nb_ckpt_save(nb_ckpt_manager *m, int64_t step, const nb_ckpt_item *ite
   return NB_OK;
 }
 
+nb_status nb_ckpt_save_sharded(nb_ckpt_manager *m, int64_t step, const nb_ckpt_item *items, int n_items,
+                               const nb_ckpt_save_opts *opts, const nb_ckpt_shards *shards) {
+  if (!shards || !shards->comm) return nb_errorf(m->ctx, NB_ERR_INVALID_ARG, "sharded checkpoint: no communicator");
+  bool first = shards->comm->ops->rank(shards->comm) == 0, exists = false;
+  join_writer(m);
+  nb_status s = surface(m);
+  if (!s && first) s = check_save(m, step, &exists);
+  if (!s && exists) s = nb_errorf(m->ctx, NB_ERR_INVALID_ARG, "step %lld is already saved in '%s'", (long long)step, m->dir);
+  int64_t t0 = nb_util__trace_start();
+  nb_ckpt__snapshot *snap = s ? NULL : nb_ckpt__snapshot_take(m->ctx, step, items, n_items, opts);
+  if (!s && !snap) s = nb_ctx_status(m->ctx);
+  if (!s) s = nb_ckpt__snapshot_place(m->ctx, snap, shards);
+  /* a process that failed above still joins the save, which then fails on every process */
+  nb_ckpt__snapshot empty = {.ctx = m->ctx, .step = step, .process = shards->comm->ops->rank(shards->comm)};
+  nb_status w = nb_ckpt__save_sharded(m->ctx, m->dir, s ? &empty : snap, shards->comm, s);
+  if (!s) s = w;
+  if (!s && first) {
+    pthread_mutex_lock(&m->mu);
+    s = add_step(m, (step_rec){step, snap->has_metric, snap->metric});
+    if (!s) s = apply_retention(m->ctx, m);
+    pthread_mutex_unlock(&m->mu);
+  }
+  nb_ckpt__snapshot_free(snap);
+  nb_util__trace_arg a = {"step", NULL, (double)step};
+  nb_util__trace_span("ckpt", "ckpt sharded save", t0, nb_util__now_ns(), &a, 1);
+  return s;
+}
+
 nb_status nb_ckpt_wait_until_finished(nb_ckpt_manager *m) {
   join_writer(m);
   return surface(m);

@@ -54,6 +54,7 @@ static nb_status snap_item(nb_ctx *ctx, const nb_ckpt_item *in, nb_ckpt__snap_it
     nb_ckpt__snap_array *sa = &out->arrays[j];
     if (!(sa->path = nb_strdup(ctx, path))) return NB_ERR_NOMEM;
     if (!(sa->array = host_snapshot(ctx, l->array))) return nb_ctx_status(ctx);
+    sa->whole = nb_array_aval(sa->array).shape;
   }
   return NB_OK;
 }
@@ -112,21 +113,23 @@ static cJSON *int_array(const int64_t *v, int n) {
   return a;
 }
 
-static cJSON *array_json(const char *item, const nb_ckpt__snap_array *sa) {
+/* The array with this process's one shard: its rows from row0 of the whole
+ * shape (all of it in a one-process save). */
+static cJSON *array_json(const char *item, const nb_ckpt__snap_array *sa, int process) {
   nb_aval av = nb_array_aval(sa->array);
-  int64_t zeros[NB_MAX_RANK] = {0};
-  char hex[17], file[80];
+  int64_t start[NB_MAX_RANK] = {sa->row0};
+  char hex[17], file[96];
   nb_ckpt__hex64(sa->xxh3, hex);
-  snprintf(file, sizeof file, NB_CKPT__DATA_FILE, item);
+  snprintf(file, sizeof file, NB_CKPT__DATA_FILE, item, process);
   cJSON *a = cJSON_CreateObject(), *shards = cJSON_CreateArray(), *sh = cJSON_CreateObject();
   cJSON_AddStringToObject(a, "path", sa->path);
   cJSON_AddStringToObject(a, "dtype", nb_dtype_name(av.dtype));
-  cJSON_AddItemToObject(a, "shape", int_array(av.shape.dims, av.shape.rank));
-  cJSON_AddNumberToObject(a, "nbytes", (double)nb_array_nbytes(sa->array));
+  cJSON_AddItemToObject(a, "shape", int_array(sa->whole.dims, sa->whole.rank));
+  cJSON_AddNumberToObject(a, "nbytes", (double)(nb_shape_size(&sa->whole) * (int64_t)nb_dtype_size(av.dtype)));
   cJSON_AddStringToObject(sh, "file", file);
   cJSON_AddNumberToObject(sh, "offset", (double)sa->offset);
   cJSON_AddNumberToObject(sh, "nbytes", (double)nb_array_nbytes(sa->array));
-  cJSON_AddItemToObject(sh, "start", int_array(zeros, av.shape.rank));
+  cJSON_AddItemToObject(sh, "start", int_array(start, av.shape.rank));
   cJSON_AddItemToObject(sh, "shape", int_array(av.shape.dims, av.shape.rank));
   cJSON_AddStringToObject(sh, "xxh3", hex);
   cJSON_AddItemToArray(shards, sh);
@@ -145,7 +148,7 @@ char *nb_ckpt__manifest_build(nb_ctx *ctx, const nb_ckpt__snapshot *s) {
     const nb_ckpt__snap_item *it = &s->items[i];
     cJSON *item = cJSON_CreateObject(), *arrays = cJSON_CreateArray();
     cJSON_AddStringToObject(item, "name", it->name);
-    for (size_t j = 0; j < it->n; j++) cJSON_AddItemToArray(arrays, array_json(it->name, &it->arrays[j]));
+    for (size_t j = 0; j < it->n; j++) cJSON_AddItemToArray(arrays, array_json(it->name, &it->arrays[j], s->process));
     cJSON_AddItemToObject(item, "arrays", arrays);
     cJSON_AddItemToArray(items, item);
   }

@@ -90,9 +90,9 @@ static nb_status write_array(nb_ctx *ctx, int fd, XXH3_state_t *h, nb_ckpt__snap
   return s;
 }
 
-static nb_status write_item(nb_ctx *ctx, const char *dir, nb_ckpt__snap_item *it) {
+static nb_status write_item(nb_ctx *ctx, const char *dir, nb_ckpt__snap_item *it, int process) {
   char path[NB_CKPT__PATH_CAP];
-  if (nb_ckpt__pathf(ctx, path, "%s/" NB_CKPT__DATA_FILE, dir, it->name) != NB_OK) return NB_ERR_INVALID_ARG;
+  if (nb_ckpt__pathf(ctx, path, "%s/" NB_CKPT__DATA_FILE, dir, it->name, process) != NB_OK) return NB_ERR_INVALID_ARG;
   XXH3_state_t *h = XXH3_createState();
   if (!h) return nb_errorf(ctx, NB_ERR_NOMEM, "out of memory for a hash state");
   int fd = nb_ckpt__io_tick() == 0 ? open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644) : -1;
@@ -116,6 +116,12 @@ static nb_status write_plain(nb_ctx *ctx, const char *dir, const char *name, con
   return s;
 }
 
+nb_status nb_ckpt__write_items(nb_ctx *ctx, const char *dir, nb_ckpt__snapshot *s) {
+  nb_status st = NB_OK;
+  for (size_t i = 0; st == NB_OK && i < s->n_items; i++) st = write_item(ctx, dir, &s->items[i], s->process);
+  return st;
+}
+
 /* ---- one step ------------------------------------------------------------------- */
 
 /* Fills the temporary directory: data files, then the manifest. Returns the
@@ -123,8 +129,7 @@ static nb_status write_plain(nb_ctx *ctx, const char *dir, const char *name, con
 static nb_status fill_tmp(nb_ctx *ctx, const char *tmp, nb_ckpt__snapshot *s, uint64_t *mh) {
   if (nb_ckpt__io_tick() != 0 || mkdir(tmp, 0755) != 0)
     return nb_errorf(ctx, NB_ERR_IO, "cannot create directory '%s': %s", tmp, strerror(errno));
-  nb_status st = NB_OK;
-  for (size_t i = 0; st == NB_OK && i < s->n_items; i++) st = write_item(ctx, tmp, &s->items[i]);
+  nb_status st = nb_ckpt__write_items(ctx, tmp, s);
   if (st != NB_OK) return st;
   char *manifest = nb_ckpt__manifest_build(ctx, s);
   if (!manifest) return nb_ctx_status(ctx);
@@ -155,13 +160,24 @@ nb_status nb_ckpt__write_step(nb_ctx *ctx, const char *root, nb_ckpt__snapshot *
     return nb_errorf(ctx, NB_ERR_INVALID_ARG, "step %lld already exists in '%s'", (long long)s->step, root);
   uint64_t mh = 0;
   nb_status st = fill_tmp(ctx, tmp, s, &mh);
-  if (st == NB_OK) st = nb_ckpt__rename(ctx, tmp, final);
+  if (st != NB_OK) {
+    nb_ckpt__remove_tree(NULL, tmp);
+    return st;
+  }
+  return nb_ckpt__commit(ctx, root, tmp, s->step, mh);
+}
+
+nb_status nb_ckpt__commit(nb_ctx *ctx, const char *root, const char *tmp, int64_t step, uint64_t mh) {
+  char name[32], final[NB_CKPT__PATH_CAP];
+  nb_ckpt__step_name(step, name);
+  if (nb_ckpt__pathf(ctx, final, "%s/%s", root, name) != NB_OK) return NB_ERR_INVALID_ARG;
+  nb_status st = nb_ckpt__rename(ctx, tmp, final);
   if (st != NB_OK) {
     nb_ckpt__remove_tree(NULL, tmp);
     return st;
   }
   st = nb_ckpt__fsync_dir(ctx, root);
-  if (st == NB_OK) st = write_commit(ctx, final, s->step, mh);
+  if (st == NB_OK) st = write_commit(ctx, final, step, mh);
   if (st != NB_OK) nb_ckpt__remove_tree(NULL, final);
   return st;
 }

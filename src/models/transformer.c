@@ -240,9 +240,10 @@ nb_val *nb_model_forward(nb_nn_apply *a, const nb_model_config *c, const nb_mode
   h = nb_nn_dropout(a, "embed_dropout", h, c->dropout);
   nb_val *lb = NULL, *z = NULL;
   int n_moe = 0;
-  /* scan_layers: runs of layers with one block configuration (a hook may read
-   * parameters outside the block, a cache is per layer: both unrolled) */
-  bool scan = c->scan_layers && !in->cache && !a->linear_hook;
+  /* scan_layers: runs of layers with one block configuration (a linear hook
+   * may read parameters outside the block, a param hook sees whole leaves, a
+   * cache is per layer: all three unrolled) */
+  bool scan = c->scan_layers && !in->cache && !a->linear_hook && !a->param_hook;
   for (int64_t l = 0; l < c->n_layers && !nb_graph_status(a->g); l++) {
     int64_t l1 = l + 1;
     nb_nn_block_cfg sbc = nb_model_block_cfg(c, l);
@@ -352,7 +353,8 @@ static nb_status traced(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
     return NB_ERR_NOMEM;
   }
   nb_nn_apply a = {.g = g, .params = params, .train = job->opts.train, .rng = nb_tree_get_val(in, "rng"),
-                   .dtype = job->opts.dtype, .linear_hook = job->opts.linear_hook, .hook_ud = job->opts.hook_ud};
+                   .dtype = job->opts.dtype, .linear_hook = job->opts.linear_hook, .hook_ud = job->opts.hook_ud,
+                   .param_hook = job->opts.param_hook, .param_ud = job->opts.param_ud};
   nb_status s = NB_OK;
   if (job->kind == TRACE_LOSS) {
     nb_val *loss = nb_model_loss(&a, job->cfg, batch, job->opts.remat, extra);

@@ -71,6 +71,7 @@ nb_val *nb_nn__poison(nb_nn_apply *a) { return nb_nn_fail(a, NB_ERR_INTERNAL, "n
 
 nb_val *nb_nn_param_opt(nb_nn_apply *a, const char *path) {
   nb_val *v = path && a->params ? nb_tree_get_val(a->params, path) : NULL;
+  if (v && a->param_hook) v = a->param_hook(a->param_ud, a, path, v);
   if (v && nb_dtype_is_float(nb_val_dtype(v)) && nb_val_dtype(v) != a->dtype) v = nb_convert(v, a->dtype);
   return v;
 }

@@ -106,6 +106,7 @@ static const key_def keys[] = {
     {"batch_size", K_INT, O(batch_size), 1, BIG, NULL},
     {"grad_accum", K_INT, O(grad_accum), 1, BIG, NULL},
     {"mesh.data", K_INT, O(mesh.data), 1, 65536, NULL},
+    {"mesh.fsdp", K_INT, O(mesh.fsdp), 1, 65536, NULL},
     {"steps", K_INT, O(steps), 0, BIG, NULL},
     {"eval_every", K_INT, O(eval_every), 0, BIG, NULL},
     {"eval_steps", K_INT, O(eval_steps), 0, BIG, NULL},
@@ -136,6 +137,7 @@ void nb_train_config_defaults(nb_train_config *c) {
   c->batch_size = 8;
   c->grad_accum = 1;
   c->mesh.data = 1;
+  c->mesh.fsdp = 1;
   c->steps = 100;
   c->eval_every = 50;
   c->eval_steps = 4;
@@ -467,10 +469,11 @@ nb_status nb_train_config_validate(nb_ctx *ctx, const nb_train_config *c) {
        (long long)c->data.seq_len, (long long)c->model.max_seq_len);
   RULE(c->batch_size % c->grad_accum == 0, "batch_size (%lld) must be a multiple of grad_accum (%lld)",
        (long long)c->batch_size, (long long)c->grad_accum);
-  RULE(c->grad_accum % c->mesh.data == 0,
-       "grad_accum (%lld) must be a multiple of mesh.data (%lld): each process runs whole micro-batches "
-       "(set grad_accum=%lld for one micro-batch per process)",
-       (long long)c->grad_accum, (long long)c->mesh.data, (long long)c->mesh.data);
+  int64_t procs = c->mesh.data * c->mesh.fsdp;
+  RULE(c->grad_accum % procs == 0,
+       "grad_accum (%lld) must be a multiple of mesh.data x mesh.fsdp (%lld x %lld): each process runs whole "
+       "micro-batches (set grad_accum=%lld for one micro-batch per process)",
+       (long long)c->grad_accum, (long long)c->mesh.data, (long long)c->mesh.fsdp, (long long)procs);
   /* warmup_steps may exceed steps: a short run (steps=N override) of a
    * long config stays valid and simply ends inside the warmup */
   RULE(c->optim.lr > 0, "optim.lr must be > 0");

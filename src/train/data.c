@@ -299,9 +299,10 @@ void nb_train__data_close(nb_train__data *d) {
 nb_data_iter *nb_train__data_iter(nb_ctx *ctx, const nb_train__data *d, const nb_train_config *c, int rank) {
   nb_data_map_retain(d->train_windows);
   nb_data_map *ds = nb_data_map_shuffle(d->train_windows, (uint64_t)c->seed);
-  /* data parallel: process r's rows of step s are the job's batch s rows
-   * [r B/D, (r+1) B/D), that is its own batches of B/D: r, r + D, r + 2D, ... */
-  int64_t D = c->mesh.data;
+  /* data parallel (and FSDP, which splits the batch too): process r of D
+   * (D = mesh.data x mesh.fsdp) reads rows [r B/D, (r+1) B/D) of the job's
+   * batch s, that is its own batches of B/D: r, r + D, r + 2D, ... */
+  int64_t D = c->mesh.data * c->mesh.fsdp;
   ds = nb_data_map_batch(nb_data_map_repeat(ds, 0), c->batch_size / D, true);
   if (D > 1) ds = nb_data_map_slice(ds, rank, INT64_MAX, D);
   ds = nb_data_map_map(ds, nb_data_fn_lm_targets, NULL);

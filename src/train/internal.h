@@ -43,4 +43,22 @@ nb_data_iter *nb_train__data_iter(nb_ctx *ctx, const nb_train__data *d, const nb
 /* Eval batches: element i is the i-th batch of eval windows (wrapping). */
 nb_data_map *nb_train__eval_batches(nb_ctx *ctx, const nb_train__data *d, const nb_train_config *cfg);
 
+/* FSDP layout (fsdp.c): every leaf of rank >= 1 split along dim 0 into
+ * fsdp blocks of ceil(dim0 / fsdp) rows, zero-padded; rank 0 leaves whole. */
+int64_t nb_train__fsdp_rows(int64_t dim0, int64_t fsdp);
+nb_aval nb_train__fsdp_shard_aval(nb_aval full, int64_t fsdp);
+/* The shards' avals of a tree of any leaf kind (new tree). */
+nb_tree *nb_train__fsdp_shard_spec(nb_ctx *ctx, const nb_tree *full, int64_t fsdp);
+/* Rows [lo, lo + n) of a (zeros past its end) as a new array. */
+nb_array *nb_train__rows_of(nb_ctx *ctx, const nb_array *a, int64_t lo, int64_t n);
+/* Process r's shards of a tree of host arrays (new tree of new arrays). */
+nb_tree *nb_train__fsdp_shard(nb_ctx *ctx, const nb_tree *full, int64_t fsdp, int64_t r);
+/* The parameter hook (nb_nn_param_hook) that gathers a shard into the whole
+ * parameter where a layer reads it; full_spec (borrowed, outlives it) gives
+ * the whole shapes. */
+typedef struct nb_train__fsdp_gather nb_train__fsdp_gather;
+nb_train__fsdp_gather *nb_train__fsdp_gather_create(const nb_tree *full_spec);
+void nb_train__fsdp_gather_destroy(nb_train__fsdp_gather *h);
+nb_val *nb_train__fsdp_gather_param(void *ud, nb_nn_apply *a, const char *path, nb_val *v);
+
 #endif

@@ -117,7 +117,8 @@ typedef struct trainer {
   int64_t nonfinite_steps;     /* steps with a non-finite loss or gradient norm (skip, continue) */
   double elapsed_before;       /* seconds of earlier runs (from the checkpoint) */
   double t0;
-  int rank;                    /* along the mesh axis "data" (0 without one) */
+  int rank;                    /* in the job: data index x mesh.fsdp + fsdp index (0 for one process) */
+  nb_tree *full_spec;          /* FSDP: the whole "params/..." and "opt_state/..." avals (t->st holds shards) */
   char dir[NB_TRAIN_PATH_MAX];
 } trainer;
 
@@ -177,12 +178,72 @@ static char *build_metadata(trainer *t, const char *ds) {
   return txt;
 }
 
+/* ---------------------------------------------------------------- one checkpoint per job */
+
+/* A job of several processes keeps one checkpoint in the run dir's
+ * checkpoints/ (docs/dist.md): FSDP processes write their rows of every
+ * array, data-parallel replicas (data index > 0) write nothing, process 0
+ * commits. The communicator over the whole job: the CLI binds "job"; a job
+ * along one axis has it as that axis. */
+static nb_comm *job_comm(const trainer *t) {
+  const nb_train_config *c = t->cfg;
+  if (c->mesh.data * c->mesh.fsdp == 1) return NULL;
+  nb_comm *j = nb_ctx_axis(t->ctx, "job");
+  return j ? j : c->mesh.fsdp == 1 ? nb_ctx_axis(t->ctx, "data") : c->mesh.data == 1 ? nb_ctx_axis(t->ctx, "fsdp") : NULL;
+}
+
+/* This process's blocks of item ("params", "opt_state"): its shards with
+ * the padding past each whole array's end cut off (a shard all padding is
+ * not written), and with fsdp index 0 the arrays that are whole on every
+ * process; data replicas (data index > 0) write none. */
+static nb_tree *blocks_to_write(trainer *t, const char *item) {
+  nb_ctx *ctx = t->ctx;
+  const nb_train_config *c = t->cfg;
+  nb_tree *out = nb_tree_create(ctx);
+  if (!out || t->rank / c->mesh.fsdp != 0) return out;
+  int64_t f = t->rank % c->mesh.fsdp;
+  size_t plen = strlen(item);
+  for (size_t i = 0; out && i < nb_tree_size(t->st); i++) {
+    const char *p = nb_tree_path(t->st, i);
+    if (strncmp(p, item, plen) || p[plen] != '/') continue;
+    nb_array *a = nb_tree_leaf(t->st, i)->array, *cut = NULL;
+    const nb_leaf *w = t->full_spec ? nb_tree_get(t->full_spec, p) : NULL;
+    if ((!w || nb_array_rank(a) == 0) && f > 0) continue; /* a whole array: fsdp index 0 writes it */
+    if (w && nb_array_rank(a) > 0) {
+      int64_t d0 = nb_leaf_get_aval(w).shape.dims[0], n = nb_array_dims(a)[0], keep = d0 - f * n;
+      keep = keep < 0 ? 0 : keep < n ? keep : n;
+      if (keep == 0) continue;
+      if (keep < n && !(cut = nb_train__rows_of(ctx, a, 0, keep))) out = (nb_tree_destroy(out), NULL);
+    }
+    if (out && nb_tree_set_array(out, p + plen + 1, cut ? cut : a)) out = (nb_tree_destroy(out), NULL);
+    nb_array_release(cut);
+  }
+  return out;
+}
+
+/* The save of a job of several processes: every process calls it. */
+static nb_status save_job(trainer *t, nb_comm *comm, const char *meta) {
+  nb_ctx *ctx = t->ctx;
+  nb_tree *params = blocks_to_write(t, "params"), *opt = params ? blocks_to_write(t, "opt_state") : NULL;
+  nb_tree *whole = t->full_spec ? NULL : nb_tree_create(ctx); /* data parallel: the arrays are whole */
+  for (size_t i = 0; whole && i < nb_tree_size(t->st); i++)
+    if (nb_tree_set(whole, nb_tree_path(t->st, i), nb_leaf_aval(nb_leaf_get_aval(nb_tree_leaf(t->st, i)))))
+      whole = (nb_tree_destroy(whole), NULL);
+  nb_status s = opt && (whole || t->full_spec) ? NB_OK : nb_errorf(ctx, NB_ERR_NOMEM, "train: out of memory saving a checkpoint");
+  nb_ckpt_item items[2] = {{"params", params}, {"opt_state", opt}};
+  nb_ckpt_shards sh = {.comm = comm, .whole = t->full_spec ? t->full_spec : whole, .index = t->rank % t->cfg->mesh.fsdp,
+                       .count = t->cfg->mesh.fsdp};
+  nb_ckpt_save_opts so = {.metadata_json = meta, .force = true};
+  /* a failure here still joins the save, so that the other processes fail too rather than wait */
+  nb_status w = nb_ckpt_save_sharded(t->ckpt, t->step, items, s || t->rank / t->cfg->mesh.fsdp ? 0 : 2, &so, &sh);
+  nb_tree_destroy(params);
+  nb_tree_destroy(opt);
+  nb_tree_destroy(whole);
+  return s ? s : w;
+}
+
 static nb_status save(trainer *t, bool emergency) {
   if (t->step == t->last_saved) return NB_OK;
-  if (t->rank > 0) { /* the job's checkpoint is rank 0's (job_checkpoints) */
-    t->last_saved = t->step;
-    return NB_OK;
-  }
   nb_ctx *ctx = t->ctx;
   const char *bad = nonfinite_leaf(t->st);
   if (bad) {
@@ -200,7 +261,11 @@ static nb_status save(trainer *t, bool emergency) {
   char *meta = build_metadata(t, ds);
   nb_tree *params = nb_tree_select_prefix(t->st, "params", true), *opt = nb_tree_select_prefix(t->st, "opt_state", true);
   nb_status s = meta && params && opt ? NB_OK : nb_errorf(ctx, NB_ERR_NOMEM, "train: out of memory saving a checkpoint");
-  if (!s) {
+  nb_comm *job = job_comm(t);
+  if (job) {
+    nb_status w = save_job(t, job, s ? NULL : meta);
+    if (!s) s = w;
+  } else if (!s) {
     nb_ckpt_item items[2] = {{"params", params}, {"opt_state", opt}};
     nb_ckpt_save_opts so = {.metadata_json = meta, .force = true};
     s = emergency ? nb_ckpt_emergency_save(t->ckpt, t->step, items, 2, &so)
@@ -272,6 +337,16 @@ static nb_status check_data(trainer *t, int64_t step, const cJSON *d) {
                    (long long)step, t->dir, why);
 }
 
+/* FSDP: the restored whole state replaced by this process's shards. */
+static nb_status keep_own_rows(trainer *t, nb_tree **state) {
+  int64_t F = t->cfg->mesh.fsdp;
+  nb_tree *mine = nb_train__fsdp_shard(t->ctx, *state, F, t->rank % F);
+  if (!mine) return nb_ctx_status(t->ctx) ? nb_ctx_status(t->ctx) : NB_ERR_NOMEM;
+  nb_tree_destroy(*state);
+  *state = mine;
+  return NB_OK;
+}
+
 /* Restores one committed step into t->st and the iterator. *damaged: the
  * checkpoint's files failed their checks (manifest, checksums), as opposed
  * to a mismatch with this run. */
@@ -298,12 +373,15 @@ static nb_status restore_step(trainer *t, int64_t step, bool *damaged) {
                             t->dir);
   nb_tree *target = s ? NULL : nb_tree_create(ctx);
   if (!s && !target) s = NB_ERR_NOMEM;
-  for (size_t i = 0; !s && i < nb_tree_size(t->st); i++)
-    s = nb_tree_set(target, nb_tree_path(t->st, i), nb_leaf_aval(nb_leaf_get_aval(nb_tree_leaf(t->st, i))));
+  /* the whole arrays, whatever mesh wrote them (FSDP: this process keeps its rows below) */
+  const nb_tree *now = t->full_spec ? t->full_spec : t->st;
+  for (size_t i = 0; !s && i < nb_tree_size(now); i++)
+    s = nb_tree_set(target, nb_tree_path(now, i), nb_leaf_aval(nb_leaf_get_aval(nb_tree_leaf(now, i))));
   /* fresh host arrays, not file mappings: the step writes into them in place */
   nb_ckpt_restore_opts ro = {.target = target, .no_mmap = true};
   nb_tree *r = s ? NULL : nb_ckpt_restore(t->ckpt, step, &ro);
   nb_tree_destroy(target);
+  if (!s && r && t->full_spec) s = keep_own_rows(t, &r);
   if (!s && !r) {
     *damaged = nb_ctx_status(ctx) == NB_ERR_FORMAT;
     char diff[1024], cause[2048];
@@ -359,30 +437,13 @@ static nb_status restore(trainer *t) {
   }
 }
 
-/* ---------------------------------------------------------------- the job's checkpoints (data parallel) */
-
-/* One checkpoint for the whole job: rank 0's, RUN_DIR/checkpoints. The
- * parameters and optimizer state are the same on every process, and the
- * data position is the job's (the batch index of the global stream, the
- * same number whatever mesh.data: docs/dist.md), so rank r > 0 opens the
- * same directory read only (no lock, no saves: save() skips) and restores
- * from it. That makes a restart consistent (no rank resumes from a step
- * another lacks) and lets the process count change between runs. */
-static nb_status job_checkpoints(trainer *t, nb_ckpt_options *co, char *dir, size_t cap) {
-  snprintf(dir, cap, "%s/checkpoints", t->opts->run_dir);
-  co->directory = dir;
-  co->read_only = t->rank > 0;
-  /* rank 0 may not have made it yet */
-  nb_status s = t->rank > 0 ? nb_train__mkdir_p(t->ctx, dir) : NB_OK;
-  if (!s && !(t->ckpt = nb_ckpt_manager_create(t->ctx, co))) s = nb_ctx_status(t->ctx);
-  return s;
-}
+/* ---------------------------------------------------------------- restoring a job */
 
 /* Rank 0 restores (setting damaged steps aside), then every rank restores
  * the step rank 0 did: one allgather of the step (-1: none, -2: rank 0
  * failed and reports why). */
 static nb_status job_restore(trainer *t) {
-  nb_comm *c = t->cfg->mesh.data > 1 ? nb_ctx_axis(t->ctx, "data") : NULL;
+  nb_comm *c = job_comm(t);
   if (!c) return restore(t);
   nb_status s = t->rank == 0 ? restore(t) : NB_OK;
   int64_t mine = s ? -2 : t->last_saved, *all = calloc((size_t)c->ops->size(c), sizeof *all);
@@ -472,7 +533,7 @@ static nb_status source_data(trainer *t, const nb_train_source *src) {
   return NB_OK;
 }
 
-/* examples -> shuffle(seed), a new permutation every epoch -> packed rows (this process's with mesh.data > 1) */
+/* examples -> shuffle(seed), a new permutation every epoch -> packed rows (this process's of a job of several) */
 static nb_data_iter *source_iter(trainer *t) {
   const nb_train_config *c = t->cfg;
   nb_data_map_retain(t->data.train_windows);
@@ -481,7 +542,7 @@ static nb_data_iter *source_iter(trainer *t) {
   nb_data_iter *it = nb_data_iter_pack(nb_data_iter_create(ds), &po);
   /* data parallel: every process packs the job's rows and keeps its own, so
    * the saved position is the job's (elastic restore: docs/dist.md) */
-  int64_t D = c->mesh.data, rows = c->batch_size / D;
+  int64_t D = c->mesh.data * c->mesh.fsdp, rows = c->batch_size / D;
   if (D > 1) it = nb_data_iter_rows(it, t->rank * rows, rows);
   if (it && c->data.workers > 0) it = nb_data_iter_prefetch(it, (int)c->data.workers, 2 * (int)c->data.workers + 2);
   return it;
@@ -526,6 +587,78 @@ static nb_data_map *source_eval_batches(trainer *t) {
   return m;
 }
 
+/* ---------------------------------------------------------------- FSDP */
+
+/* This process's place in the job's batch: data index x mesh.fsdp + fsdp
+ * index (the mesh's row-major order), 0 for one process. */
+static int job_rank(nb_ctx *ctx, const nb_train_config *c) {
+  nb_comm *d = c->mesh.data > 1 ? nb_ctx_axis(ctx, "data") : NULL, *f = c->mesh.fsdp > 1 ? nb_ctx_axis(ctx, "fsdp") : NULL;
+  return (d ? d->ops->rank(d) : 0) * (int)c->mesh.fsdp + (f ? f->ops->rank(f) : 0);
+}
+
+static nb_status init_state(nb_graph *g, const nb_tree *in, nb_tree *out, void *tx) {
+  return nb_optim_init(tx, g, in, out);
+}
+
+/* FSDP: keeps the whole state's avals in t->full_spec (what the step and
+ * eval are traced for) and replaces *params by this process's shards, so
+ * that the optimizer state is made for the shards only. */
+static nb_status fsdp_shard_params(trainer *t, nb_tree **params, nb_optim_tx *tx) {
+  nb_ctx *ctx = t->ctx;
+  int64_t F = t->cfg->mesh.fsdp;
+  nb_tree *pspec = nb_tree_create(ctx);
+  for (size_t i = 0; pspec && i < nb_tree_size(*params); i++)
+    if (nb_tree_set(pspec, nb_tree_path(*params, i), nb_leaf_aval(nb_leaf_get_aval(nb_tree_leaf(*params, i)))))
+      pspec = (nb_tree_destroy(pspec), NULL);
+  nb_graph *init = pspec ? nb_trace(ctx, init_state, tx, pspec) : NULL;
+  nb_tree *ospec = init ? nb_graph_output_spec(init) : NULL;
+  nb_graph_destroy(init);
+  nb_tree *shards = ospec ? nb_train__fsdp_shard(ctx, *params, F, t->rank % F) : NULL;
+  t->full_spec = shards ? nb_tree_create(ctx) : NULL;
+  nb_status s = t->full_spec ? NB_OK : nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_NOMEM;
+  if (!s) s = nb_tree_merge(t->full_spec, "params", pspec);
+  if (!s) s = nb_tree_merge(t->full_spec, "opt_state", ospec);
+  for (size_t i = 0; !s && i < nb_tree_size(*params); i++)
+    if (nb_array_rank(nb_tree_leaf(*params, i)->array) == 0)
+      s = nb_errorf(ctx, NB_ERR_UNIMPLEMENTED, "train: mesh.fsdp: parameter '%s' is a scalar (only leaves with a leading "
+                    "dim are sharded)", nb_tree_path(*params, i));
+  if (!s) {
+    nb_tree_destroy(*params);
+    *params = shards;
+    shards = NULL;
+  }
+  nb_tree_destroy(shards);
+  nb_tree_destroy(pspec);
+  nb_tree_destroy(ospec);
+  return s;
+}
+
+/* What this process holds: its state's bytes and the step's planned buffers. */
+static void memory_info(trainer *t, nb_train_start_info *info) {
+  nb_exe_stats es;
+  nb_exe_get_stats(t->step_exe, &es);
+  info->step_peak_bytes = (double)es.peak_bytes;
+  info->step_arena_bytes = (double)es.arena_bytes;
+  for (size_t i = 0; i < nb_tree_size(t->st); i++)
+    if (!strncmp(nb_tree_path(t->st, i), "params/", 7) || !strncmp(nb_tree_path(t->st, i), "opt_state/", 10))
+      info->state_bytes += (double)nb_array_nbytes(nb_tree_leaf(t->st, i)->array);
+}
+
+/* The run's checkpoint manager: DIR/checkpoints. A job of several
+ * processes keeps one checkpoint there: process 0 owns it (the lock,
+ * retention), the others open it read-only to restore and to add their
+ * shards to a save. */
+static nb_ckpt_manager *open_checkpoints(trainer *t) {
+  const nb_train_config *c = t->cfg;
+  char ck[NB_TRAIN_PATH_MAX + 16];
+  bool shared = job_comm(t) != NULL;
+  snprintf(ck, sizeof ck, "%s/checkpoints", shared ? t->opts->run_dir : t->dir);
+  if (shared && t->rank > 0 && nb_train__mkdir_p(t->ctx, ck)) return NULL;
+  nb_ckpt_options co = {.directory = ck, .max_to_keep = (int)c->checkpoint_keep, .async = true,
+                        .read_only = shared && t->rank > 0};
+  return nb_ckpt_manager_create(t->ctx, &co);
+}
+
 /* ---------------------------------------------------------------- set-up */
 
 /* Set-up stops early (t->interrupted, NB_OK) when a signal arrived. */
@@ -564,14 +697,12 @@ static nb_status setup(trainer *t, nb_train_start_info *info) {
   const nb_train_config *c = t->cfg;
   double t_setup = nb_util__now_s();
   /* the checkpoint directory's lock first: a second trainer on a live run is refused before it touches anything */
-  char ck[NB_TRAIN_PATH_MAX + 16];
-  nb_ckpt_options co = {.max_to_keep = (int)c->checkpoint_keep, .async = true};
-  nb_status s = job_checkpoints(t, &co, ck, sizeof ck);
-  if (s) return s;
+  t->ckpt = open_checkpoints(t);
+  if (!t->ckpt) return nb_ctx_status(ctx);
   t->last_saved = -1;
   const nb_train_source *src = t->opts->source;
   nb_train_task_data td = {0};
-  s = t->task ? t->task->open_data(t->task->ud, ctx, c, t->dir, &td)
+  nb_status s = t->task ? t->task->open_data(t->task->ud, ctx, c, t->dir, &td)
                 : src   ? source_data(t, src)
                         : nb_train__data_open(ctx, c, t->dir, &t->data);
   if (t->task) { /* the trainer owns the task's iterators now */
@@ -600,11 +731,12 @@ static nb_status setup(trainer *t, nb_train_start_info *info) {
     nb_array_release(key);
   }
   nb_optim_tx *tx = params ? nb_train_optimizer(ctx, c) : NULL;
-  nb_tree *opt = tx ? nb_optim_init_arrays(ctx, tx, params) : NULL;
+  info->n_params = params ? nb_nn_params_count(params) : 0;
+  if (tx && c->mesh.fsdp > 1) s = fsdp_shard_params(t, &params, tx);
+  nb_tree *opt = tx && !s ? nb_optim_init_arrays(ctx, tx, params) : NULL;
   nb_optim_tx_destroy(tx);
   t->st = opt ? nb_tree_create(ctx) : NULL;
-  if (!t->st || nb_tree_merge(t->st, "params", params) || nb_tree_merge(t->st, "opt_state", opt)) s = nb_ctx_status(ctx);
-  info->n_params = params ? nb_nn_params_count(params) : 0;
+  if (!t->st || nb_tree_merge(t->st, "params", params) || nb_tree_merge(t->st, "opt_state", opt)) s = s ? s : nb_ctx_status(ctx);
   nb_tree_destroy(params);
   nb_tree_destroy(opt);
   if (s) return s;
@@ -619,8 +751,9 @@ static nb_status setup(trainer *t, nb_train_start_info *info) {
    * every step and eval, joined after the restore, never saved */
   if (t->task && t->task->frozen && (s = nb_tree_merge(t->st, "frozen", t->task->frozen))) return s;
   if (src && src->frozen && (s = nb_tree_merge(t->st, "frozen", src->frozen))) return s;
-  params = nb_tree_select_prefix(t->st, "params", true);
-  opt = nb_tree_select_prefix(t->st, "opt_state", true);
+  /* traced for the whole state (FSDP: the step's inputs are the shards of it) */
+  params = nb_tree_select_prefix(t->full_spec ? t->full_spec : t->st, "params", true);
+  opt = nb_tree_select_prefix(t->full_spec ? t->full_spec : t->st, "opt_state", true);
   nb_train_graph_opts go = {0};
   if (src) go = (nb_train_graph_opts){.frozen_spec = src->frozen, .linear_hook = src->linear_hook, .hook_ud = src->hook_ud,
                                       .packed = true};
@@ -682,6 +815,7 @@ static nb_status setup(trainer *t, nb_train_start_info *info) {
                              (double)c->data.seq_len * tokens;
   info->peak_flops = t->opts->peak_flops;
   info->compile_s = nb_util__now_s() - t_setup;
+  memory_info(t, info);
   info->train_shard = t->data.train_shard;
   info->eval_shard = t->data.eval_shard[0] ? t->data.eval_shard : t->data.train_shard;
   return NB_OK;
@@ -704,6 +838,7 @@ static void teardown(trainer *t) {
   nb_exe_destroy(t->step_exe);
   nb_exe_destroy(t->eval_exe);
   nb_tree_destroy(t->st);
+  nb_tree_destroy(t->full_spec);
   nb_train__data_close(&t->data);
   free(t->config);
 }
@@ -940,8 +1075,7 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_train_config *cfg, const nb_train_o
   if (cfg->init_from[0]) snprintf(resolved.preset, sizeof resolved.preset, "%s", resolved.model.family == NB_MODEL_GPT2 ? "gpt2-tiny" : "llama-tiny");
   cfg = &resolved;
   trainer t = {.ctx = ctx, .cfg = cfg, .opts = opts, .task = opts->task, .t0 = nb_util__now_s(), .init = init};
-  nb_comm *data_axis = cfg->mesh.data > 1 ? nb_ctx_axis(ctx, "data") : NULL;
-  t.rank = data_axis ? data_axis->ops->rank(data_axis) : 0;
+  t.rank = job_rank(ctx, cfg);
   /* data parallel: rank 0 owns the run dir; rank r > 0 keeps its own files
    * (its checkpoints hold its data position) in DIR/rank<r> */
   int dn = t.rank ? snprintf(t.dir, sizeof t.dir, "%s/rank%d", opts->run_dir, t.rank)

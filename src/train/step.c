@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "nabla/train.h"
+#include "train/internal.h"
 
 /* Weight decay only on matrices (kernels, embeddings, LoRA adapters), not biases or norms. */
 #define DECAY_MASK "(kernel|embedding|lora_a|lora_b)$"
@@ -73,7 +74,8 @@ static nb_optim_tx *optimizer(nb_ctx *ctx, const nb_train_config *c, nb_val *con
   if (!lr) return NULL;
   nb_optim_tx *txs[3];
   int n = 0;
-  if (c->optim.grad_clip > 0) txs[n++] = nb_optim_clip_by_global_norm(ctx, c->optim.grad_clip);
+  /* under FSDP the step clips (fsdp_clip): the norm is over every process's shards */
+  if (c->optim.grad_clip > 0 && c->mesh.fsdp == 1) txs[n++] = nb_optim_clip_by_global_norm(ctx, c->optim.grad_clip);
   double wd = c->optim.weight_decay;
   switch (c->optim.name) {
   case NB_TRAIN_OPTIM_ADAMW:
@@ -156,12 +158,43 @@ static nb_status keep_old_unless(nb_graph *g, nb_val *ok, const nb_tree *old, nb
   return s;
 }
 
+/* FSDP: the global gradient norm from the shards: each process's sum of
+ * squares of its rows (the padding adds zeros), psummed over "fsdp" in rank
+ * order, plus the leaves that are whole on every process once. Its rounding
+ * differs from one process's sum over whole leaves (another order). */
+static nb_val *fsdp_global_norm(nb_graph *g, const nb_tree *grads) {
+  nb_val *sharded = nb_scalar(g, NB_F32, 0), *whole = nb_scalar(g, NB_F32, 0);
+  for (size_t i = 0; i < nb_tree_size(grads); i++) {
+    nb_val *v = nb_convert(nb_tree_leaf(grads, i)->val, NB_F32);
+    nb_val *sq = nb_reduce_sum(nb_mul(v, v), 0, NULL);
+    if (nb_val_rank(v) > 0) sharded = nb_add(sharded, sq);
+    else whole = nb_add(whole, sq);
+  }
+  return nb_sqrt(nb_add(nb_psum(sharded, "fsdp"), whole));
+}
+
+/* FSDP: clip_by_global_norm with the norm of the whole gradient, as
+ * nb_optim_clip_by_global_norm does on one process (g / norm * max_norm
+ * where norm >= max_norm). */
+static nb_status fsdp_clip(nb_graph *g, nb_tree *grads, nb_val *norm, double max_norm) {
+  nb_val *keep = nb_lt(norm, nb_scalar(g, NB_F32, max_norm));
+  nb_status s = NB_OK;
+  for (size_t i = 0; !s && i < nb_tree_size(grads); i++) {
+    nb_val *u = nb_tree_leaf(grads, i)->val;
+    nb_dtype d = nb_val_dtype(u);
+    nb_val *clipped = nb_mul(nb_div(u, nb_convert(norm, d)), nb_convert(nb_scalar(g, NB_F32, max_norm), d));
+    nb_val *k = nb_broadcast_to(keep, nb_val_rank(u), nb_val_aval(u).shape.dims);
+    s = nb_tree_set_val(grads, nb_tree_path(grads, i), nb_select(k, u, clipped));
+  }
+  return s;
+}
+
 static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
   const step_job *job = u;
   nb_ctx *ctx = nb_graph_ctx(g);
   const nb_train_config *c = job->cfg;
-  /* A micro-batches of mb rows in the whole job; this process runs Al of them (its rows of the batch) */
-  int64_t A = c->grad_accum, D = c->mesh.data, Al = A / D, mb = c->batch_size / A;
+  /* A micro-batches of mb rows in the whole job; each of its D x F processes runs Al of them (its rows of the batch) */
+  int64_t A = c->grad_accum, D = c->mesh.data, F = c->mesh.fsdp, Al = A / (D * F), mb = c->batch_size / A;
   nb_val *step = nb_tree_get_val(in, "step");
   *job->hp = nb_tree_get_val(in, "hparams/schedule");
   *job->hpo = nb_tree_get_val(in, "hparams/optim");
@@ -188,9 +221,15 @@ static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
       snprintf(p, sizeof p, "batch/%s", nb_tree_path(batch, i));
       s = nb_tree_set_val(call_in, p, Al > 1 ? nb_slice(v, lo, hi, NULL) : v);
     }
-    /* dropout of micro-batch (rank * Al + k) of the job: the same as one process with grad_accum = A */
+    /* dropout of micro-batch (rank * Al + k) of the job, rank = data index * F + fsdp index (the batch's
+     * order): the same as one process with grad_accum = A */
     nb_val *micro = nb_scalar(g, NB_U32, (double)k);
-    if (D > 1) micro = nb_add(nb_mul(nb_convert(nb_axis_index(g, "data"), NB_U32), nb_scalar(g, NB_U32, (double)Al)), micro);
+    if (D * F > 1) {
+      nb_val *rank = nb_scalar(g, NB_U32, 0);
+      if (D > 1) rank = nb_mul(nb_convert(nb_axis_index(g, "data"), NB_U32), nb_scalar(g, NB_U32, (double)F));
+      if (F > 1) rank = nb_add(rank, nb_convert(nb_axis_index(g, "fsdp"), NB_U32));
+      micro = nb_add(nb_mul(rank, nb_scalar(g, NB_U32, (double)Al)), micro);
+    }
     if (!s && key) s = nb_tree_set_val(call_in, "rng", A > 1 ? nb_random_fold_in(key, micro) : key);
     if (!s) s = nb_graph_call(g, job->vg, call_in, call_out);
     if (!s && A > 1) s = barrier_leaves(call_out);
@@ -207,6 +246,18 @@ static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
     }
     nb_tree_destroy(call_in);
     nb_tree_destroy(call_out);
+  }
+  /* FSDP: the sharded gradients came out of vg summed over "fsdp" (the
+   * transpose of the parameter's all_gather is psum_scatter, folded in rank
+   * order); the loss, metrics and the gradients of whole (rank 0) leaves are
+   * summed here */
+  if (!s && F > 1) {
+    loss = nb_psum(loss, "fsdp");
+    for (size_t i = 0; !s && i < nb_tree_size(grads); i++)
+      if (nb_val_rank(nb_tree_leaf(grads, i)->val) == 0)
+        s = nb_tree_set_val(grads, nb_tree_path(grads, i), nb_psum(nb_tree_leaf(grads, i)->val, "fsdp"));
+    for (size_t i = 0; !s && i < nb_tree_size(metrics); i++)
+      s = nb_tree_set_val(metrics, nb_tree_path(metrics, i), nb_psum(nb_tree_leaf(metrics, i)->val, "fsdp"));
   }
   /* data parallel: the sums over the processes, folded in rank order (psum),
    * so the sum of the job's micro-batches is the same bits as one process's
@@ -232,7 +283,8 @@ static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
         s = nb_tree_set_val(metrics, p, nb_mul(v, nb_convert(inv, nb_val_dtype(v))));
     }
   }
-  nb_val *grad_norm = s ? NULL : nb_optim_global_norm(g, grads);
+  nb_val *grad_norm = s ? NULL : F > 1 ? fsdp_global_norm(g, grads) : nb_optim_global_norm(g, grads);
+  if (!s && F > 1 && c->optim.grad_clip > 0) s = fsdp_clip(g, grads, grad_norm, c->optim.grad_clip);
   if (!s) s = nb_tree_set_val(out, "loss", loss);
   if (!s) s = nb_tree_set_val(out, "grad_norm", grad_norm);
   if (!s) s = nb_tree_set_val(out, "lr", nb_optim_schedule_trace(job->lr, step));
@@ -288,6 +340,24 @@ static nb_status check_supported(nb_ctx *ctx, const nb_train_config *c) {
                      "%s): run `nabla train` under `mpirun -np %lld`",
                      (long long)c->mesh.data, (long long)c->mesh.data, data ? "bound to another count" : "not bound",
                      (long long)c->mesh.data);
+  nb_comm *fsdp = nb_ctx_axis(ctx, "fsdp");
+  if (c->mesh.fsdp > 1 && (!fsdp || fsdp->ops->size(fsdp) != c->mesh.fsdp))
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG,
+                     "train: mesh.fsdp=%lld needs the mesh axis 'fsdp' bound to %lld processes on the context (it is "
+                     "%s): run `nabla train` under `mpirun -np %lld` (mesh.data x mesh.fsdp)",
+                     (long long)c->mesh.fsdp, (long long)c->mesh.fsdp, fsdp ? "bound to another count" : "not bound",
+                     (long long)(c->mesh.data * c->mesh.fsdp));
+  return NB_OK;
+}
+
+/* FSDP shards the language model's own parameters; a task's loss, a frozen
+ * tree or a linear hook (LoRA, quantization) is not sharded yet. */
+static nb_status check_fsdp(nb_ctx *ctx, const nb_train_config *c, const nb_train_task *task, const nb_train_graph_opts *go) {
+  if (c->mesh.fsdp == 1) return NB_OK;
+  const char *what = task ? "a task's training (sft, dpo, ...)" : go->frozen_spec ? "a frozen parameter tree (LoRA)"
+                     : go->linear_hook                           ? "a linear hook (LoRA, quantization)" : NULL;
+  if (what) return nb_errorf(ctx, NB_ERR_UNIMPLEMENTED, "train: mesh.fsdp=%lld with %s is not supported yet: use mesh.data",
+                             (long long)c->mesh.fsdp, what);
   return NB_OK;
 }
 
@@ -320,11 +390,29 @@ static nb_graph *trace_step(nb_ctx *ctx, const nb_train_config *c, const nb_trai
                             const nb_tree *param_spec, const nb_tree *opt_state_spec) {
   if (!c || !param_spec || !opt_state_spec)
     return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train step: NULL config or spec"), NULL;
-  if (nb_train_config_validate(ctx, c) || check_supported(ctx, c) || !task_ok(ctx, task)) return NULL;
   if (!go) go = &no_extras;
+  if (nb_train_config_validate(ctx, c) || check_supported(ctx, c) || !task_ok(ctx, task) || check_fsdp(ctx, c, task, go))
+    return NULL;
   bool dropout = c->model.dropout > 0 || c->model.attn_dropout > 0;
   nb_model_trace_opts mo = {.train = dropout, .remat = c->remat == NB_TRAIN_REMAT_BLOCK, .dtype = NB_F32,
                             .linear_hook = go->linear_hook, .hook_ud = go->hook_ud, .frozen_spec = go->frozen_spec};
+  /* FSDP: the step's params and opt_state are this process's shards; the
+   * model reads each parameter through the gather hook */
+  nb_tree *sharded_p = NULL, *sharded_o = NULL;
+  nb_train__fsdp_gather *gather = NULL;
+  if (c->mesh.fsdp > 1) {
+    sharded_p = nb_train__fsdp_shard_spec(ctx, param_spec, c->mesh.fsdp);
+    sharded_o = nb_train__fsdp_shard_spec(ctx, opt_state_spec, c->mesh.fsdp);
+    gather = nb_train__fsdp_gather_create(param_spec);
+    if (!sharded_p || !sharded_o || !gather) {
+      nb_tree_destroy(sharded_p);
+      nb_tree_destroy(sharded_o);
+      nb_train__fsdp_gather_destroy(gather);
+      return nb_errorf(ctx, NB_ERR_NOMEM, "train step: out of memory"), NULL;
+    }
+    param_spec = sharded_p, opt_state_spec = sharded_o;
+    mo.param_hook = nb_train__fsdp_gather_param, mo.param_ud = gather;
+  }
   nb_graph *loss = trace_loss(ctx, c, task, go, &mo, param_spec, c->batch_size / c->grad_accum);
   nb_graph *vg = loss ? nb_value_and_grad(ctx, loss, &(nb_grad_opts){.wrt = "params", .has_aux = true}) : NULL;
   nb_val *hp = NULL, *hpo = NULL;
@@ -338,8 +426,8 @@ static nb_graph *trace_step(nb_ctx *ctx, const nb_train_config *c, const nb_trai
   if (spec && !nb_tree_merge(spec, "params", param_spec) && !nb_tree_merge(spec, "opt_state", opt_state_spec) &&
       !(frozen && nb_tree_merge(spec, "frozen", frozen)) &&
       !nb_tree_merge(spec, "", hparams) && !nb_tree_set(spec, "step", nb_leaf_aval(nb_aval_make(NB_I32, 0, NULL)))) {
-    bs = task ? task->batch_spec(task->ud, ctx, c, c->batch_size / c->mesh.data) /* this process's rows */
-              : batch_spec(ctx, c->batch_size / c->mesh.data, c->data.seq_len, go->packed);
+    int64_t rows = c->batch_size / (c->mesh.data * c->mesh.fsdp); /* this process's rows */
+    bs = task ? task->batch_spec(task->ud, ctx, c, rows) : batch_spec(ctx, rows, c->data.seq_len, go->packed);
     if (bs && !nb_tree_merge(spec, "batch", bs)) {
       step_job job = {.cfg = c, .vg = vg, .tx = tx, .lr = lr, .hp = &hp, .hpo = &hpo, .rng = dropout};
       g = nb_trace(ctx, step_fn, &job, spec);
@@ -352,6 +440,9 @@ static nb_graph *trace_step(nb_ctx *ctx, const nb_train_config *c, const nb_trai
   nb_graph_destroy(vg);
   nb_optim_tx_destroy(tx);
   nb_optim_schedule_destroy(lr);
+  nb_tree_destroy(sharded_p);
+  nb_tree_destroy(sharded_o);
+  nb_train__fsdp_gather_destroy(gather);
   return g;
 }
 
@@ -373,11 +464,21 @@ nb_graph *nb_train_trace_step_opts(nb_ctx *ctx, const nb_train_config *c, const 
 static nb_graph *trace_eval(nb_ctx *ctx, const nb_train_config *c, const nb_train_task *task, const nb_train_graph_opts *go,
                             const nb_tree *param_spec) {
   if (!c || !param_spec) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train eval: NULL config or spec"), NULL;
-  if (nb_train_config_validate(ctx, c) || check_supported(ctx, c) || !task_ok(ctx, task)) return NULL;
   if (!go) go = &no_extras;
+  if (nb_train_config_validate(ctx, c) || check_supported(ctx, c) || !task_ok(ctx, task) || check_fsdp(ctx, c, task, go))
+    return NULL;
   nb_model_trace_opts mo = {.train = false, .dtype = NB_F32, .linear_hook = go->linear_hook, .hook_ud = go->hook_ud,
                             .frozen_spec = go->frozen_spec};
-  return trace_loss(ctx, c, task, go, &mo, param_spec, c->batch_size);
+  if (c->mesh.fsdp == 1) return trace_loss(ctx, c, task, go, &mo, param_spec, c->batch_size);
+  /* FSDP: the whole batch on every process, on parameters gathered from the shards */
+  nb_tree *sharded = nb_train__fsdp_shard_spec(ctx, param_spec, c->mesh.fsdp);
+  nb_train__fsdp_gather *gather = sharded ? nb_train__fsdp_gather_create(param_spec) : NULL;
+  mo.param_hook = nb_train__fsdp_gather_param, mo.param_ud = gather;
+  nb_graph *g = gather ? trace_loss(ctx, c, task, go, &mo, sharded, c->batch_size)
+                       : (nb_errorf(ctx, NB_ERR_NOMEM, "train eval: out of memory"), NULL);
+  nb_train__fsdp_gather_destroy(gather);
+  nb_tree_destroy(sharded);
+  return g;
 }
 
 nb_graph *nb_train_trace_task_eval(nb_ctx *ctx, const nb_train_config *c, const nb_train_task *task,

@@ -262,6 +262,14 @@ static void test_errors(nb_ctx *ctx) {
   CHECK_OK(ctx, tiny_config(ctx, work, 0, NULL, &cfg));
   CHECK(nb_train_run(ctx, &cfg, &(nb_train_opts){0}, NULL) == NB_ERR_INVALID_ARG);
   CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "run_dir");
+  /* FSDP in one process: no axis 'fsdp' of 2 processes bound on the context */
+  const char *fsdp[] = {"mesh.fsdp=2", "grad_accum=2"};
+  CHECK_OK(ctx, tiny_config(ctx, work, 2, fsdp, &cfg));
+  CHECK(nb_train_run(ctx, &cfg, &o, NULL) == NB_ERR_INVALID_ARG);
+  CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "mesh.fsdp=2 needs the mesh axis 'fsdp' bound to 2 processes");
+  const char *accum[] = {"mesh.fsdp=2", "mesh.data=2", "grad_accum=2"};
+  CHECK(tiny_config(ctx, work, 3, accum, &cfg) == NB_ERR_INVALID_ARG);
+  CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "grad_accum (2) must be a multiple of mesh.data x mesh.fsdp (2 x 2)");
 }
 
 /* The MFU peak: $NABLA_PEAK_GFLOPS wins; otherwise the measured peak

@@ -78,6 +78,8 @@ void nb_cli_progress_start(void *ud, const nb_train_start_info *in) {
          in->flops_per_step, in->graph_flops_per_step, in->peak_flops / 1e9, c->peak_source);
   printf("set up and compiled in %.1f s; training steps %lld..%lld\n", in->compile_s, (long long)in->start_step + 1,
          (long long)in->total_steps);
+  printf("memory per process: params + optimizer state %.1f MiB; step buffers planned %.1f MiB (intermediates %.1f MiB)\n",
+         in->state_bytes / 1048576.0, in->step_peak_bytes / 1048576.0, in->step_arena_bytes / 1048576.0);
   fflush(stdout);
 }
 
@@ -200,25 +202,30 @@ int nb_cmd_train(int argc, char **argv) {
     nb_ctx_destroy(ctx);
     return 1;
   }
-  /* data parallel: the job's processes as the mesh axis "data" */
+  /* data parallel / FSDP: the job's processes as the mesh axes "data" x "fsdp" */
   nb_dist_mesh *mesh = NULL;
   const char *world = getenv("OMPI_COMM_WORLD_SIZE");
-  if (cfg.mesh.data == 1 && world && atoi(world) > 1) {
-    fprintf(stderr, "nabla train: started as %s MPI processes but mesh.data=1: set mesh.data=%s (and grad_accum to a "
-            "multiple of it), or run one process\n", world, world);
+  long long procs = (long long)(cfg.mesh.data * cfg.mesh.fsdp);
+  if (procs == 1 && world && atoi(world) > 1) {
+    fprintf(stderr, "nabla train: started as %s MPI processes but mesh.data=1, mesh.fsdp=1: set mesh.data=%s or "
+            "mesh.fsdp=%s (and grad_accum to a multiple of it), or run one process\n", world, world, world);
     nb_ctx_destroy(ctx);
     return 1;
   }
-  if (cfg.mesh.data > 1) {
-    const char *axes[1] = {"data"};
-    int64_t sizes[1] = {cfg.mesh.data};
-    if (nb_dist_init(ctx, NULL, NULL) || !(mesh = nb_dist_mesh_create(ctx, 1, axes, sizes)) || nb_dist_mesh_bind(mesh, ctx)) {
-      fprintf(stderr, "nabla train: mesh.data=%lld: %s\n", (long long)cfg.mesh.data, nb_ctx_error(ctx));
+  if (procs > 1) {
+    const char *axes[2] = {"data", "fsdp"};
+    int64_t sizes[2] = {cfg.mesh.data, cfg.mesh.fsdp};
+    if (nb_dist_init(ctx, NULL, NULL) || !(mesh = nb_dist_mesh_create(ctx, 2, axes, sizes)) || nb_dist_mesh_bind(mesh, ctx)) {
+      fprintf(stderr, "nabla train: mesh.data=%lld, mesh.fsdp=%lld: %s\n", (long long)cfg.mesh.data,
+              (long long)cfg.mesh.fsdp, nb_ctx_error(ctx));
       if (nb_dist_size() > 1) nb_dist_abort(1, "nabla train: the mesh could not be set up");
       nb_ctx_destroy(ctx);
       return 1;
     }
   }
+  /* the whole job as one axis: its checkpoints are one (every process writes its shards) */
+  nb_comm *job = mesh ? nb_dist_world(ctx) : NULL;
+  if (job) nb_ctx_bind_axis(ctx, "job", job);
   int rank = nb_dist_rank();
   char dir[1024];
   nb_cli_train_run_dir(&args, dir, sizeof dir);
@@ -234,7 +241,9 @@ int nb_cmd_train(int argc, char **argv) {
   if (rank == 0)
     printf("nabla train: run dir %s, config %s, %d threads%s\n", dir,
            config ? config : "<default: gpt2-tiny on data/corpus/kjv.txt>", threads,
-           mesh ? " per process, data parallel over the processes of mesh.data" : "");
+           !mesh                ? ""
+           : cfg.mesh.fsdp > 1 ? " per process, FSDP over the mesh.data x mesh.fsdp processes"
+                               : " per process, data parallel over the processes of mesh.data");
   nb_train_opts o = {.run_dir = dir, .peak_flops = peak, .threads = threads, .handle_signals = true,
                      .on_start = rank ? NULL : nb_cli_progress_start, .on_step = rank ? NULL : nb_cli_progress_step, .ud = &c};
   nb_train_result r;
@@ -267,6 +276,8 @@ int nb_cmd_train(int argc, char **argv) {
     nb_cli_print_viewers(stdout, "profile", trace);
   }
   if (mesh && rc) nb_dist_abort(rc, "nabla train failed on this rank: ending the job"); /* the others would wait */
+  if (job) nb_ctx_bind_axis(ctx, "job", NULL);
+  nb_dist_comm_destroy(job);
   nb_dist_mesh_destroy(mesh);
   nb_ctx_destroy(ctx);
   if (mesh) nb_dist_finalize();
