@@ -111,7 +111,9 @@ nb_data_map *nb_data_map_slice(nb_data_map *ds, int64_t start, int64_t stop, int
   int64_t n = ds->len;
   start = start < 0 ? 0 : start > n ? n : start;
   stop = stop < start ? start : stop > n ? n : stop;
-  nb_data_map *m = nb_data__map_new(ds->ctx, &slice_ops, ds, (stop - start + step - 1) / step, sizeof(slice_impl));
+  /* ceil((stop - start) / step) without the + step - 1 that overflows on an endless (INT64_MAX) map */
+  int64_t len = (stop - start) / step + ((stop - start) % step != 0);
+  nb_data_map *m = nb_data__map_new(ds->ctx, &slice_ops, ds, len, sizeof(slice_impl));
   if (m) *(slice_impl *)m->impl = (slice_impl){start, step};
   return m;
 }
