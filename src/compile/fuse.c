@@ -924,19 +924,22 @@ static int build_steps(fz *f) {
   return retry;
 }
 
+bool nb_jit__kernel_first_op(const nb_kernel *k, int i) {
+  const nb_knode *nd = &k->nodes[i];
+  if (nd->kind != NB_KN_OP && nd->kind != NB_KN_REDUCE) return false;
+  for (int j = 0; j < i; j++)
+    if ((k->nodes[j].kind == NB_KN_OP || k->nodes[j].kind == NB_KN_REDUCE) && k->nodes[j].prim == nd->prim) return false;
+  return true;
+}
+
 /* The distinct primitives a kernel computes, in its node order, "+"-joined
  * into out[cap] (cut with "..." when longer; "copy" when it only moves data). */
 static void kernel_ops(const nb_kernel *k, char *out, size_t cap) {
   size_t n = 0;
   out[0] = 0;
   for (int i = 0; i < k->nnodes; i++) {
-    const nb_knode *nd = &k->nodes[i];
-    if (nd->kind != NB_KN_OP && nd->kind != NB_KN_REDUCE) continue;
-    bool seen = false;
-    for (int j = 0; j < i && !seen; j++)
-      seen = (k->nodes[j].kind == NB_KN_OP || k->nodes[j].kind == NB_KN_REDUCE) && k->nodes[j].prim == nd->prim;
-    if (seen) continue;
-    const char *name = nb__rules(nd->prim)->name;
+    if (!nb_jit__kernel_first_op(k, i)) continue;
+    const char *name = nb__rules(k->nodes[i].prim)->name;
     size_t len = strlen(name) + (n ? 1 : 0);
     if (n + len + 4 > cap) {
       snprintf(out + n, cap - n, "...");

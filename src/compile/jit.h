@@ -111,6 +111,12 @@ typedef struct nb_kernel {
   double flops, bytes;
 } nb_kernel;
 
+/* Whether node i of k is the first of the kernel's op or reduce nodes to
+ * compute its primitive: walking i = 0.. and keeping these gives the
+ * distinct primitives a kernel computes, in node order (its name in
+ * traces and the op profile). */
+bool nb_jit__kernel_first_op(const nb_kernel *k, int i);
+
 /* ---------------------------------------------------------------- plan */
 
 typedef enum nb_buf_class { NB_BUF_NONE, NB_BUF_INPUT, NB_BUF_CONST, NB_BUF_TEMP, NB_BUF_OUTPUT } nb_buf_class;

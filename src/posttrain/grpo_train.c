@@ -163,17 +163,8 @@ nb_status nb_pt_grpo_config_load(nb_ctx *ctx, const char *path, int n_overrides,
   return s;
 }
 
-static void yaml_str(FILE *f, const char *s) {
-  fputc('"', f);
-  for (; *s; s++) {
-    if (*s == '"' || *s == '\\') fputc('\\', f);
-    fputc(*s, f);
-  }
-  fputc('"', f);
-}
-
 void nb_pt_grpo_config_write(const nb_pt_grpo_config *c, FILE *f) {
-  fputs("grpo:\n  base: ", f), yaml_str(f, c->base);
+  fputs("grpo:\n  base: ", f), nb_pt__yaml_str(f, c->base);
   fprintf(f, "\n  num_generations: %lld\n  max_completion_length: %lld\n  temperature: %.17g\n  top_k: %lld\n  top_p: %.17g\n"
              "  stop_token_id: %lld\n  loss_type: %s\n  epsilon_low: %.17g\n  epsilon_high: %.17g\n  beta: %.17g\n"
              "  scale_rewards: %s\n  eval_prompts: %lld\n  rewards:\n",
@@ -182,12 +173,12 @@ void nb_pt_grpo_config_write(const nb_pt_grpo_config *c, FILE *f) {
           c->loss.beta, c->scale_rewards ? "true" : "false", (long long)c->eval_prompts);
   for (int i = 0; i < c->n_rewards; i++) {
     const nb_pt_reward_spec *r = &c->rewards[i];
-    fprintf(f, "    - kind: %s\n      pattern: ", nb_pt_reward_kind_name(r->kind)), yaml_str(f, r->pattern);
-    fputs("\n      field: ", f), yaml_str(f, r->field);
+    fprintf(f, "    - kind: %s\n      pattern: ", nb_pt_reward_kind_name(r->kind)), nb_pt__yaml_str(f, r->pattern);
+    fputs("\n      field: ", f), nb_pt__yaml_str(f, r->field);
     fprintf(f, "\n      weight: %.17g\n      target: %.17g\n      scale: %.17g\n", r->weight, r->target, r->scale);
   }
   if (!c->lora_target[0]) return;
-  fputs("lora:\n  target: ", f), yaml_str(f, c->lora_target);
+  fputs("lora:\n  target: ", f), nb_pt__yaml_str(f, c->lora_target);
   fprintf(f, "\n  rank: %lld\n  alpha: %.17g\n  dropout: %.17g\n  rslora: %s\n  init: %s\n", (long long)c->lora.rank,
           c->lora.alpha, c->lora.dropout, c->lora.rslora ? "true" : "false", nb_pt_lora_init_name(c->lora.init));
 }

@@ -1,4 +1,4 @@
-/* posttrain's internal helpers shared by its commands (sft, dpo). */
+/* posttrain's internal helpers shared by its commands (sft, dpo, grpo). */
 #ifndef NABLA_POSTTRAIN_INTERNAL_H
 #define NABLA_POSTTRAIN_INTERNAL_H
 
@@ -16,6 +16,11 @@ nb_status nb_pt__load_base(nb_ctx *ctx, const char *key, const char *path, nb_mo
 #include "nabla/posttrain.h"
 nb_status nb_pt__set_lora_key(nb_ctx *ctx, const char *where, const char *key, const char *v, char target[NB_TRAIN_STR_MAX],
                               nb_pt_lora_config *lc);
+
+/* A config value as a YAML double-quoted scalar (" and \ escaped), for the
+ * commands' config.yaml writers. */
+#include <stdio.h>
+void nb_pt__yaml_str(FILE *f, const char *s);
 
 /* Adds reward i of src (a callback) to dst; a built-in of src is refused. */
 struct nb_pt_rewards;

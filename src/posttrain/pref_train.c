@@ -153,12 +153,9 @@ void nb_pt_pref_config_write(const nb_pt_pref_config *c, FILE *f) {
   write_float(f, "beta", c->loss.beta);
   write_float(f, "label_smoothing", c->loss.label_smoothing);
   write_float(f, "orpo_lambda", c->loss.orpo_lambda);
-  fputs("  base: \"", f);
-  for (const char *p = c->base; *p; p++) {
-    if (*p == '"' || *p == '\\') fputc('\\', f);
-    fputc(*p, f);
-  }
-  fputs("\"\n", f);
+  fputs("  base: ", f);
+  nb_pt__yaml_str(f, c->base);
+  fputc('\n', f);
   fprintf(f, "  precompute_ref: %s\n", c->precompute_ref ? "true" : "false");
   fprintf(f, "  chat_template: %s\n", nb_serve_chat_format_name(c->chat));
 }

@@ -84,7 +84,7 @@ nb_status nb_pt_sft_config_load(nb_ctx *ctx, const char *path, int n_overrides, 
 }
 
 /* a YAML double-quoted scalar */
-static void yaml_str(FILE *f, const char *s) {
+void nb_pt__yaml_str(FILE *f, const char *s) {
   fputc('"', f);
   for (; *s; s++) {
     if (*s == '"' || *s == '\\') fputc('\\', f);
@@ -98,9 +98,9 @@ char *nb_pt_sft_config_yaml(const nb_pt_sft_config *c) {
   size_t len = 0;
   FILE *f = open_memstream(&buf, &len);
   if (!f) return NULL;
-  fputs("sft:\n  base: ", f), yaml_str(f, c->base);
-  fprintf(f, "\n  chat_template: %s\n  quant_rules: ", nb_serve_chat_format_name(c->chat)), yaml_str(f, c->quant_rules);
-  fputs("\nlora:\n  target: ", f), yaml_str(f, c->lora_target);
+  fputs("sft:\n  base: ", f), nb_pt__yaml_str(f, c->base);
+  fprintf(f, "\n  chat_template: %s\n  quant_rules: ", nb_serve_chat_format_name(c->chat)), nb_pt__yaml_str(f, c->quant_rules);
+  fputs("\nlora:\n  target: ", f), nb_pt__yaml_str(f, c->lora_target);
   fprintf(f, "\n  rank: %lld\n  alpha: %.17g\n  dropout: %.17g\n  rslora: %s\n  init: %s\n  merge_at_end: %s\n",
           (long long)c->lora.rank, c->lora.alpha, c->lora.dropout, c->lora.rslora ? "true" : "false",
           nb_pt_lora_init_name(c->lora.init), c->merge_at_end ? "true" : "false");

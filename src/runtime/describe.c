@@ -117,14 +117,8 @@ static const char *step_family(const nb_exe *e, const nb_jstep *s) {
 static void put_kernel_ops(nb_jit_text *t, const nb_kernel *k) {
   nb_jit__printf(t, ",\"ops\":\"");
   int n = 0;
-  for (int i = 0; i < k->nnodes; i++) {
-    const nb_knode *nd = &k->nodes[i];
-    if (nd->kind != NB_KN_OP && nd->kind != NB_KN_REDUCE) continue;
-    bool seen = false;
-    for (int j = 0; j < i && !seen; j++)
-      seen = (k->nodes[j].kind == NB_KN_OP || k->nodes[j].kind == NB_KN_REDUCE) && k->nodes[j].prim == nd->prim;
-    if (!seen) nb_jit__printf(t, "%s%s", n++ ? "+" : "", nb__rules(nd->prim)->name);
-  }
+  for (int i = 0; i < k->nnodes; i++)
+    if (nb_jit__kernel_first_op(k, i)) nb_jit__printf(t, "%s%s", n++ ? "+" : "", nb__rules(k->nodes[i].prim)->name);
   nb_jit__printf(t, "%s\"", n ? "" : "copy");
 }
 
