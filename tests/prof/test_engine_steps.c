@@ -68,7 +68,7 @@ static void test_generate(void) {
     CHECK_MSG(access(path, R_OK) == 0, "%s is missing", path);
   }
   CHECK_MSG(strstr(err, "trace of engine steps 2-3 in g/trace.json"), "%s", err);
-  /* the range's end never comes: written at exit, from step 5 to the last (1 + 6 decode steps at most past the prompt) */
+  /* the range's end never comes (the run takes a few steps): written at exit, step 5 to the run's last, in order */
   rc = generate("--max-tokens 3 --profile-steps 5-1000");
   CHECK_MSG(rc == 0, "rc %d: %s", rc, err);
   snprintf(path, sizeof path, "%s/profile/trace.json", work);
