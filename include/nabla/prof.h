@@ -149,6 +149,11 @@ nb_status nb_prof_stop(nb_ctx *ctx);
 /* Whether a trace is being recorded. */
 bool nb_prof_tracing(void);
 
+/* A step range "A-B" or one step "A" (1 <= A <= B; decimal) into
+ * *first..*last: the trainer's profile.steps, generate's and serve's
+ * --profile-steps. False (both 0) when s is NULL, empty or malformed. */
+bool nb_prof_parse_steps(const char *s, int64_t *first, int64_t *last);
+
 /* A span of one's own on this thread's track, category "user": begin
  * opens it, end closes the innermost one open (scopes nest, up to 32 deep).
  * name is copied (63 bytes kept). No-ops when no trace is on. */

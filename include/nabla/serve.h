@@ -494,6 +494,10 @@ bool nb_serve_llm_has_unfinished(const nb_serve_llm *l);
  * the next call) lists every token drawn and every sample ended, in batch
  * order; a step may have none (a prompt chunk that is not the last). */
 nb_status nb_serve_llm_step(nb_serve_llm *l, const nb_serve_event **events, int32_t *num_events);
+/* Steps run so far (nb_serve_llm_step calls, failed ones included): step k
+ * (1-based) is a prefill chunk or a decode step of the batch, recorded in a
+ * trace as the span "engine step" (category "serve") with argument step=k. */
+int64_t nb_serve_llm_steps(const nb_serve_llm *l);
 
 /* ------------------------------------------------------------------------ */
 /* Chat templates                                                            */

@@ -315,6 +315,22 @@ nb_status nb_prof_stop(nb_ctx *ctx) {
 
 bool nb_prof_tracing(void) { return nb_util__tracing(); }
 
+bool nb_prof_parse_steps(const char *s, int64_t *first, int64_t *last) {
+  *first = *last = 0;
+  if (!s) return false;
+  char a[32], b[32], why[64];
+  const char *dash = strchr(s, '-');
+  size_t n = dash ? (size_t)(dash - s) : strlen(s);
+  if (!n || n >= sizeof a || (dash && (!dash[1] || strlen(dash + 1) >= sizeof b))) return false;
+  snprintf(a, sizeof a, "%.*s", (int)n, s);
+  snprintf(b, sizeof b, "%s", dash ? dash + 1 : a);
+  int64_t x, y;
+  if (!nb_parse_int(a, 1, INT64_MAX, &x, why, sizeof why) || !nb_parse_int(b, 1, INT64_MAX, &y, why, sizeof why) || y < x)
+    return false;
+  *first = x, *last = y;
+  return true;
+}
+
 void nb_prof_scope_begin(const char *name) { nb_util__trace_begin("user", name); }
 void nb_prof_scope_end(void) { nb_util__trace_end(); }
 void nb_prof_thread_name(const char *name) { nb_util__trace_thread_name(name); }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "serve/internal.h"
+#include "util/trace.h"
 
 /* What the loop keeps of a live request: its stop tokens and, per sample,
  * tokens generated so far (-1 once the sample ended). */
@@ -28,6 +29,7 @@ struct nb_serve_llm {
   nb_serve_sample_out *outs;    /* [max_num_seqs] */
   nb_serve_event *events;       /* [cap_events] */
   int32_t cap_events;
+  int64_t steps; /* nb_serve_llm_step calls so far: the engine's step numbers */
 };
 
 static void req_free(nb_ctx *ctx, llm_req *r) {
@@ -212,8 +214,7 @@ static bool is_stop(const llm_req *r, int32_t token) {
   return false;
 }
 
-nb_status nb_serve_llm_step(nb_serve_llm *l, const nb_serve_event **events, int32_t *num_events) {
-  if (!l || !events || !num_events) return NB_ERR_INVALID_ARG;
+static nb_status llm_step(nb_serve_llm *l, const nb_serve_event **events, int32_t *num_events) {
   *events = NULL;
   *num_events = 0;
   int32_t count = 0;
@@ -260,3 +261,16 @@ nb_status nb_serve_llm_step(nb_serve_llm *l, const nb_serve_event **events, int3
   *num_events = count;
   return s;
 }
+
+/* Each step is one span in a trace ("serve", "engine step", its number), so
+ * that a range of steps can be found and checked in it (--profile-steps). */
+nb_status nb_serve_llm_step(nb_serve_llm *l, const nb_serve_event **events, int32_t *num_events) {
+  if (!l || !events || !num_events) return NB_ERR_INVALID_ARG;
+  int64_t t0 = nb_util__trace_start();
+  nb_status s = llm_step(l, events, num_events);
+  nb_util__trace_arg a = {"step", NULL, (double)++l->steps};
+  nb_util__trace_span("serve", "engine step", t0, nb_util__now_ns(), &a, 1);
+  return s;
+}
+
+int64_t nb_serve_llm_steps(const nb_serve_llm *l) { return l ? l->steps : 0; }

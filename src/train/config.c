@@ -10,6 +10,7 @@
 #include <string.h>
 #include <yaml.h>
 
+#include "nabla/prof.h"
 #include "nabla/train.h"
 #include "util/util.h"
 
@@ -491,18 +492,7 @@ nb_status nb_train_config_validate(nb_ctx *ctx, const nb_train_config *c) {
 }
 
 bool nb_train_profile_steps(const nb_train_config *c, int64_t *first, int64_t *last) {
-  *first = *last = 0;
-  char a[32], b[32], why[64];
-  const char *s = c->profile.steps, *dash = strchr(s, '-');
-  size_t n = dash ? (size_t)(dash - s) : strlen(s);
-  if (!n || n >= sizeof a || (dash && (!dash[1] || strlen(dash + 1) >= sizeof b))) return false;
-  snprintf(a, sizeof a, "%.*s", (int)n, s);
-  snprintf(b, sizeof b, "%s", dash ? dash + 1 : a);
-  int64_t x, y;
-  if (!nb_parse_int(a, 1, INT64_MAX, &x, why, sizeof why) || !nb_parse_int(b, 1, INT64_MAX, &y, why, sizeof why) || y < x)
-    return false;
-  *first = x, *last = y;
-  return true;
+  return nb_prof_parse_steps(c->profile.steps, first, last);
 }
 
 static void write_str(FILE *f, const char *s) {

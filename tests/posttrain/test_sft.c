@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "testfs.h"
+#include "tracecheck.h"
 
 #include "nabla/nabla.h"
 
@@ -280,10 +281,18 @@ static void test_refusals(nb_ctx *ctx) {
   const char *src = getenv("NABLA_SOURCE_DIR");
   snprintf(cmd, sizeof cmd,
            "%s sft sft.yaml --run-dir hf --threads 1 sft.base= init_from=%s/tests/models/golden/hf_llama_tiny data.seq_len=64 "
-           "steps=2 eval_every=2 eval_steps=1 checkpoint_every=0 lora.target='.*attn/w[qv]'",
+           "steps=2 eval_every=2 eval_steps=1 checkpoint_every=0 lora.target='.*attn/w[qv]' profile.steps=2",
            nb_test_nabla_bin(), src ? src : "..");
   CHECK_MSG(nb_test_run2(cmd, out, sizeof out, err, sizeof err) == 0 && strstr(out, "eval eval.jsonl") && strstr(out, "done: step 2"),
             "%s\n%s", out, err);
+  /* profile.steps works through sft as through train: the trace holds step 2 alone */
+  nb_test_trace t;
+  if (!nb_test_trace_load("hf/profile/trace.json", &t)) {
+    const nb_test_span *st = nb_test_trace_find(&t, "train step");
+    CHECK_MSG(nb_test_trace_count(&t, "train step", "train", NULL) == 1 && st && strstr(st->args, "\"step\":2,"),
+              "%zu train steps in sft's profile.steps trace", nb_test_trace_count(&t, "train step", NULL, NULL));
+    nb_test_trace_free(&t);
+  }
   snprintf(cmd, sizeof cmd, "%s sft sft.yaml --run-dir bad lora.rnk=3", nb_test_nabla_bin());
   CHECK(nb_test_run2(cmd, out, sizeof out, err, sizeof err) == 1 && strstr(err, "unknown key 'lora.rnk'"));
   snprintf(cmd, sizeof cmd, "%s sft sft.yaml --run-dir bad sft.chat_template=jinja", nb_test_nabla_bin());

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "nabla/quant.h"
+#include "nabla/serve.h"
 
 /* Whether argv[1..argc) holds -h or --help before any "--" (what follows "--" is another command's). */
 bool nb_cli_help_asked(int argc, char **argv);
@@ -42,6 +43,26 @@ int nb_cli_run_traced(const char *path, int argc, char **argv);
 /* Prints "CMD: memory viewer TRACE.memory.html, graph ... TRACE.graph.svg"
  * when nb_prof_stop wrote them beside trace (docs/prof.md). */
 void nb_cli_print_viewers(FILE *f, const char *cmd, const char *trace);
+
+/* --profile-steps A-B [--profile-out FILE] of generate and serve: a trace of
+ * the serving engine's steps A..B (1-based, nb_serve_llm_steps), started
+ * before step A and stopped after step B, or at exit when B never came
+ * (tools/nabla/profile_steps.c; docs/prof.md, "Capturing one"). */
+typedef struct nb_cli_prof_steps {
+  int64_t first, last; /* 0: off */
+  const char *path;    /* the trace; NULL: profile/trace.json */
+  int state;           /* 0 not started, 1 recording, 2 done */
+} nb_cli_prof_steps;
+/* Parses the value of --profile-steps; false after printing
+ * "nabla CMD: --profile-steps: ..." */
+bool nb_cli_prof_steps_parse(const char *cmd, const char *v, nb_cli_prof_steps *p);
+/* nb_serve_llm_step with p's trace started before and stopped after it
+ * when its step is the range's first / last. A trace that cannot be
+ * started or written is a warning on stderr; the step goes on. */
+nb_status nb_cli_llm_step(const char *cmd, nb_cli_prof_steps *p, nb_ctx *ctx, nb_serve_llm *l, const nb_serve_event **ev,
+                          int32_t *n);
+/* Writes p's trace if it is still being recorded (the command ends before step B). */
+void nb_cli_prof_steps_finish(const char *cmd, nb_cli_prof_steps *p, nb_ctx *ctx);
 
 /* Whether path is a regular file starting with GGUF's magic. */
 bool nb_cli_is_gguf(const char *path);

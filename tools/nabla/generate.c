@@ -42,7 +42,9 @@ static const char usage_text[] =
           "  --prefill-chunk N    prompt tokens per prefill call (default 64)\n"
           "  --no-bos             do not prepend the model's beginning-of-text token\n"
           "  --show-ids           print the prompt and generated token ids to stderr\n"
-          "  --threads N          compute threads (default: all CPUs)\n";
+          "  --threads N          compute threads (default: all CPUs)\n"
+          "  --profile-steps A-B  trace the engine's steps A..B (1-based: prefill chunks, then decode steps)\n"
+          "  --profile-out FILE   that trace's file (default profile/trace.json), the op profile and profile.html beside it\n";
 
 static int usage(void) { return nb_cli_usage(usage_text, false); }
 
@@ -54,6 +56,7 @@ typedef struct options {
   uint64_t seed;
   bool no_bos, show_ids;
   int threads;
+  nb_cli_prof_steps prof;
 } options;
 
 /* 0 ok, 2 usage */
@@ -91,6 +94,8 @@ static int parse(int argc, char **argv, options *o) {
     else if (!strcmp(a, "--max-seq-len")) ok = nb_cli_int("generate", a, v, 2, 1000000000, &o->max_seq_len);
     else if (!strcmp(a, "--prefill-chunk")) ok = nb_cli_int("generate", a, v, 1, 1000000, &o->chunk);
     else if (!strcmp(a, "--threads")) ok = nb_cli_int("generate", a, v, 1, 4096, &n), o->threads = (int)n;
+    else if (!strcmp(a, "--profile-steps")) ok = nb_cli_prof_steps_parse("generate", v, &o->prof);
+    else if (!strcmp(a, "--profile-out")) o->prof.path = v;
     else return fprintf(stderr, "nabla generate: unknown argument '%s'\n", a), usage();
     if (!ok) return 2;
     if (strcmp(a, "--no-bos") && strcmp(a, "--show-ids")) i++;
@@ -99,6 +104,7 @@ static int parse(int argc, char **argv, options *o) {
   if (sources != 1) return fprintf(stderr, "nabla generate: give exactly one of --run-dir, --checkpoint, --hf, --gguf\n"), usage();
   if (!o->prompt) return fprintf(stderr, "nabla generate: --prompt is required\n"), usage();
   if (o->config && (o->hf || o->gguf)) return fprintf(stderr, "nabla generate: --config goes with --run-dir or --checkpoint\n"), usage();
+  if (o->prof.path && !o->prof.first) return fprintf(stderr, "nabla generate: --profile-out goes with --profile-steps\n"), usage();
   return 0;
 }
 
@@ -206,8 +212,8 @@ static double cpu_s(void) {
 /* One request of o->n samples through the engine until every sample ended;
  * sample k's ids go to out + k * max_tokens, its count to n_out[k], why it
  * ended to why[k]. */
-static nb_status drive(nb_serve_llm *l, const nb_serve_llm_request *req, stream *st, int32_t *out, int32_t *n_out,
-                       nb_serve_finish_reason *why, timings *t) {
+static nb_status drive(nb_ctx *ctx, nb_cli_prof_steps *prof, nb_serve_llm *l, const nb_serve_llm_request *req, stream *st,
+                       int32_t *out, int32_t *n_out, nb_serve_finish_reason *why, timings *t) {
   nb_status s = nb_serve_llm_add(l, req);
   const nb_serve_model *model = nb_serve_llm_model(l);
   bool first = true;
@@ -216,7 +222,7 @@ static nb_status drive(nb_serve_llm *l, const nb_serve_llm_request *req, stream 
     double c0 = nb_serve_model_compile_s(model), s0 = nb_util__now_s(), p0 = cpu_s();
     const nb_serve_event *ev;
     int32_t n_ev = 0, drawn = 0;
-    s = nb_serve_llm_step(l, &ev, &n_ev);
+    s = nb_cli_llm_step("generate", prof, ctx, l, &ev, &n_ev);
     double c = nb_serve_model_compile_s(model) - c0, run = nb_util__now_s() - s0 - c;
     t->compile_s += c;
     if (first) t->prefill_s += run; /* prompt chunks, the last of which draws the first tokens */
@@ -239,7 +245,7 @@ static nb_status drive(nb_serve_llm *l, const nb_serve_llm_request *req, stream 
   return s;
 }
 
-static int run(nb_ctx *ctx, const options *o) {
+static int run(nb_ctx *ctx, options *o) {
   nb_model_loaded m;
   nb_status s = o->hf           ? nb_model_load_hf(ctx, o->hf, &m)
                 : o->gguf       ? nb_model_load_gguf(ctx, o->gguf, &m)
@@ -329,7 +335,8 @@ static int run(nb_ctx *ctx, const options *o) {
                                     .n = n, .sampling = &sp}};
   timings t = {0};
   bool failed = false;
-  s = max_new > 0 ? drive(l, &req, st, out, n_out, why, &t) : NB_OK;
+  s = max_new > 0 ? drive(ctx, &o->prof, l, &req, st, out, n_out, why, &t) : NB_OK;
+  nb_cli_prof_steps_finish("generate", &o->prof, ctx); /* the run ended before the range's last step */
   for (int32_t k = 0; k < n; k++) {
     if (st[k].n_pending) fwrite(st[k].pending, 1, st[k].n_pending, st[k].out); /* an unfinished sequence at the very end */
     failed |= st[k].failed;

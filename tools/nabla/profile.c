@@ -13,7 +13,8 @@ static const char usage_text[] =
     "  compiles, data waits, checkpoint saves, training steps, on a track per thread\n"
     "  --out PATH  the trace file (Chrome trace-event JSON; default profile/trace.json), with a summary\n"
     "              beside it (PATH.summary.json); open the trace in ui.perfetto.dev or chrome://tracing\n"
-    "  (NABLA_PROFILE=PATH nabla COMMAND ... does the same; for training steps only: profile.steps=A-B)\n";
+    "  (NABLA_PROFILE=PATH nabla COMMAND ... does the same; for some steps only: train/sft/dpo/grpo\n"
+    "  profile.steps=A-B, generate/serve --profile-steps A-B)\n";
 
 int nb_cmd_profile(int argc, char **argv) {
   const char *out = "profile/trace.json";

@@ -37,6 +37,10 @@ static const char usage_text[] =
     "  --kv-cache-memory-fraction F  or this fraction (0, 1] of physical memory\n"
     "  --enable-prefix-caching / --no-enable-prefix-caching  reuse the KV blocks of earlier\n"
     "                       prompts' common prefixes (default on)\n"
+    "profile:\n"
+    "  --profile-steps A-B  trace the engine's steps A..B (1-based: prefill chunks and decode steps of the\n"
+    "                       batch); written after step B, or at exit (SIGTERM) if B never comes\n"
+    "  --profile-out FILE   that trace's file (default profile/trace.json), the op profile and profile.html beside it\n"
     "offline:\n"
     "  --batch FILE         answer an OpenAI batch file (JSONL) instead of listening\n"
     "  --output FILE        where the batch's answers go (JSONL, one per input line)\n";
@@ -67,6 +71,8 @@ static int parse(int argc, char **argv, options *o) {
     else if (!strcmp(a, "--chat-template")) o->chat_template = v;
     else if (!strcmp(a, "--batch")) o->batch = v;
     else if (!strcmp(a, "--output")) o->output = v;
+    else if (!strcmp(a, "--profile-steps")) ok = nb_cli_prof_steps_parse("serve", v, &o->prof);
+    else if (!strcmp(a, "--profile-out")) o->prof.path = v;
     else if (!strcmp(a, "--port")) ok = nb_cli_int("serve", a, v, 0, 65535, &o->port);
     else if (!strcmp(a, "--max-body")) ok = nb_cli_int("serve", a, v, 1, INT64_C(1) << 32, &o->max_body);
     else if (!strcmp(a, "--timeout")) ok = nb_cli_int("serve", a, v, 1, 86400, &o->timeout);
@@ -92,6 +98,7 @@ static int parse(int argc, char **argv, options *o) {
     return fprintf(stderr, "nabla serve: --max-num-batched-tokens %lld is below --max-num-seqs %lld\n",
                    (long long)o->max_num_batched_tokens, (long long)o->max_num_seqs), 2;
   if (!o->batch != !o->output) return fprintf(stderr, "nabla serve: --batch and --output go together\n"), 2;
+  if (o->prof.path && !o->prof.first) return fprintf(stderr, "nabla serve: --profile-out goes with --profile-steps\n"), 2;
   if (o->batch) {
     const char *inputs[] = {o->batch, o->model, o->config};
     if (!nb_cli_output_ok("serve", o->output, false, o->config ? 3 : 2, inputs)) return 2;
@@ -228,6 +235,7 @@ int nb_cmd_serve(int argc, char **argv) {
     pthread_cond_init(&sv->cv, NULL);
     sv->created = time(NULL);
     rc = sv->ctx ? serve(sv) : 1;
+    if (sv->ctx) nb_cli_prof_steps_finish("serve", &sv->opt.prof, sv->ctx); /* step B never came: what was recorded */
     nb_serve_llm_destroy(sv->llm);
     nb_quant_plan_destroy(sv->plan);
     nb_model_loaded_free(&sv->m);

@@ -415,7 +415,7 @@ static void *engine_main(void *arg) {
     if (nb_serve_llm_has_unfinished(sv->llm)) {
       const nb_serve_event *ev = NULL;
       int32_t n = 0;
-      nb_status s = nb_serve_llm_step(sv->llm, &ev, &n);
+      nb_status s = nb_cli_llm_step("serve", &sv->opt.prof, sv->ctx, sv->llm, &ev, &n);
       route(sv, &r, ev, n);
       if (s) { /* the step failed: every running job gets the error and ends */
         char msg[1200];

@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "cli.h"
 #include "nabla/nabla.h"
 
 /* ---------------------------------------------------------------- text (serve_text.c) */
@@ -42,6 +43,7 @@ typedef struct options {
   double kv_cache_fraction;
   bool prefix_caching;
   int threads;
+  nb_cli_prof_steps prof; /* --profile-steps, --profile-out */
 } options;
 
 /* Prometheus histogram: counts per upper bound (cumulative when printed). */
