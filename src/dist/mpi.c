@@ -128,8 +128,10 @@ static void next_tag(nb_dist__comm *c) { c->tag = (c->tag + 1) & 0x7fff; }
 static int mpi_rank(const nb_comm *b) { return ((const nb_dist__comm *)b)->rank; }
 static int mpi_size(const nb_comm *b) { return ((const nb_dist__comm *)b)->size; }
 
-/* recv[r] = send of rank r; also the first half of every reduction */
-static nb_status mpi_allgather(nb_comm *b, nb_ctx *ctx, const void *send, void *recv, size_t bytes) {
+/* recv[r] = rank r's block for this rank: block r of its send when
+ * send_stride is bytes (all_to_all), its whole send when 0 (allgather) */
+static nb_status exchange(nb_comm *b, nb_ctx *ctx, const void *send, size_t send_stride, void *recv, size_t bytes,
+                          const char *what) {
   nb_dist__comm *c = (nb_dist__comm *)b;
   next_tag(c);
   pending p = {0};
@@ -137,9 +139,14 @@ static nb_status mpi_allgather(nb_comm *b, nb_ctx *ctx, const void *send, void *
   for (int r = 0; !s && r < c->size; r++)
     if (r != c->rank) s = post(c, ctx, &p, true, (char *)recv + (size_t)r * bytes, bytes, r);
   for (int r = 0; !s && r < c->size; r++)
-    if (r != c->rank) s = post(c, ctx, &p, false, (void *)send, bytes, r);
-  if (bytes) memmove((char *)recv + (size_t)c->rank * bytes, send, bytes);
-  return s ? s : wait_all(c, ctx, &p, "allgather");
+    if (r != c->rank) s = post(c, ctx, &p, false, (char *)send + (size_t)r * send_stride, bytes, r);
+  if (bytes) memmove((char *)recv + (size_t)c->rank * bytes, (const char *)send + (size_t)c->rank * send_stride, bytes);
+  return s ? s : wait_all(c, ctx, &p, what);
+}
+
+/* also the first half of every reduction */
+static nb_status mpi_allgather(nb_comm *b, nb_ctx *ctx, const void *send, void *recv, size_t bytes) {
+  return exchange(b, ctx, send, 0, recv, bytes, "allgather");
 }
 
 /* out = ((in[0] op in[1]) op in[2]) ...: the rank order, whatever the arrival order */
@@ -164,16 +171,7 @@ static nb_status mpi_allreduce(nb_comm *b, nb_ctx *ctx, void *buf, size_t count,
 }
 
 static nb_status mpi_all_to_all(nb_comm *b, nb_ctx *ctx, const void *send, void *recv, size_t bytes) {
-  nb_dist__comm *c = (nb_dist__comm *)b;
-  next_tag(c);
-  pending p = {0};
-  nb_status s = NB_OK;
-  for (int r = 0; !s && r < c->size; r++)
-    if (r != c->rank) s = post(c, ctx, &p, true, (char *)recv + (size_t)r * bytes, bytes, r);
-  for (int r = 0; !s && r < c->size; r++)
-    if (r != c->rank) s = post(c, ctx, &p, false, (char *)send + (size_t)r * bytes, bytes, r);
-  if (bytes) memmove((char *)recv + (size_t)c->rank * bytes, (const char *)send + (size_t)c->rank * bytes, bytes);
-  return s ? s : wait_all(c, ctx, &p, "all_to_all");
+  return exchange(b, ctx, send, bytes, recv, bytes, "all_to_all");
 }
 
 /* Block r of every rank's send comes to rank r (an all_to_all), which folds them in rank order. */
