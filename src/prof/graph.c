@@ -189,22 +189,12 @@ void nb_prof__graph_html(FILE *f, const nb_prof__view *v) {
 
 /* ---- the API ---------------------------------------------------------------- */
 
+static void standalone_svg(FILE *f, const nb_prof__view *v) { nb_prof__graph_svg(f, v, true); }
+
 nb_status nb_prof_graph_svg(nb_ctx *ctx, const nb_exe *exe, FILE *out) {
-  if (!exe || !out) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "nb_prof_graph_svg: %s is NULL", exe ? "out" : "exe");
-  nb_prof__view v;
-  nb_status s = nb_prof__view_build(ctx, exe, &v);
-  if (s) return s;
-  nb_prof__graph_svg(out, &v, true);
-  nb_prof__view_free(&v);
-  return ferror(out) ? nb_errorf(ctx, NB_ERR_IO, "nb_prof_graph_svg: write error") : NB_OK;
+  return nb_prof__view_draw(ctx, exe, out, "nb_prof_graph_svg", standalone_svg);
 }
 
 nb_status nb_prof_graph_html(nb_ctx *ctx, const nb_exe *exe, FILE *out) {
-  if (!exe || !out) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "nb_prof_graph_html: %s is NULL", exe ? "out" : "exe");
-  nb_prof__view v;
-  nb_status s = nb_prof__view_build(ctx, exe, &v);
-  if (s) return s;
-  nb_prof__graph_html(out, &v);
-  nb_prof__view_free(&v);
-  return ferror(out) ? nb_errorf(ctx, NB_ERR_IO, "nb_prof_graph_html: write error") : NB_OK;
+  return nb_prof__view_draw(ctx, exe, out, "nb_prof_graph_html", nb_prof__graph_html);
 }

@@ -282,23 +282,12 @@ void nb_prof__memory_html(FILE *f, const nb_prof__view *v) {
 
 /* ---- the API ---------------------------------------------------------------- */
 
+static void one_json(FILE *f, const nb_prof__view *v) { nb_prof__memory_json(f, &v, 1, NULL); }
+
 nb_status nb_prof_memory_json(nb_ctx *ctx, const nb_exe *exe, FILE *out) {
-  if (!exe || !out) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "nb_prof_memory_json: %s is NULL", exe ? "out" : "exe");
-  nb_prof__view v;
-  nb_status s = nb_prof__view_build(ctx, exe, &v);
-  if (s) return s;
-  const nb_prof__view *one = &v;
-  nb_prof__memory_json(out, &one, 1, NULL);
-  nb_prof__view_free(&v);
-  return ferror(out) ? nb_errorf(ctx, NB_ERR_IO, "nb_prof_memory_json: write error") : NB_OK;
+  return nb_prof__view_draw(ctx, exe, out, "nb_prof_memory_json", one_json);
 }
 
 nb_status nb_prof_memory_html(nb_ctx *ctx, const nb_exe *exe, FILE *out) {
-  if (!exe || !out) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "nb_prof_memory_html: %s is NULL", exe ? "out" : "exe");
-  nb_prof__view v;
-  nb_status s = nb_prof__view_build(ctx, exe, &v);
-  if (s) return s;
-  nb_prof__memory_html(out, &v);
-  nb_prof__view_free(&v);
-  return ferror(out) ? nb_errorf(ctx, NB_ERR_IO, "nb_prof_memory_html: write error") : NB_OK;
+  return nb_prof__view_draw(ctx, exe, out, "nb_prof_memory_html", nb_prof__memory_html);
 }

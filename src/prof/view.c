@@ -225,3 +225,14 @@ size_t *nb_prof__view_peak_set(const nb_prof__view *v, size_t *n) {
   free(r);
   return ix;
 }
+
+nb_status nb_prof__view_draw(nb_ctx *ctx, const nb_exe *exe, FILE *out, const char *api,
+                             void (*draw)(FILE *f, const nb_prof__view *v)) {
+  if (!exe || !out) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: %s is NULL", api, exe ? "out" : "exe");
+  nb_prof__view v;
+  nb_status s = nb_prof__view_build(ctx, exe, &v);
+  if (s) return s;
+  draw(out, &v);
+  nb_prof__view_free(&v);
+  return ferror(out) ? nb_errorf(ctx, NB_ERR_IO, "%s: write error", api) : NB_OK;
+}

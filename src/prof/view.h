@@ -61,6 +61,10 @@ typedef struct nb_prof__view {
 /* Copies out what the viewers need of e. NB_ERR_NOMEM on ctx. */
 nb_status nb_prof__view_build(nb_ctx *ctx, const nb_exe *e, nb_prof__view *v);
 void nb_prof__view_free(nb_prof__view *v);
+/* The public viewers' one body: builds exe's view, draws it on out, frees
+ * it; errors are named after api ("nb_prof_graph_svg"). */
+nb_status nb_prof__view_draw(nb_ctx *ctx, const nb_exe *exe, FILE *out, const char *api,
+                             void (*draw)(FILE *f, const nb_prof__view *v));
 /* Blocks live at the peak, by bytes (largest first): indices into v->blocks, *n of them (malloc'ed; NULL on OOM). */
 size_t *nb_prof__view_peak_set(const nb_prof__view *v, size_t *n);
 const char *nb_prof__kind_name(int kind);
