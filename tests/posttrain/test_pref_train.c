@@ -24,6 +24,7 @@
 
 #include "primcheck.h"
 #include "testfs.h"
+#include "testrun.h"
 #include "nabla/posttrain.h"
 
 static char dir[512];
@@ -139,33 +140,18 @@ static nb_status dpo(nb_ctx *ctx, const char *run, int64_t steps, bool stop, boo
   return s;
 }
 
-/* The "loss" of every train record of metrics.jsonl, as text, into out. */
+/* run dirs below this test's scratch dir (tests/lib/testrun.h) */
 static void losses(const char *run, char *out, size_t cap) {
   char path[700];
-  snprintf(path, sizeof path, "%s/%s/metrics.jsonl", dir, run);
-  char *t = nb_test_read_file(path, NULL);
-  out[0] = 0;
-  for (char *p = t; p && (p = strstr(p, "\"loss\":")); p += 7) {
-    size_t n = strlen(out);
-    snprintf(out + n, cap - n, "%.*s;", (int)strcspn(p + 7, ","), p + 7);
-  }
-  free(t);
+  snprintf(path, sizeof path, "%s/%s", dir, run);
+  nb_test_run_losses(path, out, cap);
 }
 
 static bool same_params(nb_ctx *ctx, const char *a, const char *b) {
   char pa[700], pb[700];
   snprintf(pa, sizeof pa, "%s/%s", dir, a);
   snprintf(pb, sizeof pb, "%s/%s", dir, b);
-  nb_model_loaded ma, mb;
-  if (nb_train_load_run_dir(ctx, pa, NULL, &ma) || nb_train_load_run_dir(ctx, pb, NULL, &mb)) return false;
-  bool same = nb_tree_size(ma.params) == nb_tree_size(mb.params);
-  for (size_t i = 0; same && i < nb_tree_size(ma.params); i++) {
-    const nb_array *x = nb_tree_leaf(ma.params, i)->array, *y = nb_tree_get_array(mb.params, nb_tree_path(ma.params, i));
-    same = y && nb_array_nbytes(x) == nb_array_nbytes(y) && !memcmp(nb_array_data(x), nb_array_data(y), nb_array_nbytes(x));
-  }
-  nb_model_loaded_free(&ma);
-  nb_model_loaded_free(&mb);
-  return same;
+  return nb_test_run_same_params(ctx, pa, pb);
 }
 
 int main(void) {
