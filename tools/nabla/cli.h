@@ -104,6 +104,11 @@ typedef struct nb_cli_progress {
 typedef struct nb_train_start_info nb_train_start_info;
 typedef struct nb_train_step_info nb_train_step_info;
 void nb_cli_progress_start(void *ud, const nb_train_start_info *in);
+/* The peak FLOP/s MFU is against: flag_peak (--peak-gflops) when > 0, else
+ * this machine's measured one (cached) into *pk; c->peak_source names it
+ * (it may point into *pk: keep pk alive as long as c). */
+typedef struct nb_prof_peak nb_prof_peak;
+double nb_cli_progress_peak(nb_cli_progress *c, nb_prof_peak *pk, int threads, double flag_peak);
 void nb_cli_progress_step(void *ud, const nb_train_step_info *si);
 /* --threads N, else $NABLA_THREADS, else the CPU count; 0 after printing why. */
 int nb_cli_threads(const char *cmd, int flag_threads);

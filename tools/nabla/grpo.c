@@ -59,13 +59,9 @@ int nb_cmd_grpo(int argc, char **argv) {
   nb_cli_train_run_dir(&args, dir, sizeof dir);
   int threads = nb_cli_threads("grpo", args.threads);
   if (!threads) return nb_ctx_destroy(ctx), 2;
-  nb_cli_progress c = {.peak_source = "--peak-gflops"};
-  nb_prof_peak pk;
-  if (peak <= 0) {
-    pk = nb_prof_peak_flops(threads);
-    peak = pk.flops;
-    c.peak_source = pk.source;
-  }
+  nb_cli_progress c = {0};
+  nb_prof_peak pk; /* c.peak_source may point into it for the whole run */
+  peak = nb_cli_progress_peak(&c, &pk, threads, peak);
   printf("nabla grpo: run dir %s, config %s, base %s, %s, %lld prompts x %lld completions per step, %s loss, %d threads\n", dir,
          args.config, gc.base[0] ? gc.base : "(a fresh model)", gc.lora_target[0] ? "LoRA" : "full fine-tuning",
          (long long)cfg.batch_size, (long long)gc.num_generations, nb_pt_grpo_loss_name(gc.loss.loss_type), threads);

@@ -47,13 +47,9 @@ int nb_cmd_sft(int argc, char **argv) {
   nb_cli_train_run_dir(&args, dir, sizeof dir);
   int threads = nb_cli_threads("sft", args.threads);
   if (!threads) return nb_ctx_destroy(ctx), 2;
-  nb_cli_progress c = {.peak_source = "--peak-gflops"};
-  nb_prof_peak pk; /* c.peak_source points into it for the whole run */
-  if (peak <= 0) {
-    pk = nb_prof_peak_flops(threads);
-    peak = pk.flops;
-    c.peak_source = pk.source;
-  }
+  nb_cli_progress c = {0};
+  nb_prof_peak pk; /* c.peak_source may point into it for the whole run */
+  peak = nb_cli_progress_peak(&c, &pk, threads, peak);
   printf("nabla sft: run dir %s, config %s, base %s, %s, %d threads\n", dir, args.config, sft.base,
          sft.lora_target[0] ? (sft.quant_rules[0] ? "QLoRA" : "LoRA") : "full fine-tuning", threads);
   nb_train_opts o = {.run_dir = dir, .peak_flops = peak, .threads = threads, .handle_signals = true,

@@ -62,6 +62,14 @@ static const char usage_text[] =
     "data parallel: mpirun -np N nabla train ... mesh.data=N grad_accum=N, or nabla launch -n N [--max-restarts K]\n"
     "              -- nabla train ... mesh.data=N grad_accum=N (docs/dist.md)\n";
 
+double nb_cli_progress_peak(nb_cli_progress *c, nb_prof_peak *pk, int threads, double flag_peak) {
+  c->peak_source = "--peak-gflops";
+  if (flag_peak > 0) return flag_peak;
+  *pk = nb_prof_peak_flops(threads);
+  c->peak_source = pk->source;
+  return pk->flops;
+}
+
 void nb_cli_progress_start(void *ud, const nb_train_start_info *in) {
   nb_cli_progress *c = ud;
   c->t_start = nb_util__now_s();
@@ -231,13 +239,9 @@ int nb_cmd_train(int argc, char **argv) {
   nb_cli_train_run_dir(&args, dir, sizeof dir);
   threads = nb_cli_threads("train", threads);
   if (!threads) return nb_ctx_destroy(ctx), 2;
-  nb_cli_progress c = {.peak_source = "--peak-gflops"};
-  nb_prof_peak pk;
-  if (peak <= 0) {
-    pk = nb_prof_peak_flops(threads);
-    peak = pk.flops;
-    c.peak_source = pk.source;
-  }
+  nb_cli_progress c = {0};
+  nb_prof_peak pk; /* c.peak_source may point into it for the whole run */
+  peak = nb_cli_progress_peak(&c, &pk, threads, peak);
   if (rank == 0)
     printf("nabla train: run dir %s, config %s, %d threads%s\n", dir,
            config ? config : "<default: gpt2-tiny on data/corpus/kjv.txt>", threads,
