@@ -144,7 +144,6 @@ static nb_status exchange(nb_comm *b, nb_ctx *ctx, const void *send, size_t send
   return s ? s : wait_all(c, ctx, &p, what);
 }
 
-/* also the first half of every reduction */
 static nb_status mpi_allgather(nb_comm *b, nb_ctx *ctx, const void *send, void *recv, size_t bytes) {
   return exchange(b, ctx, send, 0, recv, bytes, "allgather");
 }
@@ -159,15 +158,22 @@ static nb_status fold_ranks(nb_ctx *ctx, int n, const char *blocks, void *out, s
   return s;
 }
 
-static nb_status mpi_allreduce(nb_comm *b, nb_ctx *ctx, void *buf, size_t count, nb_dtype t, nb_comm_reduce op) {
+/* exchange (send_stride as there) then the rank-order fold into out: every
+ * reduction is this, so none depends on arrival order */
+static nb_status exchange_fold(nb_comm *b, nb_ctx *ctx, const void *send, size_t send_stride, void *out, size_t count,
+                               nb_dtype t, nb_comm_reduce op, const char *what) {
   nb_dist__comm *c = (nb_dist__comm *)b;
   size_t bytes = count * nb_dtype_size(t);
-  char *all = nb_alloc(ctx, bytes * (size_t)c->size + 1);
-  if (!all) return NB_ERR_NOMEM;
-  nb_status s = mpi_allgather(b, ctx, buf, all, bytes);
-  if (!s) s = fold_ranks(ctx, c->size, all, buf, count, t, op);
-  nb_dealloc(ctx, all, bytes * (size_t)c->size + 1);
+  char *blocks = nb_alloc(ctx, bytes * (size_t)c->size + 1);
+  if (!blocks) return NB_ERR_NOMEM;
+  nb_status s = exchange(b, ctx, send, send_stride, blocks, bytes, what);
+  if (!s) s = fold_ranks(ctx, c->size, blocks, out, count, t, op);
+  nb_dealloc(ctx, blocks, bytes * (size_t)c->size + 1);
   return s;
+}
+
+static nb_status mpi_allreduce(nb_comm *b, nb_ctx *ctx, void *buf, size_t count, nb_dtype t, nb_comm_reduce op) {
+  return exchange_fold(b, ctx, buf, 0, buf, count, t, op, "allreduce");
 }
 
 static nb_status mpi_all_to_all(nb_comm *b, nb_ctx *ctx, const void *send, void *recv, size_t bytes) {
@@ -177,14 +183,7 @@ static nb_status mpi_all_to_all(nb_comm *b, nb_ctx *ctx, const void *send, void 
 /* Block r of every rank's send comes to rank r (an all_to_all), which folds them in rank order. */
 static nb_status mpi_reduce_scatter(nb_comm *b, nb_ctx *ctx, const void *send, void *recv, size_t count, nb_dtype t,
                                     nb_comm_reduce op) {
-  nb_dist__comm *c = (nb_dist__comm *)b;
-  size_t bytes = count * nb_dtype_size(t);
-  char *mine = nb_alloc(ctx, bytes * (size_t)c->size + 1);
-  if (!mine) return NB_ERR_NOMEM;
-  nb_status s = mpi_all_to_all(b, ctx, send, mine, bytes);
-  if (!s) s = fold_ranks(ctx, c->size, mine, recv, count, t, op);
-  nb_dealloc(ctx, mine, bytes * (size_t)c->size + 1);
-  return s;
+  return exchange_fold(b, ctx, send, count * nb_dtype_size(t), recv, count, t, op, "reduce_scatter");
 }
 
 static nb_status mpi_sendrecv(nb_comm *b, nb_ctx *ctx, const void *send, int dst, void *recv, int src, size_t bytes) {
