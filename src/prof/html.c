@@ -19,24 +19,12 @@ static const char *str(const cJSON *o, const char *key) {
   return v ? v : "";
 }
 
-static void esc(FILE *f, const char *s) {
-  for (; s && *s; s++) {
-    switch (*s) {
-    case '<': fputs("&lt;", f); break;
-    case '>': fputs("&gt;", f); break;
-    case '&': fputs("&amp;", f); break;
-    case '"': fputs("&quot;", f); break;
-    default: fputc(*s, f);
-    }
-  }
-}
-
 static void esc_list(FILE *f, const cJSON *arr) {
   const cJSON *x;
   int i = 0;
   cJSON_ArrayForEach(x, arr) {
     if (i++) fputs(", ", f);
-    esc(f, cJSON_GetStringValue(x));
+    nb_prof__xml_text(f, cJSON_GetStringValue(x));
   }
 }
 
@@ -104,7 +92,7 @@ static void roofline(FILE *f, const cJSON *j) {
     if (!(ai > 0 && gf > 0)) continue;
     fprintf(f, "<circle cx='%.1f' cy='%.1f' r='%.1f' fill='%s' fill-opacity='0.55' stroke='%s'><title>", at(&x, ai), at(&y, gf),
             3 + 12 * sqrt(share), cat_colour(str(k, "cat")), cat_colour(str(k, "cat")));
-    esc(f, str(k, "name"));
+    nb_prof__xml_text(f, str(k, "name"));
     fprintf(f, ": %.2f GFLOP/s at %.3g FLOP/byte, %.1f%% of the time</title></circle>\n", gf, ai, 100 * share);
   }
   fprintf(f, "<text x='%d' y='%d' class='axis' text-anchor='middle'>arithmetic intensity (FLOP/byte)</text>\n", (x.a + x.b) / 2,
@@ -148,13 +136,13 @@ static void op_table(FILE *f, const cJSON *j) {
     cell(f, num(k, "gbps"), 2, "");
     cell(f, num(k, "intensity"), -1, "");
     fputs("<td>", f);
-    esc(f, str(k, "bound"));
+    nb_prof__xml_text(f, str(k, "bound"));
     fputs("</td>", f);
     cell(f, num(k, "roof_pct"), 1, "%");
     cell(f, num(k, "floor_ns") * 1e-6, 3, "");
     for (const char *const *key = (const char *const[]){"cat", "family", "name", "ops", NULL}; *key; key++) {
       fputs("<td>", f);
-      esc(f, str(k, *key));
+      nb_prof__xml_text(f, str(k, *key));
       fputs("</td>", f);
     }
     for (const char *const *key = (const char *const[]){"reads", "writes", "source", NULL}; *key; key++) {
@@ -174,7 +162,7 @@ static void family_table(FILE *f, const cJSON *j) {
   const cJSON *k;
   cJSON_ArrayForEach(k, cJSON_GetObjectItemCaseSensitive(j, "families")) {
     fputs("<tr><td>", f);
-    esc(f, str(k, "family"));
+    nb_prof__xml_text(f, str(k, "family"));
     fputs("</td>", f);
     cell(f, num(k, "total_ns") * 1e-6, 3, "");
     cell(f, 100 * num(k, "share"), 1, "%");
@@ -183,7 +171,7 @@ static void family_table(FILE *f, const cJSON *j) {
     cell(f, num(k, "gflops"), 2, "");
     cell(f, num(k, "gbps"), 2, "");
     fputs("<td>", f);
-    esc(f, str(k, "bound"));
+    nb_prof__xml_text(f, str(k, "bound"));
     fputs("</td>", f);
     cell(f, num(k, "roof_pct"), 1, "%");
     fputs("</tr>\n", f);
@@ -218,9 +206,9 @@ static void timeline(FILE *f, const cJSON *j) {
         f);
   cJSON_ArrayForEach(s, cJSON_GetObjectItemCaseSensitive(t, "spans")) {
     fputs("<tr><td>", f);
-    esc(f, s->string);
+    nb_prof__xml_text(f, s->string);
     fputs("</td><td>", f);
-    esc(f, str(s, "cat"));
+    nb_prof__xml_text(f, str(s, "cat"));
     fputs("</td>", f);
     cell(f, num(s, "count"), 0, "");
     cell(f, num(s, "total_ns") * 1e-6, 3, "");
@@ -279,9 +267,9 @@ static nb_status builtin_sections(nb_ctx *ctx, const char *trace_path, nb_prof_h
 
 static void section(FILE *f, const nb_prof_html_section *s) {
   fputs("<section id='", f);
-  esc(f, s->id ? s->id : "extra");
+  nb_prof__xml_text(f, s->id ? s->id : "extra");
   fputs("'><h2>", f);
-  esc(f, s->title ? s->title : "");
+  nb_prof__xml_text(f, s->title ? s->title : "");
   fputs("</h2>\n", f);
   if (s->html) fputs(s->html, f); /* the section's own markup, as given */
   fputs("\n</section>\n", f);
@@ -289,17 +277,17 @@ static void section(FILE *f, const nb_prof_html_section *s) {
 
 static void page(FILE *f, const cJSON *j, const char *title, const nb_prof_html_section *extra, size_t nextra) {
   fputs("<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>", f);
-  esc(f, title);
+  nb_prof__xml_text(f, title);
   fprintf(f, "</title><style>%s</style></head><body>\n<h1>", style);
-  esc(f, title);
+  nb_prof__xml_text(f, title);
   fputs("</h1>\n<nav><a href='#summary'>summary</a><a href='#roof'>roofline</a><a href='#fam'>families</a><a href='#op'>op table</a>"
         "<a href='#time'>timeline</a>",
         f);
   for (size_t i = 0; i < nextra; i++) {
     fputs("<a href='#", f);
-    esc(f, extra[i].id ? extra[i].id : "extra");
+    nb_prof__xml_text(f, extra[i].id ? extra[i].id : "extra");
     fputs("'>", f);
-    esc(f, extra[i].title ? extra[i].title : "");
+    nb_prof__xml_text(f, extra[i].title ? extra[i].title : "");
     fputs("</a>", f);
   }
   const cJSON *pk = cJSON_GetObjectItemCaseSensitive(j, "peak");
@@ -309,9 +297,9 @@ static void page(FILE *f, const cJSON *j, const char *title, const nb_prof_html_
           all * 1e-6);
   fprintf(f, "<dt>work</dt><dd>%.4g GFLOP, %.4g GB moved (the cost rules)</dd>", num(j, "flops") * 1e-9, num(j, "bytes") * 1e-9);
   fprintf(f, "<dt>compute roof</dt><dd>%.1f GFLOP/s (", num(pk, "gflops"));
-  esc(f, str(pk, "gflops_source"));
+  nb_prof__xml_text(f, str(pk, "gflops_source"));
   fprintf(f, ")</dd><dt>memory roof</dt><dd>%.1f GB/s (", num(pk, "gbps"));
-  esc(f, str(pk, "gbps_source"));
+  nb_prof__xml_text(f, str(pk, "gbps_source"));
   fprintf(f, ")</dd><dt>ridge</dt><dd>%.2f FLOP/byte</dd>", num(pk, "ridge"));
   fprintf(f, "<dt>floor</dt><dd>%.3f ms: every step at its roof; the steps took %.1fx that</dd></dl></section>\n", fl * 1e-6,
           fl > 0 ? all / fl : 0.0);

@@ -63,4 +63,10 @@ void nb_prof__kept_end(void);
 nb_status nb_prof__kept_write(nb_ctx *ctx, const char *trace_path, const struct nb_prof__kv *kv);
 void nb_prof__kept_clear(void);
 
+/* text.c: s as a JSON string (quoted; control characters as spaces), and
+ * as HTML/SVG text or attribute value (<>&"' escaped, control characters
+ * as spaces); NULL writes nothing (JSON: ""). */
+void nb_prof__json_str(FILE *f, const char *s);
+void nb_prof__xml_text(FILE *f, const char *s);
+
 #endif

@@ -10,31 +10,11 @@
 #include "prof/internal.h"
 #include "prof/view.h"
 
-void nb_prof__xml_text(FILE *f, const char *s) {
-  for (const unsigned char *p = (const unsigned char *)s; p && *p; p++) switch (*p) {
-    case '<': fputs("&lt;", f); break;
-    case '>': fputs("&gt;", f); break;
-    case '&': fputs("&amp;", f); break;
-    case '"': fputs("&quot;", f); break;
-    default: fputc(*p < 0x20 ? ' ' : *p, f); break;
-    }
-}
-
 void nb_prof__bytes_str(double bytes, char *buf, size_t cap) {
   static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;
   while (fabs(bytes) >= 1024 && u < 4) bytes /= 1024, u++;
   snprintf(buf, cap, u ? "%.1f %s" : "%.0f %s", bytes, units[u]);
-}
-
-static void json_str(FILE *f, const char *s) {
-  fputc('"', f);
-  for (const unsigned char *p = (const unsigned char *)s; p && *p; p++) {
-    if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
-    else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
-    else fputc(*p, f);
-  }
-  fputc('"', f);
 }
 
 /* ---- what is live at the peak, by source ------------------------------------ */
@@ -82,36 +62,36 @@ static source *peak_sources(const nb_prof__view *v, const size_t *ix, size_t n, 
 
 static void put_block(FILE *f, const nb_prof__block *b) {
   fputs("{\"kind\":", f);
-  json_str(f, nb_prof__kind_name(b->kind));
+  nb_prof__json_str(f, nb_prof__kind_name(b->kind));
   fputs(",\"name\":", f);
-  json_str(f, b->name);
+  nb_prof__json_str(f, b->name);
   fputs(",\"op\":", f);
-  json_str(f, b->op);
+  nb_prof__json_str(f, b->op);
   fputs(",\"at\":", f);
-  json_str(f, b->at);
+  nb_prof__json_str(f, b->at);
   fputs(",\"type\":", f);
-  json_str(f, b->type);
+  nb_prof__json_str(f, b->type);
   if (b->offset >= 0) fprintf(f, ",\"offset\":%lld", (long long)b->offset);
   else fputs(",\"offset\":null", f);
   fprintf(f, ",\"bytes\":%zu,\"first\":%d,\"last\":%d,\"written\":%d", b->bytes, b->first, b->last, b->written);
   if (b->donated_to[0]) {
     fputs(",\"donated_to\":", f);
-    json_str(f, b->donated_to);
+    nb_prof__json_str(f, b->donated_to);
   }
   fputc('}', f);
 }
 
 static void put_view(FILE *f, const nb_prof__view *v) {
   fputs("{\"title\":", f);
-  json_str(f, v->title);
+  nb_prof__json_str(f, v->title);
   fprintf(f, ",\"steps\":%d,\"runs\":%llu,\"run_ms\":%.3f,\"arena_bytes\":%zu,\"held_bytes\":%zu,", v->nsteps,
           (unsigned long long)v->runs, v->run_ms, v->arena_bytes, v->held);
   fprintf(f, "\n \"peak\":{\"bytes\":%zu,\"step\":%d,\"step_name\":", v->peak, v->peak_step);
-  json_str(f, v->peak_step >= 0 ? v->steps[v->peak_step].name : "");
+  nb_prof__json_str(f, v->peak_step >= 0 ? v->steps[v->peak_step].name : "");
   fputs("},\n \"step_names\":[", f);
   for (int s = 0; s < v->nsteps; s++) {
     if (s) fputc(',', f);
-    json_str(f, v->steps[s].name);
+    nb_prof__json_str(f, v->steps[s].name);
   }
   fputs("],\n \"live_bytes\":[", f);
   for (int s = 0; s < v->nsteps; s++) fprintf(f, "%s%zu", s ? "," : "", v->live[s]);
@@ -127,15 +107,15 @@ static void put_view(FILE *f, const nb_prof__view *v) {
   for (size_t i = 0; ix && i < n; i++) {
     const nb_prof__block *b = &v->blocks[ix[i]];
     fprintf(f, "%s{\"buffer\":%zu,\"name\":", i ? ",\n  " : "\n  ", ix[i]);
-    json_str(f, b->name);
+    nb_prof__json_str(f, b->name);
     fputs(",\"kind\":", f);
-    json_str(f, nb_prof__kind_name(b->kind));
+    nb_prof__json_str(f, nb_prof__kind_name(b->kind));
     fprintf(f, ",\"bytes\":%zu}", b->bytes);
   }
   fputs("],\n \"peak_by_source\":[", f);
   for (size_t i = 0; src && i < nsrc; i++) {
     fputs(i ? ",\n  {\"source\":" : "\n  {\"source\":", f);
-    json_str(f, src[i].key);
+    nb_prof__json_str(f, src[i].key);
     fprintf(f, ",\"bytes\":%zu,\"buffers\":%zu}", src[i].bytes, src[i].count);
   }
   fputs("]}", f);

@@ -68,15 +68,6 @@ static int by_start(const void *a, const void *b) {
 
 /* A JSON string; control characters become spaces: Perfetto's JSON reader
  * refuses \u escapes (and the whole file with them) */
-static void put_str(FILE *f, const char *s) {
-  fputc('"', f);
-  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-    if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
-    else fputc(*p < 0x20 ? ' ' : *p, f);
-  }
-  fputc('"', f);
-}
-
 static void put_num(FILE *f, double v) {
   if (isfinite(v)) fprintf(f, "%.17g", v);
   else fputs("null", f);
@@ -97,18 +88,18 @@ static void put_event(FILE *f, int pid, int tid, const nb_util__trace_event *e, 
     put_us(f, e->dur);
   }
   fputs(",\"name\":", f);
-  put_str(f, e->name);
+  nb_prof__json_str(f, e->name);
   fputs(",\"cat\":", f);
-  put_str(f, e->cat);
+  nb_prof__json_str(f, e->cat);
   if (e->nargs || e->ref) {
     fputs(",\"args\":{", f);
     if (e->ref) /* the row of the op profile (<trace>.ops.json) */
       fprintf(f, "\"exe\":%lld,\"step\":%lld%s", (long long)(e->ref >> 24), (long long)(e->ref & 0xffffff), e->nargs ? "," : "");
     for (int i = 0; i < e->nargs; i++) {
       if (i) fputc(',', f);
-      put_str(f, e->args[i].key ? e->args[i].key : "?");
+      nb_prof__json_str(f, e->args[i].key ? e->args[i].key : "?");
       fputc(':', f);
-      if (e->args[i].is_str) put_str(f, e->args[i].str);
+      if (e->args[i].is_str) nb_prof__json_str(f, e->args[i].str);
       else put_num(f, e->args[i].num);
     }
     fputc('}', f);
@@ -126,7 +117,7 @@ static void put_trace(FILE *f, const collection *c, int64_t dropped) {
   for (size_t i = 0; i < c->ntracks; i++) {
     const track *t = &c->tracks[i];
     fprintf(f, ",\n{\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"name\":\"thread_name\",\"args\":{\"name\":", pid, t->tid);
-    put_str(f, t->name);
+    nb_prof__json_str(f, t->name);
     fputs("}}", f);
     for (size_t k = 0; k < t->n; k++) put_event(f, pid, t->tid, &c->ev[t->first + k], session.t_start);
   }
@@ -174,7 +165,7 @@ static bool put_summary(FILE *f, const collection *c, int64_t dropped) {
     size_t j = i;
     while (j < n + nc && !strcmp(ix[j]->name, ix[i]->name)) j++;
     fputs(i > n ? ",\n" : "\n", f);
-    put_str(f, ix[i]->name);
+    nb_prof__json_str(f, ix[i]->name);
     fprintf(f, ":{\"samples\":%zu}", j - i);
     i = j;
   }
@@ -184,9 +175,9 @@ static bool put_summary(FILE *f, const collection *c, int64_t dropped) {
     int64_t total = 0;
     for (; j < n && !strcmp(ix[j]->name, ix[i]->name); j++) total += ix[j]->dur;
     fputs(i ? ",\n" : "\n", f);
-    put_str(f, ix[i]->name);
+    nb_prof__json_str(f, ix[i]->name);
     fprintf(f, ":{\"count\":%zu,\"total_ns\":%lld,\"cat\":", j - i, (long long)total);
-    put_str(f, ix[i]->cat);
+    nb_prof__json_str(f, ix[i]->cat);
     fprintf(f, ",\"flops\":%.17g,\"bytes\":%.17g}", arg_sum(ix, i, j, "flops"), arg_sum(ix, i, j, "bytes"));
     i = j;
   }

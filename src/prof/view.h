@@ -109,8 +109,6 @@ void nb_prof__kv_free(nb_prof__kv *kv);
 void nb_prof__kv_json(FILE *f, const nb_prof__kv *kv); /* null without samples */
 void nb_prof__kv_html(FILE *f, const nb_prof__kv *kv); /* nothing without samples */
 
-/* XML/HTML text with <, >, &, " escaped. */
-void nb_prof__xml_text(FILE *f, const char *s);
 /* "1.5 MiB" */
 void nb_prof__bytes_str(double bytes, char *buf, size_t cap);
 
