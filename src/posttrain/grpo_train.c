@@ -255,36 +255,36 @@ static nb_status parse_prompt(nb_ctx *ctx, const char *path, int64_t ln, const c
   return NB_OK;
 }
 
+typedef struct prompts_reader {
+  const char *path;
+  const nb_data_tokenizer *tok;
+  int32_t bos;
+  int64_t room, vocab, cap;
+  prompts *out;
+} prompts_reader;
+
+static nb_status prompt_line(void *ud, nb_ctx *ctx, int64_t ln, const char *text, size_t len) {
+  prompts_reader *r = ud;
+  prompts *out = r->out;
+  if (out->n == r->cap) {
+    int64_t cap = r->cap ? 2 * r->cap : 64;
+    prompt *g = realloc(out->p, (size_t)cap * sizeof *g);
+    if (!g) return NB_ERR_NOMEM;
+    out->p = g, r->cap = cap;
+  }
+  memset(&out->p[out->n], 0, sizeof *out->p);
+  cJSON *j = cJSON_ParseWithLength(text, len);
+  nb_status s = parse_prompt(ctx, r->path, ln, j, r->tok, r->bos, r->room, r->vocab, &out->p[out->n++]);
+  if (s == NB_ERR_NOMEM && !nb_ctx_status(ctx)) nb_errorf(ctx, s, "%s: out of memory", r->path);
+  cJSON_Delete(j);
+  if (!s) out->tokens += out->p[out->n - 1].n;
+  return s;
+}
+
 static nb_status prompts_load(nb_ctx *ctx, const char *key, const char *path, const nb_data_tokenizer *tok, int32_t bos,
                               int64_t room, int64_t vocab, prompts *out) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return nb_errorf(ctx, NB_ERR_IO, "%s: cannot open '%s': %s", key, path, strerror(errno));
-  char *line = NULL;
-  size_t cap = 0;
-  ssize_t len;
-  nb_status s = NB_OK;
-  int64_t pcap = 0;
-  for (int64_t ln = 1; !s && (len = getline(&line, &cap, f)) > 0; ln++) {
-    out->xxh3 = out->xxh3 * 0x9E3779B97F4A7C15ull + nb_data_checksum_bytes(NB_DATA_XXH3, line, (size_t)len);
-    if ((ssize_t)strspn(line, " \t\r\n") == len) continue;
-    if (out->n == pcap) {
-      pcap = pcap ? 2 * pcap : 64;
-      prompt *g = realloc(out->p, (size_t)pcap * sizeof *g);
-      if (!g) {
-        s = NB_ERR_NOMEM;
-        break;
-      }
-      out->p = g;
-    }
-    memset(&out->p[out->n], 0, sizeof *out->p);
-    cJSON *j = cJSON_ParseWithLength(line, (size_t)len);
-    s = parse_prompt(ctx, path, ln, j, tok, bos, room, vocab, &out->p[out->n++]);
-    if (s == NB_ERR_NOMEM && !nb_ctx_status(ctx)) nb_errorf(ctx, s, "%s: out of memory", path);
-    cJSON_Delete(j);
-    if (!s) out->tokens += out->p[out->n - 1].n;
-  }
-  free(line);
-  fclose(f);
+  prompts_reader r = {.path = path, .tok = tok, .bos = bos, .room = room, .vocab = vocab, .out = out};
+  nb_status s = nb_pt__jsonl_each(ctx, key, path, prompt_line, &r, &out->xxh3);
   if (!s && out->n == 0) s = nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: '%s' holds no prompts", key, path);
   return s;
 }

@@ -26,4 +26,14 @@ void nb_pt__yaml_str(FILE *f, const char *s);
 struct nb_pt_rewards;
 nb_status nb_pt__rewards_share(struct nb_pt_rewards *dst, const struct nb_pt_rewards *src, int i);
 
+/* Calls fn on every non-blank line of the JSONL file at path (line: 1-based;
+ * text without its line end), stopping at the first error, which it
+ * returns. Errors of its own: "<what>: cannot open '<path>': <cause>",
+ * "<what>: reading '<path>': <cause>". *xxh3 (may be NULL) gets the file's
+ * identity, a hash over the xxh3 of every line (blank ones too). */
+#include <stdint.h>
+typedef nb_status (*nb_pt__jsonl_line)(void *ud, nb_ctx *ctx, int64_t line, const char *text, size_t len);
+nb_status nb_pt__jsonl_each(nb_ctx *ctx, const char *what, const char *path, nb_pt__jsonl_line fn, void *ud,
+                            uint64_t *xxh3);
+
 #endif

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "nabla/posttrain.h"
+#include "internal.h"
 
 static const char *const fields[3] = {"prompt", "chosen", "rejected"};
 
@@ -216,61 +217,67 @@ static bool is_chat_row(const cJSON *j) {
   return false;
 }
 
+typedef struct pref_reader {
+  const char *path;
+  const nb_data_tokenizer *tok;
+  const nb_pt_pref_data_opts *o;
+  int64_t seq_len, vocab_size;
+  rows_buf *b;
+  nb_data_ids *ids; /* [3]: prompt, chosen, rejected */
+  nb_pt_pref_data_info *inf;
+} pref_reader;
+
+static nb_status pref_line(void *ud, nb_ctx *ctx, int64_t ln, const char *line, size_t len) {
+  pref_reader *r = ud;
+  const char *path = r->path;
+  nb_data_ids *ids = r->ids;
+  int64_t seq_len = r->seq_len, vocab_size = r->vocab_size;
+  nb_status s = NB_OK;
+  cJSON *j = cJSON_ParseWithLength(line, len);
+  if (!cJSON_IsObject(j)) s = nb_errorf(ctx, NB_ERR_FORMAT, "%s:%lld: not a JSON object", path, (long long)ln);
+  const char *txt[3] = {0};
+  bool chat = !s && is_chat_row(j);
+  if (chat) {
+    for (int fi = 0; fi < 3; fi++) ids[fi].len = 0;
+    s = chat_row(ctx, path, ln, j, r->tok, r->o, ids);
+  }
+  for (int fi = 0; !s && !chat && fi < 3; fi++) s = text_field(ctx, path, ln, j, fi, &txt[fi]);
+  for (int fi = 0; !s && !chat && fi < 3; fi++)
+    if ((s = encode(ctx, r->tok, txt[fi], fi > 0, &ids[fi])))
+      s = nb_errorf(ctx, s, "%s:%lld: field '%s': tokenizing: %s", path, (long long)ln, fields[fi], nb_ctx_error(ctx));
+  for (int fi = 0; !s && fi < 3; fi++)
+    for (size_t i = 0; !s && i < ids[fi].len; i++)
+      if (vocab_size > 0 && ids[fi].ids[i] >= vocab_size)
+        s = nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s:%lld: field '%s': token id %d is not below the model's vocab_size %lld",
+                      path, (long long)ln, fields[fi], ids[fi].ids[i], (long long)vocab_size);
+  if (!s && (int64_t)ids[0].len >= seq_len)
+    s = nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s:%lld: field 'prompt' is %zu tokens: seq_len %lld leaves no room for the "
+                  "completion (raise data.seq_len or shorten the prompt)", path, (long long)ln, ids[0].len,
+                  (long long)seq_len);
+  if (!s && ids[0].len == 0)
+    s = nb_errorf(ctx, NB_ERR_FORMAT, "%s:%lld: field 'prompt' has no tokens: the first completion token needs one "
+                  "before it", path, (long long)ln);
+  for (int k = 1; !s && k < 3; k++) {
+    bool cut = false;
+    s = add_row(ctx, r->b, ids[0].ids, (int64_t)ids[0].len, ids[k].ids, (int64_t)ids[k].len, &cut);
+    r->inf->n_truncated += cut;
+    r->inf->tokens += (int64_t)(ids[0].len + ids[k].len);
+  }
+  cJSON_Delete(j);
+  return s;
+}
+
 nb_tree *nb_pt_pref_data_load_opts(nb_ctx *ctx, const char *path, const nb_data_tokenizer *tok, int64_t seq_len,
                                    int64_t vocab_size, const nb_pt_pref_data_opts *opts, nb_pt_pref_data_info *info) {
   const nb_pt_pref_data_opts none = {.chat = NB_SERVE_CHAT_NONE, .bos_id = -1}, *o = opts ? opts : &none;
   if (!path || !tok || !tok->encode || seq_len < 1)
     return nb_errorf(ctx, NB_ERR_INVALID_ARG, "pref data: need a path, a tokenizer and seq_len >= 1"), NULL;
-  FILE *f = fopen(path, "rb");
-  if (!f) return nb_errorf(ctx, NB_ERR_IO, "pref data: cannot open '%s': %s", path, strerror(errno)), NULL;
   nb_pt_pref_data_info inf = {0};
   rows_buf b = {.T = seq_len};
   nb_data_ids ids[3] = {{.ctx = ctx}, {.ctx = ctx}, {.ctx = ctx}};
-  char *line = NULL;
-  size_t cap = 0;
-  ssize_t len;
-  nb_status s = NB_OK;
-  uint64_t h = 0;
-  for (int64_t ln = 1; !s && (len = getline(&line, &cap, f)) > 0; ln++) {
-    /* the file's identity: a hash of the line hashes (one pass, no second read) */
-    h = h * 0x9E3779B97F4A7C15ull + nb_data_checksum_bytes(NB_DATA_XXH3, line, (size_t)len);
-    size_t k = strspn(line, " \t\r\n");
-    if ((ssize_t)k == len) continue; /* a blank line */
-    cJSON *j = cJSON_ParseWithLength(line, (size_t)len);
-    if (!cJSON_IsObject(j)) s = nb_errorf(ctx, NB_ERR_FORMAT, "%s:%lld: not a JSON object", path, (long long)ln);
-    const char *txt[3] = {0};
-    bool chat = !s && is_chat_row(j);
-    if (chat) {
-      for (int fi = 0; fi < 3; fi++) ids[fi].len = 0;
-      s = chat_row(ctx, path, ln, j, tok, o, ids);
-    }
-    for (int fi = 0; !s && !chat && fi < 3; fi++) s = text_field(ctx, path, ln, j, fi, &txt[fi]);
-    for (int fi = 0; !s && !chat && fi < 3; fi++)
-      if ((s = encode(ctx, tok, txt[fi], fi > 0, &ids[fi])))
-        s = nb_errorf(ctx, s, "%s:%lld: field '%s': tokenizing: %s", path, (long long)ln, fields[fi], nb_ctx_error(ctx));
-    for (int fi = 0; !s && fi < 3; fi++)
-      for (size_t i = 0; !s && i < ids[fi].len; i++)
-        if (vocab_size > 0 && ids[fi].ids[i] >= vocab_size)
-          s = nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s:%lld: field '%s': token id %d is not below the model's vocab_size %lld",
-                        path, (long long)ln, fields[fi], ids[fi].ids[i], (long long)vocab_size);
-    if (!s && (int64_t)ids[0].len >= seq_len)
-      s = nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s:%lld: field 'prompt' is %zu tokens: seq_len %lld leaves no room for the "
-                    "completion (raise data.seq_len or shorten the prompt)", path, (long long)ln, ids[0].len,
-                    (long long)seq_len);
-    if (!s && ids[0].len == 0)
-      s = nb_errorf(ctx, NB_ERR_FORMAT, "%s:%lld: field 'prompt' has no tokens: the first completion token needs one "
-                    "before it", path, (long long)ln);
-    for (int r = 1; !s && r < 3; r++) {
-      bool cut = false;
-      s = add_row(ctx, &b, ids[0].ids, (int64_t)ids[0].len, ids[r].ids, (int64_t)ids[r].len, &cut);
-      inf.n_truncated += cut;
-      inf.tokens += (int64_t)(ids[0].len + ids[r].len);
-    }
-    cJSON_Delete(j);
-  }
-  if (!s && ferror(f)) s = nb_errorf(ctx, NB_ERR_IO, "pref data: reading '%s': %s", path, strerror(errno));
-  fclose(f);
-  free(line);
+  pref_reader r = {.path = path, .tok = tok, .o = o, .seq_len = seq_len, .vocab_size = vocab_size, .b = &b, .ids = ids,
+                   .inf = &inf};
+  nb_status s = nb_pt__jsonl_each(ctx, "pref data", path, pref_line, &r, &inf.xxh3);
   for (int i = 0; i < 3; i++) nb_data_ids_free(&ids[i]);
   if (!s && b.n == 0) s = nb_errorf(ctx, NB_ERR_FORMAT, "%s: no preference pairs", path);
   nb_tree *t = s ? NULL : finish(ctx, &b);
@@ -279,7 +286,6 @@ nb_tree *nb_pt_pref_data_load_opts(nb_ctx *ctx, const char *path, const nb_data_
   free(b.mask);
   free(b.valid);
   inf.pairs = b.n / 2;
-  inf.xxh3 = h;
   if (info) *info = inf;
   return t;
 }

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "internal.h"
 #include "nabla/posttrain.h"
 #include "nabla/tokenizer.h"
 
@@ -155,31 +156,27 @@ static nb_status add_example(nb_ctx *ctx, nb_pt_sft_data *d, int64_t *cap, build
   return NB_OK;
 }
 
+typedef struct sft_reader {
+  const char *path;
+  nb_pt_sft_data *out;
+  int64_t cap;
+  builder b;
+} sft_reader;
+
+static nb_status sft_line(void *ud, nb_ctx *ctx, int64_t line, const char *text, size_t len) {
+  sft_reader *r = ud;
+  r->b.len = 0;
+  nb_status s = parse_line(ctx, r->path, line, text, len, &r->b);
+  return s ? s : add_example(ctx, r->out, &r->cap, &r->b);
+}
+
 nb_status nb_pt_sft_load(nb_ctx *ctx, const char *path, const nb_pt_sft_data_opts *opts, nb_pt_sft_data *out) {
   *out = (nb_pt_sft_data){0};
   if (!path || !opts) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "sft data: NULL path or options");
-  FILE *f = fopen(path, "rb");
-  if (!f) return nb_errorf(ctx, NB_ERR_IO, "sft data: cannot open '%s'", path);
-  builder b = {.ctx = ctx, .o = opts};
-  char *text = NULL;
-  size_t tcap = 0;
-  ssize_t n;
-  int64_t line = 0, cap = 0;
-  nb_status s = NB_OK;
-  while (!s && (n = getline(&text, &tcap, f)) >= 0) {
-    line++;
-    while (n && (text[n - 1] == '\n' || text[n - 1] == '\r')) n--;
-    size_t lead = strspn(text, " \t");
-    if ((size_t)n <= lead) continue; /* blank lines are no examples */
-    b.len = 0;
-    s = parse_line(ctx, path, line, text, (size_t)n, &b);
-    if (!s) s = add_example(ctx, out, &cap, &b);
-  }
-  if (!s && ferror(f)) s = nb_errorf(ctx, NB_ERR_IO, "sft data: reading '%s' failed", path);
+  sft_reader r = {.path = path, .out = out, .b = {.ctx = ctx, .o = opts}};
+  nb_status s = nb_pt__jsonl_each(ctx, "sft data", path, sft_line, &r, NULL);
   if (!s && !out->n) s = nb_errorf(ctx, NB_ERR_INVALID_ARG, "sft data: '%s' holds no example", path);
-  free(text);
-  free(b.ids), free(b.train);
-  fclose(f);
+  free(r.b.ids), free(r.b.train);
   if (s) nb_pt_sft_data_free(out);
   return s;
 }
