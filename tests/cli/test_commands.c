@@ -3,26 +3,17 @@
  * the build; an output that is or lies inside an input is refused; bad
  * numbers, directories and multi-document configs are errors, not defaults;
  * generate refuses weights its config does not describe. */
-#include <stdarg.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "testfs.h"
 
 static const char *bin;
+static char prefix[4200]; /* the binary, with a fixed peak so that no test measures one */
 static char out[1 << 16], err[1 << 16], work[4096];
 
-/* runs "nabla ARGS" (printf-formatted); stdout in out, stderr in err */
-static int nabla(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int nabla(const char *fmt, ...) {
-  char args[4096], cmd[12288];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(args, sizeof args, fmt, ap);
-  va_end(ap);
-  snprintf(cmd, sizeof cmd, "cd '%s' && NABLA_PEAK_GFLOPS=10 %s %s </dev/null", work, bin, args);
-  return nb_test_run2(cmd, out, sizeof out, err, sizeof err);
-}
+/* runs "nabla ARGS" (printf-formatted) in work; stdout in out, stderr in err */
+#define nabla(...) nb_test_run_in(work, prefix, out, sizeof out, err, sizeof err, __VA_ARGS__)
 
 static void check_help(const char *what) {
   int rc = nabla("%s --help", what);
@@ -191,6 +182,7 @@ static void test_generate_mismatch(void) {
 int main(void) {
   bin = nb_test_nabla_bin();
   if (!bin) return nb_test_summary("cli/commands");
+  snprintf(prefix, sizeof prefix, "NABLA_PEAK_GFLOPS=10 %s", bin);
   nb_test_scratch_dir(work, sizeof work, "cli", "commands");
   char here[4096];
   if (!getcwd(here, sizeof here) || chdir(work) != 0) return fprintf(stderr, "cannot enter %s\n", work), 1;

@@ -5,7 +5,6 @@
  * act_scale and observed range (ckpt show), and the calibrated run dir
  * evaluates close to the f32 model; bad arguments are refused by name. */
 #include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -16,16 +15,8 @@
 static const char *bin;
 static char out[1 << 17], err[1 << 16], work[4096];
 
-static int nabla(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int nabla(const char *fmt, ...) {
-  char args[4096], cmd[12288];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(args, sizeof args, fmt, ap);
-  va_end(ap);
-  snprintf(cmd, sizeof cmd, "cd '%s' && %s %s </dev/null", work, bin, args);
-  return nb_test_run2(cmd, out, sizeof out, err, sizeof err);
-}
+/* runs "nabla ARGS" (printf-formatted) in work; stdout in out, stderr in err */
+#define nabla(...) nb_test_run_in(work, bin, out, sizeof out, err, sizeof err, __VA_ARGS__)
 
 static void write_text(const char *name, int lines, uint64_t seed) {
   static const char *w[] = {"the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "red", "big", "house"};

@@ -11,7 +11,6 @@
  * generate` for the quantized run dir and the Q8_0 GGUF file. */
 #include <cjson/cJSON.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -25,16 +24,8 @@
 static const char *bin;
 static char src[4096], out[1 << 17], err[1 << 16], work[4096];
 
-static int nabla(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int nabla(const char *fmt, ...) {
-  char args[4096], cmd[12288];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(args, sizeof args, fmt, ap);
-  va_end(ap);
-  snprintf(cmd, sizeof cmd, "cd '%s' && %s %s </dev/null", work, bin, args);
-  return nb_test_run2(cmd, out, sizeof out, err, sizeof err);
-}
+/* runs "nabla ARGS" (printf-formatted) in work; stdout in out, stderr in err */
+#define nabla(...) nb_test_run_in(work, bin, out, sizeof out, err, sizeof err, __VA_ARGS__)
 
 static void write_file(const char *name, const char *text) {
   char p[4200];

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -102,6 +103,17 @@ int nb_test_run2(const char *cmd, char *out, size_t cap, char *err, size_t ecap)
   if (f) fclose(f);
   unlink(errfile);
   return rc;
+}
+
+int nb_test_run_in(const char *dir, const char *prefix, char *out, size_t cap, char *err, size_t ecap, const char *fmt,
+                   ...) {
+  char args[4096], cmd[12288];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(args, sizeof args, fmt, ap);
+  va_end(ap);
+  snprintf(cmd, sizeof cmd, "cd '%s' && %s %s </dev/null", dir, prefix, args);
+  return nb_test_run2(cmd, out, cap, err, ecap);
 }
 
 double nb_test_now(void) {

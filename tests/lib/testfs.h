@@ -36,6 +36,11 @@ const char *nb_test_nabla_bin(void);
 int nb_test_run(const char *cmd, char *out, size_t cap);
 /* The same with stderr kept apart, in err[ecap]. */
 int nb_test_run2(const char *cmd, char *out, size_t cap, char *err, size_t ecap);
+/* nb_test_run2 of "cd 'dir' && prefix ARGS </dev/null", ARGS formatted from
+ * fmt (the CLI tests' `nabla(...)`: prefix is the binary, perhaps after
+ * environment settings). */
+int nb_test_run_in(const char *dir, const char *prefix, char *out, size_t cap, char *err, size_t ecap, const char *fmt,
+                   ...) __attribute__((format(printf, 7, 8)));
 
 /* Seconds on the monotonic clock. */
 double nb_test_now(void);
