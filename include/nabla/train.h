@@ -250,6 +250,8 @@ typedef struct nb_train_task_data {
  * metrics.jsonl, TensorBoard, report) is the trainer's. */
 typedef struct nb_train_task {
   const char *name;         /* for messages ("dpo") */
+  int64_t rows_per_example; /* sequences of seq_len an example puts in the batch (dpo 2, grpo G), for tokens/s and
+                               MFU; 0 means 1 */
   /* Avals of the batch's leaves for `rows` examples (new tree): every leaf's
    * axis 0 is the example, so grad_accum slices rows. */
   nb_tree *(*batch_spec)(void *ud, nb_ctx *ctx, const nb_train_config *cfg, int64_t rows);

@@ -733,7 +733,8 @@ nb_status nb_pt_grpo_run(nb_ctx *ctx, const nb_pt_grpo_config *gc, const nb_trai
     if (!t.lora) s = nb_ctx_status(ctx);
   }
   /* the frozen tree: the LoRA base (also the reference), or the reference of a full fine-tuning with beta > 0 */
-  nb_train_task task = {.name = "grpo", .batch_spec = batch_spec, .trace_loss = trace_loss, .open_data = open_data,
+  nb_train_task task = {.name = "grpo", .rows_per_example = gc->num_generations, .batch_spec = batch_spec,
+                        .trace_loss = trace_loss, .open_data = open_data,
                         .init_params = t.lora ? t.adapters : start, .frozen = t.lora || gc->loss.beta > 0 ? start : NULL,
                         .write_config = write_config,
                         .before_batch = before_batch, .evaluate = evaluate, .ud = &t};

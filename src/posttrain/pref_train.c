@@ -393,7 +393,8 @@ nb_status nb_pt_pref_run(nb_ctx *ctx, const nb_train_config *cfg_in, const nb_pt
   } else if (!s && m.tok) {
     t.tok = nb_data_tokenizer_bpe(m.tok);
   }
-  nb_train_task task = {.name = "dpo", .batch_spec = batch_spec, .trace_loss = trace_loss, .open_data = open_data,
+  nb_train_task task = {.name = "dpo", .rows_per_example = 2, .batch_spec = batch_spec, .trace_loss = trace_loss,
+                        .open_data = open_data,
                         .init_params = start, .write_config = write_config, .ud = &t,
                         .frozen = pc->loss.loss_type == NB_PT_PREF_ORPO || precomputed(pc) ? NULL : start};
   nb_train_opts o = *opts_in;

@@ -142,6 +142,12 @@ static const char *nonfinite_leaf(const nb_tree *st) {
   return NULL;
 }
 
+/* token positions a step trains on, for tokens/s and MFU */
+static double tokens_per_step(const trainer *t) {
+  int64_t rows = t->task && t->task->rows_per_example > 0 ? t->task->rows_per_example : 1;
+  return (double)(t->cfg->batch_size * rows * t->cfg->data.seq_len);
+}
+
 /* "the last checkpoint is step N" / "no checkpoint yet", for messages */
 static const char *last_ckpt_words(trainer *t) {
   static _Thread_local char buf[64];
@@ -803,7 +809,7 @@ static nb_status setup(trainer *t, nb_train_start_info *info) {
   if (!t->metrics) return nb_errorf(ctx, NB_ERR_IO, "train: cannot open %s: %s", mp, strerror(errno));
   t->tb = nb_prof_tb_create(ctx, t->dir);
   if (!t->tb) return nb_ctx_status(ctx);
-  double tokens = (double)(c->batch_size * c->data.seq_len);
+  double tokens = tokens_per_step(t);
   info->start_step = t->step;
   info->total_steps = c->steps;
   info->train_windows = t->data.n_train;
@@ -1122,7 +1128,7 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_train_config *cfg, const nb_train_o
   int64_t n = cfg->steps > t.step ? cfg->steps - t.step : 0;
   double *exe_ms = calloc((size_t)n + 1, sizeof *exe_ms), *iter_ms = calloc((size_t)n + 1, sizeof *iter_ms);
   if (!exe_ms || !iter_ms) s = nb_errorf(ctx, NB_ERR_NOMEM, "train: out of memory");
-  double tokens = (double)(cfg->batch_size * cfg->data.seq_len), t_log = nb_util__now_s();
+  double tokens = tokens_per_step(&t), t_log = nb_util__now_s();
   int64_t since_log = 0;
   double t_loop = nb_util__now_s();
   profile_state profiling = PROFILE_NOT_YET;
