@@ -732,6 +732,7 @@ static nb_status setup(trainer *t, nb_train_start_info *info) {
   }
   nb_optim_tx *tx = params ? nb_train_optimizer(ctx, c) : NULL;
   info->n_params = params ? nb_nn_params_count(params) : 0;
+  int64_t active_params = params ? nb_train_active_params(c, params) : 0;
   if (tx && c->mesh.fsdp > 1) s = fsdp_shard_params(t, &params, tx);
   nb_tree *opt = tx && !s ? nb_optim_init_arrays(ctx, tx, params) : NULL;
   nb_optim_tx_destroy(tx);
@@ -803,16 +804,13 @@ static nb_status setup(trainer *t, nb_train_start_info *info) {
   if (!t->metrics) return nb_errorf(ctx, NB_ERR_IO, "train: cannot open %s: %s", mp, strerror(errno));
   t->tb = nb_prof_tb_create(ctx, t->dir);
   if (!t->tb) return nb_ctx_status(ctx);
-  double tokens = (double)(c->batch_size * c->data.seq_len);
   info->start_step = t->step;
   info->total_steps = c->steps;
   info->train_windows = t->data.n_train;
   info->eval_windows = t->data.n_eval;
   info->vocab_size = t->data.vocab;
   info->unigram_entropy = t->data.entropy;
-  info->flops_per_step = 6.0 * (double)info->n_params * tokens +
-                         12.0 * (double)(c->model.n_layers * c->model.n_heads * nb_model_head_dim(&c->model)) *
-                             (double)c->data.seq_len * tokens;
+  info->flops_per_step = nb_train_model_flops(c, active_params);
   info->peak_flops = t->opts->peak_flops;
   info->compile_s = nb_util__now_s() - t_setup;
   memory_info(t, info);
