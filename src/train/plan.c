@@ -285,7 +285,7 @@ nb_status nb_train_plan_make(nb_ctx *ctx, const nb_train_config *cfg, const nb_t
   /* every factorization; the first reason a divisor was refused, for the error */
   int cap = 0;
   char why[512] = "";
-  int64_t max_e = m->n_experts > 0 ? n_chips : 1;
+  int64_t max_e = m->n_experts > 0 ? (m->n_experts < n_chips ? m->n_experts : n_chips) : 1;
   for (int64_t t = 1; t <= n_chips; t++) {
     if (n_chips % t) continue;
     if (m->n_heads % t || m->n_kv_heads % t || m->d_ff % t || (m->n_experts > 0 && m->moe_d_ff % t)) {

@@ -149,7 +149,7 @@ int nb_cmd_plan(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     bool ok = true;
-    if (!strcmp(a, "--chips")) ok = nb_cli_int("plan", a, v, 1, 1 << 30, &chips), chips_given = true, i++;
+    if (!strcmp(a, "--chips")) ok = nb_cli_int("plan", a, v, 1, 1 << 20, &chips), chips_given = true, i++;
     else if (!strcmp(a, "--chip-spec")) {
       if (!v) {
         fprintf(stderr, "nabla plan: --chip-spec needs a value (h100, tpu-v5p, cpu:this, custom)\n");
