@@ -289,9 +289,10 @@ nb_status nb_train_plan_make(nb_ctx *ctx, const nb_train_config *cfg, const nb_t
   for (int64_t t = 1; t <= n_chips; t++) {
     if (n_chips % t) continue;
     if (m->n_heads % t || m->n_kv_heads % t || m->d_ff % t || (m->n_experts > 0 && m->moe_d_ff % t)) {
-      if (!why[0] && t > 1)
-        snprintf(why, sizeof why, "tensor=%lld does not divide n_heads %lld, n_kv_heads %lld and d_ff %lld", (long long)t,
-                 (long long)m->n_heads, (long long)m->n_kv_heads, (long long)m->d_ff);
+      size_t used = strlen(why);
+      if (!strstr(why, "tensor="))
+        snprintf(why + used, sizeof why - used, "%stensor=%lld does not divide n_heads %lld, n_kv_heads %lld and d_ff %lld",
+                 used ? "; " : "", (long long)t, (long long)m->n_heads, (long long)m->n_kv_heads, (long long)m->d_ff);
       continue;
     }
     for (int64_t e = 1; e <= max_e; e++) {

@@ -214,6 +214,8 @@ static void test_cli(void) {
       {"tiny.yaml --chip-spec h100", "--chips N is required"},
       {"tiny.yaml --chips 4", "--chip-spec is required"},
       {"tiny.yaml --chips 7 --chip-spec h100", "--chips 7: no mesh"},
+      {"tiny.yaml --chips 7 --chip-spec h100", "tensor=7 does not divide n_heads 4"},
+      {"tiny.yaml --chips 7 --chip-spec h100", "batch_size 16 is not divisible by data x fsdp x expert = 7"},
       {"tiny.yaml --chips 0 --chip-spec h100", "--chips"},
       {"tiny.yaml --chips four --chip-spec h100", "--chips"},
       {"tiny.yaml --chips 2 --chip-spec custom --peak-tflops 1 --hbm-gbs 1 --mem-gib 1", "needs --link-gbs"},

@@ -30,6 +30,12 @@ static const char usage_text[] =
     "  --top K         print the K fastest layouts (default all)\n"
     "  --json          the whole plan as JSON on stdout\n";
 
+/* the library's message without its "plan: " (the command names itself) */
+static const char *plan_error(nb_ctx *ctx) {
+  const char *e = nb_ctx_error(ctx);
+  return strncmp(e, "plan: ", 6) ? e : e + 6;
+}
+
 static void human_bytes(double b, char *buf, size_t cap) {
   if (b >= 1024.0 * 1024 * 1024) snprintf(buf, cap, "%.2f GiB", b / (1024.0 * 1024 * 1024));
   else snprintf(buf, cap, "%.1f MiB", b / (1024.0 * 1024));
@@ -211,7 +217,7 @@ int nb_cmd_plan(int argc, char **argv) {
   }
   nb_train_chip chip;
   if (nb_train_chip_spec(ctx, spec, chips, &chip)) {
-    fprintf(stderr, "nabla plan: --chip-spec: %s\n", nb_ctx_error(ctx));
+    fprintf(stderr, "nabla plan: --chip-spec: %s\n", plan_error(ctx));
     rc = 2;
     goto out;
   }
@@ -226,7 +232,7 @@ int nb_cmd_plan(int argc, char **argv) {
   if (overlap >= 0) chip.overlap = overlap;
   nb_train_plan p;
   if (nb_train_plan_make(ctx, &cfg, &chip, chips, &p)) {
-    fprintf(stderr, "nabla plan: %s\n", nb_ctx_error(ctx));
+    fprintf(stderr, "nabla plan: %s\n", plan_error(ctx));
     goto out;
   }
   if (json) rc = print_json(config, &cfg, &p);
