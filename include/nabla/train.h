@@ -298,7 +298,7 @@ typedef struct nb_train_start_info {
   int64_t train_windows, eval_windows; /* windows of seq_len+1 tokens */
   int64_t vocab_size;           /* of the training shard */
   double unigram_entropy;       /* nats/token of the training shard's tokens */
-  double flops_per_step;        /* 6 N tokens + 12 L T d tokens (attention) */
+  double flops_per_step;        /* nb_train_model_flops: 6 N tokens + attention, N the active parameters */
   double graph_flops_per_step;  /* nb_graph_cost of the step graph */
   double peak_flops;            /* as given in the options (0: no MFU) */
   double compile_s;             /* tracing + nb_jit of the step and eval graphs */
@@ -395,6 +395,75 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_train_config *cfg, const nb_train_o
  * train` uses without --peak-gflops): nb_prof_peak_flops(threads).flops,
  * $NABLA_PEAK_GFLOPS or a measured (and cached) f32 FMA peak. */
 double nb_train_peak_flops_estimate(int threads);
+
+/* ------------------------------------------------------------------------ */
+/* Model FLOPs and the step planner (`nabla plan`, docs/dist.md)             */
+/* ------------------------------------------------------------------------ */
+
+/* The parameters one token goes through: every leaf of params (arrays or
+ * avals) except that an MoE layer's routed experts (leaves under
+ * ".../experts/") count top_k / n_experts of their size. */
+int64_t nb_train_active_params(const nb_train_config *cfg, const nb_tree *params);
+/* Model FLOPs of one training step, what MFU is measured against (the
+ * trainer's and the planner's, one count): 6 N tokens + 12 L H hd T tokens
+ * (the attention products, forward and backward), tokens = batch_size x
+ * data.seq_len, N = active_params. Remat's recomputation is not counted. */
+double nb_train_model_flops(const nb_train_config *cfg, int64_t active_params);
+
+/* One chip (one process on a CPU) as the planner sees it. Rates per chip;
+ * links one direction. */
+typedef struct nb_train_chip {
+  char name[64];
+  double peak_flops_bf16, peak_flops_f32; /* dense matmul FLOP/s at each compute dtype */
+  double hbm_bytes_per_s;
+  double mem_bytes;
+  double link_bytes_per_s;      /* between chips of one node (NVLink, one ICI torus axis, shared memory) */
+  double node_link_bytes_per_s; /* between nodes: a mesh axis whose group spans nodes runs at this */
+  int64_t chips_per_node;       /* 0: all chips are on the fast link */
+  double efficiency;            /* the stated fraction of peak the step's FLOPs run at */
+  bool overlap;                 /* data-parallel and FSDP collectives hidden behind compute */
+  char source[1024];            /* where the numbers come from */
+} nb_train_chip;
+
+/* "h100" (SXM, 8 per node), "tpu-v5p", "cpu:this" (this machine shared by
+ * n_chips processes of CPUs / n_chips threads each: the measured and cached
+ * peaks of nabla/prof.h, RAM / n_chips), or "custom" (all rates zero: the
+ * caller fills them). NB_ERR_NOT_FOUND naming the known ones otherwise. */
+nb_status nb_train_chip_spec(nb_ctx *ctx, const char *name, int64_t n_chips, nb_train_chip *out);
+
+/* One mesh layout's estimate. Bytes and seconds per device per step. */
+typedef struct nb_train_plan_layout {
+  int64_t data, fsdp, tensor, expert;
+  int64_t micro_batches, micro_rows;  /* per device: grad_accum / (data fsdp expert) of micro_rows rows */
+  double compute_s;                   /* max(hardware FLOPs / (peak eff), HBM bytes / bandwidth) */
+  double dp_s, fsdp_s, tp_s, ep_s;    /* each kind of collective's time */
+  double dp_bytes, fsdp_bytes, tp_bytes, ep_bytes; /* bytes each device sends */
+  double exposed_comm_s;              /* what overlap does not hide */
+  double step_s, tokens_per_s, mfu;
+  double param_bytes, grad_bytes, opt_bytes, gathered_bytes, act_bytes, mem_bytes;
+  bool fits;                          /* mem_bytes <= the chip's memory */
+  char note[256];                     /* what nabla train cannot run of it yet, "" when nothing */
+} nb_train_plan_layout;
+
+typedef struct nb_train_plan {
+  nb_train_chip chip;
+  int64_t n_chips, n_params, active_params;
+  double model_flops, hw_flops;       /* per step, whole job (hw: with remat's recomputation) */
+  double tokens;                      /* per step */
+  double peak_flops;                  /* per chip, at the compute dtype */
+  int n_layouts;
+  nb_train_plan_layout *layouts;      /* fastest first */
+  int best;                           /* the fastest that fits; -1: none fits */
+} nb_train_plan;
+
+/* Every layout data x fsdp x tensor x expert = n_chips that the config
+ * allows (tensor divides the heads, KV heads and d_ff; expert > 1 only for
+ * MoE and divides n_experts; data fsdp expert divides batch_size), each
+ * estimated by rooflines (docs/dist.md, "nabla plan"), sorted by step
+ * time. NB_ERR_INVALID_ARG naming --chips when none is valid (and why). */
+nb_status nb_train_plan_make(nb_ctx *ctx, const nb_train_config *cfg, const nb_train_chip *chip, int64_t n_chips,
+                             nb_train_plan *out);
+void nb_train_plan_free(nb_train_plan *p);
 
 /* ------------------------------------------------------------------------ */
 /* Starting from existing weights                                            */

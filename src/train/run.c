@@ -142,10 +142,9 @@ static const char *nonfinite_leaf(const nb_tree *st) {
   return NULL;
 }
 
-/* token positions a step trains on, for tokens/s and MFU */
-static double tokens_per_step(const trainer *t) {
-  int64_t rows = t->task && t->task->rows_per_example > 0 ? t->task->rows_per_example : 1;
-  return (double)(t->cfg->batch_size * rows * t->cfg->data.seq_len);
+/* sequences an example puts in the batch (a task's pairs or groups), for tokens/s and MFU */
+static int64_t rows_per_example(const trainer *t) {
+  return t->task && t->task->rows_per_example > 0 ? t->task->rows_per_example : 1;
 }
 
 /* "the last checkpoint is step N" / "no checkpoint yet", for messages */
@@ -738,6 +737,7 @@ static nb_status setup(trainer *t, nb_train_start_info *info) {
   }
   nb_optim_tx *tx = params ? nb_train_optimizer(ctx, c) : NULL;
   info->n_params = params ? nb_nn_params_count(params) : 0;
+  int64_t active_params = params ? nb_train_active_params(c, params) : 0;
   if (tx && c->mesh.fsdp > 1) s = fsdp_shard_params(t, &params, tx);
   nb_tree *opt = tx && !s ? nb_optim_init_arrays(ctx, tx, params) : NULL;
   nb_optim_tx_destroy(tx);
@@ -809,16 +809,13 @@ static nb_status setup(trainer *t, nb_train_start_info *info) {
   if (!t->metrics) return nb_errorf(ctx, NB_ERR_IO, "train: cannot open %s: %s", mp, strerror(errno));
   t->tb = nb_prof_tb_create(ctx, t->dir);
   if (!t->tb) return nb_ctx_status(ctx);
-  double tokens = tokens_per_step(t);
   info->start_step = t->step;
   info->total_steps = c->steps;
   info->train_windows = t->data.n_train;
   info->eval_windows = t->data.n_eval;
   info->vocab_size = t->data.vocab;
   info->unigram_entropy = t->data.entropy;
-  info->flops_per_step = 6.0 * (double)info->n_params * tokens +
-                         12.0 * (double)(c->model.n_layers * c->model.n_heads * nb_model_head_dim(&c->model)) *
-                             (double)c->data.seq_len * tokens;
+  info->flops_per_step = (double)rows_per_example(t) * nb_train_model_flops(c, active_params);
   info->peak_flops = t->opts->peak_flops;
   info->compile_s = nb_util__now_s() - t_setup;
   memory_info(t, info);
@@ -1128,7 +1125,7 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_train_config *cfg, const nb_train_o
   int64_t n = cfg->steps > t.step ? cfg->steps - t.step : 0;
   double *exe_ms = calloc((size_t)n + 1, sizeof *exe_ms), *iter_ms = calloc((size_t)n + 1, sizeof *iter_ms);
   if (!exe_ms || !iter_ms) s = nb_errorf(ctx, NB_ERR_NOMEM, "train: out of memory");
-  double tokens = tokens_per_step(&t), t_log = nb_util__now_s();
+  double tokens = (double)(cfg->batch_size * rows_per_example(&t) * cfg->data.seq_len), t_log = nb_util__now_s();
   int64_t since_log = 0;
   double t_loop = nb_util__now_s();
   profile_state profiling = PROFILE_NOT_YET;
