@@ -123,6 +123,14 @@ typedef struct nb_train_config {
      * processes are data x fsdp (axis "fsdp" fastest) and each runs
      * grad_accum / (data fsdp) micro-batches. */
     int64_t fsdp;
+    /* processes the MoE layers' routed experts are split over (expert
+     * parallel; docs/dist.md): each holds model.n_experts / expert of them
+     * (the stacked kernels' rows along dim 0; everything else whole) and
+     * the MoE layers exchange tokens with all_to_all over the axis
+     * "expert". It splits the batch as well (axis "expert" fastest): each
+     * of the data x expert processes runs grad_accum / (data expert)
+     * micro-batches. Needs model.capacity_factor > 0; not with fsdp. */
+    int64_t expert;
   } mesh;
   int64_t checkpoint_every, checkpoint_keep;
   char checkpoint_dir[NB_TRAIN_STR_MAX];
