@@ -17,8 +17,10 @@
 # process of the job sums its experts' 2C slots (both processes' tokens) in
 # one dot. Those sums round differently (a few ulp of f32), Adam turns that
 # into parameter differences of about lr x 1e-7 per step, and the later
-# losses, moe_lb and grad_norm differ in their last digits: compared within
-# 1e-5 (relative), 100x the largest difference seen here (~1e-7).
+# losses, moe_lb and grad_norm may differ in their last digits: compared
+# within 1e-6 (relative), 16x the largest difference seen here (6e-8, the
+# grad_norm of step 4; the losses were the same bits). A bug in the exchange
+# or the gradient sums moves them by 1e-5 and more (docs/dist.md).
 # Usage: train_ep.sh NABLA_BIN.
 set -u
 nabla=$1
@@ -54,9 +56,9 @@ for k in loss moe_lb moe_z; do
   a=$(first "$work/one/metrics.jsonl" $k); b=$(first "$work/two/metrics.jsonl" $k)
   if [ -n "$a" ] && [ "$a" = "$b" ]; then echo "step 1 $a: the same bits"; else echo "FAIL: step 1: $a vs $b"; fail=1; fi
 done
-same loss 1e-5 "$work/one/metrics.jsonl" "$work/two/metrics.jsonl"
-same moe_lb 1e-5 "$work/one/metrics.jsonl" "$work/two/metrics.jsonl"
-same grad_norm 1e-5 "$work/one/metrics.jsonl" "$work/two/metrics.jsonl"
-same eval_loss 1e-5 "$work/one/metrics.jsonl" "$work/two/metrics.jsonl"
-[ $fail -eq 0 ] && echo "train_ep: 2 expert-parallel processes == 1 process (step 1 bit for bit; 4 steps within 1e-5)"
+same loss 1e-6 "$work/one/metrics.jsonl" "$work/two/metrics.jsonl"
+same moe_lb 1e-6 "$work/one/metrics.jsonl" "$work/two/metrics.jsonl"
+same grad_norm 1e-6 "$work/one/metrics.jsonl" "$work/two/metrics.jsonl"
+same eval_loss 1e-6 "$work/one/metrics.jsonl" "$work/two/metrics.jsonl"
+[ $fail -eq 0 ] && echo "train_ep: 2 expert-parallel processes == 1 process (step 1 bit for bit; 4 steps within 1e-6)"
 exit $fail
