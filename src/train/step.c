@@ -185,7 +185,7 @@ static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
   const step_job *job = u;
   nb_ctx *ctx = nb_graph_ctx(g);
   const nb_train_config *c = job->cfg;
-  /* A micro-batches of mb rows in the whole job; each of its D x F processes runs Al of them (its rows of the batch) */
+  /* A micro-batches of mb rows in the whole job; each of its D x F x X processes runs Al of them (its rows of the batch) */
   int64_t A = c->grad_accum, D = c->mesh.data, F = c->mesh.fsdp, X = c->mesh.expert, Al = A / (D * F * X);
   int64_t mb = c->batch_size / A;
   nb_val *step = nb_tree_get_val(in, "step");
