@@ -18,8 +18,8 @@
 # one dot. Those sums round differently (a few ulp of f32), Adam turns that
 # into parameter differences of about lr x 1e-7 per step, and the later
 # losses, moe_lb and grad_norm may differ in their last digits: compared
-# within 1e-6 (relative), 16x the largest difference seen here (6e-8, the
-# grad_norm of step 4; the losses were the same bits). A bug in the exchange
+# within 1e-6 (relative), 12x the largest difference seen here (8e-8, the
+# loss of step 4 in one run; the same bits in another). A bug in the exchange
 # or the gradient sums moves them by 1e-5 and more (docs/dist.md).
 # Usage: train_ep.sh NABLA_BIN.
 set -u
