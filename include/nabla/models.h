@@ -150,6 +150,7 @@ typedef struct nb_model_trace_opts {
   void *hook_ud;
   nb_nn_param_hook param_hook; /* every parameter read goes through it (FSDP's gather); not with scan_layers */
   void *param_ud;
+  const char *expert_axis;     /* nb_nn_apply.expert_axis: the MoE layers' experts split over it (expert parallel) */
   /* More parameters, not differentiated by a grad w.r.t. "params": inputs
    * "frozen/<path>", seen by the model (and the hook) beside "params/<path>"
    * (a LoRA base under its adapters; the two trees share no path). NULL: none. */

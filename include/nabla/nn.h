@@ -100,6 +100,12 @@ struct nb_nn_apply {
   void *hook_ud;
   nb_nn_param_hook param_hook;   /* NULL: parameters as given */
   void *param_ud;
+  /* Expert parallelism (nb_nn_moe): the mesh axis the routed experts are
+   * split over. Each process holds E / E_p of them (their stacked kernels
+   * [E / E_p, ...]: experts [i E / E_p, (i+1) E / E_p) on the process of
+   * index i) and the MoE layers exchange tokens with nb_all_to_all over it.
+   * NULL: every expert here. */
+  const char *expert_axis;
 };
 
 /* The value at `path` (converted to a->dtype when it is a float), or a
@@ -274,7 +280,15 @@ typedef enum nb_nn_router_score { NB_NN_SCORE_SOFTMAX, NB_NN_SCORE_SIGMOID, NB_N
  * C = ceil(capacity_factor * N * top_k / E) tokens (N tokens in the call),
  * first choices before second choices, earlier tokens first; the rest are
  * dropped (that expert contributes nothing to them). capacity_factor <= 0:
- * dropless (every chosen expert runs on its tokens). */
+ * dropless (every chosen expert runs on its tokens).
+ *
+ * With a->expert_axis (E_p processes, E a multiple of E_p): the capacity
+ * is over this process's N tokens, as above; the dispatch buffer [E, C, d]
+ * goes through nb_all_to_all so that each process runs its own E / E_p
+ * experts on every process's slots ([E / E_p, E_p C, d]), and a second
+ * all_to_all brings the outputs back before the combine. The router,
+ * shared experts and aux losses are this process's tokens'. Dropless mode
+ * is refused there (it would send every token to every process). */
 typedef struct nb_nn_moe_cfg {
   int64_t n_experts, top_k, n_shared;
   nb_nn_mlp_cfg expert; /* d_model, d_ff (per expert), act, gated; no bias */

@@ -123,6 +123,14 @@ typedef struct nb_train_config {
      * processes are data x fsdp (axis "fsdp" fastest) and each runs
      * grad_accum / (data fsdp) micro-batches. */
     int64_t fsdp;
+    /* processes the MoE layers' routed experts are split over (expert
+     * parallel; docs/dist.md): each holds model.n_experts / expert of them
+     * (the stacked kernels' rows along dim 0; everything else whole) and
+     * the MoE layers exchange tokens with all_to_all over the axis
+     * "expert". It splits the batch as well (axis "expert" fastest): each
+     * of the data x expert processes runs grad_accum / (data expert)
+     * micro-batches. Needs model.capacity_factor > 0; not with fsdp. */
+    int64_t expert;
   } mesh;
   int64_t checkpoint_every, checkpoint_keep;
   char checkpoint_dir[NB_TRAIN_STR_MAX];
@@ -219,11 +227,12 @@ nb_graph *nb_train_trace_eval_opts(nb_ctx *ctx, const nb_train_config *cfg, cons
                                    const nb_tree *param_spec);
 /* The step graph described above (new; destroy it). param_spec and
  * opt_state_spec: trees of arrays or avals (borrowed), the whole state; with
- * mesh.fsdp > 1 the graph's "params/..." and "opt_state/..." inputs and
- * outputs are this process's shards of them (docs/dist.md), and the eval
- * graph's "params/..." inputs too. NB_ERR_UNIMPLEMENTED for configs the
- * trainer does not support (precision other than f32; FSDP with a task,
- * frozen tree or linear hook). */
+ * mesh.fsdp > 1 or mesh.expert > 1 the graph's "params/..." and
+ * "opt_state/..." inputs and outputs are this process's shards of them
+ * (docs/dist.md), and the eval graph's "params/..." inputs too.
+ * NB_ERR_UNIMPLEMENTED for configs the trainer does not support (precision
+ * other than f32; FSDP or expert parallel with a task, frozen tree or linear
+ * hook). */
 nb_graph *nb_train_trace_step(nb_ctx *ctx, const nb_train_config *cfg, const nb_tree *param_spec,
                               const nb_tree *opt_state_spec);
 /* The eval graph: inputs "params/<p>", "batch/inputs", "batch/targets"

@@ -354,7 +354,8 @@ static nb_status traced(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
   }
   nb_nn_apply a = {.g = g, .params = params, .train = job->opts.train, .rng = nb_tree_get_val(in, "rng"),
                    .dtype = job->opts.dtype, .linear_hook = job->opts.linear_hook, .hook_ud = job->opts.hook_ud,
-                   .param_hook = job->opts.param_hook, .param_ud = job->opts.param_ud};
+                   .param_hook = job->opts.param_hook, .param_ud = job->opts.param_ud,
+                   .expert_axis = job->opts.expert_axis};
   nb_status s = NB_OK;
   if (job->kind == TRACE_LOSS) {
     nb_val *loss = nb_model_loss(&a, job->cfg, batch, job->opts.remat, extra);

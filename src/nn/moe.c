@@ -83,7 +83,12 @@ static nb_val *with_capacity(nb_nn_apply *a, const char *path, const nb_nn_moe_c
   nb_val *combine = nb_dot_general(nb_mul(onehot, nb_expand_dims(gates, 2)), oc, &nk, NB_DTYPE_COUNT);
   nb_dot_dims dx = {.n_contract = 1, .lhs_contract = {0}, .rhs_contract = {0}};
   nb_val *xe = nb_dot_general(nb_convert(dispatch, nb_val_dtype(xf)), xf, &dx, NB_DTYPE_COUNT); /* [E, C, d] */
+  /* expert parallel: block i of E / E_p experts to process i, which gets [E / E_p, E_p C, d] (every process's
+   * slots for its experts, in process order); the outputs go back the same way. AD transposes each into the
+   * other's exchange, so the gradients of this process's experts come from every process's tokens. */
+  if (a->expert_axis) xe = nb_all_to_all(xe, a->expert_axis, 0, 1);
   nb_val *h = experts(a, path, &cfg->expert, xe);
+  if (a->expert_axis) h = nb_all_to_all(h, a->expert_axis, 1, 0); /* [E, C, d] */
   nb_dot_dims dc = {.n_contract = 2, .lhs_contract = {1, 2}, .rhs_contract = {0, 1}};
   return nb_dot_general(nb_convert(combine, nb_val_dtype(h)), h, &dc, NB_DTYPE_COUNT); /* [N, d] */
 }
@@ -95,6 +100,23 @@ static bool check_cfg(nb_nn_apply *a, const char *path, const nb_nn_moe_cfg *cfg
            false;
   if (cfg->score < 0 || cfg->score >= NB_NN_SCORE_COUNT)
     return nb_nn_fail(a, NB_ERR_INVALID_ARG, "nn: moe '%s': unknown router score %d", path, (int)cfg->score), false;
+  if (a->expert_axis) {
+    nb_comm *c = nb_ctx_axis(nb_graph_ctx(a->g), a->expert_axis);
+    int64_t ep = c ? c->ops->size(c) : 0;
+    if (!c)
+      return nb_nn_fail(a, NB_ERR_INVALID_ARG, "nn: moe '%s': expert axis '%s' is not bound on the context", path,
+                        a->expert_axis),
+             false;
+    if (cfg->n_experts % ep)
+      return nb_nn_fail(a, NB_ERR_INVALID_ARG, "nn: moe '%s': n_experts (%lld) is not a multiple of the %lld processes of "
+                        "expert axis '%s'", path, (long long)cfg->n_experts, (long long)ep, a->expert_axis),
+             false;
+    if (cfg->capacity_factor <= 0)
+      return nb_nn_fail(a, NB_ERR_UNIMPLEMENTED, "nn: moe '%s': expert parallelism needs a capacity factor > 0 (dropless "
+                        "dispatch is not split over processes); n_experts / top_k = %g drops no token", path,
+                        (double)cfg->n_experts / (double)cfg->top_k),
+             false;
+  }
   if (nb_val_rank(x) < 1 || nb_val_dim(x, -1) != cfg->expert.d_model)
     return nb_nn_fail(a, NB_ERR_SHAPE, "nn: moe '%s': input has %lld features, d_model is %lld", path,
                       (long long)nb_val_dim(x, -1), (long long)cfg->expert.d_model),

@@ -12,6 +12,7 @@
 
 #include "nabla/prof.h"
 #include "nabla/train.h"
+#include "train/internal.h"
 #include "util/util.h"
 
 _Static_assert(sizeof(nb_nn_act) == sizeof(int) && sizeof(nb_train_optim) == sizeof(int), "enums are ints");
@@ -108,6 +109,7 @@ static const key_def keys[] = {
     {"grad_accum", K_INT, O(grad_accum), 1, BIG, NULL},
     {"mesh.data", K_INT, O(mesh.data), 1, 65536, NULL},
     {"mesh.fsdp", K_INT, O(mesh.fsdp), 1, 65536, NULL},
+    {"mesh.expert", K_INT, O(mesh.expert), 1, 65536, NULL},
     {"steps", K_INT, O(steps), 0, BIG, NULL},
     {"eval_every", K_INT, O(eval_every), 0, BIG, NULL},
     {"eval_steps", K_INT, O(eval_steps), 0, BIG, NULL},
@@ -139,6 +141,7 @@ void nb_train_config_defaults(nb_train_config *c) {
   c->grad_accum = 1;
   c->mesh.data = 1;
   c->mesh.fsdp = 1;
+  c->mesh.expert = 1;
   c->steps = 100;
   c->eval_every = 50;
   c->eval_steps = 4;
@@ -470,11 +473,13 @@ nb_status nb_train_config_validate(nb_ctx *ctx, const nb_train_config *c) {
        (long long)c->data.seq_len, (long long)c->model.max_seq_len);
   RULE(c->batch_size % c->grad_accum == 0, "batch_size (%lld) must be a multiple of grad_accum (%lld)",
        (long long)c->batch_size, (long long)c->grad_accum);
-  int64_t procs = c->mesh.data * c->mesh.fsdp;
+  int64_t procs = nb_train__batch_procs(c);
   RULE(c->grad_accum % procs == 0,
-       "grad_accum (%lld) must be a multiple of mesh.data x mesh.fsdp (%lld x %lld): each process runs whole "
-       "micro-batches (set grad_accum=%lld for one micro-batch per process)",
-       (long long)c->grad_accum, (long long)c->mesh.data, (long long)c->mesh.fsdp, (long long)procs);
+       "grad_accum (%lld) must be a multiple of mesh.data x mesh.fsdp x mesh.expert (%lld x %lld x %lld): each process "
+       "runs whole micro-batches (set grad_accum=%lld for one micro-batch per process)",
+       (long long)c->grad_accum, (long long)c->mesh.data, (long long)c->mesh.fsdp, (long long)c->mesh.expert,
+       (long long)procs);
+  if ((s = nb_train__ep_validate(ctx, c))) return s;
   /* warmup_steps may exceed steps: a short run (steps=N override) of a
    * long config stays valid and simply ends inside the warmup */
   RULE(c->optim.lr > 0, "optim.lr must be > 0");

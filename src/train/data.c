@@ -300,9 +300,9 @@ nb_data_iter *nb_train__data_iter(nb_ctx *ctx, const nb_train__data *d, const nb
   nb_data_map_retain(d->train_windows);
   nb_data_map *ds = nb_data_map_shuffle(d->train_windows, (uint64_t)c->seed);
   /* data parallel (and FSDP, which splits the batch too): process r of D
-   * (D = mesh.data x mesh.fsdp) reads rows [r B/D, (r+1) B/D) of the job's
+   * (D = mesh.data x mesh.fsdp x mesh.expert) reads rows [r B/D, (r+1) B/D) of the job's
    * batch s, that is its own batches of B/D: r, r + D, r + 2D, ... */
-  int64_t D = c->mesh.data * c->mesh.fsdp;
+  int64_t D = nb_train__batch_procs(c);
   ds = nb_data_map_batch(nb_data_map_repeat(ds, 0), c->batch_size / D, true);
   if (D > 1) ds = nb_data_map_slice(ds, rank, INT64_MAX, D);
   ds = nb_data_map_map(ds, nb_data_fn_lm_targets, NULL);

@@ -61,4 +61,30 @@ nb_train__fsdp_gather *nb_train__fsdp_gather_create(const nb_tree *full_spec);
 void nb_train__fsdp_gather_destroy(nb_train__fsdp_gather *h);
 nb_val *nb_train__fsdp_gather_param(void *ud, nb_nn_apply *a, const char *path, nb_val *v);
 
+/* The processes a batch is split over: mesh.data x mesh.fsdp x mesh.expert. */
+static inline int64_t nb_train__batch_procs(const nb_train_config *c) { return c->mesh.data * c->mesh.fsdp * c->mesh.expert; }
+
+/* Expert parallel layout (ep.c): the routed experts' stacked leaves
+ * ("/moe/experts/" in the path, [E, ...]) split along dim 0 into
+ * mesh.expert blocks of E / mesh.expert rows; every other leaf whole. */
+bool nb_train__ep_is_expert(const char *path);
+/* mesh.expert's rules: an MoE model, n_experts a multiple of it, a capacity factor, no fsdp. */
+nb_status nb_train__ep_validate(nb_ctx *ctx, const nb_train_config *c);
+/* The gradient's global norm when the leaves that `sharded` says are split
+ * over `axis` (the others whole on every process): the sharded leaves'
+ * squares psummed over the axis, plus the whole leaves' once. */
+nb_val *nb_train__sharded_global_norm(nb_graph *g, const nb_tree *grads, const char *axis,
+                                      bool (*sharded)(const char *path, nb_val *v));
+/* The parameter hook that gathers an expert leaf's blocks into the whole
+ * [E, ...] (all_gather over "expert"): eval runs every expert on every process. */
+nb_val *nb_train__ep_gather_param(void *ud, nb_nn_apply *a, const char *path, nb_val *v);
+
+/* The state's sharded layout of the config (FSDP's or expert parallel's;
+ * a copy of the avals when there is none): the shards' avals of a tree (new). */
+nb_tree *nb_train__shard_spec(nb_ctx *ctx, const nb_train_config *c, const nb_tree *full);
+/* Process `index`'s shards (its fsdp or expert index) of a tree of host arrays (new tree). */
+nb_tree *nb_train__shard(nb_ctx *ctx, const nb_train_config *c, const nb_tree *full, int64_t index);
+/* How many blocks the sharded leaves have (mesh.fsdp or mesh.expert; 1: none). */
+static inline int64_t nb_train__shard_count(const nb_train_config *c) { return c->mesh.fsdp * c->mesh.expert; }
+
 #endif

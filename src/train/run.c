@@ -117,8 +117,8 @@ typedef struct trainer {
   int64_t nonfinite_steps;     /* steps with a non-finite loss or gradient norm (skip, continue) */
   double elapsed_before;       /* seconds of earlier runs (from the checkpoint) */
   double t0;
-  int rank;                    /* in the job: data index x mesh.fsdp + fsdp index (0 for one process) */
-  nb_tree *full_spec;          /* FSDP: the whole "params/..." and "opt_state/..." avals (t->st holds shards) */
+  int rank;                    /* in the job: (data index x mesh.fsdp + fsdp index) x mesh.expert + expert index */
+  nb_tree *full_spec;          /* FSDP, expert parallel: the whole "params/..." and "opt_state/..." avals (t->st holds shards) */
   char dir[NB_TRAIN_PATH_MAX];
 } trainer;
 
@@ -192,29 +192,34 @@ static char *build_metadata(trainer *t, const char *ds) {
  * along one axis has it as that axis. */
 static nb_comm *job_comm(const trainer *t) {
   const nb_train_config *c = t->cfg;
-  if (c->mesh.data * c->mesh.fsdp == 1) return NULL;
+  int64_t shards = nb_train__shard_count(c);
+  if (c->mesh.data * shards == 1) return NULL;
   nb_comm *j = nb_ctx_axis(t->ctx, "job");
-  return j ? j : c->mesh.fsdp == 1 ? nb_ctx_axis(t->ctx, "data") : c->mesh.data == 1 ? nb_ctx_axis(t->ctx, "fsdp") : NULL;
+  return j ? j : shards == 1 ? nb_ctx_axis(t->ctx, "data") : c->mesh.data > 1 ? NULL
+                 : nb_ctx_axis(t->ctx, c->mesh.fsdp > 1 ? "fsdp" : "expert");
 }
 
 /* This process's blocks of item ("params", "opt_state"): its shards with
  * the padding past each whole array's end cut off (a shard all padding is
- * not written), and with fsdp index 0 the arrays that are whole on every
- * process; data replicas (data index > 0) write none. */
+ * not written), and with fsdp (or expert) index 0 the arrays that are
+ * whole on every process; data replicas (data index > 0) write none. A
+ * leaf of the whole array's shape is whole (expert parallel's non-expert
+ * leaves; under FSDP a leaf of one row, whose other shards are padding). */
 static nb_tree *blocks_to_write(trainer *t, const char *item) {
   nb_ctx *ctx = t->ctx;
-  const nb_train_config *c = t->cfg;
+  int64_t count = nb_train__shard_count(t->cfg);
   nb_tree *out = nb_tree_create(ctx);
-  if (!out || t->rank / c->mesh.fsdp != 0) return out;
-  int64_t f = t->rank % c->mesh.fsdp;
+  if (!out || t->rank / count != 0) return out;
+  int64_t f = t->rank % count;
   size_t plen = strlen(item);
   for (size_t i = 0; out && i < nb_tree_size(t->st); i++) {
     const char *p = nb_tree_path(t->st, i);
     if (strncmp(p, item, plen) || p[plen] != '/') continue;
     nb_array *a = nb_tree_leaf(t->st, i)->array, *cut = NULL;
     const nb_leaf *w = t->full_spec ? nb_tree_get(t->full_spec, p) : NULL;
-    if ((!w || nb_array_rank(a) == 0) && f > 0) continue; /* a whole array: fsdp index 0 writes it */
-    if (w && nb_array_rank(a) > 0) {
+    bool whole = !w || nb_array_rank(a) == 0 || nb_array_dims(a)[0] == nb_leaf_get_aval(w).shape.dims[0];
+    if (whole && f > 0) continue; /* a whole array: index 0 writes it */
+    if (!whole) {
       int64_t d0 = nb_leaf_get_aval(w).shape.dims[0], n = nb_array_dims(a)[0], keep = d0 - f * n;
       keep = keep < 0 ? 0 : keep < n ? keep : n;
       if (keep == 0) continue;
@@ -236,11 +241,11 @@ static nb_status save_job(trainer *t, nb_comm *comm, const char *meta) {
       whole = (nb_tree_destroy(whole), NULL);
   nb_status s = opt && (whole || t->full_spec) ? NB_OK : nb_errorf(ctx, NB_ERR_NOMEM, "train: out of memory saving a checkpoint");
   nb_ckpt_item items[2] = {{"params", params}, {"opt_state", opt}};
-  nb_ckpt_shards sh = {.comm = comm, .whole = t->full_spec ? t->full_spec : whole, .index = t->rank % t->cfg->mesh.fsdp,
-                       .count = t->cfg->mesh.fsdp};
+  int64_t count = nb_train__shard_count(t->cfg);
+  nb_ckpt_shards sh = {.comm = comm, .whole = t->full_spec ? t->full_spec : whole, .index = t->rank % count, .count = count};
   nb_ckpt_save_opts so = {.metadata_json = meta, .force = true};
   /* a failure here still joins the save, so that the other processes fail too rather than wait */
-  nb_status w = nb_ckpt_save_sharded(t->ckpt, t->step, items, s || t->rank / t->cfg->mesh.fsdp ? 0 : 2, &so, &sh);
+  nb_status w = nb_ckpt_save_sharded(t->ckpt, t->step, items, s || t->rank / count ? 0 : 2, &so, &sh);
   nb_tree_destroy(params);
   nb_tree_destroy(opt);
   nb_tree_destroy(whole);
@@ -342,10 +347,9 @@ static nb_status check_data(trainer *t, int64_t step, const cJSON *d) {
                    (long long)step, t->dir, why);
 }
 
-/* FSDP: the restored whole state replaced by this process's shards. */
+/* FSDP, expert parallel: the restored whole state replaced by this process's shards. */
 static nb_status keep_own_rows(trainer *t, nb_tree **state) {
-  int64_t F = t->cfg->mesh.fsdp;
-  nb_tree *mine = nb_train__fsdp_shard(t->ctx, *state, F, t->rank % F);
+  nb_tree *mine = nb_train__shard(t->ctx, t->cfg, *state, t->rank % nb_train__shard_count(t->cfg));
   if (!mine) return nb_ctx_status(t->ctx) ? nb_ctx_status(t->ctx) : NB_ERR_NOMEM;
   nb_tree_destroy(*state);
   *state = mine;
@@ -547,7 +551,7 @@ static nb_data_iter *source_iter(trainer *t) {
   nb_data_iter *it = nb_data_iter_pack(nb_data_iter_create(ds), &po);
   /* data parallel: every process packs the job's rows and keeps its own, so
    * the saved position is the job's (elastic restore: docs/dist.md) */
-  int64_t D = c->mesh.data * c->mesh.fsdp, rows = c->batch_size / D;
+  int64_t D = nb_train__batch_procs(c), rows = c->batch_size / D;
   if (D > 1) it = nb_data_iter_rows(it, t->rank * rows, rows);
   if (it && c->data.workers > 0) it = nb_data_iter_prefetch(it, (int)c->data.workers, 2 * (int)c->data.workers + 2);
   return it;
@@ -594,21 +598,24 @@ static nb_data_map *source_eval_batches(trainer *t) {
 
 /* ---------------------------------------------------------------- FSDP */
 
-/* This process's place in the job's batch: data index x mesh.fsdp + fsdp
- * index (the mesh's row-major order), 0 for one process. */
+/* This process's place in the job's batch: (data index x mesh.fsdp + fsdp
+ * index) x mesh.expert + expert index (the mesh's row-major order), 0 for
+ * one process. */
 static int job_rank(nb_ctx *ctx, const nb_train_config *c) {
   nb_comm *d = c->mesh.data > 1 ? nb_ctx_axis(ctx, "data") : NULL, *f = c->mesh.fsdp > 1 ? nb_ctx_axis(ctx, "fsdp") : NULL;
-  return (d ? d->ops->rank(d) : 0) * (int)c->mesh.fsdp + (f ? f->ops->rank(f) : 0);
+  nb_comm *e = c->mesh.expert > 1 ? nb_ctx_axis(ctx, "expert") : NULL;
+  return ((d ? d->ops->rank(d) : 0) * (int)c->mesh.fsdp + (f ? f->ops->rank(f) : 0)) * (int)c->mesh.expert +
+         (e ? e->ops->rank(e) : 0);
 }
 
 static nb_status init_state(nb_graph *g, const nb_tree *in, nb_tree *out, void *tx) {
   return nb_optim_init(tx, g, in, out);
 }
 
-/* FSDP: keeps the whole state's avals in t->full_spec (what the step and
- * eval are traced for) and replaces *params by this process's shards, so
- * that the optimizer state is made for the shards only. */
-static nb_status fsdp_shard_params(trainer *t, nb_tree **params, nb_optim_tx *tx) {
+/* FSDP, expert parallel: keeps the whole state's avals in t->full_spec
+ * (what the step and eval are traced for) and replaces *params by this
+ * process's shards, so that the optimizer state is made for the shards only. */
+static nb_status shard_params(trainer *t, nb_tree **params, nb_optim_tx *tx) {
   nb_ctx *ctx = t->ctx;
   int64_t F = t->cfg->mesh.fsdp;
   nb_tree *pspec = nb_tree_create(ctx);
@@ -618,13 +625,13 @@ static nb_status fsdp_shard_params(trainer *t, nb_tree **params, nb_optim_tx *tx
   nb_graph *init = pspec ? nb_trace(ctx, init_state, tx, pspec) : NULL;
   nb_tree *ospec = init ? nb_graph_output_spec(init) : NULL;
   nb_graph_destroy(init);
-  nb_tree *shards = ospec ? nb_train__fsdp_shard(ctx, *params, F, t->rank % F) : NULL;
+  nb_tree *shards = ospec ? nb_train__shard(ctx, t->cfg, *params, t->rank % nb_train__shard_count(t->cfg)) : NULL;
   t->full_spec = shards ? nb_tree_create(ctx) : NULL;
   nb_status s = t->full_spec ? NB_OK : nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_NOMEM;
   if (!s) s = nb_tree_merge(t->full_spec, "params", pspec);
   if (!s) s = nb_tree_merge(t->full_spec, "opt_state", ospec);
   for (size_t i = 0; !s && i < nb_tree_size(*params); i++)
-    if (nb_array_rank(nb_tree_leaf(*params, i)->array) == 0)
+    if (F > 1 && nb_array_rank(nb_tree_leaf(*params, i)->array) == 0)
       s = nb_errorf(ctx, NB_ERR_UNIMPLEMENTED, "train: mesh.fsdp: parameter '%s' is a scalar (only leaves with a leading "
                     "dim are sharded)", nb_tree_path(*params, i));
   if (!s) {
@@ -738,7 +745,7 @@ static nb_status setup(trainer *t, nb_train_start_info *info) {
   nb_optim_tx *tx = params ? nb_train_optimizer(ctx, c) : NULL;
   info->n_params = params ? nb_nn_params_count(params) : 0;
   int64_t active_params = params ? nb_train_active_params(c, params) : 0;
-  if (tx && c->mesh.fsdp > 1) s = fsdp_shard_params(t, &params, tx);
+  if (tx && nb_train__shard_count(c) > 1) s = shard_params(t, &params, tx);
   nb_tree *opt = tx && !s ? nb_optim_init_arrays(ctx, tx, params) : NULL;
   nb_optim_tx_destroy(tx);
   t->st = opt ? nb_tree_create(ctx) : NULL;
@@ -908,8 +915,9 @@ static nb_status one_step(trainer *t, nb_train_step_info *si, double *exe_ms, do
   for (int64_t i = (int64_t)nb_tree_size(t->st) - 1; !s && i >= 0; i--)
     if (!strncmp(nb_tree_path(t->st, (size_t)i), "batch/", 6)) s = nb_tree_remove(t->st, nb_tree_path(t->st, (size_t)i));
   if (!s) s = nb_tree_remove(t->st, "step");
-  for (size_t i = 0; !s && metrics && i < nb_tree_size(out); i++) /* a task's metrics, as "<name>" */
-    if (!strncmp(nb_tree_path(out, i), "metrics/", 8))
+  /* a task's metrics, and an MoE model's moe_lb and moe_z, as "<name>" */
+  for (size_t i = 0; !s && metrics && i < nb_tree_size(out); i++)
+    if (!strncmp(nb_tree_path(out, i), "metrics/", 8) && (t->task || !strncmp(nb_tree_path(out, i) + 8, "moe_", 4)))
       s = nb_tree_set_array(metrics, nb_tree_path(out, i) + 8, nb_tree_leaf(out, i)->array);
   if (!s) {
     si->loss = scalar_out(out, "loss");
@@ -1134,9 +1142,10 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_train_config *cfg, const nb_train_o
     double a = nb_util__now_s(), ems = 0, dms = 0, eval_t = 0;
     int64_t t_step = nb_util__trace_start();
     nb_train_step_info si = {.total_steps = cfg->steps, .tokens_per_s = NAN, .mfu = NAN, .eval_loss = NAN};
-    nb_tree *metrics = t.task ? nb_tree_create(ctx) : NULL;
+    bool logs_metrics = t.task || cfg->model.n_experts > 0;
+    nb_tree *metrics = logs_metrics ? nb_tree_create(ctx) : NULL;
     si.metrics = metrics;
-    if (t.task && !metrics) s = NB_ERR_NOMEM;
+    if (logs_metrics && !metrics) s = NB_ERR_NOMEM;
     if (s || (s = one_step(&t, &si, &ems, &dms, metrics))) {
       nb_tree_destroy(metrics);
       break;
@@ -1156,7 +1165,7 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_train_config *cfg, const nb_train_o
     if (evaluates(&t) && (t.step % cfg->eval_every == 0 || t.step == cfg->steps)) {
       double e0 = nb_util__now_s();
       int64_t te = nb_util__trace_start();
-      if ((s = run_eval(&t, &si.eval_loss, metrics))) {
+      if ((s = run_eval(&t, &si.eval_loss, t.task ? metrics : NULL))) {
         nb_tree_destroy(metrics);
         break;
       }

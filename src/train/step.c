@@ -74,8 +74,8 @@ static nb_optim_tx *optimizer(nb_ctx *ctx, const nb_train_config *c, nb_val *con
   if (!lr) return NULL;
   nb_optim_tx *txs[3];
   int n = 0;
-  /* under FSDP the step clips (fsdp_clip): the norm is over every process's shards */
-  if (c->optim.grad_clip > 0 && c->mesh.fsdp == 1) txs[n++] = nb_optim_clip_by_global_norm(ctx, c->optim.grad_clip);
+  /* under FSDP or expert parallel the step clips (sharded_clip): the norm is over every process's shards */
+  if (c->optim.grad_clip > 0 && nb_train__shard_count(c) == 1) txs[n++] = nb_optim_clip_by_global_norm(ctx, c->optim.grad_clip);
   double wd = c->optim.weight_decay;
   switch (c->optim.name) {
   case NB_TRAIN_OPTIM_ADAMW:
@@ -158,25 +158,17 @@ static nb_status keep_old_unless(nb_graph *g, nb_val *ok, const nb_tree *old, nb
   return s;
 }
 
-/* FSDP: the global gradient norm from the shards: each process's sum of
- * squares of its rows (the padding adds zeros), psummed over "fsdp" in rank
- * order, plus the leaves that are whole on every process once. Its rounding
- * differs from one process's sum over whole leaves (another order). */
-static nb_val *fsdp_global_norm(nb_graph *g, const nb_tree *grads) {
-  nb_val *sharded = nb_scalar(g, NB_F32, 0), *whole = nb_scalar(g, NB_F32, 0);
-  for (size_t i = 0; i < nb_tree_size(grads); i++) {
-    nb_val *v = nb_convert(nb_tree_leaf(grads, i)->val, NB_F32);
-    nb_val *sq = nb_reduce_sum(nb_mul(v, v), 0, NULL);
-    if (nb_val_rank(v) > 0) sharded = nb_add(sharded, sq);
-    else whole = nb_add(whole, sq);
-  }
-  return nb_sqrt(nb_add(nb_psum(sharded, "fsdp"), whole));
-}
+/* FSDP: every leaf with a leading dim is sharded (the padding adds zeros to
+ * the norm); expert parallel: the routed experts' leaves. The global norm
+ * sums the shards' squares over the axis in rank order: another rounding
+ * than one process's sum over whole leaves. */
+static bool fsdp_sharded(const char *path, nb_val *v) { return (void)path, nb_val_rank(v) > 0; }
+static bool ep_sharded(const char *path, nb_val *v) { return (void)v, nb_train__ep_is_expert(path); }
 
-/* FSDP: clip_by_global_norm with the norm of the whole gradient, as
+/* FSDP / expert parallel: clip_by_global_norm with the norm of the whole gradient, as
  * nb_optim_clip_by_global_norm does on one process (g / norm * max_norm
  * where norm >= max_norm). */
-static nb_status fsdp_clip(nb_graph *g, nb_tree *grads, nb_val *norm, double max_norm) {
+static nb_status sharded_clip(nb_graph *g, nb_tree *grads, nb_val *norm, double max_norm) {
   nb_val *keep = nb_lt(norm, nb_scalar(g, NB_F32, max_norm));
   nb_status s = NB_OK;
   for (size_t i = 0; !s && i < nb_tree_size(grads); i++) {
@@ -193,8 +185,9 @@ static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
   const step_job *job = u;
   nb_ctx *ctx = nb_graph_ctx(g);
   const nb_train_config *c = job->cfg;
-  /* A micro-batches of mb rows in the whole job; each of its D x F processes runs Al of them (its rows of the batch) */
-  int64_t A = c->grad_accum, D = c->mesh.data, F = c->mesh.fsdp, Al = A / (D * F), mb = c->batch_size / A;
+  /* A micro-batches of mb rows in the whole job; each of its D x F x X processes runs Al of them (its rows of the batch) */
+  int64_t A = c->grad_accum, D = c->mesh.data, F = c->mesh.fsdp, X = c->mesh.expert, Al = A / (D * F * X);
+  int64_t mb = c->batch_size / A;
   nb_val *step = nb_tree_get_val(in, "step");
   *job->hp = nb_tree_get_val(in, "hparams/schedule");
   *job->hpo = nb_tree_get_val(in, "hparams/optim");
@@ -221,13 +214,14 @@ static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
       snprintf(p, sizeof p, "batch/%s", nb_tree_path(batch, i));
       s = nb_tree_set_val(call_in, p, Al > 1 ? nb_slice(v, lo, hi, NULL) : v);
     }
-    /* dropout of micro-batch (rank * Al + k) of the job, rank = data index * F + fsdp index (the batch's
-     * order): the same as one process with grad_accum = A */
+    /* dropout of micro-batch (rank * Al + k) of the job, rank = (data index * F + fsdp index) * X + expert
+     * index (the batch's order): the same as one process with grad_accum = A */
     nb_val *micro = nb_scalar(g, NB_U32, (double)k);
-    if (D * F > 1) {
+    if (D * F * X > 1) {
       nb_val *rank = nb_scalar(g, NB_U32, 0);
-      if (D > 1) rank = nb_mul(nb_convert(nb_axis_index(g, "data"), NB_U32), nb_scalar(g, NB_U32, (double)F));
-      if (F > 1) rank = nb_add(rank, nb_convert(nb_axis_index(g, "fsdp"), NB_U32));
+      if (D > 1) rank = nb_mul(nb_convert(nb_axis_index(g, "data"), NB_U32), nb_scalar(g, NB_U32, (double)(F * X)));
+      if (F > 1) rank = nb_add(rank, nb_mul(nb_convert(nb_axis_index(g, "fsdp"), NB_U32), nb_scalar(g, NB_U32, (double)X)));
+      if (X > 1) rank = nb_add(rank, nb_convert(nb_axis_index(g, "expert"), NB_U32));
       micro = nb_add(nb_mul(rank, nb_scalar(g, NB_U32, (double)Al)), micro);
     }
     if (!s && key) s = nb_tree_set_val(call_in, "rng", A > 1 ? nb_random_fold_in(key, micro) : key);
@@ -259,6 +253,17 @@ static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
     for (size_t i = 0; !s && i < nb_tree_size(metrics); i++)
       s = nb_tree_set_val(metrics, nb_tree_path(metrics, i), nb_psum(nb_tree_leaf(metrics, i)->val, "fsdp"));
   }
+  /* expert parallel: each process's loss, metrics and whole leaves' gradients are its own tokens', summed here;
+   * the experts' gradients came out of vg already summed over the processes' tokens (the all_to_all's
+   * transpose brought every process's cotangents to the experts' process): not summed again */
+  if (!s && X > 1) {
+    loss = nb_psum(loss, "expert");
+    for (size_t i = 0; !s && i < nb_tree_size(grads); i++)
+      if (!nb_train__ep_is_expert(nb_tree_path(grads, i)))
+        s = nb_tree_set_val(grads, nb_tree_path(grads, i), nb_psum(nb_tree_leaf(grads, i)->val, "expert"));
+    for (size_t i = 0; !s && i < nb_tree_size(metrics); i++)
+      s = nb_tree_set_val(metrics, nb_tree_path(metrics, i), nb_psum(nb_tree_leaf(metrics, i)->val, "expert"));
+  }
   /* data parallel: the sums over the processes, folded in rank order (psum),
    * so the sum of the job's micro-batches is the same bits as one process's
    * add of them when each process runs one (grad_accum = mesh.data) */
@@ -283,8 +288,11 @@ static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
         s = nb_tree_set_val(metrics, p, nb_mul(v, nb_convert(inv, nb_val_dtype(v))));
     }
   }
-  nb_val *grad_norm = s ? NULL : F > 1 ? fsdp_global_norm(g, grads) : nb_optim_global_norm(g, grads);
-  if (!s && F > 1 && c->optim.grad_clip > 0) s = fsdp_clip(g, grads, grad_norm, c->optim.grad_clip);
+  nb_val *grad_norm = s       ? NULL
+                      : F > 1 ? nb_train__sharded_global_norm(g, grads, "fsdp", fsdp_sharded)
+                      : X > 1 ? nb_train__sharded_global_norm(g, grads, "expert", ep_sharded)
+                              : nb_optim_global_norm(g, grads);
+  if (!s && F * X > 1 && c->optim.grad_clip > 0) s = sharded_clip(g, grads, grad_norm, c->optim.grad_clip);
   if (!s) s = nb_tree_set_val(out, "loss", loss);
   if (!s) s = nb_tree_set_val(out, "grad_norm", grad_norm);
   if (!s) s = nb_tree_set_val(out, "lr", nb_optim_schedule_trace(job->lr, step));
@@ -347,17 +355,26 @@ static nb_status check_supported(nb_ctx *ctx, const nb_train_config *c) {
                      "%s): run `nabla train` under `mpirun -np %lld` (mesh.data x mesh.fsdp)",
                      (long long)c->mesh.fsdp, (long long)c->mesh.fsdp, fsdp ? "bound to another count" : "not bound",
                      (long long)(c->mesh.data * c->mesh.fsdp));
+  nb_comm *expert = nb_ctx_axis(ctx, "expert");
+  if (c->mesh.expert > 1 && (!expert || expert->ops->size(expert) != c->mesh.expert))
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG,
+                     "train: mesh.expert=%lld needs the mesh axis 'expert' bound to %lld processes on the context (it "
+                     "is %s): run `nabla train` under `mpirun -np %lld` (mesh.data x mesh.expert)",
+                     (long long)c->mesh.expert, (long long)c->mesh.expert, expert ? "bound to another count" : "not bound",
+                     (long long)(c->mesh.data * c->mesh.expert));
   return NB_OK;
 }
 
-/* FSDP shards the language model's own parameters; a task's loss, a frozen
- * tree or a linear hook (LoRA, quantization) is not sharded yet. */
+/* FSDP and expert parallelism shard the language model's own parameters; a
+ * task's loss, a frozen tree or a linear hook (LoRA, quantization) is not
+ * sharded yet. */
 static nb_status check_fsdp(nb_ctx *ctx, const nb_train_config *c, const nb_train_task *task, const nb_train_graph_opts *go) {
-  if (c->mesh.fsdp == 1) return NB_OK;
+  if (nb_train__shard_count(c) == 1) return NB_OK;
   const char *what = task ? "a task's training (sft, dpo, ...)" : go->frozen_spec ? "a frozen parameter tree (LoRA)"
                      : go->linear_hook                           ? "a linear hook (LoRA, quantization)" : NULL;
-  if (what) return nb_errorf(ctx, NB_ERR_UNIMPLEMENTED, "train: mesh.fsdp=%lld with %s is not supported yet: use mesh.data",
-                             (long long)c->mesh.fsdp, what);
+  const char *key = c->mesh.fsdp > 1 ? "mesh.fsdp" : "mesh.expert";
+  if (what) return nb_errorf(ctx, NB_ERR_UNIMPLEMENTED, "train: %s=%lld with %s is not supported yet: use mesh.data", key,
+                             (long long)nb_train__shard_count(c), what);
   return NB_OK;
 }
 
@@ -397,21 +414,23 @@ static nb_graph *trace_step(nb_ctx *ctx, const nb_train_config *c, const nb_trai
   nb_model_trace_opts mo = {.train = dropout, .remat = c->remat == NB_TRAIN_REMAT_BLOCK, .dtype = NB_F32,
                             .linear_hook = go->linear_hook, .hook_ud = go->hook_ud, .frozen_spec = go->frozen_spec};
   /* FSDP: the step's params and opt_state are this process's shards; the
-   * model reads each parameter through the gather hook */
+   * model reads each parameter through the gather hook. Expert parallel:
+   * its experts' shards, which the MoE layers use as they are (expert_axis) */
   nb_tree *sharded_p = NULL, *sharded_o = NULL;
   nb_train__fsdp_gather *gather = NULL;
-  if (c->mesh.fsdp > 1) {
-    sharded_p = nb_train__fsdp_shard_spec(ctx, param_spec, c->mesh.fsdp);
-    sharded_o = nb_train__fsdp_shard_spec(ctx, opt_state_spec, c->mesh.fsdp);
-    gather = nb_train__fsdp_gather_create(param_spec);
-    if (!sharded_p || !sharded_o || !gather) {
+  if (nb_train__shard_count(c) > 1) {
+    sharded_p = nb_train__shard_spec(ctx, c, param_spec);
+    sharded_o = nb_train__shard_spec(ctx, c, opt_state_spec);
+    gather = c->mesh.fsdp > 1 ? nb_train__fsdp_gather_create(param_spec) : NULL;
+    if (!sharded_p || !sharded_o || (c->mesh.fsdp > 1 && !gather)) {
       nb_tree_destroy(sharded_p);
       nb_tree_destroy(sharded_o);
       nb_train__fsdp_gather_destroy(gather);
       return nb_errorf(ctx, NB_ERR_NOMEM, "train step: out of memory"), NULL;
     }
     param_spec = sharded_p, opt_state_spec = sharded_o;
-    mo.param_hook = nb_train__fsdp_gather_param, mo.param_ud = gather;
+    if (gather) mo.param_hook = nb_train__fsdp_gather_param, mo.param_ud = gather;
+    if (c->mesh.expert > 1) mo.expert_axis = "expert";
   }
   nb_graph *loss = trace_loss(ctx, c, task, go, &mo, param_spec, c->batch_size / c->grad_accum);
   nb_graph *vg = loss ? nb_value_and_grad(ctx, loss, &(nb_grad_opts){.wrt = "params", .has_aux = true}) : NULL;
@@ -426,7 +445,7 @@ static nb_graph *trace_step(nb_ctx *ctx, const nb_train_config *c, const nb_trai
   if (spec && !nb_tree_merge(spec, "params", param_spec) && !nb_tree_merge(spec, "opt_state", opt_state_spec) &&
       !(frozen && nb_tree_merge(spec, "frozen", frozen)) &&
       !nb_tree_merge(spec, "", hparams) && !nb_tree_set(spec, "step", nb_leaf_aval(nb_aval_make(NB_I32, 0, NULL)))) {
-    int64_t rows = c->batch_size / (c->mesh.data * c->mesh.fsdp); /* this process's rows */
+    int64_t rows = c->batch_size / nb_train__batch_procs(c); /* this process's rows */
     bs = task ? task->batch_spec(task->ud, ctx, c, rows) : batch_spec(ctx, rows, c->data.seq_len, go->packed);
     if (bs && !nb_tree_merge(spec, "batch", bs)) {
       step_job job = {.cfg = c, .vg = vg, .tx = tx, .lr = lr, .hp = &hp, .hpo = &hpo, .rng = dropout};
@@ -469,13 +488,14 @@ static nb_graph *trace_eval(nb_ctx *ctx, const nb_train_config *c, const nb_trai
     return NULL;
   nb_model_trace_opts mo = {.train = false, .dtype = NB_F32, .linear_hook = go->linear_hook, .hook_ud = go->hook_ud,
                             .frozen_spec = go->frozen_spec};
-  if (c->mesh.fsdp == 1) return trace_loss(ctx, c, task, go, &mo, param_spec, c->batch_size);
-  /* FSDP: the whole batch on every process, on parameters gathered from the shards */
-  nb_tree *sharded = nb_train__fsdp_shard_spec(ctx, param_spec, c->mesh.fsdp);
-  nb_train__fsdp_gather *gather = sharded ? nb_train__fsdp_gather_create(param_spec) : NULL;
-  mo.param_hook = nb_train__fsdp_gather_param, mo.param_ud = gather;
-  nb_graph *g = gather ? trace_loss(ctx, c, task, go, &mo, sharded, c->batch_size)
-                       : (nb_errorf(ctx, NB_ERR_NOMEM, "train eval: out of memory"), NULL);
+  if (nb_train__shard_count(c) == 1) return trace_loss(ctx, c, task, go, &mo, param_spec, c->batch_size);
+  /* FSDP, expert parallel: the whole batch on every process, on parameters gathered from the shards */
+  nb_tree *sharded = nb_train__shard_spec(ctx, c, param_spec);
+  nb_train__fsdp_gather *gather = sharded && c->mesh.fsdp > 1 ? nb_train__fsdp_gather_create(param_spec) : NULL;
+  if (gather) mo.param_hook = nb_train__fsdp_gather_param, mo.param_ud = gather;
+  else mo.param_hook = nb_train__ep_gather_param;
+  nb_graph *g = sharded && (gather || c->mesh.fsdp == 1) ? trace_loss(ctx, c, task, go, &mo, sharded, c->batch_size)
+                                                         : (nb_errorf(ctx, NB_ERR_NOMEM, "train eval: out of memory"), NULL);
   nb_train__fsdp_gather_destroy(gather);
   nb_tree_destroy(sharded);
   return g;

@@ -17,13 +17,14 @@ typedef struct nn_case {
   nb_nn_linear_hook hook;
   void *hook_ud;
   bool train;          /* with input "rng" */
+  const char *expert_axis; /* moe: nb_nn_apply.expert_axis */
 } nn_case;
 
 static nb_status nn_case_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
   const nn_case *c = u;
   nb_tree *p = nb_tree_select_prefix(in, "params", true);
   nb_nn_apply a = {.g = g, .params = p, .dtype = c->dtype, .linear_hook = c->hook, .hook_ud = c->hook_ud,
-                   .train = c->train, .rng = nb_tree_get_val(in, "rng")};
+                   .train = c->train, .rng = nb_tree_get_val(in, "rng"), .expert_axis = c->expert_axis};
   nb_val *x = nb_tree_get_val(in, "x"), *y = NULL;
   nb_status st = NB_OK;
   nb_nn_moe_aux aux = {0};

@@ -2,7 +2,9 @@
  * softmax mixture of the experts run one by one; a capacity that holds every
  * token equals dropless; a small capacity drops exactly the later tokens of
  * overloaded experts (their rows become zero); shared experts add to every
- * token; auxiliary losses at a uniform router; gradients. */
+ * token; auxiliary losses at a uniform router; gradients; the expert-
+ * parallel path over a one-process axis (its exchanges are the identity)
+ * and its refusals. The multi-process path: tests/dist/train_ep.sh. */
 #include "nn_case.h"
 
 static nb_tree *moe_params(nb_ctx *ctx, const nb_nn_moe_cfg *cfg, uint64_t seed, double router_std) {
@@ -198,12 +200,42 @@ static void test_aux_and_shared(nb_ctx *ctx) {
   nb_tree_destroy(params);
 }
 
+/* expert_axis bound to one process: both all_to_alls are the identity, so
+ * the capacity path is the plain one bit for bit, and its gradients go
+ * through the exchanges' transposes; dropless and an unbound axis are
+ * refused naming what is wrong. */
+static void test_expert_axis(nb_ctx *ctx) {
+  nb_nn_moe_cfg cfg = small_moe(4, 2);
+  cfg.capacity_factor = 1;
+  nb_tree *params = moe_params(ctx, &cfg, 5, 0.8);
+  nb_test_rng rng = {6};
+  nb_tree *in = with_params(ctx, params, nb_test_randn(ctx, &rng, NB_F64, 2, (int64_t[2]){6, 4}));
+  nn_case plain = {.kind = M_MOE, .cfg = &cfg, .dtype = NB_F64}, ep = plain;
+  ep.expert_axis = "expert";
+  nb_array *y = run_case(ctx, &plain, in, NULL);
+  CHECK(run_case(ctx, &ep, in, NULL) == NULL);
+  CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "expert axis 'expert' is not bound");
+  CHECK_OK(ctx, nb_ctx_bind_axis(ctx, "expert", nb_comm_self()));
+  nb_array *ye = run_case(ctx, &ep, in, NULL);
+  CHECK_MSG(max_diff(y, ye) == 0, "one-process expert axis vs none: %g", max_diff(y, ye));
+  CHECK(nb_test_check_grads(ctx, "moe expert axis", nn_case_fn, &ep, in, 1e-5, false));
+  cfg.capacity_factor = 0;
+  CHECK(run_case(ctx, &ep, in, NULL) == NULL);
+  CHECK_ERR(ctx, NB_ERR_UNIMPLEMENTED, "expert parallelism needs a capacity factor > 0");
+  nb_array_release(y);
+  nb_array_release(ye);
+  nb_tree_destroy(in);
+  nb_tree_destroy(params);
+  CHECK_OK(ctx, nb_ctx_bind_axis(ctx, "expert", NULL));
+}
+
 int main(void) {
   nb_ctx *ctx = nb_ctx_create();
   test_dropless_is_dense_mixture(ctx);
   test_top2_capacity(ctx);
   test_capacity_drops(ctx);
   test_aux_and_shared(ctx);
+  test_expert_axis(ctx);
   CHECK_MSG(nb_ctx_bytes_in_use(ctx) == 0, "%zu bytes leaked", nb_ctx_bytes_in_use(ctx));
   nb_ctx_destroy(ctx);
   return nb_test_summary("nn/moe");

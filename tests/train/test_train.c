@@ -269,7 +269,28 @@ static void test_errors(nb_ctx *ctx) {
   CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "mesh.fsdp=2 needs the mesh axis 'fsdp' bound to 2 processes");
   const char *accum[] = {"mesh.fsdp=2", "mesh.data=2", "grad_accum=2"};
   CHECK(tiny_config(ctx, work, 3, accum, &cfg) == NB_ERR_INVALID_ARG);
-  CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "grad_accum (2) must be a multiple of mesh.data x mesh.fsdp (2 x 2)");
+  CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "grad_accum (2) must be a multiple of mesh.data x mesh.fsdp x mesh.expert (2 x 2 x 1)");
+  /* expert parallel: refused with the keys and numbers named */
+  const char *dense_ep[] = {"mesh.expert=2", "grad_accum=2"};
+  CHECK(tiny_config(ctx, work, 2, dense_ep, &cfg) == NB_ERR_INVALID_ARG);
+  CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "mesh.expert (2) needs a mixture-of-experts model: model.n_experts is 0");
+  const char *moe = "model.preset=mixtral-tiny";
+  const char *uneven[] = {moe, "model.n_experts=6", "model.capacity_factor=3", "mesh.expert=4", "grad_accum=4"};
+  CHECK(tiny_config(ctx, work, 5, uneven, &cfg) == NB_ERR_INVALID_ARG);
+  CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "model.n_experts (6) must be a multiple of mesh.expert (4)");
+  const char *dropless[] = {moe, "model.capacity_factor=0", "mesh.expert=2", "grad_accum=2"};
+  CHECK(tiny_config(ctx, work, 4, dropless, &cfg) == NB_ERR_INVALID_ARG);
+  CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "mesh.expert (2) needs model.capacity_factor > 0 (it is 0");
+  const char *with_fsdp[] = {moe, "model.capacity_factor=4", "mesh.expert=2", "mesh.fsdp=2", "grad_accum=4"};
+  CHECK(tiny_config(ctx, work, 5, with_fsdp, &cfg) == NB_ERR_UNIMPLEMENTED);
+  CHECK_ERR(ctx, NB_ERR_UNIMPLEMENTED, "mesh.expert (2) with mesh.fsdp (2) is not supported yet");
+  const char *accum_ep[] = {moe, "model.capacity_factor=4", "mesh.expert=2", "mesh.data=2", "grad_accum=2"};
+  CHECK(tiny_config(ctx, work, 5, accum_ep, &cfg) == NB_ERR_INVALID_ARG);
+  CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "mesh.data x mesh.fsdp x mesh.expert (2 x 1 x 2)");
+  const char *unbound[] = {moe, "model.capacity_factor=4", "mesh.expert=2", "grad_accum=2"};
+  CHECK_OK(ctx, tiny_config(ctx, work, 4, unbound, &cfg));
+  CHECK(nb_train_run(ctx, &cfg, &o, NULL) == NB_ERR_INVALID_ARG);
+  CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "mesh.expert=2 needs the mesh axis 'expert' bound to 2 processes");
 }
 
 /* The MFU peak: $NABLA_PEAK_GFLOPS wins; otherwise the measured peak
