@@ -123,6 +123,12 @@ typedef struct nb_train_config {
      * processes are data x fsdp (axis "fsdp" fastest) and each runs
      * grad_accum / (data fsdp) micro-batches. */
     int64_t fsdp;
+    /* processes each layer's attention and MLP are split over (tensor
+     * parallel, Megatron-style; docs/dist.md): heads and d_ff divided by it,
+     * q/k/v and the MLP's input linears split by columns, the output linears
+     * by rows (psum over "tensor"). The processes of a tensor group read the
+     * same rows: the job is data x tensor processes (axis "tensor" fastest). */
+    int64_t tensor;
   } mesh;
   int64_t checkpoint_every, checkpoint_keep;
   char checkpoint_dir[NB_TRAIN_STR_MAX];

@@ -12,6 +12,7 @@
 
 #include "nabla/prof.h"
 #include "nabla/train.h"
+#include "train/internal.h"
 #include "util/util.h"
 
 _Static_assert(sizeof(nb_nn_act) == sizeof(int) && sizeof(nb_train_optim) == sizeof(int), "enums are ints");
@@ -108,6 +109,7 @@ static const key_def keys[] = {
     {"grad_accum", K_INT, O(grad_accum), 1, BIG, NULL},
     {"mesh.data", K_INT, O(mesh.data), 1, 65536, NULL},
     {"mesh.fsdp", K_INT, O(mesh.fsdp), 1, 65536, NULL},
+    {"mesh.tensor", K_INT, O(mesh.tensor), 1, 65536, NULL},
     {"steps", K_INT, O(steps), 0, BIG, NULL},
     {"eval_every", K_INT, O(eval_every), 0, BIG, NULL},
     {"eval_steps", K_INT, O(eval_steps), 0, BIG, NULL},
@@ -139,6 +141,7 @@ void nb_train_config_defaults(nb_train_config *c) {
   c->grad_accum = 1;
   c->mesh.data = 1;
   c->mesh.fsdp = 1;
+  c->mesh.tensor = 1;
   c->steps = 100;
   c->eval_every = 50;
   c->eval_steps = 4;
@@ -475,6 +478,7 @@ nb_status nb_train_config_validate(nb_ctx *ctx, const nb_train_config *c) {
        "grad_accum (%lld) must be a multiple of mesh.data x mesh.fsdp (%lld x %lld): each process runs whole "
        "micro-batches (set grad_accum=%lld for one micro-batch per process)",
        (long long)c->grad_accum, (long long)c->mesh.data, (long long)c->mesh.fsdp, (long long)procs);
+  if ((s = nb_train__tp_check(ctx, c))) return s;
   /* warmup_steps may exceed steps: a short run (steps=N override) of a
    * long config stays valid and simply ends inside the warmup */
   RULE(c->optim.lr > 0, "optim.lr must be > 0");

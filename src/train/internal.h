@@ -61,4 +61,30 @@ nb_train__fsdp_gather *nb_train__fsdp_gather_create(const nb_tree *full_spec);
 void nb_train__fsdp_gather_destroy(nb_train__fsdp_gather *h);
 nb_val *nb_train__fsdp_gather_param(void *ud, nb_nn_apply *a, const char *path, nb_val *v);
 
+/* Tensor parallel layout (tp.c): the dim along which the leaf at `path`
+ * (a parameter or its optimizer state: the path ends with the parameter's)
+ * of that rank is split over mesh.tensor, or -1 when it is whole on every
+ * process: column-parallel kernels and biases (attn wq/wk/wv, mlp
+ * wi/wi_0/wi_1) along their last dim, row-parallel kernels (attn wo, mlp
+ * wo) along dim 0. */
+int nb_train__tp_dim(const char *path, int rank);
+bool nb_train__tp_sharded(const char *path, int rank);
+/* The model each of T processes runs: n_heads/T, n_kv_heads/T, d_ff/T
+ * (head_dim made explicit). */
+nb_model_config nb_train__tp_model(const nb_model_config *c, int64_t T);
+/* mesh.tensor's rules: T divides the heads, kv heads and d_ff; no FSDP,
+ * MoE or attention dropout with it (errors name the keys). */
+nb_status nb_train__tp_check(nb_ctx *ctx, const nb_train_config *c);
+/* The shards' avals of a tree (new tree), and process r's shards of a tree
+ * of host arrays (new tree; whole leaves shared). */
+nb_tree *nb_train__tp_shard_spec(nb_ctx *ctx, const nb_tree *full, int64_t T);
+nb_tree *nb_train__tp_shard(nb_ctx *ctx, const nb_tree *full, int64_t T, int64_t r);
+/* The linear hook (nb_nn_linear_hook, ud a nb_train__tp_hook): pbroadcast
+ * before a column-parallel linear, psum after a row-parallel one (then its
+ * bias). */
+typedef struct nb_train__tp_hook nb_train__tp_hook;
+nb_train__tp_hook *nb_train__tp_hook_create(void);
+void nb_train__tp_hook_destroy(nb_train__tp_hook *h);
+nb_val *nb_train__tp_linear(void *ud, nb_nn_apply *a, const char *path, nb_val *x, bool stacked);
+
 #endif

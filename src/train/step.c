@@ -9,6 +9,7 @@
  * run.c. */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "nabla/train.h"
@@ -74,8 +75,8 @@ static nb_optim_tx *optimizer(nb_ctx *ctx, const nb_train_config *c, nb_val *con
   if (!lr) return NULL;
   nb_optim_tx *txs[3];
   int n = 0;
-  /* under FSDP the step clips (fsdp_clip): the norm is over every process's shards */
-  if (c->optim.grad_clip > 0 && c->mesh.fsdp == 1) txs[n++] = nb_optim_clip_by_global_norm(ctx, c->optim.grad_clip);
+  /* under FSDP or tensor parallelism the step clips (sharded_clip): the norm is over every process's shards */
+  if (c->optim.grad_clip > 0 && c->mesh.fsdp == 1 && c->mesh.tensor == 1) txs[n++] = nb_optim_clip_by_global_norm(ctx, c->optim.grad_clip);
   double wd = c->optim.weight_decay;
   switch (c->optim.name) {
   case NB_TRAIN_OPTIM_ADAMW:
@@ -158,25 +159,28 @@ static nb_status keep_old_unless(nb_graph *g, nb_val *ok, const nb_tree *old, nb
   return s;
 }
 
-/* FSDP: the global gradient norm from the shards: each process's sum of
- * squares of its rows (the padding adds zeros), psummed over "fsdp" in rank
- * order, plus the leaves that are whole on every process once. Its rounding
- * differs from one process's sum over whole leaves (another order). */
-static nb_val *fsdp_global_norm(nb_graph *g, const nb_tree *grads) {
-  nb_val *sharded = nb_scalar(g, NB_F32, 0), *whole = nb_scalar(g, NB_F32, 0);
+/* The global gradient norm of a sharded state (FSDP, tensor parallel): each
+ * process's sum of squares of its shards (FSDP's padding adds zeros),
+ * psummed over the axis in rank order, plus the leaves that are whole on
+ * every process once. Its rounding differs from one process's sum over
+ * whole leaves (another order). */
+static bool fsdp_sharded(const char *path, int rank) { return (void)path, rank > 0; }
+
+static nb_val *sharded_global_norm(nb_graph *g, const nb_tree *grads, const char *axis, bool (*sharded)(const char *, int)) {
+  nb_val *split = nb_scalar(g, NB_F32, 0), *whole = nb_scalar(g, NB_F32, 0);
   for (size_t i = 0; i < nb_tree_size(grads); i++) {
     nb_val *v = nb_convert(nb_tree_leaf(grads, i)->val, NB_F32);
     nb_val *sq = nb_reduce_sum(nb_mul(v, v), 0, NULL);
-    if (nb_val_rank(v) > 0) sharded = nb_add(sharded, sq);
+    if (sharded(nb_tree_path(grads, i), nb_val_rank(v))) split = nb_add(split, sq);
     else whole = nb_add(whole, sq);
   }
-  return nb_sqrt(nb_add(nb_psum(sharded, "fsdp"), whole));
+  return nb_sqrt(nb_add(nb_psum(split, axis), whole));
 }
 
-/* FSDP: clip_by_global_norm with the norm of the whole gradient, as
- * nb_optim_clip_by_global_norm does on one process (g / norm * max_norm
- * where norm >= max_norm). */
-static nb_status fsdp_clip(nb_graph *g, nb_tree *grads, nb_val *norm, double max_norm) {
+/* FSDP, tensor parallel: clip_by_global_norm with the norm of the whole
+ * gradient, as nb_optim_clip_by_global_norm does on one process
+ * (g / norm * max_norm where norm >= max_norm). */
+static nb_status sharded_clip(nb_graph *g, nb_tree *grads, nb_val *norm, double max_norm) {
   nb_val *keep = nb_lt(norm, nb_scalar(g, NB_F32, max_norm));
   nb_status s = NB_OK;
   for (size_t i = 0; !s && i < nb_tree_size(grads); i++) {
@@ -283,8 +287,13 @@ static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
         s = nb_tree_set_val(metrics, p, nb_mul(v, nb_convert(inv, nb_val_dtype(v))));
     }
   }
-  nb_val *grad_norm = s ? NULL : F > 1 ? fsdp_global_norm(g, grads) : nb_optim_global_norm(g, grads);
-  if (!s && F > 1 && c->optim.grad_clip > 0) s = fsdp_clip(g, grads, grad_norm, c->optim.grad_clip);
+  /* tensor parallel: the gradients of whole leaves are the same on every process of "tensor" (the
+   * collectives of the hook made them so), those of split leaves are the shards of the gradient */
+  nb_val *grad_norm = s                        ? NULL
+                      : F > 1                  ? sharded_global_norm(g, grads, "fsdp", fsdp_sharded)
+                      : c->mesh.tensor > 1     ? sharded_global_norm(g, grads, "tensor", nb_train__tp_sharded)
+                                               : nb_optim_global_norm(g, grads);
+  if (!s && (F > 1 || c->mesh.tensor > 1) && c->optim.grad_clip > 0) s = sharded_clip(g, grads, grad_norm, c->optim.grad_clip);
   if (!s) s = nb_tree_set_val(out, "loss", loss);
   if (!s) s = nb_tree_set_val(out, "grad_norm", grad_norm);
   if (!s) s = nb_tree_set_val(out, "lr", nb_optim_schedule_trace(job->lr, step));
@@ -347,17 +356,43 @@ static nb_status check_supported(nb_ctx *ctx, const nb_train_config *c) {
                      "%s): run `nabla train` under `mpirun -np %lld` (mesh.data x mesh.fsdp)",
                      (long long)c->mesh.fsdp, (long long)c->mesh.fsdp, fsdp ? "bound to another count" : "not bound",
                      (long long)(c->mesh.data * c->mesh.fsdp));
+  nb_comm *tensor = nb_ctx_axis(ctx, "tensor");
+  if (c->mesh.tensor > 1 && (!tensor || tensor->ops->size(tensor) != c->mesh.tensor))
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG,
+                     "train: mesh.tensor=%lld needs the mesh axis 'tensor' bound to %lld processes on the context (it is "
+                     "%s): run `nabla train` under `mpirun -np %lld` (mesh.data x mesh.tensor)",
+                     (long long)c->mesh.tensor, (long long)c->mesh.tensor, tensor ? "bound to another count" : "not bound",
+                     (long long)(c->mesh.data * c->mesh.tensor));
   return NB_OK;
 }
 
-/* FSDP shards the language model's own parameters; a task's loss, a frozen
- * tree or a linear hook (LoRA, quantization) is not sharded yet. */
+/* FSDP and tensor parallelism shard the language model's own parameters; a
+ * task's loss, a frozen tree or a linear hook (LoRA, quantization) is not
+ * sharded yet. */
 static nb_status check_fsdp(nb_ctx *ctx, const nb_train_config *c, const nb_train_task *task, const nb_train_graph_opts *go) {
-  if (c->mesh.fsdp == 1) return NB_OK;
+  if (c->mesh.fsdp == 1 && c->mesh.tensor == 1) return NB_OK;
   const char *what = task ? "a task's training (sft, dpo, ...)" : go->frozen_spec ? "a frozen parameter tree (LoRA)"
                      : go->linear_hook                           ? "a linear hook (LoRA, quantization)" : NULL;
-  if (what) return nb_errorf(ctx, NB_ERR_UNIMPLEMENTED, "train: mesh.fsdp=%lld with %s is not supported yet: use mesh.data",
-                             (long long)c->mesh.fsdp, what);
+  const char *key = c->mesh.fsdp > 1 ? "mesh.fsdp" : "mesh.tensor";
+  if (what) return nb_errorf(ctx, NB_ERR_UNIMPLEMENTED, "train: %s=%lld with %s is not supported yet: use mesh.data", key,
+                             (long long)(c->mesh.fsdp > 1 ? c->mesh.fsdp : c->mesh.tensor), what);
+  return NB_OK;
+}
+
+/* Tensor parallel: the step's and eval's params (and opt_state) are this
+ * process's shards, the model is traced with its share of the heads and
+ * d_ff, the hook adds the collectives (tp.c). Fills *local (its model) and
+ * *mo; the shard specs are new trees (NULL without tensor parallelism). */
+static nb_status tp_setup(nb_ctx *ctx, const nb_train_config *c, nb_train_config *local, nb_model_trace_opts *mo,
+                          nb_train__tp_hook **hook, const nb_tree *param_spec, nb_tree **p_shards,
+                          const nb_tree *opt_spec, nb_tree **o_shards) {
+  *local = *c;
+  local->model = nb_train__tp_model(&c->model, c->mesh.tensor);
+  *hook = nb_train__tp_hook_create();
+  *p_shards = nb_train__tp_shard_spec(ctx, param_spec, c->mesh.tensor);
+  if (opt_spec) *o_shards = nb_train__tp_shard_spec(ctx, opt_spec, c->mesh.tensor);
+  if (!*hook || !*p_shards || (opt_spec && !*o_shards)) return nb_errorf(ctx, NB_ERR_NOMEM, "train: out of memory");
+  mo->linear_hook = nb_train__tp_linear, mo->hook_ud = *hook;
   return NB_OK;
 }
 
@@ -413,7 +448,19 @@ static nb_graph *trace_step(nb_ctx *ctx, const nb_train_config *c, const nb_trai
     param_spec = sharded_p, opt_state_spec = sharded_o;
     mo.param_hook = nb_train__fsdp_gather_param, mo.param_ud = gather;
   }
-  nb_graph *loss = trace_loss(ctx, c, task, go, &mo, param_spec, c->batch_size / c->grad_accum);
+  nb_train_config *local = NULL; /* tensor parallel: this process's model */
+  nb_train__tp_hook *tp = NULL;
+  if (c->mesh.tensor > 1 && (!(local = malloc(sizeof *local)) ||
+                             tp_setup(ctx, c, local, &mo, &tp, param_spec, &sharded_p, opt_state_spec, &sharded_o))) {
+    if (!local) nb_errorf(ctx, NB_ERR_NOMEM, "train step: out of memory");
+    nb_tree_destroy(sharded_p);
+    nb_tree_destroy(sharded_o);
+    nb_train__tp_hook_destroy(tp);
+    free(local);
+    return NULL;
+  }
+  if (local) param_spec = sharded_p, opt_state_spec = sharded_o;
+  nb_graph *loss = trace_loss(ctx, local ? local : c, task, go, &mo, param_spec, c->batch_size / c->grad_accum);
   nb_graph *vg = loss ? nb_value_and_grad(ctx, loss, &(nb_grad_opts){.wrt = "params", .has_aux = true}) : NULL;
   nb_val *hp = NULL, *hpo = NULL;
   nb_optim_tx *tx = vg ? optimizer(ctx, c, &hp) : NULL;
@@ -443,6 +490,8 @@ static nb_graph *trace_step(nb_ctx *ctx, const nb_train_config *c, const nb_trai
   nb_tree_destroy(sharded_p);
   nb_tree_destroy(sharded_o);
   nb_train__fsdp_gather_destroy(gather);
+  nb_train__tp_hook_destroy(tp);
+  free(local);
   return g;
 }
 
@@ -469,6 +518,19 @@ static nb_graph *trace_eval(nb_ctx *ctx, const nb_train_config *c, const nb_trai
     return NULL;
   nb_model_trace_opts mo = {.train = false, .dtype = NB_F32, .linear_hook = go->linear_hook, .hook_ud = go->hook_ud,
                             .frozen_spec = go->frozen_spec};
+  if (c->mesh.tensor > 1) { /* the whole batch on every process, the model split as in the step */
+    nb_train_config *local = malloc(sizeof *local);
+    nb_train__tp_hook *tp = NULL;
+    nb_tree *shards = NULL;
+    nb_graph *g = NULL;
+    if (!local) nb_errorf(ctx, NB_ERR_NOMEM, "train eval: out of memory");
+    else if (!tp_setup(ctx, c, local, &mo, &tp, param_spec, &shards, NULL, NULL))
+      g = trace_loss(ctx, local, task, go, &mo, shards, c->batch_size);
+    nb_tree_destroy(shards);
+    nb_train__tp_hook_destroy(tp);
+    free(local);
+    return g;
+  }
   if (c->mesh.fsdp == 1) return trace_loss(ctx, c, task, go, &mo, param_spec, c->batch_size);
   /* FSDP: the whole batch on every process, on parameters gathered from the shards */
   nb_tree *sharded = nb_train__fsdp_shard_spec(ctx, param_spec, c->mesh.fsdp);

@@ -210,22 +210,23 @@ int nb_cmd_train(int argc, char **argv) {
     nb_ctx_destroy(ctx);
     return 1;
   }
-  /* data parallel / FSDP: the job's processes as the mesh axes "data" x "fsdp" */
+  /* data parallel / FSDP / tensor parallel: the job's processes as the mesh axes "data" x "fsdp" x "tensor" */
   nb_dist_mesh *mesh = NULL;
   const char *world = getenv("OMPI_COMM_WORLD_SIZE");
-  long long procs = (long long)(cfg.mesh.data * cfg.mesh.fsdp);
+  long long procs = (long long)(cfg.mesh.data * cfg.mesh.fsdp * cfg.mesh.tensor);
   if (procs == 1 && world && atoi(world) > 1) {
-    fprintf(stderr, "nabla train: started as %s MPI processes but mesh.data=1, mesh.fsdp=1: set mesh.data=%s or "
-            "mesh.fsdp=%s (and grad_accum to a multiple of it), or run one process\n", world, world, world);
+    fprintf(stderr, "nabla train: started as %s MPI processes but mesh.data=1, mesh.fsdp=1, mesh.tensor=1: set mesh.data=%s, "
+            "mesh.fsdp=%s or mesh.tensor=%s (and grad_accum to a multiple of mesh.data x mesh.fsdp), or run one process\n",
+            world, world, world, world);
     nb_ctx_destroy(ctx);
     return 1;
   }
   if (procs > 1) {
-    const char *axes[2] = {"data", "fsdp"};
-    int64_t sizes[2] = {cfg.mesh.data, cfg.mesh.fsdp};
-    if (nb_dist_init(ctx, NULL, NULL) || !(mesh = nb_dist_mesh_create(ctx, 2, axes, sizes)) || nb_dist_mesh_bind(mesh, ctx)) {
-      fprintf(stderr, "nabla train: mesh.data=%lld, mesh.fsdp=%lld: %s\n", (long long)cfg.mesh.data,
-              (long long)cfg.mesh.fsdp, nb_ctx_error(ctx));
+    const char *axes[3] = {"data", "fsdp", "tensor"};
+    int64_t sizes[3] = {cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor};
+    if (nb_dist_init(ctx, NULL, NULL) || !(mesh = nb_dist_mesh_create(ctx, 3, axes, sizes)) || nb_dist_mesh_bind(mesh, ctx)) {
+      fprintf(stderr, "nabla train: mesh.data=%lld, mesh.fsdp=%lld, mesh.tensor=%lld: %s\n", (long long)cfg.mesh.data,
+              (long long)cfg.mesh.fsdp, (long long)cfg.mesh.tensor, nb_ctx_error(ctx));
       if (nb_dist_size() > 1) nb_dist_abort(1, "nabla train: the mesh could not be set up");
       nb_ctx_destroy(ctx);
       return 1;
@@ -245,9 +246,10 @@ int nb_cmd_train(int argc, char **argv) {
   if (rank == 0)
     printf("nabla train: run dir %s, config %s, %d threads%s\n", dir,
            config ? config : "<default: gpt2-tiny on data/corpus/kjv.txt>", threads,
-           !mesh                ? ""
-           : cfg.mesh.fsdp > 1 ? " per process, FSDP over the mesh.data x mesh.fsdp processes"
-                               : " per process, data parallel over the processes of mesh.data");
+           !mesh                 ? ""
+           : cfg.mesh.fsdp > 1   ? " per process, FSDP over the mesh.data x mesh.fsdp processes"
+           : cfg.mesh.tensor > 1 ? " per process, tensor parallel over mesh.tensor processes (x mesh.data replicas)"
+                                 : " per process, data parallel over the processes of mesh.data");
   nb_train_opts o = {.run_dir = dir, .peak_flops = peak, .threads = threads, .handle_signals = true,
                      .on_start = rank ? NULL : nb_cli_progress_start, .on_step = rank ? NULL : nb_cli_progress_step, .ud = &c};
   nb_train_result r;
