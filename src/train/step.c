@@ -75,8 +75,11 @@ static nb_optim_tx *optimizer(nb_ctx *ctx, const nb_train_config *c, nb_val *con
   if (!lr) return NULL;
   nb_optim_tx *txs[3];
   int n = 0;
-  /* under FSDP or tensor parallelism the step clips (sharded_clip): the norm is over every process's shards */
-  if (c->optim.grad_clip > 0 && c->mesh.fsdp == 1 && c->mesh.tensor == 1) txs[n++] = nb_optim_clip_by_global_norm(ctx, c->optim.grad_clip);
+  /* under FSDP or tensor parallelism the step clips (sharded_clip: the norm is over every process's
+   * shards); the chain keeps its place, so the state's paths, and a checkpoint, are the same on any mesh */
+  if (c->optim.grad_clip > 0)
+    txs[n++] = c->mesh.fsdp == 1 && c->mesh.tensor == 1 ? nb_optim_clip_by_global_norm(ctx, c->optim.grad_clip)
+                                                        : nb_optim_identity(ctx);
   double wd = c->optim.weight_decay;
   switch (c->optim.name) {
   case NB_TRAIN_OPTIM_ADAMW:
