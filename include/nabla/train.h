@@ -225,11 +225,12 @@ nb_graph *nb_train_trace_eval_opts(nb_ctx *ctx, const nb_train_config *cfg, cons
                                    const nb_tree *param_spec);
 /* The step graph described above (new; destroy it). param_spec and
  * opt_state_spec: trees of arrays or avals (borrowed), the whole state; with
- * mesh.fsdp > 1 the graph's "params/..." and "opt_state/..." inputs and
- * outputs are this process's shards of them (docs/dist.md), and the eval
- * graph's "params/..." inputs too. NB_ERR_UNIMPLEMENTED for configs the
- * trainer does not support (precision other than f32; FSDP with a task,
- * frozen tree or linear hook). */
+ * mesh.fsdp > 1 or mesh.tensor > 1 the graph's "params/..." and
+ * "opt_state/..." inputs and outputs are this process's shards of them
+ * (docs/dist.md), and the eval graph's "params/..." inputs too.
+ * NB_ERR_UNIMPLEMENTED for configs the trainer does not support (precision
+ * other than f32; FSDP or tensor parallel with a task, frozen tree or linear
+ * hook). */
 nb_graph *nb_train_trace_step(nb_ctx *ctx, const nb_train_config *cfg, const nb_tree *param_spec,
                               const nb_tree *opt_state_spec);
 /* The eval graph: inputs "params/<p>", "batch/inputs", "batch/targets"
