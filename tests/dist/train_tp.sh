@@ -6,7 +6,7 @@
 # batch (4 rows, grad_accum 1) for 6 steps; once gpt2-tiny (biases, tied
 # embedding, dropout on: residual dropout is drawn alike on both processes),
 # once llama-tiny (4 heads over 2 kv heads: GQA, one kv head per process;
-# SwiGLU). Losses, eval losses and gradient norms agree within TOL relative
+# SwiGLU; remat=block: the blocks' collectives redone in the backward pass). Losses, eval losses and gradient norms agree within TOL relative
 # (1e-5, docs/dist.md derives it: each row-parallel output is a sum of two
 # halves of its k-loop added once more, a reordering worth a few f32 ulps of
 # each activation, which Adam's steps carry on without growing past ~1e-6 in
@@ -14,6 +14,7 @@
 # each split leaf written as two blocks along the dim it is split) resumes
 # on 2 processes bit for bit, and on 1 process (tensor 2 -> 1) within TOL
 # of the uninterrupted run, and a 1-process checkpoint on 2 (1 -> tensor 2).
+# Last, mesh.data x mesh.tensor other than the job's processes is refused.
 # Usage: train_tp.sh NABLA_BIN.
 set -u
 nabla=$1
@@ -55,7 +56,7 @@ gpt2=(model.preset=gpt2-tiny model.max_seq_len=32 model.dropout=0.1 optim.grad_c
 one gpt2-one steps=6 "${gpt2[@]}"
 two gpt2-two steps=6 "${gpt2[@]}"
 compare gpt2-one gpt2-two
-llama=(model.preset=llama-tiny model.max_seq_len=32 optim.grad_clip=1 checkpoint_every=3)
+llama=(model.preset=llama-tiny model.max_seq_len=32 optim.grad_clip=1 checkpoint_every=3 remat=block)
 one llama-one steps=6 "${llama[@]}"
 two llama-two steps=6 "${llama[@]}"
 compare llama-one llama-two
@@ -80,5 +81,10 @@ resume two-one gpt2-two one
 same loss $TOL "$work/gpt2-two/metrics.jsonl" "$work/two-one/metrics.jsonl"
 resume one-two gpt2-one two
 same loss $TOL "$work/gpt2-one/metrics.jsonl" "$work/one-two/metrics.jsonl"
+# a mesh that is not the job's processes is refused, naming the axes
+NABLA_MPI_TIMEOUT=60 "$here/mpirun.sh" 2 "$nabla" train --run-dir "$work/bad" "${common[@]}" steps=1 mesh.tensor=2 \
+  mesh.data=2 grad_accum=2 > "$work/bad.log" 2>&1 && { echo "FAIL: data=2 x tensor=2 on 2 processes ran"; fail=1; }
+grep -q "data=2, fsdp=1, tensor=2 do not multiply to the job's 2 processes" "$work/bad.log" ||
+  { cat "$work/bad.log"; echo "FAIL: no error naming the mesh"; fail=1; }
 [ $fail -eq 0 ] && echo "train_tp: 2 tensor-parallel processes == 1 process within $TOL (gpt2-tiny, llama-tiny GQA); checkpoints across meshes"
 exit $fail
