@@ -129,8 +129,9 @@ nb_status nb_ckpt_save(nb_ckpt_manager *m, int64_t step, const nb_ckpt_item *ite
 typedef struct nb_ckpt_shards {
   nb_comm *comm;          /* the processes writing the checkpoint */
   const nb_tree *whole;   /* "<item>/<path>" -> the whole array's aval, for each array this process writes */
-  /* A leaf with fewer rows than its whole array is block `index` of `count`
-   * along dim 0: rows [index n, index n + its rows) with n = ceil(dim0 / count).
+  /* A leaf smaller than its whole array along one dim d is block `index` of
+   * `count` along d: [index n, index n + its size) with n = ceil(whole[d] /
+   * count) (FSDP: rows, d = 0; tensor parallel: a linear's columns or rows).
    * A leaf of the whole shape is the whole array (one process writes it). */
   int64_t index, count;
 } nb_ckpt_shards;

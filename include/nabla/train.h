@@ -127,10 +127,17 @@ typedef struct nb_train_config {
      * parallel; docs/dist.md): each holds model.n_experts / expert of them
      * (the stacked kernels' rows along dim 0; everything else whole) and
      * the MoE layers exchange tokens with all_to_all over the axis
-     * "expert". It splits the batch as well (axis "expert" fastest): each
-     * of the data x expert processes runs grad_accum / (data expert)
+     * "expert". It splits the batch as well (axis "expert" after "fsdp"):
+     * each of the data x expert processes runs grad_accum / (data expert)
      * micro-batches. Needs model.capacity_factor > 0; not with fsdp. */
     int64_t expert;
+    /* processes each layer's attention and MLP are split over (tensor
+     * parallel, Megatron-style; docs/dist.md): heads and d_ff divided by it,
+     * q/k/v and the MLP's input linears split by columns, the output linears
+     * by rows (psum over "tensor"). The processes of a tensor group read the
+     * same rows: the job is data x tensor processes (axis "tensor" fastest).
+     * Not with fsdp, expert or MoE models. */
+    int64_t tensor;
   } mesh;
   int64_t checkpoint_every, checkpoint_keep;
   char checkpoint_dir[NB_TRAIN_STR_MAX];
@@ -227,11 +234,11 @@ nb_graph *nb_train_trace_eval_opts(nb_ctx *ctx, const nb_train_config *cfg, cons
                                    const nb_tree *param_spec);
 /* The step graph described above (new; destroy it). param_spec and
  * opt_state_spec: trees of arrays or avals (borrowed), the whole state; with
- * mesh.fsdp > 1 or mesh.expert > 1 the graph's "params/..." and
+ * mesh.fsdp, mesh.expert or mesh.tensor > 1 the graph's "params/..." and
  * "opt_state/..." inputs and outputs are this process's shards of them
  * (docs/dist.md), and the eval graph's "params/..." inputs too.
  * NB_ERR_UNIMPLEMENTED for configs the trainer does not support (precision
- * other than f32; FSDP or expert parallel with a task, frozen tree or linear
+ * other than f32; FSDP, expert or tensor parallel with a task, frozen tree or linear
  * hook). */
 nb_graph *nb_train_trace_step(nb_ctx *ctx, const nb_train_config *cfg, const nb_tree *param_spec,
                               const nb_tree *opt_state_spec);

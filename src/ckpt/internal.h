@@ -113,8 +113,8 @@ typedef struct nb_ckpt__snap_array {
   char *path;
   nb_array *array;                /* a reference, host memory */
   uint64_t offset, xxh3;          /* filled by the writer */
-  nb_shape whole;                 /* the whole array's shape (a sharded save: array is its rows from row0) */
-  int64_t row0;
+  nb_shape whole;                 /* the whole array's shape (a sharded save: array is the block at start) */
+  int64_t start[NB_MAX_RANK];
 } nb_ckpt__snap_array;
 
 typedef struct nb_ckpt__snap_item {

@@ -113,11 +113,10 @@ static cJSON *int_array(const int64_t *v, int n) {
   return a;
 }
 
-/* The array with this process's one shard: its rows from row0 of the whole
+/* The array with this process's one shard: the block at start of the whole
  * shape (all of it in a one-process save). */
 static cJSON *array_json(const char *item, const nb_ckpt__snap_array *sa, int process) {
   nb_aval av = nb_array_aval(sa->array);
-  int64_t start[NB_MAX_RANK] = {sa->row0};
   char hex[17], file[96];
   nb_ckpt__hex64(sa->xxh3, hex);
   snprintf(file, sizeof file, NB_CKPT__DATA_FILE, item, process);
@@ -129,7 +128,7 @@ static cJSON *array_json(const char *item, const nb_ckpt__snap_array *sa, int pr
   cJSON_AddStringToObject(sh, "file", file);
   cJSON_AddNumberToObject(sh, "offset", (double)sa->offset);
   cJSON_AddNumberToObject(sh, "nbytes", (double)nb_array_nbytes(sa->array));
-  cJSON_AddItemToObject(sh, "start", int_array(start, av.shape.rank));
+  cJSON_AddItemToObject(sh, "start", int_array(sa->start, av.shape.rank));
   cJSON_AddItemToObject(sh, "shape", int_array(av.shape.dims, av.shape.rank));
   cJSON_AddStringToObject(sh, "xxh3", hex);
   cJSON_AddItemToArray(shards, sh);

@@ -157,9 +157,10 @@ nb_status nb_ckpt__save_sharded(nb_ctx *ctx, const char *root, nb_ckpt__snapshot
 }
 
 /* Where each of this process's arrays lies in its whole array: the whole
- * shape from sh->whole, and a leaf with fewer rows is block sh->index of
- * sh->count along dim 0 (the padding past the whole array's end cut off by
- * the caller). */
+ * shape from sh->whole, and a leaf that is smaller along one dim d is block
+ * sh->index of sh->count along d (FSDP: d = 0, the padding past the whole
+ * array's end cut off by the caller; tensor parallel: the dim a linear is
+ * split along). */
 nb_status nb_ckpt__snapshot_place(nb_ctx *ctx, nb_ckpt__snapshot *snap, const nb_ckpt_shards *sh) {
   snap->process = sh->comm->ops->rank(sh->comm);
   for (size_t i = 0; i < snap->n_items; i++) {
@@ -172,16 +173,19 @@ nb_status nb_ckpt__snapshot_place(nb_ctx *ctx, nb_ckpt__snapshot *snap, const nb
       if (!l) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "sharded checkpoint: '%s' has no whole shape in the layout", full);
       nb_shape w = nb_leaf_get_aval(l).shape, b = nb_array_aval(sa->array).shape;
       sa->whole = w;
-      sa->row0 = 0;
+      memset(sa->start, 0, sizeof sa->start);
       if (nb_shape_equal(&w, &b)) continue;
-      bool rows_only = w.rank == b.rank && w.rank > 0 && sh->count > 0;
-      for (int d = 1; rows_only && d < w.rank; d++) rows_only = w.dims[d] == b.dims[d];
-      int64_t per = rows_only ? (w.dims[0] + sh->count - 1) / sh->count : 0;
-      sa->row0 = sh->index * per;
-      if (!rows_only || b.dims[0] > per || sa->row0 + b.dims[0] > w.dims[0]) {
+      /* the one dim d where the block is smaller */
+      int d = -1, ndiff = 0;
+      for (int k = 0; w.rank == b.rank && k < w.rank; k++)
+        if (w.dims[k] != b.dims[k]) d = k, ndiff++;
+      bool one_dim = ndiff == 1 && sh->count > 0;
+      int64_t per = one_dim ? (w.dims[d] + sh->count - 1) / sh->count : 0;
+      if (one_dim) sa->start[d] = sh->index * per;
+      if (!one_dim || b.dims[d] > per || sa->start[d] + b.dims[d] > w.dims[d]) {
         char ws[64], bs[64];
         nb_aval wa = {nb_array_dtype(sa->array), w}, ba = nb_array_aval(sa->array);
-        return nb_errorf(ctx, NB_ERR_SHAPE, "sharded checkpoint: '%s' is %s, not block %lld of %lld along dim 0 of %s",
+        return nb_errorf(ctx, NB_ERR_SHAPE, "sharded checkpoint: '%s' is %s, not block %lld of %lld along one dim of %s",
                          full, nb_aval_str(&ba, bs, sizeof bs), (long long)sh->index, (long long)sh->count,
                          nb_aval_str(&wa, ws, sizeof ws));
       }

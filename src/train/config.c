@@ -110,6 +110,7 @@ static const key_def keys[] = {
     {"mesh.data", K_INT, O(mesh.data), 1, 65536, NULL},
     {"mesh.fsdp", K_INT, O(mesh.fsdp), 1, 65536, NULL},
     {"mesh.expert", K_INT, O(mesh.expert), 1, 65536, NULL},
+    {"mesh.tensor", K_INT, O(mesh.tensor), 1, 65536, NULL},
     {"steps", K_INT, O(steps), 0, BIG, NULL},
     {"eval_every", K_INT, O(eval_every), 0, BIG, NULL},
     {"eval_steps", K_INT, O(eval_steps), 0, BIG, NULL},
@@ -142,6 +143,7 @@ void nb_train_config_defaults(nb_train_config *c) {
   c->mesh.data = 1;
   c->mesh.fsdp = 1;
   c->mesh.expert = 1;
+  c->mesh.tensor = 1;
   c->steps = 100;
   c->eval_every = 50;
   c->eval_steps = 4;
@@ -480,6 +482,7 @@ nb_status nb_train_config_validate(nb_ctx *ctx, const nb_train_config *c) {
        (long long)c->grad_accum, (long long)c->mesh.data, (long long)c->mesh.fsdp, (long long)c->mesh.expert,
        (long long)procs);
   if ((s = nb_train__ep_validate(ctx, c))) return s;
+  if ((s = nb_train__tp_check(ctx, c))) return s;
   /* warmup_steps may exceed steps: a short run (steps=N override) of a
    * long config stays valid and simply ends inside the warmup */
   RULE(c->optim.lr > 0, "optim.lr must be > 0");

@@ -68,11 +68,13 @@ static nb_tree *ep_shard(nb_ctx *ctx, const nb_tree *full, int64_t ep, int64_t e
 
 nb_tree *nb_train__shard_spec(nb_ctx *ctx, const nb_train_config *c, const nb_tree *full) {
   if (c->mesh.expert > 1) return ep_shard_spec(ctx, full, c->mesh.expert);
+  if (c->mesh.tensor > 1) return nb_train__tp_shard_spec(ctx, full, c->mesh.tensor);
   return nb_train__fsdp_shard_spec(ctx, full, c->mesh.fsdp); /* fsdp 1: the same avals */
 }
 
 nb_tree *nb_train__shard(nb_ctx *ctx, const nb_train_config *c, const nb_tree *full, int64_t index) {
   if (c->mesh.expert > 1) return ep_shard(ctx, full, c->mesh.expert, index);
+  if (c->mesh.tensor > 1) return nb_train__tp_shard(ctx, full, c->mesh.tensor, index);
   return nb_train__fsdp_shard(ctx, full, c->mesh.fsdp, index);
 }
 

@@ -79,12 +79,41 @@ nb_val *nb_train__sharded_global_norm(nb_graph *g, const nb_tree *grads, const c
  * [E, ...] (all_gather over "expert"): eval runs every expert on every process. */
 nb_val *nb_train__ep_gather_param(void *ud, nb_nn_apply *a, const char *path, nb_val *v);
 
-/* The state's sharded layout of the config (FSDP's or expert parallel's;
- * a copy of the avals when there is none): the shards' avals of a tree (new). */
+/* Tensor parallel layout (tp.c): the dim along which the leaf at `path`
+ * (a parameter or its optimizer state: the path ends with the parameter's)
+ * of that rank is split over mesh.tensor, or -1 when it is whole on every
+ * process: column-parallel kernels and biases (attn wq/wk/wv, mlp
+ * wi/wi_0/wi_1) along their last dim, row-parallel kernels (attn wo, mlp
+ * wo) along dim 0. */
+int nb_train__tp_dim(const char *path, int rank);
+bool nb_train__tp_sharded(const char *path, int rank);
+/* The model each of T processes runs: n_heads/T, n_kv_heads/T, d_ff/T
+ * (head_dim made explicit). */
+nb_model_config nb_train__tp_model(const nb_model_config *c, int64_t T);
+/* mesh.tensor's rules: T divides the heads, kv heads and d_ff; no FSDP,
+ * MoE or attention dropout with it (errors name the keys). */
+nb_status nb_train__tp_check(nb_ctx *ctx, const nb_train_config *c);
+/* The shards' avals of a tree (new tree), and process r's shards of a tree
+ * of host arrays (new tree; whole leaves shared). */
+nb_tree *nb_train__tp_shard_spec(nb_ctx *ctx, const nb_tree *full, int64_t T);
+nb_tree *nb_train__tp_shard(nb_ctx *ctx, const nb_tree *full, int64_t T, int64_t r);
+/* The linear hook (nb_nn_linear_hook, ud a nb_train__tp_hook): pbroadcast
+ * before a column-parallel linear, psum after a row-parallel one (then its
+ * bias). */
+typedef struct nb_train__tp_hook nb_train__tp_hook;
+nb_train__tp_hook *nb_train__tp_hook_create(void);
+void nb_train__tp_hook_destroy(nb_train__tp_hook *h);
+nb_val *nb_train__tp_linear(void *ud, nb_nn_apply *a, const char *path, nb_val *x, bool stacked);
+
+/* The state's sharded layout of the config (FSDP's, expert or tensor
+ * parallel's: at most one of them; a copy of the avals when there is none):
+ * the shards' avals of a tree (new). */
 nb_tree *nb_train__shard_spec(nb_ctx *ctx, const nb_train_config *c, const nb_tree *full);
-/* Process `index`'s shards (its fsdp or expert index) of a tree of host arrays (new tree). */
+/* Process `index`'s shards (its fsdp, expert or tensor index) of a tree of host arrays (new tree). */
 nb_tree *nb_train__shard(nb_ctx *ctx, const nb_train_config *c, const nb_tree *full, int64_t index);
-/* How many blocks the sharded leaves have (mesh.fsdp or mesh.expert; 1: none). */
-static inline int64_t nb_train__shard_count(const nb_train_config *c) { return c->mesh.fsdp * c->mesh.expert; }
+/* How many blocks the sharded leaves have (mesh.fsdp, mesh.expert or mesh.tensor; 1: none). */
+static inline int64_t nb_train__shard_count(const nb_train_config *c) {
+  return c->mesh.fsdp * c->mesh.expert * c->mesh.tensor;
+}
 
 #endif

@@ -219,14 +219,17 @@ static void estimate(const nb_train_config *cfg, const model_sizes *ms, const nb
   l->tokens_per_s = p->tokens / l->step_s;
   l->mfu = p->model_flops / (l->step_s * (double)p->n_chips * p->peak_flops);
 
-  /* what the trainer cannot run yet */
+  /* what the trainer cannot run yet (the rules of nb_train__tp_check and nb_train__ep_validate) */
   char *n = l->note;
   size_t cap = sizeof l->note;
+  const nb_model_config *mc = &cfg->model;
   n[0] = 0;
-  if (l->tensor > 1 || l->expert > 1)
-    snprintf(n, cap, "%s parallel not in nabla train yet", l->tensor > 1 && l->expert > 1 ? "tensor and expert"
-                                                           : l->tensor > 1              ? "tensor"
-                                                                                        : "expert");
+  if (l->tensor > 1 && (l->fsdp > 1 || mc->n_experts > 0 || mc->attn_dropout > 0))
+    snprintf(n, cap, "nabla train: tensor parallel not with %s yet", l->fsdp > 1 ? "fsdp" : mc->n_experts > 0 ? "MoE"
+                                                                                  : "attention dropout");
+  else if (l->expert > 1 && l->fsdp > 1) snprintf(n, cap, "nabla train: expert parallel not with fsdp yet");
+  else if (l->expert > 1 && mc->capacity_factor <= 0)
+    snprintf(n, cap, "nabla train: expert parallel needs model.capacity_factor > 0");
   if (cfg->grad_accum % batch_ways) {
     size_t used = strlen(n);
     snprintf(n + used, cap - used, "%snabla train needs grad_accum (%lld) a multiple of %lld", used ? "; " : "",

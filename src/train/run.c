@@ -117,8 +117,9 @@ typedef struct trainer {
   int64_t nonfinite_steps;     /* steps with a non-finite loss or gradient norm (skip, continue) */
   double elapsed_before;       /* seconds of earlier runs (from the checkpoint) */
   double t0;
-  int rank;                    /* in the job: (data index x mesh.fsdp + fsdp index) x mesh.expert + expert index */
-  nb_tree *full_spec;          /* FSDP, expert parallel: the whole "params/..." and "opt_state/..." avals (t->st holds shards) */
+  int rank;                    /* in the job's batch: (data index x mesh.fsdp + fsdp index) x mesh.expert + expert index */
+  int tp;                      /* tensor index (0 without tensor parallelism): the processes of one rank differ in it */
+  nb_tree *full_spec;          /* FSDP, expert, tensor parallel: the whole "params/..." and "opt_state/..." avals (t->st holds shards) */
   char dir[NB_TRAIN_PATH_MAX];
 } trainer;
 
@@ -192,35 +193,57 @@ static char *build_metadata(trainer *t, const char *ds) {
  * along one axis has it as that axis. */
 static nb_comm *job_comm(const trainer *t) {
   const nb_train_config *c = t->cfg;
-  int64_t shards = nb_train__shard_count(c);
-  if (c->mesh.data * shards == 1) return NULL;
+  int64_t n = c->mesh.data * nb_train__shard_count(c);
+  if (n == 1) return NULL;
   nb_comm *j = nb_ctx_axis(t->ctx, "job");
-  return j ? j : shards == 1 ? nb_ctx_axis(t->ctx, "data") : c->mesh.data > 1 ? NULL
-                 : nb_ctx_axis(t->ctx, c->mesh.fsdp > 1 ? "fsdp" : "expert");
+  return j                         ? j
+         : c->mesh.data == n   ? nb_ctx_axis(t->ctx, "data")
+         : c->mesh.fsdp == n   ? nb_ctx_axis(t->ctx, "fsdp")
+         : c->mesh.expert == n ? nb_ctx_axis(t->ctx, "expert")
+         : c->mesh.tensor == n ? nb_ctx_axis(t->ctx, "tensor")
+                               : NULL;
+}
+
+/* This process in the whole job (the mesh's row-major order, "tensor"
+ * fastest): process 0 owns the run dir and the checkpoint. */
+static int job_process(const trainer *t) { return t->rank * (int)t->cfg->mesh.tensor + t->tp; }
+
+/* Which block of a sharded leaf this process holds, of how many: its fsdp,
+ * expert or tensor index (at most one of the three axes is above 1). */
+static int64_t shard_index(const trainer *t) {
+  return t->cfg->mesh.tensor > 1 ? t->tp : t->rank % (t->cfg->mesh.fsdp * t->cfg->mesh.expert);
+}
+static int64_t shard_count(const trainer *t) { return nb_train__shard_count(t->cfg); }
+/* Whether this process is a data-parallel replica (data index > 0): it writes nothing of a checkpoint. */
+static bool data_replica(const trainer *t) { return t->rank / (t->cfg->mesh.fsdp * t->cfg->mesh.expert) != 0; }
+
+/* This process's shards of a whole state tree (new tree). */
+static nb_tree *own_shards(const trainer *t, const nb_tree *whole) {
+  return nb_train__shard(t->ctx, t->cfg, whole, shard_index(t));
 }
 
 /* This process's blocks of item ("params", "opt_state"): its shards with
  * the padding past each whole array's end cut off (a shard all padding is
- * not written), and with fsdp (or expert) index 0 the arrays that are
- * whole on every process; data replicas (data index > 0) write none. A
- * leaf of the whole array's shape is whole (expert parallel's non-expert
- * leaves; under FSDP a leaf of one row, whose other shards are padding). */
+ * not written), and with shard index 0 (fsdp, expert or tensor) the arrays
+ * that are whole on every process; data replicas (data index > 0) write
+ * none. A leaf of the whole array's shape is whole (under FSDP also a leaf
+ * of one row, whose other shards are padding). */
 static nb_tree *blocks_to_write(trainer *t, const char *item) {
   nb_ctx *ctx = t->ctx;
-  int64_t count = nb_train__shard_count(t->cfg);
   nb_tree *out = nb_tree_create(ctx);
-  if (!out || t->rank / count != 0) return out;
-  int64_t f = t->rank % count;
+  if (!out || data_replica(t)) return out;
+  int64_t f = shard_index(t);
   size_t plen = strlen(item);
   for (size_t i = 0; out && i < nb_tree_size(t->st); i++) {
     const char *p = nb_tree_path(t->st, i);
     if (strncmp(p, item, plen) || p[plen] != '/') continue;
     nb_array *a = nb_tree_leaf(t->st, i)->array, *cut = NULL;
     const nb_leaf *w = t->full_spec ? nb_tree_get(t->full_spec, p) : NULL;
-    bool whole = !w || nb_array_rank(a) == 0 || nb_array_dims(a)[0] == nb_leaf_get_aval(w).shape.dims[0];
-    if (whole && f > 0) continue; /* a whole array: index 0 writes it */
-    if (!whole) {
-      int64_t d0 = nb_leaf_get_aval(w).shape.dims[0], n = nb_array_dims(a)[0], keep = d0 - f * n;
+    nb_aval wa = w ? nb_leaf_get_aval(w) : nb_array_aval(a), aa = nb_array_aval(a);
+    bool whole = nb_shape_equal(&wa.shape, &aa.shape);
+    if (whole && f > 0) continue; /* a whole array (or FSDP's one-block leaf): index 0 writes it */
+    if (!whole && t->cfg->mesh.fsdp > 1) {
+      int64_t d0 = wa.shape.dims[0], n = nb_array_dims(a)[0], keep = d0 - f * n;
       keep = keep < 0 ? 0 : keep < n ? keep : n;
       if (keep == 0) continue;
       if (keep < n && !(cut = nb_train__rows_of(ctx, a, 0, keep))) out = (nb_tree_destroy(out), NULL);
@@ -241,11 +264,11 @@ static nb_status save_job(trainer *t, nb_comm *comm, const char *meta) {
       whole = (nb_tree_destroy(whole), NULL);
   nb_status s = opt && (whole || t->full_spec) ? NB_OK : nb_errorf(ctx, NB_ERR_NOMEM, "train: out of memory saving a checkpoint");
   nb_ckpt_item items[2] = {{"params", params}, {"opt_state", opt}};
-  int64_t count = nb_train__shard_count(t->cfg);
-  nb_ckpt_shards sh = {.comm = comm, .whole = t->full_spec ? t->full_spec : whole, .index = t->rank % count, .count = count};
+  nb_ckpt_shards sh = {.comm = comm, .whole = t->full_spec ? t->full_spec : whole, .index = shard_index(t),
+                       .count = shard_count(t)};
   nb_ckpt_save_opts so = {.metadata_json = meta, .force = true};
   /* a failure here still joins the save, so that the other processes fail too rather than wait */
-  nb_status w = nb_ckpt_save_sharded(t->ckpt, t->step, items, s || t->rank / count ? 0 : 2, &so, &sh);
+  nb_status w = nb_ckpt_save_sharded(t->ckpt, t->step, items, s || data_replica(t) ? 0 : 2, &so, &sh);
   nb_tree_destroy(params);
   nb_tree_destroy(opt);
   nb_tree_destroy(whole);
@@ -347,9 +370,9 @@ static nb_status check_data(trainer *t, int64_t step, const cJSON *d) {
                    (long long)step, t->dir, why);
 }
 
-/* FSDP, expert parallel: the restored whole state replaced by this process's shards. */
+/* FSDP, expert, tensor parallel: the restored whole state replaced by this process's shards. */
 static nb_status keep_own_rows(trainer *t, nb_tree **state) {
-  nb_tree *mine = nb_train__shard(t->ctx, t->cfg, *state, t->rank % nb_train__shard_count(t->cfg));
+  nb_tree *mine = own_shards(t, *state);
   if (!mine) return nb_ctx_status(t->ctx) ? nb_ctx_status(t->ctx) : NB_ERR_NOMEM;
   nb_tree_destroy(*state);
   *state = mine;
@@ -454,7 +477,7 @@ static nb_status restore(trainer *t) {
 static nb_status job_restore(trainer *t) {
   nb_comm *c = job_comm(t);
   if (!c) return restore(t);
-  nb_status s = t->rank == 0 ? restore(t) : NB_OK;
+  nb_status s = job_process(t) == 0 ? restore(t) : NB_OK;
   int64_t mine = s ? -2 : t->last_saved, *all = calloc((size_t)c->ops->size(c), sizeof *all);
   if (!all) return nb_errorf(t->ctx, NB_ERR_NOMEM, "train: out of memory");
   char *why = s ? strdup(nb_ctx_error(t->ctx)) : NULL;
@@ -464,7 +487,7 @@ static nb_status job_restore(trainer *t) {
   if (s) nb_errorf(t->ctx, s, "%s", why ? why : "train: restore failed");
   free(why);
   if (s || cs) return s ? s : cs;
-  if (t->rank == 0) return NB_OK;
+  if (job_process(t) == 0) return NB_OK;
   if (step == -2) return nb_errorf(t->ctx, NB_ERR_INVALID_ARG, "train: rank 0 could not restore the job's checkpoint");
   bool damaged = false;
   return step >= 0 ? restore_step(t, step, &damaged) : NB_OK;
@@ -612,12 +635,12 @@ static nb_status init_state(nb_graph *g, const nb_tree *in, nb_tree *out, void *
   return nb_optim_init(tx, g, in, out);
 }
 
-/* FSDP, expert parallel: keeps the whole state's avals in t->full_spec
- * (what the step and eval are traced for) and replaces *params by this
- * process's shards, so that the optimizer state is made for the shards only. */
+/* FSDP, expert, tensor parallel: keeps the whole state's avals in
+ * t->full_spec (what the step and eval are traced for) and replaces *params
+ * by this process's shards, so that the optimizer state is made for the
+ * shards only. */
 static nb_status shard_params(trainer *t, nb_tree **params, nb_optim_tx *tx) {
   nb_ctx *ctx = t->ctx;
-  int64_t F = t->cfg->mesh.fsdp;
   nb_tree *pspec = nb_tree_create(ctx);
   for (size_t i = 0; pspec && i < nb_tree_size(*params); i++)
     if (nb_tree_set(pspec, nb_tree_path(*params, i), nb_leaf_aval(nb_leaf_get_aval(nb_tree_leaf(*params, i)))))
@@ -625,13 +648,13 @@ static nb_status shard_params(trainer *t, nb_tree **params, nb_optim_tx *tx) {
   nb_graph *init = pspec ? nb_trace(ctx, init_state, tx, pspec) : NULL;
   nb_tree *ospec = init ? nb_graph_output_spec(init) : NULL;
   nb_graph_destroy(init);
-  nb_tree *shards = ospec ? nb_train__shard(ctx, t->cfg, *params, t->rank % nb_train__shard_count(t->cfg)) : NULL;
+  nb_tree *shards = ospec ? own_shards(t, *params) : NULL;
   t->full_spec = shards ? nb_tree_create(ctx) : NULL;
   nb_status s = t->full_spec ? NB_OK : nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_NOMEM;
   if (!s) s = nb_tree_merge(t->full_spec, "params", pspec);
   if (!s) s = nb_tree_merge(t->full_spec, "opt_state", ospec);
-  for (size_t i = 0; !s && i < nb_tree_size(*params); i++)
-    if (F > 1 && nb_array_rank(nb_tree_leaf(*params, i)->array) == 0)
+  for (size_t i = 0; !s && t->cfg->mesh.fsdp > 1 && i < nb_tree_size(*params); i++)
+    if (nb_array_rank(nb_tree_leaf(*params, i)->array) == 0)
       s = nb_errorf(ctx, NB_ERR_UNIMPLEMENTED, "train: mesh.fsdp: parameter '%s' is a scalar (only leaves with a leading "
                     "dim are sharded)", nb_tree_path(*params, i));
   if (!s) {
@@ -665,9 +688,9 @@ static nb_ckpt_manager *open_checkpoints(trainer *t) {
   char ck[NB_TRAIN_PATH_MAX + 16];
   bool shared = job_comm(t) != NULL;
   snprintf(ck, sizeof ck, "%s/checkpoints", shared ? t->opts->run_dir : t->dir);
-  if (shared && t->rank > 0 && nb_train__mkdir_p(t->ctx, ck)) return NULL;
+  if (shared && job_process(t) > 0 && nb_train__mkdir_p(t->ctx, ck)) return NULL;
   nb_ckpt_options co = {.directory = ck, .max_to_keep = (int)c->checkpoint_keep, .async = true,
-                        .read_only = shared && t->rank > 0};
+                        .read_only = shared && job_process(t) > 0};
   return nb_ckpt_manager_create(t->ctx, &co);
 }
 
@@ -1087,10 +1110,12 @@ nb_status nb_train_run(nb_ctx *ctx, const nb_train_config *cfg, const nb_train_o
   cfg = &resolved;
   trainer t = {.ctx = ctx, .cfg = cfg, .opts = opts, .task = opts->task, .t0 = nb_util__now_s(), .init = init};
   t.rank = job_rank(ctx, cfg);
-  /* data parallel: rank 0 owns the run dir; rank r > 0 keeps its own files
-   * (its checkpoints hold its data position) in DIR/rank<r> */
-  int dn = t.rank ? snprintf(t.dir, sizeof t.dir, "%s/rank%d", opts->run_dir, t.rank)
-                  : snprintf(t.dir, sizeof t.dir, "%s", opts->run_dir);
+  nb_comm *tensor = cfg->mesh.tensor > 1 ? nb_ctx_axis(ctx, "tensor") : NULL;
+  t.tp = tensor ? tensor->ops->rank(tensor) : 0;
+  /* a job of several processes: process 0 owns the run dir; process p > 0
+   * keeps its own files in DIR/rank<p> */
+  int p = job_process(&t);
+  int dn = p ? snprintf(t.dir, sizeof t.dir, "%s/rank%d", opts->run_dir, p) : snprintf(t.dir, sizeof t.dir, "%s", opts->run_dir);
   if (dn >= (int)sizeof t.dir) return nb_tree_destroy(init), nb_errorf(ctx, NB_ERR_INVALID_ARG, "train: run_dir too long");
   if ((s = nb_train__mkdir_p(ctx, t.dir))) return nb_tree_destroy(init), s;
   if (!(t.config = config_text(ctx, cfg, opts->task))) return nb_tree_destroy(init), nb_ctx_status(ctx);

@@ -9,6 +9,7 @@
  * run.c. */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "nabla/train.h"
@@ -74,8 +75,11 @@ static nb_optim_tx *optimizer(nb_ctx *ctx, const nb_train_config *c, nb_val *con
   if (!lr) return NULL;
   nb_optim_tx *txs[3];
   int n = 0;
-  /* under FSDP or expert parallel the step clips (sharded_clip): the norm is over every process's shards */
-  if (c->optim.grad_clip > 0 && nb_train__shard_count(c) == 1) txs[n++] = nb_optim_clip_by_global_norm(ctx, c->optim.grad_clip);
+  /* under FSDP, expert or tensor parallelism the step clips (sharded_clip: the norm is over every process's
+   * shards); the chain keeps its place, so the state's paths, and a checkpoint, are the same on any mesh */
+  if (c->optim.grad_clip > 0)
+    txs[n++] = nb_train__shard_count(c) == 1 ? nb_optim_clip_by_global_norm(ctx, c->optim.grad_clip)
+                                             : nb_optim_identity(ctx);
   double wd = c->optim.weight_decay;
   switch (c->optim.name) {
   case NB_TRAIN_OPTIM_ADAMW:
@@ -158,16 +162,19 @@ static nb_status keep_old_unless(nb_graph *g, nb_val *ok, const nb_tree *old, nb
   return s;
 }
 
-/* FSDP: every leaf with a leading dim is sharded (the padding adds zeros to
- * the norm); expert parallel: the routed experts' leaves. The global norm
- * sums the shards' squares over the axis in rank order: another rounding
- * than one process's sum over whole leaves. */
+/* Which gradient leaves are shards (split over the axis; the others are
+ * whole on every process). FSDP: every leaf with a leading dim (the padding
+ * adds zeros to the norm); expert parallel: the routed experts' leaves;
+ * tensor parallel: the column- and row-split linears. The global norm sums
+ * the shards' squares over the axis in rank order: another rounding than
+ * one process's sum over whole leaves. */
 static bool fsdp_sharded(const char *path, nb_val *v) { return (void)path, nb_val_rank(v) > 0; }
 static bool ep_sharded(const char *path, nb_val *v) { return (void)v, nb_train__ep_is_expert(path); }
+static bool tp_sharded(const char *path, nb_val *v) { return nb_train__tp_sharded(path, nb_val_rank(v)); }
 
-/* FSDP / expert parallel: clip_by_global_norm with the norm of the whole gradient, as
- * nb_optim_clip_by_global_norm does on one process (g / norm * max_norm
- * where norm >= max_norm). */
+/* FSDP, expert, tensor parallel: clip_by_global_norm with the norm of the
+ * whole gradient, as nb_optim_clip_by_global_norm does on one process
+ * (g / norm * max_norm where norm >= max_norm). */
 static nb_status sharded_clip(nb_graph *g, nb_tree *grads, nb_val *norm, double max_norm) {
   nb_val *keep = nb_lt(norm, nb_scalar(g, NB_F32, max_norm));
   nb_status s = NB_OK;
@@ -288,11 +295,15 @@ static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
         s = nb_tree_set_val(metrics, p, nb_mul(v, nb_convert(inv, nb_val_dtype(v))));
     }
   }
+  /* tensor parallel: the gradients of whole leaves are the same on every process of "tensor" (the
+   * collectives of the hook made them so), those of split leaves are the shards of the gradient */
+  int64_t T = c->mesh.tensor;
   nb_val *grad_norm = s       ? NULL
                       : F > 1 ? nb_train__sharded_global_norm(g, grads, "fsdp", fsdp_sharded)
                       : X > 1 ? nb_train__sharded_global_norm(g, grads, "expert", ep_sharded)
+                      : T > 1 ? nb_train__sharded_global_norm(g, grads, "tensor", tp_sharded)
                               : nb_optim_global_norm(g, grads);
-  if (!s && F * X > 1 && c->optim.grad_clip > 0) s = sharded_clip(g, grads, grad_norm, c->optim.grad_clip);
+  if (!s && F * X * T > 1 && c->optim.grad_clip > 0) s = sharded_clip(g, grads, grad_norm, c->optim.grad_clip);
   if (!s) s = nb_tree_set_val(out, "loss", loss);
   if (!s) s = nb_tree_set_val(out, "grad_norm", grad_norm);
   if (!s) s = nb_tree_set_val(out, "lr", nb_optim_schedule_trace(job->lr, step));
@@ -362,19 +373,43 @@ static nb_status check_supported(nb_ctx *ctx, const nb_train_config *c) {
                      "is %s): run `nabla train` under `mpirun -np %lld` (mesh.data x mesh.expert)",
                      (long long)c->mesh.expert, (long long)c->mesh.expert, expert ? "bound to another count" : "not bound",
                      (long long)(c->mesh.data * c->mesh.expert));
+  nb_comm *tensor = nb_ctx_axis(ctx, "tensor");
+  if (c->mesh.tensor > 1 && (!tensor || tensor->ops->size(tensor) != c->mesh.tensor))
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG,
+                     "train: mesh.tensor=%lld needs the mesh axis 'tensor' bound to %lld processes on the context (it is "
+                     "%s): run `nabla train` under `mpirun -np %lld` (mesh.data x mesh.tensor)",
+                     (long long)c->mesh.tensor, (long long)c->mesh.tensor, tensor ? "bound to another count" : "not bound",
+                     (long long)(c->mesh.data * c->mesh.tensor));
   return NB_OK;
 }
 
-/* FSDP and expert parallelism shard the language model's own parameters; a
- * task's loss, a frozen tree or a linear hook (LoRA, quantization) is not
- * sharded yet. */
+/* FSDP, expert and tensor parallelism shard the language model's own
+ * parameters; a task's loss, a frozen tree or a linear hook (LoRA,
+ * quantization) is not sharded yet. */
 static nb_status check_fsdp(nb_ctx *ctx, const nb_train_config *c, const nb_train_task *task, const nb_train_graph_opts *go) {
   if (nb_train__shard_count(c) == 1) return NB_OK;
   const char *what = task ? "a task's training (sft, dpo, ...)" : go->frozen_spec ? "a frozen parameter tree (LoRA)"
                      : go->linear_hook                           ? "a linear hook (LoRA, quantization)" : NULL;
-  const char *key = c->mesh.fsdp > 1 ? "mesh.fsdp" : "mesh.expert";
+  const char *key = c->mesh.fsdp > 1 ? "mesh.fsdp" : c->mesh.expert > 1 ? "mesh.expert" : "mesh.tensor";
   if (what) return nb_errorf(ctx, NB_ERR_UNIMPLEMENTED, "train: %s=%lld with %s is not supported yet: use mesh.data", key,
                              (long long)nb_train__shard_count(c), what);
+  return NB_OK;
+}
+
+/* Tensor parallel: the step's and eval's params (and opt_state) are this
+ * process's shards, the model is traced with its share of the heads and
+ * d_ff, the hook adds the collectives (tp.c). Fills *local (its model) and
+ * *mo; the shard specs are new trees (NULL without tensor parallelism). */
+static nb_status tp_setup(nb_ctx *ctx, const nb_train_config *c, nb_train_config *local, nb_model_trace_opts *mo,
+                          nb_train__tp_hook **hook, const nb_tree *param_spec, nb_tree **p_shards,
+                          const nb_tree *opt_spec, nb_tree **o_shards) {
+  *local = *c;
+  local->model = nb_train__tp_model(&c->model, c->mesh.tensor);
+  *hook = nb_train__tp_hook_create();
+  *p_shards = nb_train__tp_shard_spec(ctx, param_spec, c->mesh.tensor);
+  if (opt_spec) *o_shards = nb_train__tp_shard_spec(ctx, opt_spec, c->mesh.tensor);
+  if (!*hook || !*p_shards || (opt_spec && !*o_shards)) return nb_errorf(ctx, NB_ERR_NOMEM, "train: out of memory");
+  mo->linear_hook = nb_train__tp_linear, mo->hook_ud = *hook;
   return NB_OK;
 }
 
@@ -418,7 +453,7 @@ static nb_graph *trace_step(nb_ctx *ctx, const nb_train_config *c, const nb_trai
    * its experts' shards, which the MoE layers use as they are (expert_axis) */
   nb_tree *sharded_p = NULL, *sharded_o = NULL;
   nb_train__fsdp_gather *gather = NULL;
-  if (nb_train__shard_count(c) > 1) {
+  if (c->mesh.fsdp * c->mesh.expert > 1) {
     sharded_p = nb_train__shard_spec(ctx, c, param_spec);
     sharded_o = nb_train__shard_spec(ctx, c, opt_state_spec);
     gather = c->mesh.fsdp > 1 ? nb_train__fsdp_gather_create(param_spec) : NULL;
@@ -432,7 +467,19 @@ static nb_graph *trace_step(nb_ctx *ctx, const nb_train_config *c, const nb_trai
     if (gather) mo.param_hook = nb_train__fsdp_gather_param, mo.param_ud = gather;
     if (c->mesh.expert > 1) mo.expert_axis = "expert";
   }
-  nb_graph *loss = trace_loss(ctx, c, task, go, &mo, param_spec, c->batch_size / c->grad_accum);
+  nb_train_config *local = NULL; /* tensor parallel: this process's model */
+  nb_train__tp_hook *tp = NULL;
+  if (c->mesh.tensor > 1 && (!(local = malloc(sizeof *local)) ||
+                             tp_setup(ctx, c, local, &mo, &tp, param_spec, &sharded_p, opt_state_spec, &sharded_o))) {
+    if (!local) nb_errorf(ctx, NB_ERR_NOMEM, "train step: out of memory");
+    nb_tree_destroy(sharded_p);
+    nb_tree_destroy(sharded_o);
+    nb_train__tp_hook_destroy(tp);
+    free(local);
+    return NULL;
+  }
+  if (local) param_spec = sharded_p, opt_state_spec = sharded_o;
+  nb_graph *loss = trace_loss(ctx, local ? local : c, task, go, &mo, param_spec, c->batch_size / c->grad_accum);
   nb_graph *vg = loss ? nb_value_and_grad(ctx, loss, &(nb_grad_opts){.wrt = "params", .has_aux = true}) : NULL;
   nb_val *hp = NULL, *hpo = NULL;
   nb_optim_tx *tx = vg ? optimizer(ctx, c, &hp) : NULL;
@@ -462,6 +509,8 @@ static nb_graph *trace_step(nb_ctx *ctx, const nb_train_config *c, const nb_trai
   nb_tree_destroy(sharded_p);
   nb_tree_destroy(sharded_o);
   nb_train__fsdp_gather_destroy(gather);
+  nb_train__tp_hook_destroy(tp);
+  free(local);
   return g;
 }
 
@@ -488,6 +537,19 @@ static nb_graph *trace_eval(nb_ctx *ctx, const nb_train_config *c, const nb_trai
     return NULL;
   nb_model_trace_opts mo = {.train = false, .dtype = NB_F32, .linear_hook = go->linear_hook, .hook_ud = go->hook_ud,
                             .frozen_spec = go->frozen_spec};
+  if (c->mesh.tensor > 1) { /* the whole batch on every process, the model split as in the step */
+    nb_train_config *local = malloc(sizeof *local);
+    nb_train__tp_hook *tp = NULL;
+    nb_tree *shards = NULL;
+    nb_graph *g = NULL;
+    if (!local) nb_errorf(ctx, NB_ERR_NOMEM, "train eval: out of memory");
+    else if (!tp_setup(ctx, c, local, &mo, &tp, param_spec, &shards, NULL, NULL))
+      g = trace_loss(ctx, local, task, go, &mo, shards, c->batch_size);
+    nb_tree_destroy(shards);
+    nb_train__tp_hook_destroy(tp);
+    free(local);
+    return g;
+  }
   if (nb_train__shard_count(c) == 1) return trace_loss(ctx, c, task, go, &mo, param_spec, c->batch_size);
   /* FSDP, expert parallel: the whole batch on every process, on parameters gathered from the shards */
   nb_tree *sharded = nb_train__shard_spec(ctx, c, param_spec);

@@ -291,6 +291,23 @@ static void test_errors(nb_ctx *ctx) {
   CHECK_OK(ctx, tiny_config(ctx, work, 4, unbound, &cfg));
   CHECK(nb_train_run(ctx, &cfg, &o, NULL) == NB_ERR_INVALID_ARG);
   CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "mesh.expert=2 needs the mesh axis 'expert' bound to 2 processes");
+  /* tensor parallel: in one process no axis 'tensor'; heads, kv heads and d_ff must divide; no FSDP with it */
+  const char *tensor[] = {"mesh.tensor=2"};
+  CHECK_OK(ctx, tiny_config(ctx, work, 1, tensor, &cfg));
+  CHECK(nb_train_run(ctx, &cfg, &o, NULL) == NB_ERR_INVALID_ARG);
+  CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "mesh.tensor=2 needs the mesh axis 'tensor' bound to 2 processes");
+  const char *heads[] = {"mesh.tensor=3"};
+  CHECK(tiny_config(ctx, work, 1, heads, &cfg) == NB_ERR_INVALID_ARG);
+  CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "mesh.tensor=3 must divide model.n_heads (2), model.n_kv_heads (2)");
+  const char *kv[] = {"model.n_kv_heads=1", "mesh.tensor=2"};
+  CHECK(tiny_config(ctx, work, 2, kv, &cfg) == NB_ERR_INVALID_ARG);
+  CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "model.n_kv_heads (1)");
+  const char *both[] = {"mesh.tensor=2", "mesh.fsdp=2", "grad_accum=2"};
+  CHECK(tiny_config(ctx, work, 3, both, &cfg) == NB_ERR_UNIMPLEMENTED);
+  CHECK_ERR(ctx, NB_ERR_UNIMPLEMENTED, "mesh.tensor=2 with mesh.fsdp > 1 is not supported yet");
+  const char *adrop[] = {"mesh.tensor=2", "model.attn_dropout=0.1"};
+  CHECK(tiny_config(ctx, work, 2, adrop, &cfg) == NB_ERR_UNIMPLEMENTED);
+  CHECK_ERR(ctx, NB_ERR_UNIMPLEMENTED, "model.attn_dropout > 0");
 }
 
 /* The MFU peak: $NABLA_PEAK_GFLOPS wins; otherwise the measured peak

@@ -211,23 +211,26 @@ int nb_cmd_train(int argc, char **argv) {
     nb_ctx_destroy(ctx);
     return 1;
   }
-  /* data parallel / FSDP / expert parallel: the job's processes as the mesh axes "data" x "fsdp" x "expert" */
+  /* data parallel / FSDP / expert / tensor parallel: the job's processes as the mesh axes "data" x "fsdp" x
+   * "expert" x "tensor" */
   nb_dist_mesh *mesh = NULL;
   const char *world = getenv("OMPI_COMM_WORLD_SIZE");
-  long long procs = (long long)(cfg.mesh.data * cfg.mesh.fsdp * cfg.mesh.expert);
+  long long procs = (long long)(cfg.mesh.data * cfg.mesh.fsdp * cfg.mesh.expert * cfg.mesh.tensor);
   if (procs == 1 && world && atoi(world) > 1) {
-    fprintf(stderr, "nabla train: started as %s MPI processes but mesh.data=1, mesh.fsdp=1, mesh.expert=1: set "
-            "mesh.data=%s, mesh.fsdp=%s or mesh.expert=%s (and grad_accum to a multiple of it), or run one process\n",
-            world, world, world, world);
+    fprintf(stderr, "nabla train: started as %s MPI processes but mesh.data=1, mesh.fsdp=1, mesh.expert=1, mesh.tensor=1: "
+            "set mesh.data=%s, mesh.fsdp=%s, mesh.expert=%s or mesh.tensor=%s (and grad_accum to a multiple of "
+            "mesh.data x mesh.fsdp x mesh.expert), or run one process\n",
+            world, world, world, world, world);
     nb_ctx_destroy(ctx);
     return 1;
   }
   if (procs > 1) {
-    const char *axes[3] = {"data", "fsdp", "expert"};
-    int64_t sizes[3] = {cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.expert};
-    if (nb_dist_init(ctx, NULL, NULL) || !(mesh = nb_dist_mesh_create(ctx, 3, axes, sizes)) || nb_dist_mesh_bind(mesh, ctx)) {
-      fprintf(stderr, "nabla train: mesh.data=%lld, mesh.fsdp=%lld, mesh.expert=%lld: %s\n", (long long)cfg.mesh.data,
-              (long long)cfg.mesh.fsdp, (long long)cfg.mesh.expert, nb_ctx_error(ctx));
+    const char *axes[4] = {"data", "fsdp", "expert", "tensor"};
+    int64_t sizes[4] = {cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.expert, cfg.mesh.tensor};
+    if (nb_dist_init(ctx, NULL, NULL) || !(mesh = nb_dist_mesh_create(ctx, 4, axes, sizes)) || nb_dist_mesh_bind(mesh, ctx)) {
+      fprintf(stderr, "nabla train: mesh.data=%lld, mesh.fsdp=%lld, mesh.expert=%lld, mesh.tensor=%lld: %s\n",
+              (long long)cfg.mesh.data, (long long)cfg.mesh.fsdp, (long long)cfg.mesh.expert, (long long)cfg.mesh.tensor,
+              nb_ctx_error(ctx));
       if (nb_dist_size() > 1) nb_dist_abort(1, "nabla train: the mesh could not be set up");
       nb_ctx_destroy(ctx);
       return 1;
@@ -247,9 +250,10 @@ int nb_cmd_train(int argc, char **argv) {
   if (rank == 0)
     printf("nabla train: run dir %s, config %s, %d threads%s\n", dir,
            config ? config : "<default: gpt2-tiny on data/corpus/kjv.txt>", threads,
-           !mesh                ? ""
+           !mesh                 ? ""
            : cfg.mesh.fsdp > 1   ? " per process, FSDP over the mesh.data x mesh.fsdp processes"
            : cfg.mesh.expert > 1 ? " per process, experts split over mesh.expert, the batch over mesh.data x mesh.expert"
+           : cfg.mesh.tensor > 1 ? " per process, tensor parallel over mesh.tensor processes (x mesh.data replicas)"
                                  : " per process, data parallel over the processes of mesh.data");
   nb_train_opts o = {.run_dir = dir, .peak_flops = peak, .threads = threads, .handle_signals = true,
                      .on_start = rank ? NULL : nb_cli_progress_start, .on_step = rank ? NULL : nb_cli_progress_step, .ud = &c};
