@@ -244,8 +244,37 @@ static void test_self_unchanged(nb_ctx *ctx) {
   nb_ctx_bind_axis(ctx, "d", NULL);
 }
 
+/* nb_comm_fold's f32 loop against the rule it stands for (one add in
+ * double, rounded to f32), over random bit patterns: normals, subnormals,
+ * infinities, NaNs. */
+static void test_fold_f32(nb_ctx *ctx) {
+  enum { M = 1 << 18 };
+  float *a = malloc(M * sizeof *a), *b = malloc(M * sizeof *b), *sum = malloc(M * sizeof *sum), *max = malloc(M * sizeof *max);
+  nb_test_rng r = {7};
+  for (int i = 0; i < M; i++) {
+    uint32_t u = (uint32_t)nb_test_int(&r, 0, 0xffffffffll), v = (uint32_t)nb_test_int(&r, 0, 0xffffffffll);
+    if (i % 4 == 1) v = (u & 0xff800000u) | (v & 0x807fffffu); /* the same exponent: cancellation */
+    memcpy(&a[i], &u, 4);
+    memcpy(&b[i], &v, 4);
+  }
+  memcpy(sum, a, M * sizeof *a);
+  memcpy(max, a, M * sizeof *a);
+  CHECK_OK(ctx, nb_comm_fold(ctx, NB_F32, sum, b, M, NB_COMM_SUM));
+  CHECK_OK(ctx, nb_comm_fold(ctx, NB_F32, max, b, M, NB_COMM_MAX));
+  int bad = 0;
+  for (int i = 0; i < M; i++) {
+    double x = a[i], y = b[i];
+    float ws = (float)(x + y), wm = (float)((x != x || y != y) ? x + y : x > y ? x : y);
+    bool nan_ok = ws != ws && sum[i] != sum[i];
+    if ((!nan_ok && memcmp(&ws, &sum[i], 4)) || (wm == wm ? memcmp(&wm, &max[i], 4) != 0 : max[i] == max[i])) bad++;
+  }
+  CHECK_MSG(bad == 0, "%d of %d f32 folds differ from the double rule", bad, (int)M);
+  free(a), free(b), free(sum), free(max);
+}
+
 int main(void) {
   nb_ctx *ctx = nb_ctx_create();
+  test_fold_f32(ctx);
   test_in_flight(ctx);
   test_self_unchanged(ctx);
   nb_ctx_destroy(ctx);
