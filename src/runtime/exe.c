@@ -304,7 +304,7 @@ static nb_status run_steps(nb_exe *e, char **ptr, char **args, nb_array *const *
   const nb_backend *bk = e->cfg.backend;
   nb_status st = NB_OK;
   int64_t ref = 0; /* e's steps in this trace, once a step is traced */
-  inflight *fl = NULL; /* with collectives in flight: on the heap, as `flying` outlives no run */
+  inflight *fl = NULL; /* a plan with collectives to start: what is in flight (heap: `flying` points to it) */
   size_t nfl = (size_t)e->plan.nsteps + 1;
   if (e->plan.nstarts) {
     fl = nb_calloc(e->ctx, sizeof *fl + nfl * (sizeof *fl->pending + 1));
@@ -334,8 +334,8 @@ static nb_status run_steps(nb_exe *e, char **ptr, char **args, nb_array *const *
     case NB_EXE_STEP_WAIT: st = wait_step(e, fl, s); break;
     default: st = bk->host_memory ? run_eval(e, q, ptr, in, out) : run_eval_staged(e, q, ptr); break;
     }
-    if (st == NB_OK && flying && step->kind != NB_EXE_STEP_WAIT) st = progress();
     int64_t t1 = nb_util__now_ns();
+    if (st == NB_OK && flying && step->kind != NB_EXE_STEP_WAIT) st = progress(); /* not the step's time */
     ms[s] += (double)(t1 - t0) * 1e-6;
     if (traced && !ref) nb_rt__trace_note(e), ref = nb_rt__trace_ref(e);
     if (traced) trace_step(step, t0, t1, ref + s);
