@@ -8,9 +8,11 @@
  * The model is JAX's multi-controller SPMD: every process runs the same
  * program on its own shard; a collective names a mesh axis ("data") and runs
  * over the processes along it. The axis's size is known when tracing (the
- * context's binding), so shapes stay static. A compiled step runs each
- * collective as a step of its own, synchronously (async overlap with
- * computation is a later slice).
+ * context's binding), so shapes stay static. A compiled step starts psum,
+ * pmax, all_gather and psum_scatter as early as their operands allow and
+ * waits for them just before their first reader, when the communicator
+ * offers the asynchronous operations below (docs/dist.md, "Compiled
+ * steps"); the others run as steps of their own, synchronously.
  *
  * Determinism: a sum's result is the fold of the ranks' values in rank
  * order, ((x_0 + x_1) + x_2) + ..., rounded to the dtype after each add, on
@@ -30,6 +32,8 @@
 typedef enum nb_comm_reduce { NB_COMM_SUM, NB_COMM_MAX } nb_comm_reduce;
 
 typedef struct nb_comm nb_comm;
+/* One asynchronous collective in flight (the communicator's own). */
+typedef struct nb_comm_req nb_comm_req;
 
 /* A communicator's operations. Every rank of the communicator calls the
  * same collectives in the same order. Buffers are host memory. Errors go to
@@ -55,6 +59,24 @@ typedef struct nb_comm_ops {
   nb_status (*barrier)(nb_comm *c, nb_ctx *ctx);
   /* Ends the whole job (every process) with msg on stderr; does not return. */
   void (*abort)(nb_comm *c, int code, const char *msg);
+  /* Optional (NULL: this communicator runs every collective synchronously):
+   * allgather, allreduce and reduce_scatter started, *req what to wait on.
+   * Until wait returns, send (allreduce: buf) must not change and recv
+   * (buf) must not be read. The result is the synchronous call's, bit for
+   * bit (the same rank-order fold, at wait). Every rank starts the same
+   * collectives in the same order, as for the synchronous ones. */
+  nb_status (*allgather_start)(nb_comm *c, nb_ctx *ctx, const void *send, void *recv, size_t bytes, nb_comm_req **req);
+  nb_status (*allreduce_start)(nb_comm *c, nb_ctx *ctx, void *buf, size_t count, nb_dtype t, nb_comm_reduce op,
+                               nb_comm_req **req);
+  nb_status (*reduce_scatter_start)(nb_comm *c, nb_ctx *ctx, const void *send, void *recv, size_t count, nb_dtype t,
+                                    nb_comm_reduce op, nb_comm_req **req);
+  /* Moves req's messages on (MPI progress) without blocking; *done when
+   * they are all through. Called by a running executable between steps. */
+  nb_status (*test)(nb_comm *c, nb_ctx *ctx, nb_comm_req *req, bool *done);
+  /* Finishes req (the fold of a reduction) and frees it, also on error;
+   * past the timeout it ends the job naming the rank(s) waited for, as the
+   * synchronous collectives do. */
+  nb_status (*wait)(nb_comm *c, nb_ctx *ctx, nb_comm_req *req);
 } nb_comm_ops;
 
 /* Implementations embed this as their first member. */

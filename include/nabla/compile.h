@@ -27,6 +27,8 @@
  *   fuse                 fusion (off: one kernel per equation)
  *   reuse, donate        buffer reuse between intermediates; donated inputs
  *   parallel, blas       the thread pool; library calls (OpenBLAS) for dot_general
+ *   async                collectives as a start and a wait step apart (off: one
+ *                        synchronous step each)
  *   native               generated code (off: run on the interpreter)
  * Environment: NABLA_BACKEND (the default of nb_jit_opts.backend),
  * NABLA_CC (compiler command), NABLA_CACHE_DIR (disk cache),
@@ -154,6 +156,8 @@ typedef enum nb_exe_step_kind {
   NB_EXE_STEP_BLAS,   /* dot_general as one library call of the backend (cpu: cblas_?gemm) */
   NB_EXE_STEP_CONTROL, /* cond, while_loop or scan: its bodies compiled as executables of their own,
                           run as a loop (buffers planned once) or as the taken branch */
+  NB_EXE_STEP_START,  /* a collective started (psum, all_gather, psum_scatter over a communicator that can) */
+  NB_EXE_STEP_WAIT,   /* ... and waited for, before its first reader: the steps between overlap it */
   NB_EXE_STEP_KIND_COUNT
 } nb_exe_step_kind;
 

@@ -18,7 +18,9 @@
  *    waited for. A process that exits is noticed by mpirun, which ends the
  *    job and names it.
  * Only this library links MPI; the core calls it through nb_comm.
- * Synchronous: async collectives overlapping computation are a later slice.
+ * Asynchronous too (allgather/allreduce/reduce_scatter _start, test, wait):
+ * a compiled step starts them early and waits late, polling between steps
+ * (NABLA_DIST_PROGRESS=none: no polling, for measurements; docs/dist.md).
  *
  *   nb_dist_init(ctx, &argc, &argv);
  *   const char *axes[] = {"data"};

@@ -1,5 +1,6 @@
 /* Pass 3, buffer assignment: the live range of every buffer over the
- * schedule, in-place updates (an evaluated dynamic_update_slice or
+ * schedule (a collective's operands and results from its start step to its
+ * wait), in-place updates (an evaluated dynamic_update_slice or
  * scatter_add writing into its dead operand's memory), arena offsets for
  * intermediates (a freed range is reused by later intermediates), which
  * outputs may be written into donated inputs, and the peak-memory estimate.
@@ -26,6 +27,12 @@ static void live_ranges(nb_jplan *p) {
         if (k->arg_written[a]) b->def_step = s;
         else b->last_step = s;
       }
+    } else if (st->kind == NB_EXE_STEP_WAIT) {
+      /* a collective in flight: its operands are still being sent and its
+       * results being received from the start step to this one, so both
+       * stay live (and unshared) over the whole span */
+      for (int i = 0; i < st->eqn->nin; i++) p->bufs[st->eqn->in[i]->id].last_step = s;
+      for (int i = 0; i < st->eqn->nout; i++) p->bufs[st->eqn->out[i]->id].last_step = s;
     } else {
       for (int i = 0; i < st->eqn->nin; i++) p->bufs[st->eqn->in[i]->id].last_step = s;
       for (int i = 0; i < st->eqn->nout; i++) p->bufs[st->eqn->out[i]->id].def_step = s;

@@ -891,6 +891,32 @@ static bool all_views(const fz *f, const nb_eqn *e) {
   return true;
 }
 
+/* Does e run as a start step and a wait step apart (a collective whose
+ * communicator can), so that the steps scheduled between overlap it? Not on
+ * a backend whose memory is not the host's: its evaluated steps are staged
+ * through host copies, which would have to live as long. */
+static bool runs_async(const fz *f, const nb_eqn *e) {
+  const nb_async_rules *a = nb__rules(e->prim)->async;
+  return a && !f->cfg->off[NB_SW_async] && f->cfg->backend->host_memory && a->available(f->ctx, e);
+}
+
+/* The start as early as its operands allow (order 0 comes first among the
+ * ready steps), the wait as late as its readers allow (last among them:
+ * placed when nothing else is ready, i.e. just before its first reader or
+ * at the end). */
+static int async_steps(fz *f, const nb_eqn *e) {
+  int st = new_step(f, NB_EXE_STEP_START, -1, e);
+  if (st < 0) return ERR;
+  f->steps[st].order = 0;
+  for (int i = 0; i < e->nin; i++)
+    if (!add_dep(f, st, f->step_of[e->in[i]->id])) return ERR;
+  int wt = new_step(f, NB_EXE_STEP_WAIT, -1, e);
+  if (wt < 0 || !add_dep(f, wt, st)) return ERR;
+  f->steps[wt].order = UINT32_MAX;
+  for (int i = 0; i < e->nout; i++) f->step_of[e->out[i]->id] = wt;
+  return OK;
+}
+
 static int build_steps(fz *f) {
   int retry = OK;
   for (size_t k = 0; k < f->ne; k++) {
@@ -902,6 +928,10 @@ static int build_steps(fz *f) {
     }
     if (e->prim == NB_PRIM_barrier && all_views(f, e)) {
       for (int i = 0; i < e->nout; i++) f->step_of[e->out[i]->id] = f->step_of[e->in[i]->id];
+      continue;
+    }
+    if (!nb_jit__fusable(e) && runs_async(f, e)) {
+      if (async_steps(f, e) != OK) return ERR;
       continue;
     }
     if (!nb_jit__fusable(e)) {
@@ -986,8 +1016,9 @@ static int schedule(fz *f) {
       o->flops = k->flops;
       o->bytes = k->bytes;
     } else {
-      snprintf(o->name, sizeof o->name, "%s", nb__rules(s->eqn->prim)->name);
-      snprintf(o->ops, sizeof o->ops, "%s", o->name);
+      const char *half = s->kind == NB_EXE_STEP_START ? " start" : s->kind == NB_EXE_STEP_WAIT ? " wait" : "";
+      snprintf(o->name, sizeof o->name, "%s%s", nb__rules(s->eqn->prim)->name, half);
+      snprintf(o->ops, sizeof o->ops, "%s", nb__rules(s->eqn->prim)->name);
       o->loc = s->eqn->loc;
       o->neqns = 1;
       double fl = 0, by = 0;
@@ -997,11 +1028,16 @@ static int schedule(fz *f) {
         const nb_val *v = i < s->eqn->nin ? s->eqn->in[i] : s->eqn->out[i - s->eqn->nin];
         by += (double)nb_shape_size(&v->aval.shape) * (double)nb_dtype_size(v->aval.dtype);
       }
-      o->flops = fl;
-      o->bytes = by;
+      o->flops = s->kind == NB_EXE_STEP_WAIT ? 0 : fl; /* the start step carries the cost */
+      o->bytes = s->kind == NB_EXE_STEP_WAIT ? 0 : by;
     }
   }
   p->cap_steps = p->nsteps;
+  p->nstarts = 0;
+  for (int s = 0; s < p->nsteps; s++) p->nstarts += p->steps[s].kind == NB_EXE_STEP_START;
+  for (int w = 0; w < p->nsteps; w++) /* each wait names its start */
+    for (int s = 0; p->steps[w].kind == NB_EXE_STEP_WAIT && s < w; s++)
+      if (p->steps[s].kind == NB_EXE_STEP_START && p->steps[s].eqn == p->steps[w].eqn) p->steps[w].start = s;
   return OK;
 }
 

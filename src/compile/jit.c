@@ -41,7 +41,7 @@ static nb_status parse_switches(nb_ctx *ctx, const char *list, const char *where
         if (strlen(switch_names[i]) == n && strncmp(p, switch_names[i], n) == 0) cfg->off[i] = found = true;
       if (!found)
         return nb_errorf(ctx, NB_ERR_INVALID_ARG,
-                         "jit: unknown switch '%.*s' in %s (known: dce, fold, algebra, inline, fuse, reuse, donate, parallel, blas, native, all)",
+                         "jit: unknown switch '%.*s' in %s (known: dce, fold, algebra, inline, fuse, reuse, donate, parallel, blas, async, native, all)",
                          (int)n, p, where);
     }
     p += n;

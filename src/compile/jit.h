@@ -14,7 +14,7 @@
 
 /* ---------------------------------------------------------------- config */
 
-#define NB_JIT_SWITCHES(X) X(dce) X(fold) X(algebra) X(inline) X(fuse) X(reuse) X(donate) X(parallel) X(blas) X(native)
+#define NB_JIT_SWITCHES(X) X(dce) X(fold) X(algebra) X(inline) X(fuse) X(reuse) X(donate) X(parallel) X(blas) X(async) X(native)
 typedef enum nb_jit_switch {
 #define NB_JIT_SW(n) NB_SW_##n,
   NB_JIT_SWITCHES(NB_JIT_SW)
@@ -151,6 +151,7 @@ typedef struct nb_jstep {
   nb_loc loc;             /* where its first (a kernel: first materialized) equation was traced */
   double last_ms, total_ms;
   struct nb_jcontrol *control; /* CONTROL: the compiled bodies (compile/control.c) */
+  int start;              /* WAIT: the step that started its collective */
 } nb_jstep;
 
 typedef struct nb_jplan {
@@ -166,6 +167,7 @@ typedef struct nb_jplan {
   bool *donated;          /* per input index */
   size_t arena_bytes, peak_bytes, output_bytes;
   int fuse_attempts;      /* fusion passes until no value had to be forced to memory */
+  int nstarts;            /* START steps (collectives in flight between steps) */
 } nb_jplan;
 
 /* ---------------------------------------------------------------- passes */

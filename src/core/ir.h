@@ -97,6 +97,26 @@ typedef struct nb_reduce_lowering {
  * Rules that emit ops emit them into `g` (the graph being built); vals passed
  * in belong to g; `e` is the source equation (for params and avals).
  * A NULL tangent / cotangent is a symbolic zero. */
+/* Asynchronous evaluation (the collectives): what `eval` does, started by
+ * one step of a compiled executable and finished by a later one, so that
+ * other steps run in between. Between the two, the operands must stay
+ * unchanged and the results are neither read nor written by anyone else
+ * (the buffer planner keeps both alive). */
+typedef struct nb_async_rules {
+  /* At compile time: would start run asynchronously on ctx (the
+   * communicator bound there offers it)? false: the equation stays one
+   * synchronous step. */
+  bool (*available)(nb_ctx *ctx, const nb_eqn *e);
+  /* Begins e on in/out (arrays over the buffers; they may be released once
+   * it returns: *pending keeps the data pointers it needs). *pending NULL:
+   * it finished already. */
+  nb_status (*start)(nb_ctx *ctx, const nb_eqn *e, nb_array *const *in, nb_array **out, void **pending);
+  /* Moves it on without blocking; *done when only finish's work is left. */
+  nb_status (*test)(nb_ctx *ctx, void *pending, bool *done);
+  /* Completes it (results written) and frees pending, also on error. */
+  nb_status (*finish)(nb_ctx *ctx, void *pending);
+} nb_async_rules;
+
 typedef struct nb_prim_rules {
   const char *name;
   nb_prim_kind kind;
@@ -149,6 +169,7 @@ typedef struct nb_prim_rules {
   /* A contraction with nb_dot_params that a backend may run as matrix
    * products (BLAS). */
   bool gemm;
+  const nb_async_rules *async; /* optional: a compiled step may start and finish it apart */
 } nb_prim_rules;
 
 extern const nb_prim_rules *const nb__prim_table[NB_PRIM_COUNT];

@@ -128,19 +128,26 @@ static void next_tag(nb_dist__comm *c) { c->tag = (c->tag + 1) & 0x7fff; }
 static int mpi_rank(const nb_comm *b) { return ((const nb_dist__comm *)b)->rank; }
 static int mpi_size(const nb_comm *b) { return ((const nb_dist__comm *)b)->size; }
 
-/* recv[r] = rank r's block for this rank: block r of its send when
- * send_stride is bytes (all_to_all), its whole send when 0 (allgather) */
+/* Posts the messages of an exchange: recv[r] = rank r's block for this
+ * rank, block r of its send when send_stride is bytes (all_to_all), its
+ * whole send when 0 (allgather); this rank's own block is copied now. */
+static nb_status exchange_post(nb_dist__comm *c, nb_ctx *ctx, pending *p, const void *send, size_t send_stride,
+                               void *recv, size_t bytes) {
+  next_tag(c);
+  nb_status s = NB_OK;
+  for (int r = 0; !s && r < c->size; r++)
+    if (r != c->rank) s = post(c, ctx, p, true, (char *)recv + (size_t)r * bytes, bytes, r);
+  for (int r = 0; !s && r < c->size; r++)
+    if (r != c->rank) s = post(c, ctx, p, false, (char *)send + (size_t)r * send_stride, bytes, r);
+  if (bytes) memmove((char *)recv + (size_t)c->rank * bytes, (const char *)send + (size_t)c->rank * send_stride, bytes);
+  return s;
+}
+
 static nb_status exchange(nb_comm *b, nb_ctx *ctx, const void *send, size_t send_stride, void *recv, size_t bytes,
                           const char *what) {
   nb_dist__comm *c = (nb_dist__comm *)b;
-  next_tag(c);
   pending p = {0};
-  nb_status s = NB_OK;
-  for (int r = 0; !s && r < c->size; r++)
-    if (r != c->rank) s = post(c, ctx, &p, true, (char *)recv + (size_t)r * bytes, bytes, r);
-  for (int r = 0; !s && r < c->size; r++)
-    if (r != c->rank) s = post(c, ctx, &p, false, (char *)send + (size_t)r * send_stride, bytes, r);
-  if (bytes) memmove((char *)recv + (size_t)c->rank * bytes, (const char *)send + (size_t)c->rank * send_stride, bytes);
+  nb_status s = exchange_post(c, ctx, &p, send, send_stride, recv, bytes);
   return s ? s : wait_all(c, ctx, &p, what);
 }
 
@@ -158,32 +165,117 @@ static nb_status fold_ranks(nb_ctx *ctx, int n, const char *blocks, void *out, s
   return s;
 }
 
-/* exchange (send_stride as there) then the rank-order fold into out: every
- * reduction is this, so none depends on arrival order */
-static nb_status exchange_fold(nb_comm *b, nb_ctx *ctx, const void *send, size_t send_stride, void *out, size_t count,
-                               nb_dtype t, nb_comm_reduce op, const char *what) {
+/* ---------------------------------------------------------------- requests */
+
+/* A collective in flight: its messages, and for a reduction every rank's
+ * block (blocks) to fold into out at the end. The synchronous collectives
+ * are a request started and waited for at once, so both give the same bits. */
+struct nb_comm_req {
+  pending p;
+  const char *what;
+  char *blocks; /* reductions: size * count elements, rank r's at r; else NULL */
+  size_t blocks_bytes;
+  void *out;
+  size_t count;
+  nb_dtype t;
+  nb_comm_reduce op;
+};
+
+static void req_free(nb_ctx *ctx, nb_comm_req *q) {
+  if (q->blocks) nb_dealloc(ctx, q->blocks, q->blocks_bytes);
+  nb_dealloc(ctx, q, sizeof *q);
+}
+
+/* Starts an exchange (send_stride as in exchange_post) into recv, or, with
+ * fold, into blocks of its own that wait folds in rank order into out. */
+static nb_status req_start(nb_comm *b, nb_ctx *ctx, const void *send, size_t send_stride, void *recv, size_t bytes,
+                           bool fold, void *out, size_t count, nb_dtype t, nb_comm_reduce op, const char *what,
+                           nb_comm_req **req) {
   nb_dist__comm *c = (nb_dist__comm *)b;
-  size_t bytes = count * nb_dtype_size(t);
-  char *blocks = nb_alloc(ctx, bytes * (size_t)c->size + 1);
-  if (!blocks) return NB_ERR_NOMEM;
-  nb_status s = exchange(b, ctx, send, send_stride, blocks, bytes, what);
-  if (!s) s = fold_ranks(ctx, c->size, blocks, out, count, t, op);
-  nb_dealloc(ctx, blocks, bytes * (size_t)c->size + 1);
+  *req = NULL;
+  nb_comm_req *q = nb_calloc(ctx, sizeof *q);
+  if (!q) return NB_ERR_NOMEM;
+  q->what = what;
+  if (fold) {
+    q->blocks_bytes = bytes * (size_t)c->size + 1;
+    if (!(q->blocks = nb_alloc(ctx, q->blocks_bytes))) return req_free(ctx, q), NB_ERR_NOMEM;
+    recv = q->blocks;
+    q->out = out;
+    q->count = count;
+    q->t = t;
+    q->op = op;
+  }
+  nb_status s = exchange_post(c, ctx, &q->p, send, send_stride, recv, bytes);
+  if (s) {
+    /* posted messages cannot be left behind: wait for them (or the timeout) */
+    wait_all(c, ctx, &q->p, what);
+    return req_free(ctx, q), s;
+  }
+  *req = q;
+  return NB_OK;
+}
+
+static nb_status mpi_wait(nb_comm *b, nb_ctx *ctx, nb_comm_req *q) {
+  nb_dist__comm *c = (nb_dist__comm *)b;
+  nb_status s = wait_all(c, ctx, &q->p, q->what);
+  if (!s && q->blocks) s = fold_ranks(ctx, c->size, q->blocks, q->out, q->count, q->t, q->op);
+  req_free(ctx, q);
   return s;
 }
 
+/* NABLA_DIST_PROGRESS=none: test leaves the messages alone (only wait moves
+ * them), to measure what polling between steps buys (bench/dist_overlap.sh). */
+static bool progress_off(void) {
+  static int off = -1;
+  if (off < 0) {
+    const char *e = getenv("NABLA_DIST_PROGRESS");
+    off = e && !strcmp(e, "none");
+  }
+  return off;
+}
+
+static nb_status mpi_test(nb_comm *b, nb_ctx *ctx, nb_comm_req *q, bool *done) {
+  *done = false;
+  if (progress_off()) return NB_OK;
+  int flag = 0;
+  if (MPI_Testall(q->p.n, q->p.req, &flag, MPI_STATUSES_IGNORE) != MPI_SUCCESS)
+    return nb_errorf(ctx, NB_ERR_IO, "dist: %s on %s: MPI_Testall failed", q->what, ((nb_dist__comm *)b)->label);
+  *done = flag != 0;
+  return NB_OK;
+}
+
+static nb_status mpi_allgather_start(nb_comm *b, nb_ctx *ctx, const void *send, void *recv, size_t bytes,
+                                     nb_comm_req **req) {
+  return req_start(b, ctx, send, 0, recv, bytes, false, NULL, 0, NB_F32, NB_COMM_SUM, "allgather", req);
+}
+
+static nb_status mpi_allreduce_start(nb_comm *b, nb_ctx *ctx, void *buf, size_t count, nb_dtype t, nb_comm_reduce op,
+                                     nb_comm_req **req) {
+  return req_start(b, ctx, buf, 0, NULL, count * nb_dtype_size(t), true, buf, count, t, op, "allreduce", req);
+}
+
+/* Block r of every rank's send comes to rank r (an all_to_all), which folds them in rank order. */
+static nb_status mpi_reduce_scatter_start(nb_comm *b, nb_ctx *ctx, const void *send, void *recv, size_t count,
+                                          nb_dtype t, nb_comm_reduce op, nb_comm_req **req) {
+  size_t bytes = count * nb_dtype_size(t);
+  return req_start(b, ctx, send, bytes, NULL, bytes, true, recv, count, t, op, "reduce_scatter", req);
+}
+
 static nb_status mpi_allreduce(nb_comm *b, nb_ctx *ctx, void *buf, size_t count, nb_dtype t, nb_comm_reduce op) {
-  return exchange_fold(b, ctx, buf, 0, buf, count, t, op, "allreduce");
+  nb_comm_req *q;
+  nb_status s = mpi_allreduce_start(b, ctx, buf, count, t, op, &q);
+  return s ? s : mpi_wait(b, ctx, q);
+}
+
+static nb_status mpi_reduce_scatter(nb_comm *b, nb_ctx *ctx, const void *send, void *recv, size_t count, nb_dtype t,
+                                    nb_comm_reduce op) {
+  nb_comm_req *q;
+  nb_status s = mpi_reduce_scatter_start(b, ctx, send, recv, count, t, op, &q);
+  return s ? s : mpi_wait(b, ctx, q);
 }
 
 static nb_status mpi_all_to_all(nb_comm *b, nb_ctx *ctx, const void *send, void *recv, size_t bytes) {
   return exchange(b, ctx, send, bytes, recv, bytes, "all_to_all");
-}
-
-/* Block r of every rank's send comes to rank r (an all_to_all), which folds them in rank order. */
-static nb_status mpi_reduce_scatter(nb_comm *b, nb_ctx *ctx, const void *send, void *recv, size_t count, nb_dtype t,
-                                    nb_comm_reduce op) {
-  return exchange_fold(b, ctx, send, count * nb_dtype_size(t), recv, count, t, op, "reduce_scatter");
 }
 
 static nb_status mpi_sendrecv(nb_comm *b, nb_ctx *ctx, const void *send, int dst, void *recv, int src, size_t bytes) {
@@ -220,6 +312,11 @@ static const nb_comm_ops mpi_ops = {
     .sendrecv = mpi_sendrecv,
     .barrier = mpi_barrier,
     .abort = mpi_abort,
+    .allgather_start = mpi_allgather_start,
+    .allreduce_start = mpi_allreduce_start,
+    .reduce_scatter_start = mpi_reduce_scatter_start,
+    .test = mpi_test,
+    .wait = mpi_wait,
 };
 
 static double default_timeout(void) {

@@ -20,7 +20,7 @@ const char *nb_prof__kind_name(int kind) {
 }
 
 static void step_name(const nb_exe *e, size_t s, const nb_prof__view *v, nb_prof__step *st) {
-  static const char *const kinds[NB_EXE_STEP_KIND_COUNT] = {"kernel", "eval", "gemm", "control"};
+  static const char *const kinds[NB_EXE_STEP_KIND_COUNT] = {"kernel", "eval", "gemm", "control", "start", "wait"};
   nb_exe_step_info info;
   nb_loc loc = {0};
   const char *ops = nb_exe_step_ops(e, s, &loc);

@@ -100,6 +100,8 @@ static const char *step_kind(nb_exe_step_kind k) {
   case NB_EXE_STEP_KERNEL: return "kernel";
   case NB_EXE_STEP_BLAS: return "gemm";
   case NB_EXE_STEP_CONTROL: return "control";
+  case NB_EXE_STEP_START: return "start";
+  case NB_EXE_STEP_WAIT: return "wait";
   default: return "eval";
   }
 }

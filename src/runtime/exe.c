@@ -94,6 +94,72 @@ static nb_status run_eval_staged(nb_exe *e, const nb_eqn *q, char **ptr) {
   return st;
 }
 
+/* ---------------------------------------------------------------- collectives in flight */
+
+/* The collectives one run of a plan has started and not yet waited for
+ * (pending[s] for start step s), chained to the run whose control step it
+ * runs inside, so that a loop body's steps move its parent's collectives on
+ * too. */
+typedef struct inflight {
+  nb_ctx *ctx;
+  const nb_jstep *steps;
+  void **pending;   /* per step */
+  uint8_t *through; /* its messages are through: only the wait's work is left */
+  int lo, n;        /* pending[lo..n) may be in flight */
+  struct inflight *outer;
+} inflight;
+
+static _Thread_local inflight *flying;
+
+/* Between steps: MPI moves large messages only inside MPI calls (Open MPI
+ * over shared memory), so each run tests its oldest collective still in
+ * flight; one test moves every message of the process on. */
+static nb_status progress(void) {
+  for (inflight *f = flying; f; f = f->outer) {
+    while (f->lo < f->n && (!f->pending[f->lo] || f->through[f->lo])) f->lo++;
+    if (f->lo == f->n) continue;
+    bool done = false;
+    nb_status st = nb__rules(f->steps[f->lo].eqn->prim)->async->test(f->ctx, f->pending[f->lo], &done);
+    if (st != NB_OK) return st;
+    f->through[f->lo] = done;
+  }
+  return NB_OK;
+}
+
+static nb_status start_step(nb_exe *e, inflight *f, int s, char **ptr, nb_array *const *in, nb_array **out) {
+  const nb_eqn *q = e->plan.steps[s].eqn;
+  nb_ctx *ctx = e->ctx;
+  int n = q->nin + q->nout;
+  nb_array **arr = nb_calloc(ctx, sizeof(nb_array *) * (size_t)(n + 1));
+  if (!arr) return NB_ERR_NOMEM;
+  nb_status st = NB_OK;
+  for (int i = 0; i < n && st == NB_OK; i++)
+    if (!(arr[i] = view(e, i < q->nin ? q->in[i] : q->out[i - q->nin], ptr, in, out))) st = NB_ERR_NOMEM;
+  if (st == NB_OK) st = nb__rules(q->prim)->async->start(ctx, q, arr, arr + q->nin, &f->pending[s]);
+  if (st != NB_OK && nb_ctx_status(ctx) == NB_OK)
+    nb_errorf(ctx, st, "%s failed at run time (traced at %s:%d)", nb__rules(q->prim)->name, q->loc.file ? q->loc.file : "?", q->loc.line);
+  for (int i = 0; i < n; i++) nb_array_release(arr[i]);
+  nb_dealloc(ctx, arr, sizeof(nb_array *) * (size_t)(n + 1));
+  return st;
+}
+
+static nb_status wait_step(nb_exe *e, inflight *f, int s) {
+  int from = e->plan.steps[s].start;
+  void *p = f->pending[from];
+  f->pending[from] = NULL;
+  return p ? nb__rules(e->plan.steps[s].eqn->prim)->async->finish(e->ctx, p) : NB_OK; /* NULL: it finished at once */
+}
+
+/* After a failed step: what is still in flight is waited for (its buffers
+ * are about to go) and freed. */
+static void land_all(nb_exe *e, inflight *f) {
+  for (int s = 0; s < f->n; s++)
+    if (f->pending[s]) {
+      nb__rules(f->steps[s].eqn->prim)->async->finish(e->ctx, f->pending[s]);
+      f->pending[s] = NULL;
+    }
+}
+
 /* ---------------------------------------------------------------- binding */
 
 static nb_status check_inputs(nb_exe *e, nb_array *const *in) {
@@ -217,7 +283,8 @@ static nb_status copy_outputs(nb_exe *e, char **ptr, nb_array **out) {
  * launch, not the kernel. */
 static void trace_step(const nb_jstep *step, int64_t t0, int64_t t1, int64_t ref) {
   static const char *const cats[NB_EXE_STEP_KIND_COUNT] = {
-      [NB_EXE_STEP_KERNEL] = "kernel", [NB_EXE_STEP_EVAL] = "eval", [NB_EXE_STEP_BLAS] = "gemm", [NB_EXE_STEP_CONTROL] = "control"};
+      [NB_EXE_STEP_KERNEL] = "kernel", [NB_EXE_STEP_EVAL] = "eval", [NB_EXE_STEP_BLAS] = "gemm", [NB_EXE_STEP_CONTROL] = "control",
+      [NB_EXE_STEP_START] = "collective", [NB_EXE_STEP_WAIT] = "collective"};
   char name[sizeof step->name + sizeof step->ops + 96], at[NB_UTIL_TRACE_STR + 16]; /* the recorder keeps what fits */
   char aval[96] = "";
   if (step->kind != NB_EXE_STEP_KERNEL && step->eqn && step->eqn->nout) nb_aval_str(&step->eqn->out[0]->aval, aval, sizeof aval);
@@ -237,6 +304,15 @@ static nb_status run_steps(nb_exe *e, char **ptr, char **args, nb_array *const *
   const nb_backend *bk = e->cfg.backend;
   nb_status st = NB_OK;
   int64_t ref = 0; /* e's steps in this trace, once a step is traced */
+  inflight *fl = NULL; /* a plan with collectives to start: what is in flight (heap: `flying` points to it) */
+  size_t nfl = (size_t)e->plan.nsteps + 1;
+  if (e->plan.nstarts) {
+    fl = nb_calloc(e->ctx, sizeof *fl + nfl * (sizeof *fl->pending + 1));
+    if (!fl) return NB_ERR_NOMEM;
+    *fl = (inflight){e->ctx, e->plan.steps, (void **)(fl + 1), NULL, 0, e->plan.nsteps, flying};
+    fl->through = (uint8_t *)(fl->pending + nfl);
+    flying = fl;
+  }
   for (int s = 0; s < e->plan.nsteps && st == NB_OK; s++) {
     const nb_jstep *step = &e->plan.steps[s];
     const nb_eqn *q = step->eqn;
@@ -254,12 +330,20 @@ static nb_status run_steps(nb_exe *e, char **ptr, char **args, nb_array *const *
       st = bk->library(e->ctx, e->mod, q, args);
       break;
     case NB_EXE_STEP_CONTROL: st = nb_rt__run_control(e, step, ptr); break;
+    case NB_EXE_STEP_START: st = start_step(e, fl, s, ptr, in, out); break;
+    case NB_EXE_STEP_WAIT: st = wait_step(e, fl, s); break;
     default: st = bk->host_memory ? run_eval(e, q, ptr, in, out) : run_eval_staged(e, q, ptr); break;
     }
     int64_t t1 = nb_util__now_ns();
+    if (st == NB_OK && flying && step->kind != NB_EXE_STEP_WAIT) st = progress(); /* not the step's time */
     ms[s] += (double)(t1 - t0) * 1e-6;
     if (traced && !ref) nb_rt__trace_note(e), ref = nb_rt__trace_ref(e);
     if (traced) trace_step(step, t0, t1, ref + s);
+  }
+  if (fl) {
+    land_all(e, fl);
+    flying = fl->outer;
+    nb_dealloc(e->ctx, fl, sizeof *fl + nfl * (sizeof *fl->pending + 1));
   }
   return st;
 }

@@ -4,7 +4,9 @@
  * against the interpreter, gradients of shard_map'd functions against
  * finite differences in f64, and misuse. With an argument it plays a broken
  * job instead (tests/dist/dead_rank.sh): "exit" (rank 1 exits early) or
- * "hang" (rank 1 never joins) while rank 0 sums. */
+ * "hang" (rank 1 never joins) while rank 0 sums, or "inflight" (rank 1 dies
+ * while a compiled step's psum is in flight). */
+#include <pthread.h>
 #include <unistd.h>
 
 #include "jitcheck.h"
@@ -177,6 +179,68 @@ static void check_shard_map_grads(nb_ctx *ctx) {
   nb_tree_destroy(spec);
 }
 
+/* ---------------------------------------------------------------- asynchronous */
+
+/* psum, all_gather and psum_scatter started early and waited for late, with
+ * products in between: the same bits as each collective run as one
+ * synchronous step (async off), and the interpreter's values. */
+enum { AN = 64 };
+static nb_status f_async(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
+  nb_val *x = nb_tree_get_val(in, "x");
+  nb_val *sum = nb_psum(nb_exp(nb_mul(x, nb_scalar(g, NB_F32, 0.25))), "data");
+  nb_val *gat = nb_all_gather(nb_tanh(x), "data", 0, true);
+  nb_val *xc[2] = {x, nb_cos(x)};
+  nb_val *sca = nb_psum_scatter(nb_sin(nb_concatenate(2, xc, 0)), "data", 0, true);
+  nb_val *t = nb_matmul(nb_matmul(nb_sin(x), nb_cos(x)), nb_sin(x));
+  static const int64_t lo[2] = {AN, 0}, hi[2] = {2 * AN, AN};
+  nb_val *top = nb_slice(gat, lo, hi, NULL);
+  nb_tree_set_val(out, "sum", nb_add(sum, t));
+  nb_tree_set_val(out, "gat", nb_mul(top, t));
+  return nb_tree_set_val(out, "sca", nb_sub(sca, t));
+}
+
+static void check_async(nb_ctx *ctx) {
+  nb_tree *in = nb_tree_create(ctx);
+  nb_array *x = input_of(ctx, rank, NB_F32, AN, AN);
+  nb_tree_set_array(in, "x", x);
+  nb_graph *g = nb_trace(ctx, f_async, NULL, in);
+  nb_jit_opts on = nb_test_jit_opts(NULL), off = nb_test_jit_opts("async");
+  nb_exe *ea = g ? nb_jit(ctx, g, &on) : NULL, *es = g ? nb_jit(ctx, g, &off) : NULL;
+  CHECK_MSG(ea && es, "%s", nb_ctx_error(ctx));
+  int starts = 0, waits = 0, sync = 0;
+  for (size_t i = 0; ea && i < nb_exe_num_steps(ea); i++) {
+    nb_exe_step_info s;
+    nb_exe_step(ea, i, &s);
+    starts += s.kind == NB_EXE_STEP_START;
+    waits += s.kind == NB_EXE_STEP_WAIT;
+  }
+  for (size_t i = 0; es && i < nb_exe_num_steps(es); i++) {
+    nb_exe_step_info s;
+    nb_exe_step(es, i, &s);
+    sync += s.kind == NB_EXE_STEP_START || s.kind == NB_EXE_STEP_WAIT;
+  }
+  CHECK_MSG(starts == 3 && waits == 3 && sync == 0, "%d starts, %d waits; %d with async off", starts, waits, sync);
+  nb_tree *oa = nb_tree_create(ctx), *os = nb_tree_create(ctx);
+  for (int rep = 0; ea && es && rep < 3; rep++) { /* again on the same arena */
+    CHECK_OK(ctx, nb_exe_run(ea, in, oa));
+    CHECK_OK(ctx, nb_exe_run(es, in, os));
+    const char *paths[] = {"sum", "gat", "sca"};
+    for (int i = 0; i < 3; i++) {
+      nb_array *a = nb_tree_get_array(oa, paths[i]), *s = nb_tree_get_array(os, paths[i]);
+      CHECK_MSG(a && s && nb_array_nbytes(a) == nb_array_nbytes(s) && !memcmp(nb_array_data(a), nb_array_data(s), nb_array_nbytes(a)),
+                "%s: async and sync differ on rank %d", paths[i], rank);
+    }
+  }
+  CHECK_MSG(g && nb_test_jit_matches(ctx, g, in, &on, "async", NULL), "async compiled vs interpreter on rank %d", rank);
+  nb_tree_destroy(oa);
+  nb_tree_destroy(os);
+  nb_exe_destroy(ea);
+  nb_exe_destroy(es);
+  nb_graph_destroy(g);
+  nb_array_release(x);
+  nb_tree_destroy(in);
+}
+
 /* ---------------------------------------------------------------- misuse */
 
 static void check_misuse(nb_ctx *ctx, nb_dist_mesh *m) {
@@ -216,8 +280,41 @@ static void check_misuse(nb_ctx *ctx, nb_dist_mesh *m) {
 
 /* ---------------------------------------------------------------- broken jobs */
 
+/* "inflight": both ranks start a psum in a compiled step, then a chain of
+ * products; rank 1 dies (a thread _exits) while its products run, with the
+ * psum in flight. Rank 0's wait must end the job naming rank 1. */
+static void *die_soon(void *u) {
+  usleep(50 * 1000);
+  _exit(0);
+  return NULL;
+}
+
+static nb_status f_inflight(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
+  nb_val *x = nb_tree_get_val(in, "x"), *t = x;
+  for (int i = 0; i < 24; i++) t = nb_tanh(nb_matmul(t, x));
+  return nb_tree_set_val(out, "y", nb_add(nb_psum(nb_exp(x), "data"), t));
+}
+
+static int inflight_job(nb_ctx *ctx) {
+  nb_tree *in = nb_tree_create(ctx), *out = nb_tree_create(ctx);
+  nb_array *a = input_of(ctx, rank, NB_F32, 512, 512);
+  nb_tree_set_array(in, "x", a);
+  nb_graph *g = nb_trace(ctx, f_inflight, NULL, in);
+  nb_jit_opts o = nb_test_jit_opts(NULL);
+  nb_exe *e = g ? nb_jit(ctx, g, &o) : NULL;
+  if (!e) return fprintf(stderr, "rank %d: %s\n", rank, nb_ctx_error(ctx)), 1;
+  nb_comm *c = nb_ctx_axis(ctx, "data");
+  if (c->ops->barrier(c, ctx)) return 1; /* both compiled: the psum starts on both */
+  pthread_t t;
+  if (rank == 1) pthread_create(&t, NULL, die_soon, NULL);
+  nb_exe_run(e, in, out); /* rank 0: ends the job */
+  fprintf(stderr, "rank %d: the run returned: %s\n", rank, nb_ctx_error(ctx));
+  return 1;
+}
+
 static int broken_job(nb_ctx *ctx, nb_dist_mesh *m, const char *mode) {
   nb_dist_mesh_axis(m, "data")->timeout_s = 3;
+  if (!strcmp(mode, "inflight")) return inflight_job(ctx);
   if (rank == 1) {
     if (!strcmp(mode, "exit")) _exit(0); /* gone without a word */
     sleep(60);                           /* "hang": never joins */
@@ -248,6 +345,7 @@ int main(int argc, char **argv) {
   size_t base = nb_ctx_bytes_in_use(ctx);
   for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) check_op(ctx, &ops[i]);
   check_shard_map_grads(ctx);
+  check_async(ctx);
   check_misuse(ctx, m);
   /* leak check of our own (LeakSanitizer is off under mpirun: tests/dist/mpirun.sh) */
   CHECK_MSG(nb_ctx_bytes_in_use(ctx) == base, "%zu bytes leaked on rank %d", nb_ctx_bytes_in_use(ctx) - base, rank);

@@ -1,8 +1,10 @@
 /* Collectives over a mesh axis (nabla/collective.h): psum, pmax, pbroadcast,
  * all_gather, psum_scatter, all_to_all, ppermute, axis_index. Their
  * reference rules run through the communicator the context binds to the
- * axis; a compiled step runs them as steps of their own (NB_FUSE_NONE). They
- * are never folded (kind OTHER). pmean is psum times 1/size. */
+ * axis; a compiled step runs them as steps of their own (NB_FUSE_NONE), psum,
+ * pmax, all_gather and psum_scatter as a start and a finish step apart (the
+ * async rules) when the communicator can. They are never folded (kind
+ * OTHER). pmean is psum times 1/size. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -130,47 +132,123 @@ static nb_status index_infer(const void *params, int nin, const nb_aval *in, int
 
 /* ------------------------------------------------------------ reference rules */
 
-static nb_status reduce_eval(nb_ctx *ctx, const nb_eqn *e, nb_array *const *in, nb_array **out) {
+/* psum, pmax, pbroadcast, all_gather and psum_scatter run in two halves:
+ * begin starts the communicator's collective (its *_start operation when it
+ * has one and defer is set, else the synchronous one, which finishes it),
+ * finish waits for it and puts the result in place. eval is both at once;
+ * a compiled executable runs them as two steps with others in between. */
+typedef struct pending_coll {
+  nb_comm *c;
+  nb_comm_req *req; /* NULL: nothing left to wait for */
+  char *tmp;        /* all_gather: every rank's x; psum_scatter: x regrouped by rank */
+  size_t tmp_bytes;
+  char *out;        /* all_gather: regrouped from tmp at the end */
+  int64_t pre, n;
+  size_t chunk;
+} pending_coll;
+
+static void pending_free(nb_ctx *ctx, pending_coll *p) {
+  if (p->tmp) nb_dealloc(ctx, p->tmp, p->tmp_bytes);
+  nb_dealloc(ctx, p, sizeof *p);
+}
+
+static bool can_defer(const nb_comm *c) {
+  return c->ops->allgather_start && c->ops->allreduce_start && c->ops->reduce_scatter_start && c->ops->test && c->ops->wait;
+}
+
+static nb_status finish_coll(nb_ctx *ctx, void *pv) {
+  pending_coll *p = pv;
+  nb_status s = p->req ? p->c->ops->wait(p->c, ctx, p->req) : NB_OK;
+  if (!s && p->out && p->chunk) regroup(p->out, p->tmp, p->pre, p->n, p->chunk, false);
+  pending_free(ctx, p);
+  return s;
+}
+
+static nb_status begin_coll(nb_ctx *ctx, const nb_eqn *e, nb_array *const *in, nb_array **out, bool defer,
+                            void **pending) {
+  const nb_collective_params *prm = e->params;
+  *pending = NULL;
   nb_comm *c;
   nb_status s = comm_of(ctx, e, &c);
   if (s) return s;
+  pending_coll *p = nb_calloc(ctx, sizeof *p);
+  if (!p) return NB_ERR_NOMEM;
+  p->c = c;
+  defer = defer && can_defer(c);
+  const nb_comm_ops *op = c->ops;
   size_t bytes = nb_array_nbytes(in[0]);
-  if (bytes) memcpy(nb_array_data_mut(out[0]), nb_array_data(in[0]), bytes);
-  if (e->prim == NB_PRIM_pbroadcast) return NB_OK;
-  return c->ops->allreduce(c, ctx, nb_array_data_mut(out[0]), (size_t)nb_array_size(in[0]), nb_array_dtype(in[0]),
-                           e->prim == NB_PRIM_pmax ? NB_COMM_MAX : NB_COMM_SUM);
+  nb_dtype t = nb_array_dtype(in[0]);
+  int64_t n = prm->axis_size, pre = e->prim == NB_PRIM_psum || e->prim == NB_PRIM_pmax || e->prim == NB_PRIM_pbroadcast
+                                        ? 1
+                                        : prod(&e->in[0]->aval.shape, 0, prm->dim);
+  switch (e->prim) {
+  case NB_PRIM_psum:
+  case NB_PRIM_pmax:
+  case NB_PRIM_pbroadcast: {
+    char *y = nb_array_data_mut(out[0]);
+    if (bytes) memcpy(y, nb_array_data(in[0]), bytes);
+    if (e->prim == NB_PRIM_pbroadcast) break;
+    size_t count = (size_t)nb_array_size(in[0]);
+    nb_comm_reduce r = e->prim == NB_PRIM_pmax ? NB_COMM_MAX : NB_COMM_SUM;
+    s = defer ? op->allreduce_start(c, ctx, y, count, t, r, &p->req) : op->allreduce(c, ctx, y, count, t, r);
+    break;
+  }
+  case NB_PRIM_all_gather:
+    p->tmp_bytes = (size_t)n * bytes + 1;
+    if (!(p->tmp = nb_alloc(ctx, p->tmp_bytes))) {
+      s = NB_ERR_NOMEM;
+      break;
+    }
+    p->out = nb_array_data_mut(out[0]);
+    p->pre = pre;
+    p->n = n;
+    p->chunk = bytes ? bytes / (size_t)pre : 0; /* 0: nothing to regroup */
+    s = defer ? op->allgather_start(c, ctx, nb_array_data(in[0]), p->tmp, bytes, &p->req)
+              : op->allgather(c, ctx, nb_array_data(in[0]), p->tmp, bytes);
+    break;
+  case NB_PRIM_psum_scatter: {
+    p->tmp_bytes = bytes + 1;
+    if (!(p->tmp = nb_alloc(ctx, p->tmp_bytes))) {
+      s = NB_ERR_NOMEM;
+      break;
+    }
+    if (bytes) regroup(p->tmp, nb_array_data(in[0]), pre, n, bytes / (size_t)pre / (size_t)n, true);
+    size_t count = (size_t)nb_array_size(out[0]);
+    s = defer ? op->reduce_scatter_start(c, ctx, p->tmp, nb_array_data_mut(out[0]), count, t, NB_COMM_SUM, &p->req)
+              : op->reduce_scatter(c, ctx, p->tmp, nb_array_data_mut(out[0]), count, t, NB_COMM_SUM);
+    break;
+  }
+  default: s = nb_errorf(ctx, NB_ERR_INTERNAL, "%s cannot start asynchronously", nb__rules(e->prim)->name); break;
+  }
+  if (s) {
+    pending_free(ctx, p);
+    return s;
+  }
+  if (!p->req) return finish_coll(ctx, p); /* done already: only the regrouping is left */
+  *pending = p;
+  return NB_OK;
 }
 
-static nb_status gather_eval(nb_ctx *ctx, const nb_eqn *e, nb_array *const *in, nb_array **out) {
-  const nb_collective_params *p = e->params;
-  nb_comm *c;
-  nb_status s = comm_of(ctx, e, &c);
-  if (s) return s;
-  size_t bytes = nb_array_nbytes(in[0]), n = (size_t)p->axis_size;
-  char *tmp = nb_alloc(ctx, n * bytes);
-  if (!tmp) return NB_ERR_NOMEM;
-  s = c->ops->allgather(c, ctx, nb_array_data(in[0]), tmp, bytes);
-  int64_t pre = prod(&e->in[0]->aval.shape, 0, p->dim);
-  if (!s && bytes) regroup(nb_array_data_mut(out[0]), tmp, pre, (int64_t)n, bytes / (size_t)pre, false);
-  nb_dealloc(ctx, tmp, n * bytes);
-  return s;
+static nb_status coll_eval(nb_ctx *ctx, const nb_eqn *e, nb_array *const *in, nb_array **out) {
+  void *p;
+  return begin_coll(ctx, e, in, out, false, &p);
 }
 
-static nb_status scatter_eval(nb_ctx *ctx, const nb_eqn *e, nb_array *const *in, nb_array **out) {
-  const nb_collective_params *p = e->params;
-  nb_comm *c;
-  nb_status s = comm_of(ctx, e, &c);
-  if (s) return s;
-  size_t bytes = nb_array_nbytes(in[0]), n = (size_t)p->axis_size;
-  char *tmp = nb_alloc(ctx, bytes);
-  if (!tmp) return NB_ERR_NOMEM;
-  int64_t pre = prod(&e->in[0]->aval.shape, 0, p->dim);
-  if (bytes) regroup(tmp, nb_array_data(in[0]), pre, (int64_t)n, bytes / (size_t)pre / n, true);
-  s = c->ops->reduce_scatter(c, ctx, tmp, nb_array_data_mut(out[0]), (size_t)nb_array_size(out[0]),
-                             nb_array_dtype(in[0]), NB_COMM_SUM);
-  nb_dealloc(ctx, tmp, bytes);
-  return s;
+static nb_status coll_start(nb_ctx *ctx, const nb_eqn *e, nb_array *const *in, nb_array **out, void **pending) {
+  return begin_coll(ctx, e, in, out, true, pending);
 }
+
+static nb_status coll_test(nb_ctx *ctx, void *pv, bool *done) {
+  pending_coll *p = pv;
+  return p->c->ops->test(p->c, ctx, p->req, done);
+}
+
+static bool coll_available(nb_ctx *ctx, const nb_eqn *e) {
+  nb_comm *c = nb_ctx_axis(ctx, ((const nb_collective_params *)e->params)->axis);
+  return c && can_defer(c) && e->prim != NB_PRIM_pbroadcast;
+}
+
+static const nb_async_rules coll_async = {coll_available, coll_start, coll_test, finish_coll};
 
 static nb_status a2a_eval(nb_ctx *ctx, const nb_eqn *e, nb_array *const *in, nb_array **out) {
   const nb_collective_params *p = e->params;
@@ -314,7 +392,7 @@ static void collective_print(const nb_eqn *e, char *buf, size_t cap) {
   }
 }
 
-#define COLLECTIVE(nm, inf, ev, jv, tr)                                                                            \
+#define COLLECTIVE(nm, inf, ev, jv, tr, as)                                                                        \
   const nb_prim_rules nb__prim_##nm = {.name = #nm,                                                                \
                                        .kind = NB_KIND_OTHER,                                                      \
                                        .params_size = sizeof(nb_collective_params),                                \
@@ -324,15 +402,16 @@ static void collective_print(const nb_eqn *e, char *buf, size_t cap) {
                                        .transpose = tr,                                                            \
                                        .batch = collective_batch,                                                  \
                                        .cost = collective_cost,                                                    \
-                                       .print_params = collective_print}
-COLLECTIVE(psum, reduce_infer, reduce_eval, linear_jvp, collective_transpose);
-COLLECTIVE(pmax, reduce_infer, reduce_eval, pmax_jvp, NULL);
-COLLECTIVE(pbroadcast, same_infer, reduce_eval, linear_jvp, collective_transpose);
-COLLECTIVE(all_gather, gather_infer, gather_eval, linear_jvp, collective_transpose);
-COLLECTIVE(psum_scatter, scatter_infer, scatter_eval, linear_jvp, collective_transpose);
-COLLECTIVE(all_to_all, a2a_infer, a2a_eval, linear_jvp, collective_transpose);
-COLLECTIVE(ppermute, same_infer, ppermute_eval, linear_jvp, collective_transpose);
-COLLECTIVE(axis_index, index_infer, index_eval, NULL, NULL);
+                                       .print_params = collective_print,                                           \
+                                       .async = as}
+COLLECTIVE(psum, reduce_infer, coll_eval, linear_jvp, collective_transpose, &coll_async);
+COLLECTIVE(pmax, reduce_infer, coll_eval, pmax_jvp, NULL, &coll_async);
+COLLECTIVE(pbroadcast, same_infer, coll_eval, linear_jvp, collective_transpose, NULL);
+COLLECTIVE(all_gather, gather_infer, coll_eval, linear_jvp, collective_transpose, &coll_async);
+COLLECTIVE(psum_scatter, scatter_infer, coll_eval, linear_jvp, collective_transpose, &coll_async);
+COLLECTIVE(all_to_all, a2a_infer, a2a_eval, linear_jvp, collective_transpose, NULL);
+COLLECTIVE(ppermute, same_infer, ppermute_eval, linear_jvp, collective_transpose, NULL);
+COLLECTIVE(axis_index, index_infer, index_eval, NULL, NULL, NULL);
 
 /* ------------------------------------------------------------ public ops */
 
