@@ -13,7 +13,8 @@
  *                  int4             u8[N, ceil(K/2)] two codes per byte: k = 2j in
  *                                   the low nibble of byte j, k = 2j + 1 in the high
  *                                   one (0 past an odd K); symmetric w = (c - 8) * s,
- *                                   c in [1, 15]; asymmetric w = (c - z) * s
+ *                                   c in [0, 15] (absmax: s = m / -8, m the tile's
+ *                                   signed extreme, as GGUF Q4_0); asymmetric w = (c - z) * s
  *                  nf4              u8[N, ceil(K/2)] packed as int4; w = NF4[c] * s
  *                                   (the QLoRA table, nb_quant_nf4_value)
  *                  fp8 e4m3 / e5m2  u8[N, K]        w = fp8(v) * s (OCP float8

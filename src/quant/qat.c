@@ -40,14 +40,15 @@ static nb_status fake_infer(void *ud, int nin, const nb_aval *in, const void *at
 /* Whether w's code in its tile (scale s, zero point z) is inside the code
  * range before clamping: the element does not saturate. */
 static bool in_range(const nb_quant_layout *l, float w, float s, int z) {
-  if (!(s > 0)) return true; /* a tile of zeros */
-  double r = (double)w / s;
+  if (s == 0) return true; /* a tile of zeros */
+  double r = (double)w / s; /* symmetric int4's scale can be negative (absmax: the signed extreme is code -8) */
   switch (l->qtype) {
   case NB_QUANT_INT8:
   case NB_QUANT_INT4: {
-    int qmax = l->qtype == NB_QUANT_INT8 ? 127 : 7, umax = l->qtype == NB_QUANT_INT8 ? 255 : 15;
+    int qmax = l->qtype == NB_QUANT_INT8 ? 127 : 7, qmin = l->qtype == NB_QUANT_INT8 ? -127 : -8;
+    int umax = l->qtype == NB_QUANT_INT8 ? 255 : 15;
     double c = nearbyint(r) + (l->asymmetric ? z : 0);
-    return l->asymmetric ? c >= 0 && c <= umax : c >= -qmax && c <= qmax;
+    return l->asymmetric ? c >= 0 && c <= umax : c >= qmin && c <= qmax;
   }
   case NB_QUANT_NF4: return fabs(r) <= 1;
   default: return fabs(r) <= nb_quant_fp8_max(l->qtype);
