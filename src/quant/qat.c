@@ -141,11 +141,12 @@ nb_val *nb_quant_fake_act_at(nb_loc loc, nb_val *x, nb_quant_act act) {
 /* ---------------------------------------------------------------- the hook */
 
 nb_val *nb_quant_qat_hook(void *rules, nb_nn_apply *a, const char *path, nb_val *x, bool stacked) {
-  int r = nb_quant_rules_match(rules, path);
+  int r = nb_quant_rules_match(rules, path, stacked ? NB_QUANT_OP_STACKED_DOT_GENERAL : NB_QUANT_OP_DOT_GENERAL);
   if (r < 0) return nb_nn_linear_default(a, path, x, stacked);
   const nb_quant_rule *rule = nb_quant_rules_at(rules, r);
   if (stacked)
-    return nb_nn_fail(a, NB_ERR_UNIMPLEMENTED, "quant: '%s' (rule %d): stacked (per-expert) linears are not quantized yet", path, r);
+    return nb_nn_fail(a, NB_ERR_UNIMPLEMENTED, "quant: '%s' (rule %d): QAT of stacked (per-expert) linears is not implemented yet "
+                      "(give the rule op_names: [dot_general] to train the experts in f32)", path, r);
   if (rule->act_qtype == NB_QUANT_ACT_INT8_STATIC)
     return nb_nn_fail(a, NB_ERR_UNIMPLEMENTED, "quant: '%s' (rule %d): int8_static activations have no range while training: "
                       "train with int8_dynamic (or none), then calibrate (nabla quantize --calibrate)", path, r);
@@ -175,9 +176,9 @@ int64_t nb_quant_rules_count_linears(const nb_quant_rules *rules, const nb_tree 
     char m[1024];
     if (leaf->kind != NB_LEAF_ARRAY && leaf->kind != NB_LEAF_AVAL) continue;
     nb_aval av = leaf->kind == NB_LEAF_ARRAY ? nb_array_aval(leaf->array) : leaf->aval;
-    if (av.shape.rank != 2 || len <= kl || len - kl >= sizeof m || strcmp(path + len - kl, "/kernel")) continue;
+    if ((av.shape.rank != 2 && av.shape.rank != 3) || len <= kl || len - kl >= sizeof m || strcmp(path + len - kl, "/kernel")) continue;
     memcpy(m, path, len - kl), m[len - kl] = 0;
-    if (nb_quant_rules_match(rules, m) >= 0) n++;
+    if (nb_quant_rules_match(rules, m, av.shape.rank == 3 ? NB_QUANT_OP_STACKED_DOT_GENERAL : NB_QUANT_OP_DOT_GENERAL) >= 0) n++;
   }
   return n;
 }
