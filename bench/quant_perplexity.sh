@@ -10,7 +10,8 @@
 # windows of 128 + 1 held-out bytes; llama.cpp scores the same GGUF files on
 # the same ids (bench/llamacpp_perplexity.py: llama-cpp-python's
 # llama_decode, since the file has no vocabulary for llama-perplexity).
-#   bench/quant_perplexity.sh [BUILD_DIR]   (WORK, THREADS, WINDOWS, PY: a Python with llama_cpp)
+#   bench/quant_perplexity.sh [BUILD_DIR]   (WORK, THREADS, WINDOWS, PY: a Python with llama_cpp;
+#     MODEL, STEPS, TRAIN_ARGS: another model, e.g. bench/quant_perplexity_large.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -19,6 +20,9 @@ work=${WORK:-/tmp/nabla-bench-quant}
 threads=${THREADS:-2}
 windows=${WINDOWS:-200}
 py=${PY:-/work/venv-llamacpp/bin/python}
+model_name=${MODEL:-llama-tiny}
+steps=${STEPS:-1000}
+read -r -a train_args <<<"${TRAIN_ARGS:-model.preset=llama-tiny}"
 mkdir -p "$work"
 [ -s data/corpus/kjv.txt ] || scripts/corpus.sh
 if [ ! -s "$work/heldout.txt" ]; then
@@ -26,9 +30,9 @@ if [ ! -s "$work/heldout.txt" ]; then
   head -n $((n * 98 / 100)) data/corpus/kjv.txt >"$work/train.txt"
   tail -n +$((n * 98 / 100 + 1)) data/corpus/kjv.txt >"$work/heldout.txt"
 fi
-if ! grep -qs '"step":1000' "$work/llama/metrics.jsonl"; then
+if ! grep -qs "\"step\":$steps," "$work/llama/metrics.jsonl"; then
   "$nabla" train --run-dir "$work/llama" --threads "$threads" data.train="$work/train.txt" data.eval="$work/heldout.txt" \
-    model.preset=llama-tiny steps=1000 >"$work/llama.log"
+    "${train_args[@]}" steps="$steps" >"$work/llama.log"
 fi
 rules() { # name, the rule's fields
   printf "quant:\n  rules:\n    - {module_path: '.*', %s}\n" "$2" >"$work/ppl-$1.yaml"
@@ -67,7 +71,7 @@ peer() { # gguf
     printf " (no llama_cpp) | |\n"
   fi
 }
-echo "Held-out perplexity, llama-tiny (nabla train, 1000 steps), $windows windows of 128 bytes of held-out KJV"
+echo "Held-out perplexity, $model_name (nabla train, $steps steps), $windows windows of 128 bytes of held-out KJV"
 echo "($(date -u +%F), $(lscpu | sed -n 's/^Model name: *//p'), $threads threads)"
 echo
 echo "| model | nabla nll | nabla ppl | llama.cpp nll | llama.cpp ppl |"
@@ -84,4 +88,4 @@ row "GGUF F32" "$work/llama-f32.gguf"; peer "$work/llama-f32.gguf"
 row "GGUF Q8_0 (int8_block activations)" "$work/llama-q8_0.gguf"; peer "$work/llama-q8_0.gguf"
 row "GGUF Q8_0 weight-only" "$work/llama-q8_0.gguf" --gguf-act none; echo " | |"
 row "GGUF Q4_0 (int8_block activations)" "$work/llama-q4_0.gguf"; peer "$work/llama-q4_0.gguf"
-row "GGUF Q4_K (rows of 128/384: Q4_0 fallback)" "$work/llama-q4_k.gguf"; peer "$work/llama-q4_k.gguf"
+row "GGUF Q4_K (rows not a multiple of 256 fall back to Q4_0)" "$work/llama-q4_k.gguf"; peer "$work/llama-q4_k.gguf"

@@ -13,7 +13,8 @@
  *                  int4             u8[N, ceil(K/2)] two codes per byte: k = 2j in
  *                                   the low nibble of byte j, k = 2j + 1 in the high
  *                                   one (0 past an odd K); symmetric w = (c - 8) * s,
- *                                   c in [1, 15]; asymmetric w = (c - z) * s
+ *                                   c in [0, 15] (absmax: s = m / -8, m the tile's
+ *                                   signed extreme, as GGUF Q4_0); asymmetric w = (c - z) * s
  *                  nf4              u8[N, ceil(K/2)] packed as int4; w = NF4[c] * s
  *                                   (the QLoRA table, nb_quant_nf4_value)
  *                  fp8 e4m3 / e5m2  u8[N, K]        w = fp8(v) * s (OCP float8
@@ -195,11 +196,29 @@ nb_val *nb_quant_matmul_reference_static_at(nb_loc loc, nb_val *x, nb_val *value
 /* ---------------------------------------------------------------- rules */
 /* (docs/quant.md "Rules, PTQ and quantized models") */
 
+/* The products the linear hook intercepts, by name (a rule's op_names, as
+ * Qwix's QtRule.op_names name the jax ops it intercepts):
+ *   dot_general          the plain linear x[..., d_in] @ kernel[d_in, d_out]
+ *                        (nb_nn_linear: attention and MLP projections, the
+ *                        MoE router, an untied lm_head)
+ *   stacked_dot_general  the per-expert linear of MoE, x[E, ..., d_in] @
+ *                        kernel[E, d_in, d_out] batched over the experts
+ *                        (nb_nn_linear_stacked)
+ * A tied LM head (the embedding table used as the output projection) is not
+ * a linear the hook sees: no op names it and it stays f32. */
+typedef enum nb_quant_op { NB_QUANT_OP_DOT_GENERAL, NB_QUANT_OP_STACKED_DOT_GENERAL, NB_QUANT_OP_COUNT } nb_quant_op;
+const char *nb_quant_op_name(nb_quant_op op);
+/* NB_ERR_INVALID_ARG "unknown op 'conv'; known: dot_general, ..." */
+nb_status nb_quant_op_parse(nb_ctx *ctx, const char *s, nb_quant_op *out);
+
 /* A rule: which linears to quantize and how. module_path is a PCRE2 regex
  * matched in full against a linear's module path, the path of its kernel
- * without "/kernel" ("layers/3/attn/wq"). tile_size 0 is per-channel. */
+ * without "/kernel" ("layers/3/attn/wq"). op_names (n_op_names of them; none:
+ * every op) restrict it to those ops. tile_size 0 is per-channel. */
 typedef struct nb_quant_rule {
   const char *module_path;
+  const char *const *op_names;
+  int n_op_names;
   nb_quant_type weight_qtype;
   nb_quant_act act_qtype;
   int64_t tile_size;
@@ -212,14 +231,16 @@ typedef struct nb_quant_rule {
   nb_quant_calib act_calibration;
 } nb_quant_rule;
 
-/* An ordered list of rules: the first whose module_path matches wins. */
+/* An ordered list of rules: the first whose module_path matches and whose
+ * op_names (if any) hold the op wins. */
 typedef struct nb_quant_rules nb_quant_rules;
-/* Copies rules[0 .. n); a bad regex, tile or combination is refused naming
- * "rule I: FIELD". */
+/* Copies rules[0 .. n); a bad regex, op name, tile or combination is
+ * refused naming "rule I: FIELD" ("rule 2: op_names[0]: unknown op 'conv';
+ * known: dot_general, stacked_dot_general"). */
 nb_quant_rules *nb_quant_rules_create(nb_ctx *ctx, int n, const nb_quant_rule *rules);
 /* From YAML: the list under quant.rules (other top-level keys are ignored,
  * so a run config works), each item a mapping of module_path (required),
- * weight_qtype (required), act_qtype (none | int8_dynamic | int8_block; default none),
+ * op_names (a list of op names; default every op), weight_qtype (required), act_qtype (none | int8_dynamic | int8_block; default none),
  * tile_size (an integer or per_channel; default per_channel),
  * weight_calibration (absmax, minmax, "rms,K", "fixed,MIN,MAX"; default
  * absmax). Errors name `name`, the line, the rule index and the field. */
@@ -228,8 +249,11 @@ nb_quant_rules *nb_quant_rules_load_yaml(nb_ctx *ctx, const char *path);
 void nb_quant_rules_destroy(nb_quant_rules *r); /* NULL ok */
 int nb_quant_rules_count(const nb_quant_rules *r);
 const nb_quant_rule *nb_quant_rules_at(const nb_quant_rules *r, int i);
-/* The index of the first rule matching module_path, or -1. */
-int nb_quant_rules_match(const nb_quant_rules *r, const char *module_path);
+/* The index of the first rule that matches module_path and applies to op
+ * (a rule whose path matches but whose op_names lack op is skipped), or -1. */
+int nb_quant_rules_match(const nb_quant_rules *r, const char *module_path, nb_quant_op op);
+/* Whether rule i applies to op (it has no op_names, or op is one of them). */
+bool nb_quant_rules_applies_to(const nb_quant_rules *r, int i, nb_quant_op op);
 
 /* ---------------------------------------------------------------- PTQ */
 
@@ -243,11 +267,15 @@ typedef struct nb_quant_linear {
   nb_quant_act act;
   int rule;
   float act_scale; /* int8_static: "<m>/kernel/act_scale" f32[1], NaN until calibrated */
+  int64_t experts; /* a stacked (per-expert) kernel: E, its arrays [E, N, ...] and layout.n = E * N; 0: plain */
 } nb_quant_linear;
 
 /* Post-training quantization: a new tree with every rank-2 "<m>/kernel"
- * whose <m> a rule matches quantized by that rule; everything else
- * (embeddings, norms, biases, unmatched linears) shared unchanged. An
+ * (op dot_general) and rank-3 stacked one [E, d_in, d_out] (op
+ * stacked_dot_general: each expert quantized alone, the arrays with a
+ * leading E) whose <m> and op a rule matches quantized by that rule;
+ * everything else (embeddings, norms, biases, unmatched linears) shared
+ * unchanged. An
  * int8_static linear also gets "<m>/kernel/act_scale" f32[1]: from a fixed
  * act_calibration, else NaN until a calibration pass (nb_quant_observer)
  * sets it; the hook refuses NaN. */
@@ -289,8 +317,8 @@ nb_val *nb_quant_fake_act_at(nb_loc loc, nb_val *x, nb_quant_act act);
  * module path a rule matches computes fake_act(x) @ fake_weight(kernel)
  * (+ bias) in f32; any other is nb_nn_linear_default. */
 nb_val *nb_quant_qat_hook(void *rules, nb_nn_apply *a, const char *path, nb_val *x, bool stacked);
-/* How many rank-2 "<m>/kernel" leaves of params (arrays or avals) a rule
- * matches. */
+/* How many "<m>/kernel" leaves of params (arrays or avals; rank 2:
+ * dot_general, rank 3: stacked_dot_general) a rule matches. */
 int64_t nb_quant_rules_count_linears(const nb_quant_rules *rules, const nb_tree *params);
 
 /* ---------------------------------------------------------------- calibration */

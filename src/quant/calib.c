@@ -48,7 +48,7 @@ static observed_entry *find(const nb_quant_observer *o, const char *module) {
 /* The rule of module when its inputs need observing (int8_static, a data
  * calibration), else NULL. */
 static const nb_quant_rule *observed_rule(const nb_quant_rules *rules, const char *module) {
-  const nb_quant_rule *r = nb_quant_rules_at(rules, nb_quant_rules_match(rules, module));
+  const nb_quant_rule *r = nb_quant_rules_at(rules, nb_quant_rules_match(rules, module, NB_QUANT_OP_DOT_GENERAL));
   return r && r->act_qtype == NB_QUANT_ACT_INT8_STATIC && r->act_calibration.kind != NB_QUANT_FIXED ? r : NULL;
 }
 
@@ -122,7 +122,8 @@ nb_status nb_quant_observer_apply(const nb_quant_observer *o, nb_tree *t) {
     nb_status s = nb_quant_tree_linear(o->ctx, t, m, &l, &found);
     if (s) return s;
     if (!found || l.act != NB_QUANT_ACT_INT8_STATIC) continue;
-    const nb_quant_rule *r = nb_quant_rules_at(o->rules, nb_quant_rules_match(o->rules, m));
+    nb_quant_op op = l.experts ? NB_QUANT_OP_STACKED_DOT_GENERAL : NB_QUANT_OP_DOT_GENERAL;
+    const nb_quant_rule *r = nb_quant_rules_at(o->rules, nb_quant_rules_match(o->rules, m, op));
     if (!r || r->act_qtype != NB_QUANT_ACT_INT8_STATIC)
       return nb_errorf(o->ctx, NB_ERR_INVALID_ARG, "calibration: '%s' is int8_static but no int8_static rule matches it", m);
     const nb_quant_calib *c = &r->act_calibration;

@@ -226,19 +226,24 @@ nb_status nb_quant_weight_from_tree(nb_ctx *ctx, const nb_tree *t, const char *p
 
 /* ---------------------------------------------------------------- quantize */
 
-/* The code range of an integer type: symmetric [-qmax, qmax] (int4 stored
- * with +8), asymmetric [0, umax]. */
+/* The code range of an integer type: symmetric int8 [-127, 127], symmetric
+ * int4 [-8, 7] (stored with +8: codes 0..15, as GGUF's Q4_0), asymmetric
+ * [0, umax]. */
 static int sym_qmax(nb_quant_type t) { return t == NB_QUANT_INT8 ? 127 : 7; }
+static int sym_qmin(nb_quant_type t) { return t == NB_QUANT_INT8 ? -127 : -8; }
 static int asym_qmax(nb_quant_type t) { return t == NB_QUANT_INT8 ? 255 : 15; }
 
 static double clampd(double v, double lo, double hi) { return v < lo ? lo : v > hi ? hi : v; }
 
-/* The calibrated range [lo, hi] of one tile. */
-static void tile_range(const float *w, int64_t len, const nb_quant_calib *c, double *lo, double *hi) {
+/* The calibrated range [lo, hi] of one tile, and (absmax) the tile's signed
+ * extreme: the first element of largest magnitude, sign kept. */
+static void tile_range(const float *w, int64_t len, const nb_quant_calib *c, double *lo, double *hi, double *extreme) {
   double mn = 0, mx = 0, amax = 0, ss = 0;
+  *extreme = 0;
   for (int64_t i = 0; i < len; i++) {
     double v = w[i];
-    mn = v < mn ? v : mn, mx = v > mx ? v : mx, amax = fabs(v) > amax ? fabs(v) : amax, ss += v * v;
+    if (fabs(v) > amax) amax = fabs(v), *extreme = v;
+    mn = v < mn ? v : mn, mx = v > mx ? v : mx, ss += v * v;
   }
   switch (c->kind) {
   case NB_QUANT_MINMAX: *lo = mn, *hi = mx; break;
@@ -251,8 +256,8 @@ static void tile_range(const float *w, int64_t len, const nb_quant_calib *c, dou
 /* Codes of one tile of row n into the row's bytes, its scale and zero point. */
 static void quantize_tile(const nb_quant_layout *l, const float *w, int64_t k0, int64_t len, const nb_quant_calib *c,
                           uint8_t *row, float *scale, uint8_t *zp) {
-  double lo, hi;
-  tile_range(w + k0, len, c, &lo, &hi);
+  double lo, hi, extreme;
+  tile_range(w + k0, len, c, &lo, &hi, &extreme);
   double amax = fmax(fabs(lo), fabs(hi));
   float s;
   int z = 0;
@@ -263,6 +268,12 @@ static void quantize_tile(const nb_quant_layout *l, const float *w, int64_t k0, 
       int qm = asym_qmax(l->qtype);
       s = (float)((hi - lo) / qm);
       z = s > 0 ? (int)clampd(nearbyint(-lo / s), 0, qm) : 0;
+    } else if (l->qtype == NB_QUANT_INT4 && c->kind == NB_QUANT_ABSMAX) {
+      /* Q4_0's choice: the signed extreme is code -8 exactly (the scale is
+       * negative when it is positive), so all 16 codes are used; the other
+       * side reaches 8 |s| and saturates at 7 |s| */
+      s = (float)(extreme / -8);
+      z = 8;
     } else {
       s = (float)(amax / sym_qmax(l->qtype));
       z = l->qtype == NB_QUANT_INT4 ? 8 : 0;
@@ -275,12 +286,12 @@ static void quantize_tile(const nb_quant_layout *l, const float *w, int64_t k0, 
   if (zp) *zp = (uint8_t)z;
   for (int64_t i = 0; i < len; i++) {
     int64_t k = k0 + i;
-    double r = s > 0 ? (double)w[k] / s : 0;
+    double r = s != 0 ? (double)w[k] / s : 0;
     uint8_t code;
     switch (l->qtype) {
     case NB_QUANT_INT8:
     case NB_QUANT_INT4: {
-      double lo_code = l->asymmetric ? 0 : -sym_qmax(l->qtype) + z, hi_code = l->asymmetric ? asym_qmax(l->qtype) : sym_qmax(l->qtype) + z;
+      double lo_code = l->asymmetric ? 0 : sym_qmin(l->qtype) + z, hi_code = l->asymmetric ? asym_qmax(l->qtype) : sym_qmax(l->qtype) + z;
       code = (uint8_t)(int)clampd(nearbyint(r) + z, lo_code, hi_code); /* int8 symmetric: the i8's bits */
       break;
     }

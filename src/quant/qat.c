@@ -40,14 +40,15 @@ static nb_status fake_infer(void *ud, int nin, const nb_aval *in, const void *at
 /* Whether w's code in its tile (scale s, zero point z) is inside the code
  * range before clamping: the element does not saturate. */
 static bool in_range(const nb_quant_layout *l, float w, float s, int z) {
-  if (!(s > 0)) return true; /* a tile of zeros */
-  double r = (double)w / s;
+  if (s == 0) return true; /* a tile of zeros */
+  double r = (double)w / s; /* symmetric int4's scale can be negative (absmax: the signed extreme is code -8) */
   switch (l->qtype) {
   case NB_QUANT_INT8:
   case NB_QUANT_INT4: {
-    int qmax = l->qtype == NB_QUANT_INT8 ? 127 : 7, umax = l->qtype == NB_QUANT_INT8 ? 255 : 15;
+    int qmax = l->qtype == NB_QUANT_INT8 ? 127 : 7, qmin = l->qtype == NB_QUANT_INT8 ? -127 : -8;
+    int umax = l->qtype == NB_QUANT_INT8 ? 255 : 15;
     double c = nearbyint(r) + (l->asymmetric ? z : 0);
-    return l->asymmetric ? c >= 0 && c <= umax : c >= -qmax && c <= qmax;
+    return l->asymmetric ? c >= 0 && c <= umax : c >= qmin && c <= qmax;
   }
   case NB_QUANT_NF4: return fabs(r) <= 1;
   default: return fabs(r) <= nb_quant_fp8_max(l->qtype);
@@ -140,11 +141,12 @@ nb_val *nb_quant_fake_act_at(nb_loc loc, nb_val *x, nb_quant_act act) {
 /* ---------------------------------------------------------------- the hook */
 
 nb_val *nb_quant_qat_hook(void *rules, nb_nn_apply *a, const char *path, nb_val *x, bool stacked) {
-  int r = nb_quant_rules_match(rules, path);
+  int r = nb_quant_rules_match(rules, path, stacked ? NB_QUANT_OP_STACKED_DOT_GENERAL : NB_QUANT_OP_DOT_GENERAL);
   if (r < 0) return nb_nn_linear_default(a, path, x, stacked);
   const nb_quant_rule *rule = nb_quant_rules_at(rules, r);
   if (stacked)
-    return nb_nn_fail(a, NB_ERR_UNIMPLEMENTED, "quant: '%s' (rule %d): stacked (per-expert) linears are not quantized yet", path, r);
+    return nb_nn_fail(a, NB_ERR_UNIMPLEMENTED, "quant: '%s' (rule %d): QAT of stacked (per-expert) linears is not implemented yet "
+                      "(give the rule op_names: [dot_general] to train the experts in f32)", path, r);
   if (rule->act_qtype == NB_QUANT_ACT_INT8_STATIC)
     return nb_nn_fail(a, NB_ERR_UNIMPLEMENTED, "quant: '%s' (rule %d): int8_static activations have no range while training: "
                       "train with int8_dynamic (or none), then calibrate (nabla quantize --calibrate)", path, r);
@@ -174,9 +176,9 @@ int64_t nb_quant_rules_count_linears(const nb_quant_rules *rules, const nb_tree 
     char m[1024];
     if (leaf->kind != NB_LEAF_ARRAY && leaf->kind != NB_LEAF_AVAL) continue;
     nb_aval av = leaf->kind == NB_LEAF_ARRAY ? nb_array_aval(leaf->array) : leaf->aval;
-    if (av.shape.rank != 2 || len <= kl || len - kl >= sizeof m || strcmp(path + len - kl, "/kernel")) continue;
+    if ((av.shape.rank != 2 && av.shape.rank != 3) || len <= kl || len - kl >= sizeof m || strcmp(path + len - kl, "/kernel")) continue;
     memcpy(m, path, len - kl), m[len - kl] = 0;
-    if (nb_quant_rules_match(rules, m) >= 0) n++;
+    if (nb_quant_rules_match(rules, m, av.shape.rank == 3 ? NB_QUANT_OP_STACKED_DOT_GENERAL : NB_QUANT_OP_DOT_GENERAL) >= 0) n++;
   }
   return n;
 }

@@ -1,7 +1,8 @@
-/* Quantization rules: an ordered list of (module path regex -> how to
- * quantize), from the C API or YAML (quant.rules). The regexes are PCRE2
- * (Python's re syntax, as Qwix's), compiled anchored at both ends: a full
- * match, like re.fullmatch. */
+/* Quantization rules: an ordered list of (module path regex [, op names] ->
+ * how to quantize), from the C API or YAML (quant.rules). The regexes are
+ * PCRE2 (Python's re syntax, as Qwix's), compiled anchored at both ends: a
+ * full match, like re.fullmatch. Op names restrict a rule to the products the
+ * linear hook intercepts (Qwix's QtRule.op_names). */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <math.h>
 #include <pcre2.h>
@@ -16,17 +17,31 @@
 struct nb_quant_rules {
   nb_ctx *ctx;
   int n;
-  nb_quant_rule *rules; /* module_path owned */
+  nb_quant_rule *rules; /* module_path and the op_names array owned (its strings: op_names below) */
+  unsigned *ops;        /* per rule: the bit 1 << op of each op it applies to */
   pcre2_code **re;
 };
+
+static const char *const op_names[NB_QUANT_OP_COUNT] = {"dot_general", "stacked_dot_general"};
+#define KNOWN_OPS "dot_general, stacked_dot_general"
+
+const char *nb_quant_op_name(nb_quant_op op) { return (unsigned)op < NB_QUANT_OP_COUNT ? op_names[op] : "?"; }
+
+nb_status nb_quant_op_parse(nb_ctx *ctx, const char *s, nb_quant_op *out) {
+  for (int i = 0; s && i < NB_QUANT_OP_COUNT; i++)
+    if (!strcmp(s, op_names[i])) return *out = (nb_quant_op)i, NB_OK;
+  return nb_errorf(ctx, NB_ERR_INVALID_ARG, "unknown op '%s'; known: " KNOWN_OPS, s ? s : "(null)");
+}
 
 void nb_quant_rules_destroy(nb_quant_rules *r) {
   if (!r) return;
   for (int i = 0; i < r->n; i++) {
     free((char *)r->rules[i].module_path);
+    free((void *)r->rules[i].op_names);
     if (r->re[i]) pcre2_code_free(r->re[i]);
   }
   free(r->rules);
+  free(r->ops);
   free(r->re);
   free(r);
 }
@@ -40,6 +55,17 @@ const nb_quant_rule *nb_quant_rules_at(const nb_quant_rules *r, int i) {
  * combination the kernels support, the calibration's parameters. */
 static nb_status check_rule(nb_ctx *ctx, int i, const nb_quant_rule *q) {
   if (!q->module_path) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "rule %d: module_path: missing", i);
+  if (q->n_op_names < 0 || (q->n_op_names > 0 && !q->op_names))
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "rule %d: op_names: %d names and no array", i, q->n_op_names);
+  for (int j = 0; j < q->n_op_names; j++) {
+    nb_quant_op op;
+    if (nb_quant_op_parse(ctx, q->op_names[j], &op)) {
+      char msg[200];
+      snprintf(msg, sizeof msg, "%s", nb_ctx_error(ctx));
+      nb_ctx_clear_error(ctx);
+      return nb_errorf(ctx, NB_ERR_INVALID_ARG, "rule %d: op_names[%d]: %s", i, j, msg);
+    }
+  }
   if ((unsigned)q->weight_qtype >= NB_QUANT_TYPE_COUNT)
     return nb_errorf(ctx, NB_ERR_INVALID_ARG, "rule %d: weight_qtype: %d is not a quant type", i, (int)q->weight_qtype);
   if ((unsigned)q->act_qtype >= NB_QUANT_ACT_COUNT)
@@ -83,15 +109,27 @@ static nb_status check_rule(nb_ctx *ctx, int i, const nb_quant_rule *q) {
 nb_quant_rules *nb_quant_rules_create(nb_ctx *ctx, int n, const nb_quant_rule *rules) {
   if (n < 0 || (n > 0 && !rules)) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "rules: %d rules and no array", n), NULL;
   nb_quant_rules *r = calloc(1, sizeof *r);
-  if (r) r->rules = calloc((size_t)n + 1, sizeof *r->rules), r->re = calloc((size_t)n + 1, sizeof *r->re);
-  if (!r || !r->rules || !r->re) return nb_quant_rules_destroy(r), nb_errorf(ctx, NB_ERR_NOMEM, "rules: out of memory"), NULL;
+  if (r)
+    r->rules = calloc((size_t)n + 1, sizeof *r->rules), r->re = calloc((size_t)n + 1, sizeof *r->re),
+    r->ops = calloc((size_t)n + 1, sizeof *r->ops);
+  if (!r || !r->rules || !r->re || !r->ops) return nb_quant_rules_destroy(r), nb_errorf(ctx, NB_ERR_NOMEM, "rules: out of memory"), NULL;
   r->ctx = ctx;
   for (int i = 0; i < n; i++) {
     if (check_rule(ctx, i, &rules[i])) return nb_quant_rules_destroy(r), NULL;
     r->rules[i] = rules[i];
     r->rules[i].module_path = strdup(rules[i].module_path);
+    r->rules[i].op_names = NULL;
     r->n = i + 1;
-    if (!r->rules[i].module_path)
+    int no = rules[i].n_op_names;
+    const char **names = no ? calloc((size_t)no, sizeof *names) : NULL;
+    r->rules[i].op_names = names;
+    r->ops[i] = no ? 0 : (1u << NB_QUANT_OP_COUNT) - 1; /* no names: every op */
+    for (int j = 0; names && j < no; j++) {
+      nb_quant_op op;
+      nb_quant_op_parse(ctx, rules[i].op_names[j], &op); /* checked above */
+      r->ops[i] |= 1u << op, names[j] = op_names[op];
+    }
+    if (!r->rules[i].module_path || (no && !names))
       return nb_quant_rules_destroy(r), nb_errorf(ctx, NB_ERR_NOMEM, "rules: out of memory"), NULL;
     int err;
     PCRE2_SIZE off;
@@ -108,9 +146,14 @@ nb_quant_rules *nb_quant_rules_create(nb_ctx *ctx, int n, const nb_quant_rule *r
   return r;
 }
 
-int nb_quant_rules_match(const nb_quant_rules *r, const char *module_path) {
+bool nb_quant_rules_applies_to(const nb_quant_rules *r, int i, nb_quant_op op) {
+  return r && i >= 0 && i < r->n && (unsigned)op < NB_QUANT_OP_COUNT && (r->ops[i] >> op & 1);
+}
+
+int nb_quant_rules_match(const nb_quant_rules *r, const char *module_path, nb_quant_op op) {
   if (!r || !module_path) return -1;
   for (int i = 0; i < r->n; i++) {
+    if (!nb_quant_rules_applies_to(r, i, op)) continue; /* the path may match; the op does not: the next rule */
     pcre2_match_data *md = pcre2_match_data_create_from_pattern(r->re[i], NULL);
     if (!md) return -1;
     int rc = pcre2_match(r->re[i], (PCRE2_SPTR)module_path, PCRE2_ZERO_TERMINATED, 0, 0, md, NULL);
@@ -141,10 +184,37 @@ static yaml_node_t *lookup(yaml_document_t *doc, yaml_node_t *map, const char *k
   return NULL;
 }
 
-static nb_status rule_field(yaml_in *in, int i, yaml_node_t *kn, yaml_node_t *vn, nb_quant_rule *q) {
+/* op_names: a list of names (a single name is taken as a list of one), into
+ * names[] (room for the list's length); unknown names are refused here,
+ * with the file's line. */
+static nb_status rule_op_names(yaml_in *in, int i, yaml_node_t *vn, nb_quant_rule *q, const char ***names) {
+  yaml_node_item_t *start = NULL, *top = NULL;
+  if (vn->type == YAML_SEQUENCE_NODE) start = vn->data.sequence.items.start, top = vn->data.sequence.items.top;
+  int n = vn->type == YAML_SEQUENCE_NODE ? (int)(top - start) : 1;
+  free(*names);
+  *names = calloc((size_t)n + 1, sizeof **names);
+  if (!*names) return nb_errorf(in->ctx, NB_ERR_NOMEM, "%s: out of memory", in->name);
+  for (int j = 0; j < n; j++) {
+    yaml_node_t *item = start ? yaml_document_get_node(in->doc, start[j]) : vn;
+    const char *v = scalar(item);
+    nb_quant_op op;
+    if (!v) return nb_errorf(in->ctx, NB_ERR_FORMAT, "%s:%zu: rule %d: op_names[%d]: a name wanted", in->name, line_of(item), i, j);
+    if (nb_quant_op_parse(in->ctx, v, &op)) {
+      nb_ctx_clear_error(in->ctx);
+      return nb_errorf(in->ctx, NB_ERR_FORMAT, "%s:%zu: rule %d: op_names[%d]: unknown op '%s'; known: " KNOWN_OPS, in->name,
+                       line_of(item), i, j, v);
+    }
+    (*names)[j] = v;
+  }
+  q->op_names = *names, q->n_op_names = n;
+  return NB_OK;
+}
+
+static nb_status rule_field(yaml_in *in, int i, yaml_node_t *kn, yaml_node_t *vn, nb_quant_rule *q, const char ***names) {
   const char *k = scalar(kn), *v = scalar(vn);
   size_t line = line_of(vn);
   if (!k) return nb_errorf(in->ctx, NB_ERR_FORMAT, "%s:%zu: rule %d: keys must be scalars", in->name, line_of(kn), i);
+  if (!strcmp(k, "op_names")) return rule_op_names(in, i, vn, q, names);
   if (!v) return nb_errorf(in->ctx, NB_ERR_FORMAT, "%s:%zu: rule %d: %s: a scalar wanted", in->name, line, i, k);
   if (!strcmp(k, "module_path")) {
     q->module_path = v;
@@ -185,7 +255,7 @@ static nb_status rule_field(yaml_in *in, int i, yaml_node_t *kn, yaml_node_t *vn
       return nb_errorf(in->ctx, NB_ERR_FORMAT, "%s:%zu: rule %d: act_calibration: %s", in->name, line, i, msg);
     }
   } else {
-    return nb_errorf(in->ctx, NB_ERR_FORMAT, "%s:%zu: rule %d: unknown field '%s' (module_path, weight_qtype, act_qtype, "
+    return nb_errorf(in->ctx, NB_ERR_FORMAT, "%s:%zu: rule %d: unknown field '%s' (module_path, op_names, weight_qtype, act_qtype, "
                      "tile_size, weight_calibration, act_calibration)", in->name, line_of(kn), i, k);
   }
   return NB_OK;
@@ -203,7 +273,8 @@ static nb_quant_rules *rules_from_doc(yaml_in *in) {
     return nb_errorf(ctx, NB_ERR_FORMAT, "%s:%zu: quant.rules: a list of rules wanted", in->name, line_of(list)), NULL;
   int n = (int)(list->data.sequence.items.top - list->data.sequence.items.start);
   nb_quant_rule *rules = calloc((size_t)n + 1, sizeof *rules);
-  if (!rules) return nb_errorf(ctx, NB_ERR_NOMEM, "%s: out of memory", in->name), NULL;
+  const char ***names = calloc((size_t)n + 1, sizeof *names); /* each rule's op_names, alive until the rules are made */
+  if (!rules || !names) return free(rules), free(names), nb_errorf(ctx, NB_ERR_NOMEM, "%s: out of memory", in->name), NULL;
   nb_status s = NB_OK;
   for (int i = 0; !s && i < n; i++) {
     yaml_node_t *item = yaml_document_get_node(in->doc, list->data.sequence.items.start[i]);
@@ -214,7 +285,7 @@ static nb_quant_rules *rules_from_doc(yaml_in *in) {
       break;
     }
     for (yaml_node_pair_t *p = item->data.mapping.pairs.start; !s && p < item->data.mapping.pairs.top; p++)
-      s = rule_field(in, i, yaml_document_get_node(in->doc, p->key), yaml_document_get_node(in->doc, p->value), &rules[i]);
+      s = rule_field(in, i, yaml_document_get_node(in->doc, p->key), yaml_document_get_node(in->doc, p->value), &rules[i], &names[i]);
     if (s) break;
     const char *missing = !rules[i].module_path ? "module_path" : rules[i].weight_qtype == NB_QUANT_TYPE_COUNT ? "weight_qtype" : NULL;
     if (missing) s = nb_errorf(ctx, NB_ERR_FORMAT, "%s:%zu: rule %d: %s: missing", in->name, line_of(item), i, missing);
@@ -230,6 +301,8 @@ static nb_quant_rules *rules_from_doc(yaml_in *in) {
       nb_errorf(ctx, e, "%s: %s", in->name, msg);
     }
   }
+  for (int i = 0; i < n; i++) free(names[i]);
+  free(names);
   free(rules);
   return r;
 }

@@ -164,16 +164,24 @@ static void check_round_trip(nb_ctx *ctx, nb_quant_type qt, int64_t tile, nb_qua
       if (ck == NB_QUANT_ABSMAX) hi = fmax(-lo, hi), lo = -hi;
       if (ck == NB_QUANT_RMS) hi = 3 * sqrt(ss / (double)(k1 - k0)), lo = -hi;
       if (ck == NB_QUANT_FIXED) lo = -0.1, hi = 0.12;
-      double s = sp[i * T + t], amax = fmax(-lo, hi);
+      double s = sp[i * T + t], amax = fmax(-lo, hi), extreme = 0;
+      for (int64_t j = k0; j < k1; j++) /* the first element of largest magnitude, sign kept */
+        if (fabs(wp[i * k + j]) > fabs(extreme)) extreme = wp[i * k + j];
       bool integer = qt == NB_QUANT_INT8 || qt == NB_QUANT_INT4;
+      bool q4_0 = qt == NB_QUANT_INT4 && !l->asymmetric && ck == NB_QUANT_ABSMAX;
       if (!l->asymmetric) lo = -amax, hi = amax; /* symmetric ranges */
       double want_s = !integer ? (qt == NB_QUANT_NF4 ? amax : amax / nb_quant_fp8_max(qt))
-                      : l->asymmetric ? (hi - lo) / (qt == NB_QUANT_INT8 ? 255 : 15) : amax / (qt == NB_QUANT_INT8 ? 127 : 7);
-      if (fabs(s - want_s) > 1e-7 * want_s && bad++ < 5) fprintf(stderr, "scale [%lld, %lld] %.9g, wanted %.9g\n", (long long)i, (long long)t, s, want_s);
+                      : l->asymmetric ? (hi - lo) / (qt == NB_QUANT_INT8 ? 255 : 15)
+                      : q4_0 ? extreme / -8 /* GGUF Q4_0's scale: the signed extreme is code -8 */
+                             : amax / (qt == NB_QUANT_INT8 ? 127 : 7);
+      if (qt == NB_QUANT_INT4 && !l->asymmetric) /* codes -8 .. 7 times a scale of either sign */
+        lo = fmin(-8 * s, 7 * s), hi = fmax(-8 * s, 7 * s);
+      if (fabs(s - want_s) > 1e-7 * fabs(want_s) && bad++ < 5)
+        fprintf(stderr, "scale [%lld, %lld] %.9g, wanted %.9g\n", (long long)i, (long long)t, s, want_s);
       for (int64_t j = k0; j < k1; j++) {
         double v = wp[i * k + j], got = dp[i * k + j];
         double inside = fmin(fmax(v, lo), hi), err = fabs(got - inside), bound;
-        if (integer) bound = s / 2 * (1 + 1e-6) + 1e-9; /* the half step, the range clipped */
+        if (integer) bound = fabs(s) / 2 * (1 + 1e-6) + 1e-9; /* the half step, the range clipped */
         else if (qt == NB_QUANT_NF4) {
           double best = INFINITY; /* the nearest table value in f64 */
           for (int cc = 0; cc < 16; cc++) best = fmin(best, fabs(inside / s - nb_quant_nf4_value(cc)));

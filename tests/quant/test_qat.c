@@ -73,7 +73,8 @@ static bool saturates(const nb_quant_weight *q, int64_t n, int64_t k, float w) {
   int z = q->zero_points ? ((const uint8_t *)nb_array_data(q->zero_points))[t] : 0;
   switch (l->qtype) {
   case NB_QUANT_INT8: return l->asymmetric ? nearbyint(r) + z > 255 || nearbyint(r) + z < 0 : fabs(nearbyint(r)) > 127;
-  case NB_QUANT_INT4: return l->asymmetric ? nearbyint(r) + z > 15 || nearbyint(r) + z < 0 : fabs(nearbyint(r)) > 7;
+  case NB_QUANT_INT4: /* symmetric: w = (c - 8) s, c - 8 in [-8, 7] (s < 0 when a tile's signed extreme is positive) */
+    return l->asymmetric ? nearbyint(r) + z > 15 || nearbyint(r) + z < 0 : nearbyint(r) > 7 || nearbyint(r) < -8;
   case NB_QUANT_NF4: return fabs(r) > 1;
   default: return fabs(r) > nb_quant_fp8_max(l->qtype);
   }

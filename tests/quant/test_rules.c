@@ -1,9 +1,11 @@
-/* Quantization by rules: rule matching (first match wins, full match), the
- * YAML form and its errors naming the rule and field, PTQ of a small Llama's
+/* Quantization by rules: rule matching (first match wins, full match, op
+ * names), the YAML form and its errors naming the rule and field, PTQ of a small Llama's
  * parameter tree (which leaves become quantized trees, the transposition of
  * nabla's [d_in, d_out] kernels, the dequantized tree), and the quantized
  * model run through the linear hook: logits against the f32 model on the
- * dequantized weights, and greedy decoding with a KV cache token for token. */
+ * dequantized weights, and greedy decoding with a KV cache token for token;
+ * op names on a small Mixtral (experts only, everything but the experts),
+ * its stacked quantized experts run through the hook. */
 #include "../models/model_test_util.h"
 #include "nabla/quant.h"
 
@@ -18,12 +20,45 @@ static void test_rules_api(nb_ctx *ctx) {
   nb_quant_rules *r = nb_quant_rules_create(ctx, 3, rs);
   CHECK_MSG(r, "%s", nb_ctx_error(ctx));
   CHECK(nb_quant_rules_count(r) == 3 && nb_quant_rules_at(r, 1)->weight_qtype == NB_QUANT_INT8);
-  CHECK(nb_quant_rules_match(r, "layers/0/attn/wq") == 0); /* the first match wins */
-  CHECK(nb_quant_rules_match(r, "layers/1/attn/wk") == 1);
-  CHECK(nb_quant_rules_match(r, "layers/1/attn/wo") == -1); /* full match: "attn/wo" is not a suffix search */
-  CHECK(nb_quant_rules_match(r, "layers/1/attn/wqx") == -1);
-  CHECK(nb_quant_rules_match(r, "xlayers/0/mlp") == -1);
+  CHECK(nb_quant_rules_match(r, "layers/0/attn/wq", NB_QUANT_OP_DOT_GENERAL) == 0); /* the first match wins */
+  CHECK(nb_quant_rules_match(r, "layers/1/attn/wk", NB_QUANT_OP_DOT_GENERAL) == 1);
+  CHECK(nb_quant_rules_match(r, "layers/1/attn/wo", NB_QUANT_OP_DOT_GENERAL) == -1); /* full match: "attn/wo" is not a suffix search */
+  CHECK(nb_quant_rules_match(r, "layers/1/attn/wqx", NB_QUANT_OP_DOT_GENERAL) == -1);
+  CHECK(nb_quant_rules_match(r, "xlayers/0/mlp", NB_QUANT_OP_DOT_GENERAL) == -1);
   nb_quant_rules_destroy(r);
+
+  /* op names: a rule whose path matches but whose ops do not is skipped */
+  const char *experts[] = {"stacked_dot_general"}, *both[] = {"dot_general", "stacked_dot_general"}, *plain[] = {"dot_general"};
+  nb_quant_rule ops[] = {
+      {.module_path = ".*/moe/.*", .op_names = experts, .n_op_names = 1, .weight_qtype = NB_QUANT_INT4, .tile_size = 32},
+      {.module_path = "layers/0/.*", .op_names = both, .n_op_names = 2, .weight_qtype = NB_QUANT_INT8},
+      {.module_path = ".*", .op_names = plain, .n_op_names = 1, .weight_qtype = NB_QUANT_NF4},
+  };
+  static const struct { const char *path; nb_quant_op op; int want; } table[] = {
+      {"layers/1/moe/wi_0", NB_QUANT_OP_STACKED_DOT_GENERAL, 0}, {"layers/1/moe/router", NB_QUANT_OP_DOT_GENERAL, 2},
+      {"layers/0/moe/wi_0", NB_QUANT_OP_STACKED_DOT_GENERAL, 0}, {"layers/0/moe/router", NB_QUANT_OP_DOT_GENERAL, 1},
+      {"layers/0/attn/wq", NB_QUANT_OP_DOT_GENERAL, 1},           {"layers/1/attn/wq", NB_QUANT_OP_DOT_GENERAL, 2},
+      {"layers/1/mlp/wo", NB_QUANT_OP_STACKED_DOT_GENERAL, -1},   {"lm_head", NB_QUANT_OP_DOT_GENERAL, 2},
+  };
+  r = nb_quant_rules_create(ctx, 3, ops);
+  CHECK_MSG(r, "%s", nb_ctx_error(ctx));
+  for (size_t i = 0; r && i < sizeof table / sizeof *table; i++) {
+    int got = nb_quant_rules_match(r, table[i].path, table[i].op);
+    CHECK_MSG(got == table[i].want, "%s as %s: rule %d, wanted %d", table[i].path, nb_quant_op_name(table[i].op), got, table[i].want);
+  }
+  if (r) { /* the rule keeps its names (copies: the caller's array may go) */
+    const nb_quant_rule *q1 = nb_quant_rules_at(r, 1);
+    CHECK(q1->n_op_names == 2 && q1->op_names != both && !strcmp(q1->op_names[1], "stacked_dot_general"));
+    CHECK(nb_quant_rules_applies_to(r, 0, NB_QUANT_OP_STACKED_DOT_GENERAL) && !nb_quant_rules_applies_to(r, 0, NB_QUANT_OP_DOT_GENERAL));
+  }
+  nb_quant_rules_destroy(r);
+  const char *conv[] = {"dot_general", "conv"};
+  ops[2].op_names = conv, ops[2].n_op_names = 2;
+  CHECK(!nb_quant_rules_create(ctx, 3, ops));
+  CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "rule 2: op_names[1]: unknown op 'conv'; known: dot_general, stacked_dot_general");
+  ops[2].op_names = NULL;
+  CHECK(!nb_quant_rules_create(ctx, 3, ops));
+  CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "rule 2: op_names: 2 names and no array");
 
   nb_quant_rule bad[] = {{.module_path = "ok", .weight_qtype = NB_QUANT_INT8}, {.module_path = "a(b", .weight_qtype = NB_QUANT_INT8}};
   CHECK(!nb_quant_rules_create(ctx, 2, bad));
@@ -52,11 +87,19 @@ static void test_rules_yaml(nb_ctx *ctx) {
                            "      weight_calibration: minmax\n"
                            "    - {module_path: '.*attn/.*', weight_qtype: int8, act_qtype: int8_dynamic, tile_size: per_channel}\n"
                            "    - {module_path: lm_head, weight_qtype: fp8_e4m3, weight_calibration: 'rms,3.5'}\n"
-                           "    - {module_path: '.*', weight_qtype: int4, act_qtype: int8_block, tile_size: 64}\n");
+                           "    - {module_path: 'layers/0/.*', op_names: [stacked_dot_general], weight_qtype: nf4}\n"
+                           "    - module_path: '.*'\n"
+                           "      op_names:\n"
+                           "        - dot_general\n"
+                           "      weight_qtype: int4\n"
+                           "      act_qtype: int8_block\n"
+                           "      tile_size: 64\n"
+                           "    - {module_path: '.*', op_names: stacked_dot_general, weight_qtype: int8}\n");
   CHECK_MSG(r, "%s", nb_ctx_error(ctx));
   if (r) {
-    CHECK(nb_quant_rules_count(r) == 4);
-    const nb_quant_rule *d = nb_quant_rules_at(r, 3);
+    CHECK(nb_quant_rules_count(r) == 6);
+    const nb_quant_rule *d = nb_quant_rules_at(r, 4);
+    CHECK(d->n_op_names == 1 && !strcmp(d->op_names[0], "dot_general") && nb_quant_rules_at(r, 0)->n_op_names == 0);
     CHECK(d->weight_qtype == NB_QUANT_INT4 && d->act_qtype == NB_QUANT_ACT_INT8_BLOCK && d->tile_size == 64);
     const nb_quant_rule *a = nb_quant_rules_at(r, 0), *b = nb_quant_rules_at(r, 1), *c = nb_quant_rules_at(r, 2);
     CHECK(!strcmp(a->module_path, ".*/mlp/.*") && a->weight_qtype == NB_QUANT_INT4 && a->tile_size == 32 &&
@@ -64,7 +107,12 @@ static void test_rules_yaml(nb_ctx *ctx) {
     CHECK(b->weight_qtype == NB_QUANT_INT8 && b->act_qtype == NB_QUANT_ACT_INT8_DYNAMIC && b->tile_size == 0 &&
           b->weight_calibration.kind == NB_QUANT_ABSMAX);
     CHECK(c->weight_qtype == NB_QUANT_FP8_E4M3 && c->weight_calibration.kind == NB_QUANT_RMS && c->weight_calibration.k == 3.5);
-    CHECK(nb_quant_rules_match(r, "layers/3/mlp/wi_0") == 0 && nb_quant_rules_match(r, "lm_head") == 2);
+    CHECK(nb_quant_rules_match(r, "layers/3/mlp/wi_0", NB_QUANT_OP_DOT_GENERAL) == 0 &&
+          nb_quant_rules_match(r, "lm_head", NB_QUANT_OP_DOT_GENERAL) == 2);
+    /* layers/0's experts: rule 3; its plain linears skip rule 3 (op) and take 4 */
+    CHECK(nb_quant_rules_match(r, "layers/0/moe/wo", NB_QUANT_OP_STACKED_DOT_GENERAL) == 3 &&
+          nb_quant_rules_match(r, "layers/0/moe/router", NB_QUANT_OP_DOT_GENERAL) == 4 &&
+          nb_quant_rules_match(r, "layers/1/moe/wo", NB_QUANT_OP_STACKED_DOT_GENERAL) == 5);
   }
   nb_quant_rules_destroy(r);
 
@@ -88,6 +136,12 @@ static void test_rules_yaml(nb_ctx *ctx) {
       {"quant:\n  rules: {a: 1}\n", "quant.rules: a list of rules wanted"},
       {"model: {}\n", "quant.rules: missing"},
       {"quant:\n  rules: [\n", "YAML error"},
+      {"quant:\n  rules:\n    - {module_path: a, weight_qtype: int8}\n    - {module_path: b, weight_qtype: int8}\n"
+       "    - {module_path: c, weight_qtype: int8, op_names: [conv]}\n",
+       "r.yaml:5: rule 2: op_names[0]: unknown op 'conv'; known: dot_general, stacked_dot_general"},
+      {"quant:\n  rules:\n    - {module_path: a, weight_qtype: int8, op_names: [dot_general, {x: 1}]}\n",
+       "rule 0: op_names[1]: a name wanted"},
+      {"quant:\n  rules:\n    - {module_path: a, weight_qtype: int8, op_names: einsum}\n", "rule 0: op_names[0]: unknown op 'einsum'"},
   };
   for (size_t i = 0; i < sizeof errs / sizeof *errs; i++) {
     r = yaml(ctx, errs[i].text);
@@ -283,6 +337,105 @@ done:
   nb_array_release(key);
 }
 
+/* ---------------------------------------------------------------- op names on MoE */
+
+/* Mixtral-style: 2 layers, 4 experts (top 2) of d_ff 80 (ragged 32-wide
+ * tiles of the down projection), d_model 64. */
+static nb_model_config small_mixtral(void) {
+  nb_model_config c = tiny_config("mixtral-tiny", 32);
+  c.d_model = 64, c.moe_d_ff = 80, c.vocab_size = 48, c.tie_embeddings = false;
+  return c;
+}
+
+/* Which "<m>/kernel" of params (rank 2 or 3) q holds quantized, and whether
+ * that is exactly the kernels of the wanted rank; how many there are. */
+static int64_t quantized_exactly(nb_ctx *ctx, const nb_tree *params, const nb_tree *q, int want_rank, const char *what) {
+  int64_t n = 0, wrong = 0;
+  for (size_t i = 0; i < nb_tree_size(params); i++) {
+    const char *path = nb_tree_path(params, i);
+    size_t len = strlen(path);
+    if (len < 7 || strcmp(path + len - 7, "/kernel")) continue;
+    char m[256];
+    snprintf(m, sizeof m, "%.*s", (int)(len - 7), path);
+    nb_quant_linear l;
+    bool found;
+    CHECK_OK(ctx, nb_quant_tree_linear(ctx, q, m, &l, &found));
+    int rank = nb_array_rank(nb_tree_get_array(params, path));
+    bool want = rank == want_rank;
+    if (found != want || (found && (l.experts > 0) != (rank == 3))) {
+      if (wrong++ < 5) fprintf(stderr, "%s: %s (rank %d) %squantized\n", what, m, rank, found ? "" : "not ");
+    }
+    n += found;
+  }
+  CHECK_MSG(wrong == 0, "%s: %lld kernels quantized or left wrongly", what, (long long)wrong);
+  CHECK(nb_quant_tree_count(ctx, q) == n);
+  return n;
+}
+
+static void test_op_names_moe(nb_ctx *ctx) {
+  const double tol = 1e-5;
+  nb_model_config c = small_mixtral();
+  nb_array *key = nb_key(ctx, 11);
+  nb_tree *params = nb_model_init(ctx, &c, key);
+  /* experts only: every stacked kernel, nothing else (the router is a plain linear under moe/) */
+  nb_quant_rules *r = yaml(ctx, "quant:\n  rules:\n"
+                                "    - {module_path: '.*', op_names: [stacked_dot_general], weight_qtype: int4, tile_size: 32}\n");
+  nb_tree *q = r ? nb_quant_ptq(ctx, params, r) : NULL;
+  CHECK_MSG(q, "%s", nb_ctx_error(ctx));
+  if (q) CHECK(quantized_exactly(ctx, params, q, 3, "experts only") == 2 * 3);
+  nb_quant_linear l;
+  bool found = false;
+  if (q) CHECK_OK(ctx, nb_quant_tree_linear(ctx, q, "layers/1/moe/experts/wo", &l, &found));
+  CHECK(found && l.experts == 4 && l.layout.n == 4 * 64 && l.layout.k == 80 && l.layout.tile == 32 && l.rule == 0);
+  if (q) CHECK(nb_array_rank(nb_tree_get_array(q, "layers/1/moe/experts/wo/kernel/values")) == 3 &&
+               nb_array_dims(nb_tree_get_array(q, "layers/1/moe/experts/wo/kernel/scales"))[2] == 3);
+
+  /* the stacked experts on the hook: logits as the f32 model on the dequantized tree */
+  nb_tree *d = q ? nb_quant_dequantize_tree(ctx, q) : NULL;
+  nb_quant_plan *plan = q ? nb_quant_plan_create(ctx, q) : NULL;
+  CHECK_MSG(d && plan, "%s", nb_ctx_error(ctx));
+  if (d && plan) {
+    CHECK_OK(ctx, nb_tree_check_same(ctx, params, d, true, "f32 and dequantized trees"));
+    nb_test_rng rng = {78};
+    int32_t ids[2 * 9];
+    for (int i = 0; i < 18; i++) ids[i] = (int32_t)nb_test_int(&rng, 0, c.vocab_size - 1);
+    nb_array *tokens = nb_array_create(ctx, NB_I32, 2, (int64_t[2]){2, 9}, ids);
+    nb_array *lq = run_forward(ctx, &c, q, nb_quant_linear_hook, plan, tokens), *ld = run_forward(ctx, &c, d, NULL, NULL, tokens),
+             *lf = run_forward(ctx, &c, params, NULL, NULL, tokens);
+    if (lq && ld && lf) {
+      double scale, fscale, diff = max_abs_diff(lq, ld, &scale), fdiff = max_abs_diff(lf, lq, &fscale);
+      CHECK_MSG(diff <= tol * scale, "stacked experts: quantized vs dequantized-f32 logits differ by %g (scale %g)", diff, scale);
+      CHECK_MSG(fdiff > 1000 * tol * scale, "stacked experts: f32 vs quantized %g", fdiff);
+      fprintf(stderr, "stacked int4 experts: |quantized - dequantized f32| %.3g, |quantized - f32| %.3g, max |logit| %.3g\n", diff,
+              fdiff, scale);
+    }
+    nb_array_release(lq), nb_array_release(ld), nb_array_release(lf), nb_array_release(tokens);
+  }
+  nb_quant_plan_destroy(plan);
+  nb_tree_destroy(d);
+  nb_tree_destroy(q);
+  nb_quant_rules_destroy(r);
+
+  /* everything but the experts */
+  r = yaml(ctx, "quant:\n  rules:\n    - {module_path: '.*', op_names: [dot_general], weight_qtype: int8}\n");
+  q = r ? nb_quant_ptq(ctx, params, r) : NULL;
+  CHECK_MSG(q, "%s", nb_ctx_error(ctx));
+  if (q) CHECK(quantized_exactly(ctx, params, q, 2, "plain only") == 2 * 5 + 1); /* wq wk wv wo router, lm_head */
+  nb_tree_destroy(q);
+  nb_quant_rules_destroy(r);
+
+  /* int8_static experts have no calibration yet: refused naming the kernel */
+  r = yaml(ctx, "quant:\n  rules:\n    - {module_path: '.*', weight_qtype: int8, act_qtype: int8_static, "
+                "act_calibration: 'fixed,-1,1'}\n");
+  q = r ? nb_quant_ptq(ctx, params, r) : NULL;
+  CHECK(!q);
+  CHECK_ERR(ctx, NB_ERR_UNIMPLEMENTED, "layers/0/moe/experts/wi_0/kernel (rule 0): int8_static activations of stacked");
+  nb_tree_destroy(q);
+  nb_quant_rules_destroy(r);
+  nb_tree_destroy(params);
+  nb_array_release(key);
+}
+
 int main(void) {
   nb_ctx *ctx = nb_ctx_create();
   test_rules_api(ctx);
@@ -292,6 +445,7 @@ int main(void) {
   test_hook_logits(ctx,
                    "quant:\n  rules:\n    - {module_path: '.*', weight_qtype: int8, act_qtype: int8_dynamic, tile_size: 32}\n",
                    false, "W8A8");
+  test_op_names_moe(ctx);
   nb_ctx_destroy(ctx);
   return nb_test_summary("quant/test_rules");
 }
