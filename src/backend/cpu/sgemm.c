@@ -320,15 +320,28 @@ static int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
  * over c. The same chain of fmas per element as the micro-kernels, so the
  * same bits. C's columns go GEMV_C_FLOATS / m at a time, so that its m rows
  * stay in L1 beside the rows of B streaming through. Up to GEMV_MAX_M rows:
- * the serving step pads a lone decode to 8 tokens. */
+ * the serving step pads a lone decode to 8 tokens.
+ *
+ * When a pass reads only a piece of each row (the thread pool's tiles are
+ * bands of columns: at two threads gpt2's 768 x 3072 product is 8 bands of
+ * 1.5 KB out of each 12 KB row), every piece is on a page of its own and the
+ * hardware prefetcher, which stays within a page, restarts on each: the
+ * products read at 0.7-0.9 of a plain read. Such a pass asks for the same
+ * columns GEMV_AHEAD rows further into L2 (0.83-1.04, bench/sgemm_head.c
+ * --layer). Passes over whole rows read B as one stream: no hints. */
 #define GEMV_MAX_M 8
 #define GEMV_C_FLOATS 4096 /* 16 KB of C */
 #define GEMV_P 4 /* rows of B per pass over a row of C */
+#define GEMV_AHEAD 8 /* rows of B ahead that a pass over pieces of rows asks for */
 
-/* c[j] = fma(a[(np-1)*inca], b[(np-1)*ldb + j], ... fma(a[0], b[j], first ? +0 : c[j])) for j < n, 1 <= np <= GEMV_P */
-typedef void (*rows_fn)(int64_t n, int np, const float *a, int64_t inca, const float *b, int64_t ldb, float *c, bool first);
+/* c[j] = fma(a[(np-1)*inca], b[(np-1)*ldb + j], ... fma(a[0], b[j], first ? +0 : c[j])) for j < n, 1 <= np <= GEMV_P;
+ * ahead: also into L2 the lines of b's rows GEMV_AHEAD .. GEMV_AHEAD + GEMV_P - 1 at these columns (they exist) */
+typedef void (*rows_fn)(int64_t n, int np, const float *a, int64_t inca, const float *b, int64_t ldb, float *c, bool first,
+                        bool ahead);
 
-static void rows_c(int64_t n, int np, const float *a, int64_t inca, const float *b, int64_t ldb, float *c, bool first) {
+static void rows_c(int64_t n, int np, const float *a, int64_t inca, const float *b, int64_t ldb, float *c, bool first,
+                   bool ahead) {
+  (void)ahead; /* the C kernel is the definition, not a fast path */
   for (int64_t j = 0; j < n; j++) {
     float acc = first ? 0.0f : c[j];
     for (int q = 0; q < np; q++) acc = fmaf(a[q * inca], b[q * ldb + j], acc);
@@ -338,29 +351,33 @@ static void rows_c(int64_t n, int np, const float *a, int64_t inca, const float 
 
 #ifdef SGEMM_X86
 __attribute__((target("avx2,fma"))) static void rows_avx2(int64_t n, int np, const float *a, int64_t inca, const float *b,
-                                                          int64_t ldb, float *c, bool first) {
+                                                          int64_t ldb, float *c, bool first, bool ahead) {
   __m256 x[GEMV_P];
   for (int q = 0; q < np; q++) x[q] = _mm256_set1_ps(a[q * inca]);
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) {
+    if (ahead && j % 16 == 0)
+      for (int q = 0; q < GEMV_P; q++) _mm_prefetch((const char *)(b + (GEMV_AHEAD + q) * ldb + j), _MM_HINT_T1);
     __m256 acc = first ? _mm256_setzero_ps() : _mm256_loadu_ps(c + j);
     for (int q = 0; q < np; q++) acc = _mm256_fmadd_ps(x[q], _mm256_loadu_ps(b + q * ldb + j), acc);
     _mm256_storeu_ps(c + j, acc);
   }
-  rows_c(n - j, np, a, inca, b + j, ldb, c + j, first);
+  rows_c(n - j, np, a, inca, b + j, ldb, c + j, first, false);
 }
 
 __attribute__((target("avx512f,fma"))) static void rows_avx512(int64_t n, int np, const float *a, int64_t inca, const float *b,
-                                                               int64_t ldb, float *c, bool first) {
+                                                               int64_t ldb, float *c, bool first, bool ahead) {
   __m512 x[GEMV_P];
   for (int q = 0; q < np; q++) x[q] = _mm512_set1_ps(a[q * inca]);
   int64_t j = 0;
   for (; j + 16 <= n; j += 16) {
+    if (ahead)
+      for (int q = 0; q < GEMV_P; q++) _mm_prefetch((const char *)(b + (GEMV_AHEAD + q) * ldb + j), _MM_HINT_T1);
     __m512 acc = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + j);
     for (int q = 0; q < np; q++) acc = _mm512_fmadd_ps(x[q], _mm512_loadu_ps(b + q * ldb + j), acc);
     _mm512_storeu_ps(c + j, acc);
   }
-  rows_c(n - j, np, a, inca, b + j, ldb, c + j, first);
+  rows_c(n - j, np, a, inca, b + j, ldb, c + j, first, false);
 }
 #endif
 
@@ -382,7 +399,9 @@ static void gemv(nb_sgemm_isa isa, bool ta, int64_t m, int64_t n, int64_t k, con
     int64_t nc = min64(width, n - j0);
     for (int64_t p = 0; p < k; p += GEMV_P) {
       int np = (int)min64(GEMV_P, k - p);
-      for (int64_t i = 0; i < m; i++) fn(nc, np, A + i * ars + p * acs, acs, B + p * ldb + j0, ldb, C + i * ldc + j0, p == 0);
+      bool ahead = nc != ldb && p + GEMV_AHEAD + GEMV_P <= k; /* pieces of rows, and rows to ask for */
+      for (int64_t i = 0; i < m; i++)
+        fn(nc, np, A + i * ars + p * acs, acs, B + p * ldb + j0, ldb, C + i * ldc + j0, p == 0, ahead && i == 0);
     }
   }
 }
