@@ -451,8 +451,6 @@ __attribute__((target("avx2"))) static inline __m256 column8(const float *b, int
   return _mm256_set_ps(b[7 * ldb], b[6 * ldb], b[5 * ldb], b[4 * ldb], b[3 * ldb], b[2 * ldb], b[ldb], b[0]);
 }
 
-/* Two blocks of 8 columns at a time: two independent chains hide the fma
- * latency that one chain of 8 dependent fmas per block would expose. */
 #define GEMV_T_ROWS 16 /* rows of B per block */
 
 /* Into L2, when on: the line at column p of each of the 16 rows at `next`
@@ -463,6 +461,8 @@ __attribute__((always_inline)) static inline void prefetch_block(bool on, const 
     for (int r = 0; r < GEMV_T_ROWS; r++) _mm_prefetch((const char *)(next + r * ldb + p), _MM_HINT_T1);
 }
 
+/* Two blocks of 8 rows at a time: two independent chains hide the fma
+ * latency that one chain of 8 dependent fmas per block would expose. */
 __attribute__((target("avx2,fma"))) static void gemv_t_avx2(int64_t n, int64_t k, const float *a, int64_t inca, const float *B,
                                                             int64_t ldb, float *c) {
   int64_t j = 0;
