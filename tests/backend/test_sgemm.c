@@ -43,8 +43,9 @@ static int mismatches(const float *x, const float *y, size_t n) {
   return bad;
 }
 
-static void one(int64_t m, int64_t n, int64_t k, bool ta, bool tb) {
-  int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 5, ldc = n + 7;
+/* one product; B's rows are ldb_pad floats longer than they need be */
+static void one_padded(int64_t m, int64_t n, int64_t k, bool ta, bool tb, int64_t ldb_pad) {
+  int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + ldb_pad, ldc = n + 7;
   int64_t arows = ta ? k : m, brows = tb ? n : k;
   size_t na = (size_t)(arows * lda), nb = (size_t)(brows * ldb), nc = (size_t)(m * ldc);
   float *A = malloc(sizeof(float) * na), *B = malloc(sizeof(float) * nb);
@@ -72,6 +73,8 @@ static void one(int64_t m, int64_t n, int64_t k, bool ta, bool tb) {
   free(A), free(B), free(want), free(got);
 }
 
+static void one(int64_t m, int64_t n, int64_t k, bool ta, bool tb) { one_padded(m, n, k, ta, tb, 5); }
+
 int main(void) {
   printf("best kernel here: %s\n", nb_cpu__sgemm_name(nb_cpu__sgemm_best()));
   static const int64_t shapes[][3] = {{1, 1, 1},   {3, 5, 7},    {8, 32, 16},   {9, 33, 17},    {64, 64, 32},
@@ -85,6 +88,13 @@ int main(void) {
   for (int64_t m = 1; m <= 9; m++)
     for (size_t s = 0; s < sizeof few / sizeof few[0]; s++)
       for (int t = 0; t < 4; t++) one(m, few[s][0], few[s][1], t & 1, t & 2);
+  /* one row times a transposed B (a decode step's output head: x @ W^T, W's
+   * rows contiguous, ldb = k, or wider): several blocks of 16 rows (with the
+   * next block's prefetch) and a ragged tail of rows, k a multiple of 8 or
+   * with a tail of columns */
+  static const int64_t head[][2] = {{649, 768}, {663, 45}, {48, 16}, {31, 773}};
+  for (size_t s = 0; s < sizeof head / sizeof head[0]; s++)
+    for (int t = 0; t < 2; t++) one_padded(1, head[s][0], head[s][1], t, true, 0), one(1, head[s][0], head[s][1], t, true);
   /* a batched decode step (one row per running sequence, 9..64 rows): ragged
    * row tails for every micro-kernel's MR, columns past one packed block
    * (NC = 1024) and ragged NR tails, k across packed slices (KC = 256), B's

@@ -320,15 +320,28 @@ static int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
  * over c. The same chain of fmas per element as the micro-kernels, so the
  * same bits. C's columns go GEMV_C_FLOATS / m at a time, so that its m rows
  * stay in L1 beside the rows of B streaming through. Up to GEMV_MAX_M rows:
- * the serving step pads a lone decode to 8 tokens. */
+ * the serving step pads a lone decode to 8 tokens.
+ *
+ * When a pass reads only a piece of each row (the thread pool's tiles are
+ * bands of columns: at two threads gpt2's 768 x 3072 product is 8 bands of
+ * 1.5 KB out of each 12 KB row), every piece is on a page of its own and the
+ * hardware prefetcher, which stays within a page, restarts on each: the
+ * products read at 0.7-0.9 of a plain read. Such a pass asks for the same
+ * columns GEMV_AHEAD rows further into L2 (0.83-1.04, bench/sgemm_head.c
+ * --layer). Passes over whole rows read B as one stream: no hints. */
 #define GEMV_MAX_M 8
 #define GEMV_C_FLOATS 4096 /* 16 KB of C */
 #define GEMV_P 4 /* rows of B per pass over a row of C */
+#define GEMV_AHEAD 8 /* rows of B ahead that a pass over pieces of rows asks for */
 
-/* c[j] = fma(a[(np-1)*inca], b[(np-1)*ldb + j], ... fma(a[0], b[j], first ? +0 : c[j])) for j < n, 1 <= np <= GEMV_P */
-typedef void (*rows_fn)(int64_t n, int np, const float *a, int64_t inca, const float *b, int64_t ldb, float *c, bool first);
+/* c[j] = fma(a[(np-1)*inca], b[(np-1)*ldb + j], ... fma(a[0], b[j], first ? +0 : c[j])) for j < n, 1 <= np <= GEMV_P;
+ * ahead: also into L2 the lines of b's rows GEMV_AHEAD .. GEMV_AHEAD + GEMV_P - 1 at these columns (they exist) */
+typedef void (*rows_fn)(int64_t n, int np, const float *a, int64_t inca, const float *b, int64_t ldb, float *c, bool first,
+                        bool ahead);
 
-static void rows_c(int64_t n, int np, const float *a, int64_t inca, const float *b, int64_t ldb, float *c, bool first) {
+static void rows_c(int64_t n, int np, const float *a, int64_t inca, const float *b, int64_t ldb, float *c, bool first,
+                   bool ahead) {
+  (void)ahead; /* the C kernel is the definition, not a fast path */
   for (int64_t j = 0; j < n; j++) {
     float acc = first ? 0.0f : c[j];
     for (int q = 0; q < np; q++) acc = fmaf(a[q * inca], b[q * ldb + j], acc);
@@ -338,29 +351,33 @@ static void rows_c(int64_t n, int np, const float *a, int64_t inca, const float 
 
 #ifdef SGEMM_X86
 __attribute__((target("avx2,fma"))) static void rows_avx2(int64_t n, int np, const float *a, int64_t inca, const float *b,
-                                                          int64_t ldb, float *c, bool first) {
+                                                          int64_t ldb, float *c, bool first, bool ahead) {
   __m256 x[GEMV_P];
   for (int q = 0; q < np; q++) x[q] = _mm256_set1_ps(a[q * inca]);
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) {
+    if (ahead && j % 16 == 0)
+      for (int q = 0; q < GEMV_P; q++) _mm_prefetch((const char *)(b + (GEMV_AHEAD + q) * ldb + j), _MM_HINT_T1);
     __m256 acc = first ? _mm256_setzero_ps() : _mm256_loadu_ps(c + j);
     for (int q = 0; q < np; q++) acc = _mm256_fmadd_ps(x[q], _mm256_loadu_ps(b + q * ldb + j), acc);
     _mm256_storeu_ps(c + j, acc);
   }
-  rows_c(n - j, np, a, inca, b + j, ldb, c + j, first);
+  rows_c(n - j, np, a, inca, b + j, ldb, c + j, first, false);
 }
 
 __attribute__((target("avx512f,fma"))) static void rows_avx512(int64_t n, int np, const float *a, int64_t inca, const float *b,
-                                                               int64_t ldb, float *c, bool first) {
+                                                               int64_t ldb, float *c, bool first, bool ahead) {
   __m512 x[GEMV_P];
   for (int q = 0; q < np; q++) x[q] = _mm512_set1_ps(a[q * inca]);
   int64_t j = 0;
   for (; j + 16 <= n; j += 16) {
+    if (ahead)
+      for (int q = 0; q < GEMV_P; q++) _mm_prefetch((const char *)(b + (GEMV_AHEAD + q) * ldb + j), _MM_HINT_T1);
     __m512 acc = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + j);
     for (int q = 0; q < np; q++) acc = _mm512_fmadd_ps(x[q], _mm512_loadu_ps(b + q * ldb + j), acc);
     _mm512_storeu_ps(c + j, acc);
   }
-  rows_c(n - j, np, a, inca, b + j, ldb, c + j, first);
+  rows_c(n - j, np, a, inca, b + j, ldb, c + j, first, false);
 }
 #endif
 
@@ -382,17 +399,27 @@ static void gemv(nb_sgemm_isa isa, bool ta, int64_t m, int64_t n, int64_t k, con
     int64_t nc = min64(width, n - j0);
     for (int64_t p = 0; p < k; p += GEMV_P) {
       int np = (int)min64(GEMV_P, k - p);
-      for (int64_t i = 0; i < m; i++) fn(nc, np, A + i * ars + p * acs, acs, B + p * ldb + j0, ldb, C + i * ldc + j0, p == 0);
+      bool ahead = nc != ldb && p + GEMV_AHEAD + GEMV_P <= k; /* pieces of rows, and rows to ask for */
+      for (int64_t i = 0; i < m; i++)
+        fn(nc, np, A + i * ars + p * acs, acs, B + p * ldb + j0, ldb, C + i * ldc + j0, p == 0, ahead && i == 0);
     }
   }
 }
 
 /* One row of A times B^T, B stored n x k (a tied output embedding, attention's
  * keys): element j is the chain over p of a[p] * B[j][p], B's row j read left
- * to right. The C kernel runs each chain as it is written; the vector one
- * takes 16 rows of B at a time and turns each 8 x 8 block into 8 vectors of
- * columns with register transposes (data movement only), so lane l of a
- * vector is element j + l's chain, in order of p: the same bits. */
+ * to right. The C kernel runs each chain as it is written; the vector ones
+ * take 16 rows of B at a time and turn each block of 8 columns into 8
+ * vectors of rows with register transposes (data movement only), so lane l
+ * of a vector is element j + l's chain, in order of p: the same bits.
+ *
+ * A block's 16 rows are 16 streams of 32 bytes a step that the hardware
+ * prefetchers follow poorly (gpt2's 50257 x 768 head ran at 0.65-0.75 of a
+ * plain read of the same bytes), so while a block is summed its loop asks
+ * for the next block's rows, a line per row every 16 columns, into L2: one
+ * block ahead is the whole next block's bytes by the time it starts. The
+ * AVX-512 kernel transposes 16 rows into 16-lane vectors with half the
+ * shuffles of two 8 x 8 AVX2 transposes (bench/sgemm_head.c, bench/RESULTS.md). */
 static void gemv_t_c(int64_t n, int64_t k, const float *a, int64_t inca, const float *B, int64_t ldb, float *c) {
   for (int64_t j = 0; j < n; j++) {
     float acc = 0.0f;
@@ -424,18 +451,31 @@ __attribute__((target("avx2"))) static inline __m256 column8(const float *b, int
   return _mm256_set_ps(b[7 * ldb], b[6 * ldb], b[5 * ldb], b[4 * ldb], b[3 * ldb], b[2 * ldb], b[ldb], b[0]);
 }
 
-/* Two blocks of 8 columns at a time: two independent chains hide the fma
+#define GEMV_T_ROWS 16 /* rows of B per block */
+
+/* Into L2, when on: the line at column p of each of the 16 rows at `next`
+ * (every 16 columns). Always inlined: gcc 12 takes a function whose only
+ * effect is a prefetch for one without effects and deletes its calls. */
+__attribute__((always_inline)) static inline void prefetch_block(bool on, const float *next, int64_t ldb, int64_t p) {
+  if (on && p % 16 == 0)
+    for (int r = 0; r < GEMV_T_ROWS; r++) _mm_prefetch((const char *)(next + r * ldb + p), _MM_HINT_T1);
+}
+
+/* Two blocks of 8 rows at a time: two independent chains hide the fma
  * latency that one chain of 8 dependent fmas per block would expose. */
 __attribute__((target("avx2,fma"))) static void gemv_t_avx2(int64_t n, int64_t k, const float *a, int64_t inca, const float *B,
                                                             int64_t ldb, float *c) {
   int64_t j = 0;
-  for (; j + 16 <= n; j += 16) {
+  for (; j + GEMV_T_ROWS <= n; j += GEMV_T_ROWS) {
     const float *b0 = B + j * ldb, *b1 = b0 + 8 * ldb;
+    bool ahead = j + 2 * GEMV_T_ROWS <= n; /* a next block to ask for */
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), t0[8], t1[8];
     int64_t p = 0;
     for (; p + 8 <= k; p += 8) {
+      prefetch_block(ahead, b0 + GEMV_T_ROWS * ldb, ldb, p);
       transpose8_regs(b0 + p, ldb, t0);
       transpose8_regs(b1 + p, ldb, t1);
+#pragma GCC unroll 8 /* t0 and t1 stay in registers (-O2 left this loop rolled, t0 and t1 on the stack) */
       for (int q = 0; q < 8; q++) {
         __m256 x = _mm256_set1_ps(a[(p + q) * inca]);
         acc0 = _mm256_fmadd_ps(x, t0[q], acc0), acc1 = _mm256_fmadd_ps(x, t1[q], acc1);
@@ -446,6 +486,64 @@ __attribute__((target("avx2,fma"))) static void gemv_t_avx2(int64_t n, int64_t k
       acc0 = _mm256_fmadd_ps(x, column8(b0 + p, ldb), acc0), acc1 = _mm256_fmadd_ps(x, column8(b1 + p, ldb), acc1);
     }
     _mm256_storeu_ps(c + j, acc0), _mm256_storeu_ps(c + j + 8, acc1);
+  }
+  gemv_t_c(n - j, k, a, inca, B + j * ldb, ldb, c + j);
+}
+
+/* lo's 8 floats in lanes 0-7, hi's in lanes 8-15 */
+__attribute__((target("avx512f"), always_inline)) static inline __m512 two_rows(const float *lo, const float *hi) {
+  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(_mm256_loadu_ps(lo))),
+                                             _mm256_castps_pd(_mm256_loadu_ps(hi)), 1));
+}
+
+/* t[q] lane l = src[l*lds + q], for 16 rows of 8. The rows are loaded in
+ * pairs (a, a + 4) for a in 0..3 and 8..11, so that after the two in-lane
+ * steps of an 8 x 8 transpose (on both 256-bit halves at once) one 128-bit
+ * shuffle puts lanes in row order. */
+__attribute__((target("avx512f"), always_inline)) static inline void transpose16x8_regs(const float *src, int64_t lds,
+                                                                                      __m512 t[8]) {
+  __m512 r0 = two_rows(src, src + 4 * lds), r1 = two_rows(src + lds, src + 5 * lds), r2 = two_rows(src + 2 * lds, src + 6 * lds),
+         r3 = two_rows(src + 3 * lds, src + 7 * lds), r4 = two_rows(src + 8 * lds, src + 12 * lds),
+         r5 = two_rows(src + 9 * lds, src + 13 * lds), r6 = two_rows(src + 10 * lds, src + 14 * lds),
+         r7 = two_rows(src + 11 * lds, src + 15 * lds);
+  __m512 t0 = _mm512_unpacklo_ps(r0, r1), t1 = _mm512_unpackhi_ps(r0, r1), t2 = _mm512_unpacklo_ps(r2, r3),
+         t3 = _mm512_unpackhi_ps(r2, r3), t4 = _mm512_unpacklo_ps(r4, r5), t5 = _mm512_unpackhi_ps(r4, r5),
+         t6 = _mm512_unpacklo_ps(r6, r7), t7 = _mm512_unpackhi_ps(r6, r7);
+  __m512 s0 = _mm512_shuffle_ps(t0, t2, 0x44), s1 = _mm512_shuffle_ps(t0, t2, 0xEE), s2 = _mm512_shuffle_ps(t1, t3, 0x44),
+         s3 = _mm512_shuffle_ps(t1, t3, 0xEE), s4 = _mm512_shuffle_ps(t4, t6, 0x44), s5 = _mm512_shuffle_ps(t4, t6, 0xEE),
+         s6 = _mm512_shuffle_ps(t5, t7, 0x44), s7 = _mm512_shuffle_ps(t5, t7, 0xEE);
+  /* s_q (q < 4) holds column q of rows 0-3, 8-11 in its 128-bit lanes 0, 2 and column q + 4 in lanes 1, 3;
+   * s_{q+4} the same of rows 4-7, 12-15 */
+  t[0] = _mm512_shuffle_f32x4(s0, s4, 0x88), t[1] = _mm512_shuffle_f32x4(s1, s5, 0x88);
+  t[2] = _mm512_shuffle_f32x4(s2, s6, 0x88), t[3] = _mm512_shuffle_f32x4(s3, s7, 0x88);
+  t[4] = _mm512_shuffle_f32x4(s0, s4, 0xDD), t[5] = _mm512_shuffle_f32x4(s1, s5, 0xDD);
+  t[6] = _mm512_shuffle_f32x4(s2, s6, 0xDD), t[7] = _mm512_shuffle_f32x4(s3, s7, 0xDD);
+}
+
+/* lane l = b[l*ldb] */
+__attribute__((target("avx512f"))) static inline __m512 column16(const float *b, int64_t ldb) {
+  return _mm512_set_ps(b[15 * ldb], b[14 * ldb], b[13 * ldb], b[12 * ldb], b[11 * ldb], b[10 * ldb], b[9 * ldb], b[8 * ldb],
+                       b[7 * ldb], b[6 * ldb], b[5 * ldb], b[4 * ldb], b[3 * ldb], b[2 * ldb], b[ldb], b[0]);
+}
+
+/* One chain per block: a second block beside it (two chains) measured no
+ * faster, from L2 or from memory. The last n % 16 rows go to the C kernel. */
+__attribute__((target("avx512f,fma"))) static void gemv_t_avx512(int64_t n, int64_t k, const float *a, int64_t inca,
+                                                                 const float *B, int64_t ldb, float *c) {
+  int64_t j = 0;
+  for (; j + GEMV_T_ROWS <= n; j += GEMV_T_ROWS) {
+    const float *b = B + j * ldb;
+    bool ahead = j + 2 * GEMV_T_ROWS <= n;
+    __m512 acc = _mm512_setzero_ps(), t[8];
+    int64_t p = 0;
+    for (; p + 8 <= k; p += 8) {
+      prefetch_block(ahead, b + GEMV_T_ROWS * ldb, ldb, p);
+      transpose16x8_regs(b + p, ldb, t);
+#pragma GCC unroll 8
+      for (int q = 0; q < 8; q++) acc = _mm512_fmadd_ps(_mm512_set1_ps(a[(p + q) * inca]), t[q], acc);
+    }
+    for (; p < k; p++) acc = _mm512_fmadd_ps(_mm512_set1_ps(a[p * inca]), column16(b + p, ldb), acc);
+    _mm512_storeu_ps(c + j, acc);
   }
   gemv_t_c(n - j, k, a, inca, B + j * ldb, ldb, c + j);
 }
@@ -469,7 +567,8 @@ bool nb_cpu__sgemm_on(nb_sgemm_isa isa, bool ta, bool tb, int64_t m, int64_t n, 
   if (m == 1 && tb) {
     int64_t inca = ta ? lda : 1;
 #ifdef SGEMM_X86
-    if (isa != NB_SGEMM_C) gemv_t_avx2(n, k, A, inca, B, ldb, C);
+    if (isa == NB_SGEMM_AVX512) gemv_t_avx512(n, k, A, inca, B, ldb, C);
+    else if (isa == NB_SGEMM_AVX2) gemv_t_avx2(n, k, A, inca, B, ldb, C);
     else
 #endif
       gemv_t_c(n, k, A, inca, B, ldb, C);
