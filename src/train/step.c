@@ -352,34 +352,22 @@ static nb_status check_supported(nb_ctx *ctx, const nb_train_config *c) {
   if (c->batch_size % c->grad_accum)
     return nb_errorf(ctx, NB_ERR_INVALID_ARG, "train: batch_size (%lld) must be a multiple of grad_accum (%lld)",
                      (long long)c->batch_size, (long long)c->grad_accum);
-  nb_comm *data = nb_ctx_axis(ctx, "data");
-  if (c->mesh.data > 1 && (!data || data->ops->size(data) != c->mesh.data))
-    return nb_errorf(ctx, NB_ERR_INVALID_ARG,
-                     "train: mesh.data=%lld needs the mesh axis 'data' bound to %lld processes on the context (it is "
-                     "%s): run `nabla train` under `mpirun -np %lld`",
-                     (long long)c->mesh.data, (long long)c->mesh.data, data ? "bound to another count" : "not bound",
-                     (long long)c->mesh.data);
-  nb_comm *fsdp = nb_ctx_axis(ctx, "fsdp");
-  if (c->mesh.fsdp > 1 && (!fsdp || fsdp->ops->size(fsdp) != c->mesh.fsdp))
-    return nb_errorf(ctx, NB_ERR_INVALID_ARG,
-                     "train: mesh.fsdp=%lld needs the mesh axis 'fsdp' bound to %lld processes on the context (it is "
-                     "%s): run `nabla train` under `mpirun -np %lld` (mesh.data x mesh.fsdp)",
-                     (long long)c->mesh.fsdp, (long long)c->mesh.fsdp, fsdp ? "bound to another count" : "not bound",
-                     (long long)(c->mesh.data * c->mesh.fsdp));
-  nb_comm *expert = nb_ctx_axis(ctx, "expert");
-  if (c->mesh.expert > 1 && (!expert || expert->ops->size(expert) != c->mesh.expert))
-    return nb_errorf(ctx, NB_ERR_INVALID_ARG,
-                     "train: mesh.expert=%lld needs the mesh axis 'expert' bound to %lld processes on the context (it "
-                     "is %s): run `nabla train` under `mpirun -np %lld` (mesh.data x mesh.expert)",
-                     (long long)c->mesh.expert, (long long)c->mesh.expert, expert ? "bound to another count" : "not bound",
-                     (long long)(c->mesh.data * c->mesh.expert));
-  nb_comm *tensor = nb_ctx_axis(ctx, "tensor");
-  if (c->mesh.tensor > 1 && (!tensor || tensor->ops->size(tensor) != c->mesh.tensor))
-    return nb_errorf(ctx, NB_ERR_INVALID_ARG,
-                     "train: mesh.tensor=%lld needs the mesh axis 'tensor' bound to %lld processes on the context (it is "
-                     "%s): run `nabla train` under `mpirun -np %lld` (mesh.data x mesh.tensor)",
-                     (long long)c->mesh.tensor, (long long)c->mesh.tensor, tensor ? "bound to another count" : "not bound",
-                     (long long)(c->mesh.data * c->mesh.tensor));
+  /* every mesh axis above 1 bound to that many processes */
+  const char *const axes[] = {"data", "fsdp", "expert", "tensor"};
+  const int64_t sizes[] = {c->mesh.data, c->mesh.fsdp, c->mesh.expert, c->mesh.tensor};
+  for (int i = 0; i < 4; i++) {
+    nb_comm *axis = nb_ctx_axis(ctx, axes[i]);
+    if (sizes[i] > 1 && (!axis || axis->ops->size(axis) != sizes[i])) {
+      char job[48] = "";
+      if (i > 0) snprintf(job, sizeof job, " (mesh.data x mesh.%s)", axes[i]);
+      return nb_errorf(ctx, NB_ERR_INVALID_ARG,
+                       "train: mesh.%s=%lld needs the mesh axis '%s' bound to %lld processes on the context (it is %s): "
+                       "run `nabla train` under `mpirun -np %lld`%s",
+                       axes[i], (long long)sizes[i], axes[i], (long long)sizes[i],
+                       axis ? "bound to another count" : "not bound", (long long)(c->mesh.data * (i > 0 ? sizes[i] : 1)),
+                       job);
+    }
+  }
   return NB_OK;
 }
 

@@ -6,7 +6,6 @@
  * sibling), and is the engine's stream (nb_serve_llm with the same
  * sampling); options that reduce to greedy do; an eos token ends the
  * output; bad options are refused by name. */
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -22,16 +21,8 @@ static char src[4096], out[1 << 16], err[1 << 16], work[4096];
 
 /* runs "nabla generate ARGS" (printf-formatted) in the scratch directory;
  * stdout in out, stderr in err */
-static int generate(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int generate(const char *fmt, ...) {
-  char args[4096], cmd[12288];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(args, sizeof args, fmt, ap);
-  va_end(ap);
-  snprintf(cmd, sizeof cmd, "cd '%s' && %s generate %s </dev/null", work, bin, args);
-  return nb_test_run2(cmd, out, sizeof out, err, sizeof err);
-}
+static char generate_cmd[4200];
+#define generate(...) nb_test_run_in(work, generate_cmd, out, sizeof out, err, sizeof err, __VA_ARGS__)
 
 /* The ids of the line "what: ..." of text, at most cap; -1 when absent. */
 static int parse_ids(const char *text, const char *what, int32_t *ids, int cap) {
@@ -225,6 +216,7 @@ static void test_bad_options(void) {
 int main(void) {
   bin = nb_test_nabla_bin();
   if (!bin) return nb_test_summary("cli/generate");
+  snprintf(generate_cmd, sizeof generate_cmd, "%s generate", bin);
   if (!getcwd(src, sizeof src)) return 1; /* ctest runs tests in the source tree */
   nb_test_scratch_dir(work, sizeof work, "cli", "generate");
   nb_ctx *ctx = nb_ctx_create();
