@@ -33,21 +33,7 @@ common=(--threads 1 "data.train=$work/text.txt" model.preset=mixtral-tiny model.
         model.capacity_factor=2 model.lb_loss_coef=0.01 model.z_loss_coef=0.001 data.seq_len=32 batch_size=4
         grad_accum=2 steps=4 log_every=1 checkpoint_every=4 data.workers=0 eval_every=2 eval_steps=1)
 fail=0
-# values KEY FILE: the KEY numbers of the file's records, one a line
-values() { grep -o "\"$1\":[^,}]*" "$2" | cut -d: -f2; }
-# same KEY TOL A B: each of A's values within TOL (relative; 0: the same text) of B's
-same() {
-  local a b
-  a=$(values "$1" "$3"); b=$(values "$1" "$4")
-  echo "$1, 1 process:  " $a
-  echo "$1, 2 processes:" $b
-  if [ -z "$a" ] || [ "$(echo "$a" | wc -l)" != "$(echo "$b" | wc -l)" ]; then echo "FAIL: $1: no values or not as many"; fail=1; return; fi
-  if ! paste <(echo "$a") <(echo "$b") | awk -v tol="$2" '
-      { if (tol == 0 ? $1 != $2 : ($1 - $2 > tol * ($1 < 0 ? -$1 : $1) || $2 - $1 > tol * ($1 < 0 ? -$1 : $1))) bad = 1 }
-      END { exit bad }'; then
-    echo "FAIL: $1 differs (tolerance $2)"; fail=1
-  fi
-}
+. "$here/compare.sh" # values KEY FILE, same KEY TOL A B
 "$nabla" train --run-dir "$work/one" "${common[@]}" > "$work/one.log" 2>&1 || { cat "$work/one.log"; exit 1; }
 NABLA_MPI_TIMEOUT=200 "$here/mpirun.sh" 2 "$nabla" train --run-dir "$work/two" "${common[@]}" mesh.expert=2 \
   > "$work/two.log" 2>&1 || { cat "$work/two.log"; exit 1; }

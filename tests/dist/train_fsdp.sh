@@ -19,21 +19,7 @@ cat "$here"/../../docs/design.md "$here"/../../docs/compiler.md > "$work/text.tx
 common=(--threads 1 "data.train=$work/text.txt" data.seq_len=32 model.max_seq_len=33 batch_size=4 grad_accum=2
         steps=4 log_every=1 checkpoint_every=4 data.workers=0 model.dropout=0.1)
 fail=0
-# values KEY FILE: the KEY numbers of the file's records, one a line
-values() { grep -o "\"$1\":[^,}]*" "$2" | cut -d: -f2; }
-# same KEY TOL A B: each of A's values within TOL (relative; 0: the same text) of B's
-same() {
-  local a b
-  a=$(values "$1" "$3"); b=$(values "$1" "$4")
-  echo "$1, 1 process:  " $a
-  echo "$1, 2 processes:" $b
-  if [ -z "$a" ] || [ "$(echo "$a" | wc -l)" != "$(echo "$b" | wc -l)" ]; then echo "FAIL: $1: no values or not as many"; fail=1; return; fi
-  if ! paste <(echo "$a") <(echo "$b") | awk -v tol="$2" '
-      { if (tol == 0 ? $1 != $2 : ($1 - $2 > tol * ($1 < 0 ? -$1 : $1) || $2 - $1 > tol * ($1 < 0 ? -$1 : $1))) bad = 1 }
-      END { exit bad }'; then
-    echo "FAIL: $1 differs (tolerance $2)"; fail=1
-  fi
-}
+. "$here/compare.sh" # values KEY FILE, same KEY TOL A B
 pair() { # NAME ARGS...: one process, then 2 processes with mesh.fsdp=2
   local name=$1; shift
   "$nabla" train --run-dir "$work/$name-one" "${common[@]}" "$@" > "$work/$name-one.log" 2>&1 ||
