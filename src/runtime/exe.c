@@ -54,20 +54,32 @@ int nb_jit_parallel_threads(void) {
   return e && e->mod && e->cfg.backend->threads ? e->cfg.backend->threads(e->mod) : 1;
 }
 
-static nb_status run_eval(nb_exe *e, const nb_eqn *q, char **ptr, nb_array *const *in, nb_array **out) {
-  nb_ctx *ctx = e->ctx;
+/* Arrays over the step's memory for an equation's operands then results
+ * (new; *st is NB_ERR_NOMEM when one could not be made); free with
+ * views_free. */
+static nb_array **eqn_views(nb_exe *e, const nb_eqn *q, char **ptr, nb_array *const *in, nb_array **out, nb_status *st) {
   int n = q->nin + q->nout;
-  nb_array **arr = nb_calloc(ctx, sizeof(nb_array *) * (size_t)(n + 1));
-  if (!arr) return NB_ERR_NOMEM;
-  nb_status st = NB_OK;
-  for (int i = 0; i < n && st == NB_OK; i++)
-    if (!(arr[i] = view(e, i < q->nin ? q->in[i] : q->out[i - q->nin], ptr, in, out))) st = NB_ERR_NOMEM;
+  nb_array **arr = nb_calloc(e->ctx, sizeof(nb_array *) * (size_t)(n + 1));
+  *st = arr ? NB_OK : NB_ERR_NOMEM;
+  for (int i = 0; arr && i < n && *st == NB_OK; i++)
+    if (!(arr[i] = view(e, i < q->nin ? q->in[i] : q->out[i - q->nin], ptr, in, out))) *st = NB_ERR_NOMEM;
+  return arr;
+}
+
+static void views_free(nb_ctx *ctx, const nb_eqn *q, nb_array **arr) {
+  int n = q->nin + q->nout;
+  for (int i = 0; arr && i < n; i++) nb_array_release(arr[i]);
+  if (arr) nb_dealloc(ctx, arr, sizeof(nb_array *) * (size_t)(n + 1));
+}
+
+static nb_status run_eval(nb_exe *e, const nb_eqn *q, char **ptr, nb_array *const *in, nb_array **out) {
+  nb_status st;
+  nb_array **arr = eqn_views(e, q, ptr, in, out, &st);
   const nb_exe *outer = lender; /* a loop's body runs inside its executable's step */
   lender = e;
-  if (st == NB_OK) st = eval_eqn(ctx, q, arr);
+  if (st == NB_OK) st = eval_eqn(e->ctx, q, arr);
   lender = outer;
-  for (int i = 0; i < n; i++) nb_array_release(arr[i]);
-  nb_dealloc(ctx, arr, sizeof(nb_array *) * (size_t)(n + 1));
+  views_free(e->ctx, q, arr);
   return st;
 }
 
@@ -129,17 +141,12 @@ static nb_status progress(void) {
 static nb_status start_step(nb_exe *e, inflight *f, int s, char **ptr, nb_array *const *in, nb_array **out) {
   const nb_eqn *q = e->plan.steps[s].eqn;
   nb_ctx *ctx = e->ctx;
-  int n = q->nin + q->nout;
-  nb_array **arr = nb_calloc(ctx, sizeof(nb_array *) * (size_t)(n + 1));
-  if (!arr) return NB_ERR_NOMEM;
-  nb_status st = NB_OK;
-  for (int i = 0; i < n && st == NB_OK; i++)
-    if (!(arr[i] = view(e, i < q->nin ? q->in[i] : q->out[i - q->nin], ptr, in, out))) st = NB_ERR_NOMEM;
+  nb_status st;
+  nb_array **arr = eqn_views(e, q, ptr, in, out, &st);
   if (st == NB_OK) st = nb__rules(q->prim)->async->start(ctx, q, arr, arr + q->nin, &f->pending[s]);
   if (st != NB_OK && nb_ctx_status(ctx) == NB_OK)
     nb_errorf(ctx, st, "%s failed at run time (traced at %s:%d)", nb__rules(q->prim)->name, q->loc.file ? q->loc.file : "?", q->loc.line);
-  for (int i = 0; i < n; i++) nb_array_release(arr[i]);
-  nb_dealloc(ctx, arr, sizeof(nb_array *) * (size_t)(n + 1));
+  views_free(ctx, q, arr);
   return st;
 }
 
