@@ -65,6 +65,7 @@ import os
 import re
 import statistics
 import subprocess
+import shutil
 import sys
 import time
 
@@ -253,6 +254,11 @@ hf, out, V, D, L, H = sys.argv[2], sys.argv[3], *map(int, sys.argv[4:8])
 GPT2Config(vocab_size=V, n_positions=1024, n_ctx=1024, n_embd=D, n_layer=L, n_head=H, activation_function="gelu_new",
            layer_norm_epsilon=1e-5, bos_token_id=V - 1, eos_token_id=V - 1, tie_word_embeddings=True,
            architectures=["GPT2LMHeadModel"]).save_pretrained(hf)
+import torch
+# Debian's torch 1.13 predates the float8 dtypes that the converter only names in its dtype tables
+for name in ("float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64"):
+    if not hasattr(torch, name):
+        setattr(torch, name, torch.uint8)
 import conversion.base
 # the converter names a BPE pre-tokenizer by the hash of its tokens for a test text, known only for
 # published tokenizers; this one is GPT-2's (ByteLevel with GPT-2's regex) without merges
@@ -312,7 +318,8 @@ def make_gpt2(d, a):
         n[q + "mlp_norm.scale"], n[q + "mlp_norm.bias"] = t[p + "ln_2.weight"], t[p + "ln_2.bias"]
         n[q + "mlp.wi.kernel"], n[q + "mlp.wi.bias"] = t[p + "mlp.c_fc.weight"], t[p + "mlp.c_fc.bias"]
         n[q + "mlp.wo.kernel"], n[q + "mlp.wo.bias"] = t[p + "mlp.c_proj.weight"], t[p + "mlp.c_proj.bias"]
-    os.makedirs(nd, exist_ok=True)
+    shutil.rmtree(nd, ignore_errors=True)  # a run that failed after the import left a step 0 that import refuses
+    os.makedirs(nd)
     st = os.path.join(d, "nabla-params.safetensors")
     save_file(n, st)
     with open(os.path.join(nd, "config.yaml"), "w") as f:
