@@ -63,9 +63,9 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
-import shutil
 import sys
 import time
 
