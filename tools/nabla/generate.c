@@ -255,8 +255,8 @@ static int run(nb_ctx *ctx, options *o) {
   if (!s && o->gguf && (s = nb_cli_gguf_keep_quantized(ctx, o->gguf, &m, o->gguf_act, &n_quantized))) nb_model_loaded_free(&m);
   if (s) return fprintf(stderr, "nabla generate: %s\n", nb_ctx_error(ctx)), 1;
   if (n_quantized)
-    fprintf(stderr, "nabla generate: %lld Q8_0/Q4_0 linears of %s run quantized (int8/int4 g32, %s activations)\n", (long long)n_quantized,
-            o->gguf, o->gguf_act == NB_QUANT_ACT_INT8_BLOCK ? "int8 per-32-block" : "f32");
+    fprintf(stderr, "nabla generate: %lld Q8_0/Q4_0/Q6_K linears of %s run quantized (int8 g32/int4 g32/int8 g16, %s activations)\n",
+            (long long)n_quantized, o->gguf, o->gguf_act == NB_QUANT_ACT_INT8_BLOCK ? "int8 per-32-block" : "f32");
   /* the prompt's ids: [bos] + the tokenizer's, or its bytes */
   size_t plen = strlen(o->prompt), n_ids = 0;
   nb_tok_ids enc = {0};
