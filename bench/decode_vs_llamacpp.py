@@ -51,8 +51,8 @@ llama.cpp's q6_k: conservative). The f32 side ("generate-f32", nabla on
 the f32 HF folder) gives the speed-up over nabla's own f32 decode;
 "generate-gguf" is nabla on llama.cpp's very file (its Q8_0 / Q4_0 linears
 as int8 / int4 g32, with int8 per-32-block activations by default as llama.cpp
-computes them: --gguf-act none for weight-only; q4_0's q6_k output.weight in
-f32). --act int8_block gives the run dir's rules act_qtype int8_block too.
+computes them: --gguf-act none for weight-only; q4_0's q6_k output.weight as
+int8 g16 with the same activations). --act int8_block gives the run dir's rules act_qtype int8_block too.
 
 Usage (the venv has llama-cpp-python, gguf, numpy, safetensors):
   /work/venv-llamacpp/bin/python bench/decode_vs_llamacpp.py [--build build] [--rounds 3]

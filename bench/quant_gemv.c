@@ -12,9 +12,11 @@
  * comes from memory, not cache, as in a decode step. Formats: f32 (sgemm,
  * B transposed in place), int8 per-channel, int4 g32, nf4 g64, fp8 e4m3
  * per-channel, W8A8 (int8 per-channel x int8 per token), int8 g32
- * weight-only, and int8 g32 / int4 g32 x int8 per 32-block activations
- * ("blk": int8_block, llama.cpp's Q8_0 / Q4_0 product). Every format runs
- * once per round, rounds interleaved; medians of the rounds.
+ * weight-only, int8 g32 / int4 g32 x int8 per 32-block activations
+ * ("blk": int8_block, llama.cpp's Q8_0 / Q4_0 product), and int8 g16
+ * (GGUF Q6_K's layout, the head of a Q4_0 file) weight-only and "blk"
+ * (each half of a 32-block scaled by its own tile). Every format runs once
+ * per round, rounds interleaved; medians of the rounds.
  *
  *   ./build/bench_quant_gemv [rounds (default 7)] [M ...]
  */
@@ -25,10 +27,12 @@
 #include "bench_util.h"
 #include "quant/internal.h"
 
-enum { F32, I8, I4, NF4, FP8, W8A8, I8G32, I8BLK, I4BLK, NFMT };
-static const char *const fmt_names[NFMT] = {"f32", "int8", "int4 g32", "nf4 g64", "fp8 e4m3", "W8A8", "int8 g32", "i8g32 blk", "i4g32 blk"};
+enum { F32, I8, I4, NF4, FP8, W8A8, I8G32, I8BLK, I4BLK, I8G16, I8G16BLK, NFMT };
+static const char *const fmt_names[NFMT] = {"f32",      "int8",      "int4 g32",  "nf4 g64",  "fp8 e4m3", "W8A8",
+                                            "int8 g32", "i8g32 blk", "i4g32 blk", "int8 g16", "i8g16 blk"};
 /* the activations of each format: blk = int8_block (x int8 per 32) */
-static const nb_quant_act fmt_act[NFMT] = {0, 0, 0, 0, 0, NB_QUANT_ACT_INT8_DYNAMIC, 0, NB_QUANT_ACT_INT8_BLOCK, NB_QUANT_ACT_INT8_BLOCK};
+static const nb_quant_act fmt_act[NFMT] = {0, 0, 0, 0, 0, NB_QUANT_ACT_INT8_DYNAMIC, 0, NB_QUANT_ACT_INT8_BLOCK, NB_QUANT_ACT_INT8_BLOCK,
+                                           0, NB_QUANT_ACT_INT8_BLOCK};
 
 typedef struct copies {
   int n;                 /* copies of W */
@@ -42,8 +46,9 @@ static void make_copies(nb_ctx *ctx, int fmt, int64_t N, int64_t K, copies *c) {
   float *wp = nb_array_data_mut(w);
   uint64_t s = 42;
   for (int64_t i = 0; i < N * K; i++) s = s * 6364136223846793005ull + 1442695040888963407ull, wp[i] = (float)((double)(s >> 40) / (1 << 24) - 0.5) * 0.1f;
-  nb_quant_type qt[NFMT] = {0, NB_QUANT_INT8, NB_QUANT_INT4, NB_QUANT_NF4, NB_QUANT_FP8_E4M3, NB_QUANT_INT8, NB_QUANT_INT8, NB_QUANT_INT8, NB_QUANT_INT4};
-  int64_t tile[NFMT] = {0, 0, 32, 64, 0, 0, 32, 32, 32};
+  nb_quant_type qt[NFMT] = {0,             NB_QUANT_INT8, NB_QUANT_INT4, NB_QUANT_NF4,  NB_QUANT_FP8_E4M3, NB_QUANT_INT8,
+                            NB_QUANT_INT8, NB_QUANT_INT8, NB_QUANT_INT4, NB_QUANT_INT8, NB_QUANT_INT8};
+  int64_t tile[NFMT] = {0, 0, 32, 64, 0, 0, 32, 32, 32, 16, 16};
   nb_quant_calib cal = {.kind = NB_QUANT_ABSMAX};
   nb_quant_weight q0 = {0};
   if (fmt == F32) c->bytes = 4.0 * (double)(N * K);

@@ -139,7 +139,7 @@ typedef enum nb_quant_act {
   NB_QUANT_ACT_INT8_DYNAMIC, /* W8A8: x row-wise absmax to int8 at run time (int8 symmetric weights) */
   NB_QUANT_ACT_INT8_BLOCK,   /* W8A8 per block ("int8_block", llama.cpp's Q8_0 activations): each 32
                                 elements of a row of x absmax to int8 at run time (int8 or int4
-                                symmetric weights, tiles a multiple of 32 or per-channel) */
+                                symmetric weights, any tile: each 16 of a block takes its tile's scale) */
   NB_QUANT_ACT_INT8_STATIC,  /* W8A8 with a fixed activation scale from a calibration pass
                                 ("int8_static"): x to int8 as round(x / s), saturating at
                                 +-127 (int8 symmetric weights) */

@@ -143,8 +143,9 @@ static const char *const act_names[NB_QUANT_ACT_COUNT] = {"none", "int8_dynamic"
 const char *nb_quant_act_name(nb_quant_act a) { return (unsigned)a < NB_QUANT_ACT_COUNT ? act_names[a] : "?"; }
 
 /* W8A8 multiplies int8 activations by integer codes: int8 symmetric
- * weights (per row), int8 or int4 symmetric (per block, whose weight tiles
- * must hold whole activation blocks) */
+ * weights (per row), int8 or int4 symmetric (per block: any tile, since
+ * every tile is a multiple of 16 and the kernels scale each half block of
+ * 16 by its own tile) */
 bool nb_quant__act_ok(const nb_quant_layout *l, nb_quant_act act, char *why, size_t cap) {
   if ((unsigned)act >= NB_QUANT_ACT_COUNT) return snprintf(why, cap, "act: %d is no activation mode", (int)act), false;
   int64_t tile = l->tile < l->k ? l->tile : l->k;
@@ -158,9 +159,6 @@ bool nb_quant__act_ok(const nb_quant_layout *l, nb_quant_act act, char *why, siz
   if (act == NB_QUANT_ACT_INT8_BLOCK && ((l->qtype != NB_QUANT_INT8 && l->qtype != NB_QUANT_INT4) || l->asymmetric))
     return snprintf(why, cap, "act: int8_block activations need int8 or int4 symmetric weights, not %s%s", nb_quant_type_name(l->qtype),
                     l->asymmetric ? " asymmetric" : ""), false;
-  if (act == NB_QUANT_ACT_INT8_BLOCK && l->tile < l->k && l->tile % NB_QUANT__ACT_BLOCK)
-    return snprintf(why, cap, "tile: int8_block activations need weight tiles of a multiple of %d (or per-channel), got %lld",
-                    NB_QUANT__ACT_BLOCK, (long long)l->tile), false;
   return true;
 }
 

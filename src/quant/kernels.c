@@ -499,12 +499,20 @@ typedef struct xblocks {
   int8_t *q;  /* [m][nb * 32] */
   float *s;   /* [m][nb] */
   int32_t *corr; /* [m][nb][8], int4 weights only */
+  int32_t *tile_of; /* [nb][2]: the weight tile of lanes 0-3 and of lanes 4-7 of block b */
+  bool split;    /* some block's halves lie in two tiles (tiles of 16, 48, ...): a scale per half */
 } xblocks;
 
-enum { QB = NB_QUANT__ACT_BLOCK, QL = 8 /* lanes of 4 codes per block */ };
+enum { QB = NB_QUANT__ACT_BLOCK, QL = 8 /* lanes of 4 codes per block */, QH = QB / 2 /* codes per half block */ };
 
-/* blocks per weight tile (a tile holds whole blocks, or the row) */
-static int64_t blocks_per_tile(const nb_quant_layout *l, int64_t nb) { return l->tile >= l->k ? nb : l->tile / QB; }
+/* The weight tile of half h of block b (lanes 4h .. 4h + 3, k from 32 b +
+ * 16 h): tiles are multiples of 16, so a half lies in one tile; a half
+ * wholly past k (its lanes 0) takes the last tile, as does the rest of a
+ * per-channel row. Tiles of a multiple of 32 give both halves one tile. */
+static int32_t half_tile(const nb_quant_layout *l, int64_t b, int h) {
+  int64_t t = (b * QB + h * QH) / l->tile, last = nb_quant_num_tiles(l) - 1;
+  return (int32_t)(t < last ? t : last);
+}
 
 /* The 8 lanes summed as ((l_i + l_{i+4}) + (.. i+2)) + (.. i+1): what
  * reduce8_256 does. */
@@ -517,13 +525,13 @@ static inline float reduce8(const float *l) {
 
 /* The definition, one output at a time: lane j of block b is the exact
  * integer sum of the 4 products at k = 32 b + 4 j ... + 3 (codes past k
- * are 0); acc_j = fma((float)lane, s_w(tile of b) * s_x(b), acc_j) in order
- * of b; y = reduce8(acc). Every vector kernel computes the same lanes (8
- * int32 lanes of a 256-bit vpdpbusd / vpmaddubsw + vpmaddwd are exactly
- * these) and the same chain, so all give these bits. */
+ * are 0); acc_j = fma((float)lane, s_w(tile of lane j) * s_x(b), acc_j) in
+ * order of b (half_tile: lanes 0-3 and 4-7 of a block may lie in two
+ * tiles of 16); y = reduce8(acc). Every vector kernel computes the same
+ * lanes (8 int32 lanes of a 256-bit vpdpbusd / vpmaddubsw + vpmaddwd are
+ * exactly these) and the same chain, so all give these bits. */
 static void bkernel_c(const nb_quant__mm *p, const xblocks *xb, int64_t n0, int64_t n1) {
   const int64_t K = p->l.k, T = nb_quant_num_tiles(&p->l), rb = nb_quant__row_bytes(&p->l), B = xb->nb;
-  const int64_t bpt = blocks_per_tile(&p->l, B);
   const bool i4 = p->l.qtype == NB_QUANT_INT4;
   for (int64_t n = n0; n < n1; n++) {
     const uint8_t *row = p->values + n * rb;
@@ -533,12 +541,12 @@ static void bkernel_c(const nb_quant__mm *p, const xblocks *xb, int64_t n0, int6
       const float *xs = xb->s + m * B;
       float acc[QL] = {0};
       for (int64_t b = 0; b < B; b++) {
-        float d = sr[b / bpt] * xs[b];
+        float d[2] = {sr[xb->tile_of[2 * b]] * xs[b], sr[xb->tile_of[2 * b + 1]] * xs[b]};
         for (int j = 0; j < QL; j++) {
           int32_t lane = 0;
           for (int64_t k = b * QB + 4 * j; k < b * QB + 4 * j + 4 && k < K; k++)
             lane += (i4 ? ((row[k / 2] >> (4 * (k % 2))) & 15) - 8 : (int8_t)row[k]) * xq[k];
-          acc[j] = fmaf((float)lane, d, acc[j]);
+          acc[j] = fmaf((float)lane, d[j / 4], acc[j]);
         }
       }
       p->y[m * p->l.n + n] = reduce8(acc);
@@ -564,11 +572,14 @@ NB_TARGET_END
 /* One block for NBI rows of W (w[j]: the block's codes of row j), one row
  * of x: int8 codes by the sign trick (|w| as u8 times x with w's sign),
  * int4 codes as u8 (c <= 15: vpmaddubsw's pairs cannot saturate) less the
- * block's corr. ACC(acc, u8, s8) adds the 4-code lane sums. */
+ * block's corr. ACC(acc, u8, s8) adds the 4-code lane sums. Lanes 0-3
+ * take tile t01[0]'s scale, lanes 4-7 tile t01[1]'s: one broadcast product
+ * when the layout never splits a block, else a vector of the two (the
+ * same f32 products lane by lane). */
 #define BLOCKS_256(SFX, TARGET, ACC)                                                                                          \
   __attribute__((target(TARGET), always_inline)) static inline void bstep_##SFX(                                           \
-      const uint8_t *const *w, __m256i xv, __m256i corr, float sx, const float *const *sr, int64_t t, __m256 *acc,          \
-      const bool i4, int64_t ahead) {                                                                                       \
+      const uint8_t *const *w, __m256i xv, __m256i corr, float sx, const float *const *sr, const int32_t *t01, __m256 *acc, \
+      const bool i4, const bool split, int64_t ahead) {                                                                     \
     _Pragma("GCC unroll 8")                                                                                              \
     for (int j = 0; j < NBI; j++) {                                                                                         \
       _mm_prefetch((const char *)w[j] + ahead, _MM_HINT_T0); /* the next rows' block: rows are short streams */          \
@@ -579,13 +590,17 @@ NB_TARGET_END
         __m256i wv = _mm256_loadu_si256((const __m256i *)w[j]);                                                            \
         lanes = ACC(_mm256_setzero_si256(), _mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));                           \
       }                                                                                                                     \
-      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(sr[j][t] * sx), acc[j]);                           \
+      __m256 d = split ? _mm256_mul_ps(_mm256_insertf128_ps(_mm256_castps128_ps256(_mm_broadcast_ss(sr[j] + t01[0])),      \
+                                                            _mm_broadcast_ss(sr[j] + t01[1]), 1),                            \
+                                       _mm256_set1_ps(sx))                                                                 \
+                       : _mm256_set1_ps(sr[j][t01[0]] * sx);                                                               \
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), d, acc[j]);                                                       \
     }                                                                                                                       \
   }                                                                                                                         \
   __attribute__((target(TARGET), always_inline)) static inline void bkernel_##SFX##_body(                                  \
-      const nb_quant__mm *p, const xblocks *xb, int64_t n0, int64_t n1, const bool i4) {                                    \
+      const nb_quant__mm *p, const xblocks *xb, int64_t n0, int64_t n1, const bool i4, const bool split) {                  \
     const int64_t K = p->l.k, T = nb_quant_num_tiles(&p->l), rb = nb_quant__row_bytes(&p->l), B = xb->nb, N = p->l.n;      \
-    const int64_t bpt = blocks_per_tile(&p->l, B), full = K / QB, wstep = i4 ? QB / 2 : QB;                                \
+    const int64_t full = K / QB, wstep = i4 ? QB / 2 : QB;                                                                  \
     for (int64_t n = n0; n < n1; n += NBI) {                                                                                \
       const uint8_t *wr[NBI];                                                                                               \
       const float *sr[NBI];                                                                                                 \
@@ -599,13 +614,12 @@ NB_TARGET_END
         const int32_t *xc = i4 ? xb->corr + m * B * QL : NULL;                                                              \
         __m256 acc[NBI];                                                                                                    \
         for (int j = 0; j < NBI; j++) acc[j] = _mm256_setzero_ps();                                                         \
-        int64_t t = 0, left = bpt;                                                                                          \
         for (int64_t b = 0; b < full; b++) {                                                                                \
           const uint8_t *w[NBI];                                                                                            \
           for (int j = 0; j < NBI; j++) w[j] = wr[j] + b * wstep;                                                           \
           __m256i corr = i4 ? _mm256_loadu_si256((const __m256i *)(xc + b * QL)) : _mm256_setzero_si256();                 \
-          bstep_##SFX(w, _mm256_loadu_si256((const __m256i *)(xq + b * QB)), corr, xs[b], sr, t, acc, i4, NBI * rb);       \
-          if (--left == 0) t++, left = bpt;                                                                                 \
+          bstep_##SFX(w, _mm256_loadu_si256((const __m256i *)(xq + b * QB)), corr, xs[b], sr, xb->tile_of + 2 * b, acc, i4, \
+                      split, NBI * rb);                                                                                     \
         }                                                                                                                   \
         if (full < B) { /* the ragged last block, from zero-padded copies */                                               \
           uint8_t tmp[NBI][QB];                                                                                             \
@@ -615,15 +629,17 @@ NB_TARGET_END
             w[j] = tmp[j];                                                                                                  \
           }                                                                                                                 \
           __m256i corr = i4 ? _mm256_loadu_si256((const __m256i *)(xc + full * QL)) : _mm256_setzero_si256();              \
-          bstep_##SFX(w, _mm256_loadu_si256((const __m256i *)(xq + full * QB)), corr, xs[full], sr, t, acc, i4, 0);        \
+          bstep_##SFX(w, _mm256_loadu_si256((const __m256i *)(xq + full * QB)), corr, xs[full], sr, xb->tile_of + 2 * full,  \
+                      acc, i4, split, 0);                                                                                   \
         }                                                                                                                   \
         for (int j = 0; j < NBI && n + j < n1; j++) p->y[m * N + n + j] = reduce8_256(acc[j]);                              \
       }                                                                                                                     \
     }                                                                                                                       \
   }                                                                                                                         \
   __attribute__((target(TARGET))) static void bkernel_##SFX(const nb_quant__mm *p, const xblocks *xb, int64_t n0, int64_t n1) { \
-    if (p->l.qtype == NB_QUANT_INT4) bkernel_##SFX##_body(p, xb, n0, n1, true);                                             \
-    else bkernel_##SFX##_body(p, xb, n0, n1, false);                                                                        \
+    bool i4 = p->l.qtype == NB_QUANT_INT4;                                                                                  \
+    if (xb->split) i4 ? bkernel_##SFX##_body(p, xb, n0, n1, true, true) : bkernel_##SFX##_body(p, xb, n0, n1, false, true); \
+    else i4 ? bkernel_##SFX##_body(p, xb, n0, n1, true, false) : bkernel_##SFX##_body(p, xb, n0, n1, false, false);         \
   }
 BLOCKS_256(avx2, "avx2,fma", madd_avx2)
 BLOCKS_256(avxvnni, "avx2,fma,avxvnni", _mm256_dpbusd_avx_epi32)
@@ -632,16 +648,18 @@ BLOCKS_256(avx512vnni, "avx2,fma,avx512f,avx512vl,avx512vnni", _mm256_dpbusd_epi
 
 typedef void (*bkernel_fn)(const nb_quant__mm *p, const xblocks *xb, int64_t n0, int64_t n1);
 
-static void xblocks_free(xblocks *xb) { free(xb->q), free(xb->s), free(xb->corr); }
+static void xblocks_free(xblocks *xb) { free(xb->q), free(xb->s), free(xb->corr), free(xb->tile_of); }
 
 static nb_status quantize_blocks(nb_ctx *ctx, const nb_quant__mm *p, xblocks *xb) {
   const int64_t K = p->l.k, B = (K + QB - 1) / QB, M = p->m;
-  *xb = (xblocks){.nb = B, .q = calloc((size_t)(M * B), QB), .s = malloc(sizeof(float) * (size_t)(M * B))};
+  *xb = (xblocks){.nb = B, .q = calloc((size_t)(M * B), QB), .s = malloc(sizeof(float) * (size_t)(M * B)),
+                  .tile_of = malloc(sizeof(int32_t) * 2 * (size_t)B), .split = p->l.tile < K && p->l.tile % QB};
   if (p->l.qtype == NB_QUANT_INT4) xb->corr = malloc(sizeof(int32_t) * QL * (size_t)(M * B));
-  if (!xb->q || !xb->s || (p->l.qtype == NB_QUANT_INT4 && !xb->corr)) {
+  if (!xb->q || !xb->s || !xb->tile_of || (p->l.qtype == NB_QUANT_INT4 && !xb->corr)) {
     xblocks_free(xb);
     return nb_errorf(ctx, NB_ERR_NOMEM, "quant.matmul: out of memory for %lld quantized activations", (long long)(M * K));
   }
+  for (int64_t b = 0; b < B; b++) xb->tile_of[2 * b] = half_tile(&p->l, b, 0), xb->tile_of[2 * b + 1] = half_tile(&p->l, b, 1);
   for (int64_t m = 0; m < M; m++)
     for (int64_t b = 0; b < B; b++) {
       int64_t len = K - b * QB < QB ? K - b * QB : QB;

@@ -12,7 +12,6 @@
 #include <yaml.h>
 
 #include "nabla/quant.h"
-#include "quant/internal.h"
 
 struct nb_quant_rules {
   nb_ctx *ctx;
@@ -100,9 +99,6 @@ static nb_status check_rule(nb_ctx *ctx, int i, const nb_quant_rule *q) {
   if (q->act_qtype == NB_QUANT_ACT_INT8_BLOCK && ((q->weight_qtype != NB_QUANT_INT8 && q->weight_qtype != NB_QUANT_INT4) || asymmetric))
     return nb_errorf(ctx, NB_ERR_INVALID_ARG,
                      "rule %d: act_qtype: int8_block needs int8 or int4 symmetric weights (absmax or rms calibration)", i);
-  if (q->act_qtype == NB_QUANT_ACT_INT8_BLOCK && q->tile_size % NB_QUANT__ACT_BLOCK)
-    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "rule %d: tile_size: int8_block needs a multiple of %d (or per-channel), got %lld", i,
-                     NB_QUANT__ACT_BLOCK, (long long)q->tile_size);
   return NB_OK;
 }
 

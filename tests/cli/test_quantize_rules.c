@@ -134,14 +134,14 @@ static void test_gguf_in(nb_ctx *ctx) {
     CHECK_MSG(rc == 0, "rc %d: %s", rc, err);
     /* the default: int8 per-32-block activations (llama.cpp's arithmetic; tests/quant/test_matmul.c checks its bits) */
     rc = nabla("generate --gguf m-%s.gguf --prompt 'merges merge the tokenizer' --temperature 0 --max-tokens 24 --threads 1", type);
-    CHECK_MSG(rc == 0 && strstr(err, "15 Q8_0/Q4_0 linears of") && strstr(err, "int8 per-32-block activations"), "%s: rc %d: %s", type, rc,
-              err);
+    CHECK_MSG(rc == 0 && strstr(err, "15 Q8_0/Q4_0/Q6_K linears of") && strstr(err, "int8 per-32-block activations"), "%s: rc %d: %s", type,
+              rc, err);
     rc = nabla("generate --gguf m-%s.gguf --gguf-act fp8 --prompt x", type);
     CHECK_MSG(rc == 2 && strstr(err, "--gguf-act: 'fp8'"), "%s: rc %d: %s", type, rc, err);
     /* weight-only: exactly the f32 model on the file's decoded weights */
     rc = nabla("generate --gguf m-%s.gguf --gguf-act none --prompt 'merges merge the tokenizer' --temperature 0 --max-tokens 24 "
                "--show-ids --threads 1", type);
-    CHECK_MSG(rc == 0 && strstr(err, "15 Q8_0/Q4_0 linears of") && strstr(err, "f32 activations"), "%s: rc %d: %s", type, rc, err);
+    CHECK_MSG(rc == 0 && strstr(err, "15 Q8_0/Q4_0/Q6_K linears of") && strstr(err, "f32 activations"), "%s: rc %d: %s", type, rc, err);
     int32_t prompt[64], got[64], want[64];
     int np = parse_ids(err, "prompt ids", prompt, 64), ng = parse_ids(err, "generated ids", got, 64);
     char path[4200];

@@ -72,6 +72,13 @@ static void test_rules_api(nb_ctx *ctx) {
   bad[0] = (nb_quant_rule){.module_path = "x", .weight_qtype = NB_QUANT_NF4, .weight_calibration = {.kind = NB_QUANT_MINMAX}};
   CHECK(!nb_quant_rules_create(ctx, 1, bad));
   CHECK_ERR(ctx, NB_ERR_INVALID_ARG, "rule 0: weight_calibration: minmax");
+
+  /* int8_block takes any tile: 16 (GGUF Q6_K's) and 48 split a 32-block between two tiles */
+  nb_quant_rule blk[] = {{.module_path = "lm_head", .weight_qtype = NB_QUANT_INT8, .act_qtype = NB_QUANT_ACT_INT8_BLOCK, .tile_size = 16},
+                         {.module_path = ".*", .weight_qtype = NB_QUANT_INT4, .act_qtype = NB_QUANT_ACT_INT8_BLOCK, .tile_size = 48}};
+  r = nb_quant_rules_create(ctx, 2, blk);
+  CHECK_MSG(r, "%s", nb_ctx_error(ctx));
+  nb_quant_rules_destroy(r);
 }
 
 static nb_quant_rules *yaml(nb_ctx *ctx, const char *text) { return nb_quant_rules_parse_yaml(ctx, "r.yaml", text, strlen(text)); }
@@ -127,8 +134,6 @@ static void test_rules_yaml(nb_ctx *ctx) {
       {"quant:\n  rules:\n    - {module_path: a, weight_qtype: int8, tile_size: 24}\n", "rule 0: tile_size: 24"},
       {"quant:\n  rules:\n    - {module_path: a, weight_qtype: int8, act_qtype: int16}\n", "rule 0: act_qtype: 'int16'"},
       {"quant:\n  rules:\n    - {module_path: a, weight_qtype: nf4, act_qtype: int8_block}\n", "rule 0: act_qtype: int8_block needs int8 or int4"},
-      {"quant:\n  rules:\n    - {module_path: a, weight_qtype: int4, act_qtype: int8_block, tile_size: 48}\n",
-       "rule 0: tile_size: int8_block needs a multiple of 32"},
       {"quant:\n  rules:\n    - {module_path: a, weight_qtype: int8, weight_calibration: 'rms,-1'}\n",
        "rule 0: weight_calibration:"},
       {"quant:\n  rules:\n    - {module_path: [a], weight_qtype: int8}\n", "rule 0: module_path: a scalar wanted"},
@@ -445,6 +450,10 @@ int main(void) {
   test_hook_logits(ctx,
                    "quant:\n  rules:\n    - {module_path: '.*', weight_qtype: int8, act_qtype: int8_dynamic, tile_size: 32}\n",
                    false, "W8A8");
+  test_hook_logits(ctx, /* a Q4_0 GGUF's layout: int4 g32 linears, an int8 g16 head (K = 64, 80: 4, 5 tiles) */
+                   "quant:\n  rules:\n    - {module_path: lm_head, weight_qtype: int8, act_qtype: int8_block, tile_size: 16}\n"
+                   "    - {module_path: '.*', weight_qtype: int4, act_qtype: int8_block, tile_size: 32}\n",
+                   false, "W8A8 per block, int8 g16 head");
   test_op_names_moe(ctx);
   nb_ctx_destroy(ctx);
   return nb_test_summary("quant/test_rules");

@@ -85,9 +85,9 @@ typedef struct nb_ctx nb_ctx;
 typedef struct nb_quant_plan nb_quant_plan;
 typedef struct nb_serve_model_opts nb_serve_model_opts;
 bool nb_cli_quant_hook(const char *cmd, nb_ctx *ctx, const nb_tree *params, nb_serve_model_opts *mo, nb_quant_plan **plan);
-/* After nb_model_load_gguf: a Llama file's Q8_0 / Q4_0 linears are put back
- * into m->params as int8 / int4 g32 quant trees of the file's own codes and
- * scales, run with activations act (NB_QUANT_ACT_INT8_BLOCK: llama.cpp's
+/* After nb_model_load_gguf: a Llama file's Q8_0 / Q4_0 / Q6_K linears are
+ * put back into m->params as int8 g32 / int4 g32 / int8 g16 quant trees of
+ * the file's own codes and scales, run with activations act (NB_QUANT_ACT_INT8_BLOCK: llama.cpp's
  * arithmetic, the default of generate and serve; NB_QUANT_ACT_NONE:
  * weight-only); the others stay f32. *n_quantized says how many. */
 typedef struct nb_model_loaded nb_model_loaded;

@@ -22,7 +22,7 @@ static const char usage_text[] =
     "  --seq-len T        tokens of context per window (default: the model's max_seq_len, at most 512)\n"
     "  --max-windows N    score at most N windows (default: all)\n"
     "  --batch B          windows per forward (default 8)\n"
-    "  --gguf-act MODE    a GGUF file's Q8_0 / Q4_0 activations: int8_block (default, llama.cpp's) or none\n"
+    "  --gguf-act MODE    a GGUF file's Q8_0 / Q4_0 / Q6_K activations: int8_block (default, llama.cpp's) or none\n"
     "  --config FILE      the run config for a checkpoint step\n"
     "  --threads N        compute threads (default: $NABLA_THREADS, else all CPUs)\n"
     "prints: nll (nats/token) and perplexity over all predictions and over each window's second half\n";

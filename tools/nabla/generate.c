@@ -20,9 +20,9 @@ static const char usage_text[] =
           "  --run-dir DIR        a nabla run: DIR/config.yaml and the latest step of DIR/checkpoints\n"
           "  --checkpoint DIR     one checkpoint step (config: DIR/../../config.yaml, or --config)\n"
           "  --hf DIR             a Hugging Face GPT-2, Llama, Mistral or Qwen2 folder (config.json, safetensors, tokenizer.json)\n"
-          "  --gguf FILE          a Llama GGUF file (llama.cpp's format; Q8_0 / Q4_0 linears run as int8 / int4 g32,\n"
-          "                       other types dequantized to f32)\n"
-          "  --gguf-act MODE      activations of the Q8_0 / Q4_0 linears: int8_block (default: int8 per 32, as\n"
+          "  --gguf FILE          a Llama GGUF file (llama.cpp's format; Q8_0 / Q4_0 / Q6_K linears run as int8 g32 /\n"
+          "                       int4 g32 / int8 g16, other types dequantized to f32)\n"
+          "  --gguf-act MODE      activations of the Q8_0 / Q4_0 / Q6_K linears: int8_block (default: int8 per 32, as\n"
           "                       llama.cpp computes them) or none (weight-only, f32 activations)\n"
           "  --config FILE        the run config for --run-dir / --checkpoint\n"
           "  --prompt TEXT        the text to continue\n"
@@ -255,8 +255,8 @@ static int run(nb_ctx *ctx, options *o) {
   if (!s && o->gguf && (s = nb_cli_gguf_keep_quantized(ctx, o->gguf, &m, o->gguf_act, &n_quantized))) nb_model_loaded_free(&m);
   if (s) return fprintf(stderr, "nabla generate: %s\n", nb_ctx_error(ctx)), 1;
   if (n_quantized)
-    fprintf(stderr, "nabla generate: %lld Q8_0/Q4_0 linears of %s run quantized (int8/int4 g32, %s activations)\n", (long long)n_quantized,
-            o->gguf, o->gguf_act == NB_QUANT_ACT_INT8_BLOCK ? "int8 per-32-block" : "f32");
+    fprintf(stderr, "nabla generate: %lld Q8_0/Q4_0/Q6_K linears of %s run quantized (int8 g32/int4 g32/int8 g16, %s activations)\n",
+            (long long)n_quantized, o->gguf, o->gguf_act == NB_QUANT_ACT_INT8_BLOCK ? "int8 per-32-block" : "f32");
   /* the prompt's ids: [bos] + the tokenizer's, or its bytes */
   size_t plen = strlen(o->prompt), n_ids = 0;
   nb_tok_ids enc = {0};

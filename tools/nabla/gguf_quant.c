@@ -4,8 +4,9 @@
  * so generate and serve run it on the quant kernels, by default with int8
  * per-32-block activations (int8_block: what llama.cpp computes for these
  * types); act NB_QUANT_ACT_NONE keeps them weight-only (f32 activations).
- * Q6_K (llama.cpp's output.weight in Q4_0 files) becomes int8 g16, always
- * weight-only. Other types stay f32. */
+ * Q6_K (llama.cpp's output.weight in Q4_0 files) becomes int8 g16 with the
+ * same act (int8_block scales each 16 of a 32-block by its own tile, as
+ * llama.cpp's Q6_K x Q8_K product does). Other types stay f32. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,7 +33,6 @@ static nb_status one(nb_ctx *ctx, const nb_gguf *g, nb_model_loaded *m, const ch
   /* the loader's kernel [in, out] must be this tensor's (else leave it) */
   if (!f32 || nb_array_rank(f32) != 2 || nb_array_dims(f32)[0] != k || nb_array_dims(f32)[1] != n || k % (t->type == NB_GGUF_Q6_K ? 256 : 32))
     return NB_OK;
-  if (t->type == NB_GGUF_Q6_K) act = NB_QUANT_ACT_NONE; /* int8 g16: int8_block needs tiles of 32 */
   int64_t *rows = NULL;
   if (heads) {
     rows = malloc((size_t)n * sizeof *rows);
