@@ -47,6 +47,7 @@ nb_status nb_train__ep_check_rules(nb_ctx *ctx, const nb_dist_rules *r, const nb
     const char *p = nb_tree_path(params, i);
     int k = nb_dist_rules_match(r, p), n;
     nb_part_spec sp = nb_dist_rules_spec(r, k, &n);
+    if (n > nb_leaf_get_aval(nb_tree_leaf(params, i)).shape.rank) continue; /* the layout refuses it, naming the rank */
     char spec[160], rule[96];
     nb_dist_spec_str(n, sp, spec, sizeof spec);
     if (k >= 0) snprintf(rule, sizeof rule, "%s[%d]", nb_dist_rules_label(r), k);

@@ -251,9 +251,9 @@ nb_status nb_train_print_layout(nb_ctx *ctx, const nb_train_config *c, FILE *f) 
   if (!s) s = ospec ? nb_train__layout_make(ctx, c, params, ospec, &L) : nb_ctx_status(ctx);
   if (!s) {
     const char *axis = L.axis;
-    fprintf(f, "layout of %s over mesh data=%lld fsdp=%lld expert=%lld tensor=%lld: %s, %s\n", c->preset,
+    fprintf(f, "layout of %s over mesh data=%lld fsdp=%lld expert=%lld tensor=%lld: %s%s\n", c->preset,
             (long long)c->mesh.data, (long long)c->mesh.fsdp, (long long)c->mesh.expert, (long long)c->mesh.tensor,
-            axis ? "the state split over" : "nothing split (no mesh axis but data above 1)", axis ? axis : "");
+            axis ? "the state split over " : "nothing split (no mesh axis but data above 1)", axis ? axis : "");
     fprintf(f, "rules: %s (%d): first full match wins; no match: replicated\n", nb_dist_rules_label(L.rules),
             nb_dist_rules_count(L.rules));
     for (int i = 0; i < nb_dist_rules_count(L.rules); i++) {
@@ -264,7 +264,7 @@ nb_status nb_train_print_layout(nb_ctx *ctx, const nb_train_config *c, FILE *f) 
     }
     if (L.axis && !strcmp(L.axis, "tensor"))
       fprintf(f, "tensor parallel: attention %s, MLP %s\n", L.tp_attn ? "split" : "replicated", L.tp_mlp ? "split" : "replicated");
-    fprintf(f, "leaf  whole  spec  rule  -> one process's block:\n");
+    fprintf(f, "per leaf: its path, whole aval, spec, the rule that gave it -> one process's block\n");
     nb_dist_layout_print(L.l, L.rules, f);
   }
   nb_train__layout_free(&L);

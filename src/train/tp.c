@@ -89,6 +89,7 @@ nb_status nb_train__tp_check_rules(nb_ctx *ctx, const nb_train_config *c, const 
     int rank = nb_leaf_get_aval(nb_tree_leaf(params, i)).shape.rank, n;
     tp_leaf l = {p, nb_dist_rules_match(r, p), -1};
     nb_part_spec sp = nb_dist_rules_spec(r, l.rule, &n);
+    if (n > rank) continue; /* the layout refuses it, naming the rank */
     for (int d = 0; d < n; d++)
       if (sp[d] && !strcmp(sp[d], "tensor")) l.dim = d;
     bool kernel = leaf && !strcmp(leaf, "/kernel"), bias = leaf && !strcmp(leaf, "/bias");
