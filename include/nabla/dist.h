@@ -18,6 +18,8 @@
  *    waited for. A process that exits is noticed by mpirun, which ends the
  *    job and names it.
  * Only this library links MPI; the core calls it through nb_comm.
+ * Sharding rules (below: path regex -> partition spec, and the layouts and
+ * blocks they give a tree) need no MPI and are built without it too.
  * Asynchronous too (allgather/allreduce/reduce_scatter _start, test, wait):
  * a compiled step starts them early and waits late, polling between steps
  * (NABLA_DIST_PROGRESS=none: no polling, for measurements; docs/dist.md).
