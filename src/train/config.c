@@ -254,7 +254,8 @@ static nb_status flow_text(nb_ctx *ctx, const char *where, const char *key, yaml
   out[0] = 0;
   if (plain_null(n)) return NB_OK;
   if (!emit_flow(doc, n, out, cap, &k, 0))
-    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: %s: longer than %zu bytes as flow YAML", where, key, cap - 1);
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: %s: longer than %zu bytes (or nested deeper than 32) as flow YAML", where, key,
+                     cap - 1);
   return NB_OK;
 }
 
