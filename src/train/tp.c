@@ -68,7 +68,7 @@ nb_status nb_train__tp_check(nb_ctx *ctx, const nb_train_config *c) {
   return NB_OK;
 }
 
-/* What a rule makes of one parameter leaf: the group of its linear (0 attention, 1 MLP, -1 none) and its split dim. */
+/* A parameter leaf as the rules split it: its path, the rule that matched (-1: none), the dim split over tensor (-1: none). */
 typedef struct tp_leaf {
   const char *path;
   int rule, dim;
