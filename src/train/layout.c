@@ -253,7 +253,7 @@ nb_status nb_train_print_layout(nb_ctx *ctx, const nb_train_config *c, FILE *f) 
     const char *axis = L.axis;
     fprintf(f, "layout of %s over mesh data=%lld fsdp=%lld expert=%lld tensor=%lld: %s%s\n", c->preset,
             (long long)c->mesh.data, (long long)c->mesh.fsdp, (long long)c->mesh.expert, (long long)c->mesh.tensor,
-            axis ? "the state split over " : "nothing split (no mesh axis but data above 1)", axis ? axis : "");
+            axis ? "the state split over " : "nothing split (mesh.fsdp, mesh.expert and mesh.tensor are 1)", axis ? axis : "");
     fprintf(f, "rules: %s (%d): first full match wins; no match: replicated\n", nb_dist_rules_label(L.rules),
             nb_dist_rules_count(L.rules));
     for (int i = 0; i < nb_dist_rules_count(L.rules); i++) {
