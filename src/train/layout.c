@@ -51,7 +51,8 @@ nb_dist_rules *nb_train__rules(nb_ctx *ctx, const nb_train_config *c) {
   const char *axis = nb_train__shard_axis(c);
   const char *text = !axis ? "[]" : !strcmp(axis, "fsdp") ? fsdp_rules : !strcmp(axis, "expert") ? expert_rules : tensor_rules;
   char label[48];
-  snprintf(label, sizeof label, "the built-in %s rules", axis ? axis : "(none)");
+  if (axis) snprintf(label, sizeof label, "the built-in %s rules", axis);
+  else snprintf(label, sizeof label, "no rules (no split axis)");
   return nb_dist_rules_parse_yaml(ctx, label, text, strlen(text));
 }
 
