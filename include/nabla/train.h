@@ -76,6 +76,7 @@ typedef enum nb_train_remat { NB_TRAIN_REMAT_NONE, NB_TRAIN_REMAT_BLOCK, NB_TRAI
 typedef enum nb_train_on_nonfinite { NB_TRAIN_NONFINITE_STOP, NB_TRAIN_NONFINITE_SKIP, NB_TRAIN_NONFINITE_CONTINUE, NB_TRAIN_NONFINITE_COUNT } nb_train_on_nonfinite;
 
 #define NB_TRAIN_STR_MAX 512
+#define NB_TRAIN_RULES_MAX 4096 /* mesh.rules as text */
 
 typedef struct nb_train_config {
   char preset[64];         /* the model preset the file started from */
@@ -138,6 +139,14 @@ typedef struct nb_train_config {
      * same rows: the job is data x tensor processes (axis "tensor" fastest).
      * Not with fsdp, expert or MoE models. */
     int64_t tensor;
+    /* Sharding rules (docs/dist.md, "Sharding rules"): which dims of the
+     * parameters (and so of their optimizer state) are split over the
+     * mesh's axes, as canonical flow YAML: a list of [regex, [axis|null,
+     * ...]] pairs, the first whose regex matches a parameter's whole path
+     * wins, a leaf none matches is whole on every process. "" (the key
+     * unset, or null): the built-in layout of the axis above 1 (fsdp,
+     * expert or tensor). nb_dist_rules_parse_yaml reads it. */
+    char rules[NB_TRAIN_RULES_MAX];
   } mesh;
   int64_t checkpoint_every, checkpoint_keep;
   char checkpoint_dir[NB_TRAIN_STR_MAX];
@@ -197,6 +206,11 @@ nb_status nb_train_config_set(nb_ctx *ctx, nb_train_config *cfg, const char *ass
 nb_status nb_train_config_validate(nb_ctx *ctx, const nb_train_config *cfg);
 /* Writes every key as YAML (loads back to the same config). */
 void nb_train_config_write(const nb_train_config *cfg, FILE *f);
+/* The sharded layout cfg's mesh and rules give the model's parameters and
+ * optimizer state, one line per leaf to f (its spec, the rule that gave it,
+ * one process's block), with the rules first: what `nabla train --layout`
+ * prints. Errors as the trainer's (a rule it cannot run is refused). */
+nb_status nb_train_print_layout(nb_ctx *ctx, const nb_train_config *cfg, FILE *f);
 /* The keys starting with prefix ("model." for the model; "" for all) whose
  * values differ between a and b, comma-separated into buf[cap] ("" when
  * none; cut at cap). */

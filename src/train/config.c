@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <yaml.h>
 
 #include "nabla/prof.h"
@@ -17,7 +18,7 @@
 
 _Static_assert(sizeof(nb_nn_act) == sizeof(int) && sizeof(nb_train_optim) == sizeof(int), "enums are ints");
 
-typedef enum kind { K_INT, K_FLOAT, K_BOOL, K_STR, K_ENUM, K_DTYPE, K_PRESET } kind;
+typedef enum kind { K_INT, K_FLOAT, K_BOOL, K_STR, K_ENUM, K_DTYPE, K_PRESET, K_RULES } kind;
 
 typedef struct key_def {
   const char *key;
@@ -111,6 +112,7 @@ static const key_def keys[] = {
     {"mesh.fsdp", K_INT, O(mesh.fsdp), 1, 65536, NULL},
     {"mesh.expert", K_INT, O(mesh.expert), 1, 65536, NULL},
     {"mesh.tensor", K_INT, O(mesh.tensor), 1, 65536, NULL},
+    {"mesh.rules", K_RULES, O(mesh.rules), 0, 0, NULL},
     {"steps", K_INT, O(steps), 0, BIG, NULL},
     {"eval_every", K_INT, O(eval_every), 0, BIG, NULL},
     {"eval_steps", K_INT, O(eval_steps), 0, BIG, NULL},
@@ -196,6 +198,67 @@ static bool is_section(const char *key) {
 static nb_status set_value_(nb_ctx *ctx, nb_train_config *c, const char *where, const key_def *d, const char *key,
                             const char *val);
 
+/* ---------------------------------------------------------------- YAML values (mesh.rules) */
+
+static bool plain_null(const yaml_node_t *n) {
+  if (n->type != YAML_SCALAR_NODE || n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE) return false;
+  const char *v = (const char *)n->data.scalar.value;
+  return !*v || !strcmp(v, "null") || !strcmp(v, "Null") || !strcmp(v, "NULL") || !strcmp(v, "~");
+}
+
+/* A scalar that reads back as the same string when written plain: an identifier that YAML takes for no other type. */
+static bool plain_safe(const char *v) {
+  static const char *const words[] = {"null", "true", "false", "yes", "no", "on", "off", "y", "n", NULL};
+  if (!(*v == '_' || (*v >= 'a' && *v <= 'z') || (*v >= 'A' && *v <= 'Z'))) return false;
+  for (const char *p = v; *p; p++)
+    if (!(*p == '_' || (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9'))) return false;
+  for (int i = 0; words[i]; i++)
+    if (!strcasecmp(v, words[i])) return false;
+  return true;
+}
+
+/* n as flow YAML appended to out[*k ..] ([a, b], {k: v}, plain null, scalars plain when plain_safe, else double-quoted);
+ * false when it does not fit in cap */
+static bool emit_flow(yaml_document_t *doc, yaml_node_t *n, char *out, size_t cap, size_t *k, int depth) {
+#define PUT(...) (*k < cap && (*k += (size_t)snprintf(out + *k, cap - *k, __VA_ARGS__)) < cap)
+  if (depth > 32) return false;
+  if (n->type == YAML_SEQUENCE_NODE || n->type == YAML_MAPPING_NODE) {
+    bool seq = n->type == YAML_SEQUENCE_NODE;
+    if (!PUT("%c", seq ? '[' : '{')) return false;
+    if (seq)
+      for (yaml_node_item_t *it = n->data.sequence.items.start; it < n->data.sequence.items.top; it++)
+        if ((it > n->data.sequence.items.start && !PUT(", ")) ||
+            !emit_flow(doc, yaml_document_get_node(doc, *it), out, cap, k, depth + 1))
+          return false;
+    for (yaml_node_pair_t *p = seq ? NULL : n->data.mapping.pairs.start; p && p < n->data.mapping.pairs.top; p++)
+      if ((p > n->data.mapping.pairs.start && !PUT(", ")) ||
+          !emit_flow(doc, yaml_document_get_node(doc, p->key), out, cap, k, depth + 1) || !PUT(": ") ||
+          !emit_flow(doc, yaml_document_get_node(doc, p->value), out, cap, k, depth + 1))
+        return false;
+    return PUT("%c", seq ? ']' : '}');
+  }
+  const char *v = (const char *)n->data.scalar.value;
+  if (plain_null(n)) return PUT("null");
+  if (plain_safe(v)) return PUT("%s", v);
+  if (!PUT("\"")) return false;
+  for (const unsigned char *p = (const unsigned char *)v; *p; p++)
+    if (!(*p == '"' || *p == '\\' ? PUT("\\%c", *p) : *p < 0x20 ? PUT("\\x%02x", *p) : PUT("%c", *p))) return false;
+  return PUT("\"");
+#undef PUT
+}
+
+/* A YAML value as canonical flow text into out[cap] ("" for a plain null). */
+static nb_status flow_text(nb_ctx *ctx, const char *where, const char *key, yaml_document_t *doc, yaml_node_t *n, char *out,
+                           size_t cap) {
+  size_t k = 0;
+  out[0] = 0;
+  if (plain_null(n)) return NB_OK;
+  if (!emit_flow(doc, n, out, cap, &k, 0))
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: %s: longer than %zu bytes (or nested deeper than 32) as flow YAML", where, key,
+                     cap - 1);
+  return NB_OK;
+}
+
 /* bit of a model key in model_keys_set (the model keys lead the table) */
 static uint64_t model_bit(const key_def *d) {
   size_t i = (size_t)(d - keys);
@@ -260,6 +323,28 @@ static nb_status set_value_(nb_ctx *ctx, nb_train_config *c, const char *where, 
       else return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: %s: '%s' is not a boolean (true or false)", where, key, val);
       memcpy(p, &v, sizeof v);
       return NB_OK;
+    }
+    case K_RULES: { /* YAML text (the file's node as flow text, or an override's value): stored canonical, checked */
+      yaml_parser_t parser;
+      yaml_document_t doc;
+      char text[NB_TRAIN_RULES_MAX];
+      if (!yaml_parser_initialize(&parser)) return nb_errorf(ctx, NB_ERR_NOMEM, "%s: out of memory", where);
+      yaml_parser_set_input_string(&parser, (const unsigned char *)val, strlen(val));
+      nb_status s = NB_OK;
+      if (!yaml_parser_load(&parser, &doc)) {
+        s = nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: %s: YAML error: %s", where, key, parser.problem ? parser.problem : "malformed");
+      } else {
+        yaml_node_t *root = yaml_document_get_root_node(&doc);
+        text[0] = 0;
+        if (root) s = flow_text(ctx, where, key, &doc, root, text, sizeof text);
+        yaml_document_delete(&doc);
+      }
+      yaml_parser_delete(&parser);
+      nb_dist_rules *r = s || !text[0] ? NULL : nb_dist_rules_parse_yaml(ctx, key, text, strlen(text));
+      if (!s && text[0] && !r) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "%s: %s", where, nb_ctx_error(ctx));
+      nb_dist_rules_destroy(r);
+      if (!s) memcpy(p, text, strlen(text) + 1);
+      return s;
     }
     case K_STR: {
       if (strlen(val) >= NB_TRAIN_STR_MAX)
@@ -359,6 +444,12 @@ static nb_status walk_pair(walk *w, yaml_node_pair_t *pr, const char *prefix) {
     return w->ext->set(w->ext->ud, w->ctx, where, key, (const char *)v->data.scalar.value);
   }
   if (!*prefix && v->type == YAML_MAPPING_NODE && is_foreign(key)) return NB_OK;
+  const key_def *kd = find_key(key);
+  if (kd && kd->k == K_RULES) { /* a YAML value: its node as flow text */
+    char text[NB_TRAIN_RULES_MAX];
+    nb_status s = flow_text(w->ctx, where, key, w->doc, v, text, sizeof text);
+    return s ? s : set_value(w->ctx, w->cfg, where, key, text[0] ? text : "null");
+  }
   if (v->type == YAML_MAPPING_NODE) {
     if (!is_section(key)) {
       if (find_key(key)) return nb_errorf(w->ctx, NB_ERR_FORMAT, "%s: '%s' takes a value, not a mapping", where, key);
@@ -483,6 +574,8 @@ nb_status nb_train_config_validate(nb_ctx *ctx, const nb_train_config *c) {
        (long long)procs);
   if ((s = nb_train__ep_validate(ctx, c))) return s;
   if ((s = nb_train__tp_check(ctx, c))) return s;
+  if ((s = nb_train__rules_check(ctx, c))) return s;
+  if ((s = nb_train__layout_check(ctx, c))) return s; /* the model's layout under the rules: what the trainer runs */
   /* warmup_steps may exceed steps: a short run (steps=N override) of a
    * long config stays valid and simply ends inside the warmup */
   RULE(c->optim.lr > 0, "optim.lr must be > 0");
@@ -535,6 +628,7 @@ static void write_value(FILE *f, const key_def *d, const nb_train_config *c) {
     }
     case K_BOOL: memcpy(&bv, p, sizeof bv); fputs(bv ? "true" : "false", f); break;
     case K_STR: write_str(f, p); break;
+    case K_RULES: fputs(*p ? p : "null", f); break;
     case K_ENUM: memcpy(&iv, p, sizeof iv); fputs(d->choices[iv], f); break;
     case K_DTYPE: memcpy(&iv, p, sizeof iv); fputs(nb_dtype_name((nb_dtype)iv), f); break;
   }
@@ -566,7 +660,7 @@ void nb_train_config_diff_values(const nb_train_config *a, const nb_train_config
                                      const char *a_name, const char *b_name, char *buf, size_t cap) {
   static const size_t size[] = {[K_INT] = sizeof(int64_t), [K_FLOAT] = sizeof(double), [K_BOOL] = sizeof(bool),
                                 [K_STR] = NB_TRAIN_STR_MAX, [K_ENUM] = sizeof(int), [K_DTYPE] = sizeof(int),
-                                [K_PRESET] = 0};
+                                [K_PRESET] = 0, [K_RULES] = NB_TRAIN_RULES_MAX};
   size_t pl = strlen(prefix), len = 0;
   char *text = NULL;
   FILE *f = open_memstream(&text, &len);
@@ -577,7 +671,7 @@ void nb_train_config_diff_values(const nb_train_config *a, const nb_train_config
     const key_def *d = &keys[i];
     const char *pa = (const char *)a + d->off, *pb = (const char *)b + d->off;
     if (strncmp(d->key, prefix, pl) || !size[d->k]) continue; /* the preset is a name, its values are compared */
-    if (d->k == K_STR ? !strcmp(pa, pb) : !memcmp(pa, pb, size[d->k])) continue;
+    if (d->k == K_STR || d->k == K_RULES ? !strcmp(pa, pb) : !memcmp(pa, pb, size[d->k])) continue;
     fprintf(f, "%s%s", first ? "" : a_name ? "; " : ", ", d->key);
     if (a_name) {
       fputs(": ", f);

@@ -4,6 +4,7 @@
 #define NABLA_TRAIN_INTERNAL_H
 
 #include "nabla/data.h"
+#include "nabla/dist.h"
 #include "nabla/train.h"
 
 #define NB_TRAIN_PATH_MAX 1024
@@ -43,77 +44,94 @@ nb_data_iter *nb_train__data_iter(nb_ctx *ctx, const nb_train__data *d, const nb
 /* Eval batches: element i is the i-th batch of eval windows (wrapping). */
 nb_data_map *nb_train__eval_batches(nb_ctx *ctx, const nb_train__data *d, const nb_train_config *cfg);
 
-/* FSDP layout (fsdp.c): every leaf of rank >= 1 split along dim 0 into
- * fsdp blocks of ceil(dim0 / fsdp) rows, zero-padded; rank 0 leaves whole. */
-int64_t nb_train__fsdp_rows(int64_t dim0, int64_t fsdp);
-nb_aval nb_train__fsdp_shard_aval(nb_aval full, int64_t fsdp);
-/* The shards' avals of a tree of any leaf kind (new tree). */
-nb_tree *nb_train__fsdp_shard_spec(nb_ctx *ctx, const nb_tree *full, int64_t fsdp);
-/* Rows [lo, lo + n) of a (zeros past its end) as a new array. */
-nb_array *nb_train__rows_of(nb_ctx *ctx, const nb_array *a, int64_t lo, int64_t n);
-/* Process r's shards of a tree of host arrays (new tree of new arrays). */
-nb_tree *nb_train__fsdp_shard(nb_ctx *ctx, const nb_tree *full, int64_t fsdp, int64_t r);
-/* The parameter hook (nb_nn_param_hook) that gathers a shard into the whole
- * parameter where a layer reads it; full_spec (borrowed, outlives it) gives
- * the whole shapes. */
-typedef struct nb_train__fsdp_gather nb_train__fsdp_gather;
-nb_train__fsdp_gather *nb_train__fsdp_gather_create(const nb_tree *full_spec);
-void nb_train__fsdp_gather_destroy(nb_train__fsdp_gather *h);
-nb_val *nb_train__fsdp_gather_param(void *ud, nb_nn_apply *a, const char *path, nb_val *v);
-
 /* The processes a batch is split over: mesh.data x mesh.fsdp x mesh.expert. */
 static inline int64_t nb_train__batch_procs(const nb_train_config *c) { return c->mesh.data * c->mesh.fsdp * c->mesh.expert; }
-
-/* Expert parallel layout (ep.c): the routed experts' stacked leaves
- * ("/moe/experts/" in the path, [E, ...]) split along dim 0 into
- * mesh.expert blocks of E / mesh.expert rows; every other leaf whole. */
-bool nb_train__ep_is_expert(const char *path);
-/* mesh.expert's rules: an MoE model, n_experts a multiple of it, a capacity factor, no fsdp. */
-nb_status nb_train__ep_validate(nb_ctx *ctx, const nb_train_config *c);
-/* The gradient's global norm when the leaves that `sharded` says are split
- * over `axis` (the others whole on every process): the sharded leaves'
- * squares psummed over the axis, plus the whole leaves' once. */
-nb_val *nb_train__sharded_global_norm(nb_graph *g, const nb_tree *grads, const char *axis,
-                                      bool (*sharded)(const char *path, nb_val *v));
-/* The parameter hook that gathers an expert leaf's blocks into the whole
- * [E, ...] (all_gather over "expert"): eval runs every expert on every process. */
-nb_val *nb_train__ep_gather_param(void *ud, nb_nn_apply *a, const char *path, nb_val *v);
-
-/* Tensor parallel layout (tp.c): the dim along which the leaf at `path`
- * (a parameter or its optimizer state: the path ends with the parameter's)
- * of that rank is split over mesh.tensor, or -1 when it is whole on every
- * process: column-parallel kernels and biases (attn wq/wk/wv, mlp
- * wi/wi_0/wi_1) along their last dim, row-parallel kernels (attn wo, mlp
- * wo) along dim 0. */
-int nb_train__tp_dim(const char *path, int rank);
-bool nb_train__tp_sharded(const char *path, int rank);
-/* The model each of T processes runs: n_heads/T, n_kv_heads/T, d_ff/T
- * (head_dim made explicit). */
-nb_model_config nb_train__tp_model(const nb_model_config *c, int64_t T);
-/* mesh.tensor's rules: T divides the heads, kv heads and d_ff; no FSDP,
- * MoE or attention dropout with it (errors name the keys). */
-nb_status nb_train__tp_check(nb_ctx *ctx, const nb_train_config *c);
-/* The shards' avals of a tree (new tree), and process r's shards of a tree
- * of host arrays (new tree; whole leaves shared). */
-nb_tree *nb_train__tp_shard_spec(nb_ctx *ctx, const nb_tree *full, int64_t T);
-nb_tree *nb_train__tp_shard(nb_ctx *ctx, const nb_tree *full, int64_t T, int64_t r);
-/* The linear hook (nb_nn_linear_hook, ud a nb_train__tp_hook): pbroadcast
- * before a column-parallel linear, psum after a row-parallel one (then its
- * bias). */
-typedef struct nb_train__tp_hook nb_train__tp_hook;
-nb_train__tp_hook *nb_train__tp_hook_create(void);
-void nb_train__tp_hook_destroy(nb_train__tp_hook *h);
-nb_val *nb_train__tp_linear(void *ud, nb_nn_apply *a, const char *path, nb_val *x, bool stacked);
-
-/* The state's sharded layout of the config (FSDP's, expert or tensor
- * parallel's: at most one of them; a copy of the avals when there is none):
- * the shards' avals of a tree (new). */
-nb_tree *nb_train__shard_spec(nb_ctx *ctx, const nb_train_config *c, const nb_tree *full);
-/* Process `index`'s shards (its fsdp, expert or tensor index) of a tree of host arrays (new tree). */
-nb_tree *nb_train__shard(nb_ctx *ctx, const nb_train_config *c, const nb_tree *full, int64_t index);
-/* How many blocks the sharded leaves have (mesh.fsdp, mesh.expert or mesh.tensor; 1: none). */
+/* How many blocks the split leaves have (mesh.fsdp, mesh.expert or mesh.tensor; 1: none). */
 static inline int64_t nb_train__shard_count(const nb_train_config *c) {
   return c->mesh.fsdp * c->mesh.expert * c->mesh.tensor;
 }
+
+/* ---------------------------------------------------------------- the sharded state (layout.c) */
+
+/* The mesh axis the state is split over: "fsdp", "expert" or "tensor" (the
+ * config's refusals leave at most one above 1); NULL: none. */
+const char *nb_train__shard_axis(const nb_train_config *c);
+/* The config's sharding rules: mesh.rules (labelled "mesh.rules"), or the
+ * built-in rules of the split axis (none without one). New. */
+nb_dist_rules *nb_train__rules(nb_ctx *ctx, const nb_train_config *c);
+/* mesh.rules without a model: it parses, names mesh axes, never "data". */
+nb_status nb_train__rules_check(nb_ctx *ctx, const nb_train_config *c);
+/* The layout of the config's model (nb_model_param_spec) under its rules,
+ * with what the trainer cannot run refused (config validation). */
+nb_status nb_train__layout_check(nb_ctx *ctx, const nb_train_config *c);
+/* The optimizer state's avals for params (a new tree). */
+nb_tree *nb_train__opt_state_spec(nb_ctx *ctx, const nb_train_config *c, const nb_tree *params);
+
+/* The state's layout: per leaf ("params/<p>", "opt_state/<s>") its spec. */
+typedef struct nb_train__layout {
+  const char *axis;      /* the split axis (nb_train__shard_axis), NULL: nothing split */
+  int64_t count;         /* its size: the blocks of a split leaf */
+  nb_dist_rules *rules;
+  nb_dist_layout *l;
+  bool tp_attn, tp_mlp;  /* tensor parallel: the attention / the MLP split (tp.c) */
+} nb_train__layout;
+/* The layout of params (and of opt_state, NULL: none; its leaves follow
+ * their parameter's spec) under c's rules; refuses what the trainer cannot
+ * run (ep.c, tp.c). Free with nb_train__layout_free. */
+nb_status nb_train__layout_make(nb_ctx *ctx, const nb_train_config *c, const nb_tree *params, const nb_tree *opt_state,
+                                nb_train__layout *out);
+void nb_train__layout_free(nb_train__layout *L);
+/* The dim of leaf "item/path" (item NULL or "": path is the state's) split over the axis, or -1. */
+int nb_train__split_dim(const nb_train__layout *L, const char *item, const char *path);
+/* The blocks' avals of a tree whose paths are under item (new tree). */
+nb_tree *nb_train__shard_spec(nb_ctx *ctx, const nb_train__layout *L, const char *item, const nb_tree *t);
+/* Block `index` (along the axis) of each leaf of a tree of host arrays
+ * under item: a new tree (whole leaves shared). */
+nb_tree *nb_train__shard(nb_ctx *ctx, const nb_train__layout *L, const char *item, const nb_tree *t, int64_t index);
+/* The gradient's global norm when the leaves split over the axis are
+ * blocks (the others whole on every process): the blocks' squares psummed
+ * over the axis, plus the whole leaves' once. */
+nb_val *nb_train__sharded_global_norm(nb_graph *g, const nb_tree *grads, const nb_train__layout *L);
+/* The parameter hook (nb_nn_param_hook) that gathers a split parameter's
+ * blocks into the whole one where a layer reads it (all_gather over the
+ * axis, FSDP's padding sliced off); L borrowed, outlives it. */
+typedef struct nb_train__gather nb_train__gather;
+nb_train__gather *nb_train__gather_create(const nb_train__layout *L);
+void nb_train__gather_destroy(nb_train__gather *h);
+nb_val *nb_train__gather_param(void *ud, nb_nn_apply *a, const char *path, nb_val *v);
+
+/* ---------------------------------------------------------------- expert parallel (ep.c) */
+
+/* The routed experts' stacked leaves, which nb_nn_moe reads as this
+ * process's experts under expert_axis: "/moe/experts/" in the path. */
+bool nb_train__ep_is_expert(const char *path);
+/* mesh.expert's rules: an MoE model, n_experts a multiple of it, a capacity factor, no fsdp. */
+nb_status nb_train__ep_validate(nb_ctx *ctx, const nb_train_config *c);
+/* The rules split every routed experts' leaf of params along dim 0 over
+ * expert, and nothing else over it (what nb_nn_moe runs). */
+nb_status nb_train__ep_check_rules(nb_ctx *ctx, const nb_dist_rules *r, const nb_tree *params);
+
+/* ---------------------------------------------------------------- tensor parallel (tp.c) */
+
+/* The model each of T processes runs: with the attention split n_heads/T
+ * and n_kv_heads/T (head_dim made explicit), with the MLP split d_ff/T. */
+nb_model_config nb_train__tp_model(const nb_model_config *c, int64_t T, bool attn, bool mlp);
+/* mesh.tensor's refusals that need no layout: no FSDP or MoE with it. */
+nb_status nb_train__tp_check(nb_ctx *ctx, const nb_train_config *c);
+/* What the rules split over tensor in params, checked: only the
+ * attention's and MLP's linears (column-parallel wq/wk/wv, wi/wi_0/wi_1
+ * kernels and biases along d_out; row-parallel wo kernels along d_in),
+ * each group in every layer or in none; mesh.tensor divides the heads of a
+ * split attention and d_ff of a split MLP. *attn, *mlp: which are split. */
+nb_status nb_train__tp_check_rules(nb_ctx *ctx, const nb_train_config *c, const nb_dist_rules *r, const nb_tree *params,
+                                   bool *attn, bool *mlp);
+/* The linear hook (nb_nn_linear_hook, ud a nb_train__tp_hook): from the
+ * kernel's spec in L, pbroadcast before a column-parallel linear (split
+ * along d_out), psum after a row-parallel one (along d_in; then its bias);
+ * a linear whose kernel is whole runs as it is. L borrowed. */
+typedef struct nb_train__tp_hook nb_train__tp_hook;
+nb_train__tp_hook *nb_train__tp_hook_create(const nb_train__layout *L);
+void nb_train__tp_hook_destroy(nb_train__tp_hook *h);
+nb_val *nb_train__tp_linear(void *ud, nb_nn_apply *a, const char *path, nb_val *x, bool stacked);
 
 #endif

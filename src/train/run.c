@@ -120,6 +120,7 @@ typedef struct trainer {
   int rank;                    /* in the job's batch: (data index x mesh.fsdp + fsdp index) x mesh.expert + expert index */
   int tp;                      /* tensor index (0 without tensor parallelism): the processes of one rank differ in it */
   nb_tree *full_spec;          /* FSDP, expert, tensor parallel: the whole "params/..." and "opt_state/..." avals (t->st holds shards) */
+  nb_train__layout layout;     /* and which of their dims are split (the rules' layout) */
   char dir[NB_TRAIN_PATH_MAX];
 } trainer;
 
@@ -217,17 +218,17 @@ static int64_t shard_count(const trainer *t) { return nb_train__shard_count(t->c
 /* Whether this process is a data-parallel replica (data index > 0): it writes nothing of a checkpoint. */
 static bool data_replica(const trainer *t) { return t->rank / (t->cfg->mesh.fsdp * t->cfg->mesh.expert) != 0; }
 
-/* This process's shards of a whole state tree (new tree). */
-static nb_tree *own_shards(const trainer *t, const nb_tree *whole) {
-  return nb_train__shard(t->ctx, t->cfg, whole, shard_index(t));
+/* This process's blocks of a whole state tree under item ("": its paths are the state's; new tree). */
+static nb_tree *own_shards(const trainer *t, const char *item, const nb_tree *whole) {
+  return nb_train__shard(t->ctx, &t->layout, item, whole, shard_index(t));
 }
 
 /* This process's blocks of item ("params", "opt_state"): its shards with
- * the padding past each whole array's end cut off (a shard all padding is
- * not written), and with shard index 0 (fsdp, expert or tensor) the arrays
- * that are whole on every process; data replicas (data index > 0) write
- * none. A leaf of the whole array's shape is whole (under FSDP also a leaf
- * of one row, whose other shards are padding). */
+ * the padding past each whole array's end cut off along the split dim (a
+ * shard all padding is not written), and with shard index 0 (fsdp, expert
+ * or tensor) the arrays that are whole on every process; data replicas
+ * (data index > 0) write none. A leaf of the whole array's shape is whole
+ * (under FSDP also a dim of one row, whose other shards are padding). */
 static nb_tree *blocks_to_write(trainer *t, const char *item) {
   nb_ctx *ctx = t->ctx;
   nb_tree *out = nb_tree_create(ctx);
@@ -242,11 +243,12 @@ static nb_tree *blocks_to_write(trainer *t, const char *item) {
     nb_aval wa = w ? nb_leaf_get_aval(w) : nb_array_aval(a), aa = nb_array_aval(a);
     bool whole = nb_shape_equal(&wa.shape, &aa.shape);
     if (whole && f > 0) continue; /* a whole array (or FSDP's one-block leaf): index 0 writes it */
-    if (!whole && t->cfg->mesh.fsdp > 1) {
-      int64_t d0 = wa.shape.dims[0], n = nb_array_dims(a)[0], keep = d0 - f * n;
+    int d = whole ? -1 : nb_train__split_dim(&t->layout, NULL, p);
+    if (d >= 0) { /* FSDP's last blocks end in padding (other axes divide: keep == n) */
+      int64_t n = nb_array_dims(a)[d], keep = wa.shape.dims[d] - f * n;
       keep = keep < 0 ? 0 : keep < n ? keep : n;
       if (keep == 0) continue;
-      if (keep < n && !(cut = nb_train__rows_of(ctx, a, 0, keep))) out = (nb_tree_destroy(out), NULL);
+      if (keep < n && !(cut = nb_dist_block(ctx, a, d, 0, keep))) out = (nb_tree_destroy(out), NULL);
     }
     if (out && nb_tree_set_array(out, p + plen + 1, cut ? cut : a)) out = (nb_tree_destroy(out), NULL);
     nb_array_release(cut);
@@ -372,7 +374,7 @@ static nb_status check_data(trainer *t, int64_t step, const cJSON *d) {
 
 /* FSDP, expert, tensor parallel: the restored whole state replaced by this process's shards. */
 static nb_status keep_own_rows(trainer *t, nb_tree **state) {
-  nb_tree *mine = own_shards(t, *state);
+  nb_tree *mine = own_shards(t, "", *state);
   if (!mine) return nb_ctx_status(t->ctx) ? nb_ctx_status(t->ctx) : NB_ERR_NOMEM;
   nb_tree_destroy(*state);
   *state = mine;
@@ -631,32 +633,23 @@ static int job_rank(nb_ctx *ctx, const nb_train_config *c) {
          (e ? e->ops->rank(e) : 0);
 }
 
-static nb_status init_state(nb_graph *g, const nb_tree *in, nb_tree *out, void *tx) {
-  return nb_optim_init(tx, g, in, out);
-}
-
 /* FSDP, expert, tensor parallel: keeps the whole state's avals in
- * t->full_spec (what the step and eval are traced for) and replaces *params
- * by this process's shards, so that the optimizer state is made for the
- * shards only. */
-static nb_status shard_params(trainer *t, nb_tree **params, nb_optim_tx *tx) {
+ * t->full_spec (what the step and eval are traced for) and their layout in
+ * t->layout, and replaces *params by this process's shards, so that the
+ * optimizer state is made for the shards only. */
+static nb_status shard_params(trainer *t, nb_tree **params) {
   nb_ctx *ctx = t->ctx;
   nb_tree *pspec = nb_tree_create(ctx);
   for (size_t i = 0; pspec && i < nb_tree_size(*params); i++)
     if (nb_tree_set(pspec, nb_tree_path(*params, i), nb_leaf_aval(nb_leaf_get_aval(nb_tree_leaf(*params, i)))))
       pspec = (nb_tree_destroy(pspec), NULL);
-  nb_graph *init = pspec ? nb_trace(ctx, init_state, tx, pspec) : NULL;
-  nb_tree *ospec = init ? nb_graph_output_spec(init) : NULL;
-  nb_graph_destroy(init);
-  nb_tree *shards = ospec ? own_shards(t, *params) : NULL;
+  nb_tree *ospec = pspec ? nb_train__opt_state_spec(ctx, t->cfg, pspec) : NULL;
+  nb_status s = ospec ? nb_train__layout_make(ctx, t->cfg, pspec, ospec, &t->layout) : nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_NOMEM;
+  nb_tree *shards = s ? NULL : own_shards(t, "params", *params);
   t->full_spec = shards ? nb_tree_create(ctx) : NULL;
-  nb_status s = t->full_spec ? NB_OK : nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_NOMEM;
+  if (!s && !t->full_spec) s = nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_NOMEM;
   if (!s) s = nb_tree_merge(t->full_spec, "params", pspec);
   if (!s) s = nb_tree_merge(t->full_spec, "opt_state", ospec);
-  for (size_t i = 0; !s && t->cfg->mesh.fsdp > 1 && i < nb_tree_size(*params); i++)
-    if (nb_array_rank(nb_tree_leaf(*params, i)->array) == 0)
-      s = nb_errorf(ctx, NB_ERR_UNIMPLEMENTED, "train: mesh.fsdp: parameter '%s' is a scalar (only leaves with a leading "
-                    "dim are sharded)", nb_tree_path(*params, i));
   if (!s) {
     nb_tree_destroy(*params);
     *params = shards;
@@ -768,7 +761,7 @@ static nb_status setup(trainer *t, nb_train_start_info *info) {
   nb_optim_tx *tx = params ? nb_train_optimizer(ctx, c) : NULL;
   info->n_params = params ? nb_nn_params_count(params) : 0;
   int64_t active_params = params ? nb_train_active_params(c, params) : 0;
-  if (tx && nb_train__shard_count(c) > 1) s = shard_params(t, &params, tx);
+  if (tx && nb_train__shard_count(c) > 1) s = shard_params(t, &params);
   nb_tree *opt = tx && !s ? nb_optim_init_arrays(ctx, tx, params) : NULL;
   nb_optim_tx_destroy(tx);
   t->st = opt ? nb_tree_create(ctx) : NULL;
@@ -872,6 +865,7 @@ static void teardown(trainer *t) {
   nb_exe_destroy(t->eval_exe);
   nb_tree_destroy(t->st);
   nb_tree_destroy(t->full_spec);
+  nb_train__layout_free(&t->layout);
   nb_train__data_close(&t->data);
   free(t->config);
 }

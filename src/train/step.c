@@ -121,6 +121,7 @@ typedef struct step_job {
   nb_val **hp;                 /* what tx's and lr's schedules read: the "hparams/schedule" input */
   nb_val **hpo;                /* what tx's own numbers read: the "hparams/optim" input */
   bool rng;                    /* vg takes "rng" (dropout) */
+  const nb_train__layout *layout; /* FSDP, expert, tensor parallel: which leaves are split (else NULL) */
 } step_job;
 
 static nb_val *add_or_set(nb_val *acc, nb_val *x) { return acc ? nb_add(acc, x) : x; }
@@ -162,15 +163,10 @@ static nb_status keep_old_unless(nb_graph *g, nb_val *ok, const nb_tree *old, nb
   return s;
 }
 
-/* Which gradient leaves are shards (split over the axis; the others are
- * whole on every process). FSDP: every leaf with a leading dim (the padding
- * adds zeros to the norm); expert parallel: the routed experts' leaves;
- * tensor parallel: the column- and row-split linears. The global norm sums
- * the shards' squares over the axis in rank order: another rounding than
- * one process's sum over whole leaves. */
-static bool fsdp_sharded(const char *path, nb_val *v) { return (void)path, nb_val_rank(v) > 0; }
-static bool ep_sharded(const char *path, nb_val *v) { return (void)v, nb_train__ep_is_expert(path); }
-static bool tp_sharded(const char *path, nb_val *v) { return nb_train__tp_sharded(path, nb_val_rank(v)); }
+/* Whether a gradient leaf is whole on every process (not split over the layout's axis). */
+static bool whole_leaf(const step_job *job, const nb_tree *grads, size_t i) {
+  return nb_train__split_dim(job->layout, "params", nb_tree_path(grads, i)) < 0;
+}
 
 /* FSDP, expert, tensor parallel: clip_by_global_norm with the norm of the
  * whole gradient, as nb_optim_clip_by_global_norm does on one process
@@ -248,14 +244,14 @@ static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
     nb_tree_destroy(call_in);
     nb_tree_destroy(call_out);
   }
-  /* FSDP: the sharded gradients came out of vg summed over "fsdp" (the
+  /* FSDP: the split gradients came out of vg summed over "fsdp" (the
    * transpose of the parameter's all_gather is psum_scatter, folded in rank
-   * order); the loss, metrics and the gradients of whole (rank 0) leaves are
-   * summed here */
+   * order); the loss, metrics and the gradients of whole leaves (scalars,
+   * those the rules keep whole) are summed here */
   if (!s && F > 1) {
     loss = nb_psum(loss, "fsdp");
     for (size_t i = 0; !s && i < nb_tree_size(grads); i++)
-      if (nb_val_rank(nb_tree_leaf(grads, i)->val) == 0)
+      if (whole_leaf(job, grads, i))
         s = nb_tree_set_val(grads, nb_tree_path(grads, i), nb_psum(nb_tree_leaf(grads, i)->val, "fsdp"));
     for (size_t i = 0; !s && i < nb_tree_size(metrics); i++)
       s = nb_tree_set_val(metrics, nb_tree_path(metrics, i), nb_psum(nb_tree_leaf(metrics, i)->val, "fsdp"));
@@ -266,7 +262,7 @@ static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
   if (!s && X > 1) {
     loss = nb_psum(loss, "expert");
     for (size_t i = 0; !s && i < nb_tree_size(grads); i++)
-      if (!nb_train__ep_is_expert(nb_tree_path(grads, i)))
+      if (whole_leaf(job, grads, i))
         s = nb_tree_set_val(grads, nb_tree_path(grads, i), nb_psum(nb_tree_leaf(grads, i)->val, "expert"));
     for (size_t i = 0; !s && i < nb_tree_size(metrics); i++)
       s = nb_tree_set_val(metrics, nb_tree_path(metrics, i), nb_psum(nb_tree_leaf(metrics, i)->val, "expert"));
@@ -296,13 +292,11 @@ static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
     }
   }
   /* tensor parallel: the gradients of whole leaves are the same on every process of "tensor" (the
-   * collectives of the hook made them so), those of split leaves are the shards of the gradient */
+   * collectives of the hook made them so), those of split leaves are the shards of the gradient.
+   * The global norm sums the blocks' squares over the axis in rank order (FSDP's padding adds
+   * zeros): another rounding than one process's sum over whole leaves */
   int64_t T = c->mesh.tensor;
-  nb_val *grad_norm = s       ? NULL
-                      : F > 1 ? nb_train__sharded_global_norm(g, grads, "fsdp", fsdp_sharded)
-                      : X > 1 ? nb_train__sharded_global_norm(g, grads, "expert", ep_sharded)
-                      : T > 1 ? nb_train__sharded_global_norm(g, grads, "tensor", tp_sharded)
-                              : nb_optim_global_norm(g, grads);
+  nb_val *grad_norm = s ? NULL : job->layout ? nb_train__sharded_global_norm(g, grads, job->layout) : nb_optim_global_norm(g, grads);
   if (!s && F * X * T > 1 && c->optim.grad_clip > 0) s = sharded_clip(g, grads, grad_norm, c->optim.grad_clip);
   if (!s) s = nb_tree_set_val(out, "loss", loss);
   if (!s) s = nb_tree_set_val(out, "grad_norm", grad_norm);
@@ -384,20 +378,51 @@ static nb_status check_fsdp(nb_ctx *ctx, const nb_train_config *c, const nb_trai
   return NB_OK;
 }
 
-/* Tensor parallel: the step's and eval's params (and opt_state) are this
- * process's shards, the model is traced with its share of the heads and
- * d_ff, the hook adds the collectives (tp.c). Fills *local (its model) and
- * *mo; the shard specs are new trees (NULL without tensor parallelism). */
-static nb_status tp_setup(nb_ctx *ctx, const nb_train_config *c, nb_train_config *local, nb_model_trace_opts *mo,
-                          nb_train__tp_hook **hook, const nb_tree *param_spec, nb_tree **p_shards,
-                          const nb_tree *opt_spec, nb_tree **o_shards) {
-  *local = *c;
-  local->model = nb_train__tp_model(&c->model, c->mesh.tensor);
-  *hook = nb_train__tp_hook_create();
-  *p_shards = nb_train__tp_shard_spec(ctx, param_spec, c->mesh.tensor);
-  if (opt_spec) *o_shards = nb_train__tp_shard_spec(ctx, opt_spec, c->mesh.tensor);
-  if (!*hook || !*p_shards || (opt_spec && !*o_shards)) return nb_errorf(ctx, NB_ERR_NOMEM, "train: out of memory");
-  mo->linear_hook = nb_train__tp_linear, mo->hook_ud = *hook;
+/* The step's or eval's view of a split state (FSDP, expert, tensor
+ * parallel): its layout, the blocks' avals (the graph's "params/..." and
+ * "opt_state/..." are this process's blocks), the model this process
+ * traces and the hooks. FSDP reads each parameter through the gather hook;
+ * expert parallel hands the MoE layers their experts' blocks (expert_axis),
+ * and eval gathers them (the whole model on every process); tensor parallel
+ * traces its share of the heads and d_ff with the collectives of the linear
+ * hook (tp.c). The hooks borrow the layout: a sharded stays in place while
+ * the graphs are traced. */
+typedef struct sharded {
+  nb_train__layout layout;
+  nb_tree *params, *opt_state; /* new */
+  nb_train_config local;       /* the config with this process's model */
+  nb_train__gather *gather;
+  nb_train__tp_hook *tp;
+} sharded;
+
+static void sharded_free(sharded *sh) {
+  nb_tree_destroy(sh->params);
+  nb_tree_destroy(sh->opt_state);
+  nb_train__gather_destroy(sh->gather);
+  nb_train__tp_hook_destroy(sh->tp);
+  nb_train__layout_free(&sh->layout);
+}
+
+static nb_status sharded_setup(nb_ctx *ctx, const nb_train_config *c, const nb_tree *param_spec, const nb_tree *opt_spec,
+                               bool eval, sharded *sh, nb_model_trace_opts *mo) {
+  memset(sh, 0, sizeof *sh);
+  sh->local = *c;
+  nb_status s = nb_train__layout_make(ctx, c, param_spec, opt_spec, &sh->layout);
+  if (s) return s;
+  const char *axis = sh->layout.axis;
+  sh->params = nb_train__shard_spec(ctx, &sh->layout, "params", param_spec);
+  if (opt_spec) sh->opt_state = nb_train__shard_spec(ctx, &sh->layout, "opt_state", opt_spec);
+  if (!sh->params || (opt_spec && !sh->opt_state)) return nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_NOMEM;
+  if (!strcmp(axis, "fsdp") || (eval && !strcmp(axis, "expert"))) {
+    if (!(sh->gather = nb_train__gather_create(&sh->layout))) return nb_errorf(ctx, NB_ERR_NOMEM, "train: out of memory");
+    mo->param_hook = nb_train__gather_param, mo->param_ud = sh->gather;
+  } else if (!strcmp(axis, "expert")) {
+    mo->expert_axis = "expert";
+  } else {
+    sh->local.model = nb_train__tp_model(&c->model, c->mesh.tensor, sh->layout.tp_attn, sh->layout.tp_mlp);
+    if (!(sh->tp = nb_train__tp_hook_create(&sh->layout))) return nb_errorf(ctx, NB_ERR_NOMEM, "train: out of memory");
+    mo->linear_hook = nb_train__tp_linear, mo->hook_ud = sh->tp;
+  }
   return NB_OK;
 }
 
@@ -436,38 +461,17 @@ static nb_graph *trace_step(nb_ctx *ctx, const nb_train_config *c, const nb_trai
   bool dropout = c->model.dropout > 0 || c->model.attn_dropout > 0;
   nb_model_trace_opts mo = {.train = dropout, .remat = c->remat == NB_TRAIN_REMAT_BLOCK, .dtype = NB_F32,
                             .linear_hook = go->linear_hook, .hook_ud = go->hook_ud, .frozen_spec = go->frozen_spec};
-  /* FSDP: the step's params and opt_state are this process's shards; the
-   * model reads each parameter through the gather hook. Expert parallel:
-   * its experts' shards, which the MoE layers use as they are (expert_axis) */
-  nb_tree *sharded_p = NULL, *sharded_o = NULL;
-  nb_train__fsdp_gather *gather = NULL;
-  if (c->mesh.fsdp * c->mesh.expert > 1) {
-    sharded_p = nb_train__shard_spec(ctx, c, param_spec);
-    sharded_o = nb_train__shard_spec(ctx, c, opt_state_spec);
-    gather = c->mesh.fsdp > 1 ? nb_train__fsdp_gather_create(param_spec) : NULL;
-    if (!sharded_p || !sharded_o || (c->mesh.fsdp > 1 && !gather)) {
-      nb_tree_destroy(sharded_p);
-      nb_tree_destroy(sharded_o);
-      nb_train__fsdp_gather_destroy(gather);
-      return nb_errorf(ctx, NB_ERR_NOMEM, "train step: out of memory"), NULL;
+  sharded *sh = NULL; /* FSDP, expert, tensor parallel: the step's params and opt_state are this process's blocks */
+  if (nb_train__shard_count(c) > 1) {
+    if (!(sh = malloc(sizeof *sh))) return nb_errorf(ctx, NB_ERR_NOMEM, "train step: out of memory"), NULL;
+    if (sharded_setup(ctx, c, param_spec, opt_state_spec, false, sh, &mo)) {
+      sharded_free(sh);
+      free(sh);
+      return NULL;
     }
-    param_spec = sharded_p, opt_state_spec = sharded_o;
-    if (gather) mo.param_hook = nb_train__fsdp_gather_param, mo.param_ud = gather;
-    if (c->mesh.expert > 1) mo.expert_axis = "expert";
+    param_spec = sh->params, opt_state_spec = sh->opt_state;
   }
-  nb_train_config *local = NULL; /* tensor parallel: this process's model */
-  nb_train__tp_hook *tp = NULL;
-  if (c->mesh.tensor > 1 && (!(local = malloc(sizeof *local)) ||
-                             tp_setup(ctx, c, local, &mo, &tp, param_spec, &sharded_p, opt_state_spec, &sharded_o))) {
-    if (!local) nb_errorf(ctx, NB_ERR_NOMEM, "train step: out of memory");
-    nb_tree_destroy(sharded_p);
-    nb_tree_destroy(sharded_o);
-    nb_train__tp_hook_destroy(tp);
-    free(local);
-    return NULL;
-  }
-  if (local) param_spec = sharded_p, opt_state_spec = sharded_o;
-  nb_graph *loss = trace_loss(ctx, local ? local : c, task, go, &mo, param_spec, c->batch_size / c->grad_accum);
+  nb_graph *loss = trace_loss(ctx, sh ? &sh->local : c, task, go, &mo, param_spec, c->batch_size / c->grad_accum);
   nb_graph *vg = loss ? nb_value_and_grad(ctx, loss, &(nb_grad_opts){.wrt = "params", .has_aux = true}) : NULL;
   nb_val *hp = NULL, *hpo = NULL;
   nb_optim_tx *tx = vg ? optimizer(ctx, c, &hp) : NULL;
@@ -483,7 +487,8 @@ static nb_graph *trace_step(nb_ctx *ctx, const nb_train_config *c, const nb_trai
     int64_t rows = c->batch_size / nb_train__batch_procs(c); /* this process's rows */
     bs = task ? task->batch_spec(task->ud, ctx, c, rows) : batch_spec(ctx, rows, c->data.seq_len, go->packed);
     if (bs && !nb_tree_merge(spec, "batch", bs)) {
-      step_job job = {.cfg = c, .vg = vg, .tx = tx, .lr = lr, .hp = &hp, .hpo = &hpo, .rng = dropout};
+      step_job job = {.cfg = c, .vg = vg, .tx = tx, .lr = lr, .hp = &hp, .hpo = &hpo, .rng = dropout,
+                      .layout = sh ? &sh->layout : NULL};
       g = nb_trace(ctx, step_fn, &job, spec);
     }
   }
@@ -494,11 +499,8 @@ static nb_graph *trace_step(nb_ctx *ctx, const nb_train_config *c, const nb_trai
   nb_graph_destroy(vg);
   nb_optim_tx_destroy(tx);
   nb_optim_schedule_destroy(lr);
-  nb_tree_destroy(sharded_p);
-  nb_tree_destroy(sharded_o);
-  nb_train__fsdp_gather_destroy(gather);
-  nb_train__tp_hook_destroy(tp);
-  free(local);
+  if (sh) sharded_free(sh);
+  free(sh);
   return g;
 }
 
@@ -525,29 +527,15 @@ static nb_graph *trace_eval(nb_ctx *ctx, const nb_train_config *c, const nb_trai
     return NULL;
   nb_model_trace_opts mo = {.train = false, .dtype = NB_F32, .linear_hook = go->linear_hook, .hook_ud = go->hook_ud,
                             .frozen_spec = go->frozen_spec};
-  if (c->mesh.tensor > 1) { /* the whole batch on every process, the model split as in the step */
-    nb_train_config *local = malloc(sizeof *local);
-    nb_train__tp_hook *tp = NULL;
-    nb_tree *shards = NULL;
-    nb_graph *g = NULL;
-    if (!local) nb_errorf(ctx, NB_ERR_NOMEM, "train eval: out of memory");
-    else if (!tp_setup(ctx, c, local, &mo, &tp, param_spec, &shards, NULL, NULL))
-      g = trace_loss(ctx, local, task, go, &mo, shards, c->batch_size);
-    nb_tree_destroy(shards);
-    nb_train__tp_hook_destroy(tp);
-    free(local);
-    return g;
-  }
   if (nb_train__shard_count(c) == 1) return trace_loss(ctx, c, task, go, &mo, param_spec, c->batch_size);
-  /* FSDP, expert parallel: the whole batch on every process, on parameters gathered from the shards */
-  nb_tree *sharded = nb_train__shard_spec(ctx, c, param_spec);
-  nb_train__fsdp_gather *gather = sharded && c->mesh.fsdp > 1 ? nb_train__fsdp_gather_create(param_spec) : NULL;
-  if (gather) mo.param_hook = nb_train__fsdp_gather_param, mo.param_ud = gather;
-  else mo.param_hook = nb_train__ep_gather_param;
-  nb_graph *g = sharded && (gather || c->mesh.fsdp == 1) ? trace_loss(ctx, c, task, go, &mo, sharded, c->batch_size)
-                                                         : (nb_errorf(ctx, NB_ERR_NOMEM, "train eval: out of memory"), NULL);
-  nb_train__fsdp_gather_destroy(gather);
-  nb_tree_destroy(sharded);
+  /* the whole batch on every process: FSDP and expert parallel on parameters gathered from the blocks, tensor
+   * parallel on the model split as in the step */
+  sharded *sh = malloc(sizeof *sh);
+  if (!sh) return nb_errorf(ctx, NB_ERR_NOMEM, "train eval: out of memory"), NULL;
+  nb_graph *g = sharded_setup(ctx, c, param_spec, NULL, true, sh, &mo) ? NULL
+                : trace_loss(ctx, &sh->local, task, go, &mo, sh->params, c->batch_size);
+  sharded_free(sh);
+  free(sh);
   return g;
 }
 

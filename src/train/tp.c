@@ -1,9 +1,10 @@
 /* Tensor parallelism (Megatron-style) of the trainer's model over the mesh
- * axis "tensor": which parameters are split and along which dim, the
- * per-process model config, the shards of a host tree, and the linear hook
- * that puts the collectives around the split linears.
+ * axis "tensor": what the sharding rules may split over it, the
+ * per-process model config, and the linear hook that puts the collectives
+ * around the split linears.
  *
- * The layout, for T = mesh.tensor processes (process r):
+ * The layout (the built-in rules; docs/dist.md writes them out), for T =
+ * mesh.tensor processes (process r):
  *  - column-parallel: attn wq, wk, wv and mlp wi, wi_0, wi_1. Their kernels
  *    [d_in, d_out] and biases [d_out] are split along d_out: process r holds
  *    columns [r d_out/T, (r+1) d_out/T). For q, k, v those are whole heads
@@ -13,9 +14,11 @@
  *    d_in (the rows that meet the column-parallel outputs); the bias whole.
  *  - everything else (embeddings, norms, the LM head) whole on every
  *    process.
- * So each process runs the model of heads/T, kv_heads/T and d_ff/T (its
- * own config, nb_train__tp_model) on its shards, and the hook adds
- * Megatron's two collectives, in shard_map's terms:
+ * Rules may leave the attention or the MLP whole (in every layer): then it
+ * runs replicated, as on one process. So each process runs the model of
+ * heads/T, kv_heads/T (a split attention) and d_ff/T (a split MLP) on its
+ * shards (nb_train__tp_model), and the hook adds Megatron's two
+ * collectives, in shard_map's terms, where the kernel's spec says so:
  *  - "f": the replicated input of a column-parallel linear goes through
  *    pbroadcast (identity; its transpose psums the input's cotangent),
  *  - "g": a row-parallel linear's output is psum'ed (its transpose is the
@@ -48,101 +51,97 @@ static int linear_kind(const char *path) {
   return TP_NONE;
 }
 
-int nb_train__tp_dim(const char *path, int rank) {
-  const char *leaf = strrchr(path, '/');
-  if (!leaf || rank < 1) return -1;
-  bool kernel = !strcmp(leaf, "/kernel"), bias = !strcmp(leaf, "/bias");
-  if (!kernel && !bias) return -1;
-  char module[NB_TRAIN_PATH_MAX];
-  snprintf(module, sizeof module, "%.*s", (int)(leaf - path), path);
-  switch (linear_kind(module)) {
-  case TP_COLUMN: return rank - 1;           /* d_out: kernel dim 1, bias dim 0 */
-  case TP_ROW: return kernel ? 0 : -1;       /* d_in; the bias is added once, whole */
-  default: return -1;
-  }
-}
-
-nb_model_config nb_train__tp_model(const nb_model_config *c, int64_t T) {
+nb_model_config nb_train__tp_model(const nb_model_config *c, int64_t T, bool attn, bool mlp) {
   nb_model_config m = *c;
   m.head_dim = nb_model_head_dim(c);
-  m.n_heads = c->n_heads / T;
-  m.n_kv_heads = c->n_kv_heads / T;
-  m.d_ff = c->d_ff / T;
+  if (attn) m.n_heads = c->n_heads / T, m.n_kv_heads = c->n_kv_heads / T;
+  if (mlp) m.d_ff = c->d_ff / T;
   return m;
 }
 
 nb_status nb_train__tp_check(nb_ctx *ctx, const nb_train_config *c) {
   int64_t T = c->mesh.tensor;
-  const nb_model_config *m = &c->model;
   if (T == 1) return NB_OK;
-  if (m->n_heads % T || m->n_kv_heads % T || m->d_ff % T)
-    return nb_errorf(ctx, NB_ERR_INVALID_ARG,
-                     "mesh.tensor=%lld must divide model.n_heads (%lld), model.n_kv_heads (%lld) and model.d_ff (%lld): "
-                     "each process holds whole heads and an equal slice of the MLP",
-                     (long long)T, (long long)m->n_heads, (long long)m->n_kv_heads, (long long)m->d_ff);
-  const char *what = c->mesh.fsdp > 1     ? "mesh.fsdp > 1"
-                     : m->n_experts > 0   ? "a mixture of experts (model.n_experts > 0)"
-                     : m->attn_dropout > 0 ? "model.attn_dropout > 0 (each process would draw its heads' masks alike)"
-                                           : NULL;
+  const char *what = c->mesh.fsdp > 1 ? "mesh.fsdp > 1" : c->model.n_experts > 0 ? "a mixture of experts (model.n_experts > 0)" : NULL;
   if (what)
     return nb_errorf(ctx, NB_ERR_UNIMPLEMENTED, "mesh.tensor=%lld with %s is not supported yet", (long long)T, what);
   return NB_OK;
 }
 
-nb_tree *nb_train__tp_shard_spec(nb_ctx *ctx, const nb_tree *full, int64_t T) {
-  nb_tree *out = nb_tree_create(ctx);
-  for (size_t i = 0; out && full && i < nb_tree_size(full); i++) {
-    nb_aval a = nb_leaf_get_aval(nb_tree_leaf(full, i));
-    int d = nb_train__tp_dim(nb_tree_path(full, i), a.shape.rank);
-    if (d >= 0) a.shape.dims[d] /= T;
-    if (nb_tree_set(out, nb_tree_path(full, i), nb_leaf_aval(a))) out = (nb_tree_destroy(out), NULL);
-  }
-  return out;
+/* A parameter leaf as the rules split it: its path, the rule that matched (-1: none), the dim split over tensor (-1: none). */
+typedef struct tp_leaf {
+  const char *path;
+  int rule, dim;
+} tp_leaf;
+
+static nb_status tp_refuse(nb_ctx *ctx, const nb_dist_rules *r, const tp_leaf *l, const char *why) {
+  char rule[96];
+  if (l->rule >= 0) snprintf(rule, sizeof rule, "%s[%d]", nb_dist_rules_label(r), l->rule);
+  else snprintf(rule, sizeof rule, "no rule of %s", nb_dist_rules_label(r));
+  return nb_errorf(ctx, NB_ERR_UNIMPLEMENTED, "mesh.tensor: '%s' (%s): %s", l->path, rule, why);
 }
 
-/* Block r of T of a along dim d, as a new array. */
-static nb_array *block_of(nb_ctx *ctx, const nb_array *a, int d, int64_t T, int64_t r) {
-  int rank = nb_array_rank(a);
-  int64_t dims[NB_MAX_RANK];
-  memcpy(dims, nb_array_dims(a), sizeof(int64_t) * (size_t)rank);
-  size_t outer = 1, inner = nb_dtype_size(nb_array_dtype(a));
-  for (int i = 0; i < d; i++) outer *= (size_t)dims[i];
-  for (int i = d + 1; i < rank; i++) inner *= (size_t)dims[i];
-  size_t whole = (size_t)dims[d] * inner, part = whole / (size_t)T;
-  dims[d] /= T;
-  nb_array *s = nb_array_empty(ctx, nb_array_dtype(a), rank, dims);
-  if (!s) return NULL;
-  const char *src = (const char *)nb_array_data(a) + (size_t)r * part;
-  char *dst = nb_array_data_mut(s);
-  for (size_t o = 0; o < outer; o++) memcpy(dst + o * part, src + o * whole, part);
-  return s;
-}
-
-nb_tree *nb_train__tp_shard(nb_ctx *ctx, const nb_tree *full, int64_t T, int64_t r) {
-  nb_tree *out = nb_tree_create(ctx);
-  for (size_t i = 0; out && i < nb_tree_size(full); i++) {
-    const char *p = nb_tree_path(full, i);
-    const nb_array *a = nb_tree_leaf(full, i)->array;
-    int d = a ? nb_train__tp_dim(p, nb_array_rank(a)) : -1;
-    nb_status s;
-    if (!a) {
-      s = nb_errorf(ctx, NB_ERR_INVALID_ARG, "train tensor parallel: '%s' is not a host array", p);
-    } else if (d < 0) {
-      s = nb_tree_set_array(out, p, (nb_array *)a);
-    } else if (nb_array_dims(a)[d] % T) {
-      s = nb_errorf(ctx, NB_ERR_SHAPE, "train tensor parallel: dim %d of '%s' (%lld) is not a multiple of mesh.tensor=%lld",
-                    d, p, (long long)nb_array_dims(a)[d], (long long)T);
-    } else {
-      nb_array *b = block_of(ctx, a, d, T, r);
-      s = b ? nb_tree_set_array(out, p, b) : nb_ctx_status(ctx);
-      nb_array_release(b);
+nb_status nb_train__tp_check_rules(nb_ctx *ctx, const nb_train_config *c, const nb_dist_rules *r, const nb_tree *params,
+                                   bool *attn, bool *mlp) {
+  tp_leaf split[2] = {{NULL}, {NULL}}, whole[2] = {{NULL}, {NULL}}; /* the first of each, per group */
+  for (size_t i = 0; params && i < nb_tree_size(params); i++) {
+    const char *p = nb_tree_path(params, i), *leaf = strrchr(p, '/');
+    int rank = nb_leaf_get_aval(nb_tree_leaf(params, i)).shape.rank, n;
+    tp_leaf l = {p, nb_dist_rules_match(r, p), -1};
+    nb_part_spec sp = nb_dist_rules_spec(r, l.rule, &n);
+    if (n > rank) continue; /* the layout refuses it, naming the rank */
+    for (int d = 0; d < n; d++)
+      if (sp[d] && !strcmp(sp[d], "tensor")) l.dim = d;
+    bool kernel = leaf && !strcmp(leaf, "/kernel"), bias = leaf && !strcmp(leaf, "/bias");
+    char module[NB_TRAIN_PATH_MAX];
+    snprintf(module, sizeof module, "%.*s", leaf ? (int)(leaf - p) : 0, p);
+    int kind = kernel || bias ? linear_kind(module) : TP_NONE, group = strstr(module, "/attn/") || !strncmp(module, "attn/", 5) ? 0 : 1;
+    if (kind == TP_NONE) {
+      if (l.dim >= 0)
+        return tp_refuse(ctx, r, &l, "split over tensor, but tensor parallelism splits only the attention's and the MLP's "
+                         "linears (attn/wq, wk, wv, wo; mlp/wi, wi_0, wi_1, wo): keep it whole");
+      continue;
     }
-    if (s) out = (nb_tree_destroy(out), NULL);
+    if (kind == TP_ROW && bias) {
+      if (l.dim >= 0) return tp_refuse(ctx, r, &l, "a row-parallel linear's bias is added once after the psum: keep it whole");
+      continue;
+    }
+    int want = kind == TP_COLUMN ? rank - 1 : 0; /* column: d_out (a kernel's dim 1, a bias's 0); row: d_in */
+    if (l.dim >= 0 && (l.dim != want || (kernel && rank != 2)))
+      return tp_refuse(ctx, r, &l, kind == TP_COLUMN ? "a column-parallel linear is split along d_out (the kernel's dim 1: "
+                                                       "[null, tensor]; its bias: [tensor]) or not at all"
+                                                     : "a row-parallel kernel is split along d_in (dim 0: [tensor]) or not at all");
+    tp_leaf *first = l.dim >= 0 ? &split[group] : &whole[group];
+    if (!first->path) *first = l;
   }
-  return out;
+  for (int g = 0; g < 2; g++)
+    if (split[g].path && whole[g].path) {
+      char why[NB_TRAIN_PATH_MAX + 256];
+      snprintf(why, sizeof why, "split over tensor, but '%s' is whole: tensor parallelism splits %s in every layer or in none",
+               whole[g].path, g == 0 ? "the attention (wq, wk, wv by columns, wo by rows)" : "the MLP (wi, wi_0, wi_1 by columns, wo by rows)");
+      return tp_refuse(ctx, r, &split[g], why);
+    }
+  *attn = split[0].path != NULL, *mlp = split[1].path != NULL;
+  int64_t T = c->mesh.tensor;
+  const nb_model_config *m = &c->model;
+  bool heads = *attn && (m->n_heads % T || m->n_kv_heads % T), ff = *mlp && m->d_ff % T;
+  if (heads && *mlp)
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG,
+                     "mesh.tensor=%lld must divide model.n_heads (%lld), model.n_kv_heads (%lld) and model.d_ff (%lld): "
+                     "each process holds whole heads and an equal slice of the MLP",
+                     (long long)T, (long long)m->n_heads, (long long)m->n_kv_heads, (long long)m->d_ff);
+  if (heads)
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "mesh.tensor=%lld must divide model.n_heads (%lld) and model.n_kv_heads (%lld): "
+                     "each process holds whole heads (the rules split the attention)", (long long)T, (long long)m->n_heads,
+                     (long long)m->n_kv_heads);
+  if (ff)
+    return nb_errorf(ctx, NB_ERR_INVALID_ARG, "mesh.tensor=%lld must divide model.d_ff (%lld): each process holds an equal "
+                     "slice of the MLP (the rules split it)", (long long)T, (long long)m->d_ff);
+  if (*attn && m->attn_dropout > 0)
+    return nb_errorf(ctx, NB_ERR_UNIMPLEMENTED, "mesh.tensor=%lld with model.attn_dropout > 0 and the attention split is not "
+                     "supported yet (each process would draw its heads' masks alike)", (long long)T);
+  return NB_OK;
 }
-
-bool nb_train__tp_sharded(const char *path, int rank) { return nb_train__tp_dim(path, rank) >= 0; }
 
 /* ---------------------------------------------------------------- the hook */
 
@@ -152,12 +151,17 @@ bool nb_train__tp_sharded(const char *path, int rank) { return nb_train__tp_dim(
  * parent path, so an entry of a graph since destroyed (a remat body) whose
  * value's address comes back in the next block's body never matches. */
 struct nb_train__tp_hook {
+  const nb_train__layout *L;
   nb_graph *g;
   nb_val *x, *fx;
   char parent[NB_TRAIN_PATH_MAX];
 };
 
-nb_train__tp_hook *nb_train__tp_hook_create(void) { return calloc(1, sizeof(nb_train__tp_hook)); }
+nb_train__tp_hook *nb_train__tp_hook_create(const nb_train__layout *L) {
+  nb_train__tp_hook *h = calloc(1, sizeof(nb_train__tp_hook));
+  if (h) h->L = L;
+  return h;
+}
 void nb_train__tp_hook_destroy(nb_train__tp_hook *h) { free(h); }
 
 static nb_val *f_of(nb_train__tp_hook *h, nb_nn_apply *a, const char *path, nb_val *x) {
@@ -171,13 +175,14 @@ static nb_val *f_of(nb_train__tp_hook *h, nb_nn_apply *a, const char *path, nb_v
 
 nb_val *nb_train__tp_linear(void *ud, nb_nn_apply *a, const char *path, nb_val *x, bool stacked) {
   nb_train__tp_hook *h = ud;
-  int kind = stacked ? TP_NONE : linear_kind(path);
-  if (kind == TP_COLUMN) return nb_nn_linear_default(a, path, f_of(h, a, path, x), false);
-  if (kind == TP_NONE) return nb_nn_linear_default(a, path, x, stacked);
-  /* row-parallel: x [..., d_in/T] against the kernel's rows [d_in/T, d_out], summed over the processes, then the bias */
   char pk[NB_NN_PATH_MAX], pb[NB_NN_PATH_MAX];
   if (!nb_nn_join(pk, path, "kernel") || !nb_nn_join(pb, path, "bias"))
     return nb_nn_fail(a, NB_ERR_INVALID_ARG, "train tensor parallel: path '%s' too long", path);
+  /* the kernel's split: d_out (dim 1) column-parallel, d_in (dim 0) row-parallel, none: whole */
+  int d = stacked ? -1 : nb_train__split_dim(h->L, "params", pk);
+  if (d == 1) return nb_nn_linear_default(a, path, f_of(h, a, path, x), false);
+  if (d != 0) return nb_nn_linear_default(a, path, x, stacked);
+  /* row-parallel: x [..., d_in/T] against the kernel's rows [d_in/T, d_out], summed over the processes, then the bias */
   nb_val *w = nb_nn_param(a, pk);
   if (nb_graph_status(a->g)) return w;
   if (nb_val_rank(w) != 2 || nb_val_dim(x, -1) != nb_val_dim(w, 0))

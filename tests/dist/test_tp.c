@@ -15,7 +15,10 @@
  * and the layout's checkpoint: each process's blocks (split leaves along
  * their dim, whole leaves by process 0) saved as one checkpoint restore as
  * the whole arrays bit for bit (tensor 2 -> 1), and the blocks of those are
- * each process's shards bit for bit (1 -> tensor 2). */
+ * each process's shards bit for bit (1 -> tensor 2). The layout is the
+ * trainer's (its built-in tensor rules); the gpt2-like model also runs
+ * under rules that split only the MLP (the attention then runs whole on
+ * both processes, its heads undivided). */
 #include <stdlib.h>
 
 #include "nabla/dist.h"
@@ -24,6 +27,16 @@
 #include "train/internal.h"
 
 static int rank;
+
+/* The trainer's layout of a model's params for mesh.tensor=2 under rules ("": the built-in ones). */
+static void layout_of(nb_ctx *ctx, const nb_model_config *cfg, const char *rules, const nb_tree *params, nb_train__layout *L) {
+  nb_train_config c;
+  nb_train_config_defaults(&c);
+  c.model = *cfg;
+  c.mesh.tensor = 2;
+  snprintf(c.mesh.rules, sizeof c.mesh.rules, "%s", rules);
+  CHECK_OK(ctx, nb_train__layout_make(ctx, &c, params, NULL, L));
+}
 
 static nb_tree *batch(nb_ctx *ctx, int64_t V) {
   int64_t d[2] = {2, 8};
@@ -44,8 +57,9 @@ static nb_tree *batch(nb_ctx *ctx, int64_t V) {
 }
 
 /* loss and "grad/params/..." of the model on params (tp: this process's part, through the hook) */
-static nb_tree *loss_and_grads(nb_ctx *ctx, const nb_model_config *cfg, const nb_tree *params, const nb_tree *b, bool tp) {
-  nb_train__tp_hook *hook = tp ? nb_train__tp_hook_create() : NULL;
+static nb_tree *loss_and_grads(nb_ctx *ctx, const nb_model_config *cfg, const nb_tree *params, const nb_tree *b,
+                               const nb_train__layout *tp) {
+  nb_train__tp_hook *hook = tp ? nb_train__tp_hook_create(tp) : NULL;
   nb_model_trace_opts mo = {.dtype = NB_F64, .linear_hook = tp ? nb_train__tp_linear : NULL, .hook_ud = hook};
   nb_graph *g = nb_model_trace_loss(ctx, cfg, &mo, params, b);
   nb_graph *vg = g ? nb_value_and_grad(ctx, g, &(nb_grad_opts){.wrt = "params", .has_aux = true}) : NULL;
@@ -61,8 +75,8 @@ static nb_tree *loss_and_grads(nb_ctx *ctx, const nb_model_config *cfg, const nb
   return out;
 }
 
-static double loss_of(nb_ctx *ctx, const nb_model_config *cfg, const nb_tree *params, const nb_tree *b, bool tp) {
-  nb_train__tp_hook *hook = tp ? nb_train__tp_hook_create() : NULL;
+static double loss_of(nb_ctx *ctx, const nb_model_config *cfg, const nb_tree *params, const nb_tree *b, const nb_train__layout *tp) {
+  nb_train__tp_hook *hook = tp ? nb_train__tp_hook_create(tp) : NULL;
   nb_model_trace_opts mo = {.dtype = NB_F64, .linear_hook = tp ? nb_train__tp_linear : NULL, .hook_ud = hook};
   nb_graph *g = nb_model_trace_loss(ctx, cfg, &mo, params, b);
   nb_tree *in = nb_tree_create(ctx), *out = nb_tree_create(ctx);
@@ -93,18 +107,21 @@ static double max_abs(const nb_array *a) {
   return m;
 }
 
-static void check_model(nb_ctx *ctx, const char *name, const nb_model_config *cfg) {
+static void check_model(nb_ctx *ctx, const char *name, const nb_model_config *cfg, const char *rules, int min_split) {
   nb_array *key = nb_key(ctx, 7);
   nb_tree *full = nb_model_init_dtype(ctx, cfg, key, NB_F64), *b = batch(ctx, cfg->vocab_size);
   nb_array_release(key);
-  nb_model_config local = nb_train__tp_model(cfg, 2);
-  nb_tree *mine = nb_train__tp_shard(ctx, full, 2, rank);
+  nb_train__layout L;
+  layout_of(ctx, cfg, rules, full, &L);
+  nb_model_config local = nb_train__tp_model(cfg, 2, L.tp_attn, L.tp_mlp);
+  CHECK_MSG(L.tp_mlp && L.tp_attn == !rules[0], "%s: attention %d, MLP %d split", name, L.tp_attn, L.tp_mlp);
+  nb_tree *mine = nb_train__shard(ctx, &L, "params", full, rank);
   CHECK_MSG(full && mine, "%s: %s", name, nb_ctx_error(ctx));
-  nb_tree *ref = loss_and_grads(ctx, cfg, full, b, false), *got = loss_and_grads(ctx, &local, mine, b, true);
+  nb_tree *ref = loss_and_grads(ctx, cfg, full, b, NULL), *got = loss_and_grads(ctx, &local, mine, b, &L);
   double l0 = nb_array_get(nb_tree_get_array(ref, "loss"), 0), l1 = nb_array_get(nb_tree_get_array(got, "loss"), 0);
   CHECK_MSG(fabs(l0 - l1) <= 1e-12 * fabs(l0), "%s rank %d: loss %.17g, one process %.17g", name, rank, l1, l0);
   /* the whole gradient's blocks: what each process must have */
-  nb_tree *rg = nb_tree_select_prefix(ref, "grad/params", true), *want = nb_train__tp_shard(ctx, rg, 2, rank);
+  nb_tree *rg = nb_tree_select_prefix(ref, "grad/params", true), *want = nb_train__shard(ctx, &L, "params", rg, rank);
   int split = 0, whole = 0;
   for (size_t i = 0; want && i < nb_tree_size(want); i++) {
     const char *p = nb_tree_path(want, i);
@@ -116,12 +133,12 @@ static void check_model(nb_ctx *ctx, const char *name, const nb_model_config *cf
     double tol = 1e-10 * max_abs(w) + 1e-15, err = 0; /* k's bias: a zero gradient, rounding noise of 1e-21 */
     for (int64_t k = 0; k < nb_array_size(w); k++) err = fmax(err, fabs(nb_array_get(g, k) - nb_array_get(w, k)));
     CHECK_MSG(err <= tol, "%s rank %d: gradient of '%s' off by %.3g (largest entry %.3g)", name, rank, p, err, max_abs(w));
-    if (nb_train__tp_dim(p, nb_array_rank(w)) >= 0) split++;
+    if (nb_train__split_dim(&L, "params", p) >= 0) split++;
     else whole++;
   }
-  CHECK_MSG(split >= 10 && whole >= 5, "%s: %d split and %d whole leaves", name, split, whole);
+  CHECK_MSG(split >= min_split && whole >= 5, "%s: %d split and %d whole leaves", name, split, whole);
   /* central differences of the split model's loss (every process moves its own copy) */
-  const char *fd[2] = {"layers/0/attn/wq/kernel", "layers/1/attn_norm/scale"};
+  const char *fd[2] = {L.tp_attn ? "layers/0/attn/wq/kernel" : "layers/0/mlp/wi/kernel", "layers/1/attn_norm/scale"};
   for (int k = 0; k < 2; k++) {
     char gp[512];
     snprintf(gp, sizeof gp, "grad/params/%s", fd[k]);
@@ -131,7 +148,7 @@ static void check_model(nb_ctx *ctx, const char *name, const nb_model_config *cf
      * a whole leaf: the same element on both */
     bool moves = k == 1 || rank == 0;
     nb_tree *up = nudged(ctx, mine, fd[k], at, moves ? h : 0), *dn = nudged(ctx, mine, fd[k], at, moves ? -h : 0);
-    double fdv = (loss_of(ctx, &local, up, b, true) - loss_of(ctx, &local, dn, b, true)) / (2 * h);
+    double fdv = (loss_of(ctx, &local, up, b, &L) - loss_of(ctx, &local, dn, b, &L)) / (2 * h);
     if (moves)
       CHECK_MSG(fabs(fdv - an) <= 1e-6 * (fabs(an) + 1e-3), "%s rank %d: d loss / d %s[%lld]: %.10g, finite difference %.10g",
                 name, rank, fd[k], (long long)at, an, fdv);
@@ -145,13 +162,17 @@ static void check_model(nb_ctx *ctx, const char *name, const nb_model_config *cf
   nb_tree_destroy(full);
   nb_tree_destroy(mine);
   nb_tree_destroy(b);
+  nb_train__layout_free(&L);
 }
 
 /* The checkpoint of the layout: blocks as the trainer writes them. */
 static void check_ckpt(nb_ctx *ctx, nb_comm *world, const nb_model_config *cfg, const char *dir) {
   nb_array *key = nb_key(ctx, 3);
-  nb_tree *full = nb_model_init(ctx, cfg, key), *mine = nb_train__tp_shard(ctx, full, 2, rank);
+  nb_tree *full = nb_model_init(ctx, cfg, key);
   nb_array_release(key);
+  nb_train__layout L;
+  layout_of(ctx, cfg, "", full, &L);
+  nb_tree *mine = nb_train__shard(ctx, &L, "params", full, rank);
   nb_tree *blocks = nb_tree_create(ctx), *whole = nb_tree_create(ctx);
   for (size_t i = 0; i < nb_tree_size(mine); i++) {
     const char *p = nb_tree_path(mine, i);
@@ -159,7 +180,7 @@ static void check_ckpt(nb_ctx *ctx, nb_comm *world, const nb_model_config *cfg, 
     char wp[512];
     snprintf(wp, sizeof wp, "params/%s", p);
     nb_tree_set(whole, wp, nb_leaf_aval(nb_array_aval(nb_tree_get_array(full, p))));
-    if (nb_train__tp_dim(p, nb_array_rank(a)) >= 0 || rank == 0) nb_tree_set_array(blocks, p, a);
+    if (nb_train__split_dim(&L, "params", p) >= 0 || rank == 0) nb_tree_set_array(blocks, p, a);
   }
   nb_ckpt_manager *m = rank == 0 ? nb_ckpt_manager_create(ctx, &(nb_ckpt_options){.directory = dir}) : NULL;
   CHECK_OK(ctx, world->ops->barrier(world, ctx));
@@ -168,7 +189,7 @@ static void check_ckpt(nb_ctx *ctx, nb_comm *world, const nb_model_config *cfg, 
   nb_ckpt_shards sh = {.comm = world, .whole = whole, .index = rank, .count = 2};
   CHECK_OK(ctx, nb_ckpt_save_sharded(m, 1, items, 1, NULL, &sh));
   nb_tree *r = nb_ckpt_restore(m, 1, NULL), *rp = r ? nb_tree_select_prefix(r, "params", true) : NULL;
-  nb_tree *again = rp ? nb_train__tp_shard(ctx, rp, 2, rank) : NULL;
+  nb_tree *again = rp ? nb_train__shard(ctx, &L, "params", rp, rank) : NULL;
   CHECK_MSG(again, "rank %d: %s", rank, nb_ctx_error(ctx));
   for (size_t i = 0; again && i < nb_tree_size(full); i++) {
     const char *p = nb_tree_path(full, i);
@@ -179,7 +200,7 @@ static void check_ckpt(nb_ctx *ctx, nb_comm *world, const nb_model_config *cfg, 
   nb_ckpt_info *info = nb_ckpt_info_load(m, 1);
   for (size_t i = 0; info && i < nb_ckpt_info_count(info); i++) {
     const nb_ckpt_entry *e = nb_ckpt_info_entry(info, i);
-    int want = nb_train__tp_dim(e->path, e->shape.rank) >= 0 ? 2 : 1;
+    int want = nb_train__split_dim(&L, "params", e->path) >= 0 ? 2 : 1;
     CHECK_MSG(e->n_shards == want, "'%s' has %d shards, want %d", e->path, e->n_shards, want);
   }
   nb_ckpt_info_destroy(info);
@@ -191,6 +212,7 @@ static void check_ckpt(nb_ctx *ctx, nb_comm *world, const nb_model_config *cfg, 
   nb_tree_destroy(whole);
   nb_tree_destroy(full);
   nb_tree_destroy(mine);
+  nb_train__layout_free(&L);
 }
 
 int main(int argc, char **argv) {
@@ -214,8 +236,14 @@ int main(int argc, char **argv) {
   gpt2.n_layers = llama.n_layers = 2;
   gpt2.d_ff = llama.d_ff = 24;
   gpt2.max_seq_len = llama.max_seq_len = 8;
-  check_model(ctx, "gpt2", &gpt2);
-  check_model(ctx, "llama", &llama);
+  check_model(ctx, "gpt2", &gpt2, "", 10);
+  check_model(ctx, "llama", &llama, "", 10);
+  /* the MLP alone: 3 heads (not a multiple of 2) are fine, the attention is whole */
+  nb_model_config odd = gpt2;
+  odd.n_heads = odd.n_kv_heads = 3;
+  odd.d_model = 18;
+  check_model(ctx, "gpt2 MLP only", &odd, "[['.*/mlp/wi/kernel', [null, tensor]], ['.*/mlp/wi/bias', [tensor]], "
+              "['.*/mlp/wo/kernel', [tensor]]]", 6);
 
   char dir[512] = {0};
   if (rank == 0) nb_test_scratch_dir(dir, sizeof dir, "dist", "tp-ckpt");

@@ -123,6 +123,7 @@ typedef struct nb_cli_train_args {
   double peak_flops; /* --peak-gflops x 1e9; 0: not given */
   const char **over, **sec_over;
   int n_over, n_sec_over;
+  bool layout;       /* nabla train --layout: print the sharded layout and exit */
 } nb_cli_train_args;
 /* Parses argv[1..] into *a; returns -1 to go on, else the command's exit
  * status (0 after --help, 2 after a usage message). */

@@ -51,17 +51,21 @@ static const char default_yaml[] =
     "seed: 0\n";
 
 static const char usage_text[] =
-    "usage: nabla train [CONFIG.yaml] [--run-dir DIR] [--peak-gflops X] [--threads N] [key=value ...]\n"
+    "usage: nabla train [CONFIG.yaml] [--run-dir DIR] [--peak-gflops X] [--threads N] [--layout] [key=value ...]\n"
     "  CONFIG      a run config (configs/*.yaml); without it, the default tiny GPT on data/corpus/kjv.txt\n"
     "  --run-dir   where config.yaml, metrics.jsonl and checkpoints/ go (default runs/default, or\n"
     "              runs/<config name>); an existing run there is resumed from its latest checkpoint\n"
     "  --threads N compute threads (default: $NABLA_THREADS, else all CPUs)\n"
     "  --peak-gflops  the peak FLOP/s that MFU is relative to (default: $NABLA_PEAK_GFLOPS, else an\n"
     "              f32 FMA peak measured once per machine and thread count, cached in ~/.cache/nabla)\n"
+    "  --layout    print how the parameters and optimizer state are split over the mesh (mesh.* and\n"
+    "              mesh.rules: each leaf's spec, the rule that gave it, one process's block) and exit\n"
     "  key=value   config overrides: steps=100 optim.lr=1e-3 model.n_layers=2 ...\n"
     "data parallel: mpirun -np N nabla train ... mesh.data=N grad_accum=N, or nabla launch -n N [--max-restarts K]\n"
     "              -- nabla train ... mesh.data=N grad_accum=N (docs/dist.md)\n"
-    "expert parallel (MoE): mpirun -np N nabla train ... mesh.expert=N grad_accum=N model.capacity_factor=C\n";
+    "expert parallel (MoE): mpirun -np N nabla train ... mesh.expert=N grad_accum=N model.capacity_factor=C\n"
+    "sharding rules: mesh.rules='[[\".*embed.*\", []], [\".*\", [fsdp]]]' replaces the axis's built-in layout\n"
+    "              ([regex, [axis|null, ...]] pairs, the first full match wins; docs/dist.md)\n";
 
 double nb_cli_progress_peak(nb_cli_progress *c, nb_prof_peak *pk, int threads, double flag_peak) {
   c->peak_source = "--peak-gflops";
@@ -151,6 +155,8 @@ int nb_cli_train_args_parse(const char *cmd, const char *usage, const char *sect
     } else if (!strcmp(x, "--threads")) {
       if (!nb_cli_int(cmd, x, has_next ? argv[++i] : NULL, 1, 65536, &t)) rc = 2;
       a->threads = (int)t;
+    } else if (!strcmp(x, "--layout") && !strcmp(cmd, "train")) {
+      a->layout = true;
     } else if (x[0] == '-') {
       fprintf(stderr, "nabla %s: unknown or incomplete option '%s'\n", cmd, x);
       rc = nb_cli_usage(usage, false);
@@ -193,6 +199,7 @@ int nb_cmd_train(int argc, char **argv) {
   if (prc >= 0) return prc;
   const char *config = args.config, **over = args.over;
   int n_over = args.n_over, threads = args.threads;
+  bool layout = args.layout;
   double peak = args.peak_flops;
   nb_ctx *ctx = nb_ctx_create();
   if (!ctx) return nb_cli_train_args_free(&args), 1;
@@ -210,6 +217,12 @@ int nb_cmd_train(int argc, char **argv) {
     fprintf(stderr, "nabla train: %s\n", nb_ctx_error(ctx));
     nb_ctx_destroy(ctx);
     return 1;
+  }
+  if (layout) { /* one process, no MPI: the layout is the config's */
+    s = nb_train_print_layout(ctx, &cfg, stdout);
+    if (s) fprintf(stderr, "nabla train: %s\n", nb_ctx_error(ctx));
+    nb_ctx_destroy(ctx);
+    return s ? 1 : 0;
   }
   /* data parallel / FSDP / expert / tensor parallel: the job's processes as the mesh axes "data" x "fsdp" x
    * "expert" x "tensor" */
