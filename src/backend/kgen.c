@@ -486,7 +486,9 @@ void nb_kgen__emit_body(cg *g, int depth) {
   if (any_inner) {
     /* every value before any store: a store may overwrite a donated input
      * that another store's cone reads at the same element */
+    g->pragma = g->store_pragma;
     int d = open_inner(g, depth);
+    g->pragma = NULL;
     for (int s = 0; s < k->nstores; s++)
       if (k->stores[s].inner) emit_inner(g, k->stores[s].node, d);
     for (int s = 0; s < k->nstores; s++)

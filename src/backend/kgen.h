@@ -19,6 +19,11 @@ typedef struct nb_kgen {
   int *scratch;     /* stores + 4 * nodes + 1 ints, for store_groups */
   bool simd;        /* ROW: the innermost reduced loop is a simd reduction (reassociated) */
   const char *pragma; /* printed before the innermost R loop that open_inner opens next */
+  /* printed before the innermost R loop of the stores (C: NBX_IVDEP, as
+   * the outer loops: a kernel reads what it writes only at the element it
+   * writes; without it gcc versions the loop for aliasing, gives up past
+   * ten pointer pairs and leaves it scalar) */
+  const char *store_pragma;
   /* CUDA: the threads of a block share one outer point; each walks the R
    * space strided by the block size, and every accumulator is combined
    * across the block (nbx_bred_<add|mul|max|min>_<d|f|i|u>, which the

@@ -194,7 +194,7 @@ static void emit_tiled(nb_kgen *g, bool alias) {
 static bool emit_kernel(nb_jit_text *head, nb_jit_text *t, const nb_jplan *p, int ki, uint8_t *emitted, uint8_t *inv,
                         int *scratch) {
   const nb_kernel *k = &p->kernels[ki];
-  nb_kgen g = {t, k, emitted, true, false, inv, scratch, false, NULL, false};
+  nb_kgen g = {.t = t, .k = k, .emitted = emitted, .ok = true, .inv = inv, .scratch = scratch, .store_pragma = "NBX_IVDEP"};
   nb_kgen__mark_invariant(&g);
   int width;
   sched sc = choose_schedule(k, &width);
