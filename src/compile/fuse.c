@@ -1098,6 +1098,50 @@ static void classify_buffers(fz *f) {
   }
 }
 
+/* A root materialized because it has several users (and is too costly to
+ * recompute) whose users all joined its own kernel is read there from its
+ * node, never from memory: the store and the buffer go (GELU's backward
+ * wrote a 4 MB intermediate per layer of the tiny gpt2 step that nothing
+ * read). Kept: graph outputs, values other steps read (a kernel's load, an
+ * equation's operand) or that a view lives in, and a kernel's last store. */
+static bool drop_unread_stores(fz *f) {
+  uint8_t *read = nb_jit__alloc(f->ar, f->nv + 1);
+  if (!read) return false;
+  memset(read, 0, f->nv + 1);
+  for (int kk = 0; kk < f->p->nkernels; kk++) {
+    const nb_kernel *k = &f->p->kernels[kk];
+    for (int i = 0; i < k->nnodes; i++)
+      if (k->nodes[i].kind == NB_KN_LOAD) read[k->args[k->nodes[i].arg]] = 1;
+  }
+  for (int st = 0; st < f->nsteps; st++)
+    for (int i = 0; f->steps[st].kind != NB_EXE_STEP_KERNEL && i < f->steps[st].eqn->nin; i++)
+      read[f->steps[st].eqn->in[i]->id] = 1;
+  for (size_t v = 0; v < f->nv; v++)
+    if (f->view[v] >= 0) read[f->view[v]] = 1; /* v lives in that value's memory */
+  for (int kk = 0; kk < f->p->nkernels; kk++) {
+    nb_kernel *k = &f->p->kernels[kk];
+    for (int st = 0; st < k->nstores && k->nstores > 1;) {
+      int a = k->stores[st].arg;
+      uint32_t v = k->args[a];
+      if (read[v] || f->is_out[v]) {
+        st++;
+        continue;
+      }
+      memmove(&k->stores[st], &k->stores[st + 1], sizeof *k->stores * (size_t)(k->nstores - st - 1));
+      k->nstores--;
+      memmove(&k->args[a], &k->args[a + 1], sizeof *k->args * (size_t)(k->nargs - a - 1));
+      memmove(&k->arg_written[a], &k->arg_written[a + 1], sizeof *k->arg_written * (size_t)(k->nargs - a - 1));
+      k->nargs--;
+      for (int i = 0; i < k->nnodes; i++)
+        if (k->nodes[i].kind == NB_KN_LOAD && k->nodes[i].arg > a) k->nodes[i].arg--;
+      for (int i = 0; i < k->nstores; i++)
+        if (k->stores[i].arg > a) k->stores[i].arg--;
+      f->mat[v] = 0;
+    }
+  }
+  return true;
+}
+
 static int attempt(fz *f) {
   f->nsteps = 0;
   f->p->nkernels = f->p->cap_kernels = 0;
@@ -1121,6 +1165,7 @@ static int attempt(fz *f) {
     }
   }
   if (r != OK) return r;
+  if (!f->cfg->off[NB_SW_fuse] && !drop_unread_stores(f)) return ERR;
   for (int kk = 0; kk < f->p->nkernels; kk++) {
     nb_kernel *k = &f->p->kernels[kk];
     assign_phases(k);

@@ -277,6 +277,53 @@ static void test_patterns(void) {
   nb_tree_destroy(in);
 }
 
+/* A costly intermediate t (GELU's backward has one) read twice by the value
+ * that joins its kernel: materialized by fusion as a root, but when nothing
+ * outside that kernel reads it, it is computed there and never stored.
+ * With `also` it is also a graph output (u 1), or the operand of a matrix
+ * product (u 2): then it is stored. */
+static nb_status f_shared_intermediate(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
+  int also = *(const int *)u;
+  nb_val *x = nb_tree_get_val(in, "x"), *t = x;
+  for (int i = 0; i < 7; i++) t = nb_tanh(nb_mul(t, x)); /* 14 operations: too many to recompute per user */
+  nb_val *y = nb_add(nb_mul(t, x), nb_mul(t, t));
+  if (also == 1) nb_tree_set_val(out, "t", t);
+  if (also == 2) y = nb_add(y, nb_matmul(t, nb_tree_get_val(in, "w")));
+  return nb_tree_set_val(out, "y", y);
+}
+
+/* How many values the executable's kernels store. */
+static int kernel_stores(const nb_graph *g) {
+  nb_jit_opts o = nb_test_jit_opts(NULL);
+  nb_exe *e = nb_jit(ctx, g, &o);
+  int n = 0;
+  for (size_t i = 0; e && i < nb_exe_num_steps(e); i++) {
+    nb_exe_step_info si;
+    nb_exe_operand ops[64];
+    nb_exe_step(e, i, &si);
+    size_t no = nb_exe_step_operands(e, i, ops, 64);
+    for (size_t j = 0; si.kind == NB_EXE_STEP_KERNEL && j < no && j < 64; j++) n += ops[j].written;
+  }
+  nb_exe_destroy(e);
+  return n;
+}
+
+static void test_unread_stores(void) {
+  int64_t d[2] = {19, 77};
+  for (int also = 0; also < 3; also++) {
+    nb_tree *in = inputs1(NB_F32, 2, d);
+    add_input(in, "w", NB_F32, 2, (int64_t[]){77, 77});
+    nb_graph *g = trace(f_shared_intermediate, &also, in);
+    static const char *const what[] = {"an intermediate read twice in its kernel", "... and a graph output",
+                                       "... and a matmul operand"};
+    check_all_ways(what[also], g, in);
+    int stores = kernel_stores(g), want = also == 0 ? 1 : 2; /* y, and t when something else reads it */
+    CHECK_MSG(stores == want, "%s: the kernels store %d values, want %d", what[also], stores, want);
+    nb_graph_destroy(g);
+    nb_tree_destroy(in);
+  }
+}
+
 static void test_stats_join(void) {
   int64_t d[2] = {37, 300};
   nb_tree *in = inputs1(NB_F32, 2, d);
@@ -663,6 +710,7 @@ int main(void) {
   if (plan_on) test_scatter_into_zeros();
   if (plan_on) test_transpose_of_dot();
   if (plan_on) test_stats_join();
+  if (plan_on) test_unread_stores();
   test_caches();
   test_fallback();
   if (plan_on) test_donation();
