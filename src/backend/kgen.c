@@ -177,10 +177,7 @@ typedef nb_kgen cg;
 static void indent(cg *g, int depth) { nb_jit__printf(g->t, "%*s", 2 * depth, ""); }
 
 /* An array over the strip (COLUMN schedule) rather than a scalar. */
-static bool in_strip(const cg *g, int i) {
-  const nb_knode *n = &g->k->nodes[i];
-  return g->strip && !n->inner && !g->inv[i];
-}
+static bool in_strip(const cg *g, int i) { return g->strip && g->arr[i]; }
 
 /* Marks the loop-invariant nodes: constants, loads and indices at a fixed
  * offset, and operations on those only (a scalar hyperparameter's pow,
@@ -195,6 +192,44 @@ void nb_kgen__mark_invariant(cg *g) {
     for (int j = 0; j < n->nin; j++) inv &= g->inv[n->in[j]] != 0;
     g->inv[i] = inv;
   }
+}
+
+static const char *acc_type(const nb_knode *r);
+
+static void mark_array_cone(cg *g, int i) {
+  const nb_knode *n = &g->k->nodes[i];
+  if (g->inv[i] || n->inner || g->arr[i]) return;
+  g->arr[i] = 1;
+  for (int j = 0; j < n->nin && n->kind != NB_KN_REDUCE; j++) mark_array_cone(g, n->in[j]);
+}
+
+/* The arrays of a strip: the reductions (accumulator and result), and the
+ * outer values an inner loop reads (a mean that centers the rows of a
+ * variance), with the outer values they are computed from; these are
+ * computed before the loops that read them. Every other outer value is
+ * computed per point in the strip's last loop, just before the stores, so
+ * that a wide strip (whole rows: the reduced loops then read memory in
+ * order) needs little stack. With stores inside the reduced loops every
+ * outer value is an array, computed before them (as in the ROW schedule). */
+size_t nb_kgen__mark_strip_arrays(cg *g, size_t *acc_bytes) {
+  const nb_kernel *k = g->k;
+  bool inner_stores = false;
+  for (int s = 0; s < k->nstores; s++) inner_stores |= k->stores[s].inner;
+  memset(g->arr, 0, (size_t)k->nnodes + 1);
+  for (int i = 0; i < k->nnodes; i++) {
+    const nb_knode *n = &k->nodes[i];
+    if (inner_stores || n->kind == NB_KN_REDUCE) g->arr[i] = !n->inner && !g->inv[i];
+    for (int j = 0; j < n->nin && n->inner; j++) mark_array_cone(g, n->in[j]);
+  }
+  size_t bytes = 0;
+  *acc_bytes = 0;
+  for (int i = 0; i < k->nnodes; i++) {
+    if (!g->arr[i]) continue;
+    const char *ct = nb_kgen__ctype(k->nodes[i].dtype);
+    bytes += !strcmp(ct, "double") || !strcmp(ct, "int64_t") ? 8 : 4;
+    if (k->nodes[i].kind == NB_KN_REDUCE) *acc_bytes += !strcmp(acc_type(&k->nodes[i]), "float") ? 4 : 8;
+  }
+  return bytes + *acc_bytes;
 }
 
 static void ref(const cg *g, int i, char *buf, size_t cap) {
@@ -403,7 +438,16 @@ void nb_kgen__emit_store(cg *g, const nb_kstore *s, int depth) {
 
 static bool is_outer_at(const cg *g, int i, int phase) {
   const nb_knode *n = &g->k->nodes[i];
-  return !n->inner && n->kind != NB_KN_REDUCE && n->phase == phase && !g->inv[i];
+  return !n->inner && n->kind != NB_KN_REDUCE && n->phase == phase && !g->inv[i] && (!g->strip || g->arr[i]);
+}
+
+/* COLUMN: the scalar outer values in node i's cone (and i), in the strip's last loop. */
+static void emit_outer_cone(cg *g, int i, int depth) {
+  const nb_knode *n = &g->k->nodes[i];
+  if (!g->strip || g->inv[i] || g->arr[i] || g->emitted[i] || n->inner) return;
+  for (int j = 0; j < n->nin; j++) emit_outer_cone(g, n->in[j], depth);
+  g->emitted[i] = 1;
+  nb_kgen__emit_node(g, i, depth);
 }
 
 /* Outer nodes of a phase (in the strip loop under COLUMN). */
@@ -497,6 +541,11 @@ void nb_kgen__emit_body(cg *g, int depth) {
   }
   if (any_outer) {
     int d = open_strip(g, depth);
+    if (g->strip) { /* every value before any store, as above */
+      memset(g->emitted, 0, (size_t)k->nnodes + 1);
+      for (int s = 0; s < k->nstores; s++)
+        if (!k->stores[s].inner) emit_outer_cone(g, k->stores[s].node, d);
+    }
     if (g->block) { /* every thread holds the outer values: one stores them */
       indent(g, d);
       nb_jit__printf(g->t, "if (threadIdx.x == 0) {\n");

@@ -267,6 +267,50 @@ static void test_row_stores(void) {
   }
 }
 
+/* Bias gradients fused with their optimizer update (the column schedule's
+ * main use): two column sums of [R, C] operands, then per column a moment
+ * and a parameter update written into the donated ones. The strip is the
+ * whole row when its arrays fit (the accumulators and sums; the update is
+ * computed per column in the strip's last loop), else as wide as they allow
+ * (two double accumulators in 24 KB: 1536 columns, a partial last strip). */
+static nb_status f_bias_updates(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
+  (void)u;
+  nb_val *x = nb_tree_get_val(in, "x"), *y = nb_tree_get_val(in, "y");
+  nb_val *m = nb_tree_get_val(in, "params/m"), *b = nb_tree_get_val(in, "params/b");
+  int ax[1] = {0};
+  nb_val *gx = nb_reduce_sum(x, 1, ax), *gy = nb_reduce_sum(nb_mul(y, y), 1, ax);
+  nb_val *m2 = nb_add(nb_mul(m, nb_scalar(g, NB_F32, 0.9)), nb_mul(gx, nb_scalar(g, NB_F32, 0.1)));
+  nb_val *den = nb_add(nb_sqrt(nb_div(gy, nb_scalar(g, NB_F32, (double)nb_val_dim(y, 0)))), nb_scalar(g, NB_F32, 1e-3));
+  nb_tree_set_val(out, "params/m", m2);
+  nb_tree_set_val(out, "gy", gy);
+  return nb_tree_set_val(out, "params/b", nb_sub(b, nb_div(nb_mul(m2, nb_scalar(g, NB_F32, 0.01)), den)));
+}
+
+static void test_column_strips(void) {
+  static const int64_t shapes[][2] = {{301, 203}, {7, 5000}, {64, 9}};
+  static const char *const width[] = {"W_ = 203 }", "W_ = 1536 }", "W_ = 9 }"};
+  for (int s = 0; s < 3; s++) {
+    nb_tree *in = nb_tree_create(ctx);
+    add_input(in, "x", 2, shapes[s]);
+    add_input(in, "y", 2, shapes[s]);
+    add_input(in, "params/m", 1, shapes[s] + 1);
+    add_input(in, "params/b", 1, shapes[s] + 1);
+    nb_graph *g = nb_trace(ctx, f_bias_updates, NULL, in);
+    CHECK_MSG(g != NULL, "trace: %s", nb_ctx_error(ctx));
+    char what[96];
+    snprintf(what, sizeof what, "column sums of [%lld,%lld] and a donated update", (long long)shapes[s][0],
+             (long long)shapes[s][1]);
+    const char *donate[] = {"params", NULL};
+    if (g) check_modes(what, g, in, donate);
+    nb_jit_opts o = nb_test_jit_opts(NULL);
+    o.threads = 3; /* a thread's range of columns starts and ends inside strips */
+    CHECK_MSG(!g || nb_test_jit_matches(ctx, g, in, &o, what, NULL), "%s at 3 threads", what);
+    if (g) CHECK_MSG(source_has(g, "column schedule") && source_has(g, width[s]), "%s: a strip of %s", what, width[s]);
+    nb_graph_destroy(g);
+    nb_tree_destroy(in);
+  }
+}
+
 /* ---------------------------------------------------------------- invariants, donation */
 
 /* An AdamW-like update of a donated parameter whose gradient arrives
@@ -420,6 +464,7 @@ int main(void) {
   test_transposes();
   test_norms();
   test_row_stores();
+  test_column_strips();
   test_donated_transposed_update();
   test_two_donated_updates();
   test_transcendentals();
