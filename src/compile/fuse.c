@@ -597,7 +597,24 @@ static int lower_eqn(fz *f, const nb_val *v, const kmap *m) {
   return add_node(f, &n);
 }
 
-static int lower(fz *f, const nb_val *v, const kmap *m) {
+/* m without the terms of the kernel's loops of extent 1 (their variable is
+ * always 0): the same element then has one map whichever way it is reached
+ * (a broadcast leaves a size-1 dimension's coordinate 0, a root's or a
+ * reduction operand's map names the loop), so the memo finds it. Without
+ * it a root read by a later root of its kernel looked unwritten (the
+ * attention softmax of gpt2, whose scores carry a size-1 kv-group axis,
+ * was four kernels over the 4 MB scores instead of one). */
+static kmap unit_free(const fz *f, const kmap *m) {
+  kmap r = *m;
+  for (int d = 0; d < r.rank; d++)
+    for (int v = 0; v < f->k->ro + f->k->rr; v++)
+      if (f->k->dims[v] == 1) r.c[d].coef[v] = 0;
+  return r;
+}
+
+static int lower(fz *f, const nb_val *v, const kmap *m0) {
+  kmap mu = unit_free(f, m0);
+  const kmap *m = &mu;
   uint64_t h = map_hash(v->id, m);
   int found = memo_find(f, v->id, m, h);
   if (found >= 0) return found;
@@ -741,6 +758,7 @@ static int lower_roots(fz *f, int ki) {
     }
     if (node < 0) return f->fail_val != UINT32_MAX ? RETRY : ERR;
     /* later roots of this kernel that read v at the same index use this node */
+    m = unit_free(f, &m);
     if (!memo_put(f, v->id, &m, map_hash(v->id, &m), node)) return ERR;
     nb_kstore st;
     memset(&st, 0, sizeof st);

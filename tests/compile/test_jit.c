@@ -94,20 +94,24 @@ static nb_status f_layernorm(nb_graph *g, const nb_tree *in, nb_tree *out, void 
  * pass reads them, so they are materialized): still one row kernel each,
  * the statistics computed as earlier phases and the later values joining
  * their kernel, plus one kernel for the totals */
+/* Softmax over the last axis of x (rank 2, or any: attention's scores
+ * [batch, heads, queries, kv group, keys] have a size-1 axis). */
 static nb_status f_softmax_stats(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
+  (void)u;
   nb_val *x = nb_tree_get_val(in, "x");
-  int ax[1] = {1};
-  int64_t dims[2] = {nb_val_dim(x, 0), nb_val_dim(x, 1)};
+  int r = nb_val_rank(x), ax[1] = {r - 1}, kept[NB_MAX_RANK], all[NB_MAX_RANK];
+  int64_t dims[NB_MAX_RANK];
+  for (int d = 0; d < r; d++) dims[d] = nb_val_dim(x, d), kept[d] = all[d] = d;
   nb_val *m = nb_reduce_max(x, 1, ax);
-  nb_val *e = nb_exp(nb_sub(x, nb_broadcast_in_dim(m, 2, dims, (int[]){0})));
+  nb_val *e = nb_exp(nb_sub(x, nb_broadcast_in_dim(m, r, dims, kept)));
   nb_val *sum = nb_reduce_sum(e, 1, ax);
   nb_tree_set_val(out, "max", m);
   nb_tree_set_val(out, "exp", e);
   nb_tree_set_val(out, "sum", sum);
   /* read in another domain too: materialized, as in a backward pass */
-  nb_tree_set_val(out, "max_total", nb_reduce_sum(m, 1, (int[]){0}));
-  nb_tree_set_val(out, "sum_total", nb_reduce_sum(sum, 1, (int[]){0}));
-  return nb_tree_set_val(out, "y", nb_div(e, nb_broadcast_in_dim(sum, 2, dims, (int[]){0})));
+  nb_tree_set_val(out, "max_total", nb_reduce_sum(m, r - 1, all));
+  nb_tree_set_val(out, "sum_total", nb_reduce_sum(sum, r - 1, all));
+  return nb_tree_set_val(out, "y", nb_div(e, nb_broadcast_in_dim(sum, r, dims, kept)));
 }
 
 static nb_status f_layernorm_stats(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
@@ -334,6 +338,14 @@ static void test_stats_join(void) {
   g = trace(f_layernorm_stats, NULL, in);
   check_all_ways("layer norm with its statistics", g, in);
   CHECK_MSG(kernels_of(g, NULL) == 2, "layer norm with its statistics: %zu kernels", kernels_of(g, NULL));
+  nb_graph_destroy(g);
+  nb_tree_destroy(in);
+  /* the same softmax over scores with a size-1 axis: the root exp reads the
+   * root max through a broadcast that leaves that axis's coordinate 0 */
+  in = inputs1(NB_F32, 4, (int64_t[]){5, 3, 1, 37});
+  g = trace(f_softmax_stats, NULL, in);
+  check_all_ways("softmax of [5,3,1,37] with its statistics", g, in);
+  CHECK_MSG(kernels_of(g, NULL) == 2, "softmax of [5,3,1,37] with its statistics: %zu kernels", kernels_of(g, NULL));
   nb_graph_destroy(g);
   nb_tree_destroy(in);
 }
