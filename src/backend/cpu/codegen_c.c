@@ -43,6 +43,7 @@ typedef enum sched { SCHED_ROW, SCHED_COLUMN, SCHED_TILE } sched;
 #define TILE 16
 #define STRIP_BYTES (96 * 1024)    /* stack for a column strip's arrays */
 #define STRIP_ACC_BYTES (24 * 1024) /* its accumulators, which every reduced row updates: half of a 48 KB L1 */
+#define ROW_ARRAY_BYTES (16 * 1024) /* a row kernel's values kept for its later loops (nb_kgen__mark_row_arrays) */
 
 /* A strip as wide as the arrays allow, up to the whole run of the last
  * outer variable: each reduced row is then read in one piece, in order
@@ -212,6 +213,10 @@ static bool emit_kernel(nb_jit_text *head, nb_jit_text *t, const nb_jplan *p, in
     width = strip_width(k, col_bytes, acc_bytes);
   }
   g.simd = sc == SCHED_ROW && k->rr > 0 && k->dims[k->ro + k->rr - 1] >= 16 && contiguous_rows(k);
+  if (sc == SCHED_ROW) {
+    g.row_keep = scratch; /* nnodes + 1 ints at least */
+    nb_kgen__mark_row_arrays(&g, ROW_ARRAY_BYTES);
+  }
   bool alias = may_alias(p, k);
   const char *restrict_kw = alias ? "" : "restrict ";
   static const char *const names[] = {"row", "column", "tile"};
