@@ -128,6 +128,11 @@ __attribute__((target("avx512f,fma"), always_inline)) static inline void ukr_avx
   ROWS(DECL)
 #undef DECL
   if (first) {
+    /* the tile's rows of C (written at the end, after kc iterations: a
+     * product's first pass over C, fresh memory, stalled on the stores) */
+#define PF(r) _mm_prefetch((const char *)(c + r * ldc), _MM_HINT_T0), _mm_prefetch((const char *)(c + r * ldc + 31), _MM_HINT_T0);
+    ROWS(PF)
+#undef PF
 #define ZERO(r) c##r##0 = _mm512_setzero_ps(), c##r##1 = _mm512_setzero_ps();
     ROWS(ZERO)
 #undef ZERO
