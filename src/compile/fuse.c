@@ -56,7 +56,7 @@ typedef struct fz {
   uint8_t *leaf; /* read from memory by consumers (mat, except cheap outputs, which are recomputed) */
   int *view;     /* a value that lives in another's memory (a value id, not itself a view), or -1 */
   size_t *view_off; /* at this byte offset */
-  uint8_t *evaluated_only; /* read only by equations that are not fused nor BLAS */
+  uint8_t *evaluated_only; /* read only by equations that are not fused (evaluated, control, BLAS) */
   uint8_t *reduced; /* a reduction in the value's inlined cone */
   uint8_t *reads_donated; /* a donated graph input in the value's inlined cone (or the value is one) */
   int *nusers, *cost, *step_of, *stamp;
@@ -233,13 +233,14 @@ static void decide_materialized(fz *f) {
       if (expensive || !nb_jit__fusable(e) || f->reads_donated[id]) f->leaf[id] = 1;
     }
   }
-  /* a reshape of a value in memory that only evaluated and control steps
-   * read (scan_layers' stacked parameters, a concatenate's operands) is that
-   * memory: no copy kernel. Kernels and BLAS steps read their own copy. */
+  /* a reshape of a value in memory that only evaluated, control and BLAS
+   * steps read (scan_layers' stacked parameters, a concatenate's operands,
+   * attention's heads merged back into rows for the output projection) is
+   * that memory: no copy kernel. Kernels read their own copy. */
   memset(f->evaluated_only, 1, f->nv);
   for (size_t k = 0; k < f->ne; k++) {
     const nb_eqn *e = nb__graph_eqn(f->g, k);
-    if (nb_jit__fusable(e) || (!f->cfg->off[NB_SW_blas] && f->cfg->backend->library_supported(e)))
+    if (nb_jit__fusable(e))
       for (int i = 0; i < e->nin; i++) f->evaluated_only[e->in[i]->id] = 0;
   }
   for (size_t v = 0; v < f->nv; v++) {

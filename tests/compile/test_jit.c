@@ -328,6 +328,31 @@ static void test_unread_stores(void) {
   }
 }
 
+/* Attention's heads merged back into rows for the output projection:
+ * [B, H, T, D] transposed to [B, T, H, D] (a kernel: the layout changes),
+ * reshaped to [B, T, H*D] and multiplied. The reshape cannot be lowered
+ * onto the transposed value's index space (H*D is not affine in H, D), so
+ * it is memory; read only by the product, it is the transposed value's
+ * memory, not a copy of it. */
+static nb_status f_heads_merged(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
+  (void)g, (void)u;
+  nb_val *x = nb_tree_get_val(in, "x"), *w = nb_tree_get_val(in, "w");
+  int64_t dims[3] = {nb_val_dim(x, 0), nb_val_dim(x, 2), nb_val_dim(x, 1) * nb_val_dim(x, 3)};
+  static const int perm[4] = {0, 2, 1, 3};
+  nb_val *rows = nb_reshape(nb_transpose(x, perm), 3, dims);
+  return nb_tree_set_val(out, "y", nb_matmul(rows, w));
+}
+
+static void test_reshape_for_blas(void) {
+  nb_tree *in = inputs1(NB_F32, 4, (int64_t[]){2, 3, 5, 4});
+  add_input(in, "w", NB_F32, 2, (int64_t[]){12, 7});
+  nb_graph *g = trace(f_heads_merged, NULL, in);
+  check_all_ways("heads merged into rows for a matmul", g, in);
+  CHECK_MSG(kernels_of(g, NULL) == 1, "heads merged into rows: %zu kernels (the transpose, no copy)", kernels_of(g, NULL));
+  nb_graph_destroy(g);
+  nb_tree_destroy(in);
+}
+
 static void test_stats_join(void) {
   int64_t d[2] = {37, 300};
   nb_tree *in = inputs1(NB_F32, 2, d);
@@ -723,6 +748,7 @@ int main(void) {
   if (plan_on) test_transpose_of_dot();
   if (plan_on) test_stats_join();
   if (plan_on) test_unread_stores();
+  if (plan_on) test_reshape_for_blas();
   test_caches();
   test_fallback();
   if (plan_on) test_donation();
