@@ -10,7 +10,11 @@
  * same model and step; bench/gpt2_step.sh runs all three interleaved.
  *
  *   ./build/bench_gpt2_step [--preset gpt2-124m] [--vocab 50304] [--batch 4] [--seq 256]
- *                           [--steps 3] [--threads 2] [--profile N] [--compile-only]
+ *                           [--steps 3] [--threads 2] [--profile N] [--trace PATH] [--compile-only]
+ *
+ * --trace PATH records the timed steps (not the warm-up) with nb_prof and
+ * prints the op table (every compiled step by time, with its shapes, rates
+ * and roofline position; PATH's .ops.json beside it, docs/prof.md).
  *
  * Model flops per step (PaLM's appendix B): 6 * N * tokens for the weights
  * (N counts the tied embedding once, as the output head, and not the
@@ -64,6 +68,7 @@ int main(int argc, char **argv) {
   const char *preset = "gpt2-124m";
   int64_t vocab = 0, B = 4, T = 256;
   int steps = 3, threads = 2, profile = 0;
+  const char *trace = NULL;
   bool compile_only = false;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--compile-only")) compile_only = true;
@@ -74,6 +79,7 @@ int main(int argc, char **argv) {
     else if (i + 1 < argc && !strcmp(argv[i], "--steps")) steps = atoi(argv[++i]);
     else if (i + 1 < argc && !strcmp(argv[i], "--threads")) threads = atoi(argv[++i]);
     else if (i + 1 < argc && !strcmp(argv[i], "--profile")) profile = atoi(argv[++i]);
+    else if (i + 1 < argc && !strcmp(argv[i], "--trace")) trace = argv[++i];
     else return fprintf(stderr, "unknown argument %s\n", argv[i]), 2;
   }
   if (steps < 1 || steps > 100 || B < 1 || T < 1 || threads < 1) return 2;
@@ -134,6 +140,8 @@ int main(int argc, char **argv) {
   nb_tree_destroy(opt);
   double t[101], tc[101], loss0 = 0, loss = 0, last = 0;
   for (int r = 0; r <= steps; r++) { /* run 0 is the warm-up */
+    if (r == 1 && trace && nb_prof_start(ctx, &(nb_prof_trace_opts){.path = trace, .peak_flops = peak}))
+      return die(ctx, "trace");
     nb_tree *out = nb_tree_create(ctx);
     t0 = now_s();
     double c0 = cpu_s();
@@ -154,6 +162,7 @@ int main(int argc, char **argv) {
     state = next;
     printf("step %d: %.3f s, loss %.5f\n", r, dt, loss);
   }
+  if (trace && (nb_prof_stop(ctx) || nb_prof_trace_table(ctx, trace, stdout, 0, peak))) return die(ctx, "trace");
   double per_step = median(t, steps);
   printf("RESULT nabla %s B=%lld T=%lld vocab=%lld params=%lld threads=%d: step %.4f s (median of %d), %.0f tokens/s, "
          "model %.1f GFLOP/step, %.2f GFLOP/s, FMA peak %.2f GFLOP/s, MFU %.1f%%, loss %.4f -> %.4f, compile %.2f s, "

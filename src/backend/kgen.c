@@ -12,6 +12,7 @@
  * logistic of floats narrower than f64: the interpreter's float functions,
  * core/prims/float_math.h), and sums are accumulated in double, in order. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/kgen.h"
@@ -177,10 +178,7 @@ typedef nb_kgen cg;
 static void indent(cg *g, int depth) { nb_jit__printf(g->t, "%*s", 2 * depth, ""); }
 
 /* An array over the strip (COLUMN schedule) rather than a scalar. */
-static bool in_strip(const cg *g, int i) {
-  const nb_knode *n = &g->k->nodes[i];
-  return g->strip && !n->inner && !g->inv[i];
-}
+static bool in_strip(const cg *g, int i) { return g->strip && g->arr[i]; }
 
 /* Marks the loop-invariant nodes: constants, loads and indices at a fixed
  * offset, and operations on those only (a scalar hyperparameter's pow,
@@ -195,6 +193,44 @@ void nb_kgen__mark_invariant(cg *g) {
     for (int j = 0; j < n->nin; j++) inv &= g->inv[n->in[j]] != 0;
     g->inv[i] = inv;
   }
+}
+
+static const char *acc_type(const nb_knode *r);
+
+static void mark_array_cone(cg *g, int i) {
+  const nb_knode *n = &g->k->nodes[i];
+  if (g->inv[i] || n->inner || g->arr[i]) return;
+  g->arr[i] = 1;
+  for (int j = 0; j < n->nin && n->kind != NB_KN_REDUCE; j++) mark_array_cone(g, n->in[j]);
+}
+
+/* The arrays of a strip: the reductions (accumulator and result), and the
+ * outer values an inner loop reads (a mean that centers the rows of a
+ * variance), with the outer values they are computed from; these are
+ * computed before the loops that read them. Every other outer value is
+ * computed per point in the strip's last loop, just before the stores, so
+ * that a wide strip (whole rows: the reduced loops then read memory in
+ * order) needs little stack. With stores inside the reduced loops every
+ * outer value is an array, computed before them (as in the ROW schedule). */
+size_t nb_kgen__mark_strip_arrays(cg *g, size_t *acc_bytes) {
+  const nb_kernel *k = g->k;
+  bool inner_stores = false;
+  for (int s = 0; s < k->nstores; s++) inner_stores |= k->stores[s].inner;
+  memset(g->arr, 0, (size_t)k->nnodes + 1);
+  for (int i = 0; i < k->nnodes; i++) {
+    const nb_knode *n = &k->nodes[i];
+    if (inner_stores || n->kind == NB_KN_REDUCE) g->arr[i] = !n->inner && !g->inv[i];
+    for (int j = 0; j < n->nin && n->inner; j++) mark_array_cone(g, n->in[j]);
+  }
+  size_t bytes = 0;
+  *acc_bytes = 0;
+  for (int i = 0; i < k->nnodes; i++) {
+    if (!g->arr[i]) continue;
+    const char *ct = nb_kgen__ctype(k->nodes[i].dtype);
+    bytes += !strcmp(ct, "double") || !strcmp(ct, "int64_t") ? 8 : 4;
+    if (k->nodes[i].kind == NB_KN_REDUCE) *acc_bytes += !strcmp(acc_type(&k->nodes[i]), "float") ? 4 : 8;
+  }
+  return bytes + *acc_bytes;
 }
 
 static void ref(const cg *g, int i, char *buf, size_t cap) {
@@ -259,13 +295,100 @@ void nb_kgen__emit_node(cg *g, int i, int depth) {
   nb_jit__printf(t, ";\n");
 }
 
-/* Emits the inner cone of node i (stopping at outer nodes, emitted before). */
+/* ---------------------------------------------------------------- row arrays */
+
+/* A row kernel's loops over R (one per phase, then the stores') each
+ * compute the inner values their results need, so a value two loops need
+ * (a softmax's exponentials: summed in the second phase, divided in the
+ * stores) was computed twice. The first loop that computes such a value
+ * keeps it in an array over the row (R floats on the stack, in L1); the
+ * later ones read it there. Only at the frontier: what a later loop would
+ * compute again and is an operation (a load is read again as it is). */
+static uint32_t loop_bit(int loop) { return loop < 32 ? 1u << loop : 0; }
+
+static void mark_loop_cone(const cg *g, int i, int loop, uint32_t *in_loop) {
+  const nb_knode *n = &g->k->nodes[i];
+  if (!n->inner || g->inv[i] || (in_loop[i] & loop_bit(loop))) return;
+  in_loop[i] |= loop_bit(loop);
+  for (int j = 0; j < n->nin; j++) mark_loop_cone(g, n->in[j], loop, in_loop);
+}
+
+static void mark_frontier(cg *g, int i, int loop, const uint32_t *in_loop, uint8_t *seen, size_t *bytes, size_t max) {
+  const nb_knode *n = &g->k->nodes[i];
+  if (!n->inner || g->inv[i] || seen[i]) return;
+  seen[i] = 1;
+  uint32_t earlier = in_loop[i] & (loop_bit(loop) - 1);
+  size_t b = (size_t)g->k->dims[g->k->ro] * (!strcmp(nb_kgen__ctype(n->dtype), "double") || !strcmp(nb_kgen__ctype(n->dtype), "int64_t") ? 8 : 4);
+  if (earlier && n->kind == NB_KN_OP && (g->row_keep[i] || *bytes + b <= max)) {
+    if (!g->row_keep[i]) *bytes += b;
+    g->row_keep[i] = __builtin_ctz(earlier);
+    return;
+  }
+  for (int j = 0; j < n->nin; j++) mark_frontier(g, n->in[j], loop, in_loop, seen, bytes, max);
+}
+
+/* The roots of loop `loop`: the operands of its phase's reductions, or the inner stores. */
+static int loop_roots(const nb_kernel *k, int loop, int *out) {
+  int n = 0;
+  if (loop <= k->nphases) {
+    for (int i = 0; i < k->nnodes; i++)
+      if (k->nodes[i].kind == NB_KN_REDUCE && k->nodes[i].phase == loop) out[n++] = k->nodes[i].in[0];
+  } else {
+    for (int s = 0; s < k->nstores; s++)
+      if (k->stores[s].inner) out[n++] = k->stores[s].node;
+  }
+  return n;
+}
+
+void nb_kgen__mark_row_arrays(cg *g, size_t max_bytes) {
+  const nb_kernel *k = g->k;
+  int nloops = k->nphases + 1;
+  int *keep = g->row_keep;
+  g->row_keep = NULL;
+  if (!keep || k->rr != 1 || k->nphases < 1 || nloops >= 32) return;
+  uint32_t *in_loop = calloc((size_t)k->nnodes + 1, sizeof *in_loop);
+  uint8_t *seen = calloc((size_t)k->nnodes + 1, 1);
+  int *roots = malloc(sizeof(int) * ((size_t)k->nnodes + (size_t)k->nstores + 1));
+  bool any = false;
+  if (in_loop && seen && roots) {
+    memset(keep, 0, sizeof *keep * ((size_t)k->nnodes + 1));
+    g->row_keep = keep;
+    for (int loop = 1; loop <= nloops; loop++) {
+      int n = loop_roots(k, loop, roots);
+      for (int r = 0; r < n; r++) mark_loop_cone(g, roots[r], loop, in_loop);
+    }
+    size_t bytes = 0;
+    for (int loop = 2; loop <= nloops; loop++) {
+      memset(seen, 0, (size_t)k->nnodes + 1);
+      int n = loop_roots(k, loop, roots);
+      for (int r = 0; r < n; r++) mark_frontier(g, roots[r], loop, in_loop, seen, &bytes, max_bytes);
+    }
+    for (int i = 0; i < k->nnodes; i++) any |= keep[i] != 0;
+  }
+  if (!any) g->row_keep = NULL;
+  free(in_loop);
+  free(seen);
+  free(roots);
+}
+
+/* Emits the inner cone of node i (stopping at outer nodes, emitted before;
+ * a value an earlier loop kept is read from its row array). */
 static void emit_inner(cg *g, int i, int depth) {
   const nb_knode *n = &g->k->nodes[i];
   if (!n->inner || g->emitted[i]) return;
-  for (int j = 0; j < n->nin; j++) emit_inner(g, n->in[j], depth);
   g->emitted[i] = 1;
+  int keep = g->row_keep ? g->row_keep[i] : 0;
+  if (keep && keep < g->cur_loop) {
+    indent(g, depth);
+    nb_jit__printf(g->t, "const %s v%d = row%d[r0];\n", nb_kgen__ctype(n->dtype), i, i);
+    return;
+  }
+  for (int j = 0; j < n->nin; j++) emit_inner(g, n->in[j], depth);
   nb_kgen__emit_node(g, i, depth);
+  if (keep && keep == g->cur_loop) {
+    indent(g, depth);
+    nb_jit__printf(g->t, "row%d[r0] = v%d;\n", i, i);
+  }
 }
 
 /* Float max/min under a simd reduction track NaNs in a flag, so that the
@@ -403,7 +526,16 @@ void nb_kgen__emit_store(cg *g, const nb_kstore *s, int depth) {
 
 static bool is_outer_at(const cg *g, int i, int phase) {
   const nb_knode *n = &g->k->nodes[i];
-  return !n->inner && n->kind != NB_KN_REDUCE && n->phase == phase && !g->inv[i];
+  return !n->inner && n->kind != NB_KN_REDUCE && n->phase == phase && !g->inv[i] && (!g->strip || g->arr[i]);
+}
+
+/* COLUMN: the scalar outer values in node i's cone (and i), in the strip's last loop. */
+static void emit_outer_cone(cg *g, int i, int depth) {
+  const nb_knode *n = &g->k->nodes[i];
+  if (!g->strip || g->inv[i] || g->arr[i] || g->emitted[i] || n->inner) return;
+  for (int j = 0; j < n->nin; j++) emit_outer_cone(g, n->in[j], depth);
+  g->emitted[i] = 1;
+  nb_kgen__emit_node(g, i, depth);
 }
 
 /* Outer nodes of a phase (in the strip loop under COLUMN). */
@@ -455,8 +587,14 @@ void nb_kgen__emit_body(cg *g, int depth) {
       }
     }
   }
+  for (int i = 0; g->row_keep && i < k->nnodes; i++)
+    if (g->row_keep[i]) {
+      indent(g, depth);
+      nb_jit__printf(g->t, "%s row%d[%lld];\n", nb_kgen__ctype(k->nodes[i].dtype), i, (long long)k->dims[k->ro]);
+    }
   emit_outer_nodes(g, 0, depth);
   for (int p = 1; p <= k->nphases; p++) {
+    g->cur_loop = p;
     if (!g->strip)
       for (int i = 0; i < k->nnodes; i++)
         if (k->nodes[i].kind == NB_KN_REDUCE && k->nodes[i].phase == p) acc_init(g, i, depth);
@@ -486,7 +624,10 @@ void nb_kgen__emit_body(cg *g, int depth) {
   if (any_inner) {
     /* every value before any store: a store may overwrite a donated input
      * that another store's cone reads at the same element */
+    g->cur_loop = k->nphases + 1;
+    g->pragma = g->store_pragma;
     int d = open_inner(g, depth);
+    g->pragma = NULL;
     for (int s = 0; s < k->nstores; s++)
       if (k->stores[s].inner) emit_inner(g, k->stores[s].node, d);
     for (int s = 0; s < k->nstores; s++)
@@ -495,6 +636,11 @@ void nb_kgen__emit_body(cg *g, int depth) {
   }
   if (any_outer) {
     int d = open_strip(g, depth);
+    if (g->strip) { /* every value before any store, as above */
+      memset(g->emitted, 0, (size_t)k->nnodes + 1);
+      for (int s = 0; s < k->nstores; s++)
+        if (!k->stores[s].inner) emit_outer_cone(g, k->stores[s].node, d);
+    }
     if (g->block) { /* every thread holds the outer values: one stores them */
       indent(g, d);
       nb_jit__printf(g->t, "if (threadIdx.x == 0) {\n");

@@ -56,7 +56,7 @@ typedef struct fz {
   uint8_t *leaf; /* read from memory by consumers (mat, except cheap outputs, which are recomputed) */
   int *view;     /* a value that lives in another's memory (a value id, not itself a view), or -1 */
   size_t *view_off; /* at this byte offset */
-  uint8_t *evaluated_only; /* read only by equations that are not fused nor BLAS */
+  uint8_t *evaluated_only; /* read only by equations that are not fused (evaluated, control, BLAS) */
   uint8_t *reduced; /* a reduction in the value's inlined cone */
   uint8_t *reads_donated; /* a donated graph input in the value's inlined cone (or the value is one) */
   int *nusers, *cost, *step_of, *stamp;
@@ -233,13 +233,14 @@ static void decide_materialized(fz *f) {
       if (expensive || !nb_jit__fusable(e) || f->reads_donated[id]) f->leaf[id] = 1;
     }
   }
-  /* a reshape of a value in memory that only evaluated and control steps
-   * read (scan_layers' stacked parameters, a concatenate's operands) is that
-   * memory: no copy kernel. Kernels and BLAS steps read their own copy. */
+  /* a reshape of a value in memory that only evaluated, control and BLAS
+   * steps read (scan_layers' stacked parameters, a concatenate's operands,
+   * attention's heads merged back into rows for the output projection) is
+   * that memory: no copy kernel. Kernels read their own copy. */
   memset(f->evaluated_only, 1, f->nv);
   for (size_t k = 0; k < f->ne; k++) {
     const nb_eqn *e = nb__graph_eqn(f->g, k);
-    if (nb_jit__fusable(e) || (!f->cfg->off[NB_SW_blas] && f->cfg->backend->library_supported(e)))
+    if (nb_jit__fusable(e))
       for (int i = 0; i < e->nin; i++) f->evaluated_only[e->in[i]->id] = 0;
   }
   for (size_t v = 0; v < f->nv; v++) {
@@ -597,7 +598,24 @@ static int lower_eqn(fz *f, const nb_val *v, const kmap *m) {
   return add_node(f, &n);
 }
 
-static int lower(fz *f, const nb_val *v, const kmap *m) {
+/* m without the terms of the kernel's loops of extent 1 (their variable is
+ * always 0): the same element then has one map whichever way it is reached
+ * (a broadcast leaves a size-1 dimension's coordinate 0, a root's or a
+ * reduction operand's map names the loop), so the memo finds it. Without
+ * it a root read by a later root of its kernel looked unwritten (the
+ * attention softmax of gpt2, whose scores carry a size-1 kv-group axis,
+ * was four kernels over the 4 MB scores instead of one). */
+static kmap unit_free(const fz *f, const kmap *m) {
+  kmap r = *m;
+  for (int d = 0; d < r.rank; d++)
+    for (int v = 0; v < f->k->ro + f->k->rr; v++)
+      if (f->k->dims[v] == 1) r.c[d].coef[v] = 0;
+  return r;
+}
+
+static int lower(fz *f, const nb_val *v, const kmap *m0) {
+  kmap mu = unit_free(f, m0);
+  const kmap *m = &mu;
   uint64_t h = map_hash(v->id, m);
   int found = memo_find(f, v->id, m, h);
   if (found >= 0) return found;
@@ -741,6 +759,7 @@ static int lower_roots(fz *f, int ki) {
     }
     if (node < 0) return f->fail_val != UINT32_MAX ? RETRY : ERR;
     /* later roots of this kernel that read v at the same index use this node */
+    m = unit_free(f, &m);
     if (!memo_put(f, v->id, &m, map_hash(v->id, &m), node)) return ERR;
     nb_kstore st;
     memset(&st, 0, sizeof st);
@@ -1098,6 +1117,50 @@ static void classify_buffers(fz *f) {
   }
 }
 
+/* A root materialized because it has several users (and is too costly to
+ * recompute) whose users all joined its own kernel is read there from its
+ * node, never from memory: the store and the buffer go (GELU's backward
+ * wrote a 4 MB intermediate per layer of the tiny gpt2 step that nothing
+ * read). Kept: graph outputs, values other steps read (a kernel's load, an
+ * equation's operand) or that a view lives in, and a kernel's last store. */
+static bool drop_unread_stores(fz *f) {
+  uint8_t *read = nb_jit__alloc(f->ar, f->nv + 1);
+  if (!read) return false;
+  memset(read, 0, f->nv + 1);
+  for (int kk = 0; kk < f->p->nkernels; kk++) {
+    const nb_kernel *k = &f->p->kernels[kk];
+    for (int i = 0; i < k->nnodes; i++)
+      if (k->nodes[i].kind == NB_KN_LOAD) read[k->args[k->nodes[i].arg]] = 1;
+  }
+  for (int st = 0; st < f->nsteps; st++)
+    for (int i = 0; f->steps[st].kind != NB_EXE_STEP_KERNEL && i < f->steps[st].eqn->nin; i++)
+      read[f->steps[st].eqn->in[i]->id] = 1;
+  for (size_t v = 0; v < f->nv; v++)
+    if (f->view[v] >= 0) read[f->view[v]] = 1; /* v lives in that value's memory */
+  for (int kk = 0; kk < f->p->nkernels; kk++) {
+    nb_kernel *k = &f->p->kernels[kk];
+    for (int st = 0; st < k->nstores && k->nstores > 1;) {
+      int a = k->stores[st].arg;
+      uint32_t v = k->args[a];
+      if (read[v] || f->is_out[v]) {
+        st++;
+        continue;
+      }
+      memmove(&k->stores[st], &k->stores[st + 1], sizeof *k->stores * (size_t)(k->nstores - st - 1));
+      k->nstores--;
+      memmove(&k->args[a], &k->args[a + 1], sizeof *k->args * (size_t)(k->nargs - a - 1));
+      memmove(&k->arg_written[a], &k->arg_written[a + 1], sizeof *k->arg_written * (size_t)(k->nargs - a - 1));
+      k->nargs--;
+      for (int i = 0; i < k->nnodes; i++)
+        if (k->nodes[i].kind == NB_KN_LOAD && k->nodes[i].arg > a) k->nodes[i].arg--;
+      for (int i = 0; i < k->nstores; i++)
+        if (k->stores[i].arg > a) k->stores[i].arg--;
+      f->mat[v] = 0;
+    }
+  }
+  return true;
+}
+
 static int attempt(fz *f) {
   f->nsteps = 0;
   f->p->nkernels = f->p->cap_kernels = 0;
@@ -1121,6 +1184,7 @@ static int attempt(fz *f) {
     }
   }
   if (r != OK) return r;
+  if (!f->cfg->off[NB_SW_fuse] && !drop_unread_stores(f)) return ERR;
   for (int kk = 0; kk < f->p->nkernels; kk++) {
     nb_kernel *k = &f->p->kernels[kk];
     assign_phases(k);

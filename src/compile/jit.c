@@ -190,7 +190,8 @@ void nb_exe_print(const nb_exe *e, FILE *f) {
       fprintf(f, "] inner [");
       for (int v = k->ro; v < k->ro + k->rr; v++) fprintf(f, "%s%lld", v > k->ro ? "," : "", (long long)k->dims[v]);
       fprintf(f, "] phases %d, %d nodes, writes", k->nphases, k->nnodes);
-      for (int r = 0; r < k->nroots; r++) fprintf(f, " %%v%u", k->roots[r]);
+      for (int a = 0; a < k->nargs; a++)
+        if (k->arg_written[a]) fprintf(f, " %%v%u", k->args[a]);
     }
     fprintf(f, "\n");
     if (st->kind == NB_EXE_STEP_CONTROL) nb_jit__control_print(st, f, 1);

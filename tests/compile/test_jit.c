@@ -94,20 +94,24 @@ static nb_status f_layernorm(nb_graph *g, const nb_tree *in, nb_tree *out, void 
  * pass reads them, so they are materialized): still one row kernel each,
  * the statistics computed as earlier phases and the later values joining
  * their kernel, plus one kernel for the totals */
+/* Softmax over the last axis of x (rank 2, or any: attention's scores
+ * [batch, heads, queries, kv group, keys] have a size-1 axis). */
 static nb_status f_softmax_stats(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
+  (void)u;
   nb_val *x = nb_tree_get_val(in, "x");
-  int ax[1] = {1};
-  int64_t dims[2] = {nb_val_dim(x, 0), nb_val_dim(x, 1)};
+  int r = nb_val_rank(x), ax[1] = {r - 1}, kept[NB_MAX_RANK], all[NB_MAX_RANK];
+  int64_t dims[NB_MAX_RANK];
+  for (int d = 0; d < r; d++) dims[d] = nb_val_dim(x, d), kept[d] = all[d] = d;
   nb_val *m = nb_reduce_max(x, 1, ax);
-  nb_val *e = nb_exp(nb_sub(x, nb_broadcast_in_dim(m, 2, dims, (int[]){0})));
+  nb_val *e = nb_exp(nb_sub(x, nb_broadcast_in_dim(m, r, dims, kept)));
   nb_val *sum = nb_reduce_sum(e, 1, ax);
   nb_tree_set_val(out, "max", m);
   nb_tree_set_val(out, "exp", e);
   nb_tree_set_val(out, "sum", sum);
   /* read in another domain too: materialized, as in a backward pass */
-  nb_tree_set_val(out, "max_total", nb_reduce_sum(m, 1, (int[]){0}));
-  nb_tree_set_val(out, "sum_total", nb_reduce_sum(sum, 1, (int[]){0}));
-  return nb_tree_set_val(out, "y", nb_div(e, nb_broadcast_in_dim(sum, 2, dims, (int[]){0})));
+  nb_tree_set_val(out, "max_total", nb_reduce_sum(m, r - 1, all));
+  nb_tree_set_val(out, "sum_total", nb_reduce_sum(sum, r - 1, all));
+  return nb_tree_set_val(out, "y", nb_div(e, nb_broadcast_in_dim(sum, r, dims, kept)));
 }
 
 static nb_status f_layernorm_stats(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
@@ -277,6 +281,78 @@ static void test_patterns(void) {
   nb_tree_destroy(in);
 }
 
+/* A costly intermediate t (GELU's backward has one) read twice by the value
+ * that joins its kernel: materialized by fusion as a root, but when nothing
+ * outside that kernel reads it, it is computed there and never stored.
+ * With `also` it is also a graph output (u 1), or the operand of a matrix
+ * product (u 2): then it is stored. */
+static nb_status f_shared_intermediate(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
+  int also = *(const int *)u;
+  nb_val *x = nb_tree_get_val(in, "x"), *t = x;
+  for (int i = 0; i < 7; i++) t = nb_tanh(nb_mul(t, x)); /* 14 operations: too many to recompute per user */
+  nb_val *y = nb_add(nb_mul(t, x), nb_mul(t, t));
+  if (also == 1) nb_tree_set_val(out, "t", t);
+  if (also == 2) y = nb_add(y, nb_matmul(t, nb_tree_get_val(in, "w")));
+  return nb_tree_set_val(out, "y", y);
+}
+
+/* How many values the executable's kernels store. */
+static int kernel_stores(const nb_graph *g) {
+  nb_jit_opts o = nb_test_jit_opts(NULL);
+  nb_exe *e = nb_jit(ctx, g, &o);
+  int n = 0;
+  for (size_t i = 0; e && i < nb_exe_num_steps(e); i++) {
+    nb_exe_step_info si;
+    nb_exe_operand ops[64];
+    nb_exe_step(e, i, &si);
+    size_t no = nb_exe_step_operands(e, i, ops, 64);
+    for (size_t j = 0; si.kind == NB_EXE_STEP_KERNEL && j < no && j < 64; j++) n += ops[j].written;
+  }
+  nb_exe_destroy(e);
+  return n;
+}
+
+static void test_unread_stores(void) {
+  int64_t d[2] = {19, 77};
+  for (int also = 0; also < 3; also++) {
+    nb_tree *in = inputs1(NB_F32, 2, d);
+    add_input(in, "w", NB_F32, 2, (int64_t[]){77, 77});
+    nb_graph *g = trace(f_shared_intermediate, &also, in);
+    static const char *const what[] = {"an intermediate read twice in its kernel", "... and a graph output",
+                                       "... and a matmul operand"};
+    check_all_ways(what[also], g, in);
+    int stores = kernel_stores(g), want = also == 0 ? 1 : 2; /* y, and t when something else reads it */
+    CHECK_MSG(stores == want, "%s: the kernels store %d values, want %d", what[also], stores, want);
+    nb_graph_destroy(g);
+    nb_tree_destroy(in);
+  }
+}
+
+/* Attention's heads merged back into rows for the output projection:
+ * [B, H, T, D] transposed to [B, T, H, D] (a kernel: the layout changes),
+ * reshaped to [B, T, H*D] and multiplied. The reshape cannot be lowered
+ * onto the transposed value's index space (H*D is not affine in H, D), so
+ * it is memory; read only by the product, it is the transposed value's
+ * memory, not a copy of it. */
+static nb_status f_heads_merged(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
+  (void)g, (void)u;
+  nb_val *x = nb_tree_get_val(in, "x"), *w = nb_tree_get_val(in, "w");
+  int64_t dims[3] = {nb_val_dim(x, 0), nb_val_dim(x, 2), nb_val_dim(x, 1) * nb_val_dim(x, 3)};
+  static const int perm[4] = {0, 2, 1, 3};
+  nb_val *rows = nb_reshape(nb_transpose(x, perm), 3, dims);
+  return nb_tree_set_val(out, "y", nb_matmul(rows, w));
+}
+
+static void test_reshape_for_blas(void) {
+  nb_tree *in = inputs1(NB_F32, 4, (int64_t[]){2, 3, 5, 4});
+  add_input(in, "w", NB_F32, 2, (int64_t[]){12, 7});
+  nb_graph *g = trace(f_heads_merged, NULL, in);
+  check_all_ways("heads merged into rows for a matmul", g, in);
+  CHECK_MSG(kernels_of(g, NULL) == 1, "heads merged into rows: %zu kernels (the transpose, no copy)", kernels_of(g, NULL));
+  nb_graph_destroy(g);
+  nb_tree_destroy(in);
+}
+
 static void test_stats_join(void) {
   int64_t d[2] = {37, 300};
   nb_tree *in = inputs1(NB_F32, 2, d);
@@ -287,6 +363,14 @@ static void test_stats_join(void) {
   g = trace(f_layernorm_stats, NULL, in);
   check_all_ways("layer norm with its statistics", g, in);
   CHECK_MSG(kernels_of(g, NULL) == 2, "layer norm with its statistics: %zu kernels", kernels_of(g, NULL));
+  nb_graph_destroy(g);
+  nb_tree_destroy(in);
+  /* the same softmax over scores with a size-1 axis: the root exp reads the
+   * root max through a broadcast that leaves that axis's coordinate 0 */
+  in = inputs1(NB_F32, 4, (int64_t[]){5, 3, 1, 37});
+  g = trace(f_softmax_stats, NULL, in);
+  check_all_ways("softmax of [5,3,1,37] with its statistics", g, in);
+  CHECK_MSG(kernels_of(g, NULL) == 2, "softmax of [5,3,1,37] with its statistics: %zu kernels", kernels_of(g, NULL));
   nb_graph_destroy(g);
   nb_tree_destroy(in);
 }
@@ -663,6 +747,8 @@ int main(void) {
   if (plan_on) test_scatter_into_zeros();
   if (plan_on) test_transpose_of_dot();
   if (plan_on) test_stats_join();
+  if (plan_on) test_unread_stores();
+  if (plan_on) test_reshape_for_blas();
   test_caches();
   test_fallback();
   if (plan_on) test_donation();

@@ -199,9 +199,119 @@ static void test_norms(void) {
       snprintf(what, sizeof what, "softmax/layernorm/xent over axis %d of [%lld,%lld]", axis, (long long)shapes[s][0],
                (long long)shapes[s][1]);
       if (g) check_modes(what, g, in, NULL);
+      /* a row kernel's later loop reads what an earlier one kept (the
+       * exponentials of the softmax: summed, then divided) */
+      if (g && axis == 1 && s == 0) CHECK_MSG(source_has(g, " = row"), "%s: a value kept in a row array", what);
       nb_graph_destroy(g);
       nb_tree_destroy(in);
     }
+}
+
+/* A row kernel's store loop (after its reduction phases) over a pre-norm
+ * residual block's layer norm: the residual sum x + a + b written into the
+ * donated x, the normalized row, and the scaled and shifted one. Its
+ * arguments are eleven pointers, more pairs than gcc checks for aliasing
+ * before it gives up on a loop: unless the generator marks the store loop
+ * (NBX_IVDEP, as it marks the outer loops) it stays scalar (gpt2's layer
+ * norms ran at a third of the speed). */
+static nb_status f_norm_stores(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
+  (void)u;
+  nb_val *x = nb_tree_get_val(in, "params/x"), *r = nb_add(nb_add(x, nb_tree_get_val(in, "a")), nb_tree_get_val(in, "b"));
+  int ax[1] = {1};
+  double n = (double)nb_val_dim(x, 1);
+  nb_val *xc = nb_sub(r, bcast(nb_div(nb_reduce_sum(r, 1, ax), nb_scalar(g, NB_F32, n)), r, 0));
+  nb_val *var = nb_div(nb_reduce_sum(nb_mul(xc, xc), 1, ax), nb_scalar(g, NB_F32, n));
+  nb_val *xn = nb_mul(xc, bcast(nb_rsqrt(nb_add(var, nb_scalar(g, NB_F32, 1e-5))), r, 0));
+  int64_t dims[2] = {nb_val_dim(x, 0), nb_val_dim(x, 1)};
+  nb_val *scale = nb_broadcast_in_dim(nb_tree_get_val(in, "scale"), 2, dims, (int[]){1});
+  nb_val *shift = nb_broadcast_in_dim(nb_tree_get_val(in, "shift"), 2, dims, (int[]){1});
+  nb_tree_set_val(out, "params/x", r);
+  nb_tree_set_val(out, "xn", xn);
+  nb_tree_set_val(out, "y", nb_add(nb_mul(xn, scale), shift));
+  return nb_tree_set_val(out, "y2", nb_mul(xn, nb_scalar(g, NB_F32, 2)));
+}
+
+/* Does the generated source of g (all on) hold a line that is exactly `want`? */
+static bool source_has_line(const nb_graph *g, const char *want) {
+  nb_jit_opts o = nb_test_jit_opts(NULL);
+  nb_exe *e = nb_jit(ctx, g, &o);
+  const char *path = e ? nb_exe_source_path(e) : NULL;
+  bool found = false;
+  FILE *f = path ? fopen(path, "r") : NULL;
+  char line[4096];
+  while (f && !found && fgets(line, sizeof line, f)) {
+    line[strcspn(line, "\n")] = 0;
+    found = strcmp(line, want) == 0;
+  }
+  if (f) fclose(f);
+  nb_exe_destroy(e);
+  return found;
+}
+
+static void test_row_stores(void) {
+  static const int64_t shapes[][2] = {{37, 133}, {5, 16}, {9, 7}};
+  for (int s = 0; s < 3; s++) {
+    nb_tree *in = nb_tree_create(ctx);
+    add_input(in, "params/x", 2, shapes[s]);
+    add_input(in, "a", 2, shapes[s]);
+    add_input(in, "b", 2, shapes[s]);
+    add_input(in, "scale", 1, shapes[s] + 1);
+    add_input(in, "shift", 1, shapes[s] + 1);
+    nb_graph *g = nb_trace(ctx, f_norm_stores, NULL, in);
+    CHECK_MSG(g != NULL, "trace: %s", nb_ctx_error(ctx));
+    char what[96];
+    snprintf(what, sizeof what, "residual + layer norm of [%lld,%lld], the sum into the donated x", (long long)shapes[s][0],
+             (long long)shapes[s][1]);
+    const char *donate[] = {"params", NULL};
+    if (g) check_modes(what, g, in, donate);
+    if (g && s == 0) CHECK_MSG(source_has_line(g, "NBX_IVDEP"), "the row kernel's store loop is marked for vectorizing");
+    nb_graph_destroy(g);
+    nb_tree_destroy(in);
+  }
+}
+
+/* Bias gradients fused with their optimizer update (the column schedule's
+ * main use): two column sums of [R, C] operands, then per column a moment
+ * and a parameter update written into the donated ones. The strip is the
+ * whole row when its arrays fit (the accumulators and sums; the update is
+ * computed per column in the strip's last loop), else as wide as they allow
+ * (two double accumulators in 24 KB: 1536 columns, a partial last strip). */
+static nb_status f_bias_updates(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
+  (void)u;
+  nb_val *x = nb_tree_get_val(in, "x"), *y = nb_tree_get_val(in, "y");
+  nb_val *m = nb_tree_get_val(in, "params/m"), *b = nb_tree_get_val(in, "params/b");
+  int ax[1] = {0};
+  nb_val *gx = nb_reduce_sum(x, 1, ax), *gy = nb_reduce_sum(nb_mul(y, y), 1, ax);
+  nb_val *m2 = nb_add(nb_mul(m, nb_scalar(g, NB_F32, 0.9)), nb_mul(gx, nb_scalar(g, NB_F32, 0.1)));
+  nb_val *den = nb_add(nb_sqrt(nb_div(gy, nb_scalar(g, NB_F32, (double)nb_val_dim(y, 0)))), nb_scalar(g, NB_F32, 1e-3));
+  nb_tree_set_val(out, "params/m", m2);
+  nb_tree_set_val(out, "gy", gy);
+  return nb_tree_set_val(out, "params/b", nb_sub(b, nb_div(nb_mul(m2, nb_scalar(g, NB_F32, 0.01)), den)));
+}
+
+static void test_column_strips(void) {
+  static const int64_t shapes[][2] = {{301, 203}, {7, 5000}, {64, 9}};
+  static const char *const width[] = {"W_ = 203 }", "W_ = 1536 }", "W_ = 9 }"};
+  for (int s = 0; s < 3; s++) {
+    nb_tree *in = nb_tree_create(ctx);
+    add_input(in, "x", 2, shapes[s]);
+    add_input(in, "y", 2, shapes[s]);
+    add_input(in, "params/m", 1, shapes[s] + 1);
+    add_input(in, "params/b", 1, shapes[s] + 1);
+    nb_graph *g = nb_trace(ctx, f_bias_updates, NULL, in);
+    CHECK_MSG(g != NULL, "trace: %s", nb_ctx_error(ctx));
+    char what[96];
+    snprintf(what, sizeof what, "column sums of [%lld,%lld] and a donated update", (long long)shapes[s][0],
+             (long long)shapes[s][1]);
+    const char *donate[] = {"params", NULL};
+    if (g) check_modes(what, g, in, donate);
+    nb_jit_opts o = nb_test_jit_opts(NULL);
+    o.threads = 3; /* a thread's range of columns starts and ends inside strips */
+    CHECK_MSG(!g || nb_test_jit_matches(ctx, g, in, &o, what, NULL), "%s at 3 threads", what);
+    if (g) CHECK_MSG(source_has(g, "column schedule") && source_has(g, width[s]), "%s: a strip of %s", what, width[s]);
+    nb_graph_destroy(g);
+    nb_tree_destroy(in);
+  }
 }
 
 /* ---------------------------------------------------------------- invariants, donation */
@@ -356,6 +466,8 @@ int main(void) {
   test_special_reductions();
   test_transposes();
   test_norms();
+  test_row_stores();
+  test_column_strips();
   test_donated_transposed_update();
   test_two_donated_updates();
   test_transcendentals();

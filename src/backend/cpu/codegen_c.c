@@ -33,17 +33,31 @@ static const char prelude[] =
  * contiguous axis). COLUMN: the innermost outer loop is strip-mined into
  * strips of up to `width` points and moved inside the phase loops, so a
  * reduction whose operand is contiguous along the outer axis (column sums,
- * bias gradients) walks memory in order and vectorizes; outer values live
- * in arrays over the strip. TILE: outer-only kernels that read one array
- * transposed walk square tiles of the last two outer loops, so both the
- * strided and the contiguous side stay in cache. */
+ * bias gradients) walks memory in order and vectorizes; the accumulators
+ * and the outer values the reduced loops read live in arrays over the
+ * strip (nb_kgen__mark_strip_arrays). TILE: outer-only kernels that read
+ * one array transposed walk square tiles of the last two outer loops, so
+ * both the strided and the contiguous side stay in cache. */
 typedef enum sched { SCHED_ROW, SCHED_COLUMN, SCHED_TILE } sched;
 
 #define TILE 16
-#define STRIP_BYTES (96 * 1024) /* stack for a column strip's outer arrays */
+#define STRIP_BYTES (96 * 1024)    /* stack for a column strip's arrays */
+#define STRIP_ACC_BYTES (24 * 1024) /* its accumulators, which every reduced row updates: half of a 48 KB L1 */
+#define ROW_ARRAY_BYTES (16 * 1024) /* a row kernel's values kept for its later loops (nb_kgen__mark_row_arrays) */
 
-static sched choose_schedule(const nb_kernel *k, int *width) {
-  *width = 0;
+/* A strip as wide as the arrays allow, up to the whole run of the last
+ * outer variable: each reduced row is then read in one piece, in order
+ * (64-column strips of rows 2 KB apart, the tiny gpt2's bias gradients, ran
+ * at 4-7 GB/s: a pattern the prefetchers do not follow). */
+static int strip_width(const nb_kernel *k, size_t col_bytes, size_t acc_bytes) {
+  int64_t run = k->dims[k->ro - 1], w = run;
+  if (col_bytes && (int64_t)(STRIP_BYTES / col_bytes) < w) w = (int64_t)(STRIP_BYTES / col_bytes);
+  if (acc_bytes && (int64_t)(STRIP_ACC_BYTES / acc_bytes) < w) w = (int64_t)(STRIP_ACC_BYTES / acc_bytes);
+  if (w < run) w = w >= 16 ? w & ~(int64_t)15 : 8; /* narrower than the run: whole vectors */
+  return (int)w;
+}
+
+static sched choose_schedule(const nb_kernel *k) {
   if (k->ro == 0) return SCHED_ROW;
   int x = k->ro - 1, col = 0, row = 0, tiled = 0;
   for (int i = 0; i < k->nnodes + k->nstores; i++) {
@@ -59,11 +73,6 @@ static sched choose_schedule(const nb_kernel *k, int *width) {
   }
   if (tiled && k->dims[x] >= TILE && k->dims[x - 1] >= TILE) return SCHED_TILE;
   if (k->rr == 0 || col <= row) return SCHED_ROW;
-  int outer = 1;
-  for (int i = 0; i < k->nnodes; i++) outer += !k->nodes[i].inner;
-  int w = STRIP_BYTES / (16 * outer);
-  w = w >= 64 ? 64 : w < 8 ? 8 : w & ~7;
-  *width = w;
   return SCHED_COLUMN;
 }
 
@@ -192,13 +201,22 @@ static void emit_tiled(nb_kgen *g, bool alias) {
 }
 
 static bool emit_kernel(nb_jit_text *head, nb_jit_text *t, const nb_jplan *p, int ki, uint8_t *emitted, uint8_t *inv,
-                        int *scratch) {
+                        uint8_t *arr, int *scratch) {
   const nb_kernel *k = &p->kernels[ki];
-  nb_kgen g = {t, k, emitted, true, false, inv, scratch, false, NULL, false};
+  nb_kgen g = {.t = t, .k = k, .emitted = emitted, .ok = true, .inv = inv, .scratch = scratch, .arr = arr,
+               .store_pragma = "NBX_IVDEP"};
   nb_kgen__mark_invariant(&g);
-  int width;
-  sched sc = choose_schedule(k, &width);
+  sched sc = choose_schedule(k);
+  int width = 0;
+  if (sc == SCHED_COLUMN) {
+    size_t acc_bytes, col_bytes = nb_kgen__mark_strip_arrays(&g, &acc_bytes);
+    width = strip_width(k, col_bytes, acc_bytes);
+  }
   g.simd = sc == SCHED_ROW && k->rr > 0 && k->dims[k->ro + k->rr - 1] >= 16 && contiguous_rows(k);
+  if (sc == SCHED_ROW) {
+    g.row_keep = scratch; /* nnodes + 1 ints at least */
+    nb_kgen__mark_row_arrays(&g, ROW_ARRAY_BYTES);
+  }
   bool alias = may_alias(p, k);
   const char *restrict_kw = alias ? "" : "restrict ";
   static const char *const names[] = {"row", "column", "tile"};
@@ -260,15 +278,15 @@ nb_status nb_cpu__codegen_c(nb_ctx *ctx, const nb_jplan *p, nb_jit_text *out) {
   /* store_groups: a group per store, an owner per node, a stack of at most 3 inputs per node */
   size_t scratch_bytes = sizeof(int) * ((size_t)maxs + 4 * (size_t)maxn + 1);
   int *scratch = nb_alloc(ctx, scratch_bytes);
-  uint8_t *emitted = nb_alloc(ctx, (size_t)maxn + 1), *inv = nb_alloc(ctx, (size_t)maxn + 1);
+  uint8_t *emitted = nb_alloc(ctx, (size_t)maxn + 1), *inv = nb_alloc(ctx, (size_t)maxn + 1), *arr = nb_alloc(ctx, (size_t)maxn + 1);
   nb_jit_text *bodies = nb_calloc(ctx, sizeof(nb_jit_text) * ((size_t)nk + 1));
   uint64_t *hashes = nb_calloc(ctx, sizeof(uint64_t) * ((size_t)nk + 1));
-  bool ok = emitted && inv && scratch && bodies && hashes;
+  bool ok = emitted && inv && arr && scratch && bodies && hashes;
   if (ok) nb_jit__printf(out, "%s%s", prelude, nb_kgen__helpers);
   for (int ki = 0; ki < nk && ok; ki++) {
     nb_jit_text *b = &bodies[ki];
     b->ctx = ctx;
-    ok = emit_kernel(out, b, p, ki, emitted, inv, scratch) && !b->oom;
+    ok = emit_kernel(out, b, p, ki, emitted, inv, arr, scratch) && !b->oom;
     if (!ok) break;
     hashes[ki] = text_hash(b);
     int same = -1;
@@ -289,8 +307,9 @@ nb_status nb_cpu__codegen_c(nb_ctx *ctx, const nb_jplan *p, nb_jit_text *out) {
   nb_dealloc(ctx, hashes, sizeof(uint64_t) * ((size_t)nk + 1));
   nb_dealloc(ctx, emitted, (size_t)maxn + 1);
   nb_dealloc(ctx, inv, (size_t)maxn + 1);
+  nb_dealloc(ctx, arr, (size_t)maxn + 1);
   nb_dealloc(ctx, scratch, scratch_bytes);
-  if (out->oom || !emitted || !inv || !scratch || !bodies || !hashes) return nb_errorf(ctx, NB_ERR_NOMEM, "jit: out of memory generating C");
+  if (out->oom || !emitted || !inv || !arr || !scratch || !bodies || !hashes) return nb_errorf(ctx, NB_ERR_NOMEM, "jit: out of memory generating C");
   if (!ok) return nb_errorf(ctx, NB_ERR_INTERNAL, "jit: code generation failed (a kernel node without a C form)");
   return NB_OK;
 }

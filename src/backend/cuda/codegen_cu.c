@@ -80,7 +80,7 @@ static bool emit_kernel(nb_jit_text *t, const nb_jplan *p, int ki, uint8_t *emit
   for (int v = 0; v < k->ro; v++) total *= k->dims[v];
   bool block = use_block(k, total);
   *blocks = block ? total : (total + BLOCK - 1) / BLOCK;
-  nb_kgen g = {t, k, emitted, true, false, inv, NULL, false, NULL, block};
+  nb_kgen g = {.t = t, .k = k, .emitted = emitted, .ok = true, .inv = inv, .block = block};
   nb_kgen__mark_invariant(&g);
   nb_jit__printf(t, "(");
   for (int a = 0; a < k->nargs; a++) nb_jit__printf(t, "%schar *p%d", a ? ", " : "", a);
