@@ -113,8 +113,8 @@ static void test_errors(nb_ctx *ctx) {
   const char *heads[] = {"model.n_heads=3", "model.n_kv_heads=3", "model.d_model=96", "mesh.tensor=2"};
   expect_err(ctx, gpt2, 4, heads, NB_ERR_INVALID_ARG, "mesh.tensor=2 must divide model.n_heads (3), model.n_kv_heads (3) and model.d_ff");
   const char *attn_only[] = {"model.n_heads=3", "model.n_kv_heads=3", "model.d_model=96", "mesh.tensor=2",
-                             "mesh.rules=[['.*/attn/(wq|wk|wv)/kernel', [null, tensor]], ['.*/attn/(wq|wk|wv)/bias', [tensor]], "
-                             "['.*/attn/wo/kernel', [tensor]]]"};
+                             ("mesh.rules=[['.*/attn/(wq|wk|wv)/kernel', [null, tensor]], ['.*/attn/(wq|wk|wv)/bias', [tensor]], "
+                              "['.*/attn/wo/kernel', [tensor]]]")};
   expect_err(ctx, gpt2, 5, attn_only, NB_ERR_INVALID_ARG, "mesh.tensor=2 must divide model.n_heads (3) and model.n_kv_heads (3): each "
              "process holds whole heads (the rules split the attention)");
   const char *adrop[] = {"mesh.tensor=2", "model.attn_dropout=0.1"};
