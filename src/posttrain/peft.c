@@ -30,9 +30,9 @@
 static bool hf_module(const nb_model_config *cfg, const char *module, char *out, size_t cap, int *part, bool *conv1d) {
   char path[NB_NN_PATH_MAX + 16], name[NAME_MAX_];
   bool transpose;
-  snprintf(path, sizeof path, "%s/kernel", module);
   size_t n;
-  if (!nb_model_hf_name_for(cfg, path, name, sizeof name, &transpose, part) || (n = strlen(name)) < 8 ||
+  if (snprintf(path, sizeof path, "%s/kernel", module) >= (int)sizeof path ||
+      !nb_model_hf_name_for(cfg, path, name, sizeof name, &transpose, part) || (n = strlen(name)) < 8 ||
       strcmp(name + n - 7, ".weight"))
     return false;
   snprintf(out, cap, "%.*s", (int)(n - 7), name);

@@ -109,7 +109,7 @@ static nb_val *binary(gen *r, nb_val *x) {
 
 static nb_val *layout(gen *r, nb_val *x) {
   int rank = nb_val_rank(x);
-  int64_t dims[NB_MAX_RANK];
+  int64_t dims[NB_MAX_RANK] = {0};
   for (int i = 0; i < rank; i++) dims[i] = nb_val_dim(x, i);
   int choice = pick(r, 4);
   if (choice == 0 && rank < 4) { /* broadcast: a new dim */

@@ -284,7 +284,7 @@ static nb_status ppermute_eval(nb_ctx *ctx, const nb_eqn *e, nb_array *const *in
 }
 
 static nb_status index_eval(nb_ctx *ctx, const nb_eqn *e, nb_array *const *in, nb_array **out) {
-  nb_comm *c;
+  nb_comm *c = NULL;
   nb_status s = comm_of(ctx, e, &c);
   if (!s) *(int32_t *)nb_array_data_mut(out[0]) = c->ops->rank(c);
   return s;

@@ -82,7 +82,7 @@ static nb_status piece(spm_load *L, pb sub) {
   uint64_t type = SP_NORMAL, val;
   uint32_t f;
   int wt;
-  pb s;
+  pb s = {0};
   while (pb_next(&sub, &f, &wt, &s, &val)) {
     if (f == 1 && wt == 2) text = s.p, len = (size_t)(s.end - s.p);
     else if (f == 2 && wt == 5) {
@@ -114,8 +114,8 @@ static nb_status add_piece(spm_load *L, const uint8_t *text, size_t len, float s
 static nb_status trainer_spec(spm_load *L, pb b) {
   uint32_t f;
   int wt;
-  pb s;
-  uint64_t v;
+  pb s = {0};
+  uint64_t v = 0;
   while (pb_next(&b, &f, &wt, &s, &v)) {
     if (f == 3 && wt == 0 && v != 1 && v != 2)
       return nb_errorf(L->t->ctx, NB_ERR_UNIMPLEMENTED, "%s: trainer_spec.model_type: %s models are not supported (only BPE and UNIGRAM)",
@@ -139,8 +139,8 @@ static nb_status trainer_spec(spm_load *L, pb b) {
 static nb_status normalizer_spec(spm_load *L, pb b) {
   uint32_t f;
   int wt;
-  pb s;
-  uint64_t v;
+  pb s = {0};
+  uint64_t v = 0;
   bool dummy = true, extra = true, escape = true;
   nb_status r = NB_OK;
   while (!r && pb_next(&b, &f, &wt, &s, &v)) {
@@ -267,7 +267,7 @@ nb_tok *nb_tok_load_sentencepiece_bytes(nb_ctx *ctx, const void *data, size_t le
   pb b = {data, (const uint8_t *)data + len, false}, s;
   uint32_t f;
   int wt;
-  uint64_t v;
+  uint64_t v = 0;
   nb_status r = NB_OK;
   bool saw_trainer = false;
   while (!r && pb_next(&b, &f, &wt, &s, &v)) {
