@@ -343,11 +343,14 @@ static int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
  * hardware prefetcher, which stays within a page, restarts on each: the
  * products read at 0.7-0.9 of a plain read. Such a pass asks for the same
  * columns GEMV_AHEAD rows further into L2 (0.83-1.04, bench/sgemm_head.c
- * --layer). Passes over whole rows read B as one stream: no hints. */
+ * --layer). So does a pass over whole rows: its GEMV_P rows, read side by
+ * side, are GEMV_P short streams (3 KB each for a 768-wide B) that AMD's
+ * Zen 4 prefetcher follows no better: 0.53-0.76 of a plain read without the
+ * hints, 0.87-1.01 with them (bench/RESULTS.md, session 13). */
 #define GEMV_MAX_M 8
 #define GEMV_C_FLOATS 4096 /* 16 KB of C */
 #define GEMV_P 4 /* rows of B per pass over a row of C */
-#define GEMV_AHEAD 8 /* rows of B ahead that a pass over pieces of rows asks for */
+#define GEMV_AHEAD 8 /* rows of B ahead that a pass asks for */
 
 /* c[j] = fma(a[(np-1)*inca], b[(np-1)*ldb + j], ... fma(a[0], b[j], first ? +0 : c[j])) for j < n, 1 <= np <= GEMV_P;
  * ahead: also into L2 the lines of b's rows GEMV_AHEAD .. GEMV_AHEAD + GEMV_P - 1 at these columns (they exist) */
@@ -414,7 +417,7 @@ static void gemv(nb_sgemm_isa isa, bool ta, int64_t m, int64_t n, int64_t k, con
     int64_t nc = min64(width, n - j0);
     for (int64_t p = 0; p < k; p += GEMV_P) {
       int np = (int)min64(GEMV_P, k - p);
-      bool ahead = nc != ldb && p + GEMV_AHEAD + GEMV_P <= k; /* pieces of rows, and rows to ask for */
+      bool ahead = p + GEMV_AHEAD + GEMV_P <= k; /* rows to ask for */
       for (int64_t i = 0; i < m; i++)
         fn(nc, np, A + i * ars + p * acs, acs, B + p * ldb + j0, ldb, C + i * ldc + j0, p == 0, ahead && i == 0);
     }
