@@ -347,7 +347,7 @@ static int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
  * side, are GEMV_P short streams (3 KB each for a 768-wide B) that AMD's
  * Zen 4 prefetcher follows no better: 0.53-0.76 of a plain read without the
  * hints, 0.87-1.01 with them (bench/RESULTS.md, session 13). */
-#define GEMV_MAX_M 8
+#define GEMV_MAX_M NB_SGEMM_FEW_ROWS
 #define GEMV_C_FLOATS 4096 /* 16 KB of C */
 #define GEMV_P 4 /* rows of B per pass over a row of C */
 #define GEMV_AHEAD 8 /* rows of B ahead that a pass asks for */

@@ -20,6 +20,11 @@ typedef enum nb_sgemm_isa { NB_SGEMM_C, NB_SGEMM_AVX2, NB_SGEMM_AVX512 } nb_sgem
 bool nb_cpu__sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *B,
                    int64_t ldb, float *C, int64_t ldc);
 
+/* Up to this many rows of op(A) times an untransposed B, each row of B is
+ * read once, left to right (a decode step's products: a streaming read of
+ * the weights, bound by memory). */
+#define NB_SGEMM_FEW_ROWS 8
+
 /* The same on a given kernel (the tests compare them); false also when the
  * CPU lacks it. */
 bool nb_cpu__sgemm_on(nb_sgemm_isa isa, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
