@@ -64,6 +64,37 @@ static inline nb_tree *bench_lm_batch(nb_ctx *ctx, int64_t B, int64_t T, int64_t
   return batch;
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+/* The sum of p[0..n): four 16-lane accumulators, the fastest plain read (the
+ * portable loop below, SSE at -O2, read at 0.75 of it on a Zen 4 core) */
+__attribute__((target("avx512f"))) static inline double bench_sum_avx512(const float *p, size_t n) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  size_t i = 0;
+  for (; i + 64 <= n; i += 64)
+    a0 = _mm512_add_ps(a0, _mm512_loadu_ps(p + i)), a1 = _mm512_add_ps(a1, _mm512_loadu_ps(p + i + 16)),
+    a2 = _mm512_add_ps(a2, _mm512_loadu_ps(p + i + 32)), a3 = _mm512_add_ps(a3, _mm512_loadu_ps(p + i + 48));
+  double s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+  for (; i < n; i++) s += p[i];
+  return s;
+}
+#endif
+
+/* The sum of p[0..n): AVX-512 where the CPU has it, else a portable loop */
+static inline double bench_read_sum(const float *p, size_t n) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (__builtin_cpu_supports("avx512f")) return bench_sum_avx512(p, n);
+#endif
+  float acc[16] = {0};
+  double s = 0;
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int k = 0; k < 16; k++) acc[k] += p[i + k];
+  for (int k = 0; k < 16; k++) s += acc[k];
+  for (; i < n; i++) s += p[i];
+  return s;
+}
+
 typedef struct bench_bw_part {
   const float *p;
   size_t n;
@@ -72,10 +103,7 @@ typedef struct bench_bw_part {
 
 static inline void *bench_bw_sum_part(void *u) {
   bench_bw_part *w = u;
-  float acc[16] = {0};
-  for (size_t i = 0; i + 16 <= w->n; i += 16)
-    for (int k = 0; k < 16; k++) acc[k] += w->p[i + k];
-  for (int k = 0; k < 16; k++) w->sum += acc[k];
+  w->sum = bench_read_sum(w->p, w->n);
   return NULL;
 }
 

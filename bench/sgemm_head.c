@@ -4,7 +4,7 @@
  * same bytes gets. nabla's sgemm (src/backend/cpu/sgemm.c) on T threads,
  * each taking whole tiles of contiguous rows as blas.c cuts them (tiles of a
  * multiple of 16 rows, 4 per thread, handed out in order); the read is a
- * plain vector sum (AVX-512, else bench_util.h's probe) over the same bytes, split the same way.
+ * plain vector sum (bench_util.h's bench_read_sum: AVX-512 where the CPU has it) over the same bytes, split the same way.
  * COPIES copies of W are used in turn so that the set (default 4 x 154 MB)
  * does not stay in the L3. A and B timings alternate; medians of REPS, in
  * GB/s by wall time and by the process's CPU time.
@@ -26,31 +26,6 @@
 #include "backend/cpu/sgemm.h"
 #include "bench_util.h"
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-/* The sum of p[0..n): four 16-lane accumulators, the fastest plain read */
-__attribute__((target("avx512f"))) static double sum_avx512(const float *p, size_t n) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  size_t i = 0;
-  for (; i + 64 <= n; i += 64)
-    a0 = _mm512_add_ps(a0, _mm512_loadu_ps(p + i)), a1 = _mm512_add_ps(a1, _mm512_loadu_ps(p + i + 16)),
-    a2 = _mm512_add_ps(a2, _mm512_loadu_ps(p + i + 32)), a3 = _mm512_add_ps(a3, _mm512_loadu_ps(p + i + 48));
-  double s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-  for (; i < n; i++) s += p[i];
-  return s;
-}
-#endif
-
-/* The plain read: AVX-512 where the CPU has it, else the probe's loop */
-static double read_sum(const float *p, size_t n) {
-#if defined(__x86_64__) && defined(__GNUC__)
-  if (__builtin_cpu_supports("avx512f")) return sum_avx512(p, n);
-#endif
-  bench_bw_part w = {p, n, 0};
-  bench_bw_sum_part(&w);
-  return w.sum;
-}
-
 typedef struct job {
   nb_sgemm_isa isa;
   bool read_only;          /* the streaming read instead of the product */
@@ -68,7 +43,7 @@ static void *worker(void *u) {
   for (long t; (t = atomic_fetch_add(&j->next, 1)) < j->tiles;) {
     int64_t r0 = t * j->tile, rows = j->n - r0 < j->tile ? j->n - r0 : j->tile; /* rows of W^T: columns of W */
     bool ok = true;
-    if (j->read_only) sum += read_sum(j->w + r0 * j->k, (size_t)(rows * j->k)); /* the same bytes, contiguous */
+    if (j->read_only) sum += bench_read_sum(j->w + r0 * j->k, (size_t)(rows * j->k)); /* the same bytes, contiguous */
     else if (j->layer) ok = nb_cpu__sgemm_on(j->isa, false, false, 1, rows, j->k, j->x, j->k, j->w + r0, j->n, j->y + r0, rows);
     else ok = nb_cpu__sgemm_on(j->isa, false, true, 1, rows, j->k, j->x, j->k, j->w + r0 * j->k, j->k, j->y + r0, rows);
     if (!ok) fprintf(stderr, "kernel %s not available on this CPU\n", nb_cpu__sgemm_name(j->isa)), exit(1);
