@@ -11,7 +11,7 @@
  *
  * --layer: a layer's product instead, x[1, K] @ W with W [K, N] (the few-rows
  * path), cut as blas.c cuts it (column bands of at least 128, halved until
- * 4 per thread; every band reads a piece of each of W's rows); the read is
+ * 1 per thread; every band reads a piece of each of W's rows); the read is
  * of the same bytes in contiguous parts. Give --copies so that the set
  * outgrows the L3 (768 x 3072: 9.4 MB a copy).
  *
@@ -89,10 +89,10 @@ int main(int argc, char **argv) {
   }
   for (int64_t p = 0; p < k; p++) x[p] = 1.0f / (float)(p % 7 + 1);
   /* blas.c's plan_tiles for one row: at T > 1 threads n is halved while the
-   * halves keep 128 columns and 2^16 multiply-adds, up to 4 tiles per thread;
-   * sides rounded up to multiples of 16 */
+   * halves keep 128 columns and 2^16 multiply-adds, up to 4 tiles per thread
+   * (W^T) or 1 (W: a band of columns each); sides rounded up to multiples of 16 */
   int64_t tiles = 1;
-  while (threads > 1 && tiles < 4 * threads && (n + tiles - 1) / tiles >= 256 && ((n + tiles - 1) / tiles + 1) / 2 * k >= 65536)
+  while (threads > 1 && tiles < (layer ? 1 : 4) * threads && (n + tiles - 1) / tiles >= 256 && ((n + tiles - 1) / tiles + 1) / 2 * k >= 65536)
     tiles *= 2;
   int64_t tile = (n + tiles - 1) / tiles;
   tile = tile > 16 ? (tile + 15) / 16 * 16 : tile;
