@@ -4,7 +4,8 @@
  * same bytes gets. nabla's sgemm (src/backend/cpu/sgemm.c) on T threads,
  * each taking whole tiles of contiguous rows as blas.c cuts them (tiles of a
  * multiple of 16 rows, 4 per thread, handed out in order); the read is a
- * plain vector sum (bench_util.h's bench_read_sum: AVX-512 where the CPU has it) over the same bytes, split the same way.
+ * plain vector sum (bench_util.h's bench_read_sum: AVX-512 where the CPU
+ * has it) over the same bytes, split the same way.
  * COPIES copies of W are used in turn so that the set (default 4 x 154 MB)
  * does not stay in the L3. A and B timings alternate; medians of REPS, in
  * GB/s by wall time and by the process's CPU time.

@@ -362,7 +362,7 @@ nb_val *nb__emit(nb_graph *g, nb_loc loc, nb_prim p, int nin, nb_val *const *in,
   if (!g) return NULL;
   if (g->err) return &g->poison;
   const nb_prim_rules *r = nb__rules(p);
-  nb_aval small[16] = {0}, *avals = small; // zeroed: gcc -O3 (Release) cannot see that nin == 0 never reads it
+  nb_aval small[16] = {0}, *avals = small; /* zeroed: gcc -O3 (Release) cannot see that nin == 0 never reads it */
   if (nin > 16 && !(avals = nb_alloc(g->ctx, (size_t)nin * sizeof(nb_aval))))
     return nb__fail(g, loc, NB_ERR_NOMEM, "out of memory");
   nb_val *ret = NULL;
