@@ -334,21 +334,27 @@ static int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
  * fma(a[i][p], b[p][j], c[i][j]) for p in order, four rows of B per pass
  * over c. The same chain of fmas per element as the micro-kernels, so the
  * same bits. C's columns go GEMV_C_FLOATS / m at a time, so that its m rows
- * stay in L1 beside the rows of B streaming through. Up to GEMV_MAX_M rows:
+ * stay in L1 beside the rows of B streaming through (read m times each);
+ * GEMV_C1_FLOATS for one row. Up to GEMV_MAX_M rows:
  * the serving step pads a lone decode to 8 tokens.
  *
  * When a pass reads only a piece of each row (the thread pool's tiles are
- * bands of columns: at two threads gpt2's 768 x 3072 product is 8 bands of
- * 1.5 KB out of each 12 KB row), every piece is on a page of its own and the
- * hardware prefetcher, which stays within a page, restarts on each: the
- * products read at 0.7-0.9 of a plain read. Such a pass asks for the same
- * columns GEMV_AHEAD rows further into L2 (0.83-1.04, bench/sgemm_head.c
- * --layer). So does a pass over whole rows: its GEMV_P rows, read side by
+ * bands of columns, one per thread: at two threads gpt2's 768 x 3072
+ * product is 2 bands of 6 KB out of each 12 KB row; they were 8 bands of
+ * 1.5 KB before blas.c's one band a thread), every piece is on a page of
+ * its own and the hardware prefetcher, which stays within a page, restarts
+ * on each: the products read at 0.7-0.9 of a plain read. Such a pass asks
+ * for the same columns GEMV_AHEAD rows further into L2 (0.83-1.04,
+ * bench/sgemm_head.c --layer). So does a pass over whole rows: its GEMV_P rows, read side by
  * side, are GEMV_P short streams (3 KB each for a 768-wide B) that AMD's
  * Zen 4 prefetcher follows no better: 0.53-0.76 of a plain read without the
  * hints, 0.87-1.01 with them (bench/RESULTS.md, session 13). */
 #define GEMV_MAX_M NB_SGEMM_FEW_ROWS
 #define GEMV_C_FLOATS 4096 /* 16 KB of C */
+/* One row of A reads each row of B once: its C may sit in L2, and whole rows
+ * of B stream best (a Llama's 768 x 32000 head: 0.78-0.80 of a plain read in
+ * 16 KB pieces, 0.92-0.94 whole; Zen 4, bench/sgemm_head.c --layer). */
+#define GEMV_C1_FLOATS 65536 /* 256 KB of C */
 #define GEMV_P 4 /* rows of B per pass over a row of C */
 #define GEMV_AHEAD 8 /* rows of B ahead that a pass asks for */
 
@@ -412,7 +418,7 @@ static rows_fn rows_of(nb_sgemm_isa isa) {
 static void gemv(nb_sgemm_isa isa, bool ta, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *B,
                  int64_t ldb, float *C, int64_t ldc) {
   rows_fn fn = rows_of(isa);
-  int64_t ars = ta ? 1 : lda, acs = ta ? lda : 1, width = GEMV_C_FLOATS / m / 16 * 16;
+  int64_t ars = ta ? 1 : lda, acs = ta ? lda : 1, width = m == 1 ? GEMV_C1_FLOATS : GEMV_C_FLOATS / m / 16 * 16;
   for (int64_t j0 = 0; j0 < n; j0 += width) {
     int64_t nc = min64(width, n - j0);
     for (int64_t p = 0; p < k; p += GEMV_P) {
