@@ -144,6 +144,13 @@ struct nb_serve_model {
   double compile_s;             /* tracing and compiling buckets, so far */
 };
 
+/* The block tables' width of the smallest bucket. The width only sizes the
+ * tables (the attention reads each sequence's own blocks), so short contexts
+ * share one bucket: with widths 1, 2, 4, ... a decode compiled (or loaded
+ * from the disk cache, 10-16 ms each) a new step at 16, 32, 64 and 128
+ * tokens of context, a few percent of a short generation. */
+#define MIN_TABLE_BLOCKS 64
+
 static int32_t pow2_at_least(int32_t n, int32_t lo) {
   int32_t b = lo;
   while (b < n) b *= 2;
@@ -467,7 +474,7 @@ nb_status nb_serve_model_step(nb_serve_model *m, const nb_serve_batch *b, nb_ser
    * padding rows draw nothing. A lone decode gets a bucket of its own: padded
    * to 8 tokens, single-stream decode ran every product of the step on 8 rows */
   int32_t T = b->num_tokens == 1 ? 1 : pow2_at_least(b->num_tokens, 8);
-  int32_t S = pow2_at_least(b->num_seqs > draws ? b->num_seqs : draws, 1), MB = pow2_at_least(need, 1);
+  int32_t S = pow2_at_least(b->num_seqs > draws ? b->num_seqs : draws, 1), MB = pow2_at_least(need, MIN_TABLE_BLOCKS);
   if (MB > m->max_blocks) MB = m->max_blocks > need ? m->max_blocks : need;
   nb_status s = do_copies(m, b);
   if (s) return s;
