@@ -345,10 +345,11 @@ static int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
  * its own and the hardware prefetcher, which stays within a page, restarts
  * on each: the products read at 0.7-0.9 of a plain read. Such a pass asks
  * for the same columns GEMV_AHEAD rows further into L2 (0.83-1.04,
- * bench/sgemm_head.c --layer). So does a pass over whole rows: its GEMV_P rows, read side by
- * side, are GEMV_P short streams (3 KB each for a 768-wide B) that AMD's
- * Zen 4 prefetcher follows no better: 0.53-0.76 of a plain read without the
- * hints, 0.87-1.01 with them (bench/RESULTS.md, session 13). */
+ * bench/sgemm_head.c --layer). So does a pass over whole rows: its GEMV_P
+ * rows, read side by side, are GEMV_P short streams (3 KB each for a
+ * 768-wide B) that AMD's Zen 4 prefetcher follows no better: 0.53-0.76 of a
+ * plain read without the hints, 0.87-1.01 with them (bench/RESULTS.md,
+ * session 13). */
 #define GEMV_MAX_M NB_SGEMM_FEW_ROWS
 #define GEMV_C_FLOATS 4096 /* 16 KB of C */
 /* One row of A reads each row of B once: its C may sit in L2, and whole rows
