@@ -83,11 +83,14 @@ int main(void) {
     for (int t = 0; t < 4; t++) one(shapes[s][0], shapes[s][1], shapes[s][2], t & 1, t & 2);
   /* a few rows (decode steps: the few-rows path that streams B once): every m
    * up to past its limit, ragged vector tails, k not a multiple of its four
-   * rows of B per pass, more columns than one pass over C holds (4096 / m) */
+   * rows of B per pass, more columns than one pass over C holds (4096 / m, m > 1) */
   static const int64_t few[][2] = {{1, 1}, {15, 1}, {17, 2}, {33, 3}, {100, 5}, {768, 300}, {2049, 7}, {4100, 64}, {40, 513}};
   for (int64_t m = 1; m <= 9; m++)
     for (size_t s = 0; s < sizeof few / sizeof few[0]; s++)
       for (int t = 0; t < 4; t++) one(m, few[s][0], few[s][1], t & 1, t & 2);
+  /* one row takes up to 65536 columns a pass (its C in L2): past that, and
+   * k with a tail of its four rows per pass */
+  for (int t = 0; t < 2; t++) one(1, 65600, 9, t, false);
   /* one row times a transposed B (a decode step's output head: x @ W^T, W's
    * rows contiguous, ldb = k, or wider): several blocks of 16 rows (with the
    * next block's prefetch) and a ragged tail of rows, k a multiple of 8 or
