@@ -3,7 +3,8 @@
  * that chunks prompts and a block budget that preempts, equal the
  * single-sequence generator's tokens for each request alone (which also
  * shows batch invariance at temperature 0); the shape buckets stay bounded
- * over a long random run, and compile time accrues only in the steps that
+ * over a long random run, a lone decode keeps one bucket as its context
+ * grows, and compile time accrues only in the steps that
  * build one; bad input is refused by name; the cache write
  * updates donated caches in place, without copying them. */
 #include <string.h>
@@ -164,6 +165,27 @@ static void test_bounded_buckets(nb_ctx *ctx) {
  * interpreted: the slots written, the others kept. Donated caches held once
  * are the outputs' memory (no O(cache) copy per step); not donated, the
  * inputs are left alone. */
+/* A lone decode whose context grows from 3 to 3 + MAX_GEN tokens over
+ * blocks of 2 (tables of 2 to 10 blocks) stays in one decode bucket: the
+ * table width starts at 64 blocks, so the steps are the prompt's bucket and
+ * the decode's, not a new one at every power of two of the context. */
+static void test_one_decode_bucket(nb_ctx *ctx) {
+  nb_model_config cfg;
+  CHECK_OK(ctx, nb_model_config_preset(ctx, "llama-tiny", &cfg));
+  cfg.n_layers = 1, cfg.d_model = 32, cfg.n_heads = 2, cfg.n_kv_heads = 1, cfg.d_ff = 32, cfg.vocab_size = 64;
+  nb_array *key = nb_key(ctx, 5);
+  nb_tree *params = nb_model_init(ctx, &cfg, key);
+  nb_array_release(key);
+  int32_t prompts[1][64] = {{5, 9, 2}}, lens[1] = {3};
+  nb_serve_config ec = {.block_size = 2, .num_blocks = 40, .max_num_seqs = 4, .max_num_batched_tokens = 16,
+                        .max_model_len = 64};
+  run_result r;
+  serve_all(ctx, &cfg, params, &ec, 1, prompts, lens, MAX_GEN, true, &r);
+  CHECK(r.n_out[0] == MAX_GEN);
+  CHECK_MSG(r.executables == 2, "a lone decode over a growing context built %d executables, want 2 (prompt, decode)", r.executables);
+  nb_tree_destroy(params);
+}
+
 static void test_cache_write_in_place(nb_ctx *ctx) {
   enum { NB = 4, BS = 2, KVH = 2, D = 3, T = 3, N = NB * BS * KVH * D };
   int64_t cdims[4] = {NB, BS, KVH, D}, tdims[3] = {T, KVH, D}, sdims[1] = {T};
@@ -235,6 +257,7 @@ int main(void) {
   test_matches_generator(ctx, "mixtral-tiny", true, 1.0);
   test_matches_generator(ctx, "llama-tiny", false, 0);
   test_bounded_buckets(ctx);
+  test_one_decode_bucket(ctx);
   CHECK(nb_ctx_bytes_in_use(ctx) == base);
   nb_ctx_destroy(ctx);
   return nb_test_summary("serve/step");
