@@ -286,6 +286,7 @@ typedef struct nb_serve_attn {
   const int32_t *query_start;     /* [num_seqs + 1], non-decreasing, within [0, num_tokens] */
   float scale;                    /* multiplies q.k, usually 1 / sqrt(head_dim) */
   float *out;                     /* [num_tokens, num_heads, head_dim] */
+  int32_t threads;                /* threads `par` runs tasks on (sizes the tasks); 0: unknown */
 } nb_serve_attn;
 
 /* Runs task(arg, i) for every i in [0, ntasks), in any order and on any
@@ -298,8 +299,9 @@ typedef void (*nb_serve_parallel_fn)(void *runner, int ntasks, void (*task)(void
  * naming the field (a context longer than its table, a block id out of
  * range, more new tokens than context, ...), writing nothing. Tasks are
  * (sequence, tile of 16 query rows, run of kv heads): all kv heads in one
- * task unless there are fewer than 16 tiles, then runs short enough for
- * about 16 tasks. */
+ * task unless there are fewer tiles than twice a->threads (16 when
+ * a->threads is 0), then runs short enough for about that many tasks. The
+ * cut changes no bits. */
 nb_status nb_serve_paged_attention(nb_ctx *ctx, const nb_serve_attn *a, nb_serve_parallel_fn par, void *runner);
 
 /* The cache write of one layer: the keys and values of token t go to slot
@@ -343,6 +345,7 @@ nb_status nb_serve_batch_operands(nb_ctx *ctx, const nb_serve_batch *b, int32_t 
 typedef struct nb_serve_pool_lend {
   nb_serve_parallel_fn par;
   void *runner;
+  int (*threads)(void *runner); /* the threads par runs tasks on; NULL: unknown */
 } nb_serve_pool_lend;
 nb_status nb_serve_register_kernels(nb_ctx *ctx, const nb_serve_pool_lend *lend);
 nb_val *nb_serve_paged_attention_op(nb_val *q, nb_val *k_cache, nb_val *v_cache, nb_val *block_tables,

@@ -74,9 +74,15 @@ static nb_status check_attn(nb_ctx *ctx, const nb_serve_attn *a) {
 
 /* ---------------------------------------------------------------- kernel */
 
-/* A task is one sequence's tile of query rows for a run of its kv heads
- * (all of them unless there are too few tiles to keep MIN_TASKS tasks). */
+/* A task is one sequence's tile of query rows for a run of its kv heads:
+ * all of them unless there are too few tiles to give each thread
+ * TASKS_PER_THREAD tasks (MIN_TASKS in all when the thread count is not
+ * known). Runs as long as that allows: a lone decode at two threads is 4
+ * tasks of 3 heads, not 12 of one head, each of which read 256 bytes of
+ * every 3 KB slot row (61-129 us a Llama-134m layer against 50-67, AMD
+ * Zen 4, in the traced decode step). */
 #define MIN_TASKS 16
+#define TASKS_PER_THREAD 2 /* more than one: a worker that starts late leaves its share to the others */
 
 typedef struct attn_job {
   const nb_serve_attn *a;
@@ -112,26 +118,25 @@ static float dot(const float *x, const float *y, int32_t n) {
   return ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
 }
 
-/* acc = acc * alpha (when rescale) + sum over j of p[j] * v_j, the products
- * added in j order, each element kept in a register across the block (an
- * accumulator through memory per key stalled on store-to-load forwarding). */
-static void accumulate_block(float *acc, float alpha, bool rescale, const float *p, const float *v, int64_t v_stride,
-                             int32_t n, int32_t hd) {
+/* acc[d] += p[0] * v0[d], then + p[1] * v1[d], ... for the n <= 4 keys at
+ * v[0..n): each element's chain is acc = acc + p * v in key order, as a
+ * scalar loop would compute it, with acc loaded and stored once. */
+static void add_scaled(float *acc, const float *p, const float *const *v, int32_t n, int32_t hd) {
   int32_t d = 0;
-  v4 va = {alpha, alpha, alpha, alpha};
-  for (; d + 8 <= hd; d += 8) {
-    v4 a0 = load4(acc + d), a1 = load4(acc + d + 4);
-    if (rescale) a0 *= va, a1 *= va;
-    for (int32_t j = 0; j < n; j++) {
-      v4 vp = {p[j], p[j], p[j], p[j]};
-      a0 += vp * load4(v + j * v_stride + d);
-      a1 += vp * load4(v + j * v_stride + d + 4);
+  if (n == 4) {
+    v4 p0 = {p[0], p[0], p[0], p[0]}, p1 = {p[1], p[1], p[1], p[1]}, p2 = {p[2], p[2], p[2], p[2]}, p3 = {p[3], p[3], p[3], p[3]};
+    for (; d + 4 <= hd; d += 4) {
+      v4 a = load4(acc + d);
+      a += p0 * load4(v[0] + d);
+      a += p1 * load4(v[1] + d);
+      a += p2 * load4(v[2] + d);
+      a += p3 * load4(v[3] + d);
+      store4(acc + d, a);
     }
-    store4(acc + d, a0), store4(acc + d + 4, a1);
   }
   for (; d < hd; d++) {
-    float a = rescale ? acc[d] * alpha : acc[d];
-    for (int32_t j = 0; j < n; j++) a += p[j] * v[j * v_stride + d];
+    float a = acc[d];
+    for (int32_t j = 0; j < n; j++) a += p[j] * v[j][d];
     acc[d] = a;
   }
 }
@@ -161,14 +166,26 @@ static void attend_row(const nb_serve_attn *a, const int32_t *table, int32_t kvh
     for (int32_t i = 0; i < nh; i++) {
       float *si = s + i * bs, bm = -INFINITY;
       for (int32_t j = 0; j < n; j++) bm = si[j] > bm ? si[j] : bm;
-      bool rescale = bm > m[i]; /* scale what came before to the new maximum, with the first key */
-      float alpha = rescale ? expf(m[i] - bm) : 1.0f;
-      if (rescale) l[i] *= alpha, m[i] = bm;
+      if (bm > m[i]) { /* scale what came before to the new maximum, with the first key */
+        float alpha = expf(m[i] - bm);
+        l[i] *= alpha, m[i] = bm;
+        for (int32_t d = 0; d < hd; d++) acc[(size_t)i * hd + d] *= alpha;
+      }
       for (int32_t j = 0; j < n; j++) {
         si[j] = expf(si[j] - m[i]);
         l[i] += si[j];
       }
-      accumulate_block(acc + (size_t)i * hd, alpha, rescale, si, vb + (i / group) * hd, row_stride, n, hd);
+    }
+    /* the values slot row by slot row, like the keys: one pass along the
+     * block (each head walking its 256 bytes of every 3 KB row left the
+     * loads waiting on memory) */
+    for (int32_t j = 0; j < n; j += 4) {
+      int32_t k = n - j < 4 ? n - j : 4;
+      for (int32_t i = 0; i < nh; i++) {
+        const float *v[4];
+        for (int32_t u = 0; u < k; u++) v[u] = vb + (j + u) * row_stride + (i / group) * hd;
+        add_scaled(acc + (size_t)i * hd, s + i * bs + j, v, k, hd);
+      }
     }
   }
   for (int32_t i = 0; i < nh; i++) {
@@ -217,8 +234,8 @@ nb_status nb_serve_paged_attention(nb_ctx *ctx, const nb_serve_attn *a, nb_serve
 
   int64_t tiles = 0;
   for (int32_t i = 0; i < a->num_seqs; i++) tiles += (a->query_start[i + 1] - a->query_start[i] + Q_TILE - 1) / Q_TILE;
-  /* all kv heads in one task, unless that leaves too few tasks for the threads */
-  int32_t kvh = a->num_kv_heads, per = tiles >= MIN_TASKS ? kvh : (int32_t)((kvh * tiles + MIN_TASKS - 1) / MIN_TASKS);
+  int64_t want = a->threads > 0 ? (int64_t)a->threads * TASKS_PER_THREAD : MIN_TASKS;
+  int32_t kvh = a->num_kv_heads, per = tiles >= want ? kvh : (int32_t)((kvh * tiles + want - 1) / want);
   per = per < 1 ? 1 : per;
   attn_job job = {.a = a, .heads_per_task = per, .chunks = (kvh + per - 1) / per};
   if (tiles * job.chunks > INT32_MAX / 2) return bad(ctx, "nb_serve_paged_attention", "too many tasks (sequences x query tiles x head runs)");

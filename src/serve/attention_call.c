@@ -81,7 +81,7 @@ static nb_status attn_eval(void *ud, nb_ctx *ctx, int nin, nb_array *const *in, 
                      .num_blocks = (int32_t)cd[0], .max_blocks_per_seq = (int32_t)bd[1], .q = nb_array_data(in[0]),
                      .k_cache = nb_array_data(in[1]), .v_cache = nb_array_data(in[2]), .block_tables = nb_array_data(in[3]),
                      .context_lens = nb_array_data(in[4]), .query_start = nb_array_data(in[5]), .scale = scale,
-                     .out = nb_array_data_mut(out[0])};
+                     .out = nb_array_data_mut(out[0]), .threads = !lend || !lend->par ? 1 : lend->threads ? lend->threads(lend->runner) : 0};
   return nb_serve_paged_attention(ctx, &a, lend ? lend->par : NULL, lend ? lend->runner : NULL);
 }
 

@@ -164,7 +164,12 @@ static void on_step_threads(void *runner, int ntasks, void (*task)(void *arg, in
   nb_jit_parallel_for(ntasks, task, arg);
 }
 
-static const nb_serve_pool_lend step_threads = {on_step_threads, NULL};
+static int step_thread_count(void *runner) {
+  (void)runner;
+  return nb_jit_parallel_threads();
+}
+
+static const nb_serve_pool_lend step_threads = {on_step_threads, NULL, step_thread_count};
 
 /* The custom calls on ctx: registered here unless the caller did already. */
 static nb_status ensure_kernels(nb_ctx *ctx) {

@@ -258,6 +258,28 @@ static void test_batch_invariance(nb_ctx *ctx) {
   layout_free(&L);
 }
 
+/* The threads hint cuts a lone decode's 10 kv heads into runs of 1 to 10
+ * heads: the same rows, bit for bit, whatever the cut. */
+static void test_task_cuts(nb_ctx *ctx) {
+  nb_test_rng r = {7};
+  layout L = {.num_heads = 20, .num_kv_heads = 10, .head_dim = 22, .block_size = 4, .num_seqs = 1,
+              .ctx_len = {53}, .new_tokens = {1}, .num_blocks = 16};
+  layout_make(&L, &r, 0);
+  nb_serve_attn a = attn_of(&L);
+  CHECK_OK(ctx, nb_serve_paged_attention(ctx, &a, NULL, NULL));
+  int64_t n = (int64_t)L.num_tokens * L.num_heads * L.head_dim;
+  float *other = malloc(sizeof(float) * (size_t)n);
+  int32_t hints[6] = {1, 2, 3, 5, 8, 64};
+  for (int k = 0; k < 6; k++) {
+    memset(other, 0xff, sizeof(float) * (size_t)n);
+    a.out = other, a.threads = hints[k];
+    CHECK_OK(ctx, nb_serve_paged_attention(ctx, &a, run_threads, NULL));
+    CHECK_MSG(memcmp(other, L.out, sizeof(float) * (size_t)n) == 0, "threads hint %d changes the rows", hints[k]);
+  }
+  free(other);
+  layout_free(&L);
+}
+
 /* A prompt of 45 tokens in one step, in chunks of 20 + 24 + 1, and its last
  * token as a decode after a cached prefix: the same rows, bit for bit. */
 static void test_chunk_invariance(nb_ctx *ctx) {
@@ -422,7 +444,7 @@ static void test_traced_step(nb_ctx *ctx) {
 
   nb_ctx *lent_ctx = nb_ctx_create();
   int lent_runs = 0;
-  nb_serve_pool_lend lend = {run_threads_counted, &lent_runs};
+  nb_serve_pool_lend lend = {run_threads_counted, &lent_runs, NULL};
   CHECK_OK(lent_ctx, nb_serve_register_kernels(lent_ctx, &lend));
   nb_graph *lent_g = step_graph(lent_ctx, &L, scale);
   nb_graph *gs[2] = {g, lent_g};
@@ -619,6 +641,7 @@ int main(void) {
   test_random_layouts(ctx);
   test_large_scores(ctx);
   test_batch_invariance(ctx);
+  test_task_cuts(ctx);
   test_chunk_invariance(ctx);
   test_cache_write(ctx);
   test_errors(ctx);
