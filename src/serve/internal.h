@@ -164,9 +164,12 @@ void nb_serve__scratch_free(nb_ctx *ctx, nb_serve__scratch *s);
  * w = exp(y - max(y)). */
 int32_t nb_serve__sample_weights(const nb_serve__row *p, const float *x, int32_t V, nb_serve__scratch *s, double *w,
                                  double *total);
+/* A greedy row: temperature 0 (or NaN), the argmax of x and no scratch. */
+static inline bool nb_serve__row_greedy(const nb_serve__row *p) { return !(p->temperature > 0); }
 /* The draw: the first token in id order whose cumulative weight exceeds
  * u * total; its log-probability and the top num_logprobs from
- * log_softmax(z) of the raw logits z. w: V doubles of scratch. */
+ * log_softmax(z) of the raw logits z. w: V doubles of scratch, and s, unread
+ * for a greedy row (NULL allowed there). */
 void nb_serve__sample_row(const nb_serve__row *p, const float *z, const float *x, int32_t V, nb_serve__scratch *s, double *w,
                           nb_serve__row_out *o);
 nb_status nb_serve__register_sampler(nb_ctx *ctx);

@@ -90,6 +90,22 @@ INLINE double sum_lanes_body(const double *w, int32_t n) {
   return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
 }
 
+/* sum_lanes of exp_shifted(v, n, m, -inf): the same lanes, the same order,
+ * the same bits, through a buffer in L1 instead of n doubles in memory
+ * (chunks of a multiple of LANES keep every element in its lane). */
+enum { EXP_CHUNK = 256 };
+INLINE double sum_exp_shifted_body(const float *v, int32_t n, double m) {
+  double l[LANES] = {0}, buf[EXP_CHUNK];
+  for (int32_t c = 0; c < n; c += EXP_CHUNK) {
+    int32_t k = n - c < EXP_CHUNK ? n - c : EXP_CHUNK, i = 0;
+    exp_shifted_body(v + c, k, m, -INFINITY, buf);
+    for (; i + LANES <= k; i += LANES)
+      for (int j = 0; j < LANES; j++) l[j] += buf[i + j];
+    for (int j = 0; i + j < k; j++) l[j] += buf[i + j];
+  }
+  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
 /* The largest of v[0..n), NaNs skipped (a max is exact in any order). */
 INLINE float max_lanes_body(const float *v, int32_t n) {
   float l[LANES];
@@ -113,6 +129,7 @@ typedef struct row_ops {
   void (*mask_below)(const float *restrict, int32_t, float, double *restrict);
   int32_t (*count_at_least)(const float *, int32_t, float);
   double (*sum_lanes)(const double *, int32_t);
+  double (*sum_exp_shifted)(const float *, int32_t, double);
   float (*max_lanes)(const float *, int32_t);
 } row_ops;
 
@@ -126,9 +143,10 @@ typedef struct row_ops {
   }                                                                                                                          \
   attr static int32_t count_at_least_##isa(const float *v, int32_t n, float lo) { return count_at_least_body(v, n, lo); }   \
   attr static double sum_lanes_##isa(const double *w, int32_t n) { return sum_lanes_body(w, n); }                            \
+  attr static double sum_exp_shifted_##isa(const float *v, int32_t n, double m) { return sum_exp_shifted_body(v, n, m); }    \
   attr static float max_lanes_##isa(const float *v, int32_t n) { return max_lanes_body(v, n); }                              \
   static const row_ops ops_##isa = {exp_shifted_##isa, scale_row_##isa, mask_below_##isa, count_at_least_##isa,             \
-                                    sum_lanes_##isa, max_lanes_##isa};
+                                    sum_lanes_##isa, sum_exp_shifted_##isa, max_lanes_##isa};
 
 /* gcc: O3 for the loops whatever the build type (clang has no optimize
  * attribute; its fp-contract is off by NB_FP_CONTRACT_OFF above) */
@@ -162,6 +180,7 @@ static void scale_row(const float *x, int32_t n, float t, float *y) { ops()->sca
 static void mask_below(const float *v, int32_t n, float lo, double *w) { ops()->mask_below(v, n, lo, w); }
 static int32_t count_at_least(const float *v, int32_t n, float lo) { return ops()->count_at_least(v, n, lo); }
 static double sum_lanes(const double *w, int32_t n) { return ops()->sum_lanes(w, n); }
+static double sum_exp_shifted(const float *v, int32_t n, double m) { return ops()->sum_exp_shifted(v, n, m); }
 static float max_lanes(const float *v, int32_t n) { return ops()->max_lanes(v, n); }
 
 /* ---------------------------------------------------------------- one row */
@@ -178,13 +197,12 @@ static int32_t argmax_row(const float *x, int32_t V) {
   return 0;
 }
 
-/* log(sum(exp(z))) of the raw logits, max-shifted, summed in double in id
- * order; w: V doubles of scratch. */
-static double log_normalizer(const float *z, int32_t V, double *w) {
+/* log(sum(exp(z))) of the raw logits, max-shifted, summed in double in
+ * fixed lanes. */
+static double log_normalizer(const float *z, int32_t V) {
   float m = max_lanes(z, V);
   if (m == -INFINITY) return -INFINITY;
-  exp_shifted(z, V, m, -INFINITY, w);
-  return (double)m + log(sum_lanes(w, V));
+  return (double)m + log(sum_exp_shifted(z, V, m));
 }
 
 /* The n largest of z (n <= NB_SERVE_MAX_LOGPROBS), most likely first, the
@@ -357,18 +375,20 @@ int32_t nb_serve__sample_weights(const nb_serve__row *p, const float *x, int32_t
 void nb_serve__sample_row(const nb_serve__row *p, const float *z, const float *x, int32_t V, nb_serve__scratch *s, double *w,
                           nb_serve__row_out *o) {
   memset(o, 0, sizeof *o);
-  double total;
-  nb_serve__sample_weights(p, x, V, s, w, &total);
-  /* the first token whose cumulative weight, in id order, exceeds u of the total */
-  double target = p->u * total, acc = 0;
   int32_t token = -1;
-  for (int32_t i = 0; i < V; i++) {
-    if (w[i] <= 0) continue;
-    token = i;
-    if ((acc += w[i]) > target) break;
+  if (!nb_serve__row_greedy(p)) {
+    double total;
+    nb_serve__sample_weights(p, x, V, s, w, &total);
+    /* the first token whose cumulative weight, in id order, exceeds u of the total */
+    double target = p->u * total, acc = 0;
+    for (int32_t i = 0; i < V; i++) {
+      if (w[i] <= 0) continue;
+      token = i;
+      if ((acc += w[i]) > target) break;
+    }
   }
-  if (token < 0) token = argmax_row(x, V); /* every weight underflowed */
-  double lse = log_normalizer(z, V, w);
+  if (token < 0) token = argmax_row(x, V); /* greedy (the weights' one token), or every weight underflowed */
+  double lse = log_normalizer(z, V);
   o->token = token;
   o->logprob = (float)((double)z[token] - lse);
   int32_t n = p->num_logprobs < NB_SERVE_MAX_LOGPROBS ? p->num_logprobs : NB_SERVE_MAX_LOGPROBS;
@@ -426,16 +446,19 @@ static nb_status sample_eval(void *ud, nb_ctx *ctx, int nin, nb_array *const *in
   memset(logprob, 0, (size_t)R * sizeof *logprob);
   memset(top_ids, 0, (size_t)R * NB_SERVE_MAX_LOGPROBS * sizeof *top_ids);
   memset(top_lp, 0, (size_t)R * NB_SERVE_MAX_LOGPROBS * sizeof *top_lp);
-  nb_serve__scratch s;
-  double *w = nb_alloc(ctx, (size_t)V * sizeof *w);
-  if (!w || nb_serve__scratch_init(ctx, &s, V)) {
-    if (w) nb_dealloc(ctx, w, (size_t)V * sizeof *w);
-    return NB_ERR_NOMEM;
-  }
+  nb_serve__scratch s = {0};
+  double *w = NULL; /* the weights and scratch, made for the first row that samples (a greedy step has none) */
   for (int64_t r = 0; r < R; r++) {
     if (!ip[3 * r + 2]) continue; /* a padding row */
     nb_serve__row p = {.temperature = fp[3 * r], .top_p = fp[3 * r + 1], .min_p = fp[3 * r + 2], .top_k = ip[3 * r],
                        .num_logprobs = ip[3 * r + 1], .u = u[r]};
+    if (!w && !nb_serve__row_greedy(&p)) {
+      w = nb_alloc(ctx, (size_t)V * sizeof *w);
+      if (!w || nb_serve__scratch_init(ctx, &s, V)) {
+        if (w) nb_dealloc(ctx, w, (size_t)V * sizeof *w);
+        return NB_ERR_NOMEM;
+      }
+    }
     nb_serve__row_out o;
     nb_serve__sample_row(&p, z + r * V, x + r * V, V, &s, w, &o);
     token[r] = o.token;
@@ -443,8 +466,10 @@ static nb_status sample_eval(void *ud, nb_ctx *ctx, int nin, nb_array *const *in
     memcpy(top_ids + r * NB_SERVE_MAX_LOGPROBS, o.top_ids, (size_t)o.num_top * sizeof *top_ids);
     memcpy(top_lp + r * NB_SERVE_MAX_LOGPROBS, o.top_logprobs, (size_t)o.num_top * sizeof *top_lp);
   }
-  nb_serve__scratch_free(ctx, &s);
-  nb_dealloc(ctx, w, (size_t)V * sizeof *w);
+  if (w) {
+    nb_serve__scratch_free(ctx, &s);
+    nb_dealloc(ctx, w, (size_t)V * sizeof *w);
+  }
   return NB_OK;
 }
 
