@@ -20,11 +20,14 @@
  * tasks inline, as one thread would) until a probe with all of them, after
  * BACKOFF_MIN_MS, doubling while probes fail, up to BACKOFF_MAX_MS. Which
  * thread runs a task never changes a result (tasks are cut by the work, not
- * by the threads). Between regions a worker spins briefly
- * (SPIN_ITERS pauses, about a tenth of a millisecond) and then sleeps on a
+ * by the threads). Between regions a worker spins briefly (SPIN_NS, by
+ * the clock: a pause is 10-40 ns depending on the CPU) and then sleeps on a
  * condition variable: waking a sleeping thread costs tens of microseconds on
  * a VM (the idle vCPU is descheduled), which dominated small steps, while a
- * short spin does not compete with other work for long. Not here: how work
+ * short spin does not compete with other work for long. The spin outlasts
+ * the host steps between a decode step's products (50-90 us of small
+ * kernels before its attention): 2000 pauses (53 us on AMD Zen 4) let the
+ * worker fall asleep there and join the attention 25-40 us late. Not here: how work
  * is split into tasks (backend/cpu/cpu.c, blas.c). */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -36,7 +39,7 @@
 #include "util/trace.h"
 #include "util/util.h"
 
-#define SPIN_ITERS 2000
+#define SPIN_NS 200000 /* 0.2 ms */
 #define DECAY 0.95
 #define BALANCE_MIN_MS 2.0  /* a descheduled thread costs a time slice, 1 ms or more */
 #define BACKOFF_MIN_MS 20.0
@@ -93,6 +96,14 @@ static nb_pool *registry;
 
 static uint32_t gen_of(uint64_t claim) { return (uint32_t)(claim >> 32); }
 
+/* A spin's clock: true once SPIN_NS have passed since its first call
+ * (i == 0; the clock is read every 64th pause). */
+static bool spin_over(int64_t *end, int i) {
+  if (i & 63) return false;
+  int64_t now = nb_util__now_ns();
+  if (i == 0) *end = now + SPIN_NS;
+  return now >= *end;
+}
 /* Claims and runs tasks of the open region until none is left; returns how
  * many it ran. fn, arg and ntasks are read after the claim word (acquire)
  * and may already belong to the next region if it is being published
@@ -125,7 +136,8 @@ static int work(nb_pool *p) {
  * (when `spin`), then sleeps. Returns the new generation. */
 static uint32_t wait_work(nb_pool *p, uint32_t seen, bool spin) {
   uint32_t g = gen_of(atomic_load_explicit(&p->claim, memory_order_acquire));
-  for (int i = 0; spin && i < SPIN_ITERS && g == seen && !atomic_load(&p->stop); i++) {
+  int64_t end = 0;
+  for (int i = 0; spin && g == seen && !atomic_load(&p->stop) && !spin_over(&end, i); i++) {
     cpu_relax();
     g = gen_of(atomic_load_explicit(&p->claim, memory_order_acquire));
   }
@@ -289,7 +301,8 @@ void nb_cpu__pool_run(nb_pool *p, int ntasks, void (*fn)(void *arg, int task), v
   int own_tasks = work(p);
   double t1 = nb_util__now_ms();
   /* only tasks a worker claimed and is still running are left */
-  for (int i = 0; i < SPIN_ITERS && atomic_load_explicit(&p->done, memory_order_acquire) < (uint32_t)ntasks; i++) cpu_relax();
+  int64_t end = 0;
+  for (int i = 0; atomic_load_explicit(&p->done, memory_order_acquire) < (uint32_t)ntasks && !spin_over(&end, i); i++) cpu_relax();
   if (atomic_load_explicit(&p->done, memory_order_acquire) < (uint32_t)ntasks) {
     pthread_mutex_lock(&p->mu);
     while (atomic_load(&p->done) < (uint32_t)ntasks) pthread_cond_wait(&p->done_cv, &p->mu);
