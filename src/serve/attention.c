@@ -17,6 +17,7 @@
 
 #define Q_TILE 16 /* query rows per task: long prefills split across threads */
 #define LANES 8
+#define PREFETCH_ROWS 4 /* slot rows of keys asked for ahead of the one in use */
 
 /* ---------------------------------------------------------------- checks */
 
@@ -141,6 +142,13 @@ static void add_scaled(float *acc, const float *p, const float *const *v, int32_
   }
 }
 
+/* Asks for the n bytes at p ahead of their use, a cache line at a time: a
+ * task's piece of a slot row is too short for the hardware prefetchers to
+ * follow from row to row, and a decode's cache comes from memory. */
+static inline void prefetch_bytes(const float *p, int64_t n) {
+  for (int64_t o = 0; o < n; o += 64) __builtin_prefetch((const char *)p + o);
+}
+
 /* One query row, the query heads of kv heads [kvh0, kvh0 + nkv): out =
  * softmax(scale q.K[0..pos]) V per head. Each head's numbers are its own
  * chain: keys in position order, a block at a time (the block's maximum
@@ -157,12 +165,22 @@ static void attend_row(const nb_serve_attn *a, const int32_t *table, int32_t kvh
   float *m = scr, *l = m + nh, *acc = l + nh, *s = acc + (size_t)nh * hd; /* s: [nh][bs] */
   for (int32_t i = 0; i < nh; i++) m[i] = -INFINITY, l[i] = 0.0f;
   memset(acc, 0, sizeof(float) * (size_t)nh * (size_t)hd);
+  int64_t piece = (int64_t)nkv * hd * (int64_t)sizeof(float); /* bytes of a slot row this call reads */
+  const float *k_first = a->k_cache + ((int64_t)table[0] * bs) * row_stride + (int64_t)kvh0 * hd;
+  for (int32_t j = 0; j < PREFETCH_ROWS && j <= pos && j < bs; j++) prefetch_bytes(k_first + j * row_stride, piece);
   for (int32_t first = 0, b = 0; first <= pos; first += bs, b++) {
     int32_t n = pos - first + 1 < bs ? pos - first + 1 : bs;
     const float *kb = a->k_cache + ((int64_t)table[b] * bs) * row_stride + (int64_t)kvh0 * hd;
     const float *vb = a->v_cache + ((int64_t)table[b] * bs) * row_stride + (int64_t)kvh0 * hd;
-    for (int32_t j = 0; j < n; j++)
+    int32_t next_n = pos - first - bs + 1 < bs ? pos - first - bs + 1 : bs; /* rows of the next block */
+    const float *kn = next_n > 0 ? a->k_cache + ((int64_t)table[b + 1] * bs) * row_stride + (int64_t)kvh0 * hd : NULL;
+    for (int32_t j = 0; j < n; j++) {
+      /* keys PREFETCH_ROWS rows ahead (into the next block), this row's values */
+      if (j + PREFETCH_ROWS < n) prefetch_bytes(kb + (j + PREFETCH_ROWS) * row_stride, piece);
+      else if (kn && j + PREFETCH_ROWS - n < next_n) prefetch_bytes(kn + (j + PREFETCH_ROWS - n) * row_stride, piece);
+      prefetch_bytes(vb + j * row_stride, piece);
       for (int32_t i = 0; i < nh; i++) s[i * bs + j] = a->scale * dot(q + (int64_t)(h0 + i) * hd, kb + j * row_stride + (i / group) * hd, hd);
+    }
     for (int32_t i = 0; i < nh; i++) {
       float *si = s + i * bs, bm = -INFINITY;
       for (int32_t j = 0; j < n; j++) bm = si[j] > bm ? si[j] : bm;
