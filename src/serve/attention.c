@@ -77,8 +77,8 @@ static nb_status check_attn(nb_ctx *ctx, const nb_serve_attn *a) {
 
 /* A task is one sequence's tile of query rows for a run of its kv heads:
  * all of them unless there are too few tiles to give each thread
- * TASKS_PER_THREAD tasks (MIN_TASKS in all when the thread count is not
- * known). Runs as long as that allows: a lone decode at two threads is 4
+ * TASKS_PER_THREAD tasks (one thread: one task; MIN_TASKS in all when the
+ * thread count is not known). Runs as long as that allows: a lone decode at two threads is 4
  * tasks of 3 heads, not 12 of one head, each of which read 256 bytes of
  * every 3 KB slot row (61-129 us a Llama-134m layer against 50-67, AMD
  * Zen 4, in the traced decode step). */
@@ -252,7 +252,7 @@ nb_status nb_serve_paged_attention(nb_ctx *ctx, const nb_serve_attn *a, nb_serve
 
   int64_t tiles = 0;
   for (int32_t i = 0; i < a->num_seqs; i++) tiles += (a->query_start[i + 1] - a->query_start[i] + Q_TILE - 1) / Q_TILE;
-  int64_t want = a->threads > 0 ? (int64_t)a->threads * TASKS_PER_THREAD : MIN_TASKS;
+  int64_t want = a->threads == 1 ? 1 : a->threads > 0 ? (int64_t)a->threads * TASKS_PER_THREAD : MIN_TASKS;
   int32_t kvh = a->num_kv_heads, per = tiles >= want ? kvh : (int32_t)((kvh * tiles + want - 1) / want);
   per = per < 1 ? 1 : per;
   attn_job job = {.a = a, .heads_per_task = per, .chunks = (kvh + per - 1) / per};
