@@ -301,8 +301,7 @@ typedef void (*nb_serve_parallel_fn)(void *runner, int ntasks, void (*task)(void
  * (sequence, tile of 16 query rows, run of kv heads): all kv heads in one
  * task unless there are fewer tiles than twice a->threads (1 for one
  * thread, 16 when a->threads is 0), then runs short enough for about that
- * many tasks. The
- * cut changes no bits. */
+ * many tasks. The cut changes no bits. */
 nb_status nb_serve_paged_attention(nb_ctx *ctx, const nb_serve_attn *a, nb_serve_parallel_fn par, void *runner);
 
 /* The cache write of one layer: the keys and values of token t go to slot

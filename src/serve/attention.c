@@ -78,10 +78,10 @@ static nb_status check_attn(nb_ctx *ctx, const nb_serve_attn *a) {
 /* A task is one sequence's tile of query rows for a run of its kv heads:
  * all of them unless there are too few tiles to give each thread
  * TASKS_PER_THREAD tasks (one thread: one task; MIN_TASKS in all when the
- * thread count is not known). Runs as long as that allows: a lone decode at two threads is 4
- * tasks of 3 heads, not 12 of one head, each of which read 256 bytes of
- * every 3 KB slot row (61-129 us a Llama-134m layer against 50-67, AMD
- * Zen 4, in the traced decode step). */
+ * thread count is not known). Runs as long as that allows: a lone decode
+ * at two threads is 4 tasks of 3 heads, not 12 of one head, each of which
+ * read 256 bytes of every 3 KB slot row (at one thread 129 -> 50-58 us a
+ * Llama-134m layer, AMD Zen 4, in the traced decode step). */
 #define MIN_TASKS 16
 #define TASKS_PER_THREAD 2 /* more than one: a worker that starts late leaves its share to the others */
 

@@ -27,8 +27,8 @@
  * short spin does not compete with other work for long. The spin outlasts
  * the host steps between a decode step's products (50-90 us of small
  * kernels before its attention): 2000 pauses (53 us on AMD Zen 4) let the
- * worker fall asleep there and join the attention 25-40 us late. Not here: how work
- * is split into tasks (backend/cpu/cpu.c, blas.c). */
+ * worker fall asleep there and join the attention 25-40 us late. Not here:
+ * how work is split into tasks (backend/cpu/cpu.c, blas.c). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -104,6 +104,7 @@ static bool spin_over(int64_t *end, int i) {
   if (i == 0) *end = now + SPIN_NS;
   return now >= *end;
 }
+
 /* Claims and runs tasks of the open region until none is left; returns how
  * many it ran. fn, arg and ntasks are read after the claim word (acquire)
  * and may already belong to the next region if it is being published
