@@ -91,13 +91,17 @@ int main(void) {
   /* one row takes up to 65536 columns a pass (its C in L2): past that, and
    * k with a tail of its four rows per pass */
   for (int t = 0; t < 2; t++) one(1, 65600, 9, t, false);
-  /* one row times a transposed B (a decode step's output head: x @ W^T, W's
-   * rows contiguous, ldb = k, or wider): several blocks of 16 rows (with the
-   * next block's prefetch) and a ragged tail of rows, k a multiple of 8 or
-   * with a tail of columns */
-  static const int64_t head[][2] = {{649, 768}, {663, 45}, {48, 16}, {31, 773}};
-  for (size_t s = 0; s < sizeof head / sizeof head[0]; s++)
-    for (int t = 0; t < 2; t++) one_padded(1, head[s][0], head[s][1], t, true, 0), one(1, head[s][0], head[s][1], t, true);
+  /* a few rows times a transposed B (a decode step's output head, x @ W^T,
+   * or the serving engine's [out, in] weights: W's rows contiguous, ldb = k,
+   * or wider): several blocks of 16 (8) rows with the next block's prefetch
+   * and a ragged tail of rows, k a multiple of 8 or with a tail of columns;
+   * every count of rows of A up to past the AVX-512 and AVX2 limits (16, 8) */
+  static const int64_t head[][2] = {{649, 768}, {663, 45}, {48, 16}, {31, 773}, {7, 9}};
+  static const int64_t head_m[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 15, 16, 17};
+  for (size_t a = 0; a < sizeof head_m / sizeof head_m[0]; a++)
+    for (size_t s = 0; s < sizeof head / sizeof head[0]; s++)
+      for (int t = 0; t < 2; t++)
+        one_padded(head_m[a], head[s][0], head[s][1], t, true, 0), one(head_m[a], head[s][0], head[s][1], t, true);
   /* a batched decode step (one row per running sequence, 9..64 rows): ragged
    * row tails for every micro-kernel's MR, columns past one packed block
    * (NC = 1024) and ragged NR tails, k across packed slices (KC = 256), B's

@@ -431,20 +431,29 @@ static void gemv(nb_sgemm_isa isa, bool ta, int64_t m, int64_t n, int64_t k, con
   }
 }
 
-/* One row of A times B^T, B stored n x k (a tied output embedding, attention's
- * keys): element j is the chain over p of a[p] * B[j][p], B's row j read left
- * to right. The C kernel runs each chain as it is written; the vector ones
- * take 16 rows of B at a time and turn each block of 8 columns into 8
- * vectors of rows with register transposes (data movement only), so lane l
- * of a vector is element j + l's chain, in order of p: the same bits.
+/* A few rows of A times B^T, B stored n x k (a tied output embedding,
+ * attention's keys, the serving engine's weights kept as [out, in]):
+ * element (i, j) is the chain over p of a[i][p] * B[j][p], B's row j read
+ * left to right. The C kernel runs each chain as it is written; the vector
+ * ones take 16 rows of B at a time (8 for AVX2 with several rows of A) and
+ * turn each block of 8 columns into 8 vectors of rows with register
+ * transposes (data movement only), so lane l of a vector is element j + l's
+ * chain, in order of p: the same bits. A block's transposes serve every row
+ * of A (an accumulator each), so a batched decode step's few rows cost
+ * little more than one.
  *
- * A block's 16 rows are 16 streams of 32 bytes a step that the hardware
- * prefetchers follow poorly (gpt2's 50257 x 768 head ran at 0.65-0.75 of a
- * plain read of the same bytes), so while a block is summed its loop asks
- * for the next block's rows, a line per row every 16 columns, into L2: one
- * block ahead is the whole next block's bytes by the time it starts. The
- * AVX-512 kernel transposes 16 rows into 16-lane vectors with half the
- * shuffles of two 8 x 8 AVX2 transposes (bench/sgemm_head.c, bench/RESULTS.md). */
+ * Each thread reads its whole rows of B one after the other: one contiguous
+ * stream, which follows the memory's rate where a band of columns of an
+ * untransposed B does not (Zen 4, 2 threads, a Llama-134m step's 85
+ * products when the VM's memory read at 44 GB/s: 11.8 ms transposed, 15.9 ms
+ * in column bands; equal when it read at 30; bench/RESULTS.md, session 15).
+ * A block's 16 rows are still 16 streams of 32 bytes a step that the
+ * hardware prefetchers follow poorly (gpt2's 50257 x 768 head ran at
+ * 0.65-0.75 of a plain read of the same bytes), so while a block is summed
+ * its loop asks for the next block's rows, a line per row every 16 columns,
+ * into L2: one block ahead is the whole next block's bytes by the time it
+ * starts. The AVX-512 kernel transposes 16 rows into 16-lane vectors with
+ * half the shuffles of two 8 x 8 AVX2 transposes (bench/sgemm_head.c). */
 static void gemv_t_c(int64_t n, int64_t k, const float *a, int64_t inca, const float *B, int64_t ldb, float *c) {
   for (int64_t j = 0; j < n; j++) {
     float acc = 0.0f;
@@ -452,6 +461,9 @@ static void gemv_t_c(int64_t n, int64_t k, const float *a, int64_t inca, const f
     c[j] = acc;
   }
 }
+
+#define GEMV_T_ROWS 16     /* rows of B per block */
+#define GEMV_T_MAX_M 16    /* rows of A (AVX-512: an accumulator each beside the 8 transposed vectors) */
 
 #ifdef SGEMM_X86
 /* t[q] lane l = src[l*lds + q], for an 8 x 8 block */
@@ -476,20 +488,19 @@ __attribute__((target("avx2"))) static inline __m256 column8(const float *b, int
   return _mm256_set_ps(b[7 * ldb], b[6 * ldb], b[5 * ldb], b[4 * ldb], b[3 * ldb], b[2 * ldb], b[ldb], b[0]);
 }
 
-#define GEMV_T_ROWS 16 /* rows of B per block */
-
-/* Into L2, when on: the line at column p of each of the 16 rows at `next`
- * (every 16 columns). Always inlined: gcc 12 takes a function whose only
- * effect is a prefetch for one without effects and deletes its calls. */
-__attribute__((always_inline)) static inline void prefetch_block(bool on, const float *next, int64_t ldb, int64_t p) {
+/* Into L2, when on: the line at column p of each of the `rows` rows at
+ * `next` (every 16 columns). Always inlined: gcc 12 takes a function whose
+ * only effect is a prefetch for one without effects and deletes its calls. */
+__attribute__((always_inline)) static inline void prefetch_block(bool on, int rows, const float *next, int64_t ldb, int64_t p) {
   if (on && p % 16 == 0)
-    for (int r = 0; r < GEMV_T_ROWS; r++) _mm_prefetch((const char *)(next + r * ldb + p), _MM_HINT_T1);
+    for (int r = 0; r < rows; r++) _mm_prefetch((const char *)(next + r * ldb + p), _MM_HINT_T1);
 }
 
-/* Two blocks of 8 rows at a time: two independent chains hide the fma
- * latency that one chain of 8 dependent fmas per block would expose. */
-__attribute__((target("avx2,fma"))) static void gemv_t_avx2(int64_t n, int64_t k, const float *a, int64_t inca, const float *B,
-                                                            int64_t ldb, float *c) {
+/* One row of A, two blocks of 8 rows of B at a time: two independent chains
+ * hide the fma latency that one chain of 8 dependent fmas per block would
+ * expose. */
+__attribute__((target("avx2,fma"))) static void gemv_t1_avx2(int64_t n, int64_t k, const float *a, int64_t inca, const float *B,
+                                                             int64_t ldb, float *c) {
   int64_t j = 0;
   for (; j + GEMV_T_ROWS <= n; j += GEMV_T_ROWS) {
     const float *b0 = B + j * ldb, *b1 = b0 + 8 * ldb;
@@ -497,7 +508,7 @@ __attribute__((target("avx2,fma"))) static void gemv_t_avx2(int64_t n, int64_t k
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), t0[8], t1[8];
     int64_t p = 0;
     for (; p + 8 <= k; p += 8) {
-      prefetch_block(ahead, b0 + GEMV_T_ROWS * ldb, ldb, p);
+      prefetch_block(ahead, GEMV_T_ROWS, b0 + GEMV_T_ROWS * ldb, ldb, p);
       transpose8_regs(b0 + p, ldb, t0);
       transpose8_regs(b1 + p, ldb, t1);
 #pragma GCC unroll 8 /* t0 and t1 stay in registers (-O2 left this loop rolled, t0 and t1 on the stack) */
@@ -513,6 +524,54 @@ __attribute__((target("avx2,fma"))) static void gemv_t_avx2(int64_t n, int64_t k
     _mm256_storeu_ps(c + j, acc0), _mm256_storeu_ps(c + j + 8, acc1);
   }
   gemv_t_c(n - j, k, a, inca, B + j * ldb, ldb, c + j);
+}
+
+/* Rows i < m (a constant where inlined) of C at columns 0..7 from the 8 rows
+ * of B at b; `ahead`: ask for the 8 rows after them. */
+__attribute__((target("avx2,fma"), always_inline)) static inline void block8_t_avx2(int m, int64_t k, const float *A, int64_t ars,
+                                                                                  int64_t acs, const float *b, int64_t ldb,
+                                                                                  bool ahead, float *c, int64_t ldc) {
+  __m256 acc[8], t[8];
+#pragma GCC unroll 8
+  for (int i = 0; i < m; i++) acc[i] = _mm256_setzero_ps();
+  int64_t p = 0;
+  for (; p + 8 <= k; p += 8) {
+    prefetch_block(ahead, 8, b + 8 * ldb, ldb, p);
+    transpose8_regs(b + p, ldb, t);
+#pragma GCC unroll 8
+    for (int i = 0; i < m; i++)
+#pragma GCC unroll 8
+      for (int q = 0; q < 8; q++) acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(A[i * ars + (p + q) * acs]), t[q], acc[i]);
+  }
+  for (; p < k; p++) {
+    __m256 col = column8(b + p, ldb);
+#pragma GCC unroll 8
+    for (int i = 0; i < m; i++) acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(A[i * ars + p * acs]), col, acc[i]);
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < m; i++) _mm256_storeu_ps(c + i * ldc, acc[i]);
+}
+
+/* 2 <= m <= GEMV_T_MAX_M rows of A: 8 rows of B a block, transposed again
+ * for each group of up to 8 rows of A (an accumulator each beside the 8
+ * transposed vectors fill AVX2's 16 registers); the rows' own accumulators
+ * are the independent chains. */
+__attribute__((target("avx2,fma"))) static void gemv_t_avx2(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars,
+                                                            int64_t acs, const float *B, int64_t ldb, float *C, int64_t ldc) {
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int64_t i0 = 0; i0 < m; i0 += 8) {
+      const float *b = B + j * ldb, *a = A + i0 * ars;
+      bool ahead = i0 == 0 && j + 16 <= n;
+      float *c = C + i0 * ldc + j;
+      switch (min64(8, m - i0)) {
+#define CASE(M) \
+  case M: block8_t_avx2(M, k, a, ars, acs, b, ldb, ahead, c, ldc); break;
+        CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+#undef CASE
+      }
+    }
+  for (int64_t i = 0; i < m && j < n; i++) gemv_t_c(n - j, k, A + i * ars, acs, B + j * ldb, ldb, C + i * ldc + j);
 }
 
 /* lo's 8 floats in lanes 0-7, hi's in lanes 8-15 */
@@ -551,28 +610,78 @@ __attribute__((target("avx512f"))) static inline __m512 column16(const float *b,
                        b[7 * ldb], b[6 * ldb], b[5 * ldb], b[4 * ldb], b[3 * ldb], b[2 * ldb], b[ldb], b[0]);
 }
 
-/* One chain per block: a second block beside it (two chains) measured no
- * faster, from L2 or from memory. The last n % 16 rows go to the C kernel. */
-__attribute__((target("avx512f,fma"))) static void gemv_t_avx512(int64_t n, int64_t k, const float *a, int64_t inca,
-                                                                 const float *B, int64_t ldb, float *c) {
+/* Rows i < m (a constant where inlined) of C at columns 0..15 from the 16
+ * rows of B at b; `ahead`: ask for the 16 rows after them. With one row of
+ * A, one chain per block: a second block beside it (two chains) measured no
+ * faster, from L2 or from memory. */
+__attribute__((target("avx512f,fma"), always_inline)) static inline void block16_t_avx512(int m, int64_t k, const float *A,
+                                                                                        int64_t ars, int64_t acs, const float *b,
+                                                                                        int64_t ldb, bool ahead, float *c,
+                                                                                        int64_t ldc) {
+  __m512 acc[GEMV_T_MAX_M], t[8];
+#pragma GCC unroll 16
+  for (int i = 0; i < m; i++) acc[i] = _mm512_setzero_ps();
+  int64_t p = 0;
+  for (; p + 8 <= k; p += 8) {
+    prefetch_block(ahead, GEMV_T_ROWS, b + GEMV_T_ROWS * ldb, ldb, p);
+    transpose16x8_regs(b + p, ldb, t);
+#pragma GCC unroll 16
+    for (int i = 0; i < m; i++)
+#pragma GCC unroll 8
+      for (int q = 0; q < 8; q++) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(A[i * ars + (p + q) * acs]), t[q], acc[i]);
+  }
+  for (; p < k; p++) {
+    __m512 col = column16(b + p, ldb);
+#pragma GCC unroll 16
+    for (int i = 0; i < m; i++) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(A[i * ars + p * acs]), col, acc[i]);
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < m; i++) _mm512_storeu_ps(c + i * ldc, acc[i]);
+}
+
+/* 1 <= m <= GEMV_T_MAX_M rows of A; the last n % 16 rows of B go to the C kernel. */
+__attribute__((target("avx512f,fma"))) static void gemv_t_avx512(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars,
+                                                                 int64_t acs, const float *B, int64_t ldb, float *C,
+                                                                 int64_t ldc) {
   int64_t j = 0;
   for (; j + GEMV_T_ROWS <= n; j += GEMV_T_ROWS) {
     const float *b = B + j * ldb;
-    bool ahead = j + 2 * GEMV_T_ROWS <= n;
-    __m512 acc = _mm512_setzero_ps(), t[8];
-    int64_t p = 0;
-    for (; p + 8 <= k; p += 8) {
-      prefetch_block(ahead, b + GEMV_T_ROWS * ldb, ldb, p);
-      transpose16x8_regs(b + p, ldb, t);
-#pragma GCC unroll 8
-      for (int q = 0; q < 8; q++) acc = _mm512_fmadd_ps(_mm512_set1_ps(a[(p + q) * inca]), t[q], acc);
+    bool ahead = j + 2 * GEMV_T_ROWS <= n; /* a next block to ask for */
+    switch (m) {
+#define CASE(M) \
+  case M: block16_t_avx512(M, k, A, ars, acs, b, ldb, ahead, C + j, ldc); break;
+      CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+      CASE(9) CASE(10) CASE(11) CASE(12) CASE(13) CASE(14) CASE(15) CASE(16)
+#undef CASE
     }
-    for (; p < k; p++) acc = _mm512_fmadd_ps(_mm512_set1_ps(a[p * inca]), column16(b + p, ldb), acc);
-    _mm512_storeu_ps(c + j, acc);
   }
-  gemv_t_c(n - j, k, a, inca, B + j * ldb, ldb, c + j);
+  for (int64_t i = 0; i < m && j < n; i++) gemv_t_c(n - j, k, A + i * ars, acs, B + j * ldb, ldb, C + i * ldc + j);
 }
 #endif
+
+/* C = op(A) B^T for m <= GEMV_T_MAX_M, k >= 1; false when out of
+ * memory. Several rows of A are first copied p-major (ap[p*m + i]): every
+ * block of B reads all of A, and in that order it is one stream from L2
+ * instead of m (16 x 768 x 2048 ...). */
+static bool gemv_t(nb_sgemm_isa isa, bool ta, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *B,
+                   int64_t ldb, float *C, int64_t ldc) {
+  int64_t ars = ta ? 1 : lda, acs = ta ? lda : 1;
+#ifdef SGEMM_X86
+  if (isa == NB_SGEMM_AVX2 && m == 1) return gemv_t1_avx2(n, k, A, acs, B, ldb, C), true;
+  if (isa != NB_SGEMM_C && m > 1) {
+    float *ap = scratch((size_t)(m * k));
+    if (!ap) return false;
+    for (int64_t p = 0; p < k; p++)
+      for (int64_t i = 0; i < m; i++) ap[p * m + i] = A[i * ars + p * acs];
+    A = ap, ars = 1, acs = m;
+  }
+  if (isa == NB_SGEMM_AVX512) return gemv_t_avx512(m, n, k, A, ars, acs, B, ldb, C, ldc), true;
+  if (isa == NB_SGEMM_AVX2) return gemv_t_avx2(m, n, k, A, ars, acs, B, ldb, C, ldc), true;
+#endif
+  (void)isa;
+  for (int64_t i = 0; i < m; i++) gemv_t_c(n, k, A + i * ars, acs, B, ldb, C + i * ldc);
+  return true;
+}
 
 /* ---------------------------------------------------------------- driver */
 
@@ -589,16 +698,7 @@ bool nb_cpu__sgemm_on(nb_sgemm_isa isa, bool ta, bool tb, int64_t m, int64_t n, 
     gemv(isa, ta, m, n, k, A, lda, B, ldb, C, ldc);
     return true;
   }
-  if (m == 1 && tb) {
-    int64_t inca = ta ? lda : 1;
-#ifdef SGEMM_X86
-    if (isa == NB_SGEMM_AVX512) gemv_t_avx512(n, k, A, inca, B, ldb, C);
-    else if (isa == NB_SGEMM_AVX2) gemv_t_avx2(n, k, A, inca, B, ldb, C);
-    else
-#endif
-      gemv_t_c(n, k, A, inca, B, ldb, C);
-    return true;
-  }
+  if (tb && m <= GEMV_T_MAX_M) return gemv_t(isa, ta, m, n, k, A, lda, B, ldb, C, ldc);
   int mr = kr.mr, nr = kr.nr;
   bool avx2 = isa != NB_SGEMM_C; /* the packing's transposes (data movement only) */
   int64_t mc = MC / mr * mr, nc = NC / nr * nr, kc_max = min64(k, KC);
