@@ -17,26 +17,21 @@ enum { MAX_REQ = 8, MAX_GEN = 16 };
 
 typedef struct run_result {
   int32_t out[MAX_REQ][MAX_GEN];
+  float logprob[MAX_REQ][MAX_GEN];
   int32_t n_out[MAX_REQ];
   int64_t preemptions, steps;
   int executables;
 } run_result;
 
-/* Serves prompts[i] (lengths lens[i]) for max_tokens each through an engine
- * and the model step; every request added up front. */
-static void serve_all(nb_ctx *ctx, const nb_model_config *cfg, const nb_tree *params, const nb_serve_config *ec, int nreq,
-                      int32_t (*prompts)[64], const int32_t *lens, int32_t max_tokens, bool interpret, run_result *r) {
+/* Serves prompts[i] (lengths lens[i]) for max_tokens each through engine e
+ * and model m; every request added up front. */
+static void serve_on(nb_ctx *ctx, nb_serve_engine *e, nb_serve_model *m, int nreq, int32_t (*prompts)[64], const int32_t *lens,
+                     int32_t max_tokens, run_result *r) {
   memset(r, 0, sizeof *r);
-  nb_serve_engine *e = nb_serve_engine_create(ctx, ec);
-  CHECK_MSG(e != NULL, "%s", nb_ctx_error(ctx));
-  if (!e) return;
-  nb_serve_model_opts mo = {.interpret = interpret, .threads = 1};
-  nb_serve_model *m = nb_serve_model_create(ctx, cfg, params, nb_serve_engine_config(e), &mo);
-  CHECK_MSG(m != NULL, "%s", nb_ctx_error(ctx));
-  for (int i = 0; m && i < nreq; i++)
+  for (int i = 0; i < nreq; i++)
     CHECK_OK(ctx, nb_serve_add_request(e, &(nb_serve_request){.id = i, .prompt = prompts[i], .prompt_len = lens[i],
                                                                .max_tokens = max_tokens}));
-  for (int guard = 0; m && nb_serve_has_unfinished(e) && guard < 10000; guard++) {
+  for (int guard = 0; nb_serve_has_unfinished(e) && guard < 10000; guard++) {
     const nb_serve_batch *b;
     CHECK_OK(ctx, nb_serve_schedule(e, &b));
     nb_serve_sample_out so[64];
@@ -46,6 +41,7 @@ static void serve_all(nb_ctx *ctx, const nb_model_config *cfg, const nb_tree *pa
     if (s) break;
     for (int32_t i = 0; i < nso; i++) {
       int64_t id = so[i].request_id;
+      r->logprob[id][r->n_out[id]] = so[i].logprob;
       r->out[id][r->n_out[id]++] = so[i].token;
       CHECK_OK(ctx, nb_serve_append_token(e, id, so[i].sample_index, so[i].token, NULL));
     }
@@ -55,6 +51,17 @@ static void serve_all(nb_ctx *ctx, const nb_model_config *cfg, const nb_tree *pa
   r->preemptions = st.num_preemptions;
   r->steps = st.num_steps;
   r->executables = nb_serve_model_num_executables(m);
+}
+
+/* serve_on with an engine and a model of their own (options mo) */
+static void serve_all(nb_ctx *ctx, const nb_model_config *cfg, const nb_tree *params, const nb_serve_config *ec, int nreq,
+                      int32_t (*prompts)[64], const int32_t *lens, int32_t max_tokens, nb_serve_model_opts mo, run_result *r) {
+  memset(r, 0, sizeof *r);
+  nb_serve_engine *e = nb_serve_engine_create(ctx, ec);
+  CHECK_MSG(e != NULL, "%s", nb_ctx_error(ctx));
+  nb_serve_model *m = e ? nb_serve_model_create(ctx, cfg, params, nb_serve_engine_config(e), &mo) : NULL;
+  CHECK_MSG(m != NULL, "%s", nb_ctx_error(ctx));
+  if (m) serve_on(ctx, e, m, nreq, prompts, lens, max_tokens, r);
   nb_serve_model_destroy(m);
   nb_serve_engine_destroy(e);
 }
@@ -83,7 +90,7 @@ static void test_matches_generator(nb_ctx *ctx, const char *preset, bool interpr
   run_result r;
   nb_model_config served = cfg;
   if (capacity > 0) served.capacity_factor = capacity;
-  serve_all(ctx, &served, params, &ec, NREQ, prompts, lens, GEN, interpret, &r);
+  serve_all(ctx, &served, params, &ec, NREQ, prompts, lens, GEN, (nb_serve_model_opts){.interpret = interpret, .threads = 1}, &r);
   CHECK_MSG(r.preemptions > 0, "%s: no preemption: the test lost its point", preset);
 
   nb_model_gen_opts go = {.interpret = interpret, .threads = 1};
@@ -180,10 +187,60 @@ static void test_one_decode_bucket(nb_ctx *ctx) {
   nb_serve_config ec = {.block_size = 2, .num_blocks = 40, .max_num_seqs = 4, .max_num_batched_tokens = 16,
                         .max_model_len = 64};
   run_result r;
-  serve_all(ctx, &cfg, params, &ec, 1, prompts, lens, MAX_GEN, true, &r);
+  serve_all(ctx, &cfg, params, &ec, 1, prompts, lens, MAX_GEN, (nb_serve_model_opts){.interpret = true, .threads = 1}, &r);
   CHECK(r.n_out[0] == MAX_GEN);
   CHECK_MSG(r.executables == 2, "a lone decode over a growing context built %d executables, want 2 (prompt, decode)", r.executables);
   nb_tree_destroy(params);
+}
+
+/* opts.transpose_kernels: every request's tokens and logprobs bit-identical
+ * to the plain layout's, compiled at two threads, with steps of 1 token (a
+ * lone decode), 8, 16 and 32 (the few-rows paths of either layout and the
+ * blocked one), for a dense model with biases and tied embeddings (gpt2), one
+ * without (llama) and an MoE (its router transposed, its stacked experts
+ * not); then set_params on a transposed model takes [in, out] kernels. */
+static void test_transposed_kernels(nb_ctx *ctx, const char *preset) {
+  nb_model_config cfg;
+  CHECK_OK(ctx, nb_model_config_preset(ctx, preset, &cfg));
+  nb_array *key = nb_key(ctx, 7), *key2 = nb_key(ctx, 8);
+  nb_tree *params = nb_model_init(ctx, &cfg, key), *other = nb_model_init(ctx, &cfg, key2);
+  nb_array_release(key), nb_array_release(key2);
+  CHECK(params && other);
+  enum { NREQ = 6, GEN = 12 };
+  static const int32_t lens[NREQ] = {5, 23, 2, 37, 11, 17};
+  int32_t prompts[NREQ][64];
+  uint32_t x = 777;
+  for (int i = 0; i < NREQ; i++)
+    for (int j = 0; j < lens[i]; j++) prompts[i][j] = (int32_t)((x = x * 1664525u + 1013904223u) >> 8) % (int32_t)cfg.vocab_size;
+  nb_serve_config ec = {.block_size = 4, .num_blocks = 128, .max_num_seqs = NREQ, .max_num_batched_tokens = 32, .max_model_len = 64};
+  static run_result plain, held_t;
+  for (int nreq = 1; nreq <= NREQ; nreq += NREQ - 1) {
+    serve_all(ctx, &cfg, params, &ec, nreq, prompts, lens, GEN, (nb_serve_model_opts){.threads = 2}, &plain);
+    serve_all(ctx, &cfg, params, &ec, nreq, prompts, lens, GEN, (nb_serve_model_opts){.threads = 2, .transpose_kernels = true},
+              &held_t);
+    for (int i = 0; i < nreq; i++) {
+      CHECK_MSG(plain.n_out[i] == GEN && held_t.n_out[i] == GEN, "%s: request %d made %d and %d tokens", preset, i, plain.n_out[i],
+                held_t.n_out[i]);
+      CHECK_MSG(!memcmp(plain.out[i], held_t.out[i], sizeof plain.out[i]) && !memcmp(plain.logprob[i], held_t.logprob[i], sizeof plain.logprob[i]),
+                "%s (%d requests): request %d's tokens or logprobs differ with the kernels transposed", preset, nreq, i);
+    }
+  }
+  /* a transposed model swapped to `params` from `other` serves as a fresh plain one */
+  nb_serve_engine *e = nb_serve_engine_create(ctx, &ec);
+  nb_serve_model *m = e ? nb_serve_model_create(ctx, &cfg, other, nb_serve_engine_config(e),
+                                                &(nb_serve_model_opts){.threads = 2, .transpose_kernels = true})
+                        : NULL;
+  CHECK_MSG(m && nb_serve_model_kernels_transposed(m), "%s: transpose_kernels did not take", preset);
+  if (m) {
+    CHECK_OK(ctx, nb_serve_model_set_params(m, params));
+    serve_on(ctx, e, m, NREQ, prompts, lens, GEN, &held_t);
+    for (int i = 0; i < NREQ; i++)
+      CHECK_MSG(!memcmp(plain.out[i], held_t.out[i], sizeof plain.out[i]) && !memcmp(plain.logprob[i], held_t.logprob[i], sizeof plain.logprob[i]),
+                "%s: after set_params, request %d differs from a fresh model's", preset, i);
+  }
+  nb_serve_model_destroy(m);
+  nb_serve_engine_destroy(e);
+  nb_tree_destroy(params), nb_tree_destroy(other);
 }
 
 /* The cache write op alone, compiled with the caches donated or not, and
@@ -262,6 +319,9 @@ int main(void) {
   test_matches_generator(ctx, "llama-tiny", false, 0);
   test_bounded_buckets(ctx);
   test_one_decode_bucket(ctx);
+  test_transposed_kernels(ctx, "llama-tiny");
+  test_transposed_kernels(ctx, "gpt2-tiny");
+  test_transposed_kernels(ctx, "mixtral-tiny");
   CHECK(nb_ctx_bytes_in_use(ctx) == base);
   nb_ctx_destroy(ctx);
   return nb_test_summary("serve/step");

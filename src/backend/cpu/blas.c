@@ -304,13 +304,14 @@ static int64_t tile_side(int64_t side, int64_t tiles) {
 /* Sets j's tiling from the product's shape (see above). An f32 product's
  * elements do not depend on its tiles (sgemm.h), so it is cut only as far as
  * the threads need: whole at one thread (each tile packs its operands again).
- * A few rows times an untransposed B, a streaming read of B, is cut into one
- * band of columns per thread: every band reads a piece of each row of B, and
+ * A few rows times B, a streaming read of B, is cut into one band per
+ * thread: with B untransposed every band reads a piece of each row of B, and
  * the longer the pieces, the closer to a plain read (Zen 4, 2 threads, 768-
  * and 2048-wide B: 4 bands a thread 0.71-0.83 of a plain read, 1 band
- * 0.89-1.00; bench/RESULTS.md, session 13). */
+ * 0.89-1.00; bench/RESULTS.md, session 13); with B transposed a band is
+ * whole rows, one contiguous stream a thread. */
 static void plan_tiles(const nb_dot_plan *p, gemm_job *j, int threads) {
-  bool stream = p->m <= NB_SGEMM_FEW_ROWS && !j->tb;
+  bool stream = p->m <= NB_SGEMM_FEW_ROWS;
   int64_t per_thread = stream ? 1 : TASKS_PER_THREAD;
   int64_t tm = 1, tn = 1, target = p->ct == NB_F32 ? (threads > 1 ? per_thread * threads : 1) : TARGET_TASKS;
   while (p->batch * tm * tn < target) {
