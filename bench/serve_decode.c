@@ -8,8 +8,11 @@
  * bandwidth measured here (bench_util.h) with the same thread count.
  *
  *   ./build/bench_serve_decode (--hf DIR | --run-dir DIR | --preset NAME) [--prompt N] [--tokens M] [--reps R] [--threads T]
- *                              [--block B] [--ids]
+ *                              [--block B] [--seqs S] [--ids] [--plain-kernels]
  *
+ * The model keeps its kernels transposed, [out, in], as `nabla serve` and
+ * `nabla generate` do (nb_serve_model_opts.transpose_kernels);
+ * --plain-kernels runs them as [in, out] instead (the same bits).
  * The prompt is ids (i * 7919 + 13) % vocab unless --prompt-ids a,b,c.
  * --ids prints the greedy ids of the last run. Medians of R runs after one
  * warm-up run (which compiles the step buckets). Prints a line
@@ -71,7 +74,7 @@ int main(int argc, char **argv) {
   const char *hf = NULL, *run_dir = NULL, *preset = NULL, *ids = NULL;
   int32_t P = 8, M = 128, block = 16, S = 1;
   int reps = 5, threads = 0;
-  bool print_ids = false;
+  bool print_ids = false, plain_kernels = false;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--hf") && i + 1 < argc) hf = argv[++i];
     else if (!strcmp(argv[i], "--run-dir") && i + 1 < argc) run_dir = argv[++i];
@@ -84,6 +87,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--block") && i + 1 < argc) block = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--seqs") && i + 1 < argc) S = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--ids")) print_ids = true;
+    else if (!strcmp(argv[i], "--plain-kernels")) plain_kernels = true;
     else return fprintf(stderr, "unknown argument '%s'\n", argv[i]), 2;
   }
   if (!!hf + !!run_dir + !!preset != 1) return fprintf(stderr, "give exactly one of --hf DIR, --run-dir DIR, --preset NAME\n"), 2;
@@ -118,7 +122,7 @@ int main(int argc, char **argv) {
                         .max_num_batched_tokens = budget, .max_model_len = P + M,
                         .kv = {.num_layers = cfg.n_layers, .num_kv_heads = cfg.n_kv_heads, .head_dim = hd, .dtype_size = 4}};
   nb_serve_engine *e = nb_serve_engine_create(ctx, &ec);
-  nb_serve_model_opts mo = {.threads = threads};
+  nb_serve_model_opts mo = {.threads = threads, .transpose_kernels = !plain_kernels};
   nb_serve_model *m = e ? nb_serve_model_create(ctx, &cfg, params, nb_serve_engine_config(e), &mo) : NULL;
   if (!m) return fprintf(stderr, "%s\n", nb_ctx_error(ctx)), 1;
   run_times t;

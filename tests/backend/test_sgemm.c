@@ -95,9 +95,11 @@ int main(void) {
    * or the serving engine's [out, in] weights: W's rows contiguous, ldb = k,
    * or wider): several blocks of 16 (8) rows with the next block's prefetch
    * and a ragged tail of rows, k a multiple of 8 or with a tail of columns;
-   * every count of rows of A up to past the AVX-512 and AVX2 limits (16, 8) */
-  static const int64_t head[][2] = {{649, 768}, {663, 45}, {48, 16}, {31, 773}, {7, 9}};
-  static const int64_t head_m[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 15, 16, 17};
+   * counts of rows of A around the group sizes (8 on AVX2, 16 on AVX-512)
+   * and the limits (16; 64 on AVX-512 with k <= 1024: k = 1100 goes to the
+   * blocked path past 16 rows) */
+  static const int64_t head[][2] = {{649, 768}, {663, 45}, {48, 16}, {31, 773}, {7, 9}, {40, 1100}};
+  static const int64_t head_m[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 15, 16, 17, 31, 33, 64, 65};
   for (size_t a = 0; a < sizeof head_m / sizeof head_m[0]; a++)
     for (size_t s = 0; s < sizeof head / sizeof head[0]; s++)
       for (int t = 0; t < 2; t++)

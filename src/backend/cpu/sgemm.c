@@ -438,9 +438,10 @@ static void gemv(nb_sgemm_isa isa, bool ta, int64_t m, int64_t n, int64_t k, con
  * ones take 16 rows of B at a time (8 for AVX2 with several rows of A) and
  * turn each block of 8 columns into 8 vectors of rows with register
  * transposes (data movement only), so lane l of a vector is element j + l's
- * chain, in order of p: the same bits. A block's transposes serve every row
- * of A (an accumulator each), so a batched decode step's few rows cost
- * little more than one.
+ * chain, in order of p: the same bits. A block's transposes serve a group
+ * of rows of A (an accumulator each: 16 on AVX-512, 8 on AVX2), so a
+ * batched decode step's few rows cost little more than one, and rows of A
+ * are copied p-major first so that each group's reads are one stream.
  *
  * Each thread reads its whole rows of B one after the other: one contiguous
  * stream, which follows the memory's rate where a band of columns of an
@@ -463,7 +464,9 @@ static void gemv_t_c(int64_t n, int64_t k, const float *a, int64_t inca, const f
 }
 
 #define GEMV_T_ROWS 16     /* rows of B per block */
-#define GEMV_T_MAX_M 16    /* rows of A (AVX-512: an accumulator each beside the 8 transposed vectors) */
+#define GEMV_T_GROUP 16    /* rows of A per pass over a block (AVX-512: an accumulator each beside the 8 transposed vectors); the most on AVX2 */
+#define GEMV_T_MAX_M 64    /* rows of A on AVX-512 when k <= GEMV_T_MAX_K */
+#define GEMV_T_MAX_K 1024
 
 #ifdef SGEMM_X86
 /* t[q] lane l = src[l*lds + q], for an 8 x 8 block */
@@ -552,7 +555,7 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void block8_t_a
   for (int i = 0; i < m; i++) _mm256_storeu_ps(c + i * ldc, acc[i]);
 }
 
-/* 2 <= m <= GEMV_T_MAX_M rows of A: 8 rows of B a block, transposed again
+/* 2 <= m <= GEMV_T_GROUP rows of A: 8 rows of B a block, transposed again
  * for each group of up to 8 rows of A (an accumulator each beside the 8
  * transposed vectors fill AVX2's 16 registers); the rows' own accumulators
  * are the independent chains. */
@@ -618,7 +621,7 @@ __attribute__((target("avx512f,fma"), always_inline)) static inline void block16
                                                                                         int64_t ars, int64_t acs, const float *b,
                                                                                         int64_t ldb, bool ahead, float *c,
                                                                                         int64_t ldc) {
-  __m512 acc[GEMV_T_MAX_M], t[8];
+  __m512 acc[GEMV_T_GROUP], t[8];
 #pragma GCC unroll 16
   for (int i = 0; i < m; i++) acc[i] = _mm512_setzero_ps();
   int64_t p = 0;
@@ -639,27 +642,31 @@ __attribute__((target("avx512f,fma"), always_inline)) static inline void block16
   for (int i = 0; i < m; i++) _mm512_storeu_ps(c + i * ldc, acc[i]);
 }
 
-/* 1 <= m <= GEMV_T_MAX_M rows of A; the last n % 16 rows of B go to the C kernel. */
+/* 1 <= m <= GEMV_T_MAX_M rows of A, GEMV_T_GROUP at a time per block of B
+ * (transposed again for each group, from L1 or L2); the last n % 16 rows of
+ * B go to the C kernel. */
 __attribute__((target("avx512f,fma"))) static void gemv_t_avx512(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars,
                                                                  int64_t acs, const float *B, int64_t ldb, float *C,
                                                                  int64_t ldc) {
   int64_t j = 0;
-  for (; j + GEMV_T_ROWS <= n; j += GEMV_T_ROWS) {
-    const float *b = B + j * ldb;
-    bool ahead = j + 2 * GEMV_T_ROWS <= n; /* a next block to ask for */
-    switch (m) {
+  for (; j + GEMV_T_ROWS <= n; j += GEMV_T_ROWS)
+    for (int64_t i0 = 0; i0 < m; i0 += GEMV_T_GROUP) {
+      const float *b = B + j * ldb, *a = A + i0 * ars;
+      bool ahead = i0 == 0 && j + 2 * GEMV_T_ROWS <= n; /* a next block to ask for */
+      float *c = C + i0 * ldc + j;
+      switch (min64(GEMV_T_GROUP, m - i0)) {
 #define CASE(M) \
-  case M: block16_t_avx512(M, k, A, ars, acs, b, ldb, ahead, C + j, ldc); break;
-      CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
-      CASE(9) CASE(10) CASE(11) CASE(12) CASE(13) CASE(14) CASE(15) CASE(16)
+  case M: block16_t_avx512(M, k, a, ars, acs, b, ldb, ahead, c, ldc); break;
+        CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+        CASE(9) CASE(10) CASE(11) CASE(12) CASE(13) CASE(14) CASE(15) CASE(16)
 #undef CASE
+      }
     }
-  }
   for (int64_t i = 0; i < m && j < n; i++) gemv_t_c(n - j, k, A + i * ars, acs, B + j * ldb, ldb, C + i * ldc + j);
 }
 #endif
 
-/* C = op(A) B^T for m <= GEMV_T_MAX_M, k >= 1; false when out of
+/* C = op(A) B^T for m <= GEMV_T_MAX_M (GEMV_T_GROUP below AVX-512), k >= 1; false when out of
  * memory. Several rows of A are first copied p-major (ap[p*m + i]): every
  * block of B reads all of A, and in that order it is one stream from L2
  * instead of m (16 x 768 x 2048 ...). */
@@ -698,7 +705,12 @@ bool nb_cpu__sgemm_on(nb_sgemm_isa isa, bool ta, bool tb, int64_t m, int64_t n, 
     gemv(isa, ta, m, n, k, A, lda, B, ldb, C, ldc);
     return true;
   }
-  if (tb && m <= GEMV_T_MAX_M) return gemv_t(isa, ta, m, n, k, A, lda, B, ldb, C, ldc);
+  /* Past a group of rows the blocked path (B packed) wins with long rows of B, where a block's A and B
+   * outgrow L1 (AVX-512, 64 x 2048 x 768: 65 GFLOP/s here, 85 blocked), and on AVX2, whose groups are
+   * 8 rows (64 x 768 x 2048: 53 here, 75 blocked); AVX-512 with short rows is faster here (91 against
+   * 79 blocked; Zen 4, session 15). */
+  if (tb && (m <= GEMV_T_GROUP || (isa == NB_SGEMM_AVX512 && m <= GEMV_T_MAX_M && k <= GEMV_T_MAX_K)))
+    return gemv_t(isa, ta, m, n, k, A, lda, B, ldb, C, ldc);
   int mr = kr.mr, nr = kr.nr;
   bool avx2 = isa != NB_SGEMM_C; /* the packing's transposes (data movement only) */
   int64_t mc = MC / mr * mr, nc = NC / nr * nr, kc_max = min64(k, KC);
