@@ -255,7 +255,8 @@ static nb_status transpose_kernels(nb_serve_model *m) {
     char p[NB_NN_PATH_MAX];
     const nb_array *a = nb_tree_leaf(m->params, i)->array;
     if (!a || !is_kernel_2d(nb_tree_path(m->params, i), a)) continue;
-    snprintf(p, sizeof p, "%s", nb_tree_path(m->params, i)); /* the tree's own string may move when it is modified */
+    if (snprintf(p, sizeof p, "%s", nb_tree_path(m->params, i)) >= (int)sizeof p) /* the tree's own string may move */
+      return nb_errorf(m->ctx, NB_ERR_INVALID_ARG, "serve model: parameter path '%s' is too long", nb_tree_path(m->params, i));
     nb_array *t = transposed(m->ctx, a);
     nb_status s = t ? nb_tree_set_array(m->params, p, t) : nb_ctx_status(m->ctx) ? nb_ctx_status(m->ctx) : NB_ERR_NOMEM;
     nb_array_release(t);
@@ -364,7 +365,8 @@ nb_status nb_serve_model_set_params(nb_serve_model *m, const nb_tree *params) {
   /* same paths, so each keeps its position: the buckets' input indices stay right */
   for (size_t i = 0; i < nb_tree_size(m->params); i++) {
     char p[NB_NN_PATH_MAX];
-    snprintf(p, sizeof p, "%s", nb_tree_path(m->params, i));
+    if (snprintf(p, sizeof p, "%s", nb_tree_path(m->params, i)) >= (int)sizeof p) /* the tree's own string may move */
+      return nb_errorf(ctx, NB_ERR_INVALID_ARG, "serve model: set_params: path '%s' is too long", nb_tree_path(m->params, i));
     nb_array *a = nb_tree_get_array(params, p), *t = NULL;
     if (m->kernels_t && is_kernel_2d(p, a) && !(t = transposed(ctx, a))) return nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_NOMEM;
     nb_status s = nb_tree_set_array(m->params, p, t ? t : a);
