@@ -96,8 +96,8 @@ int main(void) {
    * or wider): several blocks of 16 (8) rows with the next block's prefetch
    * and a ragged tail of rows, k a multiple of 8 or with a tail of columns;
    * counts of rows of A around the group sizes (8 on AVX2, 16 on AVX-512)
-   * and the limits (16; 64 on AVX-512 with k <= 1024: k = 1100 goes to the
-   * blocked path past 16 rows) */
+   * and the limits (16; 64 on AVX-512 with k <= 1024 and B of 1 MB or more:
+   * 649 x 768 does, the others go to the blocked path past 16 rows) */
   static const int64_t head[][2] = {{649, 768}, {663, 45}, {48, 16}, {31, 773}, {7, 9}, {40, 1100}};
   static const int64_t head_m[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 15, 16, 17, 31, 33, 64, 65};
   for (size_t a = 0; a < sizeof head_m / sizeof head_m[0]; a++)

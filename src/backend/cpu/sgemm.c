@@ -467,6 +467,7 @@ static void gemv_t_c(int64_t n, int64_t k, const float *a, int64_t inca, const f
 #define GEMV_T_GROUP 16    /* rows of A per pass over a block (AVX-512: an accumulator each beside the 8 transposed vectors); the most on AVX2 */
 #define GEMV_T_MAX_M 64    /* rows of A on AVX-512 when k <= GEMV_T_MAX_K */
 #define GEMV_T_MAX_K 1024
+#define GEMV_T_MIN_B (1 << 18) /* floats of B (1 MB) for more than GEMV_T_GROUP rows */
 
 #ifdef SGEMM_X86
 /* t[q] lane l = src[l*lds + q], for an 8 x 8 block */
@@ -708,8 +709,10 @@ bool nb_cpu__sgemm_on(nb_sgemm_isa isa, bool ta, bool tb, int64_t m, int64_t n, 
   /* Past a group of rows the blocked path (B packed) wins with long rows of B, where a block's A and B
    * outgrow L1 (AVX-512, 64 x 2048 x 768: 65 GFLOP/s here, 85 blocked), and on AVX2, whose groups are
    * 8 rows (64 x 768 x 2048: 53 here, 75 blocked); AVX-512 with short rows is faster here (91 against
-   * 79 blocked; Zen 4, session 15). */
-  if (tb && (m <= GEMV_T_GROUP || (isa == NB_SGEMM_AVX512 && m <= GEMV_T_MAX_M && k <= GEMV_T_MAX_K)))
+   * 79 blocked; Zen 4, session 15) when B is a weight streamed from memory: a small B (attention's
+   * 64 x 32 x 64 scores of a training step) is cheaper blocked (the gpt2-tiny B=4 T=64 step 4% slower). */
+  if (tb && (m <= GEMV_T_GROUP ||
+             (isa == NB_SGEMM_AVX512 && m <= GEMV_T_MAX_M && k <= GEMV_T_MAX_K && n * k >= GEMV_T_MIN_B)))
     return gemv_t(isa, ta, m, n, k, A, lda, B, ldb, C, ldc);
   int mr = kr.mr, nr = kr.nr;
   bool avx2 = isa != NB_SGEMM_C; /* the packing's transposes (data movement only) */
