@@ -104,6 +104,8 @@ int main(void) {
     for (size_t s = 0; s < sizeof head / sizeof head[0]; s++)
       for (int t = 0; t < 2; t++)
         one_padded(head_m[a], head[s][0], head[s][1], t, true, 0), one(head_m[a], head[s][0], head[s][1], t, true);
+  /* an A too long to copy p-major (m * k > 2^20 floats) is read in place */
+  for (int t = 0; t < 2; t++) one(16, 20, 70000, t, true);
   /* a batched decode step (one row per running sequence, 9..64 rows): ragged
    * row tails for every micro-kernel's MR, columns past one packed block
    * (NC = 1024) and ragged NR tails, k across packed slices (KC = 256), B's

@@ -468,6 +468,7 @@ static void gemv_t_c(int64_t n, int64_t k, const float *a, int64_t inca, const f
 #define GEMV_T_MAX_M 64    /* rows of A on AVX-512 when k <= GEMV_T_MAX_K */
 #define GEMV_T_MAX_K 1024
 #define GEMV_T_MIN_B (1 << 18) /* floats of B (1 MB) for more than GEMV_T_GROUP rows */
+#define GEMV_T_PACK_MAX (1 << 20) /* floats of A copied p-major (4 MB); a longer A is read in place */
 
 #ifdef SGEMM_X86
 /* t[q] lane l = src[l*lds + q], for an 8 x 8 block */
@@ -676,7 +677,7 @@ static bool gemv_t(nb_sgemm_isa isa, bool ta, int64_t m, int64_t n, int64_t k, c
   int64_t ars = ta ? 1 : lda, acs = ta ? lda : 1;
 #ifdef SGEMM_X86
   if (isa == NB_SGEMM_AVX2 && m == 1) return gemv_t1_avx2(n, k, A, acs, B, ldb, C), true;
-  if (isa != NB_SGEMM_C && m > 1) {
+  if (isa != NB_SGEMM_C && m > 1 && m * k <= GEMV_T_PACK_MAX) { /* the thread keeps its scratch: bounded */
     float *ap = scratch((size_t)(m * k));
     if (!ap) return false;
     for (int64_t p = 0; p < k; p++)
