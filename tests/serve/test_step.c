@@ -6,7 +6,9 @@
  * over a long random run, a lone decode keeps one bucket as its context
  * grows, and compile time accrues only in the steps that
  * build one; bad input is refused by name; the cache write
- * updates donated caches in place, without copying them. */
+ * updates donated caches in place, without copying them; kernels held
+ * transposed (transpose_kernels) give the same tokens and logprobs, bit for
+ * bit. */
 #include <string.h>
 
 #include "nabla/compile.h"
