@@ -163,6 +163,9 @@ nb_val *nb_nn_linear(nb_nn_apply *a, const char *path, nb_val *x);
 nb_val *nb_nn_linear_stacked(nb_nn_apply *a, const char *path, nb_val *x);
 /* The plain projection x @ kernel (+ bias), no hook. */
 nb_val *nb_nn_linear_default(nb_nn_apply *a, const char *path, nb_val *x, bool stacked);
+/* The same with the (unstacked) kernel held transposed, [d_out, d_in]:
+ * x @ kernel^T (+ bias), the same bits (the serving engine's layout). */
+nb_val *nb_nn_linear_held_t(nb_nn_apply *a, const char *path, nb_val *x);
 
 nb_status nb_nn_embed_init(nb_nn_init *in, const char *path, int64_t vocab, int64_t d, double std);
 /* ids (integer) [...] -> [..., d]. */

@@ -183,24 +183,29 @@ nb_status nb_nn_linear_stacked_init(nb_nn_init *in, const char *path, int64_t e,
   return nb_nn_init_const(in, p, 2, db, 0);
 }
 
-nb_val *nb_nn_linear_default(nb_nn_apply *a, const char *path, nb_val *x, bool stacked) {
+/* x @ kernel (+ bias); `held_t`: an unstacked kernel held [d_out, d_in]
+ * (contracted along its rows). */
+static nb_val *linear(nb_nn_apply *a, const char *path, nb_val *x, bool stacked, bool held_t) {
   char pk[NB_NN_PATH_MAX], pb[NB_NN_PATH_MAX];
   if (!nb_nn__path(a, pk, path, "kernel") || !nb_nn__path(a, pb, path, "bias")) return nb_nn__poison(a);
   nb_val *w = nb_nn_param(a, pk);
   if (nb_graph_status(a->g)) return w;
-  int wr = stacked ? 3 : 2, xr = nb_val_rank(x);
-  if (nb_val_rank(w) != wr || xr < (stacked ? 2 : 1) || nb_val_dim(x, -1) != nb_val_dim(w, -2) ||
+  int wr = stacked ? 3 : 2, xr = nb_val_rank(x), in_axis = held_t ? 1 : -2;
+  if (nb_val_rank(w) != wr || xr < (stacked ? 2 : 1) || nb_val_dim(x, -1) != nb_val_dim(w, in_axis) ||
       (stacked && nb_val_dim(x, 0) != nb_val_dim(w, 0))) {
     char sx[96], sw[96];
     nb_aval ax = nb_val_aval(x), aw = nb_val_aval(w);
     return nb_nn_fail(a, NB_ERR_SHAPE, "nn: linear '%s': input %s does not fit kernel %s%s", path,
                       nb_aval_str(&ax, sx, sizeof sx), nb_aval_str(&aw, sw, sizeof sw),
-                      stacked ? " (stacked: [E, ..., d_in] against [E, d_in, d_out])" : " ([..., d_in] against [d_in, d_out])");
+                      stacked  ? " (stacked: [E, ..., d_in] against [E, d_in, d_out])"
+                      : held_t ? " ([..., d_in] against [d_out, d_in])"
+                               : " ([..., d_in] against [d_in, d_out])");
   }
   if (nb_val_dtype(x) != nb_val_dtype(w)) x = nb_convert(x, nb_val_dtype(w));
   nb_val *y;
   if (!stacked) {
-    y = nb_nn__dot_last_first(x, w);
+    nb_dot_dims dn = {.n_contract = 1, .lhs_contract = {xr - 1}, .rhs_contract = {held_t ? 1 : 0}};
+    y = nb_dot_general(x, w, &dn, NB_DTYPE_COUNT);
   } else {
     nb_dot_dims dn = {.n_contract = 1, .n_batch = 1, .lhs_contract = {xr - 1}, .rhs_contract = {1},
                       .lhs_batch = {0}, .rhs_batch = {0}};
@@ -215,6 +220,12 @@ nb_val *nb_nn_linear_default(nb_nn_apply *a, const char *path, nb_val *x, bool s
   for (int i = 0; i < r; i++) dims[i] = i == 0 || i == r - 1 ? nb_val_dim(y, i) : 1;
   return nb_add(y, nb_reshape(b, r, dims));
 }
+
+nb_val *nb_nn_linear_default(nb_nn_apply *a, const char *path, nb_val *x, bool stacked) {
+  return linear(a, path, x, stacked, false);
+}
+
+nb_val *nb_nn_linear_held_t(nb_nn_apply *a, const char *path, nb_val *x) { return linear(a, path, x, false, true); }
 
 nb_val *nb_nn_linear(nb_nn_apply *a, const char *path, nb_val *x) {
   return a->linear_hook ? a->linear_hook(a->hook_ud, a, path, x, false) : nb_nn_linear_default(a, path, x, false);

@@ -28,27 +28,10 @@ typedef struct step_job {
 } step_job;
 
 /* The linear of a model whose 2-D kernels are kept [out, in]
- * (opts.transpose_kernels): x @ W^T + b, W's rows contracted along their
- * length. Stacked kernels (an MoE's experts) stay as they are. */
+ * (opts.transpose_kernels); stacked kernels (an MoE's experts) stay as they are. */
 static nb_val *linear_t(void *ud, nb_nn_apply *a, const char *path, nb_val *x, bool stacked) {
   (void)ud;
-  if (stacked) return nb_nn_linear_default(a, path, x, true);
-  char pk[NB_NN_PATH_MAX], pb[NB_NN_PATH_MAX];
-  if (!nb_nn_join(pk, path, "kernel") || !nb_nn_join(pb, path, "bias"))
-    return nb_nn_fail(a, NB_ERR_INVALID_ARG, "serve: linear path '%s' is too long", path);
-  nb_val *w = nb_nn_param(a, pk);
-  if (nb_graph_status(a->g)) return w;
-  int xr = nb_val_rank(x);
-  if (nb_val_rank(w) != 2 || xr < 1 || nb_val_dim(x, -1) != nb_val_dim(w, 1)) {
-    char sx[96], sw[96];
-    nb_aval ax = nb_val_aval(x), aw = nb_val_aval(w);
-    return nb_nn_fail(a, NB_ERR_SHAPE, "serve: linear '%s': input %s does not fit kernel %s ([..., d_in] against [d_out, d_in])",
-                      path, nb_aval_str(&ax, sx, sizeof sx), nb_aval_str(&aw, sw, sizeof sw));
-  }
-  if (nb_val_dtype(x) != nb_val_dtype(w)) x = nb_convert(x, nb_val_dtype(w));
-  nb_dot_dims dn = {.n_contract = 1, .lhs_contract = {xr - 1}, .rhs_contract = {1}};
-  nb_val *y = nb_dot_general(x, w, &dn, NB_DTYPE_COUNT), *b = nb_nn_param_opt(a, pb);
-  return b ? nb_add(y, b) : y;
+  return stacked ? nb_nn_linear_default(a, path, x, true) : nb_nn_linear_held_t(a, path, x);
 }
 
 static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
@@ -209,47 +192,13 @@ static bool is_kernel_2d(const char *path, const nb_array *a) {
   return nb_array_rank(a) == 2 && n >= 6 && !strcmp(path + n - 6, "kernel") && (n == 6 || path[n - 7] == '/');
 }
 
-/* Whether transposed() takes a: a host array of 2, 4 or 8-byte elements. */
-static bool transposable(const nb_array *a) {
-  size_t es = nb_dtype_size(nb_array_dtype(a));
-  return nb_array_data(a) && (es == 2 || es == 4 || es == 8);
-}
-
-/* A new host array holding a's [r, c] transposed to [c, r] (transposable),
- * in tiles that keep both sides' lines in cache; NULL with the error set. */
-static nb_array *transposed(nb_ctx *ctx, const nb_array *a) {
-  const int64_t *d = nb_array_dims(a);
-  int64_t r = d[0], c = d[1], td[2] = {c, r};
-  size_t es = nb_dtype_size(nb_array_dtype(a));
-  nb_array *t = nb_array_empty(ctx, nb_array_dtype(a), 2, td);
-  if (!t) return NULL;
-  const char *src = nb_array_data(a);
-  char *dst = nb_array_data_mut(t);
-  enum { TILE = 32 };
-#define TRANSPOSE(T)                                                                                   \
-  for (int64_t i0 = 0; i0 < r; i0 += TILE)                                                             \
-    for (int64_t j0 = 0; j0 < c; j0 += TILE)                                                           \
-      for (int64_t i = i0; i < r && i < i0 + TILE; i++)                                                \
-        for (int64_t j = j0; j < c && j < j0 + TILE; j++) ((T *)dst)[j * r + i] = ((const T *)src)[i * c + j];
-  if (es == 4) {
-    TRANSPOSE(uint32_t)
-  } else if (es == 2) {
-    TRANSPOSE(uint16_t)
-  } else {
-    TRANSPOSE(uint64_t)
-  }
-#undef TRANSPOSE
-  return t;
-}
-
 /* opts.transpose_kernels: every 2-D kernel of m->params replaced by its
- * transpose; nothing (the plain layout kept) when one is not transposable
- * (a device array). */
+ * transpose; nothing (the plain layout kept) when one is not a host array. */
 static nb_status transpose_kernels(nb_serve_model *m) {
   size_t n = nb_tree_size(m->params);
   for (size_t i = 0; i < n; i++) {
     const nb_array *a = nb_tree_leaf(m->params, i)->array;
-    if (a && is_kernel_2d(nb_tree_path(m->params, i), a) && !transposable(a)) return NB_OK;
+    if (a && is_kernel_2d(nb_tree_path(m->params, i), a) && !nb_array_data(a)) return NB_OK;
   }
   for (size_t i = 0; i < n; i++) {
     char p[NB_NN_PATH_MAX];
@@ -257,7 +206,7 @@ static nb_status transpose_kernels(nb_serve_model *m) {
     if (!a || !is_kernel_2d(nb_tree_path(m->params, i), a)) continue;
     if (snprintf(p, sizeof p, "%s", nb_tree_path(m->params, i)) >= (int)sizeof p) /* the tree's own string may move */
       return nb_errorf(m->ctx, NB_ERR_INVALID_ARG, "serve model: parameter path '%s' is too long", nb_tree_path(m->params, i));
-    nb_array *t = transposed(m->ctx, a);
+    nb_array *t = nb_array_transpose2d(m->ctx, a);
     nb_status s = t ? nb_tree_set_array(m->params, p, t) : nb_ctx_status(m->ctx) ? nb_ctx_status(m->ctx) : NB_ERR_NOMEM;
     nb_array_release(t);
     if (s) return s;
@@ -354,7 +303,7 @@ nb_status nb_serve_model_set_params(nb_serve_model *m, const nb_tree *params) {
     nb_aval want = nb_array_aval(mine), got = nb_array_aval(a);
     bool flip = m->kernels_t && is_kernel_2d(p, mine); /* held [out, in], given [in, out] */
     if (flip) want.shape.dims[0] = nb_array_dims(mine)[1], want.shape.dims[1] = nb_array_dims(mine)[0];
-    if (flip && !transposable(a))
+    if (flip && !nb_array_data(a))
       return nb_errorf(ctx, NB_ERR_INVALID_ARG, "serve model: set_params: '%s' is not a host array (the model keeps kernels transposed)", p);
     if (!nb_aval_equal(&want, &got)) {
       char w[96], g[96];
@@ -368,7 +317,7 @@ nb_status nb_serve_model_set_params(nb_serve_model *m, const nb_tree *params) {
     if (snprintf(p, sizeof p, "%s", nb_tree_path(m->params, i)) >= (int)sizeof p) /* the tree's own string may move */
       return nb_errorf(ctx, NB_ERR_INVALID_ARG, "serve model: set_params: path '%s' is too long", nb_tree_path(m->params, i));
     nb_array *a = nb_tree_get_array(params, p), *t = NULL;
-    if (m->kernels_t && is_kernel_2d(p, a) && !(t = transposed(ctx, a))) return nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_NOMEM;
+    if (m->kernels_t && is_kernel_2d(p, a) && !(t = nb_array_transpose2d(ctx, a))) return nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_NOMEM;
     nb_status s = nb_tree_set_array(m->params, p, t ? t : a);
     nb_array_release(t);
     if (s) return s;
