@@ -10,9 +10,10 @@
  *   ./build/bench_serve_decode (--hf DIR | --run-dir DIR | --preset NAME) [--prompt N] [--tokens M] [--reps R] [--threads T]
  *                              [--block B] [--seqs S] [--ids] [--plain-kernels]
  *
- * The model keeps its kernels transposed, [out, in], as `nabla serve` and
- * `nabla generate` do (nb_serve_model_opts.transpose_kernels);
- * --plain-kernels runs them as [in, out] instead (the same bits).
+ * The model holds its kernels in the decode layout (panels of 64 output
+ * features, or [out, in]), as `nabla serve` and `nabla generate` do
+ * (nb_serve_model_opts.pack_kernels); --plain-kernels runs them as
+ * [in, out] instead (the same bits).
  * The prompt is ids (i * 7919 + 13) % vocab unless --prompt-ids a,b,c.
  * --ids prints the greedy ids of the last run. Medians of R runs after one
  * warm-up run (which compiles the step buckets). Prints a line
@@ -122,7 +123,7 @@ int main(int argc, char **argv) {
                         .max_num_batched_tokens = budget, .max_model_len = P + M,
                         .kv = {.num_layers = cfg.n_layers, .num_kv_heads = cfg.n_kv_heads, .head_dim = hd, .dtype_size = 4}};
   nb_serve_engine *e = nb_serve_engine_create(ctx, &ec);
-  nb_serve_model_opts mo = {.threads = threads, .transpose_kernels = !plain_kernels};
+  nb_serve_model_opts mo = {.threads = threads, .pack_kernels = !plain_kernels};
   nb_serve_model *m = e ? nb_serve_model_create(ctx, &cfg, params, nb_serve_engine_config(e), &mo) : NULL;
   if (!m) return fprintf(stderr, "%s\n", nb_ctx_error(ctx)), 1;
   run_times t;

@@ -16,7 +16,11 @@
  * of the same bytes in contiguous parts. Give --copies so that the set
  * outgrows the L3 (768 x 3072: 9.4 MB a copy).
  *
- *   ./build/bench_sgemm_head [--n N] [--k K] [--threads T] [--copies C] [--reps R] [--isa c|avx2|avx512] [--layer]
+ * --panels: the same layer product with W held as panels of 64 columns
+ * ([N / 64, K, 64], the serving engine's layout; n a multiple of 64), cut
+ * as for --layer with bands of whole panels: each band one contiguous run.
+ *
+ *   ./build/bench_sgemm_head [--n N] [--k K] [--threads T] [--copies C] [--reps R] [--isa c|avx2|avx512] [--layer | --panels]
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -31,6 +35,7 @@ typedef struct job {
   nb_sgemm_isa isa;
   bool read_only;          /* the streaming read instead of the product */
   bool layer;              /* x @ W, W [k, n], tiles of columns; else x @ W^T, W [n, k], tiles of rows */
+  bool panels;             /* x @ W, W in panels, tiles of whole panels */
   int64_t n, k, tile, tiles;
   const float *x, *w;
   float *y;
@@ -45,6 +50,7 @@ static void *worker(void *u) {
     int64_t r0 = t * j->tile, rows = j->n - r0 < j->tile ? j->n - r0 : j->tile; /* rows of W^T: columns of W */
     bool ok = true;
     if (j->read_only) sum += bench_read_sum(j->w + r0 * j->k, (size_t)(rows * j->k)); /* the same bytes, contiguous */
+    else if (j->panels) ok = nb_cpu__sgemm_panels_on(j->isa, false, 1, rows, j->k, j->x, j->k, j->w + r0 * j->k, j->y + r0, rows);
     else if (j->layer) ok = nb_cpu__sgemm_on(j->isa, false, false, 1, rows, j->k, j->x, j->k, j->w + r0, j->n, j->y + r0, rows);
     else ok = nb_cpu__sgemm_on(j->isa, false, true, 1, rows, j->k, j->x, j->k, j->w + r0 * j->k, j->k, j->y + r0, rows);
     if (!ok) fprintf(stderr, "kernel %s not available on this CPU\n", nb_cpu__sgemm_name(j->isa)), exit(1);
@@ -64,7 +70,7 @@ static void run(job *j, int threads) {
 int main(int argc, char **argv) {
   int64_t n = 50257, k = 768;
   int threads = 1, copies = 4, reps = 9;
-  bool layer = false;
+  bool layer = false, panels = false;
   nb_sgemm_isa isa = nb_cpu__sgemm_best();
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--n") && i + 1 < argc) n = atoll(argv[++i]);
@@ -73,6 +79,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--copies") && i + 1 < argc) copies = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--layer")) layer = true;
+    else if (!strcmp(argv[i], "--panels")) layer = panels = true;
     else if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
       const char *s = argv[++i];
       isa = !strcmp(s, "c") ? NB_SGEMM_C : !strcmp(s, "avx2") ? NB_SGEMM_AVX2 : !strcmp(s, "avx512") ? NB_SGEMM_AVX512 : (nb_sgemm_isa)-1;
@@ -81,6 +88,7 @@ int main(int argc, char **argv) {
   }
   if (n < 1 || k < 1 || threads < 1 || threads > 64 || copies < 1 || copies > 256 || reps < 1 || reps > 99)
     return fprintf(stderr, "bad arguments: --n, --k >= 1, --threads 1..64, --copies 1..256, --reps 1..99\n"), 2;
+  if (panels && n % NB_SGEMM_PANEL) return fprintf(stderr, "--panels: n must be a multiple of %d\n", NB_SGEMM_PANEL), 2;
   size_t wbytes = (size_t)(n * k) * sizeof(float);
   float *w[256], *x = aligned_alloc(64, ((size_t)k * 4 + 63) / 64 * 64), *y = aligned_alloc(64, ((size_t)n * 4 + 63) / 64 * 64);
   if (!x || !y) return fprintf(stderr, "out of memory\n"), 1;
@@ -96,8 +104,9 @@ int main(int argc, char **argv) {
   while (threads > 1 && tiles < (layer ? 1 : 4) * threads && (n + tiles - 1) / tiles >= 256 && ((n + tiles - 1) / tiles + 1) / 2 * k >= 65536)
     tiles *= 2;
   int64_t tile = (n + tiles - 1) / tiles;
-  tile = tile > 16 ? (tile + 15) / 16 * 16 : tile;
-  job j = {.isa = isa, .layer = layer, .n = n, .k = k, .tile = tile, .tiles = (n + tile - 1) / tile, .x = x, .y = y};
+  int64_t align = panels ? NB_SGEMM_PANEL : 16;
+  tile = tile > align || panels ? (tile + align - 1) / align * align : tile;
+  job j = {.isa = isa, .layer = layer, .panels = panels, .n = n, .k = k, .tile = tile, .tiles = (n + tile - 1) / tile, .x = x, .y = y};
   double tw[2][99], tc[2][99];
   for (int r = -1; r < reps; r++)
     for (int side = 0; side < 2; side++) {
@@ -111,11 +120,11 @@ int main(int argc, char **argv) {
   printf("x[1, %lld] @ %s, W [%lld, %lld] (%.1f MB, %d copies), %s kernel, %d threads, %lld tiles of %lld:\n"
          "  product %.2f ms = %.2f GB/s (%.2f GB per CPU-second)\n"
          "  read    %.2f ms = %.2f GB/s (%.2f GB per CPU-second)\n  product / read %.2f (by CPU time %.2f)\n",
-         (long long)k, layer ? "W" : "W^T", (long long)(layer ? k : n), (long long)(layer ? n : k), gb * 1e3, copies, nb_cpu__sgemm_name(isa), threads, (long long)j.tiles,
+         (long long)k, panels ? "W (panels)" : layer ? "W" : "W^T", (long long)(layer ? k : n), (long long)(layer ? n : k), gb * 1e3, copies, nb_cpu__sgemm_name(isa), threads, (long long)j.tiles,
          (long long)tile, 1e3 * median(tw[0], reps), pw, pc, 1e3 * median(tw[1], reps), rw, rc, pw / rw, pc / rc);
   printf("RESULT sgemm_head %s%s n %lld k %lld threads %d: product %.2f GB/s read %.2f GB/s ratio %.2f; per CPU-second: "
          "product %.2f read %.2f ratio %.2f\n",
-         layer ? "layer " : "", nb_cpu__sgemm_name(isa), (long long)n, (long long)k, threads, pw, rw, pw / rw, pc, rc, pc / rc);
+         panels ? "panels " : layer ? "layer " : "", nb_cpu__sgemm_name(isa), (long long)n, (long long)k, threads, pw, rw, pw / rw, pc, rc, pc / rc);
   for (int c = 0; c < copies; c++) free(w[c]);
   free(x), free(y);
   return j.sum == 12345.678 ? 3 : 0; /* the sink */

@@ -163,9 +163,11 @@ nb_val *nb_nn_linear(nb_nn_apply *a, const char *path, nb_val *x);
 nb_val *nb_nn_linear_stacked(nb_nn_apply *a, const char *path, nb_val *x);
 /* The plain projection x @ kernel (+ bias), no hook. */
 nb_val *nb_nn_linear_default(nb_nn_apply *a, const char *path, nb_val *x, bool stacked);
-/* The same with the (unstacked) kernel held transposed, [d_out, d_in]:
- * x @ kernel^T (+ bias), the same bits (the serving engine's layout). */
-nb_val *nb_nn_linear_held_t(nb_nn_apply *a, const char *path, nb_val *x);
+/* The same with the (unstacked) kernel held in the serving engine's layout,
+ * the same bits: transposed, [d_out, d_in] (x @ kernel^T), or as panels of
+ * w output features, [d_out / w, d_in, w] (panel q holds columns
+ * q*w .. q*w + w - 1 of the [d_in, d_out] kernel, row after row). */
+nb_val *nb_nn_linear_held(nb_nn_apply *a, const char *path, nb_val *x);
 
 nb_status nb_nn_embed_init(nb_nn_init *in, const char *path, int64_t vocab, int64_t d, double std);
 /* ids (integer) [...] -> [..., d]. */

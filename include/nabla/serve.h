@@ -389,13 +389,15 @@ typedef struct nb_serve_model_opts {
   int threads;                  /* nb_jit's thread count; 0: its default */
   nb_nn_linear_hook linear_hook; /* every linear of the step goes through it (quantized models: nb_quant_linear_hook); NULL: plain */
   void *hook_ud;
-  /* Keep every linear's 2-D kernel ("<path>/kernel", [in, out]) as [out, in],
-   * transposed once into arrays of the model's own (host arrays without a
-   * linear_hook; ignored otherwise). The same bits; a decode step's few rows
-   * then read each thread's share of a weight as one contiguous run, which
-   * follows the memory's rate where bands of columns do not. The caller's
-   * kernels are not retained: release them to keep one copy. */
-  bool transpose_kernels;
+  /* Hold every linear's 2-D kernel ("<path>/kernel", [in, out]) in the
+   * decode layout, repacked once into arrays of the model's own (host arrays
+   * without a linear_hook; ignored otherwise): panels of 64 output features,
+   * [out / 64, in, 64], when out is a multiple of 64, else [out, in]. The
+   * same bits; a decode step's few rows then read each thread's share of a
+   * weight as one contiguous run, which follows the memory's rate where
+   * bands of columns of [in, out] do not. The caller's kernels are not
+   * retained: release them to keep one copy. set_params still takes [in, out]. */
+  bool pack_kernels;
 } nb_serve_model_opts;
 
 /* cfg copied; params: f32 arrays with exactly the model's parameter paths
@@ -407,9 +409,9 @@ typedef struct nb_serve_model_opts {
 nb_serve_model *nb_serve_model_create(nb_ctx *ctx, const nb_model_config *cfg, const nb_tree *params,
                                       const nb_serve_config *engine_config, const nb_serve_model_opts *opts);
 void nb_serve_model_destroy(nb_serve_model *m); /* NULL ok */
-/* Whether m keeps its kernels transposed (opts.transpose_kernels took: host
- * arrays, no linear_hook). */
-bool nb_serve_model_kernels_transposed(const nb_serve_model *m);
+/* Whether m holds its kernels in the decode layout (opts.pack_kernels took:
+ * host arrays, no linear_hook). */
+bool nb_serve_model_kernels_packed(const nb_serve_model *m);
 
 /* The token a step drew for one sample, with log-probabilities of the
  * model's distribution: log_softmax of the raw logits, before logit_bias,

@@ -183,14 +183,17 @@ nb_status nb_nn_linear_stacked_init(nb_nn_init *in, const char *path, int64_t e,
   return nb_nn_init_const(in, p, 2, db, 0);
 }
 
-/* x @ kernel (+ bias); `held_t`: an unstacked kernel held [d_out, d_in]
- * (contracted along its rows). */
-static nb_val *linear(nb_nn_apply *a, const char *path, nb_val *x, bool stacked, bool held_t) {
+/* x @ kernel (+ bias); `held`: an unstacked kernel held in the serving
+ * layout, [d_out, d_in] (contracted along its rows) or panels
+ * [d_out / w, d_in, w] (contracted along its middle dim, the result's two
+ * dims merged back into d_out). */
+static nb_val *linear(nb_nn_apply *a, const char *path, nb_val *x, bool stacked, bool held) {
   char pk[NB_NN_PATH_MAX], pb[NB_NN_PATH_MAX];
   if (!nb_nn__path(a, pk, path, "kernel") || !nb_nn__path(a, pb, path, "bias")) return nb_nn__poison(a);
   nb_val *w = nb_nn_param(a, pk);
   if (nb_graph_status(a->g)) return w;
-  int wr = stacked ? 3 : 2, xr = nb_val_rank(x), in_axis = held_t ? 1 : -2;
+  bool panels = held && nb_val_rank(w) == 3;
+  int wr = stacked || panels ? 3 : 2, xr = nb_val_rank(x), in_axis = held ? 1 : -2;
   if (nb_val_rank(w) != wr || xr < (stacked ? 2 : 1) || nb_val_dim(x, -1) != nb_val_dim(w, in_axis) ||
       (stacked && nb_val_dim(x, 0) != nb_val_dim(w, 0))) {
     char sx[96], sw[96];
@@ -198,14 +201,20 @@ static nb_val *linear(nb_nn_apply *a, const char *path, nb_val *x, bool stacked,
     return nb_nn_fail(a, NB_ERR_SHAPE, "nn: linear '%s': input %s does not fit kernel %s%s", path,
                       nb_aval_str(&ax, sx, sizeof sx), nb_aval_str(&aw, sw, sizeof sw),
                       stacked  ? " (stacked: [E, ..., d_in] against [E, d_in, d_out])"
-                      : held_t ? " ([..., d_in] against [d_out, d_in])"
+                      : held   ? " ([..., d_in] against [d_out, d_in] or panels [d_out / w, d_in, w])"
                                : " ([..., d_in] against [d_in, d_out])");
   }
   if (nb_val_dtype(x) != nb_val_dtype(w)) x = nb_convert(x, nb_val_dtype(w));
   nb_val *y;
   if (!stacked) {
-    nb_dot_dims dn = {.n_contract = 1, .lhs_contract = {xr - 1}, .rhs_contract = {held_t ? 1 : 0}};
+    nb_dot_dims dn = {.n_contract = 1, .lhs_contract = {xr - 1}, .rhs_contract = {held ? 1 : 0}};
     y = nb_dot_general(x, w, &dn, NB_DTYPE_COUNT);
+    if (panels) { /* [..., d_out / w, w] -> [..., d_out] */
+      int64_t dims[NB_MAX_RANK];
+      for (int i = 0; i < xr - 1; i++) dims[i] = nb_val_dim(x, i);
+      dims[xr - 1] = nb_val_dim(w, 0) * nb_val_dim(w, 2);
+      y = nb_reshape(y, xr, dims);
+    }
   } else {
     nb_dot_dims dn = {.n_contract = 1, .n_batch = 1, .lhs_contract = {xr - 1}, .rhs_contract = {1},
                       .lhs_batch = {0}, .rhs_batch = {0}};
@@ -225,7 +234,7 @@ nb_val *nb_nn_linear_default(nb_nn_apply *a, const char *path, nb_val *x, bool s
   return linear(a, path, x, stacked, false);
 }
 
-nb_val *nb_nn_linear_held_t(nb_nn_apply *a, const char *path, nb_val *x) { return linear(a, path, x, false, true); }
+nb_val *nb_nn_linear_held(nb_nn_apply *a, const char *path, nb_val *x) { return linear(a, path, x, false, true); }
 
 nb_val *nb_nn_linear(nb_nn_apply *a, const char *path, nb_val *x) {
   return a->linear_hook ? a->linear_hook(a->hook_ud, a, path, x, false) : nb_nn_linear_default(a, path, x, false);

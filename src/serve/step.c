@@ -27,11 +27,11 @@ typedef struct step_job {
   void *hook_ud;
 } step_job;
 
-/* The linear of a model whose 2-D kernels are kept [out, in]
- * (opts.transpose_kernels); stacked kernels (an MoE's experts) stay as they are. */
-static nb_val *linear_t(void *ud, nb_nn_apply *a, const char *path, nb_val *x, bool stacked) {
+/* The linear of a model whose 2-D kernels are held in the decode layout
+ * (opts.pack_kernels); stacked kernels (an MoE's experts) stay as they are. */
+static nb_val *linear_held(void *ud, nb_nn_apply *a, const char *path, nb_val *x, bool stacked) {
   (void)ud;
-  return stacked ? nb_nn_linear_default(a, path, x, true) : nb_nn_linear_held_t(a, path, x);
+  return stacked ? nb_nn_linear_default(a, path, x, true) : nb_nn_linear_held(a, path, x);
 }
 
 static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
@@ -145,7 +145,7 @@ struct nb_serve_model {
   nb_tree *params;
   int32_t block_size, num_blocks, max_tokens, max_seqs, max_blocks;
   nb_serve_model_opts opts;
-  bool kernels_t;               /* the 2-D kernels in params are [out, in] (opts.transpose_kernels took) */
+  bool packed;                  /* the 2-D kernels in params are in the decode layout (opts.pack_kernels took) */
   nb_array **cache;             /* 2 * n_layers: layers/<l>/k, layers/<l>/v, held only here */
   bucket **buckets;
   int n_buckets, cap_buckets;
@@ -192,9 +192,44 @@ static bool is_kernel_2d(const char *path, const nb_array *a) {
   return nb_array_rank(a) == 2 && n >= 6 && !strcmp(path + n - 6, "kernel") && (n == 6 || path[n - 7] == '/');
 }
 
-/* opts.transpose_kernels: every 2-D kernel of m->params replaced by its
- * transpose; nothing (the plain layout kept) when one is not a host array. */
-static nb_status transpose_kernels(nb_serve_model *m) {
+/* The decode layout (opts.pack_kernels) of a kernel [in, out]: panels of
+ * PANEL output features, [out / PANEL, in, PANEL] (panel q: columns
+ * q*PANEL .. q*PANEL + PANEL - 1, row after row), when out is a multiple of
+ * PANEL; else [out, in]. A decode step's few rows then read each thread's
+ * share of a weight as one contiguous run (whole panels), which follows the
+ * memory's rate where bands of columns of [in, out] do not; panels also
+ * hand the CPU's vector units each row's PANEL values as they lie, where
+ * [out, in] needs register transposes. PANEL is the width the CPU backend
+ * reads in place (NB_SGEMM_PANEL, src/backend/cpu/sgemm.h); any other width
+ * gives the same bits, repacked on every call. */
+#define PANEL 64
+
+static int held_rank(const int64_t *io) { return io[1] % PANEL ? 2 : 3; }
+
+static void held_dims(const int64_t *io, int64_t *dims) {
+  if (held_rank(io) == 3) dims[0] = io[1] / PANEL, dims[1] = io[0], dims[2] = PANEL;
+  else dims[0] = io[1], dims[1] = io[0];
+}
+
+/* a [in, out] (a host array of any dtype) in the decode layout, a new array */
+static nb_array *held_layout(nb_ctx *ctx, const nb_array *a) {
+  const int64_t *io = nb_array_dims(a);
+  if (held_rank(io) == 2) return nb_array_transpose2d(ctx, a);
+  int64_t dims[3], in = io[0], out = io[1];
+  held_dims(io, dims);
+  nb_array *y = nb_array_empty(ctx, nb_array_dtype(a), 3, dims);
+  if (!y) return NULL;
+  size_t es = (size_t)nb_dtype_size(nb_array_dtype(a)), row = PANEL * es;
+  const char *src = nb_array_data(a);
+  char *dst = nb_array_data_mut(y);
+  for (int64_t q = 0; q < out / PANEL; q++)
+    for (int64_t p = 0; p < in; p++) memcpy(dst + (size_t)(q * in + p) * row, src + (size_t)(p * out + q * PANEL) * es, row);
+  return y;
+}
+
+/* opts.pack_kernels: every 2-D kernel of m->params replaced by its decode
+ * layout; nothing (the plain layout kept) when one is not a host array. */
+static nb_status pack_kernels(nb_serve_model *m) {
   size_t n = nb_tree_size(m->params);
   for (size_t i = 0; i < n; i++) {
     const nb_array *a = nb_tree_leaf(m->params, i)->array;
@@ -206,12 +241,12 @@ static nb_status transpose_kernels(nb_serve_model *m) {
     if (!a || !is_kernel_2d(nb_tree_path(m->params, i), a)) continue;
     if (snprintf(p, sizeof p, "%s", nb_tree_path(m->params, i)) >= (int)sizeof p) /* the tree's own string may move */
       return nb_errorf(m->ctx, NB_ERR_INVALID_ARG, "serve model: parameter path '%s' is too long", nb_tree_path(m->params, i));
-    nb_array *t = nb_array_transpose2d(m->ctx, a);
+    nb_array *t = held_layout(m->ctx, a);
     nb_status s = t ? nb_tree_set_array(m->params, p, t) : nb_ctx_status(m->ctx) ? nb_ctx_status(m->ctx) : NB_ERR_NOMEM;
     nb_array_release(t);
     if (s) return s;
   }
-  m->kernels_t = true;
+  m->packed = true;
   return NB_OK;
 }
 
@@ -245,7 +280,7 @@ nb_serve_model *nb_serve_model_create(nb_ctx *ctx, const nb_model_config *cfg, c
   m->max_seqs = ec->max_num_seqs;
   m->max_blocks = (ec->max_model_len + ec->block_size - 1) / ec->block_size;
   m->params = nb_tree_copy(params);
-  if (m->params && m->opts.transpose_kernels && !m->opts.linear_hook && transpose_kernels(m)) {
+  if (m->params && m->opts.pack_kernels && !m->opts.linear_hook && pack_kernels(m)) {
     nb_serve_model_destroy(m);
     return NULL;
   }
@@ -285,7 +320,7 @@ void nb_serve_model_destroy(nb_serve_model *m) {
 }
 
 int nb_serve_model_num_executables(const nb_serve_model *m) { return m ? m->n_buckets : 0; }
-bool nb_serve_model_kernels_transposed(const nb_serve_model *m) { return m && m->kernels_t; }
+bool nb_serve_model_kernels_packed(const nb_serve_model *m) { return m && m->packed; }
 double nb_serve_model_compile_s(const nb_serve_model *m) { return m ? m->compile_s : 0; }
 
 nb_status nb_serve_model_set_params(nb_serve_model *m, const nb_tree *params) {
@@ -300,15 +335,16 @@ nb_status nb_serve_model_set_params(nb_serve_model *m, const nb_tree *params) {
     nb_array *a = nb_tree_get_array(params, p);
     if (!a) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "serve model: set_params: no array '%s'", p);
     const nb_array *mine = nb_tree_leaf(m->params, i)->array;
-    nb_aval want = nb_array_aval(mine), got = nb_array_aval(a);
-    bool flip = m->kernels_t && is_kernel_2d(p, mine); /* held [out, in], given [in, out] */
-    if (flip) want.shape.dims[0] = nb_array_dims(mine)[1], want.shape.dims[1] = nb_array_dims(mine)[0];
-    if (flip && !nb_array_data(a))
-      return nb_errorf(ctx, NB_ERR_INVALID_ARG, "serve model: set_params: '%s' is not a host array (the model keeps kernels transposed)", p);
-    if (!nb_aval_equal(&want, &got)) {
+    nb_aval want = nb_array_aval(mine), got = nb_array_aval(a), held = got;
+    bool convert = m->packed && is_kernel_2d(p, a); /* given [in, out], held in the decode layout */
+    if (convert && !nb_array_data(a))
+      return nb_errorf(ctx, NB_ERR_INVALID_ARG, "serve model: set_params: '%s' is not a host array (the model keeps kernels in its decode layout)", p);
+    if (convert) held.shape.rank = held_rank(got.shape.dims), held_dims(got.shape.dims, held.shape.dims);
+    if (!nb_aval_equal(&want, &held)) {
       char w[96], g[96];
-      return nb_errorf(ctx, NB_ERR_SHAPE, "serve model: set_params: '%s' is %s, the model's is %s", p,
-                       nb_aval_str(&got, g, sizeof g), nb_aval_str(&want, w, sizeof w));
+      return nb_errorf(ctx, NB_ERR_SHAPE, "serve model: set_params: '%s' is %s, the model's is %s%s", p,
+                       nb_aval_str(&got, g, sizeof g), nb_aval_str(&want, w, sizeof w),
+                       convert ? " (its decode layout: [out, in], or [out / 64, in, 64] for out a multiple of 64)" : "");
     }
   }
   /* same paths, so each keeps its position: the buckets' input indices stay right */
@@ -317,7 +353,7 @@ nb_status nb_serve_model_set_params(nb_serve_model *m, const nb_tree *params) {
     if (snprintf(p, sizeof p, "%s", nb_tree_path(m->params, i)) >= (int)sizeof p) /* the tree's own string may move */
       return nb_errorf(ctx, NB_ERR_INVALID_ARG, "serve model: set_params: path '%s' is too long", nb_tree_path(m->params, i));
     nb_array *a = nb_tree_get_array(params, p), *t = NULL;
-    if (m->kernels_t && is_kernel_2d(p, a) && !(t = nb_array_transpose2d(ctx, a))) return nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_NOMEM;
+    if (m->packed && is_kernel_2d(p, a) && !(t = held_layout(ctx, a))) return nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_NOMEM;
     nb_status s = nb_tree_set_array(m->params, p, t ? t : a);
     nb_array_release(t);
     if (s) return s;
@@ -411,8 +447,8 @@ static bucket *get_bucket(nb_serve_model *m, int32_t T, int32_t S, int32_t MB, b
     snprintf(p, sizeof p, "cache/layers/%lld/%c", (long long)(i / 2), "kv"[i % 2]);
     s = nb_tree_set(spec, p, nb_leaf_aval(nb_array_aval(m->cache[i])));
   }
-  step_job job = {.cfg = &m->cfg, .adjust = adjust, .hook = m->kernels_t ? linear_t : m->opts.linear_hook,
-                  .hook_ud = m->kernels_t ? NULL : m->opts.hook_ud};
+  step_job job = {.cfg = &m->cfg, .adjust = adjust, .hook = m->packed ? linear_held : m->opts.linear_hook,
+                  .hook_ud = m->packed ? NULL : m->opts.hook_ud};
   double t0 = nb_util__now_s();
   if (!s) b->graph = nb_trace(ctx, step_fn, &job, spec);
   nb_tree_destroy(spec);

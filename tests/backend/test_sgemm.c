@@ -75,6 +75,36 @@ static void one_padded(int64_t m, int64_t n, int64_t k, bool ta, bool tb, int64_
 
 static void one(int64_t m, int64_t n, int64_t k, bool ta, bool tb) { one_padded(m, n, k, ta, tb, 5); }
 
+/* one product with B held as panels of NB_SGEMM_PANEL columns (the serving
+ * engine's weights), against the chain over the same B held plainly */
+static void one_panels(int64_t m, int64_t n, int64_t k, bool ta) {
+  int64_t lda = (ta ? m : k) + 3, ldc = n + 7, arows = ta ? k : m, w = NB_SGEMM_PANEL;
+  size_t na = (size_t)(arows * lda), nb = (size_t)(k * n), nc = (size_t)(m * ldc);
+  float *A = malloc(sizeof(float) * na), *B = malloc(sizeof(float) * nb), *Bp = malloc(sizeof(float) * nb);
+  float *want = malloc(sizeof(float) * nc), *got = malloc(sizeof(float) * nc);
+  for (size_t i = 0; i < na; i++) A[i] = rnd();
+  for (size_t i = 0; i < nb; i++) B[i] = rnd();
+  for (int64_t p = 0; p < k; p++)
+    for (int64_t j = 0; j < n; j++) Bp[j / w * w * k + p * w + j % w] = B[p * n + j];
+  for (size_t i = 0; i < nc; i++) want[i] = (float)i; /* the columns past n stay */
+  reference(ta, false, m, n, k, A, lda, B, n, want, ldc, false);
+  for (int isa = NB_SGEMM_C; isa <= NB_SGEMM_AVX512; isa++) {
+    for (size_t i = 0; i < nc; i++) got[i] = (float)i;
+    if (!nb_cpu__sgemm_panels_on((nb_sgemm_isa)isa, ta, m, n, k, A, lda, Bp, got, ldc)) {
+      CHECK_MSG(isa != NB_SGEMM_C && isa > (int)nb_cpu__sgemm_best(), "kernel %s refused panels", nb_cpu__sgemm_name(isa));
+      skipped[isa]++;
+      continue;
+    }
+    int bad = mismatches(want, got, nc);
+    CHECK_MSG(bad == 0, "%s: %lldx%lldx%lld ta %d, B in panels: %d elements differ from the in-order fmaf chain",
+              nb_cpu__sgemm_name(isa), (long long)m, (long long)n, (long long)k, ta, bad);
+  }
+  for (size_t i = 0; i < nc; i++) got[i] = (float)i;
+  CHECK(nb_cpu__sgemm_panels(ta, m, n, k, A, lda, Bp, got, ldc));
+  CHECK(mismatches(want, got, nc) == 0);
+  free(A), free(B), free(Bp), free(want), free(got);
+}
+
 int main(void) {
   printf("best kernel here: %s\n", nb_cpu__sgemm_name(nb_cpu__sgemm_best()));
   static const int64_t shapes[][3] = {{1, 1, 1},   {3, 5, 7},    {8, 32, 16},   {9, 33, 17},    {64, 64, 32},
@@ -116,6 +146,18 @@ int main(void) {
   for (size_t a = 0; a < sizeof batch_m / sizeof batch_m[0]; a++)
     for (size_t s = 0; s < sizeof batch_nk / sizeof batch_nk[0]; s++)
       for (int t = 0; t < 4; t++) one(batch_m[a], batch_nk[s][0], batch_nk[s][1], t & 1, t & 2);
+  /* B in panels: every row count of the streamed path's groups (6 on
+   * AVX-512, 1 and 3 on AVX2) up to its limit (16) and past it (the blocked
+   * path reading panels in place: ragged MR tails, one block of rows and
+   * more, MC = 128), k across packed slices (KC = 256), columns past one
+   * block (NC = 1024); n not a multiple of the panel is refused */
+  static const int64_t panel_m[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16, 17, 33, 130};
+  static const int64_t panel_nk[][2] = {{64, 1}, {128, 7}, {192, 300}, {1088, 40}, {64, 513}};
+  for (size_t a = 0; a < sizeof panel_m / sizeof panel_m[0]; a++)
+    for (size_t s = 0; s < sizeof panel_nk / sizeof panel_nk[0]; s++)
+      for (int t = 0; t < 2; t++) one_panels(panel_m[a], panel_nk[s][0], panel_nk[s][1], t);
+  float one_elem = 1.0f, out[2];
+  CHECK(!nb_cpu__sgemm_panels_on(NB_SGEMM_C, false, 1, 32, 1, &one_elem, 1, &one_elem, out, 32));
   /* the check has teeth: another summation order changes some element of such a product */
   int64_t m = 16, n = 16, k = 300;
   float *A = malloc(sizeof(float) * (size_t)(m * k)), *B = malloc(sizeof(float) * (size_t)(k * n));

@@ -6,9 +6,9 @@
  * over a long random run, a lone decode keeps one bucket as its context
  * grows, and compile time accrues only in the steps that
  * build one; bad input is refused by name; the cache write
- * updates donated caches in place, without copying them; kernels held
- * transposed (transpose_kernels) give the same tokens and logprobs, bit for
- * bit. */
+ * updates donated caches in place, without copying them; kernels held in
+ * the decode layout (pack_kernels) give the same tokens and logprobs, bit
+ * for bit. */
 #include <string.h>
 
 #include "nabla/compile.h"
@@ -195,15 +195,18 @@ static void test_one_decode_bucket(nb_ctx *ctx) {
   nb_tree_destroy(params);
 }
 
-/* opts.transpose_kernels: every request's tokens and logprobs bit-identical
- * to the plain layout's, compiled at two threads, with steps of 1 token (a
+/* opts.pack_kernels: every request's tokens and logprobs bit-identical to
+ * the plain layout's, compiled at two threads, with steps of 1 token (a
  * lone decode), 8, 16 and 32 (the few-rows paths of either layout and the
  * blocked one), for a dense model with biases and tied embeddings (gpt2), one
- * without (llama) and an MoE (its router transposed, its stacked experts
- * not); then set_params on a transposed model takes [in, out] kernels. */
-static void test_transposed_kernels(nb_ctx *ctx, const char *preset) {
+ * without (llama: every kernel in panels of 64), one whose MLP and head
+ * are no multiple of 64 wide (held [out, in]) and an MoE (its router [out,
+ * in], its stacked experts as they were); then set_params on a packed
+ * model takes [in, out] kernels, and refuses a wrong shape by name. */
+static void test_packed_kernels(nb_ctx *ctx, const char *preset, int64_t vocab, int64_t d_ff) {
   nb_model_config cfg;
   CHECK_OK(ctx, nb_model_config_preset(ctx, preset, &cfg));
+  if (vocab) cfg.vocab_size = vocab, cfg.d_ff = d_ff;
   nb_array *key = nb_key(ctx, 7), *key2 = nb_key(ctx, 8);
   nb_tree *params = nb_model_init(ctx, &cfg, key), *other = nb_model_init(ctx, &cfg, key2);
   nb_array_release(key), nb_array_release(key2);
@@ -215,29 +218,45 @@ static void test_transposed_kernels(nb_ctx *ctx, const char *preset) {
   for (int i = 0; i < NREQ; i++)
     for (int j = 0; j < lens[i]; j++) prompts[i][j] = (int32_t)((x = x * 1664525u + 1013904223u) >> 8) % (int32_t)cfg.vocab_size;
   nb_serve_config ec = {.block_size = 4, .num_blocks = 128, .max_num_seqs = NREQ, .max_num_batched_tokens = 32, .max_model_len = 64};
-  static run_result plain, held_t;
+  static run_result plain, held;
   for (int nreq = 1; nreq <= NREQ; nreq += NREQ - 1) {
     serve_all(ctx, &cfg, params, &ec, nreq, prompts, lens, GEN, (nb_serve_model_opts){.threads = 2}, &plain);
-    serve_all(ctx, &cfg, params, &ec, nreq, prompts, lens, GEN, (nb_serve_model_opts){.threads = 2, .transpose_kernels = true},
-              &held_t);
+    serve_all(ctx, &cfg, params, &ec, nreq, prompts, lens, GEN, (nb_serve_model_opts){.threads = 2, .pack_kernels = true}, &held);
     for (int i = 0; i < nreq; i++) {
-      CHECK_MSG(plain.n_out[i] == GEN && held_t.n_out[i] == GEN, "%s: request %d made %d and %d tokens", preset, i, plain.n_out[i],
-                held_t.n_out[i]);
-      CHECK_MSG(!memcmp(plain.out[i], held_t.out[i], sizeof plain.out[i]) && !memcmp(plain.logprob[i], held_t.logprob[i], sizeof plain.logprob[i]),
-                "%s (%d requests): request %d's tokens or logprobs differ with the kernels transposed", preset, nreq, i);
+      CHECK_MSG(plain.n_out[i] == GEN && held.n_out[i] == GEN, "%s: request %d made %d and %d tokens", preset, i, plain.n_out[i],
+                held.n_out[i]);
+      CHECK_MSG(!memcmp(plain.out[i], held.out[i], sizeof plain.out[i]) && !memcmp(plain.logprob[i], held.logprob[i], sizeof plain.logprob[i]),
+                "%s (%d requests): request %d's tokens or logprobs differ with the kernels packed", preset, nreq, i);
     }
   }
-  /* a transposed model swapped to `params` from `other` serves as a fresh plain one */
+  /* a packed model swapped to `params` from `other` serves as a fresh plain one */
   nb_serve_engine *e = nb_serve_engine_create(ctx, &ec);
   nb_serve_model *m = e ? nb_serve_model_create(ctx, &cfg, other, nb_serve_engine_config(e),
-                                                &(nb_serve_model_opts){.threads = 2, .transpose_kernels = true})
+                                                &(nb_serve_model_opts){.threads = 2, .pack_kernels = true})
                         : NULL;
-  CHECK_MSG(m && nb_serve_model_kernels_transposed(m), "%s: transpose_kernels did not take", preset);
+  CHECK_MSG(m && nb_serve_model_kernels_packed(m), "%s: pack_kernels did not take", preset);
   if (m) {
+    /* a kernel of the wrong shape: refused by its path, nothing swapped */
+    char kp[NB_NN_PATH_MAX] = "";
+    for (size_t i = 0; i < nb_tree_size(params) && !*kp; i++) {
+      const char *p = nb_tree_path(params, i);
+      size_t n = strlen(p);
+      if (n > 7 && !strcmp(p + n - 7, "/kernel") && nb_array_rank(nb_tree_leaf(params, i)->array) == 2) snprintf(kp, sizeof kp, "%s", p);
+    }
+    nb_array *good = *kp ? nb_tree_get_array(params, kp) : NULL;
+    CHECK_MSG(good, "%s: no 2-D kernel to swap", preset);
+    if (good) {
+      nb_array_retain(good);
+      nb_array *bad = nb_array_zeros(ctx, NB_F32, 2, (int64_t[2]){nb_array_dims(good)[0], nb_array_dims(good)[1] + 64});
+      CHECK_OK(ctx, nb_tree_set_array(params, kp, bad));
+      CHECK(nb_serve_model_set_params(m, params) == NB_ERR_SHAPE && strstr(nb_ctx_error(ctx), kp));
+      CHECK_OK(ctx, nb_tree_set_array(params, kp, good));
+      nb_array_release(bad), nb_array_release(good);
+    }
     CHECK_OK(ctx, nb_serve_model_set_params(m, params));
-    serve_on(ctx, e, m, NREQ, prompts, lens, GEN, &held_t);
+    serve_on(ctx, e, m, NREQ, prompts, lens, GEN, &held);
     for (int i = 0; i < NREQ; i++)
-      CHECK_MSG(!memcmp(plain.out[i], held_t.out[i], sizeof plain.out[i]) && !memcmp(plain.logprob[i], held_t.logprob[i], sizeof plain.logprob[i]),
+      CHECK_MSG(!memcmp(plain.out[i], held.out[i], sizeof plain.out[i]) && !memcmp(plain.logprob[i], held.logprob[i], sizeof plain.logprob[i]),
                 "%s: after set_params, request %d differs from a fresh model's", preset, i);
   }
   nb_serve_model_destroy(m);
@@ -321,9 +340,10 @@ int main(void) {
   test_matches_generator(ctx, "llama-tiny", false, 0);
   test_bounded_buckets(ctx);
   test_one_decode_bucket(ctx);
-  test_transposed_kernels(ctx, "llama-tiny");
-  test_transposed_kernels(ctx, "gpt2-tiny");
-  test_transposed_kernels(ctx, "mixtral-tiny");
+  test_packed_kernels(ctx, "llama-tiny", 0, 0);
+  test_packed_kernels(ctx, "llama-tiny", 250, 392); /* MLP and head [out, in] */
+  test_packed_kernels(ctx, "gpt2-tiny", 0, 0);
+  test_packed_kernels(ctx, "mixtral-tiny", 0, 0);
   CHECK(nb_ctx_bytes_in_use(ctx) == base);
   nb_ctx_destroy(ctx);
   return nb_test_summary("serve/step");

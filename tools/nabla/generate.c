@@ -301,7 +301,7 @@ static int run(nb_ctx *ctx, options *o) {
   nb_serve_llm_config lc = {
       .engine = {.block_size = block, .num_blocks = (int64_t)n * blocks_per_seq, .max_num_seqs = n,
                  .max_num_batched_tokens = (int32_t)(o->chunk > n ? o->chunk : n), .max_model_len = (int32_t)ctx_len},
-      .model = {.threads = o->threads, .transpose_kernels = true},
+      .model = {.threads = o->threads, .pack_kernels = true},
       .eos_token_ids = m.eos_ids,
       .num_eos_token_ids = m.n_eos};
   out = malloc((size_t)n * (size_t)(max_new + 1) * sizeof *out);
@@ -323,8 +323,8 @@ static int run(nb_ctx *ctx, options *o) {
   }
   if (!nb_cli_quant_hook("generate", ctx, m.params, &lc.model, &plan)) goto done;
   l = nb_serve_llm_create(ctx, &m.cfg, m.params, &lc);
-  /* the engine holds its kernels transposed, in arrays of its own: the loaded ones would be a second copy */
-  if (l && nb_serve_model_kernels_transposed(nb_serve_llm_model(l))) nb_tree_destroy(m.params), m.params = NULL;
+  /* the engine holds its kernels in its decode layout, in arrays of its own: the loaded ones would be a second copy */
+  if (l && nb_serve_model_kernels_packed(nb_serve_llm_model(l))) nb_tree_destroy(m.params), m.params = NULL;
   if (!l) {
     fprintf(stderr, "nabla generate: %s\n", nb_ctx_error(ctx));
     goto done;

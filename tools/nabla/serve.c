@@ -184,7 +184,7 @@ static bool make_engine(server *sv) {
                                        .max_num_batched_tokens = (int32_t)o->max_num_batched_tokens,
                                        .max_model_len = (int32_t)sv->max_model_len,
                                        .enable_prefix_caching = o->prefix_caching},
-                            .model = {.threads = o->threads, .transpose_kernels = true}};
+                            .model = {.threads = o->threads, .pack_kernels = true}};
   nb_serve_kv_geometry g = {.num_layers = cfg->n_layers, .num_kv_heads = cfg->n_kv_heads,
                             .head_dim = nb_model_head_dim(cfg), .dtype_size = 4};
   lc.engine.kv = g;
@@ -206,8 +206,8 @@ static bool make_engine(server *sv) {
   lc.num_eos_token_ids = n_eos;
   if (!nb_cli_quant_hook("serve", sv->ctx, sv->m.params, &lc.model, &sv->plan)) return false;
   sv->llm = nb_serve_llm_create(sv->ctx, cfg, sv->m.params, &lc);
-  /* the engine holds its kernels transposed, in arrays of its own: the loaded ones would be a second copy */
-  if (sv->llm && nb_serve_model_kernels_transposed(nb_serve_llm_model(sv->llm))) nb_tree_destroy(sv->m.params), sv->m.params = NULL;
+  /* the engine holds its kernels in its decode layout, in arrays of its own: the loaded ones would be a second copy */
+  if (sv->llm && nb_serve_model_kernels_packed(nb_serve_llm_model(sv->llm))) nb_tree_destroy(sv->m.params), sv->m.params = NULL;
   if (!sv->llm) return fprintf(stderr, "nabla serve: %s\n", nb_ctx_error(sv->ctx)), false;
   return true;
 }

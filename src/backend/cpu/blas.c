@@ -142,6 +142,17 @@ const char *nb_jit_blas_core(void) {
 
 static bool is_float(nb_dtype t) { return t == NB_F16 || t == NB_BF16 || t == NB_F32 || t == NB_F64; }
 
+/* b held as panels of NB_SGEMM_PANEL columns (sgemm.h): dot_general's rhs
+ * f32 [n / 64, k, 64] contracted along its middle dim, in place. Its two
+ * free dims do not merge into one axis, so without this it would be packed
+ * again on every call. */
+static bool in_panels(const nb_dot_plan *p) {
+  const nb_dot_operand *o = &p->b;
+  return p->ct == NB_F32 && o->dt == NB_F32 && !o->merged && o->nfree == 2 && o->ncon == 1 &&
+         o->fext[1] == NB_SGEMM_PANEL && o->fstr[1] == 1 && o->fstr[0] == NB_SGEMM_PANEL * p->k &&
+         o->cstr[0] == NB_SGEMM_PANEL;
+}
+
 static bool direct(const nb_dot_operand *o, nb_dtype ct) {
   bool t;
   int64_t ld;
@@ -281,10 +292,12 @@ static void pack(const nb_dot_plan *p, nb_dot_operand *o, nb_dtype ct, char *dst
 #define TILE_MIN_MNK (1 << 16)
 #define TARGET_TASKS 16
 #define TILE_ALIGN 16 /* tile sides are multiples of this: whole micro-kernel blocks of OpenBLAS */
+/* and of NB_SGEMM_PANEL along n for b in panels */
 
 typedef struct gemm_job {
   const nb_dot_plan *p;
   bool ta, tb;
+  bool panels;      /* b in panels (in_panels): tiles of whole panels */
   int64_t lda, ldb;
   char *c;          /* [batch][m][n] of ct */
   int64_t tm, tn;   /* tiles per item along m and n */
@@ -295,10 +308,10 @@ typedef struct gemm_job {
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-/* The tile side for `tiles` tiles over `side`: rounded up to TILE_ALIGN. */
-static int64_t tile_side(int64_t side, int64_t tiles) {
+/* The tile side for `tiles` tiles over `side`: rounded up to `align`. */
+static int64_t tile_side(int64_t side, int64_t tiles, int64_t align) {
   int64_t b = cdiv(side, tiles);
-  return b > TILE_ALIGN ? cdiv(b, TILE_ALIGN) * TILE_ALIGN : b;
+  return b > align || align > TILE_ALIGN ? cdiv(b, align) * align : b;
 }
 
 /* Sets j's tiling from the product's shape (see above). An f32 product's
@@ -324,7 +337,7 @@ static void plan_tiles(const nb_dot_plan *p, gemm_job *j, int threads) {
     if (along_m) tm *= 2;
     else tn *= 2;
   }
-  j->bm = tile_side(p->m, tm), j->bn = tile_side(p->n, tn);
+  j->bm = tile_side(p->m, tm, TILE_ALIGN), j->bn = tile_side(p->n, tn, j->panels ? NB_SGEMM_PANEL : TILE_ALIGN);
   j->tm = cdiv(p->m, j->bm), j->tn = cdiv(p->n, j->bn);
 }
 
@@ -336,12 +349,15 @@ static void gemm_task(void *arg, int t) {
   int64_t m = p->m - i0 < j->bm ? p->m - i0 : j->bm, n = p->n - j0 < j->bn ? p->n - j0 : j->bn;
   size_t es = p->ct == NB_F32 ? 4 : 8;
   int64_t ao = batch_offset(p, p->a.bstr, b) + (j->ta ? i0 : i0 * j->lda);
-  int64_t bo = batch_offset(p, p->b.bstr, b) + (j->tb ? j0 * j->ldb : j0);
+  int64_t bo = batch_offset(p, p->b.bstr, b) + (j->panels ? j0 * p->k : j->tb ? j0 * j->ldb : j0);
   int64_t co = b * p->m * p->n + i0 * p->n + j0;
   const char *A = p->a.base + (size_t)ao * es, *B = p->b.base + (size_t)bo * es;
   char *C = j->c + (size_t)co * es;
   enum CBLAS_TRANSPOSE ta = j->ta ? CblasTrans : CblasNoTrans, tb = j->tb ? CblasTrans : CblasNoTrans;
-  if (p->ct == NB_F32) {
+  if (j->panels) {
+    if (!nb_cpu__sgemm_panels(j->ta, m, n, p->k, (const float *)A, j->lda, (const float *)B, (float *)C, p->n))
+      atomic_store(&j->oom, true);
+  } else if (p->ct == NB_F32) {
     if (!nb_cpu__sgemm(j->ta, j->tb, m, n, p->k, (const float *)A, j->lda, (const float *)B, j->ldb, (float *)C, p->n))
       atomic_store(&j->oom, true);
   } else
@@ -396,7 +412,8 @@ nb_status nb_cpu__blas_run(nb_ctx *ctx, nb_pool *pool, const nb_eqn *e, const vo
     memset(out, 0, (size_t)(p.batch * p.m * p.n) * (size_t)nb_dtype_size(p.ot)); /* +0.0 in every float dtype */
     return NB_OK;
   }
-  bool pa = !direct(&p.a, p.ct), pb = !direct(&p.b, p.ct), pc = p.ot != p.ct;
+  bool panels = in_panels(&p);
+  bool pa = !direct(&p.a, p.ct), pb = !panels && !direct(&p.b, p.ct), pc = p.ot != p.ct;
   /* scratch: offset tables, then packed lhs, rhs and the result, each on 64 bytes */
 #define ROUND64(x) (((x) + 63) & ~(size_t)63)
   size_t st = pa || pb ? ROUND64((size_t)(p.m + p.n + 2 * p.k) * sizeof(int64_t)) : 0;
@@ -410,10 +427,10 @@ nb_status nb_cpu__blas_run(nb_ctx *ctx, nb_pool *pool, const nb_eqn *e, const vo
   int64_t *tab = (int64_t *)scratch;
   if (pa) pack(&p, &p.a, p.ct, scratch + st, tab, pool);
   if (pb) pack(&p, &p.b, p.ct, scratch + st + sa, tab + p.m + p.k, pool);
-  gemm_job j = {.p = &p, .c = pc ? scratch + st + sa + sb : out};
+  gemm_job j = {.p = &p, .panels = panels, .c = pc ? scratch + st + sa + sb : out};
   bool t = false; /* as_blas sets it whenever it succeeds, and it does here (both operands are direct now) */
   nb_dot__as_blas(p.m, p.k, p.a.rs, p.a.cs, &j.ta, &j.lda);
-  nb_dot__as_blas(p.n, p.k, p.b.rs, p.b.cs, &t, &j.ldb);
+  if (!panels) nb_dot__as_blas(p.n, p.k, p.b.rs, p.b.cs, &t, &j.ldb);
   j.tb = !t; /* b is N x K; BLAS wants K x N */
   run_gemms(&j, pool);
   if (pc && !atomic_load(&j.oom)) convert_out(&p, j.c, out);

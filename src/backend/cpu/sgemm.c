@@ -33,6 +33,7 @@
 #define NC 1024  /* columns per packed B block */
 #define MAX_MR 8
 #define MAX_NR 32
+#define PANEL NB_SGEMM_PANEL /* columns of a panel of B (nb_cpu__sgemm_panels); every NR divides it */
 
 /* a: element (r, p) of the MR x kc slice of A at a[r*rsa + p*csa] (a packed
  * panel, or A itself); b: element (p, j) of the kc x NR slice of B at
@@ -296,6 +297,16 @@ static void pack_b(bool tb, bool avx2, const float *B, int64_t ldb, int64_t p0, 
       const float *s = B + (j0 + q + j) * ldb + p0;
       for (int64_t p = 0; p < kb; p++) dst[p * nr + j] = s[p];
     }
+  }
+}
+
+/* The same from B held as panels (the blocked path with panels, below):
+ * j0 and nr fall on whole pieces of a panel (nr divides PANEL), so each
+ * packed row is one copy. */
+static void pack_b_panels(const float *Bp, int64_t k, int64_t p0, int64_t kb, int64_t j0, int64_t nb, int nr, float *dst) {
+  for (int64_t q = 0; q < nb; q += nr, dst += (int64_t)nr * kb) {
+    const float *s = Bp + (j0 + q) / PANEL * PANEL * k + p0 * PANEL + (j0 + q) % PANEL;
+    for (int64_t p = 0; p < kb; p++) memcpy(dst + p * nr, s + p * PANEL, sizeof(float) * (size_t)nr);
   }
 }
 
@@ -692,7 +703,126 @@ static bool gemv_t(nb_sgemm_isa isa, bool ta, int64_t m, int64_t n, int64_t k, c
   return true;
 }
 
+/* ---------------------------------------------------------------- panels */
+
+/* B held as panels of PANEL columns, each panel's k rows one after the
+ * other: element (p, j) at Bp[(j / PANEL) * PANEL * k + p * PANEL + j % PANEL]
+ * (sgemm.h). A few rows of A read each panel once, front to back: one
+ * contiguous stream a thread like whole rows of a transposed B, and each
+ * p's PANEL values are already vectors of columns like a row of an
+ * untransposed B, so no register transposes (AVX2's 8 x 8 transposes held
+ * a transposed B's one-row product to 29.8 GB/s from L2 where AVX-512's
+ * untransposed kernel read 59.8; Zen 4, session 15). The accumulators of a
+ * panel's columns are the independent chains: 4 vectors on AVX-512 (a
+ * group of up to 6 rows of A), 8 on AVX2 (one row; half a panel, 4 vectors,
+ * for groups of up to 3 rows). */
+#define PANEL_FEW_ROWS 16 /* rows of A up to which panels are streamed; past it the blocked path reads them in place */
+
+static void panels_c(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs, const float *Bp, float *C,
+                     int64_t ldc) {
+  for (int64_t i = 0; i < m; i++)
+    for (int64_t j = 0; j < n; j++) {
+      const float *b = Bp + j / PANEL * PANEL * k + j % PANEL;
+      float acc = 0.0f;
+      for (int64_t p = 0; p < k; p++) acc = fmaf(A[i * ars + p * acs], b[p * PANEL], acc);
+      C[i * ldc + j] = acc;
+    }
+}
+
+#ifdef SGEMM_X86
+/* Rows i < m of C at columns 0 .. 16 * nv - 1 of the panel slice at b
+ * (element (p, j) at b[p * PANEL + j]); m and nv constants where inlined. */
+__attribute__((target("avx512f,fma"), always_inline)) static inline void panel_block_avx512(int m, int nv, int64_t k,
+                                                                                          const float *A, int64_t ars,
+                                                                                          int64_t acs, const float *b,
+                                                                                          float *c, int64_t ldc) {
+  __m512 acc[6][4];
+#pragma GCC unroll 6
+  for (int i = 0; i < m; i++)
+#pragma GCC unroll 4
+    for (int v = 0; v < nv; v++) acc[i][v] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < k; p++, b += PANEL) {
+    __m512 col[4];
+#pragma GCC unroll 4
+    for (int v = 0; v < nv; v++) col[v] = _mm512_loadu_ps(b + 16 * v);
+#pragma GCC unroll 6
+    for (int i = 0; i < m; i++) {
+      __m512 x = _mm512_set1_ps(A[i * ars + p * acs]);
+#pragma GCC unroll 4
+      for (int v = 0; v < nv; v++) acc[i][v] = _mm512_fmadd_ps(x, col[v], acc[i][v]);
+    }
+  }
+#pragma GCC unroll 6
+  for (int i = 0; i < m; i++)
+#pragma GCC unroll 4
+    for (int v = 0; v < nv; v++) _mm512_storeu_ps(c + i * ldc + 16 * v, acc[i][v]);
+}
+
+__attribute__((target("avx512f,fma"))) static void panels_avx512(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars,
+                                                                 int64_t acs, const float *Bp, float *C, int64_t ldc) {
+  for (int64_t j = 0; j < n; j += PANEL)
+    for (int64_t i0 = 0; i0 < m; i0 += 6) {
+      const float *a = A + i0 * ars, *b = Bp + j * k;
+      float *c = C + i0 * ldc + j;
+      switch (min64(6, m - i0)) {
+#define CASE(M) \
+  case M: panel_block_avx512(M, 4, k, a, ars, acs, b, c, ldc); break;
+        CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6)
+#undef CASE
+      }
+    }
+}
+
+/* The same with 8-lane vectors: nv up to 8 (one row) */
+__attribute__((target("avx2,fma"), always_inline)) static inline void panel_block_avx2(int m, int nv, int64_t k, const float *A,
+                                                                                      int64_t ars, int64_t acs, const float *b,
+                                                                                      float *c, int64_t ldc) {
+  __m256 acc[3][8];
+#pragma GCC unroll 3
+  for (int i = 0; i < m; i++)
+#pragma GCC unroll 8
+    for (int v = 0; v < nv; v++) acc[i][v] = _mm256_setzero_ps();
+  for (int64_t p = 0; p < k; p++, b += PANEL) {
+#pragma GCC unroll 3
+    for (int i = 0; i < m; i++) {
+      __m256 x = _mm256_set1_ps(A[i * ars + p * acs]);
+#pragma GCC unroll 8
+      for (int v = 0; v < nv; v++) acc[i][v] = _mm256_fmadd_ps(x, _mm256_loadu_ps(b + 8 * v), acc[i][v]);
+    }
+  }
+#pragma GCC unroll 3
+  for (int i = 0; i < m; i++)
+#pragma GCC unroll 8
+    for (int v = 0; v < nv; v++) _mm256_storeu_ps(c + i * ldc + 8 * v, acc[i][v]);
+}
+
+__attribute__((target("avx2,fma"))) static void panels_avx2(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars,
+                                                            int64_t acs, const float *Bp, float *C, int64_t ldc) {
+  for (int64_t j = 0; j < n; j += PANEL) {
+    const float *b = Bp + j * k;
+    if (m == 1) {
+      panel_block_avx2(1, 8, k, A, ars, acs, b, C + j, ldc);
+      continue;
+    }
+    for (int half = 0; half < PANEL; half += PANEL / 2)
+      for (int64_t i0 = 0; i0 < m; i0 += 3) {
+        const float *a = A + i0 * ars;
+        float *c = C + i0 * ldc + j + half;
+        switch (min64(3, m - i0)) {
+#define CASE(M) \
+  case M: panel_block_avx2(M, 4, k, a, ars, acs, b + half, c, ldc); break;
+          CASE(1) CASE(2) CASE(3)
+#undef CASE
+        }
+      }
+  }
+}
+#endif
+
 /* ---------------------------------------------------------------- driver */
+
+static bool blocked(nb_sgemm_isa isa, kernel kr, bool ta, bool tb, bool panels, int64_t m, int64_t n, int64_t k,
+                    const float *A, int64_t lda, const float *B, int64_t ldb, float *C, int64_t ldc);
 
 bool nb_cpu__sgemm_on(nb_sgemm_isa isa, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
                       const float *B, int64_t ldb, float *C, int64_t ldc) {
@@ -715,6 +845,38 @@ bool nb_cpu__sgemm_on(nb_sgemm_isa isa, bool ta, bool tb, int64_t m, int64_t n, 
   if (tb && (m <= GEMV_T_GROUP ||
              (isa == NB_SGEMM_AVX512 && m <= GEMV_T_MAX_M && k <= GEMV_T_MAX_K && n * k >= GEMV_T_MIN_B)))
     return gemv_t(isa, ta, m, n, k, A, lda, B, ldb, C, ldc);
+  return blocked(isa, kr, ta, tb, false, m, n, k, A, lda, B, ldb, C, ldc);
+}
+
+bool nb_cpu__sgemm_panels_on(nb_sgemm_isa isa, bool ta, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
+                             const float *Bp, float *C, int64_t ldc) {
+  kernel kr;
+  if (!kernel_of(isa, &kr) || n % PANEL) return false;
+  if (m <= 0 || n <= 0) return true;
+  if (k <= 0) {
+    for (int64_t i = 0; i < m; i++) memset(C + i * ldc, 0, sizeof(float) * (size_t)n);
+    return true;
+  }
+  if (m > PANEL_FEW_ROWS) return blocked(isa, kr, ta, false, true, m, n, k, A, lda, Bp, PANEL, C, ldc);
+  int64_t ars = ta ? 1 : lda, acs = ta ? lda : 1;
+#ifdef SGEMM_X86
+  /* One row streams panels from memory faster with 8-lane loads, two a line, than with one 16-lane load
+   * a line (Zen 4, 768 x 2048 from memory, alternating: 18.8-24.5 GB/s against 15.9-20.7 at one
+   * thread, 20.2-24.1 against 16.6-21.0 at two; equal from L2), so AVX-512 machines run it too. */
+  if (isa != NB_SGEMM_C && m == 1) return panels_avx2(m, n, k, A, ars, acs, Bp, C, ldc), true;
+  if (isa == NB_SGEMM_AVX512) return panels_avx512(m, n, k, A, ars, acs, Bp, C, ldc), true;
+  if (isa == NB_SGEMM_AVX2) return panels_avx2(m, n, k, A, ars, acs, Bp, C, ldc), true;
+#endif
+  panels_c(m, n, k, A, ars, acs, Bp, C, ldc);
+  return true;
+}
+
+/* The blocked scheme (the file's head); `panels`: B held as panels (ldb
+ * PANEL), read in place up to a block of rows of A like an untransposed B,
+ * packed past it (AVX2, 1024 x 768 x 2048: 65 GFLOP/s in place, 91
+ * packed; 128 rows: 77 in place, 72 plain B packed). */
+static bool blocked(nb_sgemm_isa isa, kernel kr, bool ta, bool tb, bool panels, int64_t m, int64_t n, int64_t k,
+                    const float *A, int64_t lda, const float *B, int64_t ldb, float *C, int64_t ldc) {
   int mr = kr.mr, nr = kr.nr;
   bool avx2 = isa != NB_SGEMM_C; /* the packing's transposes (data movement only) */
   int64_t mc = MC / mr * mr, nc = NC / nr * nr, kc_max = min64(k, KC);
@@ -738,14 +900,18 @@ bool nb_cpu__sgemm_on(nb_sgemm_isa isa, bool ta, bool tb, int64_t m, int64_t n, 
     for (int64_t pc = 0; pc < k; pc += KC) {
       int64_t kb = min64(KC, k - pc);
       bool first = pc == 0;
-      if (!b_direct || nb % nr) pack_b(tb, avx2, B, ldb, pc, kb, jc, nb, nr, pb);
+      if (panels && !b_direct) pack_b_panels(B, k, pc, kb, jc, nb, nr, pb); /* n % PANEL == 0: no ragged nr */
+      else if (!b_direct || nb % nr) pack_b(tb, avx2, B, ldb, pc, kb, jc, nb, nr, pb);
       for (int64_t ic = 0; ic < m; ic += mc) {
         int64_t mb = min64(mc, m - ic);
         if (mb % mr) pack_a(ta, A, lda, ic + mb / mr * mr, mb % mr, pc, kb, mr, pa);
         for (int64_t jr = 0; jr < nb; jr += nr) {
           int64_t cols = min64(nr, nb - jr);
           bool b_in_place = b_direct && cols == nr;
-          const float *b = b_in_place ? B + pc * ldb + jc + jr : pb + jr * kb;
+          int64_t col = jc + jr; /* panels: nr divides PANEL, so a slice never straddles two */
+          const float *b = !b_in_place ? pb + jr * kb
+                           : panels    ? B + col / PANEL * PANEL * k + pc * PANEL + col % PANEL
+                                       : B + pc * ldb + col;
           int64_t rsb = b_in_place ? ldb : nr;
           for (int64_t ir = 0; ir < mb; ir += mr) {
             int64_t rows = min64(mr, mb - ir);
@@ -779,10 +945,19 @@ bool nb_cpu__sgemm_on(nb_sgemm_isa isa, bool ta, bool tb, int64_t m, int64_t n, 
   return true;
 }
 
-bool nb_cpu__sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *B,
-                   int64_t ldb, float *C, int64_t ldc) {
+static nb_sgemm_isa best_isa(void) {
   static nb_sgemm_isa best = (nb_sgemm_isa)-1;
   nb_sgemm_isa isa = __atomic_load_n(&best, __ATOMIC_RELAXED);
   if ((int)isa < 0) __atomic_store_n(&best, isa = nb_cpu__sgemm_best(), __ATOMIC_RELAXED);
-  return nb_cpu__sgemm_on(isa, ta, tb, m, n, k, A, lda, B, ldb, C, ldc);
+  return isa;
+}
+
+bool nb_cpu__sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *B,
+                   int64_t ldb, float *C, int64_t ldc) {
+  return nb_cpu__sgemm_on(best_isa(), ta, tb, m, n, k, A, lda, B, ldb, C, ldc);
+}
+
+bool nb_cpu__sgemm_panels(bool ta, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *Bp, float *C,
+                          int64_t ldc) {
+  return nb_cpu__sgemm_panels_on(best_isa(), ta, m, n, k, A, lda, Bp, C, ldc);
 }

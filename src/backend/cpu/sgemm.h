@@ -30,6 +30,20 @@ bool nb_cpu__sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const floa
 bool nb_cpu__sgemm_on(nb_sgemm_isa isa, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
                       const float *B, int64_t ldb, float *C, int64_t ldc);
 
+/* B (k x n) held as panels of NB_SGEMM_PANEL columns, each panel's k rows
+ * one after the other: element (p, j) at
+ * Bp[(j / NB_SGEMM_PANEL) * NB_SGEMM_PANEL * k + p * NB_SGEMM_PANEL + j % NB_SGEMM_PANEL],
+ * the layout in which the serving engine holds its weights (dot_general's
+ * rhs [n / 64, k, 64] contracted along its middle dim; blas.c). The same
+ * chains as nb_cpu__sgemm; n a multiple of NB_SGEMM_PANEL (false
+ * otherwise, or when out of memory). A few rows of A read each panel once,
+ * front to back. */
+#define NB_SGEMM_PANEL 64
+bool nb_cpu__sgemm_panels(bool ta, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *Bp, float *C,
+                          int64_t ldc);
+bool nb_cpu__sgemm_panels_on(nb_sgemm_isa isa, bool ta, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
+                             const float *Bp, float *C, int64_t ldc);
+
 /* The best kernel this CPU has (or a weaker one named by $NABLA_SGEMM_ISA),
  * and a kernel's name ("avx512", "avx2", "c"). */
 nb_sgemm_isa nb_cpu__sgemm_best(void);
