@@ -1,8 +1,9 @@
 /* Claim: a decode step's one-row products follow the memory's rate when
  * each thread reads whole rows of [out, in] weights (x @ W^T, one contiguous
  * run a thread), and not when it reads a band of columns of [in, out]
- * weights (x @ W, a piece of every row): the serving engine keeps its
- * kernels transposed for this (src/serve/step.c, transpose_kernels).
+ * weights (x @ W, a piece of every row); and the serving engine's layout,
+ * panels of 64 output features (src/serve/step.c, pack_kernels: one run a
+ * thread, no register transposes).
  * The 85 products of one Llama-134m decode step (per layer 4 x 768 x 768,
  * 2 x 768 x 2048, 2048 x 768, then 768 x 32000), each weight its own array
  * in both layouts (2 x 438 MB: the set does not stay in the L3), on T
@@ -10,7 +11,8 @@
  *   read:  a plain vector sum over each thread's contiguous part of each weight
  *   bands: nabla's sgemm, x @ W, W [in, out], a band of columns a thread (blas.c's cut)
  *   rows:  nabla's sgemm, x @ W^T, W [out, in], a band of whole rows a thread
- * The three alternate within every repetition. The VM's memory speed drifts
+ *   panels: nabla's sgemm, x @ W, W [out / 64, in, 64], a band of whole panels a thread
+ * The four alternate within every repetition. The VM's memory speed drifts
  * (a read of 10 to 15 ms here within minutes), so besides the medians of
  * all repetitions the medians of the fast ones (read under 0.8 x the median
  * read) are printed; --raw prints every repetition's three times (ms).
@@ -26,12 +28,12 @@
 #include "backend/cpu/sgemm.h"
 #include "bench_util.h"
 
-enum { NP = 85, MODES = 3, MAX_THREADS = 16, MAX_REPS = 400 };
-static const char *const mode_names[MODES] = {"read", "bands", "rows"};
+enum { NP = 85, MODES = 4, MAX_THREADS = 16, MAX_REPS = 400 };
+static const char *const mode_names[MODES] = {"read", "bands", "rows", "panels"};
 
 typedef struct bench {
   int64_t k[NP], n[NP];
-  float *w[NP], *wt[NP], *x, *y;
+  float *w[NP], *wt[NP], *wp[NP], *x, *y;
   int threads, mode;
   nb_sgemm_isa isa;
   atomic_int arrived, phase, go;
@@ -46,9 +48,9 @@ static void barrier(bench *b, int *phase) {
     while (atomic_load(&b->phase) != *phase) __builtin_ia32_pause();
 }
 
-/* thread t's part of n outputs: multiples of 16, as blas.c cuts them */
-static void part(const bench *b, int t, int64_t n, int64_t *j0, int64_t *nc) {
-  int64_t per = (n / b->threads + 15) / 16 * 16, lo = per * t, hi = t == b->threads - 1 ? n : per * (t + 1);
+/* thread t's part of n outputs: multiples of `align` (16; whole panels), as blas.c cuts them */
+static void part(const bench *b, int t, int64_t n, int64_t align, int64_t *j0, int64_t *nc) {
+  int64_t per = (n / b->threads + align - 1) / align * align, lo = per * t, hi = t == b->threads - 1 ? n : per * (t + 1);
   *j0 = lo < n ? lo : n, *nc = (hi < n ? hi : n) - *j0;
 }
 
@@ -56,12 +58,13 @@ static void pass(bench *b, int t, int mode, int *phase) {
   double s = 0;
   for (int i = 0; i < NP; i++) {
     int64_t j0, nc, k = b->k[i], n = b->n[i];
-    part(b, t, n, &j0, &nc);
+    part(b, t, n, mode == 3 ? NB_SGEMM_PANEL : 16, &j0, &nc);
     if (nc > 0) {
       bool ok = true;
       if (mode == 0) s += bench_read_sum(b->w[i] + j0 * k, (size_t)(nc * k));
       else if (mode == 1) ok = nb_cpu__sgemm_on(b->isa, false, false, 1, nc, k, b->x, k, b->w[i] + j0, n, b->y + j0, nc);
-      else ok = nb_cpu__sgemm_on(b->isa, false, true, 1, nc, k, b->x, k, b->wt[i] + j0 * k, k, b->y + j0, nc);
+      else if (mode == 2) ok = nb_cpu__sgemm_on(b->isa, false, true, 1, nc, k, b->x, k, b->wt[i] + j0 * k, k, b->y + j0, nc);
+      else ok = nb_cpu__sgemm_panels_on(b->isa, false, 1, nc, k, b->x, k, b->wp[i] + j0 * k, b->y + j0, nc);
       if (!ok) fprintf(stderr, "sgemm failed\n"), exit(1);
     }
     barrier(b, phase);
@@ -120,9 +123,9 @@ int main(int argc, char **argv) {
   double bytes = 0;
   for (int i = 0; i < NP; i++) {
     size_t e = (size_t)(b.k[i] * b.n[i]);
-    b.w[i] = aligned_alloc(64, e * 4), b.wt[i] = aligned_alloc(64, e * 4);
-    if (!b.w[i] || !b.wt[i]) return fprintf(stderr, "out of memory\n"), 1;
-    for (size_t q = 0; q < e; q++) b.w[i][q] = b.wt[i][q] = (float)(q % 7) * 0.01f;
+    b.w[i] = aligned_alloc(64, e * 4), b.wt[i] = aligned_alloc(64, e * 4), b.wp[i] = aligned_alloc(64, e * 4);
+    if (!b.w[i] || !b.wt[i] || !b.wp[i]) return fprintf(stderr, "out of memory\n"), 1;
+    for (size_t q = 0; q < e; q++) b.w[i][q] = b.wt[i][q] = b.wp[i][q] = (float)(q % 7) * 0.01f;
     bytes += (double)e * 4;
   }
   b.x = aligned_alloc(64, 2048 * 4), b.y = aligned_alloc(64, 32000 * 4);
@@ -140,7 +143,9 @@ int main(int argc, char **argv) {
       pass(&b, 0, m, &phase);
       tm[m][r] = now_s() - t0;
     }
-    if (raw) printf("rep %d: read %.3f bands %.3f rows %.3f ms\n", r, tm[0][r] * 1e3, tm[1][r] * 1e3, tm[2][r] * 1e3);
+    if (raw)
+      printf("rep %d: read %.3f bands %.3f rows %.3f panels %.3f ms\n", r, tm[0][r] * 1e3, tm[1][r] * 1e3, tm[2][r] * 1e3,
+             tm[3][r] * 1e3);
   }
   b.mode = -1;
   atomic_fetch_add(&b.go, 1);
@@ -160,9 +165,11 @@ int main(int argc, char **argv) {
     printf("  %-6s median %6.2f ms (%5.1f GB/s); fast repetitions (%d): %6.2f ms (%5.1f GB/s)\n", mode_names[m], all * 1e3,
            bytes / all / 1e9, nf, f * 1e3, nf ? bytes / f / 1e9 : 0.0);
   }
-  printf("RESULT gemv_layout threads %d: read %.3f bands %.3f rows %.3f ms; fast %d: read %.3f bands %.3f rows %.3f ms\n",
-         b.threads, read_med * 1e3, median_of(tm[1], reps) * 1e3, median_of(tm[2], reps) * 1e3, nf,
-         median_of(fast[0], nf) * 1e3, median_of(fast[1], nf) * 1e3, median_of(fast[2], nf) * 1e3);
+  printf("RESULT gemv_layout threads %d: read %.3f bands %.3f rows %.3f panels %.3f ms; fast %d: read %.3f bands %.3f rows "
+         "%.3f panels %.3f ms\n",
+         b.threads, read_med * 1e3, median_of(tm[1], reps) * 1e3, median_of(tm[2], reps) * 1e3, median_of(tm[3], reps) * 1e3,
+         nf, median_of(fast[0], nf) * 1e3, median_of(fast[1], nf) * 1e3, median_of(fast[2], nf) * 1e3,
+         median_of(fast[3], nf) * 1e3);
   double sink = 0;
   for (int t = 0; t < b.threads; t++) sink += b.sink[t];
   return sink < 0; /* keeps the sums alive */

@@ -7,9 +7,9 @@
  * the process's CPU time (what a loaded machine stretches less). For an A/B run,
  * build both sides and alternate them (bench/RESULTS.md).
  *
- * With a fifth argument "bt", B is stored transposed, N x K (x @ W^T: the
- * serving engine's kernels, nb_serve_model_opts.transpose_kernels); with
- * "panels", B is held as panels of 64 columns ([N / 64, K, 64]).
+ * With a fifth argument "bt", B is stored transposed, N x K (x @ W^T); with
+ * "panels", B is held as panels of 64 columns ([N / 64, K, 64]: the serving
+ * engine's kernels, nb_serve_model_opts.pack_kernels).
  *
  *   ./build/bench_sgemm_rows M K N [isa: 0 c, 1 avx2, 2 avx512] [bt | panels]
  */
