@@ -342,9 +342,12 @@ nb_status nb_serve_model_set_params(nb_serve_model *m, const nb_tree *params) {
     if (convert) held.shape.rank = held_rank(got.shape.dims), held_dims(got.shape.dims, held.shape.dims);
     if (!nb_aval_equal(&want, &held)) {
       char w[96], g[96];
-      return nb_errorf(ctx, NB_ERR_SHAPE, "serve model: set_params: '%s' is %s, the model's is %s%s", p,
-                       nb_aval_str(&got, g, sizeof g), nb_aval_str(&want, w, sizeof w),
-                       convert ? " (its decode layout: [out, in], or [out / 64, in, 64] for out a multiple of 64)" : "");
+      if (!convert)
+        return nb_errorf(ctx, NB_ERR_SHAPE, "serve model: set_params: '%s' is %s, the model's is %s", p,
+                         nb_aval_str(&got, g, sizeof g), nb_aval_str(&want, w, sizeof w));
+      return nb_errorf(ctx, NB_ERR_SHAPE,
+                       "serve model: set_params: '%s' is %s, which does not give the model's %s (its decode layout: [out, in], "
+                       "or panels [out / %d, in, %d])", p, nb_aval_str(&got, g, sizeof g), nb_aval_str(&want, w, sizeof w), PANEL, PANEL);
     }
   }
   /* same paths, so each keeps its position: the buckets' input indices stay right */

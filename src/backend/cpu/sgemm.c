@@ -3,9 +3,10 @@
  * read in place when few rows of A would reuse them), op(A) walked in blocks
  * of MC x KC and read in place (panels of MR rows; only a block's last,
  * partial panel is packed), and a register-blocked micro-kernel that adds one
- * MR x NR tile's products over a KC slice. A product of at most eight rows
- * with B untransposed, or of one row with B transposed (a decode step's),
- * streams B once instead ("few rows").
+ * MR x NR tile's products over a KC slice. A product of a few rows (a
+ * decode step's) streams B once instead ("few rows"), with B untransposed,
+ * transposed, or held as panels of 64 columns (the serving engine's
+ * weights, "panels").
  *
  * Why not OpenBLAS: its result for an element depends on the kernels it
  * picks for the CPU (Haswell and SkylakeX sum in different orders) and on
