@@ -20,11 +20,14 @@
  * "sample/..." (nb_serve__sample_in's per-row inputs; bias, counts, seen and
  * penalties only when the bucket adjusts), "cache/layers/<l>/{k,v}"; outputs
  * "token", "logprob", "top_ids", "top_logprobs" per row, and "cache/...". */
+#define PANEL 64 /* output features a panel of the decode layout holds (held_layout, below) */
+
 typedef struct step_job {
   const nb_model_config *cfg;
   bool adjust;
   nb_nn_linear_hook hook;
   void *hook_ud;
+  bool table_panels;            /* the tied embedding table is held as the head's panels (HELD_TABLE) */
 } step_job;
 
 /* The linear of a model whose 2-D kernels are held in the decode layout
@@ -32,6 +35,33 @@ typedef struct step_job {
 static nb_val *linear_held(void *ud, nb_nn_apply *a, const char *path, nb_val *x, bool stacked) {
   (void)ud;
   return stacked ? nb_nn_linear_default(a, path, x, true) : nb_nn_linear_held(a, path, x);
+}
+
+/* Rows ids [1, T] of a tied embedding table held as the head's panels
+ * [P, d, PANEL] (HELD_TABLE below): row r is lane r % PANEL of panel
+ * r / PANEL. [1, T, d] */
+static nb_val *embed_rows(nb_nn_apply *a, nb_val *ids) {
+  nb_val *table = nb_nn_param(a, "embed/embedding");
+  if (nb_graph_status(a->g)) return table;
+  nb_val *w = nb_scalar(a->g, nb_val_dtype(ids), PANEL);
+  int64_t d3[3] = {nb_val_dim(ids, 0), nb_val_dim(ids, 1), 1};
+  nb_val *at[2] = {nb_reshape(nb_div(ids, w), 3, d3), nb_reshape(nb_rem(ids, w), 3, d3)};
+  nb_gather_dims dn = {.n_offset = 1, .offset_dims = {2}, .n_collapsed = 2, .collapsed_slice_dims = {0, 2},
+                       .n_start_index_map = 2, .start_index_map = {0, 2}, .index_vector_dim = 2};
+  int64_t sizes[3] = {1, nb_val_dim(table, 1), 1};
+  return nb_gather(table, nb_concatenate(2, at, 2), &dn, sizes);
+}
+
+/* h [S, d] against that table: logits [S, vocab], the padding's columns dropped */
+static nb_val *head_logits(nb_nn_apply *a, nb_val *h, int64_t vocab) {
+  nb_val *table = nb_nn_param(a, "embed/embedding");
+  if (nb_graph_status(a->g)) return table;
+  nb_dot_dims dn = {.n_contract = 1, .lhs_contract = {1}, .rhs_contract = {1}};
+  int64_t S = nb_val_dim(h, 0), full[2] = {S, nb_val_dim(table, 0) * PANEL};
+  nb_val *y = nb_reshape(nb_dot_general(h, table, &dn, NB_DTYPE_COUNT), 2, full); /* [S, P, PANEL] -> [S, P * PANEL] */
+  if (full[1] == vocab) return y;
+  int64_t start[2] = {0, 0}, limit[2] = {S, vocab};
+  return nb_slice(y, start, limit, NULL);
 }
 
 static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) {
@@ -51,7 +81,7 @@ static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
   int64_t T = nb_val_dim(tokens, 0), d = c->d_model, H = c->n_heads, KVH = c->n_kv_heads, hd = nb_model_head_dim(c);
   int64_t bt2[2] = {1, T};
   nb_val *tok2 = nb_reshape(tokens, 2, bt2), *pos2 = nb_reshape(nb_tree_get_val(in, "positions"), 2, bt2);
-  nb_val *x = nb_nn_embed(&a, "embed", tok2); /* [1, T, d] */
+  nb_val *x = job->table_panels ? embed_rows(&a, tok2) : nb_nn_embed(&a, "embed", tok2); /* [1, T, d] */
   if (c->learned_pos) x = nb_add(x, nb_nn_embed(&a, "pos_embed", pos2));
   nb_status s = NB_OK;
   for (int64_t l = 0; l < c->n_layers && !s && !nb_graph_status(g); l++) {
@@ -97,7 +127,9 @@ static nb_status step_fn(nb_graph *g, const nb_tree *in, nb_tree *out, void *u) 
     nb_val *h = nb_take(nb_reshape(x, 2, td), nb_tree_get_val(in, "logits_idx")); /* [S, d] */
     nb_nn_norm_cfg fn = {.kind = c->norm, .eps = c->norm_eps, .bias = c->bias};
     h = nb_nn_norm_apply(&a, "final_norm", &fn, h);
-    nb_val *logits = c->tie_embeddings ? nb_nn_embed_attend(&a, "embed", h) : nb_nn_linear(&a, "lm_head", h);
+    nb_val *logits = !c->tie_embeddings ? nb_nn_linear(&a, "lm_head", h)
+                     : job->table_panels ? head_logits(&a, h, c->vocab_size)
+                                         : nb_nn_embed_attend(&a, "embed", h);
     nb_serve__sample_in si = {.logits = logits, .fparams = nb_tree_get_val(in, "sample/f"),
                               .iparams = nb_tree_get_val(in, "sample/i"), .keys = nb_tree_get_val(in, "sample/keys")};
     if (job->adjust)
@@ -146,6 +178,7 @@ struct nb_serve_model {
   int32_t block_size, num_blocks, max_tokens, max_seqs, max_blocks;
   nb_serve_model_opts opts;
   bool packed;                  /* the 2-D kernels in params are in the decode layout (opts.pack_kernels took) */
+  bool table_panels;            /* and so is the tied embedding table (HELD_TABLE) */
   nb_array **cache;             /* 2 * n_layers: layers/<l>/k, layers/<l>/v, held only here */
   bucket **buckets;
   int n_buckets, cap_buckets;
@@ -201,50 +234,78 @@ static bool is_kernel_2d(const char *path, const nb_array *a) {
  * hand the CPU's vector units each row's PANEL values as they lie, where
  * [out, in] needs register transposes. PANEL is the width the CPU backend
  * reads in place (NB_SGEMM_PANEL, src/backend/cpu/sgemm.h); any other width
- * gives the same bits, repacked on every call. */
-#define PANEL 64
+ * gives the same bits, repacked on every call.
+ *
+ * A tied embedding table [vocab, d] is the output head's kernel transposed:
+ * f32, it is held as the head's panels, [ceil(vocab / PANEL), d, PANEL],
+ * zero past the vocabulary (gpt2's head is 154 MB of the 501 MB a token
+ * reads); the step gathers its embedding rows from them (embed_rows) and
+ * drops the padding's logits (head_logits). */
 
-static int held_rank(const int64_t *io) { return io[1] % PANEL ? 2 : 3; }
+enum { HELD_NONE, HELD_KERNEL, HELD_TABLE };
 
-static void held_dims(const int64_t *io, int64_t *dims) {
-  if (held_rank(io) == 3) dims[0] = io[1] / PANEL, dims[1] = io[0], dims[2] = PANEL;
-  else dims[0] = io[1], dims[1] = io[0];
+/* What the decode layout does with the parameter `a` at `path` */
+static int held_kind(const nb_model_config *c, const char *path, const nb_array *a) {
+  if (is_kernel_2d(path, a)) return HELD_KERNEL;
+  return c->tie_embeddings && !strcmp(path, "embed/embedding") && nb_array_rank(a) == 2 && nb_array_dtype(a) == NB_F32
+             ? HELD_TABLE
+             : HELD_NONE;
 }
 
-/* a [in, out] (a host array of any dtype) in the decode layout, a new array */
-static nb_array *held_layout(nb_ctx *ctx, const nb_array *a) {
+/* The held shape of a parameter of that kind given with dims `in`: its rank */
+static int held_shape(int kind, const int64_t *in, int64_t *dims) {
+  if (kind == HELD_TABLE) return dims[0] = (in[0] + PANEL - 1) / PANEL, dims[1] = in[1], dims[2] = PANEL, 3;
+  if (in[1] % PANEL) return dims[0] = in[1], dims[1] = in[0], 2;
+  return dims[0] = in[1] / PANEL, dims[1] = in[0], dims[2] = PANEL, 3;
+}
+
+/* a (a host array; any dtype for a kernel) in the decode layout, a new array */
+static nb_array *held_layout(nb_ctx *ctx, int kind, const nb_array *a) {
   const int64_t *io = nb_array_dims(a);
-  if (held_rank(io) == 2) return nb_array_transpose2d(ctx, a);
-  int64_t dims[3], in = io[0], out = io[1];
-  held_dims(io, dims);
+  int64_t dims[3];
+  if (held_shape(kind, io, dims) == 2) return nb_array_transpose2d(ctx, a);
   nb_array *y = nb_array_empty(ctx, nb_array_dtype(a), 3, dims);
   if (!y) return NULL;
-  size_t es = (size_t)nb_dtype_size(nb_array_dtype(a)), row = PANEL * es;
   const char *src = nb_array_data(a);
   char *dst = nb_array_data_mut(y);
-  for (int64_t q = 0; q < out / PANEL; q++)
-    for (int64_t p = 0; p < in; p++) memcpy(dst + (size_t)(q * in + p) * row, src + (size_t)(p * out + q * PANEL) * es, row);
+  if (kind == HELD_KERNEL) {
+    size_t es = (size_t)nb_dtype_size(nb_array_dtype(a)), row = PANEL * es;
+    int64_t in = io[0], out = io[1];
+    for (int64_t q = 0; q < out / PANEL; q++)
+      for (int64_t p = 0; p < in; p++) memcpy(dst + (size_t)(q * in + p) * row, src + (size_t)(p * out + q * PANEL) * es, row);
+    return y;
+  }
+  /* the table [vocab, d]: row r is lane r % PANEL of panel r / PANEL */
+  const float *t = (const float *)src;
+  float *p = (float *)dst;
+  int64_t vocab = io[0], d = io[1];
+  memset(p, 0, (size_t)(dims[0] * d * PANEL) * sizeof(float));
+  for (int64_t r = 0; r < vocab; r++)
+    for (int64_t k = 0; k < d; k++) p[(r / PANEL * d + k) * PANEL + r % PANEL] = t[r * d + k];
   return y;
 }
 
-/* opts.pack_kernels: every 2-D kernel of m->params replaced by its decode
- * layout; nothing (the plain layout kept) when one is not a host array. */
+/* opts.pack_kernels: every 2-D kernel of m->params (and a tied f32
+ * embedding table) replaced by its decode layout; nothing (the plain layout
+ * kept) when one is not a host array. */
 static nb_status pack_kernels(nb_serve_model *m) {
   size_t n = nb_tree_size(m->params);
   for (size_t i = 0; i < n; i++) {
     const nb_array *a = nb_tree_leaf(m->params, i)->array;
-    if (a && is_kernel_2d(nb_tree_path(m->params, i), a) && !nb_array_data(a)) return NB_OK;
+    if (a && held_kind(&m->cfg, nb_tree_path(m->params, i), a) && !nb_array_data(a)) return NB_OK;
   }
   for (size_t i = 0; i < n; i++) {
     char p[NB_NN_PATH_MAX];
     const nb_array *a = nb_tree_leaf(m->params, i)->array;
-    if (!a || !is_kernel_2d(nb_tree_path(m->params, i), a)) continue;
+    int kind = a ? held_kind(&m->cfg, nb_tree_path(m->params, i), a) : HELD_NONE;
+    if (!kind) continue;
     if (snprintf(p, sizeof p, "%s", nb_tree_path(m->params, i)) >= (int)sizeof p) /* the tree's own string may move */
       return nb_errorf(m->ctx, NB_ERR_INVALID_ARG, "serve model: parameter path '%s' is too long", nb_tree_path(m->params, i));
-    nb_array *t = held_layout(m->ctx, a);
+    nb_array *t = held_layout(m->ctx, kind, a);
     nb_status s = t ? nb_tree_set_array(m->params, p, t) : nb_ctx_status(m->ctx) ? nb_ctx_status(m->ctx) : NB_ERR_NOMEM;
     nb_array_release(t);
     if (s) return s;
+    m->table_panels |= kind == HELD_TABLE;
   }
   m->packed = true;
   return NB_OK;
@@ -323,6 +384,12 @@ int nb_serve_model_num_executables(const nb_serve_model *m) { return m ? m->n_bu
 bool nb_serve_model_kernels_packed(const nb_serve_model *m) { return m && m->packed; }
 double nb_serve_model_compile_s(const nb_serve_model *m) { return m ? m->compile_s : 0; }
 
+/* How set_params converts a parameter given as loaded: as pack_kernels did */
+static int given_kind(const nb_serve_model *m, const char *path, const nb_array *a) {
+  int kind = m->packed ? held_kind(&m->cfg, path, a) : HELD_NONE;
+  return kind == HELD_TABLE && !m->table_panels ? HELD_NONE : kind;
+}
+
 nb_status nb_serve_model_set_params(nb_serve_model *m, const nb_tree *params) {
   if (!m) return NB_ERR_INVALID_ARG;
   nb_ctx *ctx = m->ctx;
@@ -336,10 +403,11 @@ nb_status nb_serve_model_set_params(nb_serve_model *m, const nb_tree *params) {
     if (!a) return nb_errorf(ctx, NB_ERR_INVALID_ARG, "serve model: set_params: no array '%s'", p);
     const nb_array *mine = nb_tree_leaf(m->params, i)->array;
     nb_aval want = nb_array_aval(mine), got = nb_array_aval(a), held = got;
-    bool convert = m->packed && is_kernel_2d(p, a); /* given [in, out], held in the decode layout */
+    int kind = given_kind(m, p, a);
+    bool convert = kind != HELD_NONE; /* given as loaded, held in the decode layout */
     if (convert && !nb_array_data(a))
       return nb_errorf(ctx, NB_ERR_INVALID_ARG, "serve model: set_params: '%s' is not a host array (the model keeps kernels in its decode layout)", p);
-    if (convert) held.shape.rank = held_rank(got.shape.dims), held_dims(got.shape.dims, held.shape.dims);
+    if (convert) held.shape.rank = held_shape(kind, got.shape.dims, held.shape.dims);
     if (!nb_aval_equal(&want, &held)) {
       char w[96], g[96];
       if (!convert)
@@ -347,7 +415,8 @@ nb_status nb_serve_model_set_params(nb_serve_model *m, const nb_tree *params) {
                          nb_aval_str(&got, g, sizeof g), nb_aval_str(&want, w, sizeof w));
       return nb_errorf(ctx, NB_ERR_SHAPE,
                        "serve model: set_params: '%s' is %s, which does not give the model's %s (its decode layout: [out, in], "
-                       "or panels [out / %d, in, %d])", p, nb_aval_str(&got, g, sizeof g), nb_aval_str(&want, w, sizeof w), PANEL, PANEL);
+                       "panels [out / %d, in, %d], or a tied table's [vocab / %d, d, %d])",
+                       p, nb_aval_str(&got, g, sizeof g), nb_aval_str(&want, w, sizeof w), PANEL, PANEL, PANEL, PANEL);
     }
   }
   /* same paths, so each keeps its position: the buckets' input indices stay right */
@@ -356,7 +425,8 @@ nb_status nb_serve_model_set_params(nb_serve_model *m, const nb_tree *params) {
     if (snprintf(p, sizeof p, "%s", nb_tree_path(m->params, i)) >= (int)sizeof p) /* the tree's own string may move */
       return nb_errorf(ctx, NB_ERR_INVALID_ARG, "serve model: set_params: path '%s' is too long", nb_tree_path(m->params, i));
     nb_array *a = nb_tree_get_array(params, p), *t = NULL;
-    if (m->packed && is_kernel_2d(p, a) && !(t = held_layout(ctx, a))) return nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_NOMEM;
+    int kind = given_kind(m, p, a);
+    if (kind && !(t = held_layout(ctx, kind, a))) return nb_ctx_status(ctx) ? nb_ctx_status(ctx) : NB_ERR_NOMEM;
     nb_status s = nb_tree_set_array(m->params, p, t ? t : a);
     nb_array_release(t);
     if (s) return s;
@@ -451,7 +521,7 @@ static bucket *get_bucket(nb_serve_model *m, int32_t T, int32_t S, int32_t MB, b
     s = nb_tree_set(spec, p, nb_leaf_aval(nb_array_aval(m->cache[i])));
   }
   step_job job = {.cfg = &m->cfg, .adjust = adjust, .hook = m->packed ? linear_held : m->opts.linear_hook,
-                  .hook_ud = m->packed ? NULL : m->opts.hook_ud};
+                  .hook_ud = m->packed ? NULL : m->opts.hook_ud, .table_panels = m->table_panels};
   double t0 = nb_util__now_s();
   if (!s) b->graph = nb_trace(ctx, step_fn, &job, spec);
   nb_tree_destroy(spec);

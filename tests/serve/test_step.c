@@ -198,15 +198,18 @@ static void test_one_decode_bucket(nb_ctx *ctx) {
 /* opts.pack_kernels: every request's tokens and logprobs bit-identical to
  * the plain layout's, compiled at two threads, with steps of 1 token (a
  * lone decode), 8, 16 and 32 (the few-rows paths of either layout and the
- * blocked one), for a dense model with biases and tied embeddings (gpt2), one
- * without (llama: every kernel in panels of 64), one whose MLP and head
+ * blocked one), for a dense model with biases and tied embeddings (gpt2: the
+ * table held as the head's panels, also padded past a vocabulary of 250),
+ * one without (llama: every kernel in panels of 64), one whose MLP and head
  * are no multiple of 64 wide (held [out, in]) and an MoE (its router [out,
  * in], its stacked experts as they were); then set_params on a packed
- * model takes [in, out] kernels, and refuses a wrong shape by name. */
+ * model takes [in, out] kernels and a [vocab, d] table, and refuses a wrong
+ * shape by name. */
 static void test_packed_kernels(nb_ctx *ctx, const char *preset, int64_t vocab, int64_t d_ff) {
   nb_model_config cfg;
   CHECK_OK(ctx, nb_model_config_preset(ctx, preset, &cfg));
-  if (vocab) cfg.vocab_size = vocab, cfg.d_ff = d_ff;
+  if (vocab) cfg.vocab_size = vocab;
+  if (d_ff) cfg.d_ff = d_ff;
   nb_array *key = nb_key(ctx, 7), *key2 = nb_key(ctx, 8);
   nb_tree *params = nb_model_init(ctx, &cfg, key), *other = nb_model_init(ctx, &cfg, key2);
   nb_array_release(key), nb_array_release(key2);
@@ -342,7 +345,8 @@ int main(void) {
   test_one_decode_bucket(ctx);
   test_packed_kernels(ctx, "llama-tiny", 0, 0);
   test_packed_kernels(ctx, "llama-tiny", 250, 392); /* MLP and head [out, in] */
-  test_packed_kernels(ctx, "gpt2-tiny", 0, 0);
+  test_packed_kernels(ctx, "gpt2-tiny", 0, 0);      /* the tied table as the head's panels */
+  test_packed_kernels(ctx, "gpt2-tiny", 250, 0);    /* ... padded past the vocabulary */
   test_packed_kernels(ctx, "mixtral-tiny", 0, 0);
   CHECK(nb_ctx_bytes_in_use(ctx) == base);
   nb_ctx_destroy(ctx);
