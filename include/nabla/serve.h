@@ -392,11 +392,14 @@ typedef struct nb_serve_model_opts {
   /* Hold every linear's 2-D kernel ("<path>/kernel", [in, out]) in the
    * decode layout, repacked once into arrays of the model's own (host arrays
    * without a linear_hook; ignored otherwise): panels of 64 output features,
-   * [out / 64, in, 64], when out is a multiple of 64, else [out, in]. The
+   * [out / 64, in, 64], when out is a multiple of 64, else [out, in]; a tied
+   * f32 embedding table [vocab, d] as the output head's panels,
+   * [ceil(vocab / 64), d, 64], zero past the vocabulary. The
    * same bits; a decode step's few rows then read each thread's share of a
    * weight as one contiguous run, which follows the memory's rate where
    * bands of columns of [in, out] do not. The caller's kernels are not
-   * retained: release them to keep one copy. set_params still takes [in, out]. */
+   * retained: release them to keep one copy. set_params still takes them as
+   * loaded ([in, out], [vocab, d]). */
   bool pack_kernels;
 } nb_serve_model_opts;
 
