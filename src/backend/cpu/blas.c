@@ -308,10 +308,12 @@ typedef struct gemm_job {
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-/* The tile side for `tiles` tiles over `side`: rounded up to `align`. */
-static int64_t tile_side(int64_t side, int64_t tiles, int64_t align) {
+/* The tile side for `tiles` tiles over `side`: rounded up to TILE_ALIGN
+ * once past it; to whole panels always. */
+static int64_t tile_side(int64_t side, int64_t tiles, bool panels) {
   int64_t b = cdiv(side, tiles);
-  return b > align || align > TILE_ALIGN ? cdiv(b, align) * align : b;
+  if (panels) return cdiv(b, NB_SGEMM_PANEL) * NB_SGEMM_PANEL;
+  return b > TILE_ALIGN ? cdiv(b, TILE_ALIGN) * TILE_ALIGN : b;
 }
 
 /* Sets j's tiling from the product's shape (see above). An f32 product's
@@ -337,7 +339,7 @@ static void plan_tiles(const nb_dot_plan *p, gemm_job *j, int threads) {
     if (along_m) tm *= 2;
     else tn *= 2;
   }
-  j->bm = tile_side(p->m, tm, TILE_ALIGN), j->bn = tile_side(p->n, tn, j->panels ? NB_SGEMM_PANEL : TILE_ALIGN);
+  j->bm = tile_side(p->m, tm, false), j->bn = tile_side(p->n, tn, j->panels);
   j->tm = cdiv(p->m, j->bm), j->tn = cdiv(p->n, j->bn);
 }
 
@@ -428,10 +430,12 @@ nb_status nb_cpu__blas_run(nb_ctx *ctx, nb_pool *pool, const nb_eqn *e, const vo
   if (pa) pack(&p, &p.a, p.ct, scratch + st, tab, pool);
   if (pb) pack(&p, &p.b, p.ct, scratch + st + sa, tab + p.m + p.k, pool);
   gemm_job j = {.p = &p, .panels = panels, .c = pc ? scratch + st + sa + sb : out};
-  bool t = false; /* as_blas sets it whenever it succeeds, and it does here (both operands are direct now) */
-  nb_dot__as_blas(p.m, p.k, p.a.rs, p.a.cs, &j.ta, &j.lda);
-  if (!panels) nb_dot__as_blas(p.n, p.k, p.b.rs, p.b.cs, &t, &j.ldb);
-  j.tb = !t; /* b is N x K; BLAS wants K x N */
+  nb_dot__as_blas(p.m, p.k, p.a.rs, p.a.cs, &j.ta, &j.lda); /* it succeeds: a is direct now */
+  if (!panels) { /* b is direct now too (panels: their own layout, no tb / ldb) */
+    bool t = false;
+    nb_dot__as_blas(p.n, p.k, p.b.rs, p.b.cs, &t, &j.ldb);
+    j.tb = !t; /* b is N x K; BLAS wants K x N */
+  }
   run_gemms(&j, pool);
   if (pc && !atomic_load(&j.oom)) convert_out(&p, j.c, out);
   nb_dealloc(ctx, scratch, total);

@@ -731,12 +731,13 @@ static void panels_c(int64_t m, int64_t n, int64_t k, const float *A, int64_t ar
 }
 
 #ifdef SGEMM_X86
-/* Rows i < m of C at columns 0 .. 16 * nv - 1 of the panel slice at b
- * (element (p, j) at b[p * PANEL + j]); m and nv constants where inlined. */
-__attribute__((target("avx512f,fma"), always_inline)) static inline void panel_block_avx512(int m, int nv, int64_t k,
-                                                                                          const float *A, int64_t ars,
-                                                                                          int64_t acs, const float *b,
-                                                                                          float *c, int64_t ldc) {
+/* Rows i < m of C at the panel's 64 columns, the panel at b (element (p, j)
+ * at b[p * PANEL + j]); m a constant where inlined. */
+__attribute__((target("avx512f,fma"), always_inline)) static inline void panel_block_avx512(int m, int64_t k, const float *A,
+                                                                                          int64_t ars, int64_t acs,
+                                                                                          const float *b, float *c,
+                                                                                          int64_t ldc) {
+  enum { nv = PANEL / 16 };
   __m512 acc[6][4];
 #pragma GCC unroll 6
   for (int i = 0; i < m; i++)
@@ -767,14 +768,16 @@ __attribute__((target("avx512f,fma"))) static void panels_avx512(int64_t m, int6
       float *c = C + i0 * ldc + j;
       switch (min64(6, m - i0)) {
 #define CASE(M) \
-  case M: panel_block_avx512(M, 4, k, a, ars, acs, b, c, ldc); break;
+  case M: panel_block_avx512(M, k, a, ars, acs, b, c, ldc); break;
         CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6)
 #undef CASE
       }
     }
 }
 
-/* The same with 8-lane vectors: nv up to 8 (one row) */
+/* The same with 8-lane vectors at columns 0 .. 8 * nv - 1: nv 8 (the whole
+ * panel, one row) or 4 (half of it, up to 3 rows); m and nv constants where
+ * inlined. */
 __attribute__((target("avx2,fma"), always_inline)) static inline void panel_block_avx2(int m, int nv, int64_t k, const float *A,
                                                                                       int64_t ars, int64_t acs, const float *b,
                                                                                       float *c, int64_t ldc) {
